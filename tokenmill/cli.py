@@ -1,0 +1,49 @@
+"""The ``tokenmill`` command: one subcommand module per verb under ``tokenmill.commands``.
+
+Exit codes: 0 success, 1 failure (bad data, failed check), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from tokenmill.errors import ConfigError, TokenmillError
+
+# Each module exposes ``register(subparsers)`` which adds its parser with ``func=run``.
+COMMANDS = ["tokenize", "merge", "inspect", "verify"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (all subcommands)."""
+    parser = argparse.ArgumentParser(
+        prog="tokenmill", description="LLM pretraining data preparation."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"tokenmill.commands.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+    except ConfigError as exc:
+        print(f"tokenmill {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except TokenmillError as exc:
+        print(f"tokenmill {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"tokenmill {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

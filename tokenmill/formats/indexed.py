@@ -1,0 +1,417 @@
+"""Megatron "MMIDIDX" indexed dataset: ``P.bin`` (tokens) + ``P.idx`` (index), byte-exact.
+
+``.idx`` layout (little-endian):
+
+    0   9 B   magic  b"MMIDIDX\\x00\\x00"
+    9   8 B   version u64 = 1
+    17  1 B   dtype code u8 (see DTYPE_CODES)
+    18  8 B   sequence_count u64 = N
+    26  8 B   document_count u64 = D = number of documents + 1
+    34  4N    sequence_lengths int32
+    ..  8N    sequence_pointers int64 (byte offsets into .bin, recomputed from lengths)
+    ..  8D    document_indices int64 (starts at 0, ends at N; repeats for empty documents)
+
+``.bin`` is the bare concatenation of all sequences in the token dtype. Writers go through a
+temporary name, fsync and rename, so an interrupted write never leaves a final-named pair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import struct
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenmill._atomic import commit, remove_stale_temps, temp_path_for
+from tokenmill.errors import FormatError
+
+MAGIC = b"MMIDIDX\x00\x00"
+VERSION = 1
+HEADER_SIZE = 34
+DTYPE_CODES: dict[int, type[np.generic]] = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
+_CODE_OF = {np.dtype(v): k for k, v in DTYPE_CODES.items()}
+UINT16_VOCAB_LIMIT = 65500
+COPY_BLOCK = 16 << 20
+
+
+def data_file_path(prefix: str | os.PathLike[str]) -> Path:
+    """``P.bin`` for prefix ``P``."""
+    return Path(f"{os.fspath(prefix)}.bin")
+
+
+def index_file_path(prefix: str | os.PathLike[str]) -> Path:
+    """``P.idx`` for prefix ``P``."""
+    return Path(f"{os.fspath(prefix)}.idx")
+
+
+def dtype_code(dtype: npt.DTypeLike) -> int:
+    """The MMIDIDX code of a numpy dtype; raises ValueError for dtypes the format lacks."""
+    dt = np.dtype(dtype)
+    if dt not in _CODE_OF:
+        raise ValueError(f"dtype {dt} has no MMIDIDX code (allowed: {sorted(map(str, _CODE_OF))})")
+    return _CODE_OF[dt]
+
+
+def optimal_dtype(vocab_size: int) -> type[np.generic]:
+    """Megatron's rule: uint16 when the vocabulary has fewer than 65500 entries, else int32."""
+    return np.uint16 if vocab_size < UINT16_VOCAB_LIMIT else np.int32
+
+
+def encode_index(
+    dtype: npt.DTypeLike,
+    sequence_lengths: npt.ArrayLike,
+    document_indices: npt.ArrayLike,
+) -> bytes:
+    """The exact ``.idx`` bytes for the given lengths and document boundaries."""
+    lengths = np.ascontiguousarray(sequence_lengths, dtype="<i4")
+    docs = np.ascontiguousarray(document_indices, dtype="<i8")
+    itemsize = np.dtype(dtype).itemsize
+    pointers = np.zeros(len(lengths), dtype="<i8")
+    if len(lengths) > 1:
+        np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
+    pointers *= itemsize
+    header = MAGIC + struct.pack("<Q", VERSION) + struct.pack("<B", dtype_code(dtype))
+    header += struct.pack("<QQ", len(lengths), len(docs))
+    return header + lengths.tobytes() + pointers.tobytes() + docs.tobytes()
+
+
+class _Growable:
+    """An append-only numpy buffer with amortized doubling (no per-item Python objects)."""
+
+    def __init__(self, dtype: npt.DTypeLike, initial: int = 1024) -> None:
+        self._buf = np.empty(initial, dtype=dtype)
+        self._n = 0
+
+    def extend(self, values: npt.ArrayLike) -> None:
+        arr = np.asarray(values, dtype=self._buf.dtype).ravel()
+        need = self._n + len(arr)
+        if need > len(self._buf):
+            new = np.empty(max(need, 2 * len(self._buf)), dtype=self._buf.dtype)
+            new[: self._n] = self._buf[: self._n]
+            self._buf = new
+        self._buf[self._n : need] = arr
+        self._n = need
+
+    def append(self, value: int) -> None:
+        self.extend(np.array([value]))
+
+    def __len__(self) -> int:
+        return self._n
+
+    def view(self) -> np.ndarray:
+        return self._buf[: self._n]
+
+
+class IndexedDatasetWriter:
+    """Builder for a ``.bin``/``.idx`` pair (Megatron ``IndexedDatasetBuilder`` semantics).
+
+    Use as a context manager; ``finalize`` (called on clean exit) writes the index last and
+    renames both files into place. On an exception nothing is left at the prefix.
+    """
+
+    def __init__(self, prefix: str | os.PathLike[str], dtype: npt.DTypeLike = np.int32) -> None:
+        self.prefix = Path(prefix)
+        self.dtype = np.dtype(dtype)
+        dtype_code(self.dtype)
+        self.prefix.parent.mkdir(parents=True, exist_ok=True)
+        for final in (data_file_path(prefix), index_file_path(prefix)):
+            remove_stale_temps(final)
+        self._bin_tmp = temp_path_for(data_file_path(prefix))
+        self._bin: IO[bytes] | None = open(self._bin_tmp, "wb")
+        self._lengths = _Growable(np.int32)
+        self._docs = _Growable(np.int64)
+        self._docs.append(0)
+        self._done = False
+
+    # -- adding data ---------------------------------------------------------------------
+    def _write_tokens(self, tokens: np.ndarray) -> None:
+        if self._bin is None:
+            raise RuntimeError(f"{self.prefix}: writer already finalized or aborted")
+        self._bin.write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
+
+    def add_item(self, tokens: npt.ArrayLike) -> None:
+        """Append one sequence without closing the document."""
+        arr = np.asarray(tokens)
+        self._write_tokens(arr)
+        self._lengths.append(arr.size)
+
+    def end_document(self) -> None:
+        """Close the current document (appends the sequence count as a boundary)."""
+        self._docs.append(len(self._lengths))
+
+    def add_document(self, tokens: npt.ArrayLike, lengths: npt.ArrayLike | None = None) -> None:
+        """Append one document; ``lengths`` splits it into sequences (default: one sequence).
+
+        A document with no tokens adds no sequence but still records its boundary.
+        """
+        arr = np.asarray(tokens)
+        if lengths is None:
+            lens = np.array([arr.size] if arr.size else [], dtype=np.int64)
+        else:
+            lens = np.asarray(lengths, dtype=np.int64)
+            if int(lens.sum()) != arr.size:
+                raise ValueError(f"lengths sum to {int(lens.sum())}, tokens has {arr.size}")
+        self._write_tokens(arr)
+        self._lengths.extend(lens)
+        self.end_document()
+
+    def add_documents(self, tokens: npt.ArrayLike, doc_lengths: npt.ArrayLike) -> None:
+        """Append many one-sequence documents at once (flat tokens + per-document lengths).
+
+        Zero lengths are empty documents: no sequence, repeated boundary (FORMATS §1.3).
+        """
+        arr = np.asarray(tokens)
+        lens = np.asarray(doc_lengths, dtype=np.int64)
+        if int(lens.sum()) != arr.size:
+            raise ValueError(f"doc_lengths sum to {int(lens.sum())}, tokens has {arr.size}")
+        self._write_tokens(arr)
+        base = len(self._lengths)
+        nonempty = lens > 0
+        self._lengths.extend(lens[nonempty])
+        self._docs.extend(base + np.cumsum(nonempty, dtype=np.int64))
+
+    def add_index(self, prefix: str | os.PathLike[str]) -> None:
+        """Append a whole existing dataset (Megatron ``add_index``): bytes copied in blocks."""
+        src = IndexedDataset(prefix)
+        if src.dtype != self.dtype:
+            raise FormatError(
+                index_file_path(prefix),
+                "dtype",
+                f"{src.dtype} does not match the output dtype {self.dtype}; "
+                "merge only datasets tokenized with the same vocabulary size rule",
+            )
+        if self._bin is None:
+            raise RuntimeError(f"{self.prefix}: writer already finalized or aborted")
+        base = len(self._lengths)
+        self._lengths.extend(src.sequence_lengths)
+        self._docs.extend(base + src.document_indices[1:])
+        self._bin.flush()
+        with open(data_file_path(prefix), "rb") as fh:
+            _copy_file(fh, self._bin)
+        src.close()
+
+    # -- committing ----------------------------------------------------------------------
+    @property
+    def num_sequences(self) -> int:
+        return len(self._lengths)
+
+    @property
+    def num_documents(self) -> int:
+        return len(self._docs) - 1
+
+    def finalize(self) -> None:
+        """Flush and fsync ``.bin``, write ``.idx``, then rename both into place (idx last)."""
+        if self._done:
+            return
+        if self._bin is None:
+            raise RuntimeError(f"{self.prefix}: writer was aborted")
+        self._bin.flush()
+        os.fsync(self._bin.fileno())
+        self._bin.close()
+        self._bin = None
+        idx_final = index_file_path(self.prefix)
+        idx_tmp = temp_path_for(idx_final)
+        try:
+            with open(idx_tmp, "wb") as fh:
+                fh.write(encode_index(self.dtype, self._lengths.view(), self._docs.view()))
+                fh.flush()
+                os.fsync(fh.fileno())
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(idx_final)
+            commit(self._bin_tmp, data_file_path(self.prefix))
+            commit(idx_tmp, idx_final)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(idx_tmp)
+            raise
+        self._done = True
+
+    def abort(self) -> None:
+        """Discard everything written so far."""
+        if self._bin is not None:
+            self._bin.close()
+            self._bin = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._bin_tmp)
+
+    def __enter__(self) -> IndexedDatasetWriter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.finalize()
+        else:
+            self.abort()
+
+
+def _copy_file(src: IO[bytes], dst: IO[bytes]) -> None:
+    """Copy with the kernel's fast path when available, else large blocks."""
+    try:
+        size = os.fstat(src.fileno()).st_size
+        off = 0
+        while off < size:
+            sent = os.sendfile(dst.fileno(), src.fileno(), off, min(size - off, 1 << 30))
+            if sent == 0:
+                break
+            off += sent
+        dst.seek(0, os.SEEK_END)
+        if off == size:
+            return
+        src.seek(off)
+    except OSError:
+        src.seek(0)
+        dst.seek(0, os.SEEK_END)
+    shutil.copyfileobj(src, dst, COPY_BLOCK)
+
+
+class IndexedDataset:
+    """Read-only view of a ``.bin``/``.idx`` pair through ``np.memmap``, validated on open."""
+
+    def __init__(self, prefix: str | os.PathLike[str], *, multimodal: bool = False) -> None:
+        self.prefix = Path(prefix)
+        self.idx_path = index_file_path(prefix)
+        self.bin_path = data_file_path(prefix)
+        for p in (self.idx_path, self.bin_path):
+            if not p.is_file():
+                raise FormatError(p, "file", "missing (a .bin/.idx pair needs both files)")
+        self._read_index(multimodal)
+        self._check_bin()
+
+    def _read_index(self, multimodal: bool) -> None:
+        path = self.idx_path
+        size = path.stat().st_size
+        if size < HEADER_SIZE:
+            raise FormatError(path, "header", f"file has {size} bytes, the header needs 34")
+        with open(path, "rb") as fh:
+            head = fh.read(HEADER_SIZE)
+        if head[:9] != MAGIC:
+            raise FormatError(path, "magic", f"found {head[:9]!r}, expected {MAGIC!r}")
+        (version,) = struct.unpack("<Q", head[9:17])
+        if version != VERSION:
+            raise FormatError(path, "version", f"found {version}, expected {VERSION}")
+        code = head[17]
+        if code not in DTYPE_CODES:
+            raise FormatError(path, "dtype code", f"found {code}, allowed {sorted(DTYPE_CODES)}")
+        self.dtype = np.dtype(DTYPE_CODES[code])
+        n_seq, n_doc = struct.unpack("<QQ", head[18:34])
+        expected = HEADER_SIZE + 12 * n_seq + 8 * n_doc + (n_seq if multimodal else 0)
+        if size != expected:
+            raise FormatError(
+                path,
+                "sequence_count/document_count",
+                f"counts {n_seq}/{n_doc} need a {expected}-byte file, found {size} bytes",
+            )
+        if n_doc < 1:
+            raise FormatError(path, "document_count", "is 0; it must be at least 1")
+        self._mm = np.memmap(path, dtype=np.uint8, mode="r") if size else None
+        buf = self._mm
+        off = HEADER_SIZE
+        self.sequence_lengths = np.frombuffer(buf, dtype="<i4", count=n_seq, offset=off)
+        off += 4 * n_seq
+        self.sequence_pointers = np.frombuffer(buf, dtype="<i8", count=n_seq, offset=off)
+        off += 8 * n_seq
+        self.document_indices = np.frombuffer(buf, dtype="<i8", count=n_doc, offset=off)
+        off += 8 * n_doc
+        self.sequence_modes = (
+            np.frombuffer(buf, dtype=np.int8, count=n_seq, offset=off) if multimodal else None
+        )
+        docs = self.document_indices
+        if docs[0] != 0 or docs[-1] != n_seq:
+            raise FormatError(
+                path,
+                "document_indices",
+                f"must start at 0 and end at sequence_count {n_seq}, "
+                f"found {int(docs[0])}..{int(docs[-1])}",
+            )
+        if n_doc > 1 and bool(np.any(np.diff(docs) < 0)):
+            raise FormatError(path, "document_indices", "are not non-decreasing")
+        if n_seq and int(self.sequence_lengths.min()) < 0:
+            raise FormatError(path, "sequence_lengths", "contain a negative length")
+
+    def _check_bin(self) -> None:
+        n_tokens = int(self.sequence_lengths.sum(dtype=np.int64))
+        itemsize = self.dtype.itemsize
+        size = self.bin_path.stat().st_size
+        if size != n_tokens * itemsize:
+            raise FormatError(
+                self.bin_path,
+                "size",
+                f"index says {n_tokens} tokens x {itemsize} B = {n_tokens * itemsize} bytes, "
+                f"file has {size} bytes",
+            )
+        self.num_tokens = n_tokens
+        if len(self):
+            expected_first = 0
+            if int(self.sequence_pointers[0]) != expected_first:
+                raise FormatError(self.idx_path, "sequence_pointers", "do not start at 0")
+        self._bin = np.memmap(self.bin_path, dtype=self.dtype, mode="r") if size else None
+
+    def check_pointers(self) -> None:
+        """Full check: every pointer equals the running byte sum of the lengths before it."""
+        expect = np.zeros(len(self), dtype=np.int64)
+        if len(self) > 1:
+            np.cumsum(self.sequence_lengths[:-1], dtype=np.int64, out=expect[1:])
+        expect *= self.dtype.itemsize
+        bad = np.flatnonzero(expect != self.sequence_pointers)
+        if bad.size:
+            i = int(bad[0])
+            raise FormatError(
+                self.idx_path,
+                "sequence_pointers",
+                f"pointer {i} is {int(self.sequence_pointers[i])}, lengths imply {int(expect[i])}",
+            )
+
+    # -- access --------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.sequence_lengths)
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.document_indices) - 1
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """All tokens as one flat memmap (empty array for an empty dataset)."""
+        return self._bin if self._bin is not None else np.empty(0, dtype=self.dtype)
+
+    def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens of sequence ``i`` from ``offset`` for ``length`` tokens (default: to the end)."""
+        n = int(self.sequence_lengths[i])
+        if length is None:
+            length = n - offset
+        start = int(self.sequence_pointers[i]) // self.dtype.itemsize + offset
+        return self.tokens[start : start + length]
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.get(i)
+
+    def close(self) -> None:
+        """Drop the memory maps (the arrays handed out stay valid while referenced)."""
+        self._bin = None
+        self._mm = None
+
+    def __enter__(self) -> IndexedDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

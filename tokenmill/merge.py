@@ -1,0 +1,135 @@
+"""Merge ``.bin``/``.idx`` datasets into one (Megatron ``merge_datasets.py`` / ``add_index``).
+
+Inputs are concatenated in the order given by default; ``order="lexicographic"`` reproduces
+Megatron's ``sorted()`` order of prefixes and ``order="natural"`` sorts numeric runs by value
+(``part_2`` before ``part_10``). Directories expand to the ``.bin``/``.idx`` pairs directly in them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenmill.errors import ConfigError, InputError
+from tokenmill.formats.indexed import (
+    IndexedDataset,
+    IndexedDatasetWriter,
+    data_file_path,
+    index_file_path,
+)
+from tokenmill.manifest import dataset_content_hash, write_dataset_manifest
+
+ORDERS = ("given", "lexicographic", "natural")
+_PAIR_SUFFIXES = (".bin", ".idx")
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """What a merge produced."""
+
+    prefix: Path
+    inputs: list[Path]
+    documents: int
+    sequences: int
+    tokens: int
+    bytes: int
+    seconds: float
+    manifest: dict[str, Any]
+
+
+def natural_key(name: str) -> list[Any]:
+    """Sort key that compares digit runs as numbers: ``part_2`` < ``part_10``."""
+    return [int(tok) if tok.isdigit() else tok for tok in re.split(r"(\d+)", name)]
+
+
+def _prefixes_in_dir(directory: Path) -> list[Path]:
+    """Every ``.bin``/``.idx`` prefix directly in ``directory``; a lone partner is an error."""
+    stems: dict[str, set[str]] = {}
+    for entry in directory.iterdir():
+        if entry.is_file() and entry.suffix in _PAIR_SUFFIXES:
+            stems.setdefault(entry.stem, set()).add(entry.suffix)
+    for stem, found in stems.items():
+        for missing in set(_PAIR_SUFFIXES) - found:
+            raise InputError(f"{directory / (stem + missing)}: missing partner file")
+    return sorted(directory / stem for stem in stems)
+
+
+def resolve_inputs(inputs: list[str | os.PathLike[str]], order: str = "given") -> list[Path]:
+    """Expand directories and ``.bin``/``.idx`` paths to prefixes, then order them."""
+    if order not in ORDERS:
+        raise ConfigError(f"--order {order!r}: allowed values are {', '.join(ORDERS)}")
+    prefixes: list[Path] = []
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            prefixes.extend(_prefixes_in_dir(p))
+        else:
+            prefix = p.with_suffix("") if p.suffix in _PAIR_SUFFIXES else p
+            for part in (data_file_path(prefix), index_file_path(prefix)):
+                if not part.is_file():
+                    raise InputError(f"{part}: missing (needed to merge prefix {prefix})")
+            prefixes.append(prefix)
+    if not prefixes:
+        raise ConfigError("no .bin/.idx inputs found to merge")
+    if order == "lexicographic":
+        prefixes.sort(key=lambda q: q.name)
+    elif order == "natural":
+        prefixes.sort(key=lambda q: natural_key(q.name))
+    seen: set[Path] = set()
+    for q in prefixes:
+        if q.resolve() in seen:
+            raise ConfigError(f"{q}: given twice; each input may appear once")
+        seen.add(q.resolve())
+    return prefixes
+
+
+def merge_datasets(
+    inputs: list[str | os.PathLike[str]],
+    output_prefix: str | os.PathLike[str],
+    *,
+    order: str = "given",
+) -> MergeResult:
+    """Concatenate datasets with Megatron ``add_index`` semantics and write a manifest last.
+
+    The output dtype is the first input's; any other dtype is an error naming the file.
+    """
+    start = time.perf_counter()
+    prefixes = resolve_inputs(inputs, order)
+    out = Path(output_prefix)
+    if any(out.resolve() == q.resolve() for q in prefixes):
+        raise ConfigError(f"--output-prefix {out} is also an input")
+    first = IndexedDataset(prefixes[0])
+    dtype = first.dtype
+    first.close()
+    with IndexedDatasetWriter(out, dtype) as writer:
+        for q in prefixes:
+            writer.add_index(q)
+    merged = IndexedDataset(out)
+    counts = {
+        "documents": merged.num_documents,
+        "sequences": len(merged),
+        "tokens": merged.num_tokens,
+    }
+    nbytes = merged.bin_path.stat().st_size
+    merged.close()
+    manifest = write_dataset_manifest(
+        out,
+        kind="merged",
+        inputs=[{"prefix": str(q), "content_hash": dataset_content_hash(q)} for q in prefixes],
+        config={"order": order, "dtype": str(dtype)},
+        counts=counts,
+    )
+    return MergeResult(
+        prefix=out,
+        inputs=prefixes,
+        documents=counts["documents"],
+        sequences=counts["sequences"],
+        tokens=counts["tokens"],
+        bytes=nbytes,
+        seconds=time.perf_counter() - start,
+        manifest=manifest,
+    )
