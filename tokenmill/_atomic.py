@@ -81,10 +81,19 @@ def remove_stale_temps(path: str | os.PathLike[str]) -> None:
             cand.unlink()
 
 
-def file_sha256(path: str | os.PathLike[str], block: int = 1 << 22) -> str:
-    """Hex sha256 of a file, streamed in blocks."""
+def file_sha256(
+    path: str | os.PathLike[str], offset: int = 0, length: int | None = None, block: int = 1 << 22
+) -> str:
+    """Hex sha256 of a file (or of ``length`` bytes from ``offset``), streamed in blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
-        while chunk := fh.read(block):
+        fh.seek(offset)
+        left = -1 if length is None else length
+        while left:
+            chunk = fh.read(block if left < 0 else min(block, left))
+            if not chunk:
+                break
             h.update(chunk)
+            if left > 0:
+                left -= len(chunk)
     return h.hexdigest()

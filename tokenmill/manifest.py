@@ -39,12 +39,22 @@ def write_dataset_manifest(
     inputs: list[dict[str, Any]],
     config: dict[str, Any],
     counts: dict[str, int],
+    bin_parts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Hash the pair's files and write the manifest atomically (call after the pair is final)."""
+    """Hash the pair's files and write the manifest atomically (call after the pair is final).
+
+    ``bin_parts`` (``[{bytes, sha256}, ...]`` of consecutive byte ranges, e.g. the inputs of a
+    merge) records the ``.bin`` by the hashes of its parts instead of re-reading it, so merging
+    runs at copy speed; a full verify hashes each range.
+    """
     prefix = Path(prefix)
-    files = describe_files(
-        [data_file_path(prefix), index_file_path(prefix)], root=prefix.parent
-    )
+    if bin_parts is None:
+        files = describe_files(
+            [data_file_path(prefix), index_file_path(prefix)], root=prefix.parent
+        )
+    else:
+        files = describe_files([index_file_path(prefix)], root=prefix.parent)
+        files[data_file_path(prefix).name] = _parts_entry(data_file_path(prefix), bin_parts)
     manifest = {
         "format_version": FORMAT_VERSION,
         "kind": kind,
@@ -59,11 +69,36 @@ def write_dataset_manifest(
     return manifest
 
 
+def _parts_entry(path: Path, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    total = sum(int(p["bytes"]) for p in parts)
+    size = path.stat().st_size
+    if total != size:
+        raise FormatError(path, "size", f"{size} bytes, its parts add up to {total}")
+    tree = hashlib.sha256("".join(p["sha256"] for p in parts).encode()).hexdigest()
+    return {"bytes": size, "parts": parts, "sha256_of_parts": tree}
+
+
+def _file_digest(info: dict[str, Any]) -> str:
+    return str(info["sha256"] if "sha256" in info else info["sha256_of_parts"])
+
+
+def _digest_mismatch(path: Path, info: dict[str, Any]) -> str | None:
+    """Rehash a file (or each recorded part of it); a message on mismatch."""
+    if "sha256" in info:
+        return None if file_sha256(path) == info["sha256"] else "sha256 differs from the manifest"
+    offset = 0
+    for i, part in enumerate(info["parts"]):
+        if file_sha256(path, offset, int(part["bytes"])) != part["sha256"]:
+            return f"sha256 of part {i} (bytes {offset}..) differs from the manifest"
+        offset += int(part["bytes"])
+    return None
+
+
 def _content_hash(files: dict[str, dict[str, Any]]) -> str:
     """One hash for the pair: sha256 over the sorted (name suffix, sha256) entries."""
     h = hashlib.sha256()
     for name in sorted(files, key=lambda n: Path(n).suffix):
-        h.update(Path(name).suffix.encode() + b"\0" + files[name]["sha256"].encode() + b"\0")
+        h.update(Path(name).suffix.encode() + b"\0" + _file_digest(files[name]).encode() + b"\0")
     return h.hexdigest()
 
 
@@ -97,9 +132,24 @@ def check_dataset_files(prefix: str | os.PathLike[str], *, full: bool = False) -
         size = p.stat().st_size
         if size != info["bytes"]:
             problems.append(f"{p}: {size} bytes, manifest says {info['bytes']}")
-        elif full and file_sha256(p) != info["sha256"]:
-            problems.append(f"{p}: sha256 differs from the manifest")
+        elif full and (msg := _digest_mismatch(p, info)):
+            problems.append(f"{p}: {msg}")
     return problems
+
+
+def bin_parts(prefix: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The ``.bin`` of a dataset as ``[{bytes, sha256}, ...]`` parts: taken from its manifest
+    when the recorded size matches (no re-read), else hashed now. Merges chain these."""
+    prefix = Path(prefix)
+    path = data_file_path(prefix)
+    size = path.stat().st_size
+    if dataset_manifest_path(prefix).is_file():
+        info = read_dataset_manifest(prefix)["files"].get(path.name, {})
+        if info.get("bytes") == size:
+            if "sha256" in info:
+                return [{"bytes": size, "sha256": info["sha256"]}]
+            return list(info["parts"])
+    return [{"bytes": size, "sha256": file_sha256(path)}]
 
 
 def dataset_content_hash(prefix: str | os.PathLike[str]) -> str:

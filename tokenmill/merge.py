@@ -21,7 +21,7 @@ from tokenmill.formats.indexed import (
     data_file_path,
     index_file_path,
 )
-from tokenmill.manifest import dataset_content_hash, write_dataset_manifest
+from tokenmill.manifest import bin_parts, dataset_content_hash, write_dataset_manifest
 
 ORDERS = ("given", "lexicographic", "natural")
 _PAIR_SUFFIXES = (".bin", ".idx")
@@ -122,6 +122,7 @@ def merge_datasets(
         inputs=[{"prefix": str(q), "content_hash": dataset_content_hash(q)} for q in prefixes],
         config={"order": order, "dtype": str(dtype)},
         counts=counts,
+        bin_parts=[part for q in prefixes for part in bin_parts(q)],
     )
     return MergeResult(
         prefix=out,

@@ -108,3 +108,19 @@ def test_cli_merge_and_verify(tmp_path, capsys):
     assert main(["merge", "--input", str(tmp_path / "nope"), "--output-prefix", "x"]) == 1
     assert main(["inspect", str(tmp_path / "a")]) == 0
     assert "tokens" in capsys.readouterr().out
+
+
+def test_merge_manifest_records_parts_and_detects_corruption(tmp_path):
+    for name, docs in (("a", [[1, 2]]), ("b", [[3, 4, 5]]), ("c", [[6]])):
+        _make(tmp_path / name, docs)
+    merge_datasets([tmp_path / "a", tmp_path / "b"], tmp_path / "ab")
+    merge_datasets([tmp_path / "ab", tmp_path / "c"], tmp_path / "abc")
+    info = read_dataset_manifest(tmp_path / "abc")["files"]["abc.bin"]
+    assert [p["bytes"] for p in info["parts"]] == [4, 6, 2]
+    assert verify_dataset(tmp_path / "abc") == []
+    raw = bytearray((tmp_path / "abc.bin").read_bytes())
+    raw[5] ^= 0xFF
+    (tmp_path / "abc.bin").write_bytes(bytes(raw))
+    assert verify_dataset(tmp_path / "abc", full=False) == []
+    (problem,) = verify_dataset(tmp_path / "abc")
+    assert "sha256 of part 1 (bytes 4..) differs" in problem

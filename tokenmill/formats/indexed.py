@@ -18,12 +18,14 @@ temporary name, fsync and rename, so an interrupted write never leaves a final-n
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import struct
+import sys
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -264,24 +266,42 @@ class IndexedDatasetWriter:
             self.abort()
 
 
-def _copy_file(src: IO[bytes], dst: IO[bytes]) -> None:
-    """Copy with the kernel's fast path when available, else large blocks."""
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask Linux to start writing a just-copied range to disk (``sync_file_range``), so the
+    final fsync has little left to do; a no-op where the call is unavailable."""
+    if _SYNC_FILE_RANGE is not None:
+        _SYNC_FILE_RANGE(fd, ctypes.c_longlong(offset), ctypes.c_longlong(length), 2)
+
+
+def _load_sync_file_range() -> Any:
     try:
-        size = os.fstat(src.fileno()).st_size
-        off = 0
+        return ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (AttributeError, OSError):
+        return None
+
+
+_SYNC_FILE_RANGE = _load_sync_file_range() if sys.platform.startswith("linux") else None
+
+
+def _copy_file(src: IO[bytes], dst: IO[bytes]) -> None:
+    """Append ``src`` to ``dst`` in the kernel (``sendfile``) with early writeback; falls back
+    to large-block copies where ``sendfile`` is not supported."""
+    size = os.fstat(src.fileno()).st_size
+    base = dst.seek(0, os.SEEK_END)
+    off = 0
+    try:
         while off < size:
-            sent = os.sendfile(dst.fileno(), src.fileno(), off, min(size - off, 1 << 30))
+            sent = os.sendfile(dst.fileno(), src.fileno(), off, min(size - off, COPY_BLOCK * 4))
             if sent == 0:
                 break
+            _start_writeback(dst.fileno(), base + off, sent)
             off += sent
-        dst.seek(0, os.SEEK_END)
-        if off == size:
-            return
-        src.seek(off)
     except OSError:
-        src.seek(0)
-        dst.seek(0, os.SEEK_END)
-    shutil.copyfileobj(src, dst, COPY_BLOCK)
+        dst.truncate(base + off)
+    dst.seek(0, os.SEEK_END)
+    if off < size:
+        src.seek(off)
+        shutil.copyfileobj(src, dst, COPY_BLOCK)
 
 
 class IndexedDataset:
