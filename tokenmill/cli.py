@@ -16,21 +16,22 @@ from tokenmill.errors import ConfigError, TokenmillError
 COMMANDS = ["tokenize", "merge", "inspect", "verify"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser (all subcommands)."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser; with ``only`` just that subcommand is imported (fast start-up)."""
     parser = argparse.ArgumentParser(
         prog="tokenmill", description="LLM pretraining data preparation."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
+    for name in COMMANDS if only is None else [only]:
         importlib.import_module(f"tokenmill.commands.{name}").register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
+    args = parser.parse_args(words)
     try:
         rc = args.func(args)
     except ConfigError as exc:

@@ -104,7 +104,7 @@ def test_cli_merge_and_verify(tmp_path, capsys):
     raw[0] ^= 1
     (tmp_path / "m.bin").write_bytes(bytes(raw))
     assert main(["verify", str(tmp_path / "m.manifest.json")]) == 1
-    assert "sha256 differs" in capsys.readouterr().out
+    assert "differs from the manifest" in capsys.readouterr().out
     assert main(["merge", "--input", str(tmp_path / "nope"), "--output-prefix", "x"]) == 1
     assert main(["inspect", str(tmp_path / "a")]) == 0
     assert "tokens" in capsys.readouterr().out

@@ -20,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import queue
 import shutil
 import struct
 import sys
+import threading
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -266,21 +268,45 @@ class IndexedDatasetWriter:
             self.abort()
 
 
-def _start_writeback(fd: int, offset: int, length: int) -> None:
-    """Ask Linux to start writing a just-copied range to disk (``sync_file_range``), so the
-    final fsync has little left to do; a no-op where the call is unavailable."""
-    if _SYNC_FILE_RANGE is not None:
-        _SYNC_FILE_RANGE(fd, ctypes.c_longlong(offset), ctypes.c_longlong(length), 2)
-
-
 def _load_sync_file_range() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         return ctypes.CDLL(None, use_errno=True).sync_file_range
     except (AttributeError, OSError):
         return None
 
 
-_SYNC_FILE_RANGE = _load_sync_file_range() if sys.platform.startswith("linux") else None
+_SYNC_FILE_RANGE = _load_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+class _Writeback:
+    """Starts disk writeback of copied ranges on a side thread (Linux ``sync_file_range``),
+    so the copy keeps going and the final fsync has little left to do."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._ranges: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        if _SYNC_FILE_RANGE is not None:
+            self._thread.start()
+
+    def _run(self) -> None:
+        while (rng := self._ranges.get()) is not None:
+            off, length = rng
+            _SYNC_FILE_RANGE(
+                self._fd, ctypes.c_longlong(off), ctypes.c_longlong(length), _SYNC_FILE_RANGE_WRITE
+            )
+
+    def add(self, offset: int, length: int) -> None:
+        if self._thread.is_alive():
+            self._ranges.put((offset, length))
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._ranges.put(None)
+            self._thread.join()
 
 
 def _copy_file(src: IO[bytes], dst: IO[bytes]) -> None:
@@ -289,15 +315,18 @@ def _copy_file(src: IO[bytes], dst: IO[bytes]) -> None:
     size = os.fstat(src.fileno()).st_size
     base = dst.seek(0, os.SEEK_END)
     off = 0
+    writeback = _Writeback(dst.fileno())
     try:
         while off < size:
             sent = os.sendfile(dst.fileno(), src.fileno(), off, min(size - off, COPY_BLOCK * 4))
             if sent == 0:
                 break
-            _start_writeback(dst.fileno(), base + off, sent)
+            writeback.add(base + off, sent)
             off += sent
     except OSError:
         dst.truncate(base + off)
+    finally:
+        writeback.close()
     dst.seek(0, os.SEEK_END)
     if off < size:
         src.seek(off)
