@@ -1,0 +1,354 @@
+"""HF dataset export: input shards -> ``<dir>/data/<shard>.parquet`` + ``<dir>/dataset_info.json``.
+
+The layout loads with ``datasets.load_dataset("parquet", data_files=...)`` and plain pyarrow.
+Every field of the input records is kept. Export streams twice over the input with bounded
+memory: the first pass validates (quarantining bad lines) and infers one schema for the whole
+shard (per-field types unified across batches; a field missing from a record becomes null); the
+second pass writes row groups of exactly ``row_group_rows`` rows. A field whose values cannot
+share one Arrow type (e.g. an int in one record and a string in another, or an empty object)
+is stored as a string column holding each value's JSON text and listed under
+``json_encoded_fields`` in the Parquet key-value metadata. Same input and settings -> same bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tokenmill._atomic import commit, file_sha256, remove_stale_temps, temp_path_for, write_bytes
+from tokenmill.errors import ConfigError, FormatError, InputError
+from tokenmill.ingest import (
+    ON_BAD_RECORD,
+    Batch,
+    IngestStats,
+    Quarantine,
+    read_input_batches,
+    shard_name,
+)
+
+DEFAULT_ROW_GROUP_ROWS = 1000
+PARQUET_COMPRESSION = "zstd"
+JSON_FIELDS_KEY = b"tokenmill.json_encoded_fields"
+_CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)
+_HF_DTYPES = {"double": "float64", "float": "float32", "halffloat": "float16"}
+
+
+@dataclass
+class ExportResult:
+    """What ``export_shard`` wrote."""
+
+    parquet_path: Path
+    stats: IngestStats
+    rows: int
+    bytes: int
+    quarantine_path: Path | None
+
+
+@dataclass
+class _Plan:
+    """The shard's schema as learned by the first pass."""
+
+    text_key: str
+    order: dict[str, None] = field(default_factory=dict)
+    types: dict[str, pa.DataType] = field(default_factory=dict)
+    as_json: set[str] = field(default_factory=set)
+
+    def schema(self) -> pa.Schema:
+        names = list(self.order) if self.text_key in self.order else [self.text_key, *self.order]
+        fields = []
+        for name in names:
+            if name == self.text_key or name in self.as_json:
+                fields.append(pa.field(name, pa.string()))
+            else:
+                fields.append(pa.field(name, self.types.get(name, pa.null())))
+        metadata = {JSON_FIELDS_KEY: json.dumps(sorted(self.as_json)).encode()}
+        return pa.schema(fields, metadata=metadata if self.as_json else None)
+
+    def to_json(self, name: str) -> None:
+        self.as_json.add(name)
+        self.types.pop(name, None)
+
+
+class _AlreadyQuarantined(Quarantine):
+    """Second-pass sink: the first pass already wrote these lines, so only count them."""
+
+    def add(self, source: str, line: int, reason: str, raw: bytes) -> None:
+        self._count += 1
+
+
+class _Unconvertible(Exception):
+    """A value of ``field`` does not fit the type inferred for it (e.g. int -> float loss)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def _check_shard(shard: str) -> None:
+    bad = not shard or shard.startswith(".") or any(c in shard for c in "/\\")
+    if bad or any(ord(c) < 32 or ord(c) == 127 for c in shard):
+        raise ConfigError(f"shard name {shard!r}: use a plain file name (no slashes, no leading .)")
+
+
+def _parquet_ok(kind: pa.DataType) -> bool:
+    """Parquet cannot store a struct without fields (an empty JSON object)."""
+    if pa.types.is_struct(kind):
+        return kind.num_fields > 0 and all(_parquet_ok(f.type) for f in kind)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _parquet_ok(kind.value_type)
+    return True
+
+
+def _unify(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    if a == b:
+        return a
+    try:
+        merged = pa.unify_schemas(
+            [pa.schema([pa.field("x", a)]), pa.schema([pa.field("x", b)])],
+            promote_options="permissive",
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+    return merged.field("x").type
+
+
+def _learn(plan: _Plan, records: list[dict[str, Any]]) -> None:
+    """Fold one batch's field types into the plan."""
+    for name in dict.fromkeys(k for r in records for k in r):
+        plan.order.setdefault(name)
+        if name == plan.text_key or name in plan.as_json:
+            continue
+        try:
+            kind = pa.array([r.get(name) for r in records]).type
+        except _CONVERSION_ERRORS:
+            plan.to_json(name)
+            continue
+        previous = plan.types.get(name)
+        merged = kind if previous is None else _unify(previous, kind)
+        if merged is None or not _parquet_ok(merged):
+            plan.to_json(name)
+        else:
+            plan.types[name] = merged
+
+
+def _table(batch: Batch, schema: pa.Schema, plan: _Plan) -> pa.Table:
+    records = batch.records or []
+    columns = []
+    for f in schema:
+        if f.name == plan.text_key:
+            columns.append(pa.array(batch.texts, type=pa.string()))
+            continue
+        if f.name in plan.as_json:
+            values: list[Any] = [
+                orjson.dumps(r[f.name]).decode() if f.name in r else None for r in records
+            ]
+        else:
+            values = [r.get(f.name) for r in records]
+        try:
+            columns.append(pa.array(values, type=f.type))
+        except _CONVERSION_ERRORS as exc:
+            raise _Unconvertible(f.name) from exc
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _read(
+    input_path: str | os.PathLike[str],
+    text_key: str,
+    on_bad_record: str,
+    quarantine: Quarantine | None,
+    stats: IngestStats,
+) -> Any:
+    return read_input_batches(
+        input_path,
+        text_key=text_key,
+        on_bad_record=on_bad_record,
+        quarantine=quarantine,
+        stats=stats,
+        keep_records=True,
+    )
+
+
+def _write(
+    input_path: str | os.PathLike[str],
+    tmp: Path,
+    plan: _Plan,
+    on_bad_record: str,
+    row_group_rows: int,
+) -> IngestStats:
+    """Second pass: stream the records into ``tmp`` in row groups of ``row_group_rows``."""
+    schema = plan.schema()
+    stats = IngestStats(path=os.fspath(input_path))
+    sink = _AlreadyQuarantined(os.devnull) if on_bad_record == "quarantine" else None
+    options = {"compression": PARQUET_COMPRESSION, "use_dictionary": False}
+    with pq.ParquetWriter(tmp, schema, write_statistics=False, **options) as writer:
+        pending: list[pa.Table] = []
+        rows = 0
+        for batch in _read(input_path, plan.text_key, on_bad_record, sink, stats):
+            pending.append(_table(batch, schema, plan))
+            rows += len(batch.texts)
+            while rows >= row_group_rows:
+                combined = pa.concat_tables(pending)
+                writer.write_table(combined.slice(0, row_group_rows), row_group_size=row_group_rows)
+                pending = [combined.slice(row_group_rows)]
+                rows -= row_group_rows
+        if rows:
+            writer.write_table(pa.concat_tables(pending), row_group_size=rows)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    return stats
+
+
+def export_shard(
+    input_path: str | os.PathLike[str],
+    output_dir: str | os.PathLike[str],
+    *,
+    text_key: str = "text",
+    on_bad_record: str = "fail",
+    quarantine_path: str | os.PathLike[str] | None = None,
+    shard: str | None = None,
+    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+) -> ExportResult:
+    """Write ``output_dir/data/<shard>.parquet`` atomically from one input shard.
+
+    Bad lines raise ``BadRecordError`` (``fail``) or go to ``quarantine_path`` (default
+    ``output_dir/<shard>.quarantine.jsonl``) which is written, even empty, in ``quarantine`` mode.
+    Nothing is left at the output path when the export fails.
+    """
+    if on_bad_record not in ON_BAD_RECORD:
+        raise ConfigError(f"on_bad_record={on_bad_record!r}: expected one of {ON_BAD_RECORD}")
+    if row_group_rows < 1:
+        raise ConfigError(f"row_group_rows={row_group_rows}: must be at least 1")
+    shard = shard_name(input_path) if shard is None else shard
+    _check_shard(shard)
+    final = Path(output_dir) / "data" / f"{shard}.parquet"
+    qpath = None
+    if on_bad_record == "quarantine":
+        qpath = Path(quarantine_path or Path(output_dir) / f"{shard}.quarantine.jsonl")
+    quarantine = Quarantine(qpath) if qpath is not None else None
+    stats = IngestStats(path=os.fspath(input_path))
+    created = [d for d in (final.parent, *final.parent.parents) if not d.exists()]
+    tmp = temp_path_for(final)
+    try:
+        plan = _Plan(text_key)
+        for batch in _read(input_path, text_key, on_bad_record, quarantine, stats):
+            _learn(plan, batch.records or [])
+        final.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(final)
+        second = _write_with_fallback(input_path, tmp, plan, on_bad_record, row_group_rows)
+        _check_same(input_path, stats, second)
+        commit(tmp, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        if quarantine is not None:
+            quarantine.discard()
+        for folder in created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+    if quarantine is not None:
+        quarantine.commit()
+    size = final.stat().st_size
+    return ExportResult(final, stats, stats.documents, size, qpath)
+
+
+def _write_with_fallback(
+    input_path: str | os.PathLike[str], tmp: Path, plan: _Plan, on_bad_record: str, rows: int
+) -> IngestStats:
+    """Write; a field whose values do not fit its inferred type is retried as JSON text."""
+    while True:
+        try:
+            return _write(input_path, tmp, plan, on_bad_record, rows)
+        except _Unconvertible as exc:
+            plan.to_json(exc.name)
+
+
+def _check_same(
+    input_path: str | os.PathLike[str], first: IngestStats, second: IngestStats
+) -> None:
+    keys = ("lines", "documents", "blank", "quarantined", "bytes_read")
+    a = {k: getattr(first, k) for k in keys}
+    b = {k: getattr(second, k) for k in keys}
+    if a != b:
+        raise InputError(f"{input_path}: changed while being exported ({a} then {b}); run again")
+
+
+def hf_feature(kind: pa.DataType) -> dict[str, Any]:
+    """The ``datasets`` feature dict (``Features.to_dict()`` form) for an Arrow type."""
+    if pa.types.is_struct(kind):
+        return {f.name: hf_feature(f.type) for f in kind}
+    if pa.types.is_large_list(kind):
+        return {"feature": hf_feature(kind.value_type), "_type": "LargeList"}
+    if pa.types.is_fixed_size_list(kind):
+        return {"feature": hf_feature(kind.value_type), "length": kind.list_size, "_type": "List"}
+    if pa.types.is_list(kind):
+        return {"feature": hf_feature(kind.value_type), "_type": "List"}
+    if pa.types.is_date32(kind) or pa.types.is_date64(kind):
+        return {"dtype": str(kind).split("[")[0], "_type": "Value"}
+    return {"dtype": _HF_DTYPES.get(str(kind), str(kind)), "_type": "Value"}
+
+
+def write_dataset_info(
+    output_dir: str | os.PathLike[str],
+    *,
+    features_from: list[Path] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``output_dir/dataset_info.json`` (features, ``train`` split sizes, shards) atomically.
+
+    ``features_from`` defaults to every ``output_dir/data/*.parquet``; their schemas must unify.
+    ``num_bytes`` is the uncompressed data size, ``download_size`` the Parquet files' size.
+    ``extra`` keys are added at the top level. Keys keep their order (features follow the
+    columns), so the bytes are deterministic without sorting.
+    """
+    out = Path(output_dir)
+    files = sorted((out / "data").glob("*.parquet")) if features_from is None else features_from
+    if not files:
+        raise InputError(f"{out / 'data'}: no .parquet shards to describe")
+    schemas, shards = [], []
+    for path in files:
+        meta = pq.read_metadata(path)
+        schemas.append(meta.schema.to_arrow_schema().remove_metadata())
+        rel = Path(path).resolve()
+        with contextlib.suppress(ValueError):
+            rel = rel.relative_to(out.resolve())
+        shards.append(
+            {
+                "file": rel.as_posix(),
+                "num_rows": meta.num_rows,
+                "num_bytes": sum(
+                    meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)
+                ),
+                "size": Path(path).stat().st_size,
+                "sha256": file_sha256(path),
+            }
+        )
+    try:
+        schema = pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise FormatError(
+            out / "data", "schema", f"shards have incompatible schemas: {exc}"
+        ) from exc
+    rows = sum(s["num_rows"] for s in shards)
+    num_bytes = sum(s["num_bytes"] for s in shards)
+    info: dict[str, Any] = {
+        "builder_name": "parquet",
+        "config_name": "default",
+        "features": {f.name: hf_feature(f.type) for f in schema},
+        "splits": {"train": {"name": "train", "num_bytes": num_bytes, "num_examples": rows}},
+        "download_size": sum(s["size"] for s in shards),
+        "dataset_size": num_bytes,
+        "shards": shards,
+    }
+    info.update(extra or {})
+    target = out / "dataset_info.json"
+    write_bytes(target, (json.dumps(info, indent=2) + "\n").encode("utf-8"))
+    return target

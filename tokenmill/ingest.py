@@ -1,0 +1,550 @@
+"""Streaming input readers: JSONL shards (plain, gzip, zstd) and Parquet/Arrow datasets.
+
+Every reader yields ``Batch``es of document texts (and, on request, the full records) with
+memory bounded by the batch size. JSONL is read in large decompressed blocks, split with bytes
+methods and parsed with orjson; only lines that fail the fast path are looked at again, to
+classify them precisely (blank, invalid UTF-8, invalid JSON, not an object, missing or non-string
+text, lone surrogates). A bad line either stops the run (``BadRecordError``, ``FILE:LINE: reason``)
+or goes to a ``Quarantine`` with its original bytes, so ``lines == documents + quarantined + blank``
+always holds.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import gzip
+import json
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import orjson
+import zstandard
+
+from tokenmill._atomic import commit, temp_path_for
+from tokenmill.errors import BadRecordError, ConfigError, FormatError, InputError
+
+ON_BAD_RECORD = ("fail", "quarantine")
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+TABLE_SUFFIXES = (".parquet", ".arrow")
+BOM = b"\xef\xbb\xbf"
+_ZSTD_READ = 1 << 20
+_JSON_TYPE_NAMES = {dict: "object", list: "list", str: "string", type(None): "null"}
+
+
+@dataclass
+class IngestStats:
+    """Counts for one input file; invariant: ``lines == documents + quarantined + blank``."""
+
+    path: str
+    lines: int = 0
+    documents: int = 0
+    empty_documents: int = 0
+    blank: int = 0
+    quarantined: int = 0
+    bytes_read: int = 0
+    bom: bool = False
+    crlf_lines: int = 0
+    missing_final_newline: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form for manifests, metadata and stats files."""
+        return dataclasses.asdict(self)
+
+
+class Quarantine:
+    """Collects bad lines (source path, 1-based line, reason, raw bytes) and writes them atomically.
+
+    Records are spooled to a temporary sibling of ``path`` as they arrive (memory stays bounded);
+    ``commit`` fsyncs and renames it, ``discard`` removes it. Each line of the file is
+    ``{"line": N, "raw_b64": ..., "reason": ..., "source": ...}`` with sorted keys; ``raw_b64`` is
+    the line's bytes without its ``\\n`` (a ``\\r`` and a first-line BOM are kept).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._tmp: Path | None = None
+        self._fh: IO[bytes] | None = None
+        self._count = 0
+        self._finished = False
+
+    def add(self, source: str, line: int, reason: str, raw: bytes) -> None:
+        """Append one bad line."""
+        fh = self._fh if self._fh is not None else self._open()
+        record = {
+            "line": line,
+            "raw_b64": base64.b64encode(raw).decode("ascii"),
+            "reason": reason,
+            "source": str(source),
+        }
+        fh.write(json.dumps(record, sort_keys=True).encode("ascii") + b"\n")
+        self._count += 1
+
+    @property
+    def count(self) -> int:
+        """Number of lines added so far."""
+        return self._count
+
+    def commit(self) -> None:
+        """Write ``path`` atomically, even when empty, so "0 bad lines" is explicit."""
+        fh = self._fh if self._fh is not None else self._open()
+        fh.flush()
+        os.fsync(fh.fileno())
+        fh.close()
+        self._fh = None
+        if self._tmp is not None:
+            commit(self._tmp, self.path)
+            self._tmp = None
+        self._finished = True
+
+    def discard(self) -> None:
+        """Drop everything collected; ``path`` is left untouched."""
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+        if self._tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._tmp.unlink()
+            self._tmp = None
+        self._finished = True
+
+    def __enter__(self) -> Quarantine:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Commit on a clean exit (unless already committed), discard on an exception."""
+        if exc_type is not None:
+            self.discard()
+        elif not self._finished:
+            self.commit()
+
+    def _open(self) -> IO[bytes]:
+        if self._finished:
+            raise ValueError(f"{self.path}: quarantine already committed or discarded")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = temp_path_for(self.path)
+        self._fh = open(self._tmp, "wb")  # noqa: SIM115 - closed by commit/discard
+        return self._fh
+
+
+@dataclass
+class Batch:
+    """Documents read together: texts in input order, optional full records, first line number."""
+
+    texts: list[str]
+    records: list[dict[str, Any]] | None
+    first_line: int
+
+
+def shard_name(path: str | os.PathLike[str]) -> str:
+    """``part-00001`` for ``part-00001.jsonl.gz``: the file name without its input suffix."""
+    name = Path(path).name
+    for suffix in (".jsonl.gz", ".jsonl.zst", ".jsonl", *TABLE_SUFFIXES):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    if os.path.isdir(path) and name:
+        return name
+    raise ConfigError(f"{path}: cannot name a shard: expected a name ending in {_SUPPORTED}")
+
+
+_SUPPORTED = ", ".join((*JSONL_SUFFIXES, *TABLE_SUFFIXES)) + " (or a dataset folder)"
+
+
+def _blocks(path: str | os.PathLike[str], block: int) -> Iterator[bytes]:
+    """Decompressed content of a JSONL file in blocks of about ``block`` bytes."""
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as fh:
+            if name.endswith(".gz"):
+                with gzip.GzipFile(fileobj=fh, mode="rb") as gz:
+                    while data := gz.read(block):
+                        yield data
+            elif name.endswith(".zst"):
+                yield from _zstd_blocks(fh, name, block)
+            else:
+                while data := fh.read(block):
+                    yield data
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise InputError(f"{name}: corrupt or truncated gzip stream: {exc}") from exc
+    except zstandard.ZstdError as exc:
+        raise InputError(f"{name}: corrupt or truncated zstd stream: {exc}") from exc
+    except OSError as exc:
+        raise InputError(f"{name}: cannot read: {exc}") from exc
+
+
+def _zstd_blocks(fh: IO[bytes], name: str, block: int) -> Iterator[bytes]:
+    """Frame by frame, so a stream that stops inside a frame is reported as truncated."""
+    dctx = zstandard.ZstdDecompressor()
+    frame = None
+    pending: list[bytes] = []
+    size = 0
+    while raw := fh.read(_ZSTD_READ):
+        while raw:
+            frame = frame or dctx.decompressobj()
+            pending.append(frame.decompress(raw))
+            size += len(pending[-1])
+            raw = b""
+            if frame.eof:
+                raw, frame = frame.unused_data, None
+        if size >= block:
+            yield b"".join(pending)
+            pending, size = [], 0
+    if frame is not None:
+        raise InputError(f"{name}: corrupt or truncated zstd stream: input ends inside a frame")
+    if size:
+        yield b"".join(pending)
+
+
+def _line_chunks(blocks: Iterator[bytes], stats: IngestStats) -> Iterator[tuple[int, list[bytes]]]:
+    """``(first line number, lines)`` per block of complete lines (without their ``\\n``).
+
+    The block is split as is (no slicing copies); the piece after its last newline is carried
+    into the next block's first line. A UTF-8 BOM is removed from line 1 and noted in ``stats``.
+    """
+    carry: list[bytes] = []
+    next_line = 1
+    for data in blocks:
+        stats.bytes_read += len(data)
+        lines = data.split(b"\n")
+        if len(lines) == 1:
+            carry.append(data)
+            continue
+        if carry:
+            lines[0] = b"".join([*carry, lines[0]])
+        carry = [lines.pop()]
+        if next_line == 1:
+            _strip_bom(lines, stats)
+        if b"\r" in data or b"\r" in lines[0]:
+            stats.crlf_lines += sum(1 for line in lines if line.endswith(b"\r"))
+        yield next_line, lines
+        next_line += len(lines)
+    tail = [b"".join(carry)]
+    if tail[0]:
+        if next_line == 1:
+            _strip_bom(tail, stats)
+        stats.missing_final_newline = True
+        yield next_line, tail
+
+
+def _strip_bom(lines: list[bytes], stats: IngestStats) -> None:
+    if lines[0].startswith(BOM):
+        stats.bom = True
+        lines[0] = lines[0][len(BOM) :]
+
+
+def _type_name(value: object) -> str:
+    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def _encodable(value: object) -> bool:
+    """False if a string anywhere in ``value`` (keys included) holds a lone surrogate."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(_encodable(k) and _encodable(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_encodable(v) for v in value)
+    return True
+
+
+def classify_line(line: bytes, text_key: str) -> str | None:
+    """Why ``line`` is not a usable record (``None`` for a blank line, which is skipped).
+
+    Only called for lines the fast path rejected, so it may be slow and thorough.
+    """
+    if not line.strip():
+        return None
+    try:
+        decoded = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"invalid UTF-8 at byte {exc.start} (0x{line[exc.start]:02x})"
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        try:
+            obj = json.loads(decoded)
+        except ValueError:
+            return f"invalid JSON: {exc}"
+        if _encodable(obj):
+            return f"invalid JSON: {exc}"
+    if not isinstance(obj, dict):
+        return f"line is not a JSON object (found {_type_name(obj)})"
+    if text_key not in obj:
+        return f"missing text key {text_key!r}"
+    text = obj[text_key]
+    if not isinstance(text, str):
+        return f"text is not a string (found {_type_name(text)})"
+    if not _encodable(text):
+        return "text contains a lone surrogate (cannot be encoded as UTF-8)"
+    for key, value in obj.items():
+        if not (_encodable(key) and _encodable(value)):
+            return f"field {key!r} contains a lone surrogate (cannot be encoded as UTF-8)"
+    return f"unusable record (text key {text_key!r})"
+
+
+def _check_mode(on_bad_record: str, quarantine: Quarantine | None) -> None:
+    if on_bad_record not in ON_BAD_RECORD:
+        raise ConfigError(f"on_bad_record={on_bad_record!r}: expected one of {ON_BAD_RECORD}")
+    if on_bad_record == "quarantine" and quarantine is None:
+        raise ConfigError("on_bad_record='quarantine' needs a Quarantine to write bad lines to")
+
+
+def read_jsonl_batches(
+    path: str | os.PathLike[str],
+    *,
+    text_key: str = "text",
+    on_bad_record: str = "fail",
+    quarantine: Quarantine | None = None,
+    stats: IngestStats | None = None,
+    batch_bytes: int = 4 << 20,
+    keep_records: bool = False,
+) -> Iterator[Batch]:
+    """Stream a ``.jsonl``/``.jsonl.gz``/``.jsonl.zst`` file as batches of good records.
+
+    Memory is bounded by ``batch_bytes`` (plus the longest line). Bad lines raise
+    ``BadRecordError`` (``on_bad_record="fail"``) or go to ``quarantine``; a corrupt or truncated
+    compressed stream raises ``InputError`` naming the file. ``stats`` is filled as it goes.
+    """
+    _check_mode(on_bad_record, quarantine)
+    name = os.fspath(path)
+    if not name.endswith(JSONL_SUFFIXES):
+        raise ConfigError(f"{name}: unsupported JSONL file name; expected one of {JSONL_SUFFIXES}")
+    st = stats if stats is not None else IngestStats(path=name)
+    return _jsonl_batches(name, text_key, on_bad_record, quarantine, st, batch_bytes, keep_records)
+
+
+def _jsonl_batches(
+    name: str,
+    text_key: str,
+    on_bad_record: str,
+    quarantine: Quarantine | None,
+    st: IngestStats,
+    batch_bytes: int,
+    keep_records: bool,
+) -> Iterator[Batch]:
+    """The fast path: orjson per line, everything else only for lines it rejects."""
+    loads = orjson.loads
+    decode_errors = (orjson.JSONDecodeError, TypeError, KeyError)
+    for first_no, lines in _line_chunks(_blocks(name, max(batch_bytes, 1)), st):
+        texts: list[str] = []
+        append = texts.append
+        records: list[dict[str, Any]] | None = [] if keep_records else None
+        bad: list[int] = []
+        for i, line in enumerate(lines):
+            try:
+                obj = loads(line)
+                text = obj[text_key]
+            except decode_errors:
+                bad.append(i)
+                continue
+            if text.__class__ is not str:
+                bad.append(i)
+                continue
+            append(text)
+            if records is not None:
+                records.append(obj)
+        st.lines += len(lines)
+        for i in bad:
+            _handle_bad(name, lines[i], first_no + i, text_key, on_bad_record, quarantine, st)
+        if texts:
+            st.documents += len(texts)
+            st.empty_documents += texts.count("")
+            good = 0
+            while good < len(bad) and bad[good] == good:
+                good += 1
+            yield Batch(texts, records, first_no + good)
+
+
+def _handle_bad(
+    name: str,
+    line: bytes,
+    line_no: int,
+    text_key: str,
+    on_bad_record: str,
+    quarantine: Quarantine | None,
+    stats: IngestStats,
+) -> None:
+    reason = classify_line(line, text_key)
+    if reason is None:
+        stats.blank += 1
+        return
+    if on_bad_record == "fail" or quarantine is None:
+        raise BadRecordError(name, line_no, reason)
+    raw = BOM + line if line_no == 1 and stats.bom else line
+    quarantine.add(name, line_no, reason, raw)
+    stats.quarantined += 1
+
+
+def read_input_batches(
+    path: str | os.PathLike[str],
+    *,
+    text_key: str = "text",
+    on_bad_record: str = "fail",
+    quarantine: Quarantine | None = None,
+    stats: IngestStats | None = None,
+    keep_records: bool = False,
+) -> Iterator[Batch]:
+    """Batches from any supported input: JSONL shards, or Parquet/Arrow files and folders."""
+    name = os.fspath(path)
+    options: dict[str, Any] = {
+        "text_key": text_key,
+        "on_bad_record": on_bad_record,
+        "quarantine": quarantine,
+        "stats": stats,
+        "keep_records": keep_records,
+    }
+    if name.endswith(JSONL_SUFFIXES):
+        return read_jsonl_batches(name, **options)
+    if name.endswith(TABLE_SUFFIXES) or os.path.isdir(name):
+        return read_table_batches(name, **options)
+    raise ConfigError(f"{name}: unsupported input; expected a name ending in {_SUPPORTED}")
+
+
+def _table_files(path: str) -> list[Path]:
+    """The Parquet/Arrow files of a table input, sorted by name (HF layouts included)."""
+    p = Path(path)
+    if not p.is_dir():
+        if not p.is_file():
+            raise InputError(f"{p}: no such file or folder")
+        return [p]
+    if (p / "dataset_dict.json").is_file():
+        splits = sorted(d.name for d in p.iterdir() if d.is_dir())
+        raise ConfigError(
+            f"{p}: holds several splits ({', '.join(splits)}); pass one split's folder instead"
+        )
+    for folder in (p, p / "data"):
+        if folder.is_dir():
+            files = [f for f in folder.iterdir() if f.is_file() and f.name.endswith(TABLE_SUFFIXES)]
+            if files:
+                return sorted(files)
+    raise InputError(f"{p}: no .parquet or .arrow files in the folder or in its data/ subfolder")
+
+
+def _check_text_column(path: Path, schema: Any, text_key: str) -> None:
+    import pyarrow as pa
+
+    if schema.get_field_index(text_key) < 0:
+        raise FormatError(path, text_key, f"no such column (columns: {schema.names})")
+    kind = schema.field(text_key).type
+    if not (
+        pa.types.is_string(kind) or pa.types.is_large_string(kind) or str(kind) == "string_view"
+    ):
+        raise FormatError(path, text_key, f"column has type {kind}, expected a string column")
+
+
+def _file_batches(
+    path: Path, text_key: str, columns: list[str] | None, batch_rows: int
+) -> Iterator[Any]:
+    """Record batches of one Parquet or Arrow (IPC file or stream format) file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if path.name.endswith(".parquet"):
+            pf = pq.ParquetFile(path)
+            _check_text_column(path, pf.schema_arrow, text_key)
+            yield from pf.iter_batches(batch_size=batch_rows, columns=columns)
+            return
+        with pa.memory_map(str(path)) as source:
+            is_file_format = source.read(6) == b"ARROW1"
+            source.seek(0)
+            reader = pa.ipc.open_file(source) if is_file_format else pa.ipc.open_stream(source)
+            _check_text_column(path, reader.schema, text_key)
+            if is_file_format:
+                batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+            else:
+                batches = iter(reader)
+            for batch in batches:
+                part = batch.select(columns) if columns else batch
+                for offset in range(0, part.num_rows, batch_rows):
+                    yield part.slice(offset, batch_rows)
+    except (pa.ArrowException, OSError) as exc:
+        raise InputError(f"{path}: cannot read table: {exc}") from exc
+
+
+def read_table_batches(
+    path: str | os.PathLike[str],
+    *,
+    text_key: str = "text",
+    batch_rows: int = 8192,
+    keep_records: bool = False,
+    on_bad_record: str = "fail",
+    quarantine: Quarantine | None = None,
+    stats: IngestStats | None = None,
+) -> Iterator[Batch]:
+    """Stream a Parquet file, an Arrow file, or a folder of them (HF layouts) as batches.
+
+    The text column must be a string column (``FormatError`` otherwise); a null text is a bad
+    record named by file and 1-based row (quarantined as the row's JSON). ``Batch.first_line``
+    counts rows across all files of a folder; ``stats.bytes_read`` is the texts' UTF-8 size.
+    """
+    _check_mode(on_bad_record, quarantine)
+    files = _table_files(os.fspath(path))
+    st = stats if stats is not None else IngestStats(path=os.fspath(path))
+    project = None if keep_records or on_bad_record == "quarantine" else [text_key]
+    options = (text_key, project, max(batch_rows, 1), keep_records, on_bad_record, quarantine)
+    return _table_batches(files, st, *options)
+
+
+def _table_batches(
+    files: list[Path],
+    st: IngestStats,
+    text_key: str,
+    project: list[str] | None,
+    batch_rows: int,
+    keep_records: bool,
+    on_bad_record: str,
+    quarantine: Quarantine | None,
+) -> Iterator[Batch]:
+    import pyarrow.compute as pc
+
+    row_base = 0
+    for file in files:
+        file_row = 0
+        for batch in _file_batches(file, text_key, project, batch_rows):
+            column = batch.column(text_key)
+            texts = column.to_pylist()
+            records = batch.to_pylist() if keep_records else None
+            first_good = 0
+            if column.null_count:
+                nulls = [i for i, t in enumerate(texts) if t is None]
+                for i in nulls:
+                    _bad_row(file, file_row + i + 1, batch, i, on_bad_record, quarantine)
+                first_good = next(i for i, t in enumerate([*texts, ""]) if t is not None)
+                texts = [t for t in texts if t is not None]
+                if records is not None:
+                    records = [r for r in records if r[text_key] is not None]
+                st.quarantined += len(nulls)
+            st.lines += batch.num_rows
+            st.documents += len(texts)
+            st.empty_documents += texts.count("")
+            st.bytes_read += pc.sum(pc.binary_length(column)).as_py() or 0
+            if texts:
+                yield Batch(texts, records, row_base + file_row + first_good + 1)
+            file_row += batch.num_rows
+        row_base += file_row
+
+
+def _bad_row(
+    file: Path, row: int, batch: Any, index: int, on_bad_record: str, quarantine: Quarantine | None
+) -> None:
+    if on_bad_record == "fail" or quarantine is None:
+        raise BadRecordError(file, row, "text is null")
+    record = batch.slice(index, 1).to_pylist()[0]
+    raw = json.dumps(record, sort_keys=True, default=str, ensure_ascii=False).encode("utf-8")
+    quarantine.add(str(file), row, "text is null", raw)
