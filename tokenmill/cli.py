@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from tokenmill.errors import ConfigError, TokenmillError
 
 # Each module exposes ``register(subparsers)`` which adds its parser with ``func=run``.
-COMMANDS = ["tokenize", "merge", "inspect", "verify"]
+COMMANDS = ["tokenize", "merge", "inspect", "verify", "export", "blend", "index", "materialize"]
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -1,0 +1,110 @@
+"""Content-addressed ``.npy`` caches shared by the Nanoset and blend stages.
+
+A cache entry is a set of ``.npy`` files plus a JSON description written last. The
+description's ``key`` holds every input that changes the arrays; its md5 names the files, so a
+changed setting never finds a stale entry. Arrays are written temp → fsync → rename, loaded
+with ``allow_pickle=False`` and ``mmap_mode="r"``, and checked against the sizes, dtypes and
+shapes the description records. Builders take an exclusive ``fcntl.flock`` on a lock file so
+that N processes starting at once build one entry and the others wait and load it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenmill._atomic import atomic_open, file_sha256, remove_stale_temps, write_bytes
+from tokenmill.errors import CacheError
+
+
+def key_hash(key: dict[str, Any]) -> str:
+    """md5 of the ordered, indented JSON of ``key`` (the references' naming scheme)."""
+    return hashlib.md5(json.dumps(key, indent=4).encode("utf-8")).hexdigest()
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing, never deleted)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def save_array(path: Path, array: np.ndarray) -> dict[str, Any]:
+    """Write ``array`` atomically as ``.npy``; return the record kept in the description."""
+    array = np.ascontiguousarray(array)
+    remove_stale_temps(path)
+    with atomic_open(path, "wb") as fh:
+        np.save(fh, array, allow_pickle=False)
+    return {
+        "file": path.name,
+        "dtype": array.dtype.str,
+        "shape": list(array.shape),
+        "bytes": path.stat().st_size,
+        "sha256": file_sha256(path),
+    }
+
+
+def load_array(path: Path, record: dict[str, Any], *, full: bool = False) -> np.ndarray:
+    """Memory-map an array written by :func:`save_array`, refusing any mismatch.
+
+    Always checks the byte size, dtype and shape (cheap); ``full`` also re-hashes the file.
+    Raises CacheError naming the file and the field that differs.
+    """
+    if not path.is_file():
+        raise CacheError(f"{path}: missing (the cache entry is incomplete)")
+    size = path.stat().st_size
+    if size != record.get("bytes"):
+        raise CacheError(f"{path}: {size} bytes, the description records {record.get('bytes')}")
+    try:
+        array = np.load(path, allow_pickle=False, mmap_mode="r")
+    except (ValueError, OSError) as exc:
+        raise CacheError(f"{path}: not a plain numeric .npy array ({exc})") from exc
+    if array.dtype.hasobject or array.dtype.str != record.get("dtype"):
+        raise CacheError(
+            f"{path}: dtype {array.dtype.str}, the description records {record.get('dtype')}"
+        )
+    if list(array.shape) != record.get("shape"):
+        raise CacheError(
+            f"{path}: shape {list(array.shape)}, the description records {record.get('shape')}"
+        )
+    if full and file_sha256(path) != record.get("sha256"):
+        raise CacheError(f"{path}: sha256 differs from the description")
+    return array
+
+
+def write_description(path: Path, description: dict[str, Any]) -> None:
+    """Atomically write the description (the commit point of a cache entry)."""
+    remove_stale_temps(path)
+    write_bytes(path, (json.dumps(description, indent=4) + "\n").encode("utf-8"))
+
+
+def read_description(path: Path) -> dict[str, Any] | None:
+    """The parsed description, or None when it is missing or unreadable (never committed)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        description = json.loads(text)
+    except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return description if isinstance(description, dict) else None
+
+
+def remove_entry(paths: list[Path]) -> None:
+    """Delete a cache entry's files (description first, so no reader trusts the rest)."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        remove_stale_temps(path)

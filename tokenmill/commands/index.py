@@ -1,0 +1,64 @@
+"""``tokenmill index``: build (or reuse) the Nanoset index caches of one dataset's splits."""
+
+from __future__ import annotations
+
+import argparse
+
+from tokenmill.nanoset import SEMANTICS, SPLITS, build_or_load
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``index`` subcommand."""
+    p = sub.add_parser(
+        "index",
+        help="build the train/valid/test document, sample and shuffle indices of a dataset",
+        description="Build Megatron- or nanotron-compatible index caches for every non-empty "
+        "split (valid and test cover one epoch). Existing caches with the same settings and "
+        "data are reused.",
+    )
+    p.add_argument("--dataset", required=True, metavar="PREFIX", help=".bin/.idx prefix")
+    p.add_argument("--cache-dir", required=True, metavar="DIR")
+    p.add_argument("--sequence-length", required=True, type=int, metavar="S")
+    p.add_argument("--split", default="949,50,1", help="train,valid,test weights")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--train-samples", type=int, metavar="N", help="default: one epoch")
+    p.add_argument("--semantics", choices=SEMANTICS, default="megatron")
+    p.add_argument(
+        "--no-extra-token",
+        action="store_true",
+        help="samples of S tokens instead of S+1 (megatron add_extra_token_to_sequence=False)",
+    )
+    p.add_argument(
+        "--keep-last-partial-valid",
+        action="store_true",
+        help="keep the padded last valid sample (drop_last_partial_validation_sequence=False)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build each split's cache and print its samples, epochs, hash and files."""
+    for split in SPLITS:
+        index = build_or_load(
+            args.dataset,
+            args.cache_dir,
+            split=split,
+            split_spec=args.split,
+            sequence_length=args.sequence_length,
+            seed=args.seed,
+            num_samples=args.train_samples if split == "train" else None,
+            semantics=args.semantics,
+            add_extra_token=not args.no_extra_token,
+            drop_last_partial=False if args.keep_last_partial_valid and split == "valid" else None,
+        )
+        if index is None:
+            print(f"{split}: empty split, no index")
+            continue
+        counts = index.description["counts"]
+        print(
+            f"{split}: {len(index)} samples, {counts['num_epochs']} epoch(s), "
+            f"cache {index.cache_hash}"
+        )
+        for name, path in index.paths.items():
+            print(f"  {name}: {path}")
+    return 0

@@ -1,0 +1,260 @@
+"""Nanoset indices: split ranges, document/sample/shuffle indices, and their on-disk cache.
+
+``semantics="megatron"`` follows megatron-core GPTDataset and ``semantics="nanotron"`` the
+index-era nanotron Nanoset, both bit-exact (FORMATS.md §4–§6; the algorithms are in
+``tokenmill._nanoset_indices``). :func:`build_or_load` caches one split's arrays as
+``<hash>-Nanoset-<split>-{document,sample,shuffle}_index.npy`` plus
+``<hash>-Nanoset-<split>-description.json`` (written last). The hash is the md5 of an ordered
+JSON key holding everything that changes the arrays: the dataset's content hash, semantics,
+split string and range, sequence length, seed, num_samples, both flags and the format version
+(both references leave some of these out, so they can reuse a stale cache; we do not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenmill import _index_cache as cache
+from tokenmill._nanoset_indices import (
+    SEMANTICS,
+    SPLITS,
+    check_int,
+    compute_indices,
+    split_ranges,
+)
+from tokenmill.errors import CacheError, ConfigError
+from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.manifest import dataset_content_hash
+
+__all__ = [
+    "SEMANTICS",
+    "SPLITS",
+    "NanosetIndex",
+    "build_nanoset_indices",
+    "build_or_load",
+    "cache_key",
+    "cache_paths",
+    "split_ranges",
+    "verify_index",
+]
+
+FORMAT_VERSION = 1
+ARRAYS = ("document", "sample", "shuffle")
+
+
+def build_nanoset_indices(
+    sequence_lengths: np.ndarray | Sequence[int],
+    split_range: tuple[int, int],
+    *,
+    sequence_length: int,
+    seed: int,
+    num_samples: int | None,
+    semantics: str = "megatron",
+    add_extra_token: bool = True,
+    drop_last_partial: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(document_index, sample_index, shuffle_index) of one split, values and dtypes as the
+    reference. ``sequence_lengths`` are all of the dataset's (the .idx array); ``split_range``
+    an entry of :func:`split_ranges`; ``drop_last_partial`` the effective flag for the split
+    (Megatron drops for train/test and applies its validation setting to valid only).
+    """
+    document_index, sample_index, shuffle_index, _ = compute_indices(
+        sequence_lengths,
+        split_range,
+        sequence_length=sequence_length,
+        seed=seed,
+        num_samples=num_samples,
+        semantics=semantics,
+        add_extra_token=add_extra_token,
+        drop_last_partial=drop_last_partial,
+    )
+    return document_index, sample_index, shuffle_index
+
+
+@dataclass(frozen=True)
+class NanosetIndex:
+    """One split's cached indices, memory-mapped read-only, with its verified description."""
+
+    split: str
+    cache_hash: str
+    description: dict[str, Any]
+    document_index: np.ndarray
+    sample_index: np.ndarray
+    shuffle_index: np.ndarray
+    paths: dict[str, Path]
+
+    def __len__(self) -> int:
+        """Number of samples (the length of the shuffle index)."""
+        return len(self.shuffle_index)
+
+
+def build_or_load(
+    dataset_prefix: str | Path,
+    cache_dir: str | Path,
+    *,
+    split: str,
+    split_spec: str = "949,50,1",
+    sequence_length: int,
+    seed: int = 1234,
+    num_samples: int | None = None,
+    semantics: str = "megatron",
+    add_extra_token: bool = True,
+    drop_last_partial: bool | None = None,
+) -> NanosetIndex | None:
+    """Load the split's cached indices, building them first if needed; None if the split is
+    empty for this dataset. Safe when many processes call it at once: one builds under an
+    exclusive lock, the others wait and load the same files. ``drop_last_partial=None`` is the
+    reference default (drop the last partial sample in every split).
+    """
+    if split not in SPLITS:
+        raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    if semantics not in SEMANTICS:
+        raise ConfigError(f"semantics must be one of {list(SEMANTICS)}, got {semantics!r}")
+    lengths = IndexedDataset(dataset_prefix).sequence_lengths
+    split_range = split_ranges(split_spec, len(lengths), semantics)[SPLITS.index(split)]
+    if split_range is None or split_range[0] >= split_range[1]:
+        return None
+    key = cache_key(
+        dataset_content_hash(dataset_prefix),
+        semantics=semantics,
+        split=split,
+        split_spec=split_spec,
+        split_range=split_range,
+        sequence_length=sequence_length,
+        seed=seed,
+        num_samples=num_samples,
+        add_extra_token=add_extra_token,
+        drop_last_partial=True if drop_last_partial is None else drop_last_partial,
+    )
+    digest = cache.key_hash(key)
+    paths = cache_paths(cache_dir, digest, split)
+    try:
+        found = _load_entry(paths, key, digest)
+    except CacheError:
+        found = None
+    if found is not None:
+        return found
+    with cache.exclusive_lock(Path(cache_dir) / f"{digest}-Nanoset-{split}.lock"):
+        found = _load_entry(paths, key, digest, partial_ok=True)
+        if found is None:
+            _build_entry(paths, key, digest, lengths)
+            found = _load_entry(paths, key, digest)
+    if found is None:
+        raise CacheError(f"{paths['description']}: written but not readable back")
+    return found
+
+
+def cache_key(
+    content_hash: str,
+    *,
+    semantics: str,
+    split: str,
+    split_spec: str,
+    split_range: tuple[int, int],
+    sequence_length: int,
+    seed: int,
+    num_samples: int | None,
+    add_extra_token: bool,
+    drop_last_partial: bool,
+) -> dict[str, Any]:
+    """The ordered description of everything that changes a split's arrays (hashed for names)."""
+    return {
+        "class": "Nanoset",
+        "format_version": FORMAT_VERSION,
+        "dataset_content_hash": content_hash,
+        "semantics": semantics,
+        "split": split,
+        "split_spec": split_spec,
+        "split_range": list(split_range),
+        "sequence_length": check_int("sequence_length", sequence_length, minimum=2),
+        "seed": check_int("seed", seed, minimum=0, maximum=2**32 - 1),
+        "num_samples": None
+        if num_samples is None
+        else check_int("num_samples", num_samples, minimum=0),
+        "add_extra_token": bool(add_extra_token),
+        "drop_last_partial": bool(drop_last_partial),
+    }
+
+
+def cache_paths(cache_dir: str | Path, digest: str, split: str) -> dict[str, Path]:
+    """The four files of one cache entry, keyed "document", "sample", "shuffle", "description"."""
+    base = Path(cache_dir) / f"{digest}-Nanoset-{split}"
+    paths = {name: Path(f"{base}-{name}_index.npy") for name in ARRAYS}
+    paths["description"] = Path(f"{base}-description.json")
+    return paths
+
+
+def verify_index(index: NanosetIndex) -> None:
+    """Full check of a loaded index: re-hash every array file against its description."""
+    for name in ARRAYS:
+        cache.load_array(index.paths[name], index.description["files"][name], full=True)
+
+
+def _load_entry(
+    paths: dict[str, Path], key: dict[str, Any], digest: str, *, partial_ok: bool = False
+) -> NanosetIndex | None:
+    """The committed entry, or None when it is absent (or partial, if ``partial_ok``).
+
+    A description made for other settings is refused (CacheError), never overwritten.
+    """
+    description = cache.read_description(paths["description"])
+    if description is None:
+        return None
+    if description.get("key") != key or description.get("hash") != digest:
+        raise CacheError(
+            f"{paths['description']}: describes {description.get('key')!r}, not the requested "
+            f"{key!r}; remove the entry's files to rebuild it"
+        )
+    arrays = {}
+    try:
+        for name in ARRAYS:
+            record = description["files"][name]
+            if record.get("file") != paths[name].name:
+                raise CacheError(f"{paths['description']}: {name} file is {record.get('file')}")
+            arrays[name] = cache.load_array(paths[name], record)
+    except (CacheError, KeyError, TypeError, AttributeError) as exc:
+        if partial_ok:
+            return None
+        raise CacheError(f"{paths['description']}: incomplete or damaged entry ({exc})") from exc
+    return NanosetIndex(
+        split=key["split"],
+        cache_hash=digest,
+        description=description,
+        document_index=arrays["document"],
+        sample_index=arrays["sample"],
+        shuffle_index=arrays["shuffle"],
+        paths=dict(paths),
+    )
+
+
+def _build_entry(
+    paths: dict[str, Path], key: dict[str, Any], digest: str, lengths: np.ndarray
+) -> None:
+    """Compute the arrays and commit them: arrays first, the description last."""
+    cache.remove_entry([paths["description"], *(paths[name] for name in ARRAYS)])
+    document_index, sample_index, shuffle_index, plan = compute_indices(
+        lengths,
+        tuple(key["split_range"]),
+        sequence_length=key["sequence_length"],
+        seed=key["seed"],
+        num_samples=key["num_samples"],
+        semantics=key["semantics"],
+        add_extra_token=key["add_extra_token"],
+        drop_last_partial=key["drop_last_partial"],
+    )
+    arrays = {"document": document_index, "sample": sample_index, "shuffle": shuffle_index}
+    files = {name: cache.save_array(paths[name], arrays[name]) for name in ARRAYS}
+    counts = {
+        "num_samples": len(shuffle_index),
+        "sample_index_rows": len(sample_index),
+        "num_epochs": plan.num_epochs * plan.shuffle_copies,
+        "tokens_per_epoch": plan.tokens_per_epoch,
+        "separate_final_epoch": plan.separate_final_epoch,
+    }
+    description = {"key": key, "hash": digest, "counts": counts, "files": files}
+    cache.write_description(paths["description"], description)
