@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _util import run_timed, table, write_results  # noqa: E402
+from _util import run_timed, table, write_results
 
-from tokenmill.formats.indexed import IndexedDatasetWriter  # noqa: E402
-from tokenmill.manifest import write_dataset_manifest  # noqa: E402
+from tokenmill.formats.indexed import IndexedDatasetWriter
+from tokenmill.manifest import write_dataset_manifest
 
 
 def make_shards(root: Path, total_mb: int, shards: int) -> list[Path]:
@@ -63,8 +63,16 @@ def main() -> None:
     cmds = {
         "cp": ["cp", str(ref), str(dst)],
         "cp+sync": ["sh", "-c", f"cp '{ref}' '{dst}' && sync '{dst}'"],
-        "tokenmill merge": [sys.executable, "-m", "tokenmill.cli", "merge", "--input",
-                            *map(str, prefixes), "--output-prefix", str(merged)],
+        "tokenmill merge": [
+            sys.executable,
+            "-m",
+            "tokenmill.cli",
+            "merge",
+            "--input",
+            *map(str, prefixes),
+            "--output-prefix",
+            str(merged),
+        ],
     }
     runs: dict[str, list[dict[str, float]]] = {k: [] for k in cmds}
     for _ in range(args.repeat):
@@ -87,8 +95,16 @@ def main() -> None:
             "runs": rs,
         }
         s = summary[name]
-        rows.append([name, f"{wall:.3f}", f"{s['wall_min']:.3f}", f"{s['cpu_median']:.3f}",
-                     f"{s['mb_per_s']:.0f}", f"{s['ratio_vs_cp']:.2f}"])
+        rows.append(
+            [
+                name,
+                f"{wall:.3f}",
+                f"{s['wall_min']:.3f}",
+                f"{s['cpu_median']:.3f}",
+                f"{s['mb_per_s']:.0f}",
+                f"{s['ratio_vs_cp']:.2f}",
+            ]
+        )
     print(f"merge of {args.shards} shards, {nbytes / 1e6:.0f} MB, {args.repeat} alternating runs")
     print(table(rows))
     path = write_results("merge", {"bytes": nbytes, "shards": args.shards, "results": summary})

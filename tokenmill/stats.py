@@ -29,9 +29,7 @@ def length_histogram(lengths: npt.ArrayLike) -> list[Bucket]:
     while edges[-1] <= top:
         edges.append(edges[-1] * 2)
     counts, _ = np.histogram(arr, bins=np.array(edges))
-    return [
-        Bucket(edges[i], edges[i + 1], int(c)) for i, c in enumerate(counts.tolist()) if c
-    ]
+    return [Bucket(edges[i], edges[i + 1], int(c)) for i, c in enumerate(counts.tolist()) if c]
 
 
 def histogram_markdown(buckets: list[Bucket]) -> str:

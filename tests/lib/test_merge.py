@@ -96,8 +96,19 @@ def test_bad_usage(tmp_path):
 def test_cli_merge_and_verify(tmp_path, capsys):
     _make(tmp_path / "a", [[1, 2]])
     _make(tmp_path / "b", [[3]])
-    assert main(["merge", "--input", str(tmp_path / "a"), str(tmp_path / "b"),
-                 "--output-prefix", str(tmp_path / "m")]) == 0
+    assert (
+        main(
+            [
+                "merge",
+                "--input",
+                str(tmp_path / "a"),
+                str(tmp_path / "b"),
+                "--output-prefix",
+                str(tmp_path / "m"),
+            ]
+        )
+        == 0
+    )
     assert "2 documents" in capsys.readouterr().out
     assert main(["verify", str(tmp_path / "m")]) == 0
     raw = bytearray((tmp_path / "m.bin").read_bytes())

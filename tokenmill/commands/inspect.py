@@ -15,8 +15,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``inspect`` subcommand."""
     p = sub.add_parser("inspect", help="describe a .bin/.idx dataset or a blend manifest")
     p.add_argument("target", metavar="PREFIX_OR_MANIFEST")
-    p.add_argument("--decode", type=int, action="append", default=[], metavar="K",
-                   help="decode sequence K (repeatable; needs --tokenizer)")
+    p.add_argument(
+        "--decode",
+        type=int,
+        action="append",
+        default=[],
+        metavar="K",
+        help="decode sequence K (repeatable; needs --tokenizer)",
+    )
     p.add_argument("--tokenizer", metavar="DIR_OR_FILE")
     p.set_defaults(func=run)
 
@@ -40,10 +46,15 @@ def run(args: argparse.Namespace) -> int:
         width = max(len(k) for k in info)
         print(f"{ds.prefix}")
         for key, value in info.items():
-            print(f"  {key:<{width}}  {value:.1f}" if isinstance(value, float)
-                  else f"  {key:<{width}}  {value}")
+            print(
+                f"  {key:<{width}}  {value:.1f}"
+                if isinstance(value, float)
+                else f"  {key:<{width}}  {value}"
+            )
         print("  sequence length histogram:")
-        print("    " + histogram_text(length_histogram(ds.sequence_lengths)).replace("\n", "\n    "))
+        print(
+            "    " + histogram_text(length_histogram(ds.sequence_lengths)).replace("\n", "\n    ")
+        )
         if args.decode:
             from tokenmill.tokenizer import load_reference_tokenizer
 

@@ -136,7 +136,8 @@ class IndexedDatasetWriter:
         for final in (data_file_path(prefix), index_file_path(prefix)):
             remove_stale_temps(final)
         self._bin_tmp = temp_path_for(data_file_path(prefix))
-        self._bin: IO[bytes] | None = open(self._bin_tmp, "wb")
+        # Held open across add_* calls until finalize/abort, so no context manager here.
+        self._bin: IO[bytes] | None = open(self._bin_tmp, "wb")  # noqa: SIM115
         self._lengths = _Growable(np.int32)
         self._docs = _Growable(np.int64)
         self._docs.append(0)

@@ -1,0 +1,235 @@
+"""The training-side loader: numpy only (no torch, Dagster, transformers or pyarrow imports).
+
+    from tokenmill.loader import open_blend, BatchSampler
+    ds = open_blend("blends/mix/manifest.json", split="train")   # verifies files vs manifest
+    sampler = BatchSampler(len(ds), global_batch_size=512, rank=r, world_size=w, start_step=b)
+    for indices in sampler:
+        tokens = ds.get_batch(indices)        # int64 [B, sequence_length + 1]
+
+``ds[k]`` is one sample assembled as Megatron's GPTDataset does (FORMATS §5.5); inputs are
+``tokens[:, :-1]`` and labels ``tokens[:, 1:]``. ``tokenmill.loader.torch`` adapts this to a
+PyTorch map-style Dataset when torch is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenmill.errors import CacheError, ConfigError, FormatError
+from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.loader._datasets import BlendedDataset, NanosetDataset
+from tokenmill.loader._manifest import (
+    BLEND_ARRAYS,
+    INDEX_ARRAYS,
+    check_file,
+    load_index_array,
+    manifest_path,
+    read_blend_manifest,
+    rebuild_hint,
+    resolve,
+    schema_errors,
+    verify_manifest,
+)
+from tokenmill.loader._sampler import BatchSampler
+from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
+
+__all__ = [
+    "BatchSampler",
+    "BlendedDataset",
+    "NanosetDataset",
+    "open_blend",
+    "open_nanoset",
+]
+
+VERIFY_MODES = ("fast", "full")
+DESCRIPTION_SUFFIX = "-description.json"
+
+
+def open_blend(
+    manifest: str | os.PathLike[str], split: str = "train", *, verify: str = "fast"
+) -> BlendedDataset:
+    """Open one split of a blend after checking its files against the manifest.
+
+    ``verify="fast"`` checks every size and the sha256 of the index files; ``"full"`` also
+    hashes the token ``.bin`` files. A stale or partial blend raises CacheError saying what to
+    rebuild; a malformed file raises FormatError.
+    """
+    if verify not in VERIFY_MODES:
+        raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+    mpath = manifest_path(manifest)
+    info = read_blend_manifest(mpath)
+    if split not in info["splits"]:
+        raise ConfigError(
+            f"{mpath}: blend {info['name']!r} has no {split!r} split "
+            f"(it has: {', '.join(info['splits']) or 'none'})"
+        )
+    problems = verify_manifest(mpath, [split], full=verify == "full")
+    if problems:
+        raise CacheError(
+            f"{mpath}: blend is stale or incomplete; {rebuild_hint(info, mpath)}:\n  "
+            + "\n  ".join(problems)
+        )
+    with schema_errors(mpath):
+        return _blend_split(info, mpath, split)
+
+
+def _blend_split(info: dict[str, Any], mpath: Path, split: str) -> BlendedDataset:
+    """Open the verified files of one split as a BlendedDataset."""
+    prefixes = {ds["name"]: resolve(mpath, ds["prefix"]) for ds in info["datasets"]}
+    part = info["splits"][split]
+    datasets = {}
+    for ds in part["datasets"]:
+        files = ds["index"]["files"]
+        arrays = [
+            load_index_array(
+                resolve(mpath, files[kind]["path"]),
+                ndim=2 if kind == "sample" else 1,
+                what=f"{kind}_index of dataset {ds['name']!r}",
+            )
+            for kind in INDEX_ARRAYS
+        ]
+        datasets[ds["name"]] = NanosetDataset(
+            IndexedDataset(prefixes[ds["name"]]),
+            *arrays,
+            sequence_length=info["sequence_length"],
+            add_extra_token=info["add_extra_token"],
+            name=ds["name"],
+        )
+    blend_arrays = [
+        load_index_array(resolve(mpath, part["files"][a]["path"]), ndim=1, what=a)
+        for a in BLEND_ARRAYS
+    ]
+    return BlendedDataset(datasets, *blend_arrays, manifest=info, split=split)
+
+
+def open_nanoset(
+    dataset_prefix: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str] | None = None,
+    *,
+    split: str = "train",
+    index: Any = None,
+    verify: str = "fast",
+    sequence_length: int | None = None,
+    split_spec: str = "949,50,1",
+    seed: int = 1234,
+    num_samples: int | None = None,
+    semantics: str = "megatron",
+    add_extra_token: bool = True,
+) -> NanosetDataset:
+    """One dataset's split as a NanosetDataset.
+
+    ``index`` is a ``tokenmill.nanoset.NanosetIndex`` or the path of a cache entry's
+    ``<hash>-Nanoset-<split>-description.json``; the sequence length and flags come from its
+    description. Without ``index``, the entry in ``cache_dir`` is built or reused with
+    ``tokenmill.nanoset.build_or_load`` and the remaining arguments. The entry is checked
+    against its description (``verify="fast"``: sizes, dtypes, shapes and sha256 of the arrays,
+    and the dataset's content hash when its manifest makes that cheap; ``"full"``: the
+    dataset's content hash always); a stale or damaged entry raises CacheError.
+    """
+    if verify not in VERIFY_MODES:
+        raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+    if index is None:
+        index = _build_index(
+            dataset_prefix,
+            cache_dir,
+            split=split,
+            sequence_length=sequence_length,
+            split_spec=split_spec,
+            seed=seed,
+            num_samples=num_samples,
+            semantics=semantics,
+            add_extra_token=add_extra_token,
+        )
+    path = Path(index) if isinstance(index, str | os.PathLike) else index.paths["description"]
+    key, arrays = _load_cache(path)
+    _check_dataset(path, key, dataset_prefix, full=verify == "full")
+    return NanosetDataset(
+        IndexedDataset(dataset_prefix),
+        *arrays,
+        sequence_length=int(key["sequence_length"]),
+        add_extra_token=bool(key["add_extra_token"]),
+        name=f"{dataset_prefix} ({key['split']})",
+    )
+
+
+def _build_index(
+    dataset_prefix: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str] | None,
+    *,
+    split: str,
+    sequence_length: int | None,
+    **settings: Any,
+) -> Any:
+    """Build or reuse the cache entry (imports the index builder only on this path)."""
+    if cache_dir is None or sequence_length is None:
+        raise ConfigError(
+            "open_nanoset needs either index=... or both cache_dir and "
+            "sequence_length to build the index"
+        )
+    from tokenmill.nanoset import build_or_load
+
+    built = build_or_load(
+        Path(dataset_prefix),
+        Path(cache_dir),
+        split=split,
+        sequence_length=sequence_length,
+        **settings,
+    )
+    if built is None:
+        raise ConfigError(
+            f"{dataset_prefix}: split {split!r} has no sequences with split "
+            f"{settings['split_spec']!r}"
+        )
+    return built
+
+
+def _load_cache(description_path: Path) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """The key and the verified arrays of a cache entry, given its description path."""
+    if not description_path.name.endswith(DESCRIPTION_SUFFIX):
+        raise ConfigError(
+            f"index must be a '*{DESCRIPTION_SUFFIX}' cache file, got {description_path}"
+        )
+    rebuild = "rebuild it with tokenmill.nanoset.build_or_load (same settings)"
+    if not description_path.is_file():
+        raise CacheError(f"{description_path}: missing (never completed); {rebuild}")
+    try:
+        description = json.loads(description_path.read_text(encoding="utf-8"))
+        key, files = description["key"], description["files"]
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise FormatError(description_path, "description", f"unreadable ({exc!r})") from exc
+    stem = description_path.name[: -len(DESCRIPTION_SUFFIX)]
+    arrays = []
+    for kind in INDEX_ARRAYS:
+        path = description_path.with_name(f"{stem}-{kind}_index.npy")
+        record = files.get(kind, {})
+        problem = check_file(path, record, hash_it=True)
+        if problem:
+            raise CacheError(f"{problem}; the cache entry is stale or damaged: {rebuild}")
+        arr = load_index_array(path, ndim=2 if kind == "sample" else 1, what=f"{kind}_index")
+        if arr.dtype.str != record.get("dtype") or list(arr.shape) != record.get("shape"):
+            raise CacheError(
+                f"{path}: {arr.dtype.str} {list(arr.shape)}, the description records "
+                f"{record.get('dtype')} {record.get('shape')}; {rebuild}"
+            )
+        arrays.append(arr)
+    return key, arrays
+
+
+def _check_dataset(
+    description_path: Path, key: dict[str, Any], prefix: str | os.PathLike[str], *, full: bool
+) -> None:
+    """Refuse an index built for other dataset content (hash from the manifest when cheap)."""
+    if not (full or dataset_manifest_path(prefix).is_file()):
+        return
+    actual = dataset_content_hash(prefix)
+    if actual != key.get("dataset_content_hash"):
+        raise CacheError(
+            f"{description_path}: built for dataset content {key.get('dataset_content_hash')}, "
+            f"but {prefix} now hashes to {actual}: the dataset changed; rebuild the index with "
+            "tokenmill.nanoset.build_or_load"
+        )

@@ -1,0 +1,304 @@
+"""Map-style datasets over Nanoset indices and blends; samples assembled as in FORMATS §5.5.
+
+Sample ``k`` of a Nanoset: ``j = shuffle_index[k]``; rows ``j`` and ``j+1`` of ``sample_index``
+give (position in ``document_index``, token offset) of its start and end; the tokens are the
+concatenated pieces of those sequences, as int64, ``sequence_length + extra`` long (padded with
+``pad_id`` only for a final partial validation sample built without drop-last).
+
+``get_batch`` computes the pieces of all samples with array arithmetic (no per-sample Python),
+copies them with one ``bytes.join`` over memoryview slices of the ``.bin`` memmap, and converts
+that buffer to the int64 ``[B, width]`` output in one pass. Measured against the alternatives
+(a fancy-index gather of every token position; overlapping-window block gathers with fix-ups;
+``np.concatenate`` of the slices; a copy per piece) it was the fastest, and it is exact by
+construction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tokenmill.errors import FormatError
+from tokenmill.formats.indexed import IndexedDataset
+
+PAD_ID = -1
+
+
+def _sample_ids(indices: npt.ArrayLike, size: int, what: str) -> np.ndarray:
+    """Indices as int64 after a bounds check (negative ids are refused, not wrapped)."""
+    ks = np.asarray(indices)
+    if ks.size and ks.dtype.kind not in "iu":
+        raise TypeError(f"{what}: sample indices must be integers, got {ks.dtype}")
+    ks = ks.astype(np.int64, copy=False).reshape(-1)
+    if ks.size and (int(ks.min()) < 0 or int(ks.max()) >= size):
+        bad = ks[(ks < 0) | (ks >= size)][0]
+        raise IndexError(f"{what}: sample {int(bad)} out of range [0, {size})")
+    return ks
+
+
+class NanosetDataset:
+    """One (dataset, split) Nanoset: ``ds[k]`` -> int64 tokens, ``get_batch`` -> ``[B, width]``."""
+
+    def __init__(
+        self,
+        data: IndexedDataset,
+        document_index: npt.ArrayLike,
+        sample_index: npt.ArrayLike,
+        shuffle_index: npt.ArrayLike,
+        *,
+        sequence_length: int,
+        add_extra_token: bool = True,
+        pad_id: int = PAD_ID,
+        name: str = "",
+    ) -> None:
+        self.data = data
+        self.name = name or str(data.prefix)
+        self.document_index = np.asarray(document_index)
+        self.sample_index = np.asarray(sample_index)
+        self.shuffle_index = np.asarray(shuffle_index)
+        self.sequence_length = int(sequence_length)
+        self.extra = int(bool(add_extra_token))
+        self.width = self.sequence_length + self.extra
+        self.pad_id = int(pad_id)
+        if data.dtype.kind not in "iu":
+            raise FormatError(data.idx_path, "dtype code", f"{data.dtype} is not a token dtype")
+        self._check_arrays()
+        self._tokens = np.asarray(data.tokens)
+        self._bytes = self._tokens.view(np.uint8).data
+        self._lengths = np.asarray(data.sequence_lengths)
+        self._pointers = np.asarray(data.sequence_pointers)
+        self._itemsize = data.dtype.itemsize
+
+    def _check_arrays(self) -> None:
+        """Cheap structural checks (dtypes, shapes, value ranges) so reads stay in bounds."""
+        n_seq, where = len(self.data), self.name
+        checks: list[tuple[str, np.ndarray, int, int]] = [
+            ("document_index", self.document_index, 1, n_seq),
+            ("sample_index", self.sample_index, 2, len(self.document_index)),
+            ("shuffle_index", self.shuffle_index, 1, len(self.sample_index) - 1),
+        ]
+        for field, arr, ndim, bound in checks:
+            if arr.dtype.kind not in "iu" or arr.ndim != ndim:
+                raise FormatError(
+                    where,
+                    field,
+                    f"must be a {ndim}-D integer array, found {arr.ndim}-D {arr.dtype}",
+                )
+            if ndim == 2 and arr.shape[1] != 2:
+                raise FormatError(where, field, f"shape {arr.shape} is not (num_samples + 1, 2)")
+            values = arr[:, 0] if ndim == 2 else arr
+            if values.size and (int(values.min()) < 0 or int(values.max()) >= bound):
+                raise FormatError(
+                    where,
+                    field,
+                    f"values {int(values.min())}..{int(values.max())} are outside [0, {bound})",
+                )
+        if self.sample_index.size and int(self.sample_index[:, 1].min()) < 0:
+            raise FormatError(where, "sample_index", "has a negative token offset")
+
+    def __len__(self) -> int:
+        return len(self.shuffle_index)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle the prefix and index arrays; the receiver maps the token file again (so
+        DataLoader workers started with ``spawn`` get a working copy, not the tokens)."""
+        settings = {
+            "sequence_length": self.sequence_length,
+            "add_extra_token": bool(self.extra),
+            "pad_id": self.pad_id,
+            "name": self.name,
+        }
+        arrays = (self.document_index, self.sample_index, self.shuffle_index)
+        return (_reopen, (str(self.data.prefix), *arrays, settings))
+
+    def _read(self, seq: int, offset: int, length: int | None) -> np.ndarray:
+        start = int(self._pointers[seq]) // self._itemsize + offset
+        stop = start + (int(self._lengths[seq]) - offset if length is None else length)
+        return self._tokens[start:stop]
+
+    def assemble(self, j: int) -> np.ndarray:
+        """Megatron's per-sample assembly (FORMATS §5.5) of sample-index row ``j``."""
+        b, bo = (int(v) for v in self.sample_index[j])
+        e, eo = (int(v) for v in self.sample_index[j + 1])
+        doc = self.document_index
+        if b == e:
+            parts = [self._read(int(doc[b]), bo, eo - bo + self.extra)]
+        else:
+            parts = [self._read(int(doc[b]), bo, None)]
+            parts += [self._read(int(doc[p]), 0, None) for p in range(b + 1, e)]
+            parts.append(self._read(int(doc[e]), 0, eo + self.extra))
+        sample = np.concatenate(parts).astype(np.int64)
+        if len(sample) > self.width:
+            raise FormatError(
+                self.name,
+                "sample_index",
+                f"row {j} spans {len(sample)} tokens, more than sequence_length + extra = "
+                f"{self.width}",
+            )
+        if len(sample) < self.width:
+            sample = np.concatenate([sample, np.full(self.width - len(sample), self.pad_id)])
+        return sample
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        (k,) = _sample_ids([k], len(self), self.name)
+        return self.assemble(int(self.shuffle_index[k]))
+
+    def get_batch(self, indices: npt.ArrayLike) -> np.ndarray:
+        """Samples ``indices`` as one int64 ``[B, width]`` array (vectorized reads)."""
+        ks = _sample_ids(indices, len(self), self.name)
+        return gather_batch(self.width, [(self, np.arange(len(ks)), ks)], len(ks))
+
+    def read(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens (file dtype) of samples ``ks`` back to back, and each sample's length.
+
+        Piece bounds come from array arithmetic; the copy is one ``bytes.join`` over memoryview
+        slices of the memmap (the cheapest per-piece copy Python offers).
+        """
+        j = self.shuffle_index[ks].astype(np.int64)
+        head = self.sample_index[j].astype(np.int64)
+        tail = self.sample_index[j + 1].astype(np.int64)
+        count = tail[:, 0] - head[:, 0] + 1
+        if count.size and int(count.min()) < 1:
+            raise FormatError(self.name, "sample_index", "positions decrease between rows")
+        ends = np.cumsum(count)
+        firsts = ends - count
+        pos = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(firsts - head[:, 0], count)
+        seq = self.document_index[pos]
+        seq_len = self._lengths[seq].astype(np.int64)
+        start = np.zeros(len(pos), dtype=np.int64)
+        start[firsts] = head[:, 1]
+        stop = seq_len.copy()
+        stop[ends - 1] = tail[:, 1] + self.extra
+        if len(pos) and (bool(np.any(start > stop)) or bool(np.any(stop > seq_len))):
+            raise FormatError(self.name, "sample_index", "a token offset lies outside its sequence")
+        base = self._pointers[seq]
+        size = self._itemsize
+        slices = map(slice, (base + start * size).tolist(), (base + stop * size).tolist())
+        blob = b"".join(map(self._bytes.__getitem__, slices))
+        lengths = np.add.reduceat(stop - start, firsts) if len(ks) else np.zeros(0, np.int64)
+        return np.frombuffer(blob, dtype=self._tokens.dtype), lengths
+
+
+def _reopen(
+    prefix: str,
+    document_index: np.ndarray,
+    sample_index: np.ndarray,
+    shuffle_index: np.ndarray,
+    settings: dict[str, Any],
+) -> NanosetDataset:
+    """Inverse of ``NanosetDataset.__reduce__``."""
+    data = IndexedDataset(prefix)
+    return NanosetDataset(data, document_index, sample_index, shuffle_index, **settings)
+
+
+def gather_batch(
+    width: int, requests: list[tuple[NanosetDataset, np.ndarray, np.ndarray]], size: int
+) -> np.ndarray:
+    """An int64 ``[size, width]`` batch; each request (dataset, output rows in ascending order,
+    sample ids) fills its rows. Samples shorter than ``width`` are padded with the pad id."""
+    out = np.empty((size, width), dtype=np.int64)
+    for ds, rows, ks in requests:
+        flat, lengths = ds.read(ks)
+        if lengths.size and int(lengths.max()) > width:
+            ds.assemble(int(ds.shuffle_index[ks[int(np.argmax(lengths))]]))  # raises FormatError
+        if bool(np.all(lengths == width)):
+            if len(rows) == size:
+                np.copyto(out.reshape(-1), flat)
+            else:
+                out[rows] = flat.reshape(len(rows), width)
+            continue
+        offsets = np.cumsum(lengths) - lengths
+        for row, offset, length in zip(
+            rows.tolist(), offsets.tolist(), lengths.tolist(), strict=True
+        ):
+            out[row, :length] = flat[offset : offset + length]
+            out[row, length:] = ds.pad_id
+    return out
+
+
+class BlendedDataset:
+    """A blend: sample ``i`` is ``datasets[dataset_index[i]][dataset_sample_index[i]]``."""
+
+    def __init__(
+        self,
+        datasets: dict[str, NanosetDataset],
+        dataset_index: npt.ArrayLike,
+        dataset_sample_index: npt.ArrayLike,
+        *,
+        manifest: dict[str, Any] | None = None,
+        split: str = "train",
+    ) -> None:
+        self.datasets = dict(datasets)
+        self.names = list(self.datasets)
+        self._parts = list(self.datasets.values())
+        self.dataset_index = np.asarray(dataset_index)
+        self.dataset_sample_index = np.asarray(dataset_sample_index)
+        self.manifest = manifest or {}
+        self.split = split
+        widths = {ds.width for ds in self._parts}
+        if len(widths) != 1:
+            raise FormatError(split, "datasets", f"sample widths differ: {sorted(widths)}")
+        self.width = widths.pop()
+        self.sequence_length = self._parts[0].sequence_length
+        self._check_arrays()
+
+    def _check_arrays(self) -> None:
+        di, dsi = self.dataset_index, self.dataset_sample_index
+        for field, arr in (("dataset_index", di), ("dataset_sample_index", dsi)):
+            if arr.dtype.kind not in "iu" or arr.ndim != 1 or len(arr) != len(di):
+                raise FormatError(
+                    self.split,
+                    field,
+                    "must be 1-D integer arrays of equal length, "
+                    f"found {arr.ndim}-D {arr.dtype} of {len(arr)}",
+                )
+        if not len(di):
+            return
+        if int(di.min()) < 0 or int(di.max()) >= len(self._parts):
+            raise FormatError(
+                self.split, "dataset_index", f"values outside [0, {len(self._parts)})"
+            )
+        if int(dsi.min()) < 0:
+            raise FormatError(self.split, "dataset_sample_index", "has negative values")
+        high = np.zeros(len(self._parts), dtype=np.int64)
+        np.maximum.at(high, di.astype(np.int64), dsi.astype(np.int64))
+        for d, ds in enumerate(self._parts):
+            if int(high[d]) >= len(ds):
+                raise FormatError(
+                    self.split,
+                    "dataset_sample_index",
+                    f"dataset {ds.name!r} is asked for sample {int(high[d])} but has {len(ds)}",
+                )
+
+    def __len__(self) -> int:
+        return len(self.dataset_index)
+
+    @property
+    def proportions(self) -> dict[str, float]:
+        """Realized share of each dataset in this split's blend."""
+        counts = np.bincount(self.dataset_index.astype(np.int64), minlength=len(self._parts))
+        total = max(1, len(self))
+        return {name: float(c) / total for name, c in zip(self.names, counts, strict=True)}
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        (i,) = _sample_ids([i], len(self), f"blend split {self.split!r}")
+        return self._parts[int(self.dataset_index[i])][int(self.dataset_sample_index[i])]
+
+    def dataset_of(self, i: int) -> str:
+        """Name of the dataset blend sample ``i`` comes from."""
+        (i,) = _sample_ids([i], len(self), f"blend split {self.split!r}")
+        return self.names[int(self.dataset_index[i])]
+
+    def get_batch(self, indices: npt.ArrayLike) -> np.ndarray:
+        """Samples ``indices`` as one int64 ``[B, width]`` array (one concatenate in total)."""
+        ids = _sample_ids(indices, len(self), f"blend split {self.split!r}")
+        which = self.dataset_index[ids]
+        local = self.dataset_sample_index[ids].astype(np.int64)
+        requests = []
+        for d, part in enumerate(self._parts):
+            rows = np.flatnonzero(which == d)
+            if len(rows):
+                requests.append((part, rows, local[rows]))
+        return gather_batch(self.width, requests, len(ids))

@@ -1,0 +1,185 @@
+"""Blend manifest layout, reader and verifier (numpy + stdlib only, shared by writer and loader).
+
+A blend lives in one directory, ``blends/<name>/``::
+
+    manifest.json                         written last; its presence means "complete"
+    <split>-dataset_index.npy             which dataset each blend sample comes from
+    <split>-dataset_sample_index.npy      which sample of that dataset's Nanoset
+
+Every path inside ``manifest.json`` is relative to this directory (``../../merged/x_text_document``
+...), so copying the blend, its datasets and its index caches with the same relative layout gives
+a blend that opens elsewhere. Each file entry is ``{"path", "bytes", "sha256"}``. The writer is
+``tokenmill.blend_manifest.build_blend``; the schema is documented there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenmill._atomic import file_sha256
+from tokenmill.errors import FormatError
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_VERSION = 1
+KIND = "blend"
+SPLITS = ("train", "valid", "test")
+BLEND_ARRAYS = ("dataset_index", "dataset_sample_index")
+INDEX_ARRAYS = ("document", "sample", "shuffle")
+
+
+def blend_array_name(split: str, array: str) -> str:
+    """File name of a blend array inside the blend directory, e.g. ``train-dataset_index.npy``."""
+    return f"{split}-{array}.npy"
+
+
+def manifest_path(path: str | os.PathLike[str]) -> Path:
+    """The manifest file for a blend directory or a manifest path."""
+    p = Path(path)
+    return p / MANIFEST_NAME if p.is_dir() else p
+
+
+def resolve(manifest: str | os.PathLike[str], relative: str) -> Path:
+    """A path recorded in the manifest, resolved against the manifest's directory."""
+    return Path(os.path.normpath(Path(manifest).parent / relative))
+
+
+def read_blend_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Load a blend manifest; FormatError when it is missing, malformed or of another version."""
+    mpath = manifest_path(path)
+    if not mpath.is_file():
+        raise FormatError(
+            mpath,
+            "manifest",
+            "missing: the blend was never completed "
+            "(or is being rebuilt); build it with `tokenmill blend`",
+        )
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(mpath, "manifest", f"not valid JSON ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
+        raise FormatError(mpath, "kind", f"expected {KIND!r}: this is not a blend manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise FormatError(
+            mpath,
+            "format_version",
+            f"found {manifest.get('format_version')!r}, "
+            f"expected {FORMAT_VERSION}; rebuild the blend",
+        )
+    for key in ("name", "datasets", "splits", "sequence_length", "add_extra_token", "semantics"):
+        if key not in manifest:
+            raise FormatError(mpath, key, "missing from the blend manifest")
+    return manifest
+
+
+@contextlib.contextmanager
+def schema_errors(mpath: Path) -> Iterator[None]:
+    """Turn a missing key or wrong type deep inside a manifest into a FormatError."""
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise FormatError(
+            mpath, "manifest", f"malformed ({exc!r}); rebuild the blend with `tokenmill blend`"
+        ) from exc
+
+
+def load_index_array(path: str | os.PathLike[str], *, ndim: int, what: str) -> np.ndarray:
+    """Memory-map an integer ``.npy`` (never unpickles); FormatError names what to rebuild."""
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise FormatError(path, what, f"unreadable .npy ({exc}); rebuild it") from exc
+    if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "iu" or arr.ndim != ndim:
+        raise FormatError(
+            path,
+            what,
+            f"expected a {ndim}-D integer array, found "
+            f"{getattr(arr, 'ndim', '?')}-D {getattr(arr, 'dtype', type(arr))}; "
+            "rebuild it",
+        )
+    return np.asarray(arr)
+
+
+def check_file(path: Path, entry: dict[str, Any], *, hash_it: bool) -> str | None:
+    """Why ``path`` does not match its recorded ``{bytes, sha256}`` (size, then hash), or None."""
+    if not path.is_file():
+        return f"{path}: missing"
+    size = path.stat().st_size
+    if size != entry.get("bytes"):
+        return f"{path}: {size} bytes, recorded {entry.get('bytes')}"
+    if hash_it and file_sha256(path) != entry.get("sha256"):
+        return f"{path}: sha256 differs from the recorded one"
+    return None
+
+
+def split_problems(manifest: dict[str, Any], mpath: Path, split: str) -> list[str]:
+    """Mismatches between one split's files (blend arrays, index caches) and the manifest."""
+    info = manifest["splits"][split]
+    problems = []
+    for array, entry in info["files"].items():
+        why = check_file(resolve(mpath, entry["path"]), entry, hash_it=True)
+        if why:
+            problems.append(f"split {split!r} blend array {array}: {why}")
+    for ds in info["datasets"]:
+        for kind, entry in ds["index"]["files"].items():
+            why = check_file(resolve(mpath, entry["path"]), entry, hash_it=True)
+            if why:
+                problems.append(
+                    f"split {split!r} dataset {ds['name']!r} index cache "
+                    f"{ds['index']['cache_hash']} ({kind}): {why}"
+                )
+    return problems
+
+
+def dataset_problems(
+    manifest: dict[str, Any], mpath: Path, names: set[str], *, full: bool
+) -> list[str]:
+    """Mismatches of the datasets' ``.idx`` (sizes + sha256) and ``.bin`` (size; sha256 if full)."""
+    problems = []
+    for ds in manifest["datasets"]:
+        if ds["name"] not in names:
+            continue
+        for kind, entry in ds["files"].items():
+            why = check_file(resolve(mpath, entry["path"]), entry, hash_it=full or kind != "bin")
+            if why:
+                problems.append(
+                    f"dataset {ds['name']!r} {kind}: {why} (the dataset changed "
+                    "after the blend was built)"
+                )
+    return problems
+
+
+def verify_manifest(
+    path: str | os.PathLike[str], splits: list[str] | None = None, *, full: bool = False
+) -> list[str]:
+    """Problems of a blend (empty list = consistent) for ``splits`` (default: all of them).
+
+    Fast: every file's size, sha256 of the index-type files (blend arrays, Nanoset caches,
+    ``.idx``). Full: also sha256 of the ``.bin`` token files.
+    """
+    mpath = manifest_path(path)
+    manifest = read_blend_manifest(mpath)
+    chosen = list(manifest["splits"]) if splits is None else splits
+    problems: list[str] = []
+    names: set[str] = set()
+    with schema_errors(mpath):
+        for split in chosen:
+            problems += split_problems(manifest, mpath, split)
+            names |= {ds["name"] for ds in manifest["splits"][split]["datasets"]}
+        return dataset_problems(manifest, mpath, names, full=full) + problems
+
+
+def rebuild_hint(manifest: dict[str, Any], mpath: Path) -> str:
+    """What to run to rebuild a stale or partial blend."""
+    return (
+        f"rebuild blend {manifest.get('name', mpath.parent.name)!r}: "
+        f"`tokenmill blend --output {mpath.parent} ...` with the same settings, or "
+        f"materialize the Dagster asset blend/{manifest.get('name', mpath.parent.name)}"
+    )

@@ -1,0 +1,77 @@
+"""Deterministic, resumable data-parallel batch sampler over an already shuffled dataset.
+
+Order: global batch ``b`` is samples ``[b·G, (b+1)·G)`` in index order (the Nanoset shuffle
+index and the blend already randomize, as in Megatron's pretraining sampler); a final partial
+global batch is dropped. Rank ``r`` of ``w`` gets the contiguous slice ``[r·G/w, (r+1)·G/w)`` of
+every global batch, so the global batches are identical for every ``w`` that divides ``G``, and
+starting at step ``b`` is arithmetic (O(1)), not a replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from tokenmill.errors import ConfigError
+
+
+class BatchSampler:
+    """Yields, per training step, this rank's sample indices (int64 array of ``G / world_size``)."""
+
+    def __init__(
+        self,
+        num_samples: int,
+        global_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        start_step: int = 0,
+    ) -> None:
+        for name, value, low in (
+            ("num_samples", num_samples, 0),
+            ("global_batch_size", global_batch_size, 1),
+            ("world_size", world_size, 1),
+            ("start_step", start_step, 0),
+        ):
+            if not isinstance(value, int | np.integer) or value < low:
+                raise ConfigError(f"BatchSampler {name} must be an integer >= {low}, got {value!r}")
+        if global_batch_size % world_size:
+            raise ConfigError(
+                f"BatchSampler global_batch_size {global_batch_size} is not divisible by "
+                f"world_size {world_size}"
+            )
+        if not isinstance(rank, int | np.integer) or not 0 <= rank < world_size:
+            raise ConfigError(f"BatchSampler rank must be in [0, {world_size}), got {rank!r}")
+        self.num_samples = int(num_samples)
+        self.global_batch_size = int(global_batch_size)
+        self.rank = int(rank)
+        self.world_size = int(world_size)
+        self.start_step = int(start_step)
+        self.micro_batch_size = self.global_batch_size // self.world_size
+
+    @property
+    def total_steps(self) -> int:
+        """Full global batches in the dataset (the final partial one is dropped)."""
+        return self.num_samples // self.global_batch_size
+
+    def global_batch(self, step: int) -> np.ndarray:
+        """All sample indices of global batch ``step`` (every rank's slices, in rank order)."""
+        if not 0 <= step < self.total_steps:
+            raise IndexError(f"step {step} out of range [0, {self.total_steps})")
+        start = step * self.global_batch_size
+        return np.arange(start, start + self.global_batch_size, dtype=np.int64)
+
+    def indices(self, step: int) -> np.ndarray:
+        """This rank's slice of global batch ``step``."""
+        if not 0 <= step < self.total_steps:
+            raise IndexError(f"step {step} out of range [0, {self.total_steps})")
+        start = step * self.global_batch_size + self.rank * self.micro_batch_size
+        return np.arange(start, start + self.micro_batch_size, dtype=np.int64)
+
+    def __len__(self) -> int:
+        """Steps remaining from ``start_step``."""
+        return max(0, self.total_steps - self.start_step)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for step in range(self.start_step, self.total_steps):
+            yield self.indices(step)
