@@ -1,0 +1,299 @@
+"""Tokenization: ``tokenmill tokenize`` end to end vs the encode-only floors of exact engines.
+
+On N MB (default 20) of real text (stdlib sources, ``bench/corpus.py``) and the GPT-2 and Tekken
+tokenizers, each repetition runs, alternating: the encode-only floors on already-parsed texts
+(HF ``tokenizers`` ``encode_batch_fast``, ``tiktoken`` ``encode_batch`` over ranks built from the
+same tokenizer.json, ``gigatoken`` ``encode_batch``; each with a freshly constructed engine, so
+caches start cold as in a real run; construction and imports not timed), then our CLI as a
+subprocess per ``--workers`` value: interpreter start, imports, tokenizer load, JSON parsing,
+writing and the reference check included, bytecode cache on as after a normal install; with CPU
+seconds and the peak RSS/PSS of its process tree. All floors must give identical ids and our
+``.bin`` must equal them plus EOD. The ratio is our median wall time over the best floor's
+median. ``--rss-mb 100`` adds memory-only runs on a larger corpus. Megatron's preprocess_data.py
+is not installable offline; the issue's numbers for it are quoted in the output.
+
+    python bench/bench_tokenize.py [--mb 20] [--repeat 3] [--workers 1,2] [--rss-mb 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import psutil
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+
+from _util import table, write_results  # noqa: E402
+from corpus import MB, ensure_corpus  # noqa: E402
+
+from tokenmill.bundled import build_bundled_tokenizer  # noqa: E402
+from tokenmill.tokenizer import TiktokenEncoder, inspect_tokenizer  # noqa: E402
+
+TOKENIZERS = ("gpt2", "tekken")
+# The CLI runs as after a normal install: with Python's bytecode cache (this sandbox disables it).
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+MEGATRON = {
+    "classic preprocess_data.py, GPT-2, 20 MB (issue)": 22.7,
+    "fast path, 200 MB (issue; 4.8 s of it imports, 1.5 GB RSS)": 9.6,
+}
+
+
+Floor = tuple[float, np.ndarray, np.ndarray]  # seconds, flat ids, per-document lengths
+
+
+def _flat(rows: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    arrays = [np.array(r, dtype=np.uint32) for r in rows]
+    return np.concatenate(arrays), np.array([len(a) for a in arrays])
+
+
+def floor_hf(tok_dir: Path, texts: list[str]) -> Floor:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    start = time.perf_counter()
+    encodings = tok.encode_batch_fast(texts, add_special_tokens=True)
+    seconds = time.perf_counter() - start
+    return (seconds, *_flat([e.ids for e in encodings]))
+
+
+def floor_tiktoken(tok_dir: Path, texts: list[str]) -> Floor:
+    enc = TiktokenEncoder(inspect_tokenizer(tok_dir)).encoding
+    start = time.perf_counter()
+    ids = enc.encode_batch(texts, allowed_special="all", num_threads=os.cpu_count() or 1)
+    seconds = time.perf_counter() - start
+    return (seconds, *_flat(ids))
+
+
+def floor_gigatoken(tok_dir: Path, texts: list[str]) -> Floor:
+    import gigatoken
+
+    tok = gigatoken.Tokenizer(str(tok_dir))
+    start = time.perf_counter()
+    rows = tok.encode_batch(texts)
+    seconds = time.perf_counter() - start
+    offsets = np.asarray(rows.layout.offsets.data)
+    return seconds, np.asarray(rows.layout.content.data, dtype=np.uint32), np.diff(offsets)
+
+
+FLOORS = {"hf": floor_hf, "tiktoken": floor_tiktoken, "gigatoken": floor_gigatoken}
+
+
+def tree_memory(proc: psutil.Process) -> tuple[int, int]:
+    """``(RSS, PSS)`` summed over a process and its children (PSS counts shared pages once)."""
+    rss = pss = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            info = p.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        rss += info.rss
+        pss += info.pss
+    return rss, pss
+
+
+def run_ours(
+    corpus: Path, tok_dir: Path, prefix: Path, workers: int, poll: float
+) -> dict[str, Any]:
+    """One CLI run: wall, CPU of the tree, peak tree RSS/PSS (polled every ``poll`` s)."""
+    cmd = [sys.executable, "-m", "tokenmill.cli", "tokenize", "--input", str(corpus)]
+    cmd += ["--output-prefix", str(prefix), "--tokenizer", str(tok_dir), "--append-eod"]
+    cmd += ["--workers", str(workers)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    handle = psutil.Process(proc.pid)
+    peak_rss = peak_pss = 0
+    while proc.poll() is None:
+        rss, pss = tree_memory(handle)
+        peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+        time.sleep(poll)
+    wall = time.perf_counter() - start
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed: {err}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "rss_mb": peak_rss / 2**20,
+        "pss_mb": peak_pss / 2**20,
+        "summary": out.strip(),
+    }
+
+
+def check_output(
+    prefix: Path, floor: np.ndarray, lengths: np.ndarray, eod: int, dtype: np.dtype
+) -> None:
+    """Our .bin must be the floor's ids with EOD after every non-empty document."""
+    nonempty = lengths > 0
+    expected = np.insert(floor, np.cumsum(lengths)[nonempty], eod).astype(dtype)
+    got = np.fromfile(f"{prefix}_text_document.bin", dtype=dtype)
+    if not np.array_equal(got, expected):
+        raise RuntimeError(f"{prefix}: output differs from the floor ids")
+
+
+def first_use_seconds(tok_dir: Path) -> float:
+    """Wall time of the one-off verification against transformers (fresh cache)."""
+    with tempfile.TemporaryDirectory() as cache:
+        code = "import sys; from tokenmill.tokenizer import inspect_tokenizer as i; i(sys.argv[1])"
+        start = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-c", code, str(tok_dir)],
+            check=True,
+            env={**ENV, "TOKENMILL_CACHE_DIR": cache},
+        )
+        return time.perf_counter() - start
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    corpus = ensure_corpus(args.mb)
+    size = corpus.stat().st_size
+    texts = [orjson.loads(line)["text"] for line in corpus.read_bytes().splitlines()]
+    import awkward  # noqa: F401  (gigatoken returns awkward arrays; keep the import out of the floor)
+
+    work = BENCH / "out" / "tokenize"
+    work.mkdir(parents=True, exist_ok=True)
+    dirs = {n: build_bundled_tokenizer(n, ROOT / ".tokenizers" / n) for n in args.tokenizers}
+    results: dict[str, Any] = {}
+    for name, tok_dir in dirs.items():
+        info = inspect_tokenizer(tok_dir)  # verifies once (cached) before anything is timed
+        run_ours(corpus, tok_dir, work / name, 1, 1.0)
+        results[name] = {"floors": {k: [] for k in FLOORS}, "ours": {w: [] for w in args.workers}}
+        results[name]["engine_verdicts"] = info.verdicts
+    for rep in range(args.repeat):
+        for name, tok_dir in dirs.items():
+            info = inspect_tokenizer(tok_dir)
+            floors = {engine: fn(tok_dir, texts) for engine, fn in FLOORS.items()}
+            for engine, (seconds, flat, lengths) in floors.items():
+                results[name]["floors"][engine].append(seconds)
+                if not (
+                    np.array_equal(flat, floors["hf"][1])
+                    and np.array_equal(lengths, floors["hf"][2])
+                ):
+                    raise RuntimeError(f"{name}: floor {engine} disagrees with hf")
+            for w in args.workers:
+                prefix = work / f"{name}-w{w}"
+                run = run_ours(corpus, tok_dir, prefix, w, 0.05)
+                check_output(prefix, floors["hf"][1], floors["hf"][2], info.eod_id, info.dtype)
+                results[name]["ours"][w].append(run)
+            print(f"rep {rep + 1}/{args.repeat} {name} done", file=sys.stderr)
+    for name, tok_dir in dirs.items():
+        results[name]["first_use_verification_s"] = first_use_seconds(tok_dir)
+    return {"corpus": str(corpus), "bytes": size, "documents": len(texts), "results": results}
+
+
+def rss_runs(megabytes: float, tokenizers: list[str], workers: list[int]) -> dict[str, Any]:
+    corpus = ensure_corpus(megabytes)
+    out: dict[str, Any] = {"corpus": str(corpus), "bytes": corpus.stat().st_size}
+    for name in tokenizers:
+        tok_dir = ROOT / ".tokenizers" / name
+        for w in workers:
+            run = run_ours(
+                corpus, tok_dir, BENCH / "out" / "tokenize" / f"rss-{name}-w{w}", w, 0.02
+            )
+            out[f"{name}-w{w}"] = run
+    return out
+
+
+def report(data: dict[str, Any], workers: list[int]) -> None:
+    rows = [
+        [
+            "tokenizer",
+            "what",
+            "wall med (min) s",
+            "cpu s",
+            "MB/s",
+            "peak RSS/PSS MB",
+            "vs best floor",
+        ]
+    ]
+    size = data["bytes"] / MB
+    for name, res in data["results"].items():
+        floors = {k: statistics.median(v) for k, v in res["floors"].items()}
+        best = min(floors.values())
+        for engine, seconds in floors.items():
+            rows.append(
+                [
+                    name,
+                    f"floor {engine}",
+                    f"{seconds:.3f} ({min(res['floors'][engine]):.3f})",
+                    "",
+                    f"{size / seconds:.0f}",
+                    "",
+                    f"{seconds / best:.2f}x",
+                ]
+            )
+        for w in workers:
+            runs = res["ours"][w]
+            wall = statistics.median(r["wall"] for r in runs)
+            rows.append(
+                [
+                    name,
+                    f"tokenmill --workers {w}",
+                    f"{wall:.3f} ({min(r['wall'] for r in runs):.3f})",
+                    f"{statistics.median(r['cpu'] for r in runs):.2f}",
+                    f"{size / wall:.0f}",
+                    f"{max(r['rss_mb'] for r in runs):.0f}/{max(r['pss_mb'] for r in runs):.0f}",
+                    f"{wall / best:.2f}x",
+                ]
+            )
+        rows.append(
+            [
+                name,
+                "first use (verify vs transformers)",
+                f"{res['first_use_verification_s']:.1f}",
+                "",
+                "",
+                "",
+                "",
+            ]
+        )
+    print(f"\n{size:.1f} MB, {data['documents']} documents ({data['corpus']})")
+    print(table(rows))
+    for what, seconds in MEGATRON.items():
+        print(f"Megatron {what}: {seconds} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=float, default=20.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workers", default=f"1,{os.cpu_count() or 1}")
+    parser.add_argument("--tokenizers", default=",".join(TOKENIZERS))
+    parser.add_argument(
+        "--rss-mb", type=float, default=0.0, help="also measure memory on this size"
+    )
+    args = parser.parse_args()
+    args.workers = sorted({int(w) for w in args.workers.split(",")})
+    args.tokenizers = args.tokenizers.split(",")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    data = bench(args)
+    report(data, args.workers)
+    if args.rss_mb:
+        data["rss"] = rss_runs(args.rss_mb, args.tokenizers, args.workers)
+        for key, run in data["rss"].items():
+            if isinstance(run, dict):
+                print(
+                    f"{args.rss_mb:g} MB {key}: wall {run['wall']:.2f} s, "
+                    f"peak tree RSS {run['rss_mb']:.0f} MB, PSS {run['pss_mb']:.0f} MB"
+                )
+    data["megatron_reference_s"] = MEGATRON
+    print(f"wrote {write_results('tokenize', data)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,351 @@
+"""`tokenmill tokenize`: byte parity with a direct tokenizer loop, workers, kills, bad records."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tokenmill.corpus import stdlib_documents
+from tokenmill.errors import BadRecordError, ConfigError, TokenmillError
+from tokenmill.formats.indexed import IndexedDataset, encode_index
+from tokenmill.manifest import check_dataset_files, read_dataset_manifest
+from tokenmill.tokenize import dataset_prefix, tokenize_files
+from tokenmill.tokenize_procs import SAMPLE_CHARS
+from tokenmill.tokenizer import GigatokenEncoder
+
+EDGE_TEXTS = [
+    "",
+    "Hello world",
+    "literal special: <|endoftext|> and </s><s>[INST] inside a document",
+    "  leading spaces, CRLF\r\nline\r\n",
+    "ﬁ ① ｆｕｌｌ\u00a0\u3000 e\u0301 😀👍🏽 日本語",
+    "",
+    " ",
+]
+
+
+@functools.cache
+def _reference(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def expected_pair(path: Path, texts: list[str], eod: bool) -> tuple[list[list[int]], Any]:
+    """Megatron's per-document ids: ``tokenizer(text).input_ids`` (+ eos when non-empty)."""
+    tok = _reference(path)
+    docs = [list(tok(t).input_ids) for t in texts]
+    if eod:
+        docs = [[*d, tok.eos_token_id] if d else d for d in docs]
+    return docs, tok
+
+
+def write_jsonl(path: Path, texts: list[str], key: str = "text") -> Path:
+    data = "".join(
+        json.dumps({key: t, "n": i}, ensure_ascii=False) + "\n" for i, t in enumerate(texts)
+    )
+    raw = data.encode("utf-8")
+    path.write_bytes(gzip.compress(raw, mtime=0) if path.name.endswith(".gz") else raw)
+    return path
+
+
+def real_texts(n: int) -> list[str]:
+    docs = stdlib_documents()
+    return [next(docs)["text"] for _ in range(n)]
+
+
+def read_docs(prefix: Path) -> list[list[int]]:
+    """Token ids per document (empty documents included) from a written pair."""
+    ds = IndexedDataset(prefix)
+    out = []
+    for d in range(ds.num_documents):
+        lo, hi = ds.document_indices[d], ds.document_indices[d + 1]
+        out.append([t for s in range(lo, hi) for t in ds[s].tolist()])
+    return out
+
+
+def pair_bytes(prefix: Path) -> tuple[bytes, bytes]:
+    return Path(f"{prefix}.bin").read_bytes(), Path(f"{prefix}.idx").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def big_jsonl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About 10 MB of stdlib sources (three ingest batches), with a few empty documents."""
+    texts = [d["text"] for d in stdlib_documents()]
+    texts[5:5] = ["", ""]
+    path = tmp_path_factory.mktemp("big") / "big.jsonl"
+    lines, size = [], 0
+    for i, t in enumerate(texts):
+        lines.append(json.dumps({"text": t, "n": i}, ensure_ascii=False) + "\n")
+        size += len(lines[-1])
+        if size > 10_000_000:
+            break
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("fixture", "dtype_code"), [("gpt2_dir", 8), ("tekken_dir", 4)])
+def test_parity_with_direct_tokenizer_loop(
+    fixture: str, dtype_code: int, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    tok_dir = request.getfixturevalue(fixture)
+    texts = [*EDGE_TEXTS, *real_texts(30)]
+    src = write_jsonl(tmp_path / "in.jsonl", texts)
+    res = tokenize_files([src], tmp_path / "out", tok_dir, append_eod=True)
+    expected, _ = expected_pair(tok_dir, texts, eod=True)
+    prefix = dataset_prefix(tmp_path / "out")
+    assert prefix == tmp_path / "out_text_document"
+    assert res.prefix == prefix and res.engine == "gigatoken"
+    assert read_docs(prefix) == expected
+    lengths = [len(d) for d in expected if d]
+    doc_index = np.concatenate([[0], np.cumsum([1 if d else 0 for d in expected])])
+    idx = Path(f"{prefix}.idx").read_bytes()
+    assert idx[17] == dtype_code
+    assert idx == encode_index(IndexedDataset(prefix).dtype, lengths, doc_index)
+    flat = np.array([t for d in expected for t in d], dtype=IndexedDataset(prefix).dtype)
+    assert Path(f"{prefix}.bin").read_bytes() == flat.tobytes()
+    assert (res.documents, res.empty_documents, res.sequences) == (len(texts), 2, len(lengths))
+    assert res.tokens == flat.size
+
+
+def test_without_eod_and_custom_text_key(gpt2_dir: Path, tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", EDGE_TEXTS, key="content")
+    res = tokenize_files([src], tmp_path / "o", gpt2_dir, text_key="content")
+    assert res.prefix == tmp_path / "o_content_document"
+    assert read_docs(res.prefix) == expected_pair(gpt2_dir, EDGE_TEXTS, eod=False)[0]
+    ds = IndexedDataset(res.prefix)
+    assert ds.document_indices.tolist() == [0, 0, 1, 2, 3, 4, 4, 5]
+
+
+def test_workers_give_identical_bytes(gpt2_dir: Path, big_jsonl: Path, tmp_path: Path) -> None:
+    results = {
+        w: tokenize_files([big_jsonl], tmp_path / f"w{w}", gpt2_dir, append_eod=True, workers=w)
+        for w in (1, 2, 3)
+    }
+    first = pair_bytes(results[1].prefix)
+    for w in (2, 3):
+        assert pair_bytes(results[w].prefix) == first
+        assert results[w].manifest["counts"] == results[1].manifest["counts"]
+        assert results[w].manifest["content_hash"] == results[1].manifest["content_hash"]
+    assert results[1].empty_documents == 2
+
+
+def test_manifest_describes_the_run(gpt2_dir: Path, tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", EDGE_TEXTS)
+    res = tokenize_files([src], tmp_path / "o", gpt2_dir, append_eod=True)
+    manifest = read_dataset_manifest(res.prefix)
+    assert manifest["kind"] == "tokens"
+    config = manifest["config"]
+    assert (config["dtype"], config["vocab_size"], config["eod_id"]) == ("uint16", 50257, 50256)
+    assert (config["engine"], config["append_eod"], config["text_key"]) == (
+        "gigatoken",
+        True,
+        "text",
+    )
+    assert len(config["tokenizer_fingerprint"]) == 64
+    counts = manifest["counts"]
+    assert counts == {
+        "documents": 7,
+        "sequences": 5,
+        "tokens": res.tokens,
+        "quarantined": 0,
+        "blank": 0,
+        "lines": 7,
+        "empty_documents": 2,
+    }
+    assert manifest["inputs"][0]["uri"] == str(src.resolve())
+    assert check_dataset_files(res.prefix, full=True) == []
+
+
+def test_several_inputs_and_formats_concatenate_in_order(gpt2_dir: Path, tmp_path: Path) -> None:
+    a, b = real_texts(5), [*EDGE_TEXTS, *real_texts(3)]
+    whole = tokenize_files([write_jsonl(tmp_path / "ab.jsonl", a + b)], tmp_path / "ab", gpt2_dir)
+    gz = write_jsonl(tmp_path / "b.jsonl.gz", b)
+    pq.write_table(pa.table({"text": a}), tmp_path / "a.parquet")
+    parts = tokenize_files([tmp_path / "a.parquet", gz], tmp_path / "parts", gpt2_dir)
+    assert pair_bytes(parts.prefix) == pair_bytes(whole.prefix)
+    assert parts.documents == len(a) + len(b)
+
+
+def test_bad_record_fails_and_leaves_nothing(gpt2_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "ok"}\n{"text": "fine"}\n{"text": oops}\n{"text": "later"}\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(BadRecordError, match=r"in\.jsonl:3: invalid JSON"):
+        tokenize_files([src], out / "p", gpt2_dir, append_eod=True)
+    assert list(out.iterdir()) == []
+
+
+def test_quarantine_keeps_the_good_documents(gpt2_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "ok"}\n\n{"text": 5}\n{"text": "later"}\n')
+    res = tokenize_files([src], tmp_path / "q", gpt2_dir, on_bad_record="quarantine")
+    clean = tokenize_files(
+        [write_jsonl(tmp_path / "c.jsonl", ["ok", "later"])], tmp_path / "c", gpt2_dir
+    )
+    assert pair_bytes(res.prefix) == pair_bytes(clean.prefix)
+    assert (res.quarantined, res.blank, res.lines, res.documents) == (1, 1, 4, 2)
+    lines = (tmp_path / "q.quarantine.jsonl").read_text().splitlines()
+    assert [json.loads(x)["line"] for x in lines] == [3]
+    assert json.loads(lines[0])["reason"] == "text is not a string (found int)"
+
+
+def test_argument_errors(gpt2_dir: Path, tiny_dir: Path, tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", ["x"])
+    with pytest.raises(ConfigError, match="no input files"):
+        tokenize_files([], tmp_path / "o", gpt2_dir)
+    with pytest.raises(ConfigError, match="on_bad_record='skip'"):
+        tokenize_files([src], tmp_path / "o", gpt2_dir, on_bad_record="skip")
+    with pytest.raises(ConfigError, match="workers=0"):
+        tokenize_files([src], tmp_path / "o", gpt2_dir, workers=0)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_engine_mismatch_on_input_falls_back(
+    workers: int, gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copytree(os.environ["TOKENMILL_CACHE_DIR"], tmp_path / "cache")
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "cache"))
+    real = GigatokenEncoder._encode_each
+
+    def corrupt(self: GigatokenEncoder, texts: list[str]) -> list[np.ndarray]:
+        arrays = real(self, texts)
+        return [
+            a[:-1] if "MAGIC" in t[:SAMPLE_CHARS] else a for a, t in zip(arrays, texts, strict=True)
+        ]
+
+    monkeypatch.setattr(GigatokenEncoder, "_encode_each", corrupt)
+    texts = ["fine", "a MAGIC word", "after"]
+    src = write_jsonl(tmp_path / "in.jsonl", texts)
+    res = tokenize_files([src], tmp_path / "o", gpt2_dir, workers=workers)
+    assert res.engine == "tiktoken"
+    assert res.fallbacks[0].startswith(f"gigatoken: {tmp_path / 'in.jsonl'} document 2: ")
+    assert read_docs(res.prefix) == expected_pair(gpt2_dir, texts, eod=False)[0]
+    assert res.manifest["config"]["engine"] == "tiktoken"
+
+
+def test_nfkc_tokenizer_with_bos(tiny_dir: Path, tmp_path: Path) -> None:
+    texts = [*EDGE_TEXTS, "ﬁne ｆｕｌｌ width ①"]
+    res = tokenize_files(
+        [write_jsonl(tmp_path / "in.jsonl", texts)], tmp_path / "o", tiny_dir, append_eod=True
+    )
+    expected, tok = expected_pair(tiny_dir, texts, eod=True)
+    assert res.engine == "hf"
+    assert all(d[0] == tok.bos_token_id for d in expected)
+    assert read_docs(res.prefix) == expected
+    assert res.sequences == len(texts)
+
+
+@pytest.mark.parametrize(("vocab", "dtype_code"), [(65499, 8), (65500, 4)])
+def test_vocab_boundary_picks_megatron_dtype(vocab: int, dtype_code: int, tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {"<unk>": 0, "<eos>": 1, **{f"w{i}": i for i in range(2, vocab)}}
+    backend = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok_dir = tmp_path / "wl"
+    PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>"
+    ).save_pretrained(str(tok_dir))
+    texts = [f"w{vocab - 1} w2 nope", "", "w65498"]
+    res = tokenize_files(
+        [write_jsonl(tmp_path / "in.jsonl", texts)], tmp_path / "o", tok_dir, append_eod=True
+    )
+    assert res.manifest["config"]["vocab_size"] == vocab
+    assert Path(f"{res.prefix}.idx").read_bytes()[17] == dtype_code
+    assert read_docs(res.prefix) == [[vocab - 1, 2, 0, 1], [], [65498, 1]]
+
+
+def _run_cli(args: list[str]) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "tokenmill.cli", "tokenize", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
+
+def test_cli_summary_and_bad_record_exit(gpt2_dir: Path, tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", ["a", "b"])
+    ok = _run_cli(
+        ["--input", str(src), "--output-prefix", str(tmp_path / "o"), "--tokenizer", str(gpt2_dir)]
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert "2 documents, 2 tokens, 0 quarantined, engine gigatoken" in ok.stdout
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a"}\n{"txt": "b"}\n')
+    res = _run_cli(
+        ["--input", str(bad), "--output-prefix", str(tmp_path / "b"), "--tokenizer", str(gpt2_dir)]
+    )
+    assert res.returncode == 1
+    assert f"{bad}:2: missing text key 'text'" in res.stderr
+    assert not list(tmp_path.glob("b_*"))
+
+
+def test_sigkill_leaves_nothing_final_and_rerun_is_identical(
+    gpt2_dir: Path, big_jsonl: Path, tmp_path: Path
+) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(big_jsonl.read_bytes() * 3)
+    args = ["--input", str(src), "--tokenizer", str(gpt2_dir), "--append-eod", "--workers", "2"]
+    out = tmp_path / "run"
+    out.mkdir()
+    cmd = [
+        sys.executable,
+        "-m",
+        "tokenmill.cli",
+        "tokenize",
+        *args,
+        "--output-prefix",
+        str(out / "p"),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not any(p.stat().st_size for p in out.glob("p_text_document.bin.tmp-*")):
+        assert proc.poll() is None and time.monotonic() < deadline, "finished before it was killed"
+        time.sleep(0.005)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert children
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert alive == []
+    names = {p.name for p in out.iterdir()}
+    assert not names & {
+        "p_text_document.bin",
+        "p_text_document.idx",
+        "p_text_document.manifest.json",
+    }
+    assert any(".tmp-" in n for n in names)
+    assert _run_cli([*args, "--output-prefix", str(out / "p")]).returncode == 0
+    assert _run_cli([*args, "--output-prefix", str(tmp_path / "clean")]).returncode == 0
+    assert pair_bytes(out / "p_text_document") == pair_bytes(tmp_path / "clean_text_document")
+    assert not [n for n in os.listdir(out) if ".tmp-" in n]
+
+
+def test_ids_beyond_the_dtype_are_refused(tmp_path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({"<unk>": 0, "<eos>": 1, "big": 70000}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok_dir = tmp_path / "holes"
+    fast = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", eos_token="<eos>")
+    fast.save_pretrained(str(tok_dir))
+    src = write_jsonl(tmp_path / "in.jsonl", ["big"])
+    with pytest.raises(TokenmillError, match="id 70000 does not fit uint16"):
+        tokenize_files([src], tmp_path / "o", tok_dir)
+    assert not list(tmp_path.glob("o*"))

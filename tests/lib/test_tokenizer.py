@@ -1,0 +1,221 @@
+"""Bundled tokenizers, engine verification and every engine's ids against transformers."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tokenmill import tokenizer_verify
+from tokenmill.bundled import build_bundled_tokenizer
+from tokenmill.errors import ConfigError
+from tokenmill.tokenizer import (
+    ENGINES,
+    inspect_tokenizer,
+    load_encoder,
+    load_tokenizer,
+    record_mismatch,
+)
+from tokenmill.tokenizer_verify import (
+    passthrough_problem,
+    probe_texts,
+    template_ids,
+    tiktoken_parts,
+)
+
+REAL_TEXTS = [
+    "Hello world",
+    "",
+    "a<|endoftext|>b </s><s>[INST] x",
+    "Windows\r\nline endings\r\n",
+    "ﬁ ① ｆｕｌｌ\u00a0\u3000 e\u0301",
+    Path(json.__file__).read_text(encoding="utf-8")[:20000],
+]
+
+
+@functools.cache
+def _reference(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def reference_ids(path: Path, texts: list[str]) -> list[list[int]]:
+    """What Megatron's HuggingFaceTokenizer computes: ``tokenizer(text).input_ids``."""
+    tok = _reference(path)
+    return [list(tok(t).input_ids) for t in texts]
+
+
+def split(flat: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
+    ends = np.cumsum(lengths)
+    return [flat[e - n : e].tolist() for e, n in zip(ends, lengths, strict=True)]
+
+
+def test_bundled_gpt2_matches_hub_gpt2(gpt2_dir: Path) -> None:
+    tok = _reference(gpt2_dir)
+    assert len(tok) == 50257
+    assert (tok.eos_token, tok.eos_token_id, tok.bos_token_id) == ("<|endoftext|>", 50256, 50256)
+    assert tok("Hello world").input_ids == [15496, 995]
+    assert tok(" Hello world").input_ids == [18435, 995]
+    config = json.loads((gpt2_dir / "tokenizer_config.json").read_text())
+    assert config["add_prefix_space"] is False
+    assert config["model_max_length"] == 1024
+
+
+def test_bundled_tekken_special_ids_and_no_bos(tekken_dir: Path) -> None:
+    tok = _reference(tekken_dir)
+    assert len(tok) == 131072
+    assert (tok.eos_token, tok.eos_token_id, tok.bos_token_id) == ("</s>", 2, 1)
+    assert tok("Hello world").input_ids == [22177, 4304]
+    assert tok("<s>[INST]").input_ids == [1, 3]
+
+
+def test_bundled_build_is_idempotent(gpt2_dir: Path) -> None:
+    before = {p.name: p.stat().st_mtime_ns for p in gpt2_dir.iterdir()}
+    assert build_bundled_tokenizer("gpt2", gpt2_dir) == gpt2_dir
+    assert {p.name: p.stat().st_mtime_ns for p in gpt2_dir.iterdir()} == before
+
+
+def test_bundled_rejects_unknown_name_and_foreign_dest(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown bundled tokenizer 'llama'"):
+        build_bundled_tokenizer("llama", tmp_path / "x")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="exists and is not a tokenizer directory"):
+        build_bundled_tokenizer("gpt2", tmp_path / "busy")
+
+
+@pytest.mark.parametrize(
+    ("name", "vocab", "eod", "dtype"),
+    [("gpt2_dir", 50257, 50256, np.uint16), ("tekken_dir", 131072, 2, np.int32)],
+)
+def test_inspect_reports_megatron_facts(
+    name: str, vocab: int, eod: int, dtype: type, request: pytest.FixtureRequest
+) -> None:
+    info = inspect_tokenizer(request.getfixturevalue(name))
+    assert (info.vocab_size, info.eod_id, info.dtype) == (vocab, eod, np.dtype(dtype))
+    assert (info.prefix_ids, info.suffix_ids) == ((), ())
+    assert info.verdicts == dict.fromkeys(ENGINES, "ok")
+    assert info.ranks is not None and info.ranks.scheme is not None
+
+
+def test_verification_is_cached(gpt2_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = inspect_tokenizer(gpt2_dir)
+
+    def fail(*args: object) -> None:
+        raise AssertionError("verification ran again")
+
+    monkeypatch.setattr(tokenizer_verify, "run_verification", fail)
+    assert inspect_tokenizer(gpt2_dir / "tokenizer.json") == first
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_engine_gives_reference_ids_gpt2(gpt2_dir: Path, engine: str) -> None:
+    texts = [*REAL_TEXTS, *probe_texts(["<|endoftext|>"])]
+    got = split(*load_tokenizer(gpt2_dir, engine=engine).encode(texts))
+    assert got == reference_ids(gpt2_dir, texts)
+
+
+@pytest.mark.parametrize("engine", ["gigatoken", "tiktoken", "hf"])
+def test_fast_engines_give_reference_ids_tekken(tekken_dir: Path, engine: str) -> None:
+    got = split(*load_tokenizer(tekken_dir, engine=engine).encode(REAL_TEXTS))
+    assert got == reference_ids(tekken_dir, REAL_TEXTS)
+
+
+def test_nfkc_and_bos_template_tokenizer(tiny_dir: Path) -> None:
+    info = inspect_tokenizer(tiny_dir)
+    bos = _reference(tiny_dir).bos_token_id
+    assert info.prefix_ids == (bos,)
+    assert "no tiktoken form: normalizer NFKC" in info.verdicts["tiktoken"]
+    expected = reference_ids(tiny_dir, REAL_TEXTS)
+    assert all(ids[0] == bos for ids in expected)
+    for engine in info.usable_engines():
+        assert split(*load_encoder(info, engine).encode(REAL_TEXTS)) == expected, engine
+
+
+def test_record_mismatch_demotes_engine(
+    gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copytree(os.environ["TOKENMILL_CACHE_DIR"], tmp_path / "cache")
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "cache"))
+    info = inspect_tokenizer(gpt2_dir)
+    record_mismatch(info, "gigatoken", "doc 3 differs")
+    again = inspect_tokenizer(gpt2_dir)
+    assert again.verdicts["gigatoken"] == "mismatch on input: doc 3 differs"
+    assert load_tokenizer(gpt2_dir).name == "tiktoken"
+    with pytest.raises(ConfigError, match="engine 'gigatoken' is not verified"):
+        load_tokenizer(gpt2_dir, engine="gigatoken")
+
+
+def test_bad_tokenizer_paths(gpt2_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file or directory"):
+        inspect_tokenizer(tmp_path / "missing")
+    with pytest.raises(ConfigError, match=r"no tokenizer\.json in the directory"):
+        inspect_tokenizer(tmp_path)
+    with pytest.raises(ConfigError, match="engine='fast': expected 'auto' or one of"):
+        load_encoder(inspect_tokenizer(gpt2_dir), "fast")
+
+
+def test_template_ids() -> None:
+    bos = {"id": "<s>", "ids": [1], "tokens": ["<s>"]}
+    eos = {"id": "</s>", "ids": [2], "tokens": ["</s>"]}
+    single = [
+        {"SpecialToken": {"id": "<s>"}},
+        {"Sequence": {"id": "A"}},
+        {"SpecialToken": {"id": "</s>"}},
+    ]
+    pp = {
+        "type": "TemplateProcessing",
+        "single": single,
+        "special_tokens": {"<s>": bos, "</s>": eos},
+    }
+    assert template_ids(pp) == ([1], [2])
+    assert template_ids({"type": "Sequence", "processors": [{"type": "ByteLevel"}, pp]}) == (
+        [1],
+        [2],
+    )
+    assert template_ids({"type": "RobertaProcessing", "cls": ["<s>", 0], "sep": ["</s>", 2]}) == (
+        [0],
+        [2],
+    )
+    assert template_ids(None) == ([], [])
+    assert template_ids({"type": "Unknown"}) is None
+
+
+def test_passthrough_problem_detects_overrides(gpt2_dir: Path) -> None:
+    tok = _reference(gpt2_dir)
+    assert passthrough_problem(tok) is None
+
+    class Custom(type(tok)):  # type: ignore[misc]
+        def _encode_plus(self, *args: object, **kwargs: object) -> Any:
+            raise NotImplementedError
+
+    assert passthrough_problem(Custom.__new__(Custom)) == "Custom overrides _encode_plus"
+
+
+def test_tiktoken_parts_refuses_what_it_cannot_express() -> None:
+    base = {
+        "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True},
+        "normalizer": None,
+        "added_tokens": [],
+    }
+    assert tiktoken_parts(base)[1] == {b"a": 0, b"b": 1}
+    cases = [
+        ({"normalizer": {"type": "NFKC"}}, "normalizer NFKC has no tiktoken form"),
+        ({"pre_tokenizer": {"type": "Whitespace"}}, "does not end in ByteLevel"),
+        ({"added_tokens": [{"content": "<x>", "id": 2, "lstrip": True}]}, "strips whitespace"),
+        (
+            {"added_tokens": [{"content": "<x", "id": 2}, {"content": "<x>", "id": 3}]},
+            "is a prefix of another",
+        ),
+    ]
+    for change, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            tiktoken_parts({**base, **change})

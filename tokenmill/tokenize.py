@@ -1,0 +1,277 @@
+"""Tokenize JSONL/Parquet inputs into one Megatron ``.bin``/``.idx`` pair plus its manifest.
+
+The bytes equal Megatron-LM ``tools/preprocess_data.py --tokenizer-type HuggingFaceTokenizer``
+(one sequence per document, ``{prefix}_{text_key}_document``): ids are
+``tokenizer(text).input_ids``; with ``append_eod`` the eos id ends every non-empty document; an
+empty document adds no sequence but repeats its boundary. The engine is the fastest one
+``tokenmill.tokenizer`` verified; a forked checker also compares it with the reference on the
+run's first documents, and on a disagreement the run is redone with the next engine.
+
+Streaming: batches of texts flow from the reader to the encoder (in process, or ``workers``
+forked processes fed by a reader thread, results taken back in input order, at most two batches
+in flight per worker; see ``tokenmill.tokenize_procs``) to the writer, so memory does not grow
+with the input, and the output is the same for any ``workers``. Outputs are written under
+temporary names and renamed at the end (manifest last); a killed run leaves no final-named
+file, and the next run removes its leftovers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenmill._atomic import remove_stale_temps
+from tokenmill.errors import ConfigError, TokenmillError
+from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, index_file_path
+from tokenmill.ingest import ON_BAD_RECORD, IngestStats, Quarantine, read_input_batches
+from tokenmill.manifest import dataset_manifest_path, write_dataset_manifest
+from tokenmill.tokenize_procs import Checker, EngineMismatch, Pool
+from tokenmill.tokenizer import Encoder, inspect_tokenizer, load_encoder, record_mismatch
+
+log = logging.getLogger(__name__)
+CHECKED_ENGINES = ("gigatoken", "tiktoken")
+SAMPLE_DOCS = 64  # documents per input compared with the reference
+
+
+@dataclass
+class TokenizeResult:
+    """What one tokenization run wrote and how."""
+
+    prefix: Path
+    engine: str
+    fallbacks: list[str]
+    documents: int
+    sequences: int
+    tokens: int
+    quarantined: int
+    blank: int
+    lines: int
+    empty_documents: int
+    bytes_read: int
+    seconds: float
+    quarantine_path: Path | None
+    manifest: dict[str, Any]
+
+
+def dataset_prefix(output_prefix: str | os.PathLike[str], text_key: str = "text") -> Path:
+    """Megatron's output name: ``{output_prefix}_{text_key}_document``."""
+    return Path(f"{os.fspath(output_prefix)}_{text_key}_document")
+
+
+def tokenize_files(
+    inputs: list[Path],
+    output_prefix: str | os.PathLike[str],
+    tokenizer: str | os.PathLike[str] | Encoder,
+    *,
+    text_key: str = "text",
+    append_eod: bool = False,
+    workers: int = 1,
+    on_bad_record: str = "fail",
+    progress: bool | None = None,
+) -> TokenizeResult:
+    """Tokenize ``inputs`` in order into ``{output_prefix}_{text_key}_document.{bin,idx}``.
+
+    ``tokenizer`` is a local tokenizer directory/file or an already loaded ``Encoder``.
+    Bad records raise ``BadRecordError`` (``fail``: nothing is left at the prefix) or go to
+    ``{output_prefix}.quarantine.jsonl``. ``progress=None`` shows a bar when stderr is a TTY.
+    """
+    start = time.perf_counter()
+    if not inputs:
+        raise ConfigError("tokenize: no input files given")
+    if on_bad_record not in ON_BAD_RECORD:
+        raise ConfigError(f"on_bad_record={on_bad_record!r}: expected one of {ON_BAD_RECORD}")
+    if workers < 1:
+        raise ConfigError(f"workers={workers}: expected a positive number of processes")
+    given = tokenizer if isinstance(tokenizer, Encoder) else None
+    info = tokenizer.info if isinstance(tokenizer, Encoder) else inspect_tokenizer(tokenizer)
+    if append_eod and info.eod_id is None:
+        raise ConfigError(f"append_eod: tokenizer {info.source} has no eos token to use as EOD")
+    if info.max_id > np.iinfo(info.dtype).max:
+        raise TokenmillError(
+            f"tokenizer {info.source}: id {info.max_id} does not fit {info.dtype.name}, the dtype "
+            f"Megatron picks for len(tokenizer) = {info.vocab_size}"
+        )
+    prefix = dataset_prefix(output_prefix, text_key)
+    qpath = Path(f"{os.fspath(output_prefix)}.quarantine.jsonl")
+    _clear_outputs(prefix, qpath)
+    run = _Run(
+        inputs=[Path(p) for p in inputs],
+        prefix=prefix,
+        qpath=qpath if on_bad_record == "quarantine" else None,
+        text_key=text_key,
+        eod=info.eod_id if append_eod else None,
+        workers=workers,
+        on_bad_record=on_bad_record,
+        progress=sys.stderr.isatty() if progress is None else progress,
+        start=start,
+    )
+    fallbacks: list[str] = []
+    while True:
+        engine = given.name if given is not None else info.usable_engines()[0]
+        # Forked before the engine loads, so the reference loads on another core meanwhile.
+        checker = Checker(info) if engine in CHECKED_ENGINES else None
+        try:
+            encoder = given if given is not None else load_encoder(info, engine)
+            return run.execute(encoder, checker, fallbacks)
+        except EngineMismatch as exc:
+            record_mismatch(info, engine, str(exc))
+            fallbacks.append(f"{engine}: {exc}")
+            log.warning("engine %s disagrees with the reference (%s); redoing", engine, exc)
+            given = None
+        finally:
+            if checker is not None:
+                checker.close()
+
+
+def _clear_outputs(prefix: Path, qpath: Path) -> None:
+    """Remove a previous result (manifest first, so nothing looks complete) and stale temps."""
+    outputs = (dataset_manifest_path(prefix), index_file_path(prefix), data_file_path(prefix))
+    for path in (*outputs, qpath):
+        path.unlink(missing_ok=True)
+        remove_stale_temps(path)
+
+
+@dataclass
+class _Run:
+    inputs: list[Path]
+    prefix: Path
+    qpath: Path | None
+    text_key: str
+    eod: int | None
+    workers: int
+    on_bad_record: str
+    progress: bool
+    start: float
+
+    def execute(
+        self, encoder: Encoder, checker: Checker | None, fallbacks: list[str]
+    ) -> TokenizeResult:
+        """One attempt with one engine; raises EngineMismatch when the checker objects."""
+        dtype = encoder.info.dtype
+        conns = [checker.conn] if checker is not None else []
+        pool = Pool(encoder, self.workers, dtype, self.eod, conns) if self.workers > 1 else None
+        quarantine = Quarantine(self.qpath) if self.qpath is not None else None
+        stats = [IngestStats(path=str(p)) for p in self.inputs]
+        tokens = 0
+        try:
+            with IndexedDatasetWriter(self.prefix, dtype) as writer:
+                texts = self._texts(encoder, stats, quarantine, checker)
+                batches = pool.map(texts) if pool else _encode_all(encoder, texts, dtype, self.eod)
+                for flat, lengths in batches:
+                    writer.add_documents(flat, lengths)
+                    tokens += flat.size
+                if checker is not None:
+                    checker.verdict(wait=True)
+            if quarantine is not None:
+                quarantine.commit()
+        except BaseException:
+            if quarantine is not None:
+                quarantine.discard()
+            raise
+        finally:
+            if pool is not None:
+                pool.close()
+        return self._finish(encoder, fallbacks, stats, writer, tokens)
+
+    def _texts(
+        self,
+        encoder: Encoder,
+        stats: list[IngestStats],
+        quarantine: Quarantine | None,
+        checker: Checker | None,
+    ) -> Iterator[list[str]]:
+        bar = _progress_bar(self.inputs) if self.progress else None
+        for path, st in zip(self.inputs, stats, strict=True):
+            batches = read_input_batches(
+                path,
+                text_key=self.text_key,
+                on_bad_record=self.on_bad_record,
+                quarantine=quarantine,
+                stats=st,
+            )
+            seen = st.bytes_read
+            for n, batch in enumerate(batches):
+                if checker is not None:
+                    if n == 0:
+                        checker.submit(path, batch.texts[:SAMPLE_DOCS], encoder)
+                    checker.verdict(wait=False)
+                if bar is not None:
+                    bar.update(st.bytes_read - seen)
+                    seen = st.bytes_read
+                yield batch.texts
+            if bar is not None:
+                bar.update(st.bytes_read - seen)
+        if bar is not None:
+            bar.close()
+
+    def _finish(
+        self,
+        encoder: Encoder,
+        fallbacks: list[str],
+        stats: list[IngestStats],
+        writer: IndexedDatasetWriter,
+        tokens: int,
+    ) -> TokenizeResult:
+        info = encoder.info
+        counts = {
+            key: sum(getattr(s, key) for s in stats)
+            for key in ("documents", "quarantined", "blank", "lines", "empty_documents")
+        }
+        counts.update(sequences=writer.num_sequences, tokens=tokens)
+        config = {
+            "tokenizer": str(info.source),
+            "tokenizer_fingerprint": info.fingerprint,
+            "engine": encoder.name,
+            "dtype": info.dtype.name,
+            "text_key": self.text_key,
+            "append_eod": self.eod is not None,
+            "vocab_size": info.vocab_size,
+            "eod_id": info.eod_id,
+        }
+        inputs = [_describe_input(p, s) for p, s in zip(self.inputs, stats, strict=True)]
+        manifest = write_dataset_manifest(
+            self.prefix, kind="tokens", inputs=inputs, config=config, counts=counts
+        )
+        return TokenizeResult(
+            prefix=self.prefix,
+            engine=encoder.name,
+            fallbacks=list(fallbacks),
+            bytes_read=sum(s.bytes_read for s in stats),
+            seconds=time.perf_counter() - self.start,
+            quarantine_path=self.qpath,
+            manifest=manifest,
+            **counts,
+        )
+
+
+def _describe_input(path: Path, stats: IngestStats) -> dict[str, Any]:
+    st = path.stat()
+    return {
+        "uri": str(path.resolve()),
+        "bytes": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "stats": stats.to_dict(),
+    }
+
+
+def _progress_bar(inputs: list[Path]) -> Any:
+    from tqdm import tqdm
+
+    plain = all(p.is_file() and p.name.endswith(".jsonl") for p in inputs)
+    total = sum(p.stat().st_size for p in inputs) if plain else None
+    return tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", file=sys.stderr)
+
+
+def _encode_all(
+    encoder: Encoder, batches: Iterator[list[str]], dtype: np.dtype, eod: int | None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for texts in batches:
+        yield encoder.pack(texts, eod, dtype)

@@ -1,0 +1,366 @@
+"""First-use verification of a tokenizer against transformers (runs in a child process).
+
+``python -m tokenmill.tokenizer_verify SOURCE DEFINITION FINGERPRINT RECORD`` loads the reference
+(``AutoTokenizer.from_pretrained(SOURCE)``), checks that its class passes text straight to its
+``tokenizers`` backend, takes the effective backend definition (transformers may rewrite the
+post-processor or add special tokens on load), encodes the probe set with the reference and with
+every engine, and writes the verdicts to RECORD. A child keeps transformers (seconds to import,
+hundreds of MB) and any thread pools out of the tokenizing process.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from tokenmill._atomic import write_bytes, write_json
+from tokenmill.errors import ConfigError, TokenmillError
+from tokenmill.tokenizer import (
+    CACHE_VERSION,
+    ENCODERS,
+    RankFiles,
+    TokenizerInfo,
+    _assemble,
+    _library_versions,
+    first_mismatch,
+)
+
+# Methods on the path from ``tokenizer(text)`` to the backend; a subclass overriding one may
+# change the ids, so only the transformers engine can reproduce it.
+CALL_PATH = (
+    "__call__",
+    "_call_one",
+    "encode_plus",
+    "_encode_plus",
+    "batch_encode_plus",
+    "_batch_encode_plus",
+    "prepare_for_tokenization",
+)
+BACKEND_MODULES = (
+    "transformers.tokenization_utils_tokenizers",
+    "transformers.tokenization_utils_fast",
+)
+
+
+_PROBES = (
+    "",
+    "Hello world",
+    " Hello  world   \n",
+    "\n\n\nfoo\n \n\t\tbar\t \n",
+    "line one\r\nline two\r\n\r\nthree\rfour",
+    "x" + " " * 50 + "y" + "\n" * 30 + "z" + "\t" * 17,
+    "naïve café, Grüße Zoë; Привет, мир! Ελληνικά مرحبا שלום हिन्दी ภาษาไทย",
+    "한국어 텍스트 日本語のテキスト。中文文本，标点符号！",
+    "😀👍🏽👨\u200d👩\u200d👧\u200d👦 🇫🇷 ✓ ★ ♥ ∑ ∞ ≠ √ → ⇒",
+    "ﬁ ﬂ ﬀ ① ² ³ ｆｕｌｌ ｗｉｄｔｈ Ⅻ ㎏ ℌ ｶﾀｶﾅ e\u0301 é \u212b Å \u2126 ™ …",
+    "a\u00a0b\u2028c\u2029d\u3000e\x85f\x0bg\x0ch\x1c\x1d\x1e\x1fi\u200b\u200c\u200d\ufeffj",
+    "1234567890 3.14159 1e-10 0x1F 1,000,000 ٣٤٥ ১২৩ 123456789012345678901234567890",
+    "I'm you're he's we'll they've she'd IT'S YOU'RE DON'T 's 'S 'll '' 'x",
+    "def f(x):\n    return {\"a\": [1, 2], 'b': x ** 2}  # comment\n\n\nclass A:\n\tpass\n",
+    'if (a && b) { c = d->e[0]; } // <html class="x">&amp;</html> $x = @y; %z',
+    "...!!!???---___***  “quotes” ‘single’ «guillemets» — dash … ellipsis ¿¡",
+    "\x00\x01\x02 nul \x7f\x80\x9f ÿ \\u0000 \\n",
+    "<|endoftext|> </s> <s> [INST] <unk> <pad> <|im_start|>user <mask> [CLS]",
+    "Supercalifragilisticexpialidocious" * 40,
+    "a" * 5000 + " " + "ab" * 3000 + " " * 1000 + "\n" * 300,
+    "ﷺ ﷽ " + "\u0300" * 20 + "a\u0301\u0302\u0303 Z̤̈ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝟘𝟙𝟚 𠀀𠀁 \U0001f600\U0001f3fd",
+)
+
+
+def probe_texts(added_tokens: list[str]) -> list[str]:
+    """The fixed probe set plus a code-point sweep and every added token written literally."""
+    bmp = (c for c in range(0x3100) if not 0xD800 <= c < 0xE000)
+    texts = [*_PROBES, " ".join(f"a{chr(c)}b" for c in bmp)]
+    texts.append("".join(chr(c) for c in range(0x3100, 0x30000, 7) if not 0xD800 <= c < 0xE000))
+    if added_tokens:
+        texts.append(" ".join(f"x{t}y {t}{t}\n{t}" for t in sorted(added_tokens)))
+    return texts
+
+
+def load_reference(source: Path) -> Any:
+    """The tokenizer exactly as Megatron's HuggingFaceTokenizer loads it (offline)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if source.is_dir():
+        return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    return PreTrainedTokenizerFast(tokenizer_file=str(source))
+
+
+def passthrough_problem(tok: Any) -> str | None:
+    """Why ``tok(text)`` might not equal its backend's ``encode`` (None if it provably does)."""
+    mro = type(tok).__mro__
+    backend = next((i for i, k in enumerate(mro) if k.__module__ in BACKEND_MODULES), None)
+    if backend is None:
+        return f"{type(tok).__name__} has no tokenizers backend (a slow tokenizer)"
+    for klass in mro[:backend]:
+        overridden = [name for name in CALL_PATH if name in vars(klass)]
+        if overridden:
+            return f"{klass.__name__} overrides {', '.join(overridden)}"
+    return None
+
+
+def template_ids(pp: dict[str, Any] | None) -> tuple[list[int], list[int]] | None:
+    """Ids a post-processor puts before/after one sequence; None when it does something else."""
+    if not pp or pp.get("type") == "ByteLevel":
+        return [], []
+    kind = pp.get("type")
+    if kind == "Sequence":
+        pre: list[int] = []
+        suf: list[int] = []
+        for sub in pp.get("processors", []):
+            ids = template_ids(sub)
+            if ids is None:
+                return None
+            pre, suf = ids[0] + pre, suf + ids[1]
+        return pre, suf
+    if kind in ("BertProcessing", "RobertaProcessing"):
+        return [int(pp["cls"][1])], [int(pp["sep"][1])]
+    if kind != "TemplateProcessing":
+        return None
+    pre, suf, seen = [], [], False
+    for item in pp.get("single", []):
+        if "Sequence" in item and item["Sequence"].get("id") == "A" and not seen:
+            seen = True
+        elif "SpecialToken" in item:
+            ids = pp["special_tokens"][item["SpecialToken"]["id"]]["ids"]
+            (suf if seen else pre).extend(int(i) for i in ids)
+        else:
+            return None
+    return (pre, suf) if seen else None
+
+
+def _effective_definition(tok: Any, definition: Path, record_path: Path) -> tuple[dict, str | None]:
+    """The backend as loaded; saved beside the record when it differs from the file on disk."""
+    effective = orjson.loads(tok.backend_tokenizer.to_str())
+    effective["truncation"] = effective["padding"] = None
+    disk = orjson.loads(definition.read_bytes())
+    disk["truncation"] = disk["padding"] = None
+    if effective == disk:
+        return effective, None
+    name = record_path.with_suffix(".tokenizer.json").name
+    write_bytes(record_path.parent / name, orjson.dumps(effective))
+    return effective, name
+
+
+def _hf_definition(spec: dict[str, Any], record_path: Path) -> str | None:
+    """A copy with ``"a b"`` merges, which ``tokenizers`` loads about 2x faster than pairs.
+
+    Written only for BPE whose merge parts contain no space (always true for byte-level BPE),
+    where both spellings mean the same merges; the ``hf`` engine is verified on this copy.
+    """
+    merges = (spec.get("model") or {}).get("merges") or []
+    pairs = [m for m in merges if isinstance(m, list)]
+    if not pairs or any(" " in part for m in pairs for part in m):
+        return None
+    fast = dict(spec, model=dict(spec["model"], merges=[" ".join(m) for m in merges]))
+    name = record_path.with_suffix(".hf.json").name
+    write_bytes(record_path.parent / name, orjson.dumps(fast))
+    return name
+
+
+def verify_tokenizer(
+    source: Path, definition: Path, fingerprint: str, record_path: Path
+) -> dict[str, Any]:
+    """Run the reference and every engine on the probe set; return the record to cache."""
+    tok = load_reference(source)
+    problem = passthrough_problem(tok)
+    spec, effective = _effective_definition(tok, definition, record_path)
+    hf_definition = _hf_definition(spec, record_path)
+    split = bool(getattr(tok, "split_special_tokens", False))
+    around = template_ids(spec.get("post_processor"))
+    probes = probe_texts([t["content"] for t in spec.get("added_tokens") or []])
+    expected = _assemble([np.array(x, dtype=np.uint32) for x in tok(probes).input_ids])
+    try:
+        ranks: RankFiles | None = write_rank_files(spec, record_path)
+        no_ranks = None
+    except ConfigError as exc:
+        ranks, no_ranks = None, f"not used: no tiktoken form: {exc}"
+    info = TokenizerInfo(
+        source=source,
+        definition=record_path.parent / effective if effective else definition,
+        fingerprint=fingerprint,
+        vocab_size=len(tok),
+        max_id=max(tok.get_vocab().values()),
+        eod_id=tok.eos_token_id,
+        prefix_ids=tuple(around[0]) if around else (),
+        suffix_ids=tuple(around[1]) if around else (),
+        verdicts={},
+        record_path=record_path,
+        split_special_tokens=split,
+        ranks=ranks,
+        hf_definition=record_path.parent / hf_definition if hf_definition else None,
+    )
+    verdicts = {}
+    for name in ("gigatoken", "tiktoken", "hf"):
+        if problem:
+            verdicts[name] = f"not used: {problem}"
+        elif name != "hf" and (split or around is None):
+            verdicts[name] = "not used: split_special_tokens or an unsupported post-processor"
+        elif name == "tiktoken" and no_ranks:
+            verdicts[name] = no_ranks
+        else:
+            verdicts[name] = _probe_engine(name, info, probes, expected)
+    verdicts["transformers"] = "ok"
+    return {
+        "fingerprint": fingerprint,
+        "libraries": _library_versions(),
+        "cache_version": CACHE_VERSION,
+        "reference": f"transformers {type(tok).__name__} from {source}",
+        "vocab_size": len(tok),
+        "max_id": info.max_id,
+        "eod_id": tok.eos_token_id,
+        "prefix_ids": list(info.prefix_ids),
+        "suffix_ids": list(info.suffix_ids),
+        "split_special_tokens": split,
+        "effective_definition": effective,
+        "hf_definition": hf_definition,
+        "ranks": None
+        if ranks is None
+        else {
+            "ranks": ranks.ranks.name,
+            "ids": ranks.ids.name,
+            "pattern": ranks.pattern,
+            "scheme": ranks.scheme,
+            "specials": list(ranks.specials),
+        },
+        "verdicts": verdicts,
+    }
+
+
+def write_rank_files(spec: dict[str, Any], record_path: Path) -> RankFiles:
+    """Cache ``spec`` as tiktoken-style ranks (ConfigError when it has no such form)."""
+    pattern, ranks, specials = tiktoken_parts(spec)
+    by_id = sorted(ranks.items(), key=lambda item: item[1])
+    order = sorted(specials, key=specials.__getitem__)
+    lines = b"".join(b"%s %d\n" % (base64.b64encode(tok), r) for r, (tok, _) in enumerate(by_id))
+    ids = np.array([i for _, i in by_id] + [specials[s] for s in order], dtype=np.uint32)
+    buf = io.BytesIO()
+    np.save(buf, ids, allow_pickle=False)
+    files = RankFiles(
+        ranks=record_path.with_suffix(".ranks"),
+        ids=record_path.with_suffix(".ids.npy"),
+        pattern=pattern,
+        scheme=SCHEMES.get(pattern),
+        specials=tuple(order),
+    )
+    write_bytes(files.ranks, lines)
+    write_bytes(files.ids, buf.getvalue())
+    return files
+
+
+def _probe_engine(
+    name: str, info: TokenizerInfo, probes: list[str], expected: tuple[np.ndarray, np.ndarray]
+) -> str:
+    try:
+        got = ENCODERS[name](info).encode(probes)
+    except Exception as exc:  # any load/encode failure just rules the engine out
+        return f"not used: {type(exc).__name__}: {exc}"
+    mismatch = first_mismatch(probes, expected, got)
+    return "ok" if mismatch is None else f"mismatch on probe {mismatch[0]}: {mismatch[1]}"
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: printable stand-in character -> byte."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    extra = [b for b in range(256) if b not in keep]
+    table = {chr(b): b for b in keep}
+    table.update({chr(256 + i): b for i, b in enumerate(extra)})
+    return table
+
+
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+TEKKEN_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
+    r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# gigatoken's built-in pre-tokenizers by the regex they implement (others load tokenizer.json).
+SCHEMES = {GPT2_PATTERN: "gpt2", TEKKEN_PATTERN: "nemotron"}
+
+
+def tiktoken_parts(spec: dict[str, Any]) -> tuple[str, dict[bytes, int], dict[str, int]]:
+    """``(pattern, ranks, specials)`` when tiktoken can express ``spec``; ConfigError if not."""
+    model = spec.get("model") or {}
+    pre = spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    if model.get("type") != "BPE" or model.get("dropout") or model.get("byte_fallback"):
+        raise ConfigError("model is not a deterministic byte-level BPE")
+    if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+        raise ConfigError("model uses subword prefixes/suffixes")
+    if spec.get("normalizer") is not None:
+        raise ConfigError(f"normalizer {spec['normalizer'].get('type')} has no tiktoken form")
+    last = steps[-1] if steps else {}
+    if last.get("type") != "ByteLevel" or last.get("add_prefix_space"):
+        raise ConfigError("pre-tokenizer does not end in ByteLevel without a prefix space")
+    if len(steps) == 1 and last.get("use_regex", True):
+        pattern = GPT2_PATTERN
+    elif len(steps) == 2 and not last.get("use_regex", True) and _is_isolated_split(steps[0]):
+        pattern = steps[0]["pattern"]["Regex"]
+    else:
+        raise ConfigError("pre-tokenizer is not ByteLevel or Split(regex, Isolated) + ByteLevel")
+    added = spec.get("added_tokens") or []
+    if any(t.get("lstrip") or t.get("rstrip") or t.get("single_word") for t in added):
+        raise ConfigError("an added token strips whitespace or is single_word")
+    specials = {t["content"]: int(t["id"]) for t in added}
+    ordered = sorted(specials)
+    if any(b.startswith(a) for a, b in itertools.pairwise(ordered)):
+        raise ConfigError("an added token is a prefix of another (match order would differ)")
+    decode = _byte_decoder()
+    vocab = {tok: int(i) for tok, i in model["vocab"].items() if tok not in specials}
+    outside = set("".join(vocab)) - decode.keys()
+    if outside:
+        raise ConfigError(f"vocabulary uses characters outside the byte-level alphabet: {outside}")
+    to_latin1 = str.maketrans({ch: chr(b) for ch, b in decode.items()})
+    return (
+        pattern,
+        {t.translate(to_latin1).encode("latin-1"): i for t, i in vocab.items()},
+        specials,
+    )
+
+
+def _is_isolated_split(step: dict[str, Any]) -> bool:
+    pattern = step.get("pattern") or {}
+    return (
+        step.get("type") == "Split"
+        and "Regex" in pattern
+        and step.get("behavior") == "Isolated"
+        and not step.get("invert")
+    )
+
+
+def run_verification(source: Path, definition: Path, fingerprint: str, record_path: Path) -> None:
+    """Verify in a child interpreter and wait; TokenmillError with its stderr if it fails."""
+    cmd = [sys.executable, "-m", "tokenmill.tokenizer_verify"]
+    cmd += [str(source), str(definition), fingerprint, str(record_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-5:]
+        raise TokenmillError(
+            f"tokenizer {source}: verification against transformers failed "
+            f"(exit {proc.returncode}): {' | '.join(tail)}"
+        )
+
+
+def main(argv: list[str]) -> int:
+    """Child entry point: verify and write the record atomically."""
+    source, definition, fingerprint, record = argv
+    record_path = Path(record)
+    record_path.parent.mkdir(parents=True, exist_ok=True)
+    result = verify_tokenizer(Path(source), Path(definition), fingerprint, record_path)
+    write_json(record_path, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
