@@ -88,7 +88,7 @@ class TokenizerInfo:
         return [e for e in ENGINES if self.verdicts.get(e) == "ok"]
 
 
-def _resolve(path: str | os.PathLike[str]) -> tuple[Path, Path]:
+def resolve_tokenizer_path(path: str | os.PathLike[str]) -> tuple[Path, Path]:
     """``(source, tokenizer.json)`` for a save_pretrained directory or a tokenizer.json file."""
     p = Path(path)
     if p.is_file() and p.name == "tokenizer.json" and (p.parent / CONFIG_FILES[0]).is_file():
@@ -146,7 +146,7 @@ def _library_versions() -> dict[str, str]:
 
 def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
     """Facts and engine verdicts for a tokenizer; verifies it (once, cached) when needed."""
-    source, definition = _resolve(path)
+    source, definition = resolve_tokenizer_path(path)
     fingerprint = tokenizer_fingerprint(source, definition)
     key_src = json.dumps([fingerprint, _library_versions(), CACHE_VERSION], sort_keys=True)
     record_path = (

@@ -135,3 +135,15 @@ def test_merge_manifest_records_parts_and_detects_corruption(tmp_path):
     assert verify_dataset(tmp_path / "abc", full=False) == []
     (problem,) = verify_dataset(tmp_path / "abc")
     assert "sha256 of part 1 (bytes 4..) differs" in problem
+
+
+def test_inspect_decode_with_tokenizer(tmp_path, capsys, gpt2_dir):
+    _make(tmp_path / "d", [[15496, 995, 50256]])
+    assert (
+        main(["inspect", str(tmp_path / "d"), "--decode", "0", "--tokenizer", str(gpt2_dir)]) == 0
+    )
+    assert "Hello world<|endoftext|>" in capsys.readouterr().out
+    assert (
+        main(["inspect", str(tmp_path / "d"), "--decode", "3", "--tokenizer", str(gpt2_dir)]) == 2
+    )
+    assert main(["inspect", str(tmp_path / "d"), "--decode", "0"]) == 2

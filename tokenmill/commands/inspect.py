@@ -56,13 +56,15 @@ def run(args: argparse.Namespace) -> int:
             "    " + histogram_text(length_histogram(ds.sequence_lengths)).replace("\n", "\n    ")
         )
         if args.decode:
-            from tokenmill.tokenizer import load_reference_tokenizer
+            from tokenizers import Tokenizer
 
-            tok = load_reference_tokenizer(args.tokenizer)
+            from tokenmill.tokenizer import resolve_tokenizer_path
+
+            tok = Tokenizer.from_file(str(resolve_tokenizer_path(args.tokenizer)[1]))
             for k in args.decode:
                 if not 0 <= k < len(ds):
                     raise ConfigError(f"--decode {k}: the dataset has sequences 0..{len(ds) - 1}")
                 ids = ds.get(k).tolist()
                 print(f"--- sequence {k} ({len(ids)} tokens) ---")
-                print(tok.decode(ids))
+                print(tok.decode(ids, skip_special_tokens=False))
     return 0
