@@ -373,8 +373,8 @@ class IndexedDataset:
             )
         if n_doc < 1:
             raise FormatError(path, "document_count", "is 0; it must be at least 1")
-        self._mm = np.memmap(path, dtype=np.uint8, mode="r") if size else None
-        buf = self._mm
+        buf = np.memmap(path, dtype=np.uint8, mode="r")
+        self._mm: np.memmap | None = buf
         off = HEADER_SIZE
         self.sequence_lengths = np.frombuffer(buf, dtype="<i4", count=n_seq, offset=off)
         off += 4 * n_seq
