@@ -33,8 +33,17 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The demo and the UI share the embedded instance: Dagster's SQLite storage in .dagster_home/.
+demo dev: export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+DEV_PORT ?= 3000
+
 demo: install tokenizers
-	$(BIN)/python -m tokenmill.demo
+	$(BIN)/python -m pipelines.demo_corpus
+	$(BIN)/tokenmill materialize
+
+dev: install tokenizers
+	$(BIN)/python -m pipelines.instance
+	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(DEV_PORT)
 
 bench: install tokenizers
 	$(BIN)/python bench/run_all.py

@@ -1,4 +1,4 @@
-"""``make bench``: run every benchmark in turn (each prints its table and writes bench/out/*.json)."""
+"""``make bench``: run every benchmark (each prints a table and writes bench/out/*.json)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,146 @@
+"""``blend/<name>``: a blend of merged datasets, ``blends/<name>/manifest.json`` + index arrays.
+
+``tokenmill.loader.open_blend(".../blends/<name>/manifest.json", split="train")`` opens it. The
+metadata compares each dataset's requested share with the realized share of every split.
+"""
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    AssetsDefinition,
+    AutomationCondition,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
+
+from assets.metadata import path_value
+from pipelines.resources import StorageResource
+from tokenmill.blend_manifest import build_blend
+from tokenmill.errors import ConfigError
+from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
+from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Share:
+    """One dataset's part of one split of a blend."""
+
+    split: str
+    dataset: str
+    requested: float
+    realized: float
+    samples: int
+    size: int
+    weighted: bool
+
+
+def realized_shares(manifest_path: Path, manifest: dict[str, Any]) -> list[Share]:
+    """Requested (normalized weight) against realized share per split and dataset."""
+    normalized = manifest["weighting"]["normalized"]
+    names = [d["name"] for d in manifest["datasets"]]
+    shares = []
+    for split, info in manifest["splits"].items():
+        path = manifest_path.parent / info["files"]["dataset_index"]["path"]
+        index = np.load(path, mmap_mode="r", allow_pickle=False)
+        counts = np.bincount(np.asarray(index, dtype=np.int64), minlength=len(names))
+        size = len(index)
+        for i, name in enumerate(names):
+            shares.append(
+                Share(
+                    split=split,
+                    dataset=name,
+                    requested=float(normalized[name]),
+                    realized=float(counts[i]) / max(size, 1),
+                    samples=int(counts[i]),
+                    size=size,
+                    weighted=info["mode"] == "weighted",
+                )
+            )
+    return shares
+
+
+def shares_markdown(shares: list[Share]) -> str:
+    """The requested-vs-realized table (exhaustive splits follow dataset sizes by design)."""
+    rows = ["| split | dataset | requested | realized | samples |", "|---|---|---:|---:|---:|"]
+    for s in shares:
+        split = s.split if s.weighted else f"{s.split} (exhaustive)"
+        rows.append(
+            f"| {split} | {s.dataset} | {s.requested:.4f} | {s.realized:.4f} | {s.samples} |"
+        )
+    return "\n".join(rows)
+
+
+def input_version(
+    storage: StorageResource, blend: BlendConfig, cfg: NanosetConfig, datasets: list[DatasetConfig]
+) -> str:
+    """Hash of the blend's settings and the content of every merged dataset in it."""
+    contents = []
+    for ds in datasets:
+        prefix = storage.merged_prefix(ds.name, ds.text_key)
+        done = dataset_manifest_path(prefix).is_file()
+        contents.append([ds.name, dataset_content_hash(prefix) if done else None])
+    key = [dataclasses.asdict(blend), dataclasses.asdict(cfg), contents]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()
+
+
+def build_blend_asset(
+    blend: BlendConfig,
+    cfg: NanosetConfig,
+    datasets: list[DatasetConfig],
+    automation_condition: AutomationCondition,
+) -> AssetsDefinition:
+    """The ``blend/<name>`` asset of one blend."""
+
+    @asset(
+        key=AssetKey(["blend", blend.name]),
+        deps=[AssetKey([ds.name, "nanoset"]) for ds in datasets],
+        group_name="blends",
+        kinds={"numpy"},
+        automation_condition=automation_condition,
+        description=f"Blend {blend.name} of {', '.join(blend.datasets)} ({cfg.semantics}).",
+    )
+    def blend_asset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
+        if cfg.train_samples is None:
+            raise ConfigError(f"blend {blend.name}: nanoset.train_samples must be set")
+        version = input_version(storage, blend, cfg, datasets)
+        manifest = build_blend(
+            blend.name,
+            {ds.name: storage.merged_prefix(ds.name, ds.text_key) for ds in datasets},
+            storage.blend_dir(blend.name),
+            storage.nanoset_dir(),
+            weights=blend.weight_map(),
+            temperature=blend.temperature,
+            sequence_length=cfg.sequence_length,
+            split_spec=cfg.split,
+            seed=cfg.seed,
+            train_samples=cfg.train_samples,
+            valid_samples=cfg.valid_samples,
+            test_samples=cfg.test_samples,
+            semantics=cfg.semantics,
+        )
+        mpath = storage.blend_dir(blend.name) / "manifest.json"
+        shares = realized_shares(mpath, manifest)
+        metadata: dict[str, Any] = {
+            f"{split}_samples": info["size"] for split, info in manifest["splits"].items()
+        }
+        metadata.update(
+            sequence_length=cfg.sequence_length,
+            proportions=MetadataValue.md(shares_markdown(shares)),
+            weights=MetadataValue.json(manifest["weighting"]),
+            content_hash=hashlib.sha256(mpath.read_bytes()).hexdigest(),
+            path=path_value(mpath),
+            input_version=version,
+        )
+        sizes = {split: info["size"] for split, info in manifest["splits"].items()}
+        context.log.info(f"blend {blend.name}: samples per split {sizes}")
+        return MaterializeResult(metadata=metadata)
+
+    return blend_asset

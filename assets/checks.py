@@ -1,0 +1,255 @@
+"""Asset checks. Blocking ones stop a run before a bad artifact reaches the stage after it.
+
+- ``<ds>/raw_jsonl``  ``documents_accounted``: lines = documents + quarantined + blank, and the
+  quarantine file holds exactly the quarantined lines.
+- ``<ds>/hf_dataset`` ``rows_match_raw``: Parquet rows = the shard's good documents, so
+  documents in = documents out + quarantined.
+- ``<ds>/tokens``     ``idx_bin_consistent`` (header, pointers, sizes, sha256 vs manifest) and
+  ``documents_match_export`` (tokenized documents = Parquet rows).
+- ``<ds>/merged``     ``sum_of_shards``: documents, sequences and tokens = Σ over the shards.
+- ``<ds>/nanoset``    ``index_bounds``: every index value inside its array/split, hashes intact.
+- ``blend/<name>``    ``proportions``: files match the manifest; realized shares within
+  tolerance of the requested weights (non-blocking: nothing is built from a blend).
+"""
+
+import json
+import warnings
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetKey,
+    PreviewWarning,
+    asset_check,
+)
+
+from assets.blends import realized_shares
+from assets.merged import shard_keys
+from assets.nanoset import split_samples
+from pipelines.partitions import shard_partitions
+from pipelines.resources import StorageResource
+from tokenmill.blend_manifest import verify_blend
+from tokenmill.errors import TokenmillError
+from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.manifest import read_dataset_manifest
+from tokenmill.nanoset import SPLITS, NanosetIndex, build_or_load, split_ranges, verify_index
+from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
+from tokenmill.verify import verify_dataset
+
+# A shard's checks must run per partition; Dagster 1.13 supports that (``partitions_def`` on a
+# check) but labels it preview. We rely on it deliberately, so its warning is not news.
+warnings.filterwarnings(
+    "ignore", message=".*partitions_def on an AssetCheckSpec.*", category=PreviewWarning
+)
+
+# Realized share may differ from the requested weight by this much plus two samples' worth.
+PROPORTION_TOLERANCE = 0.01
+COUNTS = ("documents", "sequences", "tokens")
+
+
+def _result(problems: list[str], **metadata: Any) -> AssetCheckResult:
+    return AssetCheckResult(
+        passed=not problems, metadata={**metadata, "problems": "\n".join(problems) or "none"}
+    )
+
+
+def raw_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
+    """Checks of ``<ds>/raw_jsonl``."""
+
+    @asset_check(
+        asset=AssetKey([ds.name, "raw_jsonl"]),
+        blocking=True,
+        partitions_def=shard_partitions(ds.name),
+        description="lines = documents + quarantined + blank; quarantine file complete",
+    )
+    def documents_accounted(
+        context: AssetCheckExecutionContext, storage: StorageResource
+    ) -> AssetCheckResult:
+        key = context.partition_key
+        stats = json.loads(storage.raw_stats_path(ds.name, key).read_text(encoding="utf-8"))
+        problems = []
+        total = stats["documents"] + stats["quarantined"] + stats["blank"]
+        if total != stats["lines"]:
+            problems.append(f"{stats['lines']} lines but {total} documents+quarantined+blank")
+        if stats["quarantine"] is not None:
+            with open(stats["quarantine"], "rb") as fh:
+                held = sum(1 for _ in fh)
+            if held != stats["quarantined"]:
+                problems.append(
+                    f"quarantine file holds {held} lines, {stats['quarantined']} counted"
+                )
+        return _result(problems, lines=stats["lines"], quarantined=stats["quarantined"])
+
+    return [documents_accounted]
+
+
+def export_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
+    """Checks of ``<ds>/hf_dataset``."""
+
+    @asset_check(
+        asset=AssetKey([ds.name, "hf_dataset"]),
+        blocking=True,
+        partitions_def=shard_partitions(ds.name),
+        description="documents in = Parquet rows + quarantined",
+    )
+    def rows_match_raw(
+        context: AssetCheckExecutionContext, storage: StorageResource
+    ) -> AssetCheckResult:
+        key = context.partition_key
+        stats = json.loads(storage.raw_stats_path(ds.name, key).read_text(encoding="utf-8"))
+        rows = pq.read_metadata(storage.parquet_path(ds.name, key)).num_rows
+        documents_in = stats["lines"] - stats["blank"]
+        problems = []
+        if documents_in != rows + stats["quarantined"]:
+            problems.append(
+                f"{documents_in} documents in, {rows} rows + {stats['quarantined']} quarantined out"
+            )
+        return _result(problems, documents_in=documents_in, rows=rows)
+
+    return [rows_match_raw]
+
+
+def token_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
+    """Checks of ``<ds>/tokens``."""
+    key = AssetKey([ds.name, "tokens"])
+    partitions = shard_partitions(ds.name)
+
+    @asset_check(asset=key, blocking=True, partitions_def=partitions)
+    def idx_bin_consistent(
+        context: AssetCheckExecutionContext, storage: StorageResource
+    ) -> AssetCheckResult:
+        """.idx header/pointers agree with the .bin; sizes and sha256 match the manifest."""
+        prefix = storage.tokens_prefix(ds.name, context.partition_key, ds.text_key)
+        return _result(verify_dataset(prefix, full=True), prefix=str(prefix))
+
+    @asset_check(asset=key, blocking=True, partitions_def=partitions)
+    def documents_match_export(
+        context: AssetCheckExecutionContext, storage: StorageResource
+    ) -> AssetCheckResult:
+        """Tokenized documents = Parquet rows of the shard."""
+        shard = context.partition_key
+        rows = pq.read_metadata(storage.parquet_path(ds.name, shard)).num_rows
+        prefix = storage.tokens_prefix(ds.name, shard, ds.text_key)
+        with IndexedDataset(prefix) as data:
+            documents = data.num_documents
+        problems = [] if documents == rows else [f"{documents} documents tokenized, {rows} rows"]
+        return _result(problems, documents=documents, rows=rows)
+
+    return [idx_bin_consistent, documents_match_export]
+
+
+def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
+    """Checks of ``<ds>/merged``."""
+
+    @asset_check(asset=AssetKey([ds.name, "merged"]), blocking=True)
+    def sum_of_shards(
+        context: AssetCheckExecutionContext, storage: StorageResource
+    ) -> AssetCheckResult:
+        """Merged documents, sequences and tokens = Σ over the dataset's current shards."""
+        expected = dict.fromkeys(COUNTS, 0)
+        for shard in shard_keys(context.instance, ds):
+            counts = read_dataset_manifest(storage.tokens_prefix(ds.name, shard, ds.text_key))
+            for name in COUNTS:
+                expected[name] += int(counts["counts"][name])
+        prefix = storage.merged_prefix(ds.name, ds.text_key)
+        problems = verify_dataset(prefix, full=False)
+        with IndexedDataset(prefix) as data:
+            found = {
+                "documents": data.num_documents,
+                "sequences": len(data),
+                "tokens": data.num_tokens,
+            }
+        problems += [
+            f"{n}: merged {found[n]}, shards sum to {expected[n]}"
+            for n in COUNTS
+            if found[n] != expected[n]
+        ]
+        return _result(problems, **{f"expected_{n}": v for n, v in expected.items()})
+
+    return [sum_of_shards]
+
+
+def index_problems(
+    index: NanosetIndex, lengths: np.ndarray, split_range: tuple[int, int]
+) -> list[str]:
+    """Out-of-range values in one split's document/sample/shuffle index."""
+    doc, sample, shuffle = index.document_index, index.sample_index, index.shuffle_index
+    lo, hi = split_range
+    problems = []
+    if doc.size and (int(doc.min()) < lo or int(doc.max()) >= hi):
+        problems.append(f"{index.split}: document_index outside the split's documents [{lo}, {hi})")
+    if sample.ndim != 2 or sample.shape[1] != 2:
+        return [*problems, f"{index.split}: sample_index has shape {sample.shape}"]
+    rows, offsets = sample[:, 0].astype(np.int64), sample[:, 1].astype(np.int64)
+    if rows.size and (int(rows.min()) < 0 or int(rows.max()) >= len(doc)):
+        problems.append(f"{index.split}: sample_index points outside document_index")
+    elif offsets.size and (
+        int(offsets.min()) < 0 or np.any(offsets > lengths[doc[rows].astype(np.int64)])
+    ):
+        problems.append(f"{index.split}: sample_index offset outside its document")
+    if shuffle.size and (int(shuffle.min()) < 0 or int(shuffle.max()) >= len(sample) - 1):
+        problems.append(f"{index.split}: shuffle_index outside [0, {len(sample) - 1})")
+    return problems
+
+
+def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDefinition]:
+    """Checks of ``<ds>/nanoset``."""
+
+    @asset_check(asset=AssetKey([ds.name, "nanoset"]), blocking=True)
+    def index_bounds(storage: StorageResource) -> AssetCheckResult:
+        """Every index value within its array and split; array files match their hashes."""
+        prefix = storage.merged_prefix(ds.name, ds.text_key)
+        with IndexedDataset(prefix) as data:
+            lengths = np.asarray(data.sequence_lengths, dtype=np.int64).copy()
+        ranges = split_ranges(cfg.split, len(lengths), cfg.semantics)
+        problems: list[str] = []
+        for position, (split, requested) in enumerate(split_samples(cfg).items()):
+            index = build_or_load(
+                prefix,
+                storage.nanoset_dir(),
+                split=split,
+                split_spec=cfg.split,
+                sequence_length=cfg.sequence_length,
+                seed=cfg.seed,
+                num_samples=requested,
+                semantics=cfg.semantics,
+            )
+            if index is None:
+                continue
+            try:
+                verify_index(index)
+            except TokenmillError as exc:
+                problems.append(str(exc))
+            problems += index_problems(index, lengths, ranges[position])  # type: ignore[arg-type]
+        return _result(problems, splits=", ".join(SPLITS))
+
+    return [index_bounds]
+
+
+def blend_checks(blend: BlendConfig) -> list[AssetChecksDefinition]:
+    """Checks of ``blend/<name>``."""
+
+    @asset_check(asset=AssetKey(["blend", blend.name]), blocking=False)
+    def proportions(storage: StorageResource) -> AssetCheckResult:
+        """Manifest matches its files; realized shares within tolerance of the weights."""
+        mpath = storage.blend_dir(blend.name) / "manifest.json"
+        problems = verify_blend(mpath)
+        if problems:
+            return _result(problems)
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+        worst = 0.0
+        for s in realized_shares(mpath, manifest):
+            allowed = PROPORTION_TOLERANCE + 2 / max(s.size, 1)
+            worst = max(worst, abs(s.realized - s.requested) if s.weighted else 0.0)
+            if s.weighted and abs(s.realized - s.requested) > allowed:
+                problems.append(
+                    f"{s.split}/{s.dataset}: realized {s.realized:.4f}, requested "
+                    f"{s.requested:.4f} (allowed ±{allowed:.4f})"
+                )
+        return _result(problems, worst_difference=round(worst, 6))
+
+    return [proportions]

@@ -1,0 +1,63 @@
+"""Definitions from data: every dataset and blend of a recipe becomes assets and checks.
+
+Per dataset: ``<ds>/raw_jsonl``, ``<ds>/hf_dataset``, ``<ds>/tokens`` (partitioned by shard),
+``<ds>/merged``, ``<ds>/nanoset``; per blend: ``blend/<name>``. The unpartitioned stages follow
+their upstreams through Declarative Automation.
+"""
+
+from __future__ import annotations
+
+from dagster import AssetChecksDefinition, AssetsDefinition, AutomationCondition
+
+from assets.blends import build_blend_asset
+from assets.checks import (
+    blend_checks,
+    export_checks,
+    merged_checks,
+    nanoset_checks,
+    raw_checks,
+    token_checks,
+)
+from assets.hf_export import build_hf_dataset
+from assets.merged import build_merged
+from assets.nanoset import build_nanoset
+from assets.raw import build_raw_jsonl
+from assets.tokenized import build_tokens
+from tokenmill.recipe import Recipe
+
+
+def downstream_condition() -> AutomationCondition:
+    """``eager()`` (update after upstreams update; wait while any is missing or in progress),
+    and not while an upstream's blocking check has failed: a bad shard stops at its checks.
+
+    Because a missing or running upstream partition holds the update back, a burst of new
+    shards registered together leads to one downstream rebuild once they are all done.
+    """
+    failed = AutomationCondition.any_checks_match(
+        AutomationCondition.check_failed(), blocking_only=True
+    )
+    return (AutomationCondition.eager() & ~AutomationCondition.any_deps_match(failed)).with_label(
+        "eager, unless an upstream blocking check failed"
+    )
+
+
+def build_assets(recipe: Recipe) -> tuple[list[AssetsDefinition], list[AssetChecksDefinition]]:
+    """Every asset and asset check of a recipe."""
+    condition = downstream_condition()
+    assets: list[AssetsDefinition] = []
+    checks: list[AssetChecksDefinition] = []
+    for ds in recipe.datasets:
+        assets += [
+            build_raw_jsonl(ds),
+            build_hf_dataset(ds),
+            build_tokens(ds),
+            build_merged(ds, condition),
+            build_nanoset(ds, recipe.nanoset, condition),
+        ]
+        checks += raw_checks(ds) + export_checks(ds) + token_checks(ds) + merged_checks(ds)
+        checks += nanoset_checks(ds, recipe.nanoset)
+    for blend in recipe.blends:
+        members = [recipe.dataset(name) for name in blend.datasets]
+        assets.append(build_blend_asset(blend, recipe.nanoset, members, condition))
+        checks += blend_checks(blend)
+    return assets, checks

@@ -1,0 +1,58 @@
+"""Metadata shown on an asset's page: counts, sizes, hashes, paths and a length histogram.
+
+The histogram is a markdown cell holding an inline PNG (``tokenmill.png``) and a table, which
+the Dagster UI renders without any plugin.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy.typing as npt
+from dagster import MetadataValue
+
+from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file_path
+from tokenmill.manifest import read_dataset_manifest
+from tokenmill.png import bar_chart_png, markdown_image, short_number
+from tokenmill.stats import histogram_markdown, length_histogram
+
+
+def histogram_md(lengths: npt.ArrayLike, what: str = "document length (tokens)") -> MetadataValue:
+    """Markdown with a bar chart PNG and the table of a power-of-two length histogram."""
+    buckets = length_histogram(lengths)
+    png = bar_chart_png([b.count for b in buckets], [short_number(b.lo) for b in buckets])
+    return MetadataValue.md(
+        f"**{what}**, buckets [lo, 2·lo)\n\n{markdown_image(png, 'length histogram')}\n\n"
+        + histogram_markdown(buckets)
+    )
+
+
+def path_value(path: str | os.PathLike[str]) -> MetadataValue:
+    """An artifact path (absolute) as path metadata."""
+    return MetadataValue.path(str(Path(path).resolve()))
+
+
+def token_dataset_metadata(
+    prefix: Path, *, seconds: float | None = None, tokenizer: str | None = None
+) -> dict[str, Any]:
+    """Everything the UI shows about one ``.bin``/``.idx`` dataset with a manifest."""
+    manifest = read_dataset_manifest(prefix)
+    with IndexedDataset(prefix) as ds:
+        lengths = ds.sequence_lengths.copy()
+        meta: dict[str, Any] = {
+            "documents": ds.num_documents,
+            "sequences": len(ds),
+            "tokens": ds.num_tokens,
+            "dtype": str(ds.dtype),
+        }
+    meta["bytes"] = data_file_path(prefix).stat().st_size + index_file_path(prefix).stat().st_size
+    if seconds is not None:
+        meta["tokens_per_second"] = round(meta["tokens"] / max(seconds, 1e-9), 1)
+    if tokenizer is not None:
+        meta["tokenizer_fingerprint"] = tokenizer
+    meta["content_hash"] = str(manifest["content_hash"])
+    meta["path"] = path_value(prefix)
+    meta["length_histogram"] = histogram_md(lengths)
+    return meta

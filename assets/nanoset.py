@@ -1,0 +1,87 @@
+"""``<ds>/nanoset``: the merged dataset's Nanoset indices for train, valid and test.
+
+Each split's document/sample/shuffle index goes to the shared content-addressed cache
+``nanoset/<hash>-Nanoset-<split>-*`` (the hash covers the merged content and every setting), so
+an unchanged dataset with unchanged settings costs a load, and a change never reuses stale
+arrays. Sample counts are the recipe's ``train_samples``/``valid_samples``/``test_samples``
+(null = one epoch of the split).
+"""
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    AssetsDefinition,
+    AutomationCondition,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
+
+from assets.metadata import path_value
+from pipelines.resources import StorageResource
+from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
+from tokenmill.nanoset import SPLITS, build_or_load
+from tokenmill.recipe import DatasetConfig, NanosetConfig
+
+
+def split_samples(cfg: NanosetConfig) -> dict[str, int | None]:
+    """Requested samples per split (None = one epoch)."""
+    return {"train": cfg.train_samples, "valid": cfg.valid_samples, "test": cfg.test_samples}
+
+
+def input_version(storage: StorageResource, ds: DatasetConfig, cfg: NanosetConfig) -> str:
+    """Hash of the merged dataset's content and the index settings."""
+    prefix = storage.merged_prefix(ds.name, ds.text_key)
+    content = dataset_content_hash(prefix) if dataset_manifest_path(prefix).is_file() else None
+    return hashlib.sha256(json.dumps([content, dataclasses.asdict(cfg)]).encode()).hexdigest()
+
+
+def build_nanoset(
+    ds: DatasetConfig, cfg: NanosetConfig, automation_condition: AutomationCondition
+) -> AssetsDefinition:
+    """The ``<ds>/nanoset`` asset of one dataset."""
+
+    @asset(
+        key=AssetKey([ds.name, "nanoset"]),
+        deps=[AssetKey([ds.name, "merged"])],
+        group_name=ds.name,
+        kinds={"numpy"},
+        automation_condition=automation_condition,
+        description=f"Nanoset indices of merged {ds.name} ({cfg.semantics} semantics).",
+    )
+    def nanoset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
+        prefix = storage.merged_prefix(ds.name, ds.text_key)
+        rows = ["| split | samples | cache hash |", "|---|---:|---|"]
+        metadata: dict[str, Any] = {"input_version": input_version(storage, ds, cfg)}
+        for split, requested in split_samples(cfg).items():
+            index = build_or_load(
+                prefix,
+                storage.nanoset_dir(),
+                split=split,
+                split_spec=cfg.split,
+                sequence_length=cfg.sequence_length,
+                seed=cfg.seed,
+                num_samples=requested,
+                semantics=cfg.semantics,
+            )
+            samples = 0 if index is None else len(index)
+            rows.append(
+                f"| {split} | {samples} | {index.cache_hash if index else '(empty split)'} |"
+            )
+            metadata[f"{split}_samples"] = samples
+        context.log.info(f"{ds.name}: indices for {', '.join(SPLITS)} ready")
+        metadata.update(
+            sequence_length=cfg.sequence_length,
+            semantics=cfg.semantics,
+            content_hash=dataset_content_hash(prefix),
+            splits=MetadataValue.md("\n".join(rows)),
+            path=path_value(storage.nanoset_dir()),
+        )
+        return MaterializeResult(metadata=metadata)
+
+    return nanoset

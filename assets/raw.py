@@ -1,0 +1,91 @@
+"""``<ds>/raw_jsonl``: validate one raw JSONL shard, quarantine its bad lines, record its counts.
+
+Writes ``raw/<ds>/<shard>.stats.json`` and, in quarantine mode,
+``raw/<ds>/<shard>.quarantine.jsonl`` (even when empty, so "no bad lines" is explicit). With
+``on_bad_record: fail`` the first bad line fails the run with ``FILE:LINE: reason``.
+"""
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult, asset
+
+from assets.metadata import histogram_md, path_value
+from pipelines.partitions import shard_partitions
+from pipelines.resources import StorageResource
+from pipelines.sources import ShardFile, find_shard
+from tokenmill._atomic import write_json
+from tokenmill.ingest import IngestStats, Quarantine, read_jsonl_batches
+from tokenmill.recipe import DatasetConfig
+
+
+def validate_shard(
+    ds: DatasetConfig, shard: ShardFile, stats_path: Path, quarantine_path: Path
+) -> tuple[dict[str, Any], np.ndarray]:
+    """Read the whole shard once; write its stats file; return the stats and text lengths."""
+    start = time.perf_counter()
+    stats = IngestStats(path=str(shard.path))
+    quarantine = Quarantine(quarantine_path) if ds.on_bad_record == "quarantine" else None
+    lengths: list[int] = []
+    with quarantine if quarantine is not None else contextlib.nullcontext():
+        batches = read_jsonl_batches(
+            shard.path,
+            text_key=ds.text_key,
+            on_bad_record=ds.on_bad_record,
+            quarantine=quarantine,
+            stats=stats,
+        )
+        for batch in batches:
+            lengths.extend(map(len, batch.texts))
+    record = {
+        **stats.to_dict(),
+        "shard": shard.key,
+        "source_fingerprint": shard.fingerprint,
+        "text_key": ds.text_key,
+        "on_bad_record": ds.on_bad_record,
+        "quarantine": str(quarantine_path) if quarantine is not None else None,
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+    write_json(stats_path, record)
+    return record, np.asarray(lengths, dtype=np.int64)
+
+
+def build_raw_jsonl(ds: DatasetConfig) -> AssetsDefinition:
+    """The ``<ds>/raw_jsonl`` asset of one dataset."""
+
+    @asset(
+        key=AssetKey([ds.name, "raw_jsonl"]),
+        partitions_def=shard_partitions(ds.name),
+        group_name=ds.name,
+        kinds={"jsonl"},
+        description=f"Raw JSONL shards of {ds.name} from {ds.source}, validated; bad lines "
+        f"{'quarantined' if ds.on_bad_record == 'quarantine' else 'fail the run'}.",
+    )
+    def raw_jsonl(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
+        key = context.partition_key
+        shard = find_shard(ds, key)
+        stats_path = storage.raw_stats_path(ds.name, key)
+        record, lengths = validate_shard(
+            ds, shard, stats_path, storage.quarantine_path(ds.name, key)
+        )
+        if record["quarantined"]:
+            context.log.warning(f"{shard.path}: {record['quarantined']} bad lines quarantined")
+        metadata = {
+            name: record[name]
+            for name in ("lines", "documents", "blank", "quarantined", "empty_documents")
+        }
+        metadata.update(
+            bytes=record["bytes_read"],
+            source=path_value(shard.path),
+            source_fingerprint=shard.fingerprint,
+            path=path_value(stats_path),
+            length_histogram=histogram_md(lengths, "document length (characters)"),
+        )
+        if record["quarantine"]:
+            metadata["quarantine"] = path_value(record["quarantine"])
+        return MaterializeResult(metadata=metadata)
+
+    return raw_jsonl

@@ -1,0 +1,50 @@
+"""``<ds>/tokens``: one shard's Parquet export tokenized into a Megatron ``.bin``/``.idx`` pair.
+
+Reads the validated Parquet (so bad lines were already quarantined upstream) and writes
+``tokens/<ds>/<shard>_<text_key>_document.{bin,idx}`` + ``.manifest.json``, byte-identical to
+Megatron ``preprocess_data.py`` on the shard's good lines.
+"""
+
+from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult, asset
+
+from assets.metadata import token_dataset_metadata
+from pipelines.partitions import shard_partitions
+from pipelines.resources import StorageResource, TokenizerResource
+from tokenmill.recipe import DatasetConfig
+from tokenmill.tokenize import tokenize_files
+
+
+def build_tokens(ds: DatasetConfig) -> AssetsDefinition:
+    """The ``<ds>/tokens`` asset of one dataset."""
+
+    @asset(
+        key=AssetKey([ds.name, "tokens"]),
+        deps=[AssetKey([ds.name, "hf_dataset"])],
+        partitions_def=shard_partitions(ds.name),
+        group_name=ds.name,
+        kinds={"numpy"},
+        description=f"{ds.name} shards tokenized (Megatron .bin/.idx, one sequence per document).",
+    )
+    def tokens(
+        context: AssetExecutionContext, storage: StorageResource, tokenizer: TokenizerResource
+    ) -> MaterializeResult:
+        key = context.partition_key
+        result = tokenize_files(
+            [storage.parquet_path(ds.name, key)],
+            storage.tokens_output_prefix(ds.name, key),
+            tokenizer.path,
+            text_key=ds.text_key,
+            append_eod=tokenizer.append_eod,
+            workers=tokenizer.workers,
+            on_bad_record="fail",
+            progress=False,
+        )
+        context.log.info(f"{key}: {result.tokens} tokens with engine {result.engine}")
+        metadata = token_dataset_metadata(
+            result.prefix,
+            seconds=result.seconds,
+            tokenizer=str(result.manifest["config"]["tokenizer_fingerprint"]),
+        )
+        return MaterializeResult(metadata={**metadata, "engine": result.engine})
+
+    return tokens

@@ -1,0 +1,55 @@
+"""Assemble the ``Definitions`` of a recipe: assets, checks, jobs, sensors, schedules, resources."""
+
+from __future__ import annotations
+
+from dagster import Definitions, SensorDefinition, in_process_executor
+
+from assets.factory import build_assets
+from pipelines.jobs import merge_job, refresh_job, shard_job
+from pipelines.resources import StorageResource, TokenizerResource
+from pipelines.schedules import build_refresh_schedule, build_reprocess_schedule
+from pipelines.sensors import automation_sensor, build_shard_sensor
+from tokenmill.recipe import Recipe
+
+
+def resources_for(recipe: Recipe) -> dict[str, object]:
+    """The ``storage`` and ``tokenizer`` resources configured from a recipe."""
+    return {
+        "storage": StorageResource(
+            root=recipe.storage.root, s3_endpoint_url=recipe.storage.s3_endpoint_url
+        ),
+        "tokenizer": TokenizerResource(
+            path=recipe.tokenizer.path,
+            append_eod=recipe.tokenizer.append_eod,
+            workers=recipe.tokenizer.workers,
+        ),
+    }
+
+
+def build_definitions(recipe: Recipe) -> Definitions:
+    """Everything Dagster needs for one recipe. Runs execute their steps in one process: the
+    steps are sequential and short, and a process per step would cost more than the work."""
+    assets, checks = build_assets(recipe)
+    refresh = refresh_job(recipe)
+    jobs = [refresh]
+    sensors: list[SensorDefinition] = [automation_sensor()]
+    schedules = []
+    for ds in recipe.datasets:
+        per_dataset = [shard_job(ds.name), merge_job(ds.name)]
+        jobs += per_dataset
+        sensors.append(build_shard_sensor(ds, per_dataset))
+        if recipe.schedules.reprocess:
+            schedules.append(
+                build_reprocess_schedule(ds, recipe.schedules.reprocess, per_dataset[0])
+            )
+    if recipe.schedules.refresh:
+        schedules.append(build_refresh_schedule(recipe.schedules.refresh, refresh))
+    return Definitions(
+        executor=in_process_executor,
+        assets=assets,
+        asset_checks=checks,
+        jobs=jobs,
+        sensors=sensors,
+        schedules=schedules,
+        resources=resources_for(recipe),
+    )

@@ -1,0 +1,51 @@
+"""Shard partitions: one ``DynamicPartitionsDefinition`` per dataset, keyed by shard name.
+
+Keys are shard file names without their input suffix (``part-00001`` for ``part-00001.jsonl.gz``)
+and are used to build artifact paths, so anything that could escape a directory or confuse a
+log (``..``, slashes, absolute paths, control characters) is rejected, not rewritten.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import unicodedata
+
+from dagster import DynamicPartitionsDefinition
+
+from tokenmill.errors import ConfigError
+from tokenmill.ingest import shard_name
+
+
+def partitions_name(dataset: str) -> str:
+    """``<ds>_shards``: the name of a dataset's partition set in the Dagster instance."""
+    return f"{dataset}_shards"
+
+
+@functools.cache
+def shard_partitions(dataset: str) -> DynamicPartitionsDefinition:
+    """The dataset's partitions definition (one object per dataset, shared by every user)."""
+    return DynamicPartitionsDefinition(name=partitions_name(dataset))
+
+
+def check_partition_key(key: str) -> str:
+    """Return ``key`` if it is a safe shard name; ConfigError naming the problem otherwise."""
+    problem = None
+    if not key:
+        problem = "it is empty"
+    elif ".." in key:
+        problem = "it contains '..'"
+    elif "/" in key or "\\" in key or os.path.isabs(key):
+        problem = "it contains a slash (absolute or nested paths are not shard names)"
+    elif key.startswith("."):
+        problem = "it starts with '.' (hidden and temporary files are not shards)"
+    elif any(unicodedata.category(c) in ("Cc", "Cf") for c in key):
+        problem = "it contains a control character"
+    if problem:
+        raise ConfigError(f"partition key {key!r} rejected: {problem}")
+    return key
+
+
+def partition_key_for(path: str | os.PathLike[str]) -> str:
+    """The partition key of a shard file: its sanitized shard name."""
+    return check_partition_key(shard_name(path))

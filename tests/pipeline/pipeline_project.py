@@ -1,0 +1,65 @@
+"""Tiny pipeline projects for the tests: a real-text corpus in JSONL shards and a recipe."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tokenmill.corpus import stdlib_documents, write_jsonl_shards
+from tokenmill.recipe import Recipe, load_recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+BAD_LINES = [b'{"text": "unterminated', b'{"title": "no text field"}', b'{"text": 7}']
+
+
+def write_shard(path: Path, docs: list[dict[str, str]], bad: list[bytes] = ()) -> Path:
+    """A JSONL shard: the documents, with ``bad`` lines after the first one."""
+    lines = [json.dumps(d).encode() for d in docs]
+    lines[1:1] = list(bad)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def tiny_documents() -> dict[str, list[dict[str, str]]]:
+    """Short real documents: stdlib prose and code, cut to keep tokenization instant."""
+    docs = [{"text": d["text"][:1500]} for d in itertools.islice(stdlib_documents(kind="docs"), 40)]
+    code = [{"text": d["text"][:1500]} for d in itertools.islice(stdlib_documents(kind="code"), 24)]
+    return {"docs": docs, "code": code}
+
+
+def make_project(
+    root: Path, tokenizer: Path, documents: dict[str, list[dict[str, str]]], **overrides: Any
+) -> Recipe:
+    """Write a corpus under ``root/sources`` (once) and ``root/recipe.yaml`` for it; keyword
+    overrides merge into the recipe's top-level sections."""
+    sources = root / "sources"
+    if not sources.exists():
+        docs = documents["docs"]
+        write_jsonl_shards(iter(docs[:30]), sources / "docs", shards=3, max_bytes=1 << 30)
+        write_shard(sources / "docs" / "extra-00000.jsonl", docs[30:], BAD_LINES)
+        write_jsonl_shards(
+            iter(documents["code"]), sources / "code", shards=2, max_bytes=1 << 30, gzip_last=True
+        )
+    data: dict[str, Any] = {
+        "storage": {"root": "data"},
+        "tokenizer": {"path": str(tokenizer), "append_eod": True},
+        "datasets": {
+            "docs": {"source": "sources/docs", "on_bad_record": "quarantine"},
+            "code": {"source": "sources/code"},
+        },
+        "nanoset": {"sequence_length": 32, "split": "80,10,10", "seed": 7, "train_samples": 120},
+        "blends": {"mix": {"weights": {"docs": 0.7, "code": 0.3}}},
+        "schedules": {"reprocess": "0 2 * * 0", "refresh": "0 3 * * *"},
+    }
+    for key, value in overrides.items():
+        data[key] = {**data[key], **value} if isinstance(value, dict) else value
+    path = root / "recipe.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return load_recipe(path)

@@ -1,0 +1,148 @@
+"""Each asset invoked directly with ``build_asset_context``: files written, metadata reported."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from dagster import (
+    AssetKey,
+    AssetsDefinition,
+    DagsterInstance,
+    MaterializeResult,
+    build_asset_context,
+)
+
+from assets.factory import build_assets
+from pipelines.partitions import check_partition_key, partitions_name
+from pipelines.resources import StorageResource
+from tokenmill.errors import ConfigError, InputError
+from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.loader import open_blend
+from tokenmill.recipe import Recipe
+
+SHARD_STAGES = ("raw_jsonl", "hf_dataset", "tokens")
+Assets = dict[AssetKey, AssetsDefinition]
+
+
+@pytest.fixture
+def defs(recipe: Recipe) -> dict[AssetKey, AssetsDefinition]:
+    """The recipe's assets, unbound (resources come from the invocation context)."""
+    return {a.key: a for a in build_assets(recipe)[0]}
+
+
+def run_asset(
+    defs: Assets,
+    key: list[str],
+    resources: dict[str, object],
+    instance: DagsterInstance,
+    partition: str | None = None,
+) -> MaterializeResult:
+    """Invoke one asset's function the way a run would, outside any run."""
+    asset = defs[AssetKey(key)]
+    with build_asset_context(
+        resources=resources, instance=instance, partition_key=partition
+    ) as context:
+        result = asset(context)
+    assert isinstance(result, MaterializeResult)
+    return result
+
+
+def value(result: MaterializeResult, name: str) -> object:
+    entry = (result.metadata or {})[name]
+    return getattr(entry, "value", entry)
+
+
+def test_every_stage_of_one_recipe(
+    recipe: Recipe,
+    defs: Assets,
+    resources: dict[str, object],
+    instance: DagsterInstance,
+) -> None:
+    storage = resources["storage"]
+    assert isinstance(storage, StorageResource)
+    keys = {"docs": ["extra-00000", "part-00000", "part-00001", "part-00002"]}
+    keys["code"] = ["part-00000", "part-00001"]
+    for ds, shards in keys.items():
+        instance.add_dynamic_partitions(partitions_name(ds), shards)
+        for shard in shards:
+            for stage in SHARD_STAGES:
+                result = run_asset(defs, [ds, stage], resources, instance, shard)
+            assert value(result, "documents") == value(result, "sequences")
+    raw = run_asset(defs, ["docs", "raw_jsonl"], resources, instance, "extra-00000")
+    assert (value(raw, "lines"), value(raw, "documents"), value(raw, "quarantined")) == (13, 10, 3)
+    assert "data:image/png;base64," in str(value(raw, "length_histogram"))
+    quarantine = storage.quarantine_path("docs", "extra-00000").read_text().splitlines()
+    assert [json.loads(q)["line"] for q in quarantine] == [2, 3, 4]
+    hf = run_asset(defs, ["docs", "hf_dataset"], resources, instance, "extra-00000")
+    assert value(hf, "documents") == 10 == pq.read_metadata(value(hf, "path")).num_rows
+    tokens = run_asset(defs, ["docs", "tokens"], resources, instance, "extra-00000")
+    assert value(tokens, "dtype") == "uint16" and len(str(value(tokens, "content_hash"))) == 64
+    assert float(value(tokens, "tokens_per_second")) > 0
+    assert value(tokens, "tokenizer_fingerprint")
+    histogram = str(value(tokens, "length_histogram"))
+    assert "![length histogram](data:image/png;base64," in histogram and "| tokens |" in histogram
+
+    merged = run_asset(defs, ["docs", "merged"], resources, instance)
+    assert value(merged, "documents") == 40 and value(merged, "shards") == 4
+    assert value(merged, "shards_removed") == []
+    with IndexedDataset(storage.merged_prefix("docs", "text")) as data:
+        assert data.num_documents == 40
+    run_asset(defs, ["code", "merged"], resources, instance)
+    for ds in ("docs", "code"):
+        index = run_asset(defs, [ds, "nanoset"], resources, instance)
+        assert int(value(index, "train_samples")) >= 120  # whole epochs (megatron)
+        assert int(value(index, "valid_samples")) > 0
+    blend = run_asset(defs, ["blend", "mix"], resources, instance)
+    assert value(blend, "train_samples") == 120
+    assert "| train | docs | 0.7000 |" in str(value(blend, "proportions"))
+    manifest = Path(str(value(blend, "path")))
+    assert manifest == storage.blend_dir("mix") / "manifest.json"
+    assert open_blend(manifest, split="train").get_batch(np.arange(4)).shape == (4, 33)
+
+
+def test_vanished_shard_is_reported_and_pruned(
+    recipe: Recipe,
+    defs: Assets,
+    resources: dict[str, object],
+    instance: DagsterInstance,
+) -> None:
+    storage = resources["storage"]
+    assert isinstance(storage, StorageResource)
+    shards = ["part-00000", "part-00001"]
+    instance.add_dynamic_partitions(partitions_name("code"), shards)
+    for shard in shards:
+        for stage in SHARD_STAGES:
+            run_asset(defs, ["code", stage], resources, instance, shard)
+    run_asset(defs, ["code", "merged"], resources, instance)
+    instance.delete_dynamic_partition(partitions_name("code"), "part-00001")
+    merged = run_asset(defs, ["code", "merged"], resources, instance)
+    assert value(merged, "shards_removed") == ["part-00001"] and value(merged, "shards") == 1
+    assert not storage.parquet_path("code", "part-00001").exists()
+    assert not storage.tokens_prefix("code", "part-00001", "text").with_suffix(".bin").exists()
+    info = json.loads((storage.hf_dir("code") / "dataset_info.json").read_text())
+    assert "part-00001" not in json.dumps(info)
+
+
+def test_shard_missing_from_source_fails_clearly(
+    defs: Assets, resources: dict[str, object], instance: DagsterInstance
+) -> None:
+    instance.add_dynamic_partitions(partitions_name("docs"), ["nope"])
+    with pytest.raises(InputError, match=r"shard 'nope' is not in .* any more"):
+        run_asset(defs, ["docs", "raw_jsonl"], resources, instance, "nope")
+
+
+UNSAFE_KEYS = ["..", "a/../b", "/etc/passwd", "a\\b", "bad\x07key", "", ".hidden"]
+
+
+@pytest.mark.parametrize("key", UNSAFE_KEYS)
+def test_unsafe_partition_keys_are_rejected(key: str, resources: dict[str, object]) -> None:
+    with pytest.raises(ConfigError, match=r"partition key .* rejected"):
+        check_partition_key(key)
+    storage = resources["storage"]
+    assert isinstance(storage, StorageResource)
+    with pytest.raises(ConfigError, match="rejected"):
+        storage.tokens_prefix("docs", key, "text")

@@ -1,0 +1,125 @@
+"""Asset checks pass on good artifacts; a bad artifact fails its check and holds back what
+comes after it: inside the run (blocking) and across runs (automation, tokenmill materialize)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from dagster import DagsterInstance, Definitions, evaluate_automation_conditions
+
+import assets.raw
+import assets.tokenized
+from assets.checks import index_problems
+from pipelines.materialize import materialize_recipe
+from pipelines.partitions import partitions_name
+from tokenmill.nanoset import NanosetIndex
+from tokenmill.recipe import Recipe
+
+SHARD = "part-00000"
+
+
+@pytest.fixture
+def built(recipe: Recipe, instance: DagsterInstance) -> DagsterInstance:
+    """Everything materialized once."""
+    assert materialize_recipe(recipe, instance) == 0
+    return instance
+
+
+def run_shard(defs: Definitions, instance: DagsterInstance, ds: str, key: str) -> Any:
+    job = defs.resolve_job_def(f"{ds}_shard_job")
+    return job.execute_in_process(instance=instance, partition_key=key, raise_on_error=False)
+
+
+def test_every_check_passes_on_good_artifacts(defs: Definitions, built: DagsterInstance) -> None:
+    shard = run_shard(defs, built, "docs", "extra-00000")
+    refresh = defs.resolve_job_def("refresh_job").execute_in_process(instance=built)
+    evaluations = [*shard.get_asset_check_evaluations(), *refresh.get_asset_check_evaluations()]
+    assert {e.check_name: e.passed for e in evaluations} == {
+        "documents_accounted": True,
+        "rows_match_raw": True,
+        "idx_bin_consistent": True,
+        "documents_match_export": True,
+        "sum_of_shards": True,
+        "index_bounds": True,
+        "proportions": True,
+    }
+
+
+def test_failed_raw_check_blocks_the_rest_of_the_shard_run(
+    defs: Definitions, instance: DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = assets.raw.write_json
+
+    def miscounting(path: Path, record: dict[str, Any]) -> None:
+        real(path, {**record, "documents": record["documents"] + 1})
+
+    monkeypatch.setattr(assets.raw, "write_json", miscounting)
+    instance.add_dynamic_partitions(partitions_name("code"), [SHARD])
+    result = run_shard(defs, instance, "code", SHARD)
+    assert not result.success
+    [evaluation] = result.get_asset_check_evaluations()
+    assert (evaluation.check_name, evaluation.passed) == ("documents_accounted", False)
+    done = {e.asset_key.path[-1] for e in result.get_asset_materialization_events()}
+    assert done == {"raw_jsonl"}  # hf_dataset and tokens never ran
+
+
+def test_corrupted_shard_fails_its_check_and_holds_back_downstream(
+    recipe: Recipe,
+    defs: Definitions,
+    built: DagsterInstance,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cursor = evaluate_automation_conditions(defs=defs, instance=built).cursor
+    real = assets.tokenized.tokenize_files
+
+    def corrupting(*args: Any, **kwargs: Any) -> Any:
+        result = real(*args, **kwargs)
+        data = bytearray(result.prefix.with_suffix(".bin").read_bytes())
+        data[0] ^= 0xFF  # a flipped bit on the way to disk
+        result.prefix.with_suffix(".bin").write_bytes(bytes(data))
+        return result
+
+    monkeypatch.setattr(assets.tokenized, "tokenize_files", corrupting)
+    source = Path(recipe.dataset("code").source)
+    (source / "part-00002.jsonl").write_text(json.dumps({"text": "new shard " * 50}) + "\n")
+    built.add_dynamic_partitions(partitions_name("code"), ["part-00002"])
+    result = run_shard(defs, built, "code", "part-00002")
+    failed = {e.check_name for e in result.get_asset_check_evaluations() if not e.passed}
+    assert not result.success and failed == {"idx_bin_consistent"}
+    evaluation = evaluate_automation_conditions(defs=defs, instance=built, cursor=cursor)
+    assert evaluation.total_requested == 0  # merged is not rebuilt from a failed shard
+
+    assert materialize_recipe(recipe, built) == 1  # the CLI retries the shard: fails again
+    out = capsys.readouterr().out
+    assert "code/part-00002: FAILED" in out and "downstream: everything up to date" in out
+
+    monkeypatch.setattr(assets.tokenized, "tokenize_files", real)
+    assert run_shard(defs, built, "code", "part-00002").success
+    evaluation = evaluate_automation_conditions(defs=defs, instance=built, cursor=evaluation.cursor)
+    assert {r.key.to_user_string() for r in evaluation.results if r.true_subset.size} == {
+        "code/merged",
+        "code/nanoset",
+        "blend/mix",
+    }
+
+
+def test_index_bounds_finds_out_of_range_values() -> None:
+    lengths = np.array([5, 5, 5, 5], dtype=np.int32)
+
+    def index(document: list[int], sample: list[list[int]], shuffle: list[int]) -> NanosetIndex:
+        arrays = [np.array(document), np.array(sample), np.array(shuffle)]
+        return NanosetIndex("train", "h", {}, *arrays, paths={})
+
+    good = index([0, 1, 2], [[0, 0], [1, 2], [2, 4]], [1, 0])
+    assert index_problems(good, lengths, (0, 3)) == []
+    bad = index([0, 3, 2], [[0, 0], [1, 9], [3, 0]], [2, 0])
+    assert index_problems(bad, lengths, (0, 3)) == [
+        "train: document_index outside the split's documents [0, 3)",
+        "train: sample_index points outside document_index",
+        "train: shuffle_index outside [0, 2)",
+    ]

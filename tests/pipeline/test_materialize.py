@@ -1,0 +1,133 @@
+"""``tokenmill materialize`` in process: whole graph, then only what changed, once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dagster import (
+    AssetKey,
+    DagsterInstance,
+    DagsterRunStatus,
+    RunsFilter,
+    build_sensor_context,
+    materialize,
+)
+
+from assets.factory import build_assets
+from pipelines.build import build_definitions, resources_for
+from pipelines.materialize import materialize_recipe
+from pipelines.partitions import partitions_name
+from tokenmill.commands.materialize import find_code_location
+from tokenmill.errors import ConfigError
+from tokenmill.loader import open_blend
+from tokenmill.recipe import Recipe
+
+
+def runs_by_job(instance: DagsterInstance) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.SUCCESS])):
+        counts[run.job_name] = counts.get(run.job_name, 0) + 1
+    return counts
+
+
+def test_whole_graph_then_incremental(
+    recipe: Recipe, instance: DagsterInstance, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert materialize_recipe(recipe, instance) == 0
+    out = capsys.readouterr().out
+    assert "docs: 4 shards (4 processed, 0 up to date, 0 failed, 0 removed)" in out
+    assert "40 documents" in out and "3 quarantined lines" in out
+    assert "blend mix: train 120 ·" in out and 'open_blend("' in out
+    assert runs_by_job(instance) == {"docs_shard_job": 4, "code_shard_job": 2, "refresh_job": 1}
+    storage = Path(recipe.storage.root)
+    blend = open_blend(storage / "blends" / "mix" / "manifest.json", split="train")
+    assert len(blend) == 120 and blend.get_batch(np.arange(8)).shape == (8, 33)
+
+    assert materialize_recipe(recipe, instance) == 0  # nothing changed: no runs at all
+    assert "downstream rebuilt: nothing" in capsys.readouterr().out
+    assert sum(runs_by_job(instance).values()) == 7
+
+    docs = Path(recipe.dataset("docs").source)
+    shutil.copy(docs / "part-00000.jsonl", docs / "part-00003.jsonl")
+    assert materialize_recipe(recipe, instance) == 0
+    out = capsys.readouterr().out
+    assert "docs: 5 shards (1 processed, 4 up to date" in out
+    assert "downstream rebuilt: docs/merged, docs/nanoset, blend/mix" in out
+    assert runs_by_job(instance) == {"docs_shard_job": 5, "code_shard_job": 2, "refresh_job": 2}
+
+    (docs / "part-00003.jsonl").unlink()
+    assert materialize_recipe(recipe, instance) == 0
+    out = capsys.readouterr().out
+    assert "removed (gone from the source): ['part-00003']" in out
+    event = instance.get_latest_materialization_event(AssetKey(["docs", "merged"]))
+    assert event is not None and event.asset_materialization is not None
+    assert event.asset_materialization.metadata["shards_removed"].value == ["part-00003"]
+
+    # The shard sensors see the same state: every shard is current, nothing to run.
+    defs = build_definitions(recipe)
+    sensor = defs.resolve_sensor_def("docs_shard_sensor")
+    with build_sensor_context(instance=instance, definitions=defs) as context:
+        assert sensor(context).run_requests == []
+
+
+def test_bad_record_in_fail_mode_fails_only_that_dataset(
+    make_recipe: object, instance: DagsterInstance, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = make_recipe(  # type: ignore[operator]
+        datasets={"docs": {"source": "sources/docs", "on_bad_record": "fail"}},
+        blends={},
+    )
+    assert materialize_recipe(recipe, instance) == 1
+    out = capsys.readouterr().out
+    assert "docs/extra-00000: FAILED" in out and "failed: ['extra-00000']" in out
+    assert "downstream rebuilt: code/merged, code/nanoset" in out
+
+
+def test_dagster_materialize_end_to_end(recipe: Recipe, instance: DagsterInstance) -> None:
+    """The same graph through ``dagster.materialize``: each shard partition, then downstream."""
+    assets, checks = build_assets(recipe)
+    resources = resources_for(recipe)
+    keys = {"docs": ["extra-00000", "part-00000"], "code": ["part-00000", "part-00001"]}
+    (Path(recipe.dataset("docs").source) / "part-00001.jsonl").unlink()
+    (Path(recipe.dataset("docs").source) / "part-00002.jsonl").unlink()
+    for ds, shards in keys.items():
+        instance.add_dynamic_partitions(partitions_name(ds), shards)
+        selection = [AssetKey([ds, s]) for s in ("raw_jsonl", "hf_dataset", "tokens")]
+        for shard in shards:
+            result = materialize(
+                [*assets, *checks],
+                instance=instance,
+                resources=resources,
+                partition_key=shard,
+                selection=selection,
+            )
+            assert result.success
+            assert all(e.passed for e in result.get_asset_check_evaluations())
+    downstream = [a.key for a in assets if a.partitions_def is None]
+    result = materialize(
+        [*assets, *checks], instance=instance, resources=resources, selection=downstream
+    )
+    assert result.success
+    evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert evaluations == {"sum_of_shards": True, "index_bounds": True, "proportions": True}
+    manifest = json.loads((Path(recipe.storage.root) / "blends/mix/manifest.json").read_text())
+    assert [d["name"] for d in manifest["datasets"]] == ["docs", "code"]
+
+
+def test_cli_finds_the_code_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.delenv("TOKENMILL_CODE_LOCATION", raising=False)
+    monkeypatch.chdir(root / "tests" / "pipeline")
+    assert find_code_location() == root  # a parent of the current directory
+    with pytest.raises(ConfigError, match=r"--code-location .*: not a tokenmill code location"):
+        find_code_location(str(tmp_path))
+    monkeypatch.setenv("TOKENMILL_CODE_LOCATION", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"\$TOKENMILL_CODE_LOCATION .*: not a tokenmill"):
+        find_code_location()
+    monkeypatch.setenv("TOKENMILL_CODE_LOCATION", str(root))
+    monkeypatch.chdir(tmp_path)
+    assert find_code_location() == root

@@ -1,0 +1,156 @@
+"""Recipes: a good one loads into frozen dataclasses; every bad field names file, field, value."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tokenmill.errors import ConfigError
+from tokenmill.recipe import DatasetConfig, load_recipe, parse_recipe, recipe_path
+
+ROOT = Path(__file__).resolve().parents[2]
+GOOD: dict[str, Any] = {
+    "storage": {"root": "out"},
+    "tokenizer": {"path": "tok"},
+    "datasets": {
+        "web": {"source": "raw/web"},
+        "code": {"source": "raw/code", "text_key": "content"},
+    },
+    "nanoset": {"train_samples": 10},
+    "blends": {"mix": {"weights": {"web": 3, "code": 1}}, "hot": {"temperature": 2}},
+}
+
+
+def bad(tmp_path: Path, **sections: Any) -> str:
+    """The ConfigError message for GOOD with ``sections`` replaced."""
+    data = {**GOOD, **sections}
+    with pytest.raises(ConfigError) as info:
+        parse_recipe(data, tmp_path / "r.yaml")
+    return str(info.value)
+
+
+def test_good_recipe_resolves_paths_and_defaults(tmp_path: Path) -> None:
+    recipe = parse_recipe(GOOD, tmp_path / "r.yaml")
+    assert recipe.storage.root == str(tmp_path / "out")
+    assert recipe.tokenizer.path == str(tmp_path / "tok") and recipe.tokenizer.append_eod
+    assert recipe.dataset("code") == DatasetConfig(
+        "code", str(tmp_path / "raw/code"), "content", "quarantine", "*.jsonl*"
+    )
+    assert recipe.nanoset.semantics == "megatron" and recipe.nanoset.split == "949,50,1"
+    assert recipe.blends[0].weight_map() == {"web": 3.0, "code": 1.0}
+    assert recipe.blends[1].datasets == ("web", "code") and recipe.blends[1].temperature == 2.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        recipe.nanoset.seed = 1  # type: ignore[misc]
+
+
+def test_base_dir_is_relative_to_the_recipe(tmp_path: Path) -> None:
+    (tmp_path / "recipes").mkdir()
+    path = tmp_path / "recipes" / "r.yaml"
+    path.write_text(yaml.safe_dump({**GOOD, "base_dir": ".."}), encoding="utf-8")
+    assert load_recipe(path).storage.root == str(tmp_path / "out")
+
+
+def test_shipped_recipes_load() -> None:
+    demo = load_recipe(ROOT / "recipes" / "demo.yaml")
+    assert [ds.name for ds in demo.datasets] == ["docs", "code"]
+    assert demo.storage.root == str(ROOT / "data")
+    example = load_recipe(ROOT / "recipes" / "example-temperature.yaml")
+    assert example.schedules.reprocess is None and example.nanoset.semantics == "nanotron"
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        (
+            {"nanoset": {"semantics": "gpt"}},
+            "nanoset.semantics: bad value 'gpt'; expected one of megatron, nanotron",
+        ),
+        (
+            {"nanoset": {"sequence_length": 0}},
+            "nanoset.sequence_length: bad value 0; expected an integer >= 1",
+        ),
+        (
+            {"nanoset": {"split": "90,10"}},
+            "nanoset.split: bad value '90,10'; expected three non-negative numbers",
+        ),
+        (
+            {"nanoset": {"seqlen": 5}},
+            "nanoset.seqlen: unknown field, value 5; expected one of semantics, sequence_length",
+        ),
+        (
+            {"datasets": {"Web": {"source": "x"}}},
+            "datasets.Web: bad name 'Web'; expected lower-case letters",
+        ),
+        (
+            {"datasets": {"blend": {"source": "x"}}},
+            "datasets.blend: bad name 'blend'",
+        ),
+        (
+            {"datasets": {"web": {"source": "x", "on_bad_record": "skip"}}},
+            "datasets.web.on_bad_record: bad value 'skip'; expected one of fail, quarantine",
+        ),
+        (
+            {"datasets": {"web": {"source": "out/raw/web"}}},
+            "datasets.web.source: ",
+        ),
+        ({"datasets": {}}, "datasets: bad value {}; expected a mapping {name: {source: ...}}"),
+        (
+            {"blends": {"mix": {"weights": {"web": 1, "books": 1}}}},
+            "blends.mix.weights: unknown dataset 'books'; expected a dataset of this recipe "
+            "(web, code)",
+        ),
+        (
+            {"blends": {"mix": {"weights": {"web": -1, "code": 1}}}},
+            "blends.mix.weights.web: bad value -1; expected a finite number >= 0",
+        ),
+        (
+            {"blends": {"mix": {"weights": {"web": 1}, "temperature": 2}}},
+            "blends.mix: bad value {'weights': {'web': 1}, 'temperature': 2}; expected exactly one",
+        ),
+        (
+            {"blends": {"mix": {"temperature": 0}}},
+            "blends.mix.temperature: bad value 0; expected a finite number > 0",
+        ),
+        (
+            {"schedules": {"refresh": "every night"}},
+            "schedules.refresh: bad value 'every night'; expected a 5-field cron string",
+        ),
+        (
+            {"nanoset": {}},
+            "nanoset.train_samples: bad value None; expected an integer >= 1 (a blend needs",
+        ),
+        ({"tokenizer": {"path": ""}}, "tokenizer.path: bad value ''; expected a non-empty string"),
+    ],
+)
+def test_bad_fields_name_file_field_value_and_allowed(
+    tmp_path: Path, sections: dict[str, Any], message: str
+) -> None:
+    text = bad(tmp_path, **sections)
+    assert text.startswith(f"{tmp_path / 'r.yaml'}: "), text
+    assert message in text, text
+
+
+def test_source_inside_the_storage_stages_is_refused(tmp_path: Path) -> None:
+    text = bad(tmp_path, datasets={"web": {"source": "out/raw/web"}})
+    assert f"{tmp_path / 'out' / 'raw'}, where tokenmill writes artifacts" in text
+
+
+def test_unreadable_and_invalid_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the recipe"):
+        load_recipe(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("datasets: [unclosed", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"broken.yaml: not valid YAML"):
+        load_recipe(broken)
+
+
+def test_recipe_path_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TOKENMILL_RECIPE", raising=False)
+    assert recipe_path(root=tmp_path) == tmp_path / "recipes" / "demo.yaml"
+    monkeypatch.setenv("TOKENMILL_RECIPE", "other.yaml")
+    assert recipe_path(root=tmp_path) == tmp_path / "other.yaml"
+    assert recipe_path("/abs/x.yaml", root=tmp_path) == Path("/abs/x.yaml")

@@ -1,0 +1,81 @@
+"""``tokenmill materialize``: run the whole pipeline headlessly through Dagster.
+
+The library never imports Dagster, so this command runs the code location's entry point
+``python -m pipelines.materialize`` in a child process from the code location's directory (the
+repo root: the folder holding ``workspace.yaml`` and ``pipelines/``). That folder is, in order:
+``--code-location``, ``$TOKENMILL_CODE_LOCATION``, the current directory or one of its parents,
+or the checkout this package was installed from (``pip install -e``). ``DAGSTER_HOME`` defaults
+to ``<code location>/.dagster_home`` (Dagster's SQLite storage). The exit code is the child's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tokenmill.errors import ConfigError
+
+CODE_LOCATION_ENV = "TOKENMILL_CODE_LOCATION"
+ENTRY_MODULE = "pipelines.materialize"
+DISPLAY_DIR_ENV = "TOKENMILL_DISPLAY_DIR"  # the caller's directory: paths are shown relative to it
+
+
+def is_code_location(path: Path) -> bool:
+    """True for a folder with ``workspace.yaml`` and ``pipelines/materialize.py``."""
+    return (path / "workspace.yaml").is_file() and (path / "pipelines" / "materialize.py").is_file()
+
+
+def find_code_location(explicit: str | None = None) -> Path:
+    """The code location folder (see the module docstring); ConfigError naming what was tried."""
+    chosen = explicit or os.environ.get(CODE_LOCATION_ENV)
+    if chosen:
+        path = Path(chosen).expanduser().resolve()
+        if not is_code_location(path):
+            source = "--code-location" if explicit else f"${CODE_LOCATION_ENV}"
+            raise ConfigError(
+                f"{source} {chosen}: not a tokenmill code location "
+                "(expected workspace.yaml and pipelines/materialize.py in it)"
+            )
+        return path
+    cwd = Path.cwd().resolve()
+    installed_from = Path(__file__).resolve().parents[2]
+    for candidate in (cwd, *cwd.parents, installed_from):
+        if is_code_location(candidate):
+            return candidate
+    raise ConfigError(
+        f"no tokenmill code location found from {cwd} upwards or at {installed_from}; run from "
+        f"the repo root, or pass --code-location DIR (or set ${CODE_LOCATION_ENV})"
+    )
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``materialize`` subcommand."""
+    p = sub.add_parser(
+        "materialize",
+        help="register new shards and materialize every stale asset through Dagster",
+    )
+    p.add_argument("--recipe", help="recipe YAML (default $TOKENMILL_RECIPE or recipes/demo.yaml)")
+    p.add_argument("--code-location", help="folder with workspace.yaml and pipelines/")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``python -m pipelines.materialize`` in the code location; return its exit code."""
+    root = find_code_location(args.code_location)
+    command = [sys.executable, "-m", ENTRY_MODULE]
+    if args.recipe:
+        recipe = Path(args.recipe).expanduser().resolve()
+        if not recipe.is_file():
+            raise ConfigError(f"--recipe {args.recipe}: no such file")
+        command += ["--recipe", str(recipe)]
+    env = dict(os.environ)
+    env.setdefault("DAGSTER_HOME", str(root / ".dagster_home"))
+    env[DISPLAY_DIR_ENV] = str(Path.cwd())
+    # The child runs in ``root``: paths given relative to the caller's directory are fixed here.
+    for name in ("DAGSTER_HOME", "TOKENMILL_RECIPE"):
+        if env.get(name) and not Path(env[name]).is_absolute():
+            env[name] = str(Path(env[name]).resolve())
+    return subprocess.run(command, cwd=root, env=env, check=False).returncode
