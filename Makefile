@@ -28,6 +28,7 @@ test: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy tokenmill
 
 format: install
 	$(BIN)/ruff format .
