@@ -7,10 +7,8 @@ metadata compares each dataset's requested share with the realized share of ever
 import dataclasses
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 from dagster import (
     AssetExecutionContext,
     AssetKey,
@@ -23,48 +21,10 @@ from dagster import (
 
 from assets.metadata import path_value
 from pipelines.resources import StorageResource
-from tokenmill.blend_manifest import build_blend
+from tokenmill.blend_manifest import Share, build_blend, realized_shares
 from tokenmill.errors import ConfigError
 from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class Share:
-    """One dataset's part of one split of a blend."""
-
-    split: str
-    dataset: str
-    requested: float
-    realized: float
-    samples: int
-    size: int
-    weighted: bool
-
-
-def realized_shares(manifest_path: Path, manifest: dict[str, Any]) -> list[Share]:
-    """Requested (normalized weight) against realized share per split and dataset."""
-    normalized = manifest["weighting"]["normalized"]
-    names = [d["name"] for d in manifest["datasets"]]
-    shares = []
-    for split, info in manifest["splits"].items():
-        path = manifest_path.parent / info["files"]["dataset_index"]["path"]
-        index = np.load(path, mmap_mode="r", allow_pickle=False)
-        counts = np.bincount(np.asarray(index, dtype=np.int64), minlength=len(names))
-        size = len(index)
-        for i, name in enumerate(names):
-            shares.append(
-                Share(
-                    split=split,
-                    dataset=name,
-                    requested=float(normalized[name]),
-                    realized=float(counts[i]) / max(size, 1),
-                    samples=int(counts[i]),
-                    size=size,
-                    weighted=info["mode"] == "weighted",
-                )
-            )
-    return shares
 
 
 def shares_markdown(shares: list[Share]) -> str:
@@ -127,7 +87,7 @@ def build_blend_asset(
             semantics=cfg.semantics,
         )
         mpath = storage.blend_dir(blend.name) / "manifest.json"
-        shares = realized_shares(mpath, manifest)
+        shares = realized_shares(manifest, mpath)
         metadata: dict[str, Any] = {
             f"{split}_samples": info["size"] for split, info in manifest["splits"].items()
         }

@@ -27,12 +27,11 @@ from dagster import (
     asset_check,
 )
 
-from assets.blends import realized_shares
 from assets.merged import shard_keys
 from assets.nanoset import split_samples
 from pipelines.partitions import shard_partitions
 from pipelines.resources import StorageResource
-from tokenmill.blend_manifest import verify_blend
+from tokenmill.blend_manifest import realized_shares, verify_blend
 from tokenmill.errors import TokenmillError
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.manifest import read_dataset_manifest
@@ -242,7 +241,7 @@ def blend_checks(blend: BlendConfig) -> list[AssetChecksDefinition]:
             return _result(problems)
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
         worst = 0.0
-        for s in realized_shares(mpath, manifest):
+        for s in realized_shares(manifest, mpath):
             allowed = PROPORTION_TOLERANCE + 2 / max(s.size, 1)
             worst = max(worst, abs(s.realized - s.requested) if s.weighted else 0.0)
             if s.weighted and abs(s.realized - s.requested) > allowed:

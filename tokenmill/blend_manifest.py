@@ -321,13 +321,24 @@ def describe_blend(path: str | os.PathLike[str]) -> str:
         return _describe(manifest, mpath)
 
 
-def _describe(manifest: dict[str, Any], mpath: Path) -> str:
-    """The table of ``describe_blend`` for a loaded manifest."""
+@dataclass(frozen=True)
+class Share:
+    """One dataset's part of one split of a blend: requested (normalized weight) vs realized."""
+
+    split: str
+    dataset: str
+    requested: float
+    realized: float
+    samples: int
+    size: int
+    weighted: bool
+
+
+def realized_shares(manifest: dict[str, Any], mpath: Path) -> list[Share]:
+    """Requested against realized share per split and dataset (exhaustive splits follow the
+    dataset sizes by design, so only weighted ones are expected to match the weights)."""
     normalized = manifest["weighting"]["normalized"]
-    lines = [
-        f"blend {manifest['name']!r}: semantics {manifest['semantics']}, sequence length "
-        f"{manifest['sequence_length']}, split {manifest['split']}, seed {manifest['seed']}"
-    ]
+    shares = []
     for split in (s for s in SPLITS if s in manifest["splits"]):
         info = manifest["splits"][split]
         entry = info["files"]["dataset_index"]
@@ -335,24 +346,48 @@ def _describe(manifest: dict[str, Any], mpath: Path) -> str:
             resolve(mpath, entry["path"]), ndim=1, what="dataset_index"
         )
         counts = np.bincount(dataset_index.astype(np.int64), minlength=len(info["datasets"]))
-        size = max(1, len(dataset_index))
+        for ds, count in zip(info["datasets"], counts.tolist(), strict=True):
+            shares.append(
+                Share(
+                    split=split,
+                    dataset=ds["name"],
+                    requested=float(normalized[ds["name"]]),
+                    realized=count / max(1, len(dataset_index)),
+                    samples=count,
+                    size=len(dataset_index),
+                    weighted=info["mode"] == "weighted",
+                )
+            )
+    return shares
+
+
+def _describe(manifest: dict[str, Any], mpath: Path) -> str:
+    """The table of ``describe_blend`` for a loaded manifest."""
+    lines = [
+        f"blend {manifest['name']!r}: semantics {manifest['semantics']}, sequence length "
+        f"{manifest['sequence_length']}, split {manifest['split']}, seed {manifest['seed']}"
+    ]
+    shares = realized_shares(manifest, mpath)
+    for split in (s for s in SPLITS if s in manifest["splits"]):
+        info = manifest["splits"][split]
         if info["mode"] == "exhaustive":
             how = "exhaustive: one epoch of every dataset, shares follow dataset sizes"
         elif info["samples_requested"] is None:
             how = "weighted, one epoch of every dataset"
         else:
             how = f"weighted, requested {info['samples_requested']}"
-        lines += ["", f"{split}: {len(dataset_index)} samples ({how})"]
+        split_shares = [sh for sh in shares if sh.split == split]
+        size = split_shares[0].size if split_shares else 0
+        lines += ["", f"{split}: {size} samples ({how})"]
         rows = [["dataset", "weight", "realized", "diff", "samples", "index len", "epochs"]]
-        for ds, count in zip(info["datasets"], counts.tolist(), strict=True):
-            want = normalized[ds["name"]]
+        for ds, sh in zip(info["datasets"], split_shares, strict=True):
             rows.append(
                 [
                     ds["name"],
-                    f"{want:.4f}",
-                    f"{count / size:.4f}",
-                    f"{count / size - want:+.4f}",
-                    str(count),
+                    f"{sh.requested:.4f}",
+                    f"{sh.realized:.4f}",
+                    f"{sh.realized - sh.requested:+.4f}",
+                    str(sh.samples),
                     str(ds["length"]),
                     f"{ds['epochs']:.3f}",
                 ]
