@@ -1,0 +1,18 @@
+"""The tree stays ruff-clean (lint and format), so CI catches what `make lint` would."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RUFF = Path(sys.executable).with_name("ruff")
+
+
+@pytest.mark.parametrize("args", [["check", "."], ["format", "--check", "."]])
+def test_ruff(args: list[str]) -> None:
+    proc = subprocess.run([str(RUFF), *args], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
