@@ -28,7 +28,7 @@ import orjson
 import zstandard
 
 from tokenmill._atomic import commit, temp_path_for
-from tokenmill.errors import BadRecordError, ConfigError, FormatError, InputError
+from tokenmill.errors import BadRecordError, ConfigError, InputError
 
 ON_BAD_RECORD = ("fail", "quarantine")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
@@ -297,7 +297,7 @@ def classify_line(line: bytes, text_key: str) -> str | None:
     return f"unusable record (text key {text_key!r})"
 
 
-def _check_mode(on_bad_record: str, quarantine: Quarantine | None) -> None:
+def check_bad_record_mode(on_bad_record: str, quarantine: Quarantine | None) -> None:
     if on_bad_record not in ON_BAD_RECORD:
         raise ConfigError(f"on_bad_record={on_bad_record!r}: expected one of {ON_BAD_RECORD}")
     if on_bad_record == "quarantine" and quarantine is None:
@@ -320,7 +320,7 @@ def read_jsonl_batches(
     ``BadRecordError`` (``on_bad_record="fail"``) or go to ``quarantine``; a corrupt or truncated
     compressed stream raises ``InputError`` naming the file. ``stats`` is filled as it goes.
     """
-    _check_mode(on_bad_record, quarantine)
+    check_bad_record_mode(on_bad_record, quarantine)
     name = os.fspath(path)
     if not name.endswith(JSONL_SUFFIXES):
         raise ConfigError(f"{name}: unsupported JSONL file name; expected one of {JSONL_SUFFIXES}")
@@ -411,140 +411,7 @@ def read_input_batches(
     if name.endswith(JSONL_SUFFIXES):
         return read_jsonl_batches(name, **options)
     if name.endswith(TABLE_SUFFIXES) or os.path.isdir(name):
+        from tokenmill.tables import read_table_batches
+
         return read_table_batches(name, **options)
     raise ConfigError(f"{name}: unsupported input; expected a name ending in {_SUPPORTED}")
-
-
-def _table_files(path: str) -> list[Path]:
-    """The Parquet/Arrow files of a table input, sorted by name (HF layouts included)."""
-    p = Path(path)
-    if not p.is_dir():
-        if not p.is_file():
-            raise InputError(f"{p}: no such file or folder")
-        return [p]
-    if (p / "dataset_dict.json").is_file():
-        splits = sorted(d.name for d in p.iterdir() if d.is_dir())
-        raise ConfigError(
-            f"{p}: holds several splits ({', '.join(splits)}); pass one split's folder instead"
-        )
-    for folder in (p, p / "data"):
-        if folder.is_dir():
-            files = [f for f in folder.iterdir() if f.is_file() and f.name.endswith(TABLE_SUFFIXES)]
-            if files:
-                return sorted(files)
-    raise InputError(f"{p}: no .parquet or .arrow files in the folder or in its data/ subfolder")
-
-
-def _check_text_column(path: Path, schema: Any, text_key: str) -> None:
-    import pyarrow as pa
-
-    if schema.get_field_index(text_key) < 0:
-        raise FormatError(path, text_key, f"no such column (columns: {schema.names})")
-    kind = schema.field(text_key).type
-    if not (
-        pa.types.is_string(kind) or pa.types.is_large_string(kind) or str(kind) == "string_view"
-    ):
-        raise FormatError(path, text_key, f"column has type {kind}, expected a string column")
-
-
-def _file_batches(
-    path: Path, text_key: str, columns: list[str] | None, batch_rows: int
-) -> Iterator[Any]:
-    """Record batches of one Parquet or Arrow (IPC file or stream format) file."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        if path.name.endswith(".parquet"):
-            pf = pq.ParquetFile(path)
-            _check_text_column(path, pf.schema_arrow, text_key)
-            yield from pf.iter_batches(batch_size=batch_rows, columns=columns)
-            return
-        with pa.memory_map(str(path)) as source:
-            is_file_format = source.read(6) == b"ARROW1"
-            source.seek(0)
-            reader = pa.ipc.open_file(source) if is_file_format else pa.ipc.open_stream(source)
-            _check_text_column(path, reader.schema, text_key)
-            if is_file_format:
-                batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-            else:
-                batches = iter(reader)
-            for batch in batches:
-                part = batch.select(columns) if columns else batch
-                for offset in range(0, part.num_rows, batch_rows):
-                    yield part.slice(offset, batch_rows)
-    except (pa.ArrowException, OSError) as exc:
-        raise InputError(f"{path}: cannot read table: {exc}") from exc
-
-
-def read_table_batches(
-    path: str | os.PathLike[str],
-    *,
-    text_key: str = "text",
-    batch_rows: int = 8192,
-    keep_records: bool = False,
-    on_bad_record: str = "fail",
-    quarantine: Quarantine | None = None,
-    stats: IngestStats | None = None,
-) -> Iterator[Batch]:
-    """Stream a Parquet file, an Arrow file, or a folder of them (HF layouts) as batches.
-
-    The text column must be a string column (``FormatError`` otherwise); a null text is a bad
-    record named by file and 1-based row (quarantined as the row's JSON). ``Batch.first_line``
-    counts rows across all files of a folder; ``stats.bytes_read`` is the texts' UTF-8 size.
-    """
-    _check_mode(on_bad_record, quarantine)
-    files = _table_files(os.fspath(path))
-    st = stats if stats is not None else IngestStats(path=os.fspath(path))
-    project = None if keep_records or on_bad_record == "quarantine" else [text_key]
-    options = (text_key, project, max(batch_rows, 1), keep_records, on_bad_record, quarantine)
-    return _table_batches(files, st, *options)
-
-
-def _table_batches(
-    files: list[Path],
-    st: IngestStats,
-    text_key: str,
-    project: list[str] | None,
-    batch_rows: int,
-    keep_records: bool,
-    on_bad_record: str,
-    quarantine: Quarantine | None,
-) -> Iterator[Batch]:
-    import pyarrow.compute as pc
-
-    row_base = 0
-    for file in files:
-        file_row = 0
-        for batch in _file_batches(file, text_key, project, batch_rows):
-            column = batch.column(text_key)
-            texts = column.to_pylist()
-            records = batch.to_pylist() if keep_records else None
-            first_good = 0
-            if column.null_count:
-                nulls = [i for i, t in enumerate(texts) if t is None]
-                for i in nulls:
-                    _bad_row(file, file_row + i + 1, batch, i, on_bad_record, quarantine)
-                first_good = next(i for i, t in enumerate([*texts, ""]) if t is not None)
-                texts = [t for t in texts if t is not None]
-                if records is not None:
-                    records = [r for r in records if r[text_key] is not None]
-                st.quarantined += len(nulls)
-            st.lines += batch.num_rows
-            st.documents += len(texts)
-            st.empty_documents += texts.count("")
-            st.bytes_read += pc.sum(pc.binary_length(column)).as_py() or 0
-            if texts:
-                yield Batch(texts, records, row_base + file_row + first_good + 1)
-            file_row += batch.num_rows
-        row_base += file_row
-
-
-def _bad_row(
-    file: Path, row: int, batch: Any, index: int, on_bad_record: str, quarantine: Quarantine | None
-) -> None:
-    if on_bad_record == "fail" or quarantine is None:
-        raise BadRecordError(file, row, "text is null")
-    record = batch.slice(index, 1).to_pylist()[0]
-    raw = json.dumps(record, sort_keys=True, default=str, ensure_ascii=False).encode("utf-8")
-    quarantine.add(str(file), row, "text is null", raw)

@@ -20,9 +20,9 @@ from tokenmill.ingest import (
     Quarantine,
     read_input_batches,
     read_jsonl_batches,
-    read_table_batches,
     shard_name,
 )
+from tokenmill.tables import read_table_batches
 
 SURROGATE = "text contains a lone surrogate (cannot be encoded as UTF-8)"
 # (line bytes, exact reason; a reason ending in ": " is a prefix, the parser's detail follows)
