@@ -28,14 +28,14 @@ from dagster import (
 )
 
 from assets.merged import shard_keys
-from assets.nanoset import split_samples
+from assets.nanoset import split_indices
 from pipelines.partitions import shard_partitions
 from pipelines.resources import StorageResource
 from tokenmill.blend_manifest import realized_shares, verify_blend
 from tokenmill.errors import TokenmillError
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.manifest import read_dataset_manifest
-from tokenmill.nanoset import SPLITS, NanosetIndex, build_or_load, split_ranges, verify_index
+from tokenmill.nanoset import SPLITS, NanosetIndex, split_ranges, verify_index
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 from tokenmill.verify import verify_dataset
 
@@ -206,17 +206,7 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
             lengths = np.asarray(data.sequence_lengths, dtype=np.int64).copy()
         ranges = split_ranges(cfg.split, len(lengths), cfg.semantics)
         problems: list[str] = []
-        for position, (split, requested) in enumerate(split_samples(cfg).items()):
-            index = build_or_load(
-                prefix,
-                storage.nanoset_dir(),
-                split=split,
-                split_spec=cfg.split,
-                sequence_length=cfg.sequence_length,
-                seed=cfg.seed,
-                num_samples=requested,
-                semantics=cfg.semantics,
-            )
+        for position, index in enumerate(split_indices(storage, ds, cfg).values()):
             if index is None:
                 continue
             try:

@@ -25,13 +25,30 @@ from dagster import (
 from assets.metadata import path_value
 from pipelines.resources import StorageResource
 from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
-from tokenmill.nanoset import SPLITS, build_or_load
+from tokenmill.nanoset import SPLITS, NanosetIndex, build_or_load
 from tokenmill.recipe import DatasetConfig, NanosetConfig
 
 
-def split_samples(cfg: NanosetConfig) -> dict[str, int | None]:
-    """Requested samples per split (None = one epoch)."""
-    return {"train": cfg.train_samples, "valid": cfg.valid_samples, "test": cfg.test_samples}
+def split_indices(
+    storage: StorageResource, ds: DatasetConfig, cfg: NanosetConfig
+) -> dict[str, NanosetIndex | None]:
+    """Each split's index of the merged dataset from the shared cache (built on a miss);
+    None for an empty split. Requested samples per split come from the recipe (None = one epoch).
+    """
+    requested = {"train": cfg.train_samples, "valid": cfg.valid_samples, "test": cfg.test_samples}
+    return {
+        split: build_or_load(
+            storage.merged_prefix(ds.name, ds.text_key),
+            storage.nanoset_dir(),
+            split=split,
+            split_spec=cfg.split,
+            sequence_length=cfg.sequence_length,
+            seed=cfg.seed,
+            num_samples=samples,
+            semantics=cfg.semantics,
+        )
+        for split, samples in requested.items()
+    }
 
 
 def input_version(storage: StorageResource, ds: DatasetConfig, cfg: NanosetConfig) -> str:
@@ -58,17 +75,7 @@ def build_nanoset(
         prefix = storage.merged_prefix(ds.name, ds.text_key)
         rows = ["| split | samples | cache hash |", "|---|---:|---|"]
         metadata: dict[str, Any] = {"input_version": input_version(storage, ds, cfg)}
-        for split, requested in split_samples(cfg).items():
-            index = build_or_load(
-                prefix,
-                storage.nanoset_dir(),
-                split=split,
-                split_spec=cfg.split,
-                sequence_length=cfg.sequence_length,
-                seed=cfg.seed,
-                num_samples=requested,
-                semantics=cfg.semantics,
-            )
+        for split, index in split_indices(storage, ds, cfg).items():
             samples = 0 if index is None else len(index)
             rows.append(
                 f"| {split} | {samples} | {index.cache_hash if index else '(empty split)'} |"
