@@ -13,7 +13,17 @@ from collections.abc import Sequence
 from tokenmill.errors import ConfigError, TokenmillError
 
 # Each module exposes ``register(subparsers)`` which adds its parser with ``func=run``.
-COMMANDS = ["tokenize", "merge", "inspect", "verify", "export", "blend", "index", "materialize"]
+COMMANDS = [
+    "tokenize",
+    "merge",
+    "inspect",
+    "verify",
+    "export",
+    "blend",
+    "index",
+    "materialize",
+    "pull",
+]
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

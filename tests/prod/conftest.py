@@ -1,0 +1,218 @@
+"""Fixtures for the production tests: real S3 (moto_server) and Postgres servers on loopback.
+
+``moto_server`` is a real HTTP server speaking the S3 protocol (from ``moto[server]``); it runs
+as a child process on a free 127.0.0.1 port for the whole session and is stopped by its PID.
+Each test gets its own bucket and fake credentials through the environment. Postgres is a
+throwaway cluster of Debian's ``postgresql`` (``initdb``/``pg_ctl``), also session-wide.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tokenmill.blend_manifest import build_blend
+from tokenmill.formats.indexed import IndexedDatasetWriter
+from tokenmill.manifest import write_dataset_manifest
+from tokenmill.merge import merge_datasets
+
+SERVER_START_SECONDS = 60
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (bound to 127.0.0.1, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of a moto_server child process, stopped by PID at the end."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("moto") / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_SECONDS
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"moto_server exited with {proc.returncode}: {log.read_text()}")
+            try:
+                with urllib.request.urlopen(f"{url}/moto-api/", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"moto_server not up after {SERVER_START_SECONDS}s"
+                    ) from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@dataclass(frozen=True)
+class S3:
+    """A fresh bucket on the moto server, with a client for setting up and inspecting it."""
+
+    endpoint: str
+    bucket: str
+    client: Any
+
+    def upload_tree(self, local: Path, prefix: str) -> None:
+        """Upload every file under ``local`` to ``prefix/<relative path>``."""
+        for path in sorted(p for p in local.rglob("*") if p.is_file()):
+            key = f"{prefix}/{path.relative_to(local).as_posix()}".lstrip("/")
+            self.client.upload_file(str(path), self.bucket, key)
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """Every key under ``prefix``, sorted."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=prefix
+        )
+        return sorted(obj["Key"] for page in pages for obj in page.get("Contents", []))
+
+
+@pytest.fixture
+def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> S3:
+    """Fake credentials and the endpoint in the environment; a new bucket for this test."""
+    import boto3
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    client = boto3.session.Session().client("s3", endpoint_url=moto_endpoint)
+    bucket = f"tm-{secrets.token_hex(6)}"
+    client.create_bucket(Bucket=bucket)
+    return S3(moto_endpoint, bucket, client)
+
+
+def _shard(prefix: Path, seed: int, docs: int) -> None:
+    """A shard of ``docs`` random documents (uint16 tokens) with its manifest."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(5, 60, docs)
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        writer.add_documents(rng.integers(0, 50000, int(lengths.sum())), lengths)
+    write_dataset_manifest(prefix, kind="tokenized", inputs=[], config={}, counts={})
+
+
+def build_storage_root(root: Path) -> Path:
+    """A pipeline-shaped storage root with blend ``mix``; returns its manifest path.
+
+    ``docs`` is merged from three shards (its ``.bin`` is recorded by parts), ``code`` is a
+    single shard, so both kinds of dataset manifest are exercised.
+    """
+    shards = []
+    for i in range(3):
+        shards.append(root / "tokens" / "docs" / f"s{i}_text_document")
+        _shard(shards[-1], seed=i, docs=40)
+    merged = root / "merged" / "docs_text_document"
+    merge_datasets(shards, merged)
+    code = root / "merged" / "code_text_document"
+    _shard(code, seed=7, docs=30)
+    build_blend(
+        "mix",
+        {"docs": merged, "code": code},
+        root / "blends" / "mix",
+        root / "nanoset",
+        weights={"docs": 0.7, "code": 0.3},
+        sequence_length=16,
+        split_spec="90,10,0",
+        train_samples=300,
+    )
+    return root / "blends" / "mix" / "manifest.json"
+
+
+@pytest.fixture
+def storage_root(tmp_path: Path) -> Path:
+    """``tmp_path/src``: a storage root holding blend ``mix`` (see ``build_storage_root``)."""
+    build_storage_root(tmp_path / "src")
+    return tmp_path / "src"
+
+
+def _pg_bin(name: str) -> str:
+    """A Postgres server binary: Debian's newest ``/usr/lib/postgresql/*/bin``, else ``PATH``."""
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob(f"*/bin/{name}"), key=lambda p: int(p.parts[-3])
+    )
+    found = str(versions[-1]) if versions else shutil.which(name)
+    if found is None:
+        raise RuntimeError(f"{name} not found: install Debian's postgresql (.ci/run does)")
+    return found
+
+
+@dataclass(frozen=True)
+class Postgres:
+    """A throwaway cluster on 127.0.0.1: connection settings for a ``dagster`` database."""
+
+    host: str
+    port: int
+    user: str
+    db: str
+
+    def env(self) -> dict[str, str]:
+        """The variables ``infra/dagster.yaml`` reads its Postgres settings from."""
+        return {
+            "DAGSTER_PG_HOST": self.host,
+            "DAGSTER_PG_PORT": str(self.port),
+            "DAGSTER_PG_USERNAME": self.user,
+            "DAGSTER_PG_PASSWORD": "",
+            "DAGSTER_PG_DB": self.db,
+        }
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    """``initdb`` + ``pg_ctl start`` on a free loopback port (as ``postgres`` when run as root,
+    since the server refuses root); ``pg_ctl stop`` and the data directory removed at the end."""
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    base = Path(tempfile.mkdtemp(prefix="tokenmill-pg-"))
+    data, port = base / "data", free_port()
+    if as_user:
+        shutil.chown(base, "postgres", "postgres")
+    user = "postgres" if as_user else getpass.getuser()
+
+    def run(*cmd: str) -> None:
+        subprocess.run([*as_user, *cmd], check=True, capture_output=True, cwd=base)
+
+    run(_pg_bin("initdb"), "-D", str(data), "-A", "trust", "-U", user, "--no-sync")
+    options = f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off"
+    pg_ctl = _pg_bin("pg_ctl")
+    run(pg_ctl, "-D", str(data), "-o", options, "-l", str(base / "server.log"), "-w", "start")
+    try:
+        run(_pg_bin("createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", user, "dagster")
+        yield Postgres("127.0.0.1", port, user, "dagster")
+    finally:
+        run(pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop")
+        shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,40 @@
+"""``tokenmill pull``: copy a blend (local or ``s3://``) with exactly the files it needs."""
+
+from __future__ import annotations
+
+import argparse
+
+from tokenmill.pull import DEFAULT_JOBS, pull
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add the ``pull`` subcommand."""
+    p = sub.add_parser(
+        "pull",
+        help="copy the files a blend manifest needs into a local folder, verified and resumable",
+    )
+    p.add_argument("manifest", metavar="MANIFEST_URI", help="manifest.json (or its folder), s3://")
+    p.add_argument("dest", metavar="DIR", help="local folder; the source layout is kept under it")
+    p.add_argument(
+        "--endpoint-url",
+        help="S3 endpoint (default $AWS_ENDPOINT_URL, else AWS); credentials "
+        "come from the environment only",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=DEFAULT_JOBS,
+        help=f"parallel transfers (default {DEFAULT_JOBS})",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Pull, then print what was fetched and the manifest to open."""
+    report = pull(args.manifest, args.dest, endpoint_url=args.endpoint_url, jobs=args.jobs)
+    print(
+        f"pulled {len(report.fetched)} files ({report.bytes_fetched} bytes), "
+        f"{len(report.skipped)} already complete"
+    )
+    print(f"open with: tokenmill.loader.open_blend({str(report.manifest)!r})")
+    return 0

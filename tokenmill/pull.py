@@ -1,0 +1,470 @@
+"""``tokenmill pull``: copy exactly the files a blend manifest needs, verified by hash, resumable.
+
+The blend manifest lists every file a blend reads (blend arrays, Nanoset index caches with their
+descriptions, each dataset's ``.bin``/``.idx``), each as ``{path relative to the manifest's
+directory, bytes, sha256}``; the datasets' own ``P.manifest.json`` files are copied too, and a
+``.bin`` they record by parts (a merge) is also verified part by part. The relative layout is
+kept under the destination, rooted at the deepest folder holding all of them (the storage root
+for a pipeline blend), so ``open_blend(<dest>/blends/<name>/manifest.json)`` works.
+
+Files are fetched in parallel threads into temp names, hashed while streaming, then renamed;
+files already complete and verified are skipped, anything else is fetched again. The blend
+manifest is written last (and a different one already in the destination is removed first), so
+its presence means "complete". Sources: a local path, or ``s3://bucket/key`` through boto3
+(imported lazily; credentials only from the environment, endpoint from ``endpoint_url`` or
+``$AWS_ENDPOINT_URL``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import posixpath
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenmill._atomic import commit, remove_stale_temps, temp_path_for, write_bytes
+from tokenmill.errors import CacheError, ConfigError, FormatError, InputError
+from tokenmill.loader._manifest import MANIFEST_NAME, read_blend_manifest, verify_manifest
+
+__all__ = ["PullReport", "pull"]
+
+CHUNK = 1 << 22
+DEFAULT_JOBS = 8
+ATTEMPTS = 4  # per file, for transient errors in the middle of a transfer
+BACKOFF_SECONDS = 0.5
+DATASET_MANIFEST_SUFFIX = ".manifest.json"
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """One file the blend needs: where it comes from, where it goes, what it must hash to."""
+
+    key: str  # source key (posix, relative to the source root: bucket or "/")
+    rel: str  # destination path relative to the pull directory
+    size: int
+    sha256: str
+    parts: tuple[tuple[int, str], ...] = ()  # (bytes, sha256) ranges from the dataset manifest
+    what: str = ""
+
+
+@dataclass
+class PullReport:
+    """What a pull did: the local manifest to open, files fetched and skipped (relative paths)."""
+
+    manifest: Path
+    fetched: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    bytes_fetched: int = 0
+
+
+class _LocalSource:
+    """Files under ``/``; keys are absolute paths without the leading slash."""
+
+    def uri(self, key: str) -> str:
+        return "/" + key
+
+    def read(self, key: str) -> bytes | None:
+        try:
+            return Path(self.uri(key)).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    @contextlib.contextmanager
+    def chunks(self, key: str) -> Iterator[Iterator[bytes]]:
+        with open(self.uri(key), "rb") as fh:
+            yield iter(lambda: fh.read(CHUNK), b"")
+
+    def transient(self, exc: BaseException) -> bool:
+        return False
+
+    def missing(self, exc: BaseException) -> bool:
+        return isinstance(exc, FileNotFoundError)
+
+
+class _S3Source:
+    """Objects of one bucket through a shared (thread-safe) boto3 client."""
+
+    def __init__(self, bucket: str, endpoint_url: str | None, jobs: int) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.client = boto3.session.Session().client(
+            "s3",
+            endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
+            config=Config(
+                retries={"max_attempts": 8, "mode": "standard"}, max_pool_connections=jobs + 2
+            ),
+        )
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def read(self, key: str) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+        except ClientError as exc:
+            if self.missing(exc):
+                return None
+            raise InputError(f"{self.uri(key)}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def chunks(self, key: str) -> Iterator[Iterator[bytes]]:
+        body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+        try:
+            yield body.iter_chunks(CHUNK)
+        finally:
+            body.close()
+
+    def missing(self, exc: BaseException) -> bool:
+        from botocore.exceptions import ClientError
+
+        code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+        return code in ("NoSuchKey", "404")
+
+    def transient(self, exc: BaseException) -> bool:
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+        if isinstance(exc, ClientError):
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            return int(status) >= 500 or "Throttl" in str(exc.response.get("Error", {}))
+        return isinstance(exc, BotoCoreError | OSError) and not isinstance(exc, NoCredentialsError)
+
+
+_Source = _LocalSource | _S3Source
+
+
+def _open_source(uri: str, endpoint_url: str | None, jobs: int) -> tuple[_Source, str]:
+    """The source and the manifest's key; a folder (or S3 prefix) means its manifest.json."""
+    if uri.startswith("s3://"):
+        bucket, _, key = uri[len("s3://") :].partition("/")
+        if not bucket:
+            raise ConfigError(f"manifest URI {uri}: no bucket name")
+        key = key.strip("/")
+        if not key.endswith(".json"):
+            key = posixpath.join(key, MANIFEST_NAME) if key else MANIFEST_NAME
+        return _S3Source(bucket, endpoint_url, jobs), key
+    if "://" in uri:
+        raise ConfigError(f"manifest URI {uri}: only local paths and s3:// URIs are supported")
+    path = Path(uri).expanduser().resolve()
+    if path.is_dir():
+        path = path / MANIFEST_NAME
+    return _LocalSource(), path.as_posix().lstrip("/")
+
+
+def _source_key(manifest_dir: str, relative: object, uri: str) -> str:
+    """A manifest path as a source key; FormatError for anything that could escape the root."""
+    if (
+        not isinstance(relative, str)
+        or not relative
+        or relative.startswith("/")
+        or "\\" in relative
+        or "\0" in relative
+    ):
+        raise FormatError(uri, "path", f"{relative!r} is not a relative path; refusing to pull")
+    parts = relative.split("/")
+    leading = next((i for i, part in enumerate(parts) if part != ".."), len(parts))
+    if ".." in parts[leading:]:
+        raise FormatError(uri, "path", f"{relative!r}: '..' after a folder name; refusing to pull")
+    if leading > (len(manifest_dir.split("/")) if manifest_dir else 0):
+        raise FormatError(uri, "path", f"{relative!r} points outside the source root")
+    return posixpath.normpath(posixpath.join(manifest_dir, relative))
+
+
+def _blend_files(manifest: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(description, FILE entry)`` for every file the blend manifest lists."""
+    for ds in manifest["datasets"]:
+        for kind, entry in ds["files"].items():
+            yield f"dataset {ds['name']!r} {kind}", entry
+    for split, info in manifest["splits"].items():
+        for array, entry in info["files"].items():
+            yield f"split {split!r} {array}", entry
+        for ds in info["datasets"]:
+            for kind, entry in ds["index"]["files"].items():
+                yield f"split {split!r} dataset {ds['name']!r} index {kind}", entry
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Destination-relative paths of everything a pull writes."""
+
+    wanted: list[Wanted]  # the blend's files, deduplicated
+    manifest_rel: str  # the blend manifest
+    dataset_manifests: dict[str, bytes]  # the datasets' ``P.manifest.json`` (exact source bytes)
+
+
+def _plan(manifest: dict[str, Any], manifest_key: str, source: _Source, uri: str) -> _Plan:
+    """What to pull, laid out relative to the deepest folder holding all of it."""
+    mdir = posixpath.dirname(manifest_key)
+    files: dict[str, Wanted] = {}
+    try:
+        for what, entry in _blend_files(manifest):
+            key = _source_key(mdir, entry["path"], uri)
+            want = Wanted(key, key, int(entry["bytes"]), str(entry["sha256"]), what=what)
+            known = files.setdefault(key, want)
+            if (known.size, known.sha256) != (want.size, want.sha256):
+                raise FormatError(uri, "files", f"{entry['path']} recorded twice, differently")
+        prefixes = [_source_key(mdir, ds["prefix"], uri) for ds in manifest["datasets"]]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise FormatError(uri, "manifest", f"malformed ({exc!r})") from exc
+    dataset_manifests = {}
+    for prefix in prefixes:
+        key = prefix + DATASET_MANIFEST_SUFFIX
+        raw = source.read(key)
+        if raw is not None:
+            dataset_manifests[key] = raw
+            _attach_parts(files, posixpath.dirname(prefix), raw, source.uri(key))
+    base = _common_dir([mdir, *(posixpath.dirname(k) for k in (*files, *dataset_manifests))])
+    cut = len(base) + 1 if base else 0
+    wanted = [Wanted(w.key, w.key[cut:], w.size, w.sha256, w.parts, w.what) for w in files.values()]
+    small = {k[cut:]: raw for k, raw in dataset_manifests.items()}
+    return _Plan(wanted, manifest_key[cut:], small)
+
+
+def _attach_parts(files: dict[str, Wanted], folder: str, raw: bytes, uri: str) -> None:
+    """Check a dataset manifest against the blend's entries; take its ``.bin`` parts."""
+    try:
+        recorded = json.loads(raw)["files"]
+        for name, info in recorded.items():
+            key = posixpath.join(folder, name)
+            if key not in files:
+                continue
+            want = files[key]
+            if int(info["bytes"]) != want.size or info.get("sha256", want.sha256) != want.sha256:
+                raise FormatError(
+                    uri,
+                    f"files.{name}",
+                    f"records {info['bytes']} bytes / sha256 {info.get('sha256')}, the blend "
+                    f"manifest {want.size} / {want.sha256}: the dataset changed after the blend",
+                )
+            parts = tuple((int(p["bytes"]), str(p["sha256"])) for p in info.get("parts", ()))
+            files[key] = Wanted(want.key, want.rel, want.size, want.sha256, parts, want.what)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise FormatError(uri, "files", f"malformed dataset manifest ({exc!r})") from exc
+
+
+def _common_dir(folders: list[str]) -> str:
+    """The deepest folder containing all ``folders`` ("" = the source root)."""
+    split = [f.split("/") if f else [] for f in folders]
+    common: list[str] = []
+    for names in zip(*split, strict=False):
+        if len(set(names)) != 1:
+            break
+        common.append(names[0])
+    return "/".join(common[: min(len(s) for s in split)])
+
+
+class _Hasher:
+    """sha256 of a whole stream, and of consecutive parts when the file is recorded by parts."""
+
+    def __init__(self, want: Wanted) -> None:
+        self.want = want
+        self.whole = hashlib.sha256()
+        self.size = 0
+        self.part_hashes: list[str] = []
+        self.part = hashlib.sha256()
+        self.part_left = want.parts[0][0] if want.parts else -1
+
+    def update(self, chunk: bytes) -> None:
+        self.whole.update(chunk)
+        self.size += len(chunk)
+        view = memoryview(chunk)
+        while self.want.parts and view.nbytes and len(self.part_hashes) < len(self.want.parts):
+            take = min(self.part_left, view.nbytes)
+            self.part.update(view[:take])
+            view, self.part_left = view[take:], self.part_left - take
+            if self.part_left == 0:
+                self.part_hashes.append(self.part.hexdigest())
+                self.part = hashlib.sha256()
+                nxt = len(self.part_hashes)
+                self.part_left = self.want.parts[nxt][0] if nxt < len(self.want.parts) else 0
+
+    def problem(self) -> str | None:
+        """Why the bytes seen do not match the recorded size/hashes, or None."""
+        if self.size != self.want.size:
+            return f"{self.size} bytes, the manifest records {self.want.size}"
+        offset = 0
+        for i, (n, digest) in enumerate(self.want.parts):
+            if i >= len(self.part_hashes) or self.part_hashes[i] != digest:
+                return (
+                    f"sha256 of part {i} (bytes {offset}..{offset + n}) differs from the manifest"
+                )
+            offset += n
+        if self.whole.hexdigest() != self.want.sha256:
+            return "sha256 differs from the manifest"
+        return None
+
+
+def _local_problem(path: Path, want: Wanted, advance: Callable[[int], None]) -> str | None:
+    """Why an existing destination file is not the wanted one (None = complete and verified)."""
+    if not path.is_file() or path.stat().st_size != want.size:
+        return "missing or of another size"
+    hasher = _Hasher(want)
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(CHUNK), b""):
+            hasher.update(chunk)
+            advance(len(chunk))
+    return hasher.problem()
+
+
+def _fetch(source: _Source, want: Wanted, path: Path, advance: Callable[[int], None]) -> None:
+    """Stream one file to a temp sibling while hashing; rename only when it verifies."""
+    for attempt in range(1, ATTEMPTS + 1):
+        tmp = temp_path_for(path)
+        hasher = _Hasher(want)
+        try:
+            with source.chunks(want.key) as chunks, open(tmp, "wb") as out:
+                for chunk in chunks:
+                    out.write(chunk)
+                    hasher.update(chunk)
+                    advance(len(chunk))
+                out.flush()
+                os.fsync(out.fileno())
+        except Exception as exc:
+            tmp.unlink(missing_ok=True)
+            advance(-hasher.size)
+            if attempt < ATTEMPTS and source.transient(exc):
+                time.sleep(BACKOFF_SECONDS * 2 ** (attempt - 1))
+                continue
+            if source.missing(exc):
+                raise InputError(
+                    f"{source.uri(want.key)} ({want.what}): missing at the source"
+                ) from None
+            raise InputError(f"{source.uri(want.key)} ({want.what}): {exc}") from exc
+        problem = hasher.problem()
+        if problem:
+            tmp.unlink(missing_ok=True)
+            raise CacheError(f"{source.uri(want.key)} ({want.what}): {problem}; not pulled")
+        commit(tmp, path)
+        return
+
+
+class _Progress:
+    """A byte counter shown as a tqdm bar on a TTY (tqdm imported only then)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.lock = threading.Lock()
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="pull", file=sys.stderr)
+
+    def advance(self, n: int) -> None:
+        if self.bar is not None:
+            with self.lock:
+                self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def pull(
+    uri: str,
+    dest: str | os.PathLike[str],
+    *,
+    endpoint_url: str | None = None,
+    jobs: int = DEFAULT_JOBS,
+    progress: bool | None = None,
+) -> PullReport:
+    """Copy the blend at ``uri`` (manifest or its folder, local or ``s3://``) into ``dest``.
+
+    Returns what was fetched and skipped and the local manifest path to pass to ``open_blend``.
+    ``progress=None`` shows a bar when stderr is a TTY.
+    """
+    if jobs < 1:
+        raise ConfigError(f"jobs must be >= 1, got {jobs}")
+    source, manifest_key = _open_source(uri, endpoint_url, jobs)
+    raw = source.read(manifest_key)
+    if raw is None:
+        raise InputError(f"{source.uri(manifest_key)}: no blend manifest there")
+    manifest = _parse_manifest(raw, source.uri(manifest_key))
+    plan = _plan(manifest, manifest_key, source, source.uri(manifest_key))
+    wanted = plan.wanted
+    root = Path(dest).resolve()
+    final_manifest = root / plan.manifest_rel
+    if final_manifest.is_file() and final_manifest.read_bytes() != raw:
+        final_manifest.unlink()  # another version: never leave it claiming new files
+    report = PullReport(manifest=final_manifest)
+    bar = _Progress(
+        sum(w.size for w in wanted), sys.stderr.isatty() if progress is None else progress
+    )
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(lambda w: _sync(source, w, root, bar.advance), wanted))
+    finally:
+        bar.close()
+    for want, fetched in zip(wanted, results, strict=True):
+        (report.fetched if fetched else report.skipped).append(want.rel)
+        report.bytes_fetched += want.size if fetched else 0
+    for rel, data in plan.dataset_manifests.items():
+        path = root / rel
+        if not (path.is_file() and path.read_bytes() == data):
+            write_bytes(path, data)
+    _commit_manifest(final_manifest, raw)
+    return report
+
+
+def _sync(source: _Source, want: Wanted, root: Path, advance: Callable[[int], None]) -> bool:
+    """Make one destination file complete; True if it had to be fetched."""
+    path = root / want.rel
+    if root not in path.parents:
+        raise FormatError(want.key, "path", f"resolves outside {root}; refusing to pull")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
+    seen = [0]
+
+    def counting(n: int) -> None:
+        seen[0] += n
+        advance(n)
+
+    if _local_problem(path, want, counting) is None:
+        return False
+    advance(-seen[0])
+    _fetch(source, want, path, advance)
+    return True
+
+
+def _parse_manifest(raw: bytes, uri: str) -> dict[str, Any]:
+    """The blend manifest's JSON object (full schema checks happen on the local copy)."""
+    try:
+        manifest = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(uri, "manifest", f"not valid JSON ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("kind") != "blend":
+        raise FormatError(uri, "kind", "expected 'blend': this is not a blend manifest")
+    return manifest
+
+
+def _commit_manifest(final: Path, raw: bytes) -> None:
+    """Write the blend manifest last, after checking the pulled files against it."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.is_file() and final.read_bytes() == raw:
+        tmp = final  # already in place: check it, leave it untouched
+    else:
+        tmp = temp_path_for(final)
+        tmp.write_bytes(raw)
+    try:
+        read_blend_manifest(tmp)
+        problems = verify_manifest(tmp)
+        if problems:
+            raise CacheError(f"{final}: pulled files do not match:\n  " + "\n  ".join(problems))
+        if tmp != final:
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            commit(tmp, final)
+    finally:
+        if tmp != final:
+            tmp.unlink(missing_ok=True)
