@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test demo bench lint format tokenizers dev clean
+.PHONY: install sysdeps test demo bench lint format tokenizers dev clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,7 +22,10 @@ install: $(STAMP)
 
 tokenizers: .tokenizers/gpt2/tokenizer.json
 
-test: install
+sysdeps:
+	bash .ci/sysdeps
+
+test: install sysdeps
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 lint: install
