@@ -7,12 +7,15 @@ same tokenizer.json, ``gigatoken`` ``encode_batch``; each with a freshly constru
 caches start cold as in a real run; construction and imports not timed), then our CLI as a
 subprocess per ``--workers`` value: interpreter start, imports, tokenizer load, JSON parsing,
 writing and the reference check included, bytecode cache on as after a normal install; with CPU
-seconds and the peak RSS/PSS of its process tree. All floors must give identical ids and our
-``.bin`` must equal them plus EOD. The ratio is our median wall time over the best floor's
-median. ``--rss-mb 100`` adds memory-only runs on a larger corpus. Megatron's preprocess_data.py
-is not installable offline; the issue's numbers for it are quoted in the output.
+seconds and the peak RSS/PSS of its process tree; and ``tokenize_files`` called in this warm
+process (imports done, tokenizer record cached; load, parsing, check and writing timed), so the
+interpreter start-up and imports show as the difference. All floors must give identical ids
+and every ``.bin`` of ours must equal them plus EOD. The ratio is our median wall time over the
+best floor's median. ``--rss-mb 100`` adds memory-only runs on a larger corpus. Megatron's
+preprocess_data.py is not installable offline; the issue's numbers for it are quoted.
 
     python bench/bench_tokenize.py [--mb 20] [--repeat 3] [--workers 1,2] [--rss-mb 100]
+    python bench/bench_tokenize.py --mb 200 --floors gigatoken   # the large-input regime
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from _util import table, write_results  # noqa: E402
 from corpus import MB, ensure_corpus  # noqa: E402
 
 from tokenmill.bundled import build_bundled_tokenizer  # noqa: E402
+from tokenmill.tokenize import tokenize_files  # noqa: E402
 from tokenmill.tokenizer import TiktokenEncoder, inspect_tokenizer  # noqa: E402
 
 TOKENIZERS = ("gpt2", "tekken")
@@ -135,6 +139,17 @@ def run_ours(
     }
 
 
+def run_in_process(corpus: Path, tok_dir: Path, prefix: Path, workers: int) -> dict[str, Any]:
+    """One ``tokenize_files`` call here: wall, CPU of this process and its (checker) children."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu0, start = time.process_time(), time.perf_counter()
+    tokenize_files([corpus], prefix, tok_dir, append_eod=True, workers=workers, progress=False)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    children = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return {"wall": wall, "cpu": time.process_time() - cpu0 + children}
+
+
 def check_output(
     prefix: Path, floor: np.ndarray, lengths: np.ndarray, eod: int, dtype: np.dtype
 ) -> None:
@@ -172,28 +187,40 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     for name, tok_dir in dirs.items():
         info = inspect_tokenizer(tok_dir)  # verifies once (cached) before anything is timed
         run_ours(corpus, tok_dir, work / name, 1, 1.0)
-        results[name] = {"floors": {k: [] for k in FLOORS}, "ours": {w: [] for w in args.workers}}
+        results[name] = {
+            "floors": {k: [] for k in args.floors},
+            "ours": {w: [] for w in args.workers},
+            "in_process": {w: [] for w in args.workers},
+        }
         results[name]["engine_verdicts"] = info.verdicts
     for rep in range(args.repeat):
         for name, tok_dir in dirs.items():
             info = inspect_tokenizer(tok_dir)
-            floors = {engine: fn(tok_dir, texts) for engine, fn in FLOORS.items()}
+            floors = {engine: FLOORS[engine](tok_dir, texts) for engine in args.floors}
+            first = floors[args.floors[0]]
             for engine, (seconds, flat, lengths) in floors.items():
                 results[name]["floors"][engine].append(seconds)
-                if not (
-                    np.array_equal(flat, floors["hf"][1])
-                    and np.array_equal(lengths, floors["hf"][2])
-                ):
-                    raise RuntimeError(f"{name}: floor {engine} disagrees with hf")
+                if not (np.array_equal(flat, first[1]) and np.array_equal(lengths, first[2])):
+                    raise RuntimeError(f"{name}: floor {engine} disagrees with {args.floors[0]}")
             for w in args.workers:
                 prefix = work / f"{name}-w{w}"
                 run = run_ours(corpus, tok_dir, prefix, w, 0.05)
-                check_output(prefix, floors["hf"][1], floors["hf"][2], info.eod_id, info.dtype)
+                check_output(prefix, first[1], first[2], info.eod_id, info.dtype)
                 results[name]["ours"][w].append(run)
+                prefix = work / f"{name}-inproc-w{w}"
+                results[name]["in_process"][w].append(run_in_process(corpus, tok_dir, prefix, w))
+                check_output(prefix, first[1], first[2], info.eod_id, info.dtype)
             print(f"rep {rep + 1}/{args.repeat} {name} done", file=sys.stderr)
     for name, tok_dir in dirs.items():
         results[name]["first_use_verification_s"] = first_use_seconds(tok_dir)
-    return {"corpus": str(corpus), "bytes": size, "documents": len(texts), "results": results}
+    load = [round(x, 2) for x in os.getloadavg()]
+    return {
+        "corpus": str(corpus),
+        "bytes": size,
+        "documents": len(texts),
+        "load": load,
+        "results": results,
+    }
 
 
 def rss_runs(megabytes: float, tokenizers: list[str], workers: list[int]) -> dict[str, Any]:
@@ -218,7 +245,7 @@ def report(data: dict[str, Any], workers: list[int]) -> None:
             "cpu s",
             "MB/s",
             "peak RSS/PSS MB",
-            "vs best floor",
+            "vs best floor med (min)",
         ]
     ]
     size = data["bytes"] / MB
@@ -238,19 +265,24 @@ def report(data: dict[str, Any], workers: list[int]) -> None:
                 ]
             )
         for w in workers:
-            runs = res["ours"][w]
-            wall = statistics.median(r["wall"] for r in runs)
-            rows.append(
-                [
-                    name,
-                    f"tokenmill --workers {w}",
-                    f"{wall:.3f} ({min(r['wall'] for r in runs):.3f})",
-                    f"{statistics.median(r['cpu'] for r in runs):.2f}",
-                    f"{size / wall:.0f}",
-                    f"{max(r['rss_mb'] for r in runs):.0f}/{max(r['pss_mb'] for r in runs):.0f}",
-                    f"{wall / best:.2f}x",
-                ]
-            )
+            for what, runs in (("CLI", res["ours"][w]), ("in-process", res["in_process"][w])):
+                wall = statistics.median(r["wall"] for r in runs)
+                memory = (
+                    f"{max(r['rss_mb'] for r in runs):.0f}/{max(r['pss_mb'] for r in runs):.0f}"
+                    if "rss_mb" in runs[0]
+                    else ""
+                )
+                rows.append(
+                    [
+                        name,
+                        f"tokenmill {what} --workers {w}",
+                        f"{wall:.3f} ({min(r['wall'] for r in runs):.3f})",
+                        f"{statistics.median(r['cpu'] for r in runs):.2f}",
+                        f"{size / wall:.0f}",
+                        memory,
+                        f"{wall / best:.2f}x ({min(r['wall'] for r in runs) / best:.2f}x)",
+                    ]
+                )
         rows.append(
             [
                 name,
@@ -262,7 +294,7 @@ def report(data: dict[str, Any], workers: list[int]) -> None:
                 "",
             ]
         )
-    print(f"\n{size:.1f} MB, {data['documents']} documents ({data['corpus']})")
+    print(f"\n{size:.1f} MB, {data['documents']} documents ({data['corpus']}), load {data['load']}")
     print(table(rows))
     for what, seconds in MEGATRON.items():
         print(f"Megatron {what}: {seconds} s")
@@ -275,11 +307,17 @@ def main() -> None:
     parser.add_argument("--workers", default=f"1,{os.cpu_count() or 1}")
     parser.add_argument("--tokenizers", default=",".join(TOKENIZERS))
     parser.add_argument(
+        "--floors",
+        default=",".join(FLOORS),
+        help="floors to measure (hf and tiktoken take minutes at 200 MB; gigatoken is the best)",
+    )
+    parser.add_argument(
         "--rss-mb", type=float, default=0.0, help="also measure memory on this size"
     )
     args = parser.parse_args()
     args.workers = sorted({int(w) for w in args.workers.split(",")})
     args.tokenizers = args.tokenizers.split(",")
+    args.floors = args.floors.split(",")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     data = bench(args)
     report(data, args.workers)

@@ -40,15 +40,20 @@ def write_dataset_manifest(
     config: dict[str, Any],
     counts: dict[str, int],
     bin_parts: list[dict[str, Any]] | None = None,
+    digests: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Hash the pair's files and write the manifest atomically (call after the pair is final).
 
+    ``digests`` (``{"bin": {bytes, sha256}, "idx": {...}}``, e.g. ``IndexedDatasetWriter.
+    file_digests``) are taken instead of re-reading the files, once their sizes are checked.
     ``bin_parts`` (``[{bytes, sha256}, ...]`` of consecutive byte ranges, e.g. the inputs of a
     merge) records the ``.bin`` by the hashes of its parts instead of re-reading it, so merging
     runs at copy speed; a full verify hashes each range.
     """
     prefix = Path(prefix)
-    if bin_parts is None:
+    if digests is not None:
+        files = _checked_digests(prefix, digests)
+    elif bin_parts is None:
         files = describe_files(
             [data_file_path(prefix), index_file_path(prefix)], root=prefix.parent
         )
@@ -67,6 +72,16 @@ def write_dataset_manifest(
     }
     write_json(dataset_manifest_path(prefix), manifest)
     return manifest
+
+
+def _checked_digests(prefix: Path, digests: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    files = {}
+    for path, key in ((data_file_path(prefix), "bin"), (index_file_path(prefix), "idx")):
+        size = path.stat().st_size
+        if size != int(digests[key]["bytes"]):
+            raise FormatError(path, "size", f"{size} bytes, the writer recorded {digests[key]}")
+        files[path.name] = {"bytes": size, "sha256": str(digests[key]["sha256"])}
+    return files
 
 
 def _parts_entry(path: Path, parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -7,12 +7,15 @@ empty document adds no sequence but repeats its boundary. The engine is the fast
 ``tokenmill.tokenizer`` verified; a forked checker also compares it with the reference on the
 run's first documents, and on a disagreement the run is redone with the next engine.
 
-Streaming: batches of texts flow from the reader to the encoder (in process, or ``workers``
-forked processes fed by a reader thread, results taken back in input order, at most two batches
-in flight per worker; see ``tokenmill.tokenize_procs``) to the writer, so memory does not grow
-with the input, and the output is the same for any ``workers``. Outputs are written under
-temporary names and renamed at the end (manifest last); a killed run leaves no final-named
-file, and the next run removes its leftovers.
+Streaming: batches of texts flow from the reader to the encoder to the writer, so memory does
+not grow with the input, and the output is the same for any ``workers``. gigatoken (and any
+engine when ``workers=1``) encodes in process: a reader thread parses, an encoder thread encodes
+with the GIL released (on gigatoken's thread pool when ``workers > 1``), and the writer hashes
+while writing, all overlapped, at most two batches between stages. Other engines with
+``workers > 1`` use forked processes fed by a reader thread, results taken back in input order
+(see ``tokenmill.tokenize_procs``). Outputs are written under temporary names and renamed at the
+end (manifest last, its sha256s taken while writing); a killed run leaves no final-named file,
+and the next run removes its leftovers.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,12 +36,14 @@ from tokenmill.errors import ConfigError, TokenmillError
 from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, index_file_path
 from tokenmill.ingest import ON_BAD_RECORD, IngestStats, Quarantine, read_input_batches
 from tokenmill.manifest import dataset_manifest_path, write_dataset_manifest
-from tokenmill.tokenize_procs import Checker, EngineMismatch, Pool
+from tokenmill.tokenize_procs import Background, Checker, EngineMismatch, Pool
 from tokenmill.tokenizer import Encoder, inspect_tokenizer, load_encoder, record_mismatch
 
 log = logging.getLogger(__name__)
 CHECKED_ENGINES = ("gigatoken", "tiktoken")
+THREADED_ENGINES = ("gigatoken",)  # parallel in process: no worker processes for them
 SAMPLE_DOCS = 64  # documents per input compared with the reference
+Texts = tuple[Path | None, list[str]]  # (the input, on its first batch; the batch's texts)
 
 
 @dataclass
@@ -156,23 +161,34 @@ class _Run:
     ) -> TokenizeResult:
         """One attempt with one engine; raises EngineMismatch when the checker objects."""
         dtype = encoder.info.dtype
+        in_process = self.workers == 1 or encoder.name in THREADED_ENGINES
         conns = [checker.conn] if checker is not None else []
-        pool = Pool(encoder, self.workers, dtype, self.eod, conns) if self.workers > 1 else None
+        pool = None if in_process else Pool(encoder, self.workers, dtype, self.eod, conns)
         quarantine = Quarantine(self.qpath) if self.qpath is not None else None
         stats = [IngestStats(path=str(p)) for p in self.inputs]
         tokens = 0
+        stages: list[Background[Any]] = []
         try:
             with IndexedDatasetWriter(self.prefix, dtype) as writer:
-                texts = self._texts(encoder, stats, quarantine, checker)
-                batches = pool.map(texts) if pool else _encode_all(encoder, texts, dtype, self.eod)
+                texts = self._texts(stats, quarantine)
+                if pool is not None:
+                    batches = pool.map(_submitted(texts, encoder, checker))
+                else:
+                    stages.append(Background(texts))
+                    stages.append(Background(self._encoded(encoder, stages[0], checker)))
+                    batches = iter(stages[1])
                 for flat, lengths in batches:
                     writer.add_documents(flat, lengths)
                     tokens += flat.size
+                    if checker is not None:
+                        checker.verdict(wait=False)
                 if checker is not None:
                     checker.verdict(wait=True)
             if quarantine is not None:
                 quarantine.commit()
         except BaseException:
+            for stage in reversed(stages):
+                stage.close()
             if quarantine is not None:
                 quarantine.discard()
             raise
@@ -181,13 +197,17 @@ class _Run:
                 pool.close()
         return self._finish(encoder, fallbacks, stats, writer, tokens)
 
-    def _texts(
-        self,
-        encoder: Encoder,
-        stats: list[IngestStats],
-        quarantine: Quarantine | None,
-        checker: Checker | None,
-    ) -> Iterator[list[str]]:
+    def _encoded(
+        self, encoder: Encoder, texts: Iterable[Texts], checker: Checker | None
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The encoder thread: samples for the checker, then output-ready ids per batch."""
+        threads = self.workers > 1
+        for first, batch in texts:
+            if checker is not None and first is not None:
+                checker.submit(first, batch[:SAMPLE_DOCS], encoder)
+            yield encoder.pack(batch, self.eod, encoder.info.dtype, threads=threads)
+
+    def _texts(self, stats: list[IngestStats], quarantine: Quarantine | None) -> Iterator[Texts]:
         bar = _progress_bar(self.inputs) if self.progress else None
         for path, st in zip(self.inputs, stats, strict=True):
             batches = read_input_batches(
@@ -199,14 +219,10 @@ class _Run:
             )
             seen = st.bytes_read
             for n, batch in enumerate(batches):
-                if checker is not None:
-                    if n == 0:
-                        checker.submit(path, batch.texts[:SAMPLE_DOCS], encoder)
-                    checker.verdict(wait=False)
                 if bar is not None:
                     bar.update(st.bytes_read - seen)
                     seen = st.bytes_read
-                yield batch.texts
+                yield (path if n == 0 else None), batch.texts
             if bar is not None:
                 bar.update(st.bytes_read - seen)
         if bar is not None:
@@ -238,7 +254,12 @@ class _Run:
         }
         inputs = [_describe_input(p, s) for p, s in zip(self.inputs, stats, strict=True)]
         manifest = write_dataset_manifest(
-            self.prefix, kind="tokens", inputs=inputs, config=config, counts=counts
+            self.prefix,
+            kind="tokens",
+            inputs=inputs,
+            config=config,
+            counts=counts,
+            digests=writer.file_digests,
         )
         return TokenizeResult(
             prefix=self.prefix,
@@ -270,8 +291,11 @@ def _progress_bar(inputs: list[Path]) -> Any:
     return tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", file=sys.stderr)
 
 
-def _encode_all(
-    encoder: Encoder, batches: Iterator[list[str]], dtype: np.dtype, eod: int | None
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    for texts in batches:
-        yield encoder.pack(texts, eod, dtype)
+def _submitted(
+    texts: Iterator[Texts], encoder: Encoder, checker: Checker | None
+) -> Iterator[list[str]]:
+    """Texts for worker processes; each input's first documents also go to the checker."""
+    for first, batch in texts:
+        if checker is not None and first is not None:
+            checker.submit(first, batch[:SAMPLE_DOCS], encoder)
+        yield batch

@@ -1,4 +1,5 @@
-"""Processes behind ``tokenmill.tokenize``: forked encoder workers and the reference checker.
+"""Processes and threads behind ``tokenmill.tokenize``: forked encoder workers, the reference
+checker, and ``Background`` stages that overlap reading, encoding and writing in one process.
 
 Children are forked after the tokenizer is loaded (no reload, shared pages), close the parent's
 pipe ends they inherit, and exit by themselves when the parent disappears (polled once a
@@ -15,7 +16,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -23,6 +24,7 @@ from tokenmill.errors import TokenmillError
 from tokenmill.tokenizer import Encoder, TokenizerInfo, first_mismatch, reference_encoder
 
 IN_FLIGHT = 2  # batches queued per worker process
+T = TypeVar("T")
 SAMPLE_CHARS = 2048  # characters of each sampled document the checker compares
 
 
@@ -230,3 +232,59 @@ class Checker:
             self.sender.join()
         self.conn.close()
         self.proc.join()
+
+
+class Background(Generic[T]):
+    """Runs an iterator on a daemon thread, at most ``depth`` items ahead of the consumer.
+
+    Iterating yields its items in order and re-raises its exception; ``close`` (also when the
+    consumer stops early) stops it after the item in progress and joins the thread, closing the
+    iterator on its own thread so a nested ``Background`` stops too.
+    """
+
+    def __init__(self, items: Iterator[T], depth: int = 2) -> None:
+        self._items = items
+        self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for item in self._items:
+                if not self._put(("item", item)):
+                    break
+            else:
+                self._put(("end", None))
+        except BaseException as exc:  # handed to the consumer, which raises it
+            self._put(("error", exc))
+        finally:
+            close = getattr(self._items, "close", None)
+            if close is not None:
+                close()
+
+    def _put(self, message: tuple[str, Any]) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(message, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Iterator[T]:
+        try:
+            while True:
+                kind, item = self._queue.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise item
+                yield item
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the producer and wait for its thread."""
+        self._stop.set()
+        self._thread.join()

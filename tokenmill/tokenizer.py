@@ -18,6 +18,7 @@ never import transformers (seconds); runs still compare the engine on their own 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -253,6 +254,43 @@ def _assemble(
     return flat, lengths
 
 
+def pack_flat(
+    ids: np.ndarray,
+    lengths: np.ndarray,
+    prefix: tuple[int, ...] = (),
+    suffix: tuple[int, ...] = (),
+    eod: int | None = None,
+    dtype: np.dtype | type = np.uint32,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_assemble`` for ids already concatenated: one copy into ``dtype`` with the specials
+    placed around each text (by slices when texts are long, by a mask when they are many)."""
+    tail = (*suffix, *(() if eod is None else (eod,)))
+    if not prefix and not tail:
+        return ids.astype(dtype, copy=False), lengths
+    keep = lengths + len(prefix) + len(suffix) > 0
+    grown = lengths + np.where(keep, len(prefix) + len(tail), 0)
+    out = np.empty(int(grown.sum()), dtype)
+    starts = np.cumsum(grown) - grown
+    body = starts + len(prefix)
+    if len(lengths) * 1000 < ids.size:
+        src = 0
+        for at, n in zip(body.tolist(), lengths.tolist(), strict=True):
+            out[at : at + n] = ids[src : src + n]
+            src += n
+    else:
+        mask = np.ones(out.size, dtype=bool)
+        for k in range(len(prefix)):
+            mask[starts[keep] + k] = False
+        for k in range(len(tail)):
+            mask[(body + lengths)[keep] + k] = False
+        out[mask] = ids
+    for k, tok in enumerate(prefix):
+        out[starts[keep] + k] = tok
+    for k, tok in enumerate(tail):
+        out[(body + lengths)[keep] + k] = tok
+    return out, grown
+
+
 class Encoder:
     """A tokenizer bound to one engine: ``tokenizer(text).input_ids`` for many texts at once."""
 
@@ -267,9 +305,17 @@ class Encoder:
         return self.pack(texts)
 
     def pack(
-        self, texts: list[str], eod: int | None = None, dtype: np.dtype | type = np.uint32
+        self,
+        texts: list[str],
+        eod: int | None = None,
+        dtype: np.dtype | type = np.uint32,
+        *,
+        threads: bool = False,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Output-ready ids in ``dtype`` with ``eod`` ending each non-empty text, and lengths."""
+        """Output-ready ids in ``dtype`` with ``eod`` ending each non-empty text, and lengths.
+
+        ``threads`` lets an engine with its own thread pool use it (gigatoken); others ignore it.
+        """
         if self.adds_special_tokens:
             return _assemble(self._encode_each(texts), eod=eod, dtype=dtype)
         info = self.info
@@ -280,11 +326,11 @@ class Encoder:
 
 
 class GigatokenEncoder(Encoder):
-    """gigatoken's Rust BPE, one text per call (no thread pool: parallelism is per process).
+    """gigatoken's Rust BPE, a whole batch per call (its thread pool when ``threads``).
 
     Loaded from the cached ranks with gigatoken's built-in pre-tokenizer when the regex has one
     (3x faster to load than tokenizer.json); it then works in rank space, and ``pack`` maps the
-    whole batch back to ids with one gather.
+    whole batch back to ids with one gather. The batch call encodes with the GIL released.
     """
 
     name = "gigatoken"
@@ -293,7 +339,8 @@ class GigatokenEncoder(Encoder):
         super().__init__(info)
         import gigatoken
 
-        self._ids: np.ndarray | None = None
+        self._table: np.ndarray | None = None
+        backend: Any
         rf = info.ranks
         if rf is not None and rf.scheme is not None:
             ids = np.load(rf.ids, allow_pickle=False)
@@ -302,32 +349,43 @@ class GigatokenEncoder(Encoder):
             backend = gigatoken.gigatoken_rs.BPETokenizer.from_tiktoken(
                 rf.ranks, rf.scheme, specials
             )
-            self._one = backend.encode
             if not np.array_equal(ids, np.arange(len(ids))):
-                self._ids = ids
-                self._rank = np.zeros(int(ids.max()) + 1, dtype=np.int64)
-                self._rank[ids] = np.arange(len(ids))
+                self._table = ids
         else:
-            self._one = gigatoken.Tokenizer.from_json(info.definition.read_bytes()).backend.encode
+            backend = gigatoken.gigatoken_rs.load_hf_json(info.definition.read_bytes())
+        self._tok = gigatoken.Tokenizer(backend)
 
-    def _encode_each(self, texts: list[str]) -> list[np.ndarray]:
-        one = self._one
-        return [one(t) for t in texts]
+    def _encode_flat(self, texts: list[str], threads: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Flat uint32 ranks and per-text lengths; ``threads=False`` stays on this thread."""
+        if not texts:
+            return np.empty(0, np.uint32), np.empty(0, np.int64)
+        out = self._tok.encode_batch(texts, parallel=None if threads else False)
+        # An awkward ListOffsetArray: read its two numpy buffers directly (no per-text objects).
+        offsets = np.asarray(out.layout.offsets.data)
+        flat = np.asarray(out.layout.content.data)[offsets[0] : offsets[-1]]
+        lengths = np.diff(offsets)
+        flat, lengths = np.asarray(flat), np.asarray(lengths, dtype=np.int64)
+        if lengths.shape != (len(texts),) or int(lengths.sum()) != flat.size:
+            raise TokenmillError(
+                f"gigatoken: batch result has {lengths.size} lengths summing to "
+                f"{int(lengths.sum())} for {len(texts)} texts and {flat.size} ids"
+            )
+        return flat, lengths
 
     def pack(
-        self, texts: list[str], eod: int | None = None, dtype: np.dtype | type = np.uint32
+        self,
+        texts: list[str],
+        eod: int | None = None,
+        dtype: np.dtype | type = np.uint32,
+        *,
+        threads: bool = False,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """As ``Encoder.pack``; in rank space, specials and EOD translated to ranks first."""
-        if self._ids is None:
-            return super().pack(texts, eod, dtype)
-        rank = self._rank
-        flat, lengths = _assemble(
-            self._encode_each(texts),
-            tuple(int(rank[i]) for i in self.info.prefix_ids),
-            tuple(int(rank[i]) for i in self.info.suffix_ids),
-            None if eod is None else int(rank[eod]),
-        )
-        return self._ids.astype(dtype, copy=False)[flat], lengths
+        """As ``Encoder.pack``; ranks become ids with one gather before the specials go in."""
+        flat, lengths = self._encode_flat(texts, threads)
+        if self._table is not None:
+            flat = self._table.astype(dtype, copy=False)[flat]
+        info = self.info
+        return pack_flat(flat, lengths, info.prefix_ids, info.suffix_ids, eod, dtype)
 
 
 class TiktokenEncoder(Encoder):

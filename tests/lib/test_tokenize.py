@@ -222,15 +222,19 @@ def test_engine_mismatch_on_input_falls_back(
 ) -> None:
     shutil.copytree(os.environ["TOKENMILL_CACHE_DIR"], tmp_path / "cache")
     monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "cache"))
-    real = GigatokenEncoder._encode_each
+    real = GigatokenEncoder._encode_flat
 
-    def corrupt(self: GigatokenEncoder, texts: list[str]) -> list[np.ndarray]:
-        arrays = real(self, texts)
-        return [
+    def corrupt(
+        self: GigatokenEncoder, texts: list[str], threads: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        flat, lengths = real(self, texts, threads)
+        arrays = np.split(flat, np.cumsum(lengths)[:-1])
+        arrays = [
             a[:-1] if "MAGIC" in t[:SAMPLE_CHARS] else a for a, t in zip(arrays, texts, strict=True)
         ]
+        return np.concatenate(arrays), np.array([a.size for a in arrays], dtype=np.int64)
 
-    monkeypatch.setattr(GigatokenEncoder, "_encode_each", corrupt)
+    monkeypatch.setattr(GigatokenEncoder, "_encode_flat", corrupt)
     texts = ["fine", "a MAGIC word", "after"]
     src = write_jsonl(tmp_path / "in.jsonl", texts)
     res = tokenize_files([src], tmp_path / "o", gpt2_dir, workers=workers)

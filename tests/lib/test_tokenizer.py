@@ -17,9 +17,11 @@ from tokenmill.bundled import build_bundled_tokenizer
 from tokenmill.errors import ConfigError
 from tokenmill.tokenizer import (
     ENGINES,
+    _assemble,
     inspect_tokenizer,
     load_encoder,
     load_tokenizer,
+    pack_flat,
     record_mismatch,
 )
 from tokenmill.tokenizer_verify import (
@@ -219,3 +221,41 @@ def test_tiktoken_parts_refuses_what_it_cannot_express() -> None:
     for change, message in cases:
         with pytest.raises(ConfigError, match=message):
             tiktoken_parts({**base, **change})
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix", "eod"), [((), (), None), ((), (), 3), ((7,), (), 3), ((7, 8), (9,), None)]
+)
+@pytest.mark.parametrize("sizes", [[0, 4, 1, 0, 2] * 400, [3000, 0, 5000, 2500]])
+def test_pack_flat_equals_per_text_assembly(
+    prefix: tuple[int, ...], suffix: tuple[int, ...], eod: int | None, sizes: list[int]
+) -> None:
+    arrays = [np.arange(i, i + n, dtype=np.uint32) for i, n in enumerate(sizes)]
+    expected = _assemble(arrays, prefix, suffix, eod, np.uint16)
+    flat = np.concatenate(arrays)
+    got = pack_flat(flat, np.array(sizes, dtype=np.int64), prefix, suffix, eod, np.uint16)
+    assert got[0].dtype == np.uint16
+    assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
+
+
+def test_gigatoken_batches_agree_with_per_text_and_hf(gpt2_dir: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np\n"
+        "from tokenmill.tokenizer import load_tokenizer\n"
+        "enc = load_tokenizer(sys.argv[1], engine='gigatoken')\n"
+        "texts = ['Hello world', '', 'a<|endoftext|>b'] * 50\n"
+        "flat, lengths = enc.pack(texts, 50256, np.uint16, threads=True)\n"
+        "again = enc.pack(texts, 50256, np.uint16, threads=False)\n"
+        "assert np.array_equal(flat, again[0]) and np.array_equal(lengths, again[1])\n"
+        "ref = load_tokenizer(sys.argv[1], engine='hf').pack(texts, 50256, np.uint16)\n"
+        "assert np.array_equal(flat, ref[0]) and np.array_equal(lengths, ref[1])\n"
+        "print(lengths[:3].tolist())\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(gpt2_dir)], capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[3, 0, 4]"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import os
 import queue
 import shutil
@@ -142,12 +143,20 @@ class IndexedDatasetWriter:
         self._docs = _Growable(np.int64)
         self._docs.append(0)
         self._done = False
+        # sha256 of the bytes as written (None once add_index copied bytes in the kernel).
+        self._bin_hash: Any = hashlib.sha256()
+        self._bin_size = 0
+        self._idx_digest: dict[str, Any] | None = None
 
     # -- adding data ---------------------------------------------------------------------
     def _write_tokens(self, tokens: np.ndarray) -> None:
         if self._bin is None:
             raise RuntimeError(f"{self.prefix}: writer already finalized or aborted")
-        self._bin.write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
+        data = np.ascontiguousarray(tokens, dtype=self.dtype).data.cast("B")
+        self._bin.write(data)
+        self._bin_size += data.nbytes
+        if self._bin_hash is not None:
+            self._bin_hash.update(data)
 
     def add_item(self, tokens: npt.ArrayLike) -> None:
         """Append one sequence without closing the document."""
@@ -205,6 +214,7 @@ class IndexedDatasetWriter:
         base = len(self._lengths)
         self._lengths.extend(src.sequence_lengths)
         self._docs.extend(base + src.document_indices[1:])
+        self._bin_hash = None
         self._bin.flush()
         with open(data_file_path(prefix), "rb") as fh:
             _copy_file(fh, self._bin)
@@ -219,6 +229,17 @@ class IndexedDatasetWriter:
     def num_documents(self) -> int:
         return len(self._docs) - 1
 
+    @property
+    def file_digests(self) -> dict[str, dict[str, Any]] | None:
+        """``{"bin": {bytes, sha256}, "idx": {...}}`` of the finalized pair, hashed while writing
+        (no re-read); None before finalize or when ``add_index`` was used."""
+        if not self._done or self._bin_hash is None or self._idx_digest is None:
+            return None
+        return {
+            "bin": {"bytes": self._bin_size, "sha256": self._bin_hash.hexdigest()},
+            "idx": dict(self._idx_digest),
+        }
+
     def finalize(self) -> None:
         """Flush and fsync ``.bin``, write ``.idx``, then rename both into place (idx last)."""
         if self._done:
@@ -232,8 +253,10 @@ class IndexedDatasetWriter:
         idx_final = index_file_path(self.prefix)
         idx_tmp = temp_path_for(idx_final)
         try:
+            index = encode_index(self.dtype, self._lengths.view(), self._docs.view())
+            self._idx_digest = {"bytes": len(index), "sha256": hashlib.sha256(index).hexdigest()}
             with open(idx_tmp, "wb") as fh:
-                fh.write(encode_index(self.dtype, self._lengths.view(), self._docs.view()))
+                fh.write(index)
                 fh.flush()
                 os.fsync(fh.fileno())
             with contextlib.suppress(FileNotFoundError):
