@@ -186,3 +186,19 @@ def test_missing_partner(tmp_path):
     (tmp_path / "m.bin").unlink()
     with pytest.raises(FormatError, match=r"m\.bin: file: missing"):
         IndexedDataset(tmp_path / "m")
+
+
+def test_early_writeback_path_keeps_bytes(tmp_path, monkeypatch):
+    import tokenmill.formats.indexed as indexed
+
+    docs = [np.arange(i, i + 40) for i in range(50)]
+    _write(tmp_path / "plain", docs)
+    monkeypatch.setattr(indexed, "WRITEBACK_CHUNK", 64)
+    with IndexedDatasetWriter(tmp_path / "wb", np.uint16) as w:
+        for d in docs:
+            w.add_document(d.astype(np.uint16))
+        w.add_index(tmp_path / "plain")
+        w.add_document(np.arange(7, dtype=np.uint16))
+    ds = IndexedDataset(tmp_path / "wb")
+    assert ds.tokens.tolist() == np.concatenate([*docs, *docs, np.arange(7)]).tolist()
+    ds.check_pointers()

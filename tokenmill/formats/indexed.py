@@ -52,6 +52,7 @@ DTYPE_CODES: dict[int, type[np.generic]] = {
 _CODE_OF = {np.dtype(v): k for k, v in DTYPE_CODES.items()}
 UINT16_VOCAB_LIMIT = 65500
 COPY_BLOCK = 16 << 20
+WRITEBACK_CHUNK = 32 << 20
 
 
 def data_file_path(prefix: str | os.PathLike[str]) -> Path:
@@ -147,6 +148,9 @@ class IndexedDatasetWriter:
         self._bin_hash: Any = hashlib.sha256()
         self._bin_size = 0
         self._idx_digest: dict[str, Any] | None = None
+        # Start disk writeback as data accumulates, so finalize's fsync has little left to do.
+        self._writeback = _Writeback(self._bin.fileno())
+        self._written_back = 0
 
     # -- adding data ---------------------------------------------------------------------
     def _write_tokens(self, tokens: np.ndarray) -> None:
@@ -157,6 +161,11 @@ class IndexedDatasetWriter:
         self._bin_size += data.nbytes
         if self._bin_hash is not None:
             self._bin_hash.update(data)
+        end = self._bin.tell()
+        if end - self._written_back >= WRITEBACK_CHUNK:
+            self._bin.flush()
+            self._writeback.add(self._written_back, end - self._written_back)
+            self._written_back = end
 
     def add_item(self, tokens: npt.ArrayLike) -> None:
         """Append one sequence without closing the document."""
@@ -218,6 +227,7 @@ class IndexedDatasetWriter:
         self._bin.flush()
         with open(data_file_path(prefix), "rb") as fh:
             _copy_file(fh, self._bin)
+        self._written_back = self._bin.tell()
         src.close()
 
     # -- committing ----------------------------------------------------------------------
@@ -247,6 +257,7 @@ class IndexedDatasetWriter:
         if self._bin is None:
             raise RuntimeError(f"{self.prefix}: writer was aborted")
         self._bin.flush()
+        self._writeback.close()
         os.fsync(self._bin.fileno())
         self._bin.close()
         self._bin = None
@@ -272,6 +283,7 @@ class IndexedDatasetWriter:
     def abort(self) -> None:
         """Discard everything written so far."""
         if self._bin is not None:
+            self._writeback.close()
             self._bin.close()
             self._bin = None
         with contextlib.suppress(FileNotFoundError):
@@ -306,15 +318,14 @@ _SYNC_FILE_RANGE_WRITE = 2
 
 
 class _Writeback:
-    """Starts disk writeback of copied ranges on a side thread (Linux ``sync_file_range``),
-    so the copy keeps going and the final fsync has little left to do."""
+    """Starts disk writeback of written ranges on a side thread (Linux ``sync_file_range``),
+    so writing keeps going and the final fsync has little left to do. The thread starts with
+    the first range and ends at ``close``; without ``sync_file_range`` this does nothing."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._ranges: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        if _SYNC_FILE_RANGE is not None:
-            self._thread.start()
 
     def _run(self) -> None:
         while (rng := self._ranges.get()) is not None:
@@ -324,8 +335,11 @@ class _Writeback:
             )
 
     def add(self, offset: int, length: int) -> None:
-        if self._thread.is_alive():
-            self._ranges.put((offset, length))
+        if _SYNC_FILE_RANGE is None:
+            return
+        if self._thread.ident is None:
+            self._thread.start()
+        self._ranges.put((offset, length))
 
     def close(self) -> None:
         if self._thread.is_alive():
