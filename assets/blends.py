@@ -70,37 +70,39 @@ def build_blend_asset(
     def blend_asset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         if cfg.train_samples is None:
             raise ConfigError(f"blend {blend.name}: nanoset.train_samples must be set")
-        version = input_version(storage, blend, cfg, datasets)
-        manifest = build_blend(
-            blend.name,
-            {ds.name: storage.merged_prefix(ds.name, ds.text_key) for ds in datasets},
-            storage.blend_dir(blend.name),
-            storage.nanoset_dir(),
-            weights=blend.weight_map(),
-            temperature=blend.temperature,
-            sequence_length=cfg.sequence_length,
-            split_spec=cfg.split,
-            seed=cfg.seed,
-            train_samples=cfg.train_samples,
-            valid_samples=cfg.valid_samples,
-            test_samples=cfg.test_samples,
-            semantics=cfg.semantics,
-        )
-        mpath = storage.blend_dir(blend.name) / "manifest.json"
-        shares = realized_shares(manifest, mpath)
-        metadata: dict[str, Any] = {
-            f"{split}_samples": info["size"] for split, info in manifest["splits"].items()
-        }
-        metadata.update(
-            sequence_length=cfg.sequence_length,
-            proportions=MetadataValue.md(shares_markdown(shares)),
-            weights=MetadataValue.json(manifest["weighting"]),
-            content_hash=hashlib.sha256(mpath.read_bytes()).hexdigest(),
-            path=path_value(mpath),
-            input_version=version,
-        )
-        sizes = {split: info["size"] for split, info in manifest["splits"].items()}
-        context.log.info(f"blend {blend.name}: samples per split {sizes}")
-        return MaterializeResult(metadata=metadata)
+        inputs = [f"merged/{ds.name}_{ds.text_key}_document" for ds in datasets]
+        with storage.workspace(inputs) as ws:
+            version = input_version(ws.storage, blend, cfg, datasets)
+            manifest = build_blend(
+                blend.name,
+                {ds.name: ws.storage.merged_prefix(ds.name, ds.text_key) for ds in datasets},
+                ws.storage.blend_dir(blend.name),
+                ws.storage.nanoset_dir(),
+                weights=blend.weight_map(),
+                temperature=blend.temperature,
+                sequence_length=cfg.sequence_length,
+                split_spec=cfg.split,
+                seed=cfg.seed,
+                train_samples=cfg.train_samples,
+                valid_samples=cfg.valid_samples,
+                test_samples=cfg.test_samples,
+                semantics=cfg.semantics,
+            )
+            mpath = ws.storage.blend_dir(blend.name) / "manifest.json"
+            shares = realized_shares(manifest, mpath)
+            metadata: dict[str, Any] = {
+                f"{split}_samples": info["size"] for split, info in manifest["splits"].items()
+            }
+            metadata.update(
+                sequence_length=cfg.sequence_length,
+                proportions=MetadataValue.md(shares_markdown(shares)),
+                weights=MetadataValue.json(manifest["weighting"]),
+                content_hash=hashlib.sha256(mpath.read_bytes()).hexdigest(),
+                path=path_value(mpath),
+                input_version=version,
+            )
+            sizes = {split: info["size"] for split, info in manifest["splits"].items()}
+            context.log.info(f"blend {blend.name}: samples per split {sizes}")
+            return MaterializeResult(metadata=metadata)
 
     return blend_asset

@@ -69,19 +69,21 @@ def raw_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         context: AssetCheckExecutionContext, storage: StorageResource
     ) -> AssetCheckResult:
         key = context.partition_key
-        stats = json.loads(storage.raw_stats_path(ds.name, key).read_text(encoding="utf-8"))
-        problems = []
-        total = stats["documents"] + stats["quarantined"] + stats["blank"]
-        if total != stats["lines"]:
-            problems.append(f"{stats['lines']} lines but {total} documents+quarantined+blank")
-        if stats["quarantine"] is not None:
-            with open(stats["quarantine"], "rb") as fh:
-                held = sum(1 for _ in fh)
-            if held != stats["quarantined"]:
-                problems.append(
-                    f"quarantine file holds {held} lines, {stats['quarantined']} counted"
-                )
-        return _result(problems, lines=stats["lines"], quarantined=stats["quarantined"])
+        with storage.workspace([f"raw/{ds.name}/{key}"], upload=False) as ws:
+            stats_path = ws.storage.raw_stats_path(ds.name, key)
+            stats = json.loads(stats_path.read_text(encoding="utf-8"))
+            problems = []
+            total = stats["documents"] + stats["quarantined"] + stats["blank"]
+            if total != stats["lines"]:
+                problems.append(f"{stats['lines']} lines but {total} documents+quarantined+blank")
+            if stats["quarantine"] is not None:
+                with open(ws.storage.quarantine_path(ds.name, key), "rb") as fh:
+                    held = sum(1 for _ in fh)
+                if held != stats["quarantined"]:
+                    problems.append(
+                        f"quarantine file holds {held} lines, {stats['quarantined']} counted"
+                    )
+            return _result(problems, lines=stats["lines"], quarantined=stats["quarantined"])
 
     return [documents_accounted]
 
@@ -99,15 +101,19 @@ def export_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         context: AssetCheckExecutionContext, storage: StorageResource
     ) -> AssetCheckResult:
         key = context.partition_key
-        stats = json.loads(storage.raw_stats_path(ds.name, key).read_text(encoding="utf-8"))
-        rows = pq.read_metadata(storage.parquet_path(ds.name, key)).num_rows
-        documents_in = stats["lines"] - stats["blank"]
-        problems = []
-        if documents_in != rows + stats["quarantined"]:
-            problems.append(
-                f"{documents_in} documents in, {rows} rows + {stats['quarantined']} quarantined out"
-            )
-        return _result(problems, documents_in=documents_in, rows=rows)
+        inputs = [f"raw/{ds.name}/{key}", f"hf/{ds.name}/data/{key}.parquet"]
+        with storage.workspace(inputs, upload=False) as ws:
+            stats_path = ws.storage.raw_stats_path(ds.name, key)
+            stats = json.loads(stats_path.read_text(encoding="utf-8"))
+            rows = pq.read_metadata(ws.storage.parquet_path(ds.name, key)).num_rows
+            documents_in = stats["lines"] - stats["blank"]
+            problems = []
+            if documents_in != rows + stats["quarantined"]:
+                problems.append(
+                    f"{documents_in} documents in, {rows} rows + "
+                    f"{stats['quarantined']} quarantined out"
+                )
+            return _result(problems, documents_in=documents_in, rows=rows)
 
     return [rows_match_raw]
 
@@ -122,8 +128,10 @@ def token_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         context: AssetCheckExecutionContext, storage: StorageResource
     ) -> AssetCheckResult:
         """.idx header/pointers agree with the .bin; sizes and sha256 match the manifest."""
-        prefix = storage.tokens_prefix(ds.name, context.partition_key, ds.text_key)
-        return _result(verify_dataset(prefix, full=True), prefix=str(prefix))
+        rel = f"tokens/{ds.name}/{context.partition_key}_{ds.text_key}_document"
+        with storage.workspace([rel], upload=False) as ws:
+            prefix = ws.storage.tokens_prefix(ds.name, context.partition_key, ds.text_key)
+            return _result(verify_dataset(prefix, full=True), prefix=str(prefix))
 
     @asset_check(asset=key, blocking=True, partitions_def=partitions)
     def documents_match_export(
@@ -131,12 +139,17 @@ def token_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
     ) -> AssetCheckResult:
         """Tokenized documents = Parquet rows of the shard."""
         shard = context.partition_key
-        rows = pq.read_metadata(storage.parquet_path(ds.name, shard)).num_rows
-        prefix = storage.tokens_prefix(ds.name, shard, ds.text_key)
-        with IndexedDataset(prefix) as data:
-            documents = data.num_documents
-        problems = [] if documents == rows else [f"{documents} documents tokenized, {rows} rows"]
-        return _result(problems, documents=documents, rows=rows)
+        inputs = [f"tokens/{ds.name}/{shard}_{ds.text_key}_document"]
+        inputs.append(f"hf/{ds.name}/data/{shard}.parquet")
+        with storage.workspace(inputs, upload=False) as ws:
+            rows = pq.read_metadata(ws.storage.parquet_path(ds.name, shard)).num_rows
+            prefix = ws.storage.tokens_prefix(ds.name, shard, ds.text_key)
+            with IndexedDataset(prefix) as data:
+                documents = data.num_documents
+            problems = (
+                [] if documents == rows else [f"{documents} documents tokenized, {rows} rows"]
+            )
+            return _result(problems, documents=documents, rows=rows)
 
     return [idx_bin_consistent, documents_match_export]
 
@@ -149,25 +162,31 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         context: AssetCheckExecutionContext, storage: StorageResource
     ) -> AssetCheckResult:
         """Merged documents, sequences and tokens = Σ over the dataset's current shards."""
-        expected = dict.fromkeys(COUNTS, 0)
-        for shard in shard_keys(context.instance, ds):
-            counts = read_dataset_manifest(storage.tokens_prefix(ds.name, shard, ds.text_key))
-            for name in COUNTS:
-                expected[name] += int(counts["counts"][name])
-        prefix = storage.merged_prefix(ds.name, ds.text_key)
-        problems = verify_dataset(prefix, full=False)
-        with IndexedDataset(prefix) as data:
-            found = {
-                "documents": data.num_documents,
-                "sequences": len(data),
-                "tokens": data.num_tokens,
-            }
-        problems += [
-            f"{n}: merged {found[n]}, shards sum to {expected[n]}"
-            for n in COUNTS
-            if found[n] != expected[n]
-        ]
-        return _result(problems, **{f"expected_{n}": v for n, v in expected.items()})
+        shards = shard_keys(context.instance, ds)
+        inputs = [f"tokens/{ds.name}/{k}_{ds.text_key}_document.manifest.json" for k in shards]
+        inputs.append(f"merged/{ds.name}_{ds.text_key}_document")
+        with storage.workspace(inputs, upload=False) as ws:
+            expected = dict.fromkeys(COUNTS, 0)
+            for shard in shards:
+                counts = read_dataset_manifest(
+                    ws.storage.tokens_prefix(ds.name, shard, ds.text_key)
+                )
+                for name in COUNTS:
+                    expected[name] += int(counts["counts"][name])
+            prefix = ws.storage.merged_prefix(ds.name, ds.text_key)
+            problems = verify_dataset(prefix, full=False)
+            with IndexedDataset(prefix) as data:
+                found = {
+                    "documents": data.num_documents,
+                    "sequences": len(data),
+                    "tokens": data.num_tokens,
+                }
+            problems += [
+                f"{n}: merged {found[n]}, shards sum to {expected[n]}"
+                for n in COUNTS
+                if found[n] != expected[n]
+            ]
+            return _result(problems, **{f"expected_{n}": v for n, v in expected.items()})
 
     return [sum_of_shards]
 
@@ -201,20 +220,22 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
     @asset_check(asset=AssetKey([ds.name, "nanoset"]), blocking=True)
     def index_bounds(storage: StorageResource) -> AssetCheckResult:
         """Every index value within its array and split; array files match their hashes."""
-        prefix = storage.merged_prefix(ds.name, ds.text_key)
-        with IndexedDataset(prefix) as data:
-            lengths = np.asarray(data.sequence_lengths, dtype=np.int64).copy()
-        ranges = split_ranges(cfg.split, len(lengths), cfg.semantics)
-        problems: list[str] = []
-        for position, index in enumerate(split_indices(storage, ds, cfg).values()):
-            if index is None:
-                continue
-            try:
-                verify_index(index)
-            except TokenmillError as exc:
-                problems.append(str(exc))
-            problems += index_problems(index, lengths, ranges[position])  # type: ignore[arg-type]
-        return _result(problems, splits=", ".join(SPLITS))
+        rel = f"merged/{ds.name}_{ds.text_key}_document"
+        with storage.workspace([rel], upload=False) as ws:
+            prefix = ws.storage.merged_prefix(ds.name, ds.text_key)
+            with IndexedDataset(prefix) as data:
+                lengths = np.asarray(data.sequence_lengths, dtype=np.int64).copy()
+            ranges = split_ranges(cfg.split, len(lengths), cfg.semantics)
+            problems: list[str] = []
+            for position, index in enumerate(split_indices(ws.storage, ds, cfg).values()):
+                if index is None:
+                    continue
+                try:
+                    verify_index(index)
+                except TokenmillError as exc:
+                    problems.append(str(exc))
+                problems += index_problems(index, lengths, ranges[position])  # type: ignore[arg-type]
+            return _result(problems, splits=", ".join(SPLITS))
 
     return [index_bounds]
 
@@ -225,20 +246,21 @@ def blend_checks(blend: BlendConfig) -> list[AssetChecksDefinition]:
     @asset_check(asset=AssetKey(["blend", blend.name]), blocking=False)
     def proportions(storage: StorageResource) -> AssetCheckResult:
         """Manifest matches its files; realized shares within tolerance of the weights."""
-        mpath = storage.blend_dir(blend.name) / "manifest.json"
-        problems = verify_blend(mpath)
-        if problems:
-            return _result(problems)
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-        worst = 0.0
-        for s in realized_shares(manifest, mpath):
-            allowed = PROPORTION_TOLERANCE + 2 / max(s.size, 1)
-            worst = max(worst, abs(s.realized - s.requested) if s.weighted else 0.0)
-            if s.weighted and abs(s.realized - s.requested) > allowed:
-                problems.append(
-                    f"{s.split}/{s.dataset}: realized {s.realized:.4f}, requested "
-                    f"{s.requested:.4f} (allowed ±{allowed:.4f})"
-                )
-        return _result(problems, worst_difference=round(worst, 6))
+        with storage.workspace(upload=False) as ws:
+            mpath = ws.blend_manifest(blend.name)
+            problems = verify_blend(mpath)
+            if problems:
+                return _result(problems)
+            manifest = json.loads(mpath.read_text(encoding="utf-8"))
+            worst = 0.0
+            for s in realized_shares(manifest, mpath):
+                allowed = PROPORTION_TOLERANCE + 2 / max(s.size, 1)
+                worst = max(worst, abs(s.realized - s.requested) if s.weighted else 0.0)
+                if s.weighted and abs(s.realized - s.requested) > allowed:
+                    problems.append(
+                        f"{s.split}/{s.dataset}: realized {s.realized:.4f}, requested "
+                        f"{s.requested:.4f} (allowed ±{allowed:.4f})"
+                    )
+            return _result(problems, worst_difference=round(worst, 6))
 
     return [proportions]

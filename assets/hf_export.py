@@ -28,28 +28,32 @@ def build_hf_dataset(ds: DatasetConfig) -> AssetsDefinition:
     )
     def hf_dataset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         key = context.partition_key
-        result = export_shard(
-            find_shard(ds, key).path,
-            storage.hf_dir(ds.name),
-            text_key=ds.text_key,
-            on_bad_record=ds.on_bad_record,
-            quarantine_path=storage.quarantine_path(ds.name, key),
-            shard=key,
-        )
-        current = context.instance.get_dynamic_partitions(partitions_name(ds.name))
-        parquets = [storage.parquet_path(ds.name, k) for k in sorted(current)]
-        info = write_dataset_info(
-            storage.hf_dir(ds.name), features_from=[p for p in parquets if p.is_file()]
-        )
-        return MaterializeResult(
-            metadata={
-                "documents": result.rows,
-                "quarantined": result.stats.quarantined,
-                "bytes": result.bytes,
-                "content_hash": file_sha256(result.parquet_path),
-                "path": path_value(result.parquet_path),
-                "dataset_info": path_value(info),
-            }
-        )
+        shard = find_shard(ds, key, storage.s3_endpoint_url)
+        current = sorted(context.instance.get_dynamic_partitions(partitions_name(ds.name)))
+        # On S3 only this shard's Parquet is at hand (fetching every sibling per shard would be
+        # quadratic), so dataset_info.json lists the shards present; the merge rewrites it whole.
+        with storage.workspace() as ws:
+            result = export_shard(
+                ws.shard(shard).path,  # type: ignore[arg-type]
+                ws.storage.hf_dir(ds.name),
+                text_key=ds.text_key,
+                on_bad_record=ds.on_bad_record,
+                quarantine_path=ws.storage.quarantine_path(ds.name, key),
+                shard=key,
+            )
+            parquets = [ws.storage.parquet_path(ds.name, k) for k in current]
+            info = write_dataset_info(
+                ws.storage.hf_dir(ds.name), features_from=[p for p in parquets if p.is_file()]
+            )
+            return MaterializeResult(
+                metadata={
+                    "documents": result.rows,
+                    "quarantined": result.stats.quarantined,
+                    "bytes": result.bytes,
+                    "content_hash": file_sha256(result.parquet_path),
+                    "path": path_value(result.parquet_path),
+                    "dataset_info": path_value(info),
+                }
+            )
 
     return hf_dataset

@@ -99,29 +99,36 @@ def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -
     )
     def merged(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         keys = shard_keys(context.instance, ds)
-        prefixes = [storage.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
-        missing = [
-            k for k, p in zip(keys, prefixes, strict=True) if not dataset_manifest_path(p).is_file()
-        ]
-        if not keys or missing:
-            raise Failure(f"{ds.name}: shards not tokenized yet: {missing or 'no shards at all'}")
-        out = storage.merged_prefix(ds.name, ds.text_key)
-        before = previous_shards(out, ds.text_key)
-        version = input_version(storage, ds, keys)
-        result = merge_datasets([*prefixes], out, order="given")
-        removed = sorted(set(before) - set(keys), key=natural_key)
-        if removed:
-            context.log.warning(f"{ds.name}: shards gone from the source, left out: {removed}")
-            deleted = prune_shards(storage, ds, removed)
-            context.log.info(f"deleted {len(deleted)} artifacts of removed shards: {deleted}")
-        describe_export(storage, ds, keys)
-        metadata = token_dataset_metadata(out, seconds=result.seconds)
-        metadata.update(
-            shards=len(keys),
-            shards_added=MetadataValue.json(sorted(set(keys) - set(before), key=natural_key)),
-            shards_removed=MetadataValue.json(removed),
-            input_version=version,
-        )
-        return MaterializeResult(metadata=metadata)
+        inputs = [f"tokens/{ds.name}/", f"hf/{ds.name}/data/", f"raw/{ds.name}/"]
+        inputs.append(f"merged/{ds.name}_{ds.text_key}_document.manifest.json")
+        with storage.workspace(inputs) as ws:
+            prefixes = [ws.storage.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
+            missing = [
+                k
+                for k, p in zip(keys, prefixes, strict=True)
+                if not dataset_manifest_path(p).is_file()
+            ]
+            if not keys or missing:
+                raise Failure(
+                    f"{ds.name}: shards not tokenized yet: {missing or 'no shards at all'}"
+                )
+            out = ws.storage.merged_prefix(ds.name, ds.text_key)
+            before = previous_shards(out, ds.text_key)
+            version = input_version(ws.storage, ds, keys)
+            result = merge_datasets([*prefixes], out, order="given")
+            removed = sorted(set(before) - set(keys), key=natural_key)
+            if removed:
+                context.log.warning(f"{ds.name}: shards gone from the source, left out: {removed}")
+                deleted = prune_shards(ws.storage, ds, removed)
+                context.log.info(f"deleted {len(deleted)} artifacts of removed shards: {deleted}")
+            describe_export(ws.storage, ds, keys)
+            metadata = token_dataset_metadata(out, seconds=result.seconds)
+            metadata.update(
+                shards=len(keys),
+                shards_added=MetadataValue.json(sorted(set(keys) - set(before), key=natural_key)),
+                shards_removed=MetadataValue.json(removed),
+                input_version=version,
+            )
+            return MaterializeResult(metadata=metadata)
 
     return merged

@@ -13,6 +13,7 @@ from typing import Any
 import numpy.typing as npt
 from dagster import MetadataValue
 
+from pipelines.resources import display_path
 from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file_path
 from tokenmill.manifest import read_dataset_manifest
 from tokenmill.png import bar_chart_png, markdown_image, short_number
@@ -30,8 +31,8 @@ def histogram_md(lengths: npt.ArrayLike, what: str = "document length (tokens)")
 
 
 def path_value(path: str | os.PathLike[str]) -> MetadataValue:
-    """An artifact path (absolute) as path metadata."""
-    return MetadataValue.path(str(Path(path).resolve()))
+    """An artifact path as path metadata: absolute, or its ``s3://`` URI for an S3 root."""
+    return MetadataValue.path(display_path(path))
 
 
 def token_dataset_metadata(

@@ -72,23 +72,24 @@ def build_nanoset(
         description=f"Nanoset indices of merged {ds.name} ({cfg.semantics} semantics).",
     )
     def nanoset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
-        prefix = storage.merged_prefix(ds.name, ds.text_key)
-        rows = ["| split | samples | cache hash |", "|---|---:|---|"]
-        metadata: dict[str, Any] = {"input_version": input_version(storage, ds, cfg)}
-        for split, index in split_indices(storage, ds, cfg).items():
-            samples = 0 if index is None else len(index)
-            rows.append(
-                f"| {split} | {samples} | {index.cache_hash if index else '(empty split)'} |"
+        with storage.workspace([f"merged/{ds.name}_{ds.text_key}_document"]) as ws:
+            prefix = ws.storage.merged_prefix(ds.name, ds.text_key)
+            rows = ["| split | samples | cache hash |", "|---|---:|---|"]
+            metadata: dict[str, Any] = {"input_version": input_version(ws.storage, ds, cfg)}
+            for split, index in split_indices(ws.storage, ds, cfg).items():
+                samples = 0 if index is None else len(index)
+                rows.append(
+                    f"| {split} | {samples} | {index.cache_hash if index else '(empty split)'} |"
+                )
+                metadata[f"{split}_samples"] = samples
+            context.log.info(f"{ds.name}: indices for {', '.join(SPLITS)} ready")
+            metadata.update(
+                sequence_length=cfg.sequence_length,
+                semantics=cfg.semantics,
+                content_hash=dataset_content_hash(prefix),
+                splits=MetadataValue.md("\n".join(rows)),
+                path=path_value(ws.storage.nanoset_dir()),
             )
-            metadata[f"{split}_samples"] = samples
-        context.log.info(f"{ds.name}: indices for {', '.join(SPLITS)} ready")
-        metadata.update(
-            sequence_length=cfg.sequence_length,
-            semantics=cfg.semantics,
-            content_hash=dataset_content_hash(prefix),
-            splits=MetadataValue.md("\n".join(rows)),
-            path=path_value(storage.nanoset_dir()),
-        )
-        return MaterializeResult(metadata=metadata)
+            return MaterializeResult(metadata=metadata)
 
     return nanoset

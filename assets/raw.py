@@ -11,11 +11,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult, asset
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    AssetsDefinition,
+    MaterializeResult,
+    MetadataValue,
+    asset,
+)
 
 from assets.metadata import histogram_md, path_value
 from pipelines.partitions import shard_partitions
-from pipelines.resources import StorageResource
+from pipelines.resources import StorageResource, display_path
 from pipelines.sources import ShardFile, find_shard
 from tokenmill._atomic import write_json
 from tokenmill.ingest import IngestStats, Quarantine, read_jsonl_batches
@@ -27,7 +34,7 @@ def validate_shard(
 ) -> tuple[dict[str, Any], np.ndarray]:
     """Read the whole shard once; write its stats file; return the stats and text lengths."""
     start = time.perf_counter()
-    stats = IngestStats(path=str(shard.path))
+    stats = IngestStats(path=shard.location)
     quarantine = Quarantine(quarantine_path) if ds.on_bad_record == "quarantine" else None
     lengths: list[int] = []
     with quarantine if quarantine is not None else contextlib.nullcontext():
@@ -46,7 +53,7 @@ def validate_shard(
         "source_fingerprint": shard.fingerprint,
         "text_key": ds.text_key,
         "on_bad_record": ds.on_bad_record,
-        "quarantine": str(quarantine_path) if quarantine is not None else None,
+        "quarantine": display_path(quarantine_path) if quarantine is not None else None,
         "seconds": round(time.perf_counter() - start, 3),
     }
     write_json(stats_path, record)
@@ -66,26 +73,29 @@ def build_raw_jsonl(ds: DatasetConfig) -> AssetsDefinition:
     )
     def raw_jsonl(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         key = context.partition_key
-        shard = find_shard(ds, key)
-        stats_path = storage.raw_stats_path(ds.name, key)
-        record, lengths = validate_shard(
-            ds, shard, stats_path, storage.quarantine_path(ds.name, key)
-        )
-        if record["quarantined"]:
-            context.log.warning(f"{shard.path}: {record['quarantined']} bad lines quarantined")
-        metadata = {
-            name: record[name]
-            for name in ("lines", "documents", "blank", "quarantined", "empty_documents")
-        }
-        metadata.update(
-            bytes=record["bytes_read"],
-            source=path_value(shard.path),
-            source_fingerprint=shard.fingerprint,
-            path=path_value(stats_path),
-            length_histogram=histogram_md(lengths, "document length (characters)"),
-        )
-        if record["quarantine"]:
-            metadata["quarantine"] = path_value(record["quarantine"])
-        return MaterializeResult(metadata=metadata)
+        shard = find_shard(ds, key, storage.s3_endpoint_url)
+        with storage.workspace() as ws:
+            stats_path = ws.storage.raw_stats_path(ds.name, key)
+            record, lengths = validate_shard(
+                ds, ws.shard(shard), stats_path, ws.storage.quarantine_path(ds.name, key)
+            )
+            if record["quarantined"]:
+                context.log.warning(
+                    f"{shard.location}: {record['quarantined']} bad lines quarantined"
+                )
+            metadata = {
+                name: record[name]
+                for name in ("lines", "documents", "blank", "quarantined", "empty_documents")
+            }
+            metadata.update(
+                bytes=record["bytes_read"],
+                source=MetadataValue.path(shard.uri) if shard.uri else path_value(shard.location),
+                source_fingerprint=shard.fingerprint,
+                path=path_value(stats_path),
+                length_histogram=histogram_md(lengths, "document length (characters)"),
+            )
+            if record["quarantine"]:
+                metadata["quarantine"] = path_value(record["quarantine"])
+            return MaterializeResult(metadata=metadata)
 
     return raw_jsonl

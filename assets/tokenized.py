@@ -29,22 +29,23 @@ def build_tokens(ds: DatasetConfig) -> AssetsDefinition:
         context: AssetExecutionContext, storage: StorageResource, tokenizer: TokenizerResource
     ) -> MaterializeResult:
         key = context.partition_key
-        result = tokenize_files(
-            [storage.parquet_path(ds.name, key)],
-            storage.tokens_output_prefix(ds.name, key),
-            tokenizer.path,
-            text_key=ds.text_key,
-            append_eod=tokenizer.append_eod,
-            workers=tokenizer.workers,
-            on_bad_record="fail",
-            progress=False,
-        )
-        context.log.info(f"{key}: {result.tokens} tokens with engine {result.engine}")
-        metadata = token_dataset_metadata(
-            result.prefix,
-            seconds=result.seconds,
-            tokenizer=str(result.manifest["config"]["tokenizer_fingerprint"]),
-        )
-        return MaterializeResult(metadata={**metadata, "engine": result.engine})
+        with storage.workspace([f"hf/{ds.name}/data/{key}.parquet"]) as ws:
+            result = tokenize_files(
+                [ws.storage.parquet_path(ds.name, key)],
+                ws.storage.tokens_output_prefix(ds.name, key),
+                tokenizer.path,
+                text_key=ds.text_key,
+                append_eod=tokenizer.append_eod,
+                workers=tokenizer.workers,
+                on_bad_record="fail",
+                progress=False,
+            )
+            context.log.info(f"{key}: {result.tokens} tokens with engine {result.engine}")
+            metadata = token_dataset_metadata(
+                result.prefix,
+                seconds=result.seconds,
+                tokenizer=str(result.manifest["config"]["tokenizer_fingerprint"]),
+            )
+            return MaterializeResult(metadata={**metadata, "engine": result.engine})
 
     return tokens

@@ -73,11 +73,11 @@ def process_shards(
     defs: Definitions, instance: DagsterInstance, ds: DatasetConfig
 ) -> DatasetOutcome:
     """Sync the partitions of one dataset and run the shard job for every stale shard."""
-    listing = list_shards(ds)
+    storage, tokenizer = _resources(defs)
+    listing = list_shards(ds, storage.s3_endpoint_url)
     outcome = DatasetOutcome(ds.name, sorted(listing.shards, key=natural_key))
     outcome.rejected = list(listing.rejected)
     outcome.removed = sync_partitions(instance, ds, listing)
-    storage, tokenizer = _resources(defs)
     fingerprint = tokenizer.info().fingerprint
     job = defs.resolve_job_def(shard_job_name(ds.name))
     for key in outcome.shards:
@@ -148,6 +148,12 @@ def stale_downstream(
 
 def materialize_recipe(recipe: Recipe, instance: DagsterInstance) -> int:
     """Steps 1–3 for every dataset and blend of ``recipe``; prints progress and a summary."""
+    if recipe.storage.is_s3:
+        raise ConfigError(
+            f"storage.root {recipe.storage.root}: tokenmill materialize compares artifacts on a "
+            "local root; with an S3 root the shard sensors and the automation sensor run the "
+            "pipeline (dagster dev / the deployed code location)"
+        )
     defs = build_definitions(recipe)
     outcomes = []
     for ds in recipe.datasets:

@@ -1,35 +1,132 @@
 """Resources: where artifacts live (``StorageResource``) and the tokenizer (``TokenizerResource``).
 
 Assets resolve every path through ``StorageResource`` so the artifact layout (DESIGN §1) is
-written down once. Only local roots are implemented; an ``s3://`` root is refused with a clear
-message, and the methods return local paths so an S3 variant can stage files in and out later.
+written down once. Steps work inside ``with storage.workspace(inputs) as ws:`` and resolve paths
+through ``ws.storage``: for a local root that is the root itself; for an ``s3://bucket/prefix``
+root it is a fresh local work directory with the same layout, filled with the inputs before the
+step and uploaded (manifests last) after it succeeds, and removed on exit, also on failure.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from dagster import ConfigurableResource
 
+from pipelines import s3
 from pipelines.partitions import check_partition_key
+from pipelines.sources import ShardFile
 from tokenmill.errors import ConfigError
 from tokenmill.tokenizer import TokenizerInfo, inspect_tokenizer
 
+# Work directories of the steps running now and the S3 root each stands for (for metadata).
+_STAGED: contextvars.ContextVar[tuple[tuple[Path, str], ...]] = contextvars.ContextVar(
+    "tokenmill_staged", default=()
+)
+
+
+def display_path(path: str | os.PathLike[str]) -> str:
+    """Where an artifact really lives: a path in a work directory as its ``s3://`` URI, any
+    other path absolute."""
+    resolved = Path(path).resolve()
+    for local, uri in _STAGED.get():
+        if resolved == local or local in resolved.parents:
+            return f"{uri}/{resolved.relative_to(local).as_posix()}".rstrip("/")
+    return str(resolved)
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """What a step works with: ``storage`` (paths to read and write) and its source shards."""
+
+    storage: StorageResource
+    stage: s3.S3Stage | None  # None for a local root
+    scratch: Path  # the step's own directory, removed with the workspace
+
+    def shard(self, shard: ShardFile) -> ShardFile:
+        """The shard as a local file: an S3 shard is downloaded into the work directory."""
+        if shard.path is not None:
+            return shard
+        bucket, key = s3.split_uri(shard.uri)
+        client = self.stage.client if self.stage else s3.s3_client(self.storage.s3_endpoint_url)
+        path = self.scratch / "sources" / key.rsplit("/", 1)[-1]
+        s3.download(client, bucket, key, path)
+        return ShardFile(shard.key, path, shard.fingerprint, shard.uri)
+
+    def blend_manifest(self, blend: str) -> Path:
+        """A blend's local ``manifest.json``: on S3, pulled with every file it names (verified)."""
+        local = self.storage.blend_dir(blend) / "manifest.json"
+        if self.stage is None:
+            return local
+        from tokenmill.pull import pull
+
+        uri = self.stage.uri(f"blends/{blend}/manifest.json")
+        return pull(uri, self.stage.local, endpoint_url=self.storage.s3_endpoint_url).manifest
+
 
 class StorageResource(ConfigurableResource):
-    """The storage root (local directory) and the artifact layout under it."""
+    """The storage root (local directory or ``s3://bucket/prefix``) and the artifact layout.
+
+    ``work_dir`` is where S3 steps make their local work directories (default: the system's
+    temporary directory); credentials never appear here, they come from the environment.
+    """
 
     root: str
     s3_endpoint_url: str | None = None
+    work_dir: str | None = None
+
+    @property
+    def is_s3(self) -> bool:
+        """True for an ``s3://`` root."""
+        return self.root.startswith("s3://")
 
     def local_root(self) -> Path:
-        """The root as a local directory; ConfigError for an S3 root (not in this build)."""
-        if self.root.startswith("s3://"):
+        """The root as a local directory; ConfigError for an S3 root (use ``workspace``)."""
+        if self.is_s3:
             raise ConfigError(
-                f"storage.root {self.root}: S3 storage is not supported by this build yet; "
-                "use a local directory"
+                f"storage.root {self.root}: an S3 root has no local directory; steps reach it "
+                "through StorageResource.workspace()"
             )
         return Path(self.root)
+
+    @contextlib.contextmanager
+    def workspace(self, inputs: Sequence[str] = (), *, upload: bool = True) -> Iterator[Workspace]:
+        """A step's view of storage. ``inputs`` are paths relative to the root (``dir/`` for a
+        folder, a dataset prefix for its files) fetched first for an S3 root; with ``upload``,
+        what the step wrote is uploaded when it succeeds. The work directory is always removed.
+        """
+        if self.work_dir is not None:
+            Path(self.work_dir).mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix="tokenmill-work-", dir=self.work_dir))
+        try:
+            if not self.is_s3:
+                yield Workspace(self, None, scratch)
+                return
+            bucket, prefix = s3.split_uri(self.root)
+            local = scratch / "root"
+            local.mkdir()
+            stage = s3.S3Stage(s3.s3_client(self.s3_endpoint_url), bucket, prefix, local)
+            stage.fetch(list(inputs))
+            token = _STAGED.set((*_STAGED.get(), (local.resolve(), stage.uri("").rstrip("/"))))
+            try:
+                yield Workspace(
+                    StorageResource(root=str(local), s3_endpoint_url=self.s3_endpoint_url),
+                    stage,
+                    scratch,
+                )
+                if upload:
+                    stage.push()
+            finally:
+                _STAGED.reset(token)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def raw_stats_path(self, dataset: str, shard: str) -> Path:
         """``raw/<ds>/<shard>.stats.json``: validation counts of one shard."""

@@ -1,16 +1,19 @@
 """Listing a dataset's source: which shards exist now, and what changed since the last look.
 
 Plain functions, shared by the shard sensors and ``tokenmill materialize``. A shard's
-fingerprint is ``<size>:<mtime_ns>`` for a local file (an S3 listing would use the ETag).
+fingerprint is ``<size>:<mtime_ns>`` for a local file and ``<size>:<ETag>`` for an object under
+an ``s3://bucket/prefix/`` source (listed through ``pipelines.s3``; the endpoint is the
+``endpoint_url`` given, else ``$AWS_ENDPOINT_URL``).
 """
 
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipelines import s3
 from pipelines.partitions import partition_key_for
 from tokenmill._atomic import TMP_MARK
 from tokenmill.errors import ConfigError, InputError
@@ -19,11 +22,18 @@ from tokenmill.recipe import SHARD_SUFFIXES, DatasetConfig
 
 @dataclass(frozen=True)
 class ShardFile:
-    """One shard found in a source."""
+    """One shard found in a source: a local file (``path``) or an S3 object (``uri``, and
+    ``path`` None until a workspace downloads it)."""
 
     key: str
-    path: Path
+    path: Path | None
     fingerprint: str
+    uri: str = ""
+
+    @property
+    def location(self) -> str:
+        """Where the shard lives: its ``s3://`` URI or its local path."""
+        return self.uri or str(self.path)
 
 
 @dataclass(frozen=True)
@@ -50,34 +60,46 @@ class ListingDiff:
         return bool(self.new or self.changed or self.vanished)
 
 
-def list_shards(ds: DatasetConfig) -> Listing:
-    """Every shard file directly in ``ds.source`` matching ``ds.glob`` and a JSONL suffix."""
+def _candidates(ds: DatasetConfig, endpoint_url: str | None) -> Iterator[ShardFile]:
+    """Every file directly in the source as a ShardFile keyed by its file name (unchecked)."""
     if ds.is_s3:
-        raise ConfigError(
-            f"datasets.{ds.name}.source {ds.source}: S3 sources are not supported by this build "
-            "yet; sync the prefix to a local directory and point the source there"
-        )
+        bucket, prefix = s3.split_uri(ds.source)
+        folder = f"{prefix}/" if prefix else ""
+        client = s3.s3_client(endpoint_url)
+        for obj in s3.list_objects(client, bucket, folder, recursive=False):
+            name = obj.key[len(folder) :]
+            yield ShardFile(name, None, f"{obj.size}:{obj.etag}", f"s3://{bucket}/{obj.key}")
+        return
     source = Path(ds.source)
     if not source.is_dir():
         raise InputError(f"datasets.{ds.name}.source {source}: no such directory")
+    for path in sorted(source.iterdir()):
+        if path.is_file():
+            st = path.stat()
+            yield ShardFile(path.name, path, f"{st.st_size}:{st.st_mtime_ns}")
+
+
+def list_shards(ds: DatasetConfig, endpoint_url: str | None = None) -> Listing:
+    """Every shard file directly in ``ds.source`` (a directory or an ``s3://`` prefix) matching
+    ``ds.glob`` and a JSONL suffix."""
     shards: dict[str, ShardFile] = {}
     rejected: list[str] = []
-    for path in sorted(source.iterdir()):
-        name = path.name
-        if TMP_MARK in name or not path.is_file() or not name.endswith(SHARD_SUFFIXES):
+    for found in _candidates(ds, endpoint_url):
+        name = found.key
+        if TMP_MARK in name or not name.endswith(SHARD_SUFFIXES):
             continue
         if not fnmatch.fnmatchcase(name, ds.glob):
             continue
         try:
-            key = partition_key_for(path)
+            key = partition_key_for(found.path or name)
         except ConfigError as exc:
-            rejected.append(f"{path}: {exc}")
+            rejected.append(f"{found.location}: {exc}")
             continue
         if key in shards:
-            rejected.append(f"{path}: shard name {key!r} is taken by {shards[key].path.name}")
+            taken = shards[key].location.rsplit("/", 1)[-1]
+            rejected.append(f"{found.location}: shard name {key!r} is taken by {taken}")
             continue
-        st = path.stat()
-        shards[key] = ShardFile(key, path, f"{st.st_size}:{st.st_mtime_ns}")
+        shards[key] = ShardFile(key, found.path, found.fingerprint, found.uri)
     return Listing(shards, rejected)
 
 
@@ -90,9 +112,9 @@ def diff_listing(previous: Mapping[str, str], current: Mapping[str, str]) -> Lis
     )
 
 
-def find_shard(ds: DatasetConfig, key: str) -> ShardFile:
+def find_shard(ds: DatasetConfig, key: str, endpoint_url: str | None = None) -> ShardFile:
     """The shard file behind a partition key; InputError if the source no longer has it."""
-    shard = list_shards(ds).shards.get(key)
+    shard = list_shards(ds, endpoint_url).shards.get(key)
     if shard is None:
         raise InputError(
             f"dataset {ds.name}: shard {key!r} is not in {ds.source} any more; the shard sensor "

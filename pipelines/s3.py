@@ -1,0 +1,211 @@
+"""S3 for the pipeline: listing, transfers with retries, and a local stage for an ``s3://`` root.
+
+The client comes from dagster-aws ``S3Resource`` (endpoint from the recipe's
+``storage.s3_endpoint_url`` or ``$AWS_ENDPOINT_URL``; credentials only from the environment, so
+they never pass through config, logs or metadata). Transient errors (5xx, throttling, dropped
+connections) are retried with the backoff of ``tokenmill pull``; anything else raises
+``InputError`` naming the ``s3://`` URI, which fails the run.
+
+:class:`S3Stage` mirrors parts of an S3 root in a local directory: ``fetch`` downloads the
+inputs a step reads, ``push`` uploads what the step wrote (data files first, dataset manifests
+next, ``manifest.json`` last, each replaced manifest deleted before its data is overwritten) and
+deletes the fetched files the step removed, so a failed transfer never leaves a manifest that
+describes files which are not there.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tokenmill._atomic import TMP_MARK, commit, temp_path_for
+from tokenmill.errors import ConfigError, InputError
+from tokenmill.pull import ATTEMPTS, BACKOFF_SECONDS
+
+T = TypeVar("T")
+
+MULTIPART_BYTES = 64 << 20  # larger files go up (and down) in parts of this size
+MAX_ATTEMPTS = 8  # botocore's own retries per request, below ours per transfer
+DATASET_MANIFEST_SUFFIX = ".manifest.json"
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix/`` → ``("bucket", "some/prefix")``; ConfigError without bucket."""
+    if not uri.startswith("s3://"):
+        raise ConfigError(f"{uri}: not an s3:// URI")
+    bucket, _, prefix = uri[len("s3://") :].partition("/")
+    if not bucket:
+        raise ConfigError(f"{uri}: no bucket name")
+    return bucket, prefix.strip("/")
+
+
+def s3_client(endpoint_url: str | None) -> Any:
+    """A boto3 S3 client built by dagster-aws ``S3Resource`` (credentials from the environment)."""
+    from dagster_aws.s3 import S3Resource
+
+    endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+    return S3Resource(endpoint_url=endpoint, max_attempts=MAX_ATTEMPTS).get_client()
+
+
+def transient(exc: BaseException) -> bool:
+    """Worth another try: a 5xx or throttling answer, or a connection/IO problem, also when
+    wrapped (boto3's transfer errors wrap the ClientError that caused them)."""
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ClientError):
+            status = seen.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            return int(status) >= 500 or "Throttl" in str(seen.response.get("Error", {}))
+        if isinstance(seen, NoCredentialsError):
+            return False
+        if isinstance(seen, BotoCoreError | OSError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def retrying(what: str, op: Callable[[], T]) -> T:
+    """``op()`` with transient errors retried (exponential backoff); InputError naming ``what``."""
+    attempt = 1
+    while True:
+        try:
+            return op()
+        except Exception as exc:
+            if attempt >= ATTEMPTS or not transient(exc):
+                raise InputError(f"{what}: {type(exc).__name__}: {exc}") from exc
+        time.sleep(BACKOFF_SECONDS * 2 ** (attempt - 1))
+        attempt += 1
+
+
+@dataclass(frozen=True)
+class S3Object:
+    """One listed object: key, size and ETag (quotes removed)."""
+
+    key: str
+    size: int
+    etag: str
+
+
+def list_objects(client: Any, bucket: str, prefix: str, *, recursive: bool) -> list[S3Object]:
+    """Objects under ``prefix`` (a folder when it ends with ``/``), sorted by key; with
+    ``recursive=False`` only the folder's direct children."""
+
+    def run() -> list[S3Object]:
+        args = {"Bucket": bucket, "Prefix": prefix, **({} if recursive else {"Delimiter": "/"})}
+        found = []
+        for page in client.get_paginator("list_objects_v2").paginate(**args):
+            for obj in page.get("Contents", []):
+                found.append(S3Object(obj["Key"], int(obj["Size"]), obj["ETag"].strip('"')))
+        return sorted(found, key=lambda o: o.key)
+
+    return retrying(f"listing s3://{bucket}/{prefix}", run)
+
+
+def _transfer_config() -> Any:
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES)
+
+
+def download(client: Any, bucket: str, key: str, path: Path) -> None:
+    """``s3://bucket/key`` → ``path`` through a temp sibling (a failed transfer leaves nothing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path_for(path)
+
+    def run() -> None:
+        try:
+            client.download_file(bucket, key, str(tmp), Config=_transfer_config())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    retrying(f"downloading s3://{bucket}/{key}", run)
+    commit(tmp, path)
+
+
+def upload(client: Any, path: Path, bucket: str, key: str) -> None:
+    """``path`` → ``s3://bucket/key``, multipart above ``MULTIPART_BYTES``."""
+    retrying(
+        f"uploading {path.name} to s3://{bucket}/{key}",
+        lambda: client.upload_file(str(path), bucket, key, Config=_transfer_config()),
+    )
+
+
+def delete(client: Any, bucket: str, key: str) -> None:
+    """Remove ``s3://bucket/key`` (absent is fine)."""
+    retrying(f"deleting s3://{bucket}/{key}", lambda: client.delete_object(Bucket=bucket, Key=key))
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    st = path.stat()
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _upload_rank(rel: str) -> int:
+    """Data files first, dataset manifests next, ``manifest.json`` (blends) last."""
+    if rel.endswith(DATASET_MANIFEST_SUFFIX):
+        return 1
+    return 2 if rel.rsplit("/", 1)[-1] == "manifest.json" else 0
+
+
+@dataclass
+class S3Stage:
+    """A local directory standing in for ``s3://bucket/prefix`` during one step."""
+
+    client: Any
+    bucket: str
+    prefix: str
+    local: Path
+    fetched: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+
+    def key(self, rel: str) -> str:
+        """The object key of a path relative to the root."""
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def uri(self, rel: str) -> str:
+        """``s3://bucket/prefix/rel``."""
+        return f"s3://{self.bucket}/{self.key(rel)}"
+
+    def fetch(self, inputs: list[str]) -> None:
+        """Download each input: ``dir/`` is a folder (recursively), ``path`` is a file and its
+        ``path.*`` siblings (a dataset prefix gives its ``.bin``, ``.idx`` and manifest)."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        for rel in inputs:
+            folder = rel.endswith("/")
+            listed = list_objects(self.client, self.bucket, self.key(rel), recursive=True)
+            for obj in listed:
+                name = obj.key[len(base) :]
+                if not (folder or name == rel or name.startswith(rel + ".")):
+                    continue
+                if TMP_MARK in name or name in self.fetched:
+                    continue
+                path = self.local / name
+                download(self.client, self.bucket, obj.key, path)
+                self.fetched[name] = _stamp(path)
+
+    def _written(self) -> Iterator[str]:
+        for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
+            rel = path.relative_to(self.local).as_posix()
+            if TMP_MARK in rel or rel.endswith(".lock"):
+                continue
+            if self.fetched.get(rel) != _stamp(path):
+                yield rel
+
+    def push(self) -> list[str]:
+        """Upload new and changed files (manifests last) and delete fetched files the step
+        removed; the relative paths uploaded."""
+        written = sorted(self._written(), key=lambda rel: (_upload_rank(rel), rel))
+        for rel in written:
+            if _upload_rank(rel):
+                delete(self.client, self.bucket, self.key(rel))
+        for rel in written:
+            upload(self.client, self.local / rel, self.bucket, self.key(rel))
+        for rel in sorted(self.fetched):
+            if not (self.local / rel).exists():
+                delete(self.client, self.bucket, self.key(rel))
+        return written

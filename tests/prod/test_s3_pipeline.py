@@ -1,0 +1,278 @@
+"""The pipeline on an S3 storage root (moto_server): every stage, then pull + open_blend;
+a persistent S3 error fails cleanly; credentials never reach metadata or logs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from conftest import S3
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # the code location (assets/, pipelines/) lives at the repo root
+    sys.path.insert(0, str(ROOT))
+
+from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize  # noqa: E402
+
+from assets.factory import build_assets  # noqa: E402
+from pipelines import s3 as s3_stage  # noqa: E402
+from pipelines.build import build_definitions, resources_for  # noqa: E402
+from pipelines.materialize import materialize_recipe  # noqa: E402
+from pipelines.partitions import partitions_name  # noqa: E402
+from pipelines.resources import StorageResource  # noqa: E402
+from pipelines.sources import diff_listing, list_shards  # noqa: E402
+from tokenmill.corpus import stdlib_documents, write_jsonl_shards  # noqa: E402
+from tokenmill.errors import ConfigError  # noqa: E402
+from tokenmill.loader import open_blend  # noqa: E402
+from tokenmill.pull import pull  # noqa: E402
+from tokenmill.recipe import Recipe, load_recipe  # noqa: E402
+
+SECRET = "tm-secret-access-key-4f1c"  # the fake secret key: must never show up in a run
+SHARD_STAGES = ("raw_jsonl", "hf_dataset", "tokens")
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
+    "ignore:Parameter `include_sources`:Warning",
+)
+
+
+@pytest.fixture
+def s3_secret(s3: S3, monkeypatch: pytest.MonkeyPatch) -> S3:
+    """The moto bucket, with a recognizable secret key in the environment (moto accepts any)."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    return s3
+
+
+def s3_recipe(
+    tmp_path: Path, s3: S3, gpt2_dir: Path, root_bucket: str, root: str | None = None
+) -> Recipe:
+    """Two small datasets uploaded to ``s3://<bucket>/sources/<ds>/``; the storage root is
+    ``s3://<root_bucket>/root`` unless ``root`` names another (a local directory)."""
+    local = tmp_path / "sources"
+    docs = [{"text": d["text"][:1200]} for d in itertools.islice(stdlib_documents(kind="docs"), 30)]
+    code = [{"text": d["text"][:1200]} for d in itertools.islice(stdlib_documents(kind="code"), 20)]
+    write_jsonl_shards(iter(docs), local / "docs", shards=2, max_bytes=1 << 30)
+    write_jsonl_shards(iter(code), local / "code", shards=2, max_bytes=1 << 30, gzip_last=True)
+    s3.upload_tree(local, "sources")
+    data: dict[str, Any] = {
+        "storage": {"root": root or f"s3://{root_bucket}/root", "s3_endpoint_url": s3.endpoint},
+        "tokenizer": {"path": str(gpt2_dir), "append_eod": True},
+        "datasets": {
+            "docs": {"source": f"s3://{s3.bucket}/sources/docs/"},
+            "code": {"source": f"s3://{s3.bucket}/sources/code/"},
+        },
+        "nanoset": {"sequence_length": 32, "split": "80,10,10", "seed": 7, "train_samples": 100},
+        "blends": {"mix": {"weights": {"docs": 0.7, "code": 0.3}}},
+    }
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return load_recipe(path)
+
+
+def run_everything(recipe: Recipe, instance: DagsterInstance, work: Path) -> list[Any]:
+    """Every shard partition through its stages, then everything downstream; the results."""
+    assets, checks = build_assets(recipe)
+    resources = resources_for(recipe)
+    resources["storage"] = StorageResource(
+        root=recipe.storage.root, s3_endpoint_url=recipe.storage.s3_endpoint_url, work_dir=str(work)
+    )
+    results = []
+    for ds in recipe.datasets:
+        keys = sorted(list_shards(ds).shards)
+        instance.add_dynamic_partitions(partitions_name(ds.name), keys)
+        selection = [AssetKey([ds.name, stage]) for stage in SHARD_STAGES]
+        for key in keys:
+            results.append(
+                materialize(
+                    [*assets, *checks],
+                    instance=instance,
+                    resources=resources,
+                    partition_key=key,
+                    selection=selection,
+                    raise_on_error=False,
+                )
+            )
+            if not results[-1].success:
+                return results
+    downstream = [a.key for a in assets if a.partitions_def is None]
+    results.append(
+        materialize(
+            [*assets, *checks],
+            instance=instance,
+            resources=resources,
+            selection=downstream,
+            raise_on_error=False,
+        )
+    )
+    return results
+
+
+def everything_logged(instance: DagsterInstance) -> str:
+    """Every event of every run (messages, metadata, errors) as one string."""
+    return "\n".join(
+        repr(record) for run in instance.get_runs() for record in instance.all_logs(run.run_id)
+    )
+
+
+def test_every_stage_on_s3_then_pull_and_open(
+    s3_secret: S3, gpt2_dir: Path, tmp_path: Path
+) -> None:
+    s3 = s3_secret
+    recipe = s3_recipe(tmp_path, s3, gpt2_dir, s3.bucket)
+    work = tmp_path / "work"
+    with DagsterInstance.ephemeral() as instance:
+        results = run_everything(recipe, instance, work)
+        assert all(r.success for r in results)
+        evaluations = [e for r in results for e in r.get_asset_check_evaluations()]
+        assert len(evaluations) == 4 * 4 + 2 + 2 + 1 and all(e.passed for e in evaluations)
+        logged = everything_logged(instance)
+    assert SECRET not in logged
+    assert f"s3://{s3.bucket}/root/blends/mix/manifest.json" in logged  # metadata paths: S3 URIs
+    assert list(work.iterdir()) == []  # every work directory removed
+
+    keys = s3.keys("root/")
+    for ds in ("docs", "code"):
+        for suffix in (".bin", ".idx", ".manifest.json"):
+            assert f"root/merged/{ds}_text_document{suffix}" in keys
+        assert f"root/hf/{ds}/dataset_info.json" in keys
+        for shard in ("part-00000", "part-00001"):
+            assert f"root/tokens/{ds}/{shard}_text_document.manifest.json" in keys
+            assert f"root/raw/{ds}/{shard}.stats.json" in keys
+    assert not [k for k in keys if ".tmp-" in k or k.endswith(".lock")]
+    info = json.loads(
+        s3.client.get_object(Bucket=s3.bucket, Key="root/hf/docs/dataset_info.json")["Body"].read()
+    )
+    assert len(info["shards"]) == 2
+
+    report = pull(f"s3://{s3.bucket}/root/blends/mix/manifest.json", tmp_path / "pulled")
+    for split in ("train", "valid"):
+        blend = open_blend(report.manifest, split, verify="full")
+        assert len(blend) > 0
+        batch = blend.get_batch(np.arange(len(blend)))
+        assert batch.shape == (len(blend), 33) and int(batch.max()) < 50257
+
+
+def test_persistent_s3_error_fails_cleanly(s3_secret: S3, gpt2_dir: Path, tmp_path: Path) -> None:
+    s3 = s3_secret
+    missing = f"{s3.bucket}-gone"  # a root bucket that does not exist: every upload fails
+    recipe = s3_recipe(tmp_path, s3, gpt2_dir, missing)
+    work = tmp_path / "work"
+    with DagsterInstance.ephemeral() as instance:
+        results = run_everything(recipe, instance, work)
+        assert len(results) == 1 and not results[0].success
+        failure = next(e for e in results[0].all_events if e.is_step_failure)
+        message = failure.event_specific_data.error.to_string()
+        logged = everything_logged(instance)
+    assert (
+        f"InputError: uploading part-00000.quarantine.jsonl to s3://{missing}/root/raw/docs/"
+        in message
+        and "NoSuchBucket" in message
+    )
+    assert SECRET not in logged
+    assert list(work.iterdir()) == []
+    assert s3.keys("root/") == []
+    assert not any(b["Name"] == missing for b in s3.client.list_buckets()["Buckets"])
+
+
+def test_s3_listing_by_etag_and_size(s3: S3, gpt2_dir: Path, tmp_path: Path) -> None:
+    recipe = s3_recipe(tmp_path, s3, gpt2_dir, s3.bucket)
+    ds = recipe.dataset("docs")
+    put = s3.client.put_object
+    put(Bucket=s3.bucket, Key="sources/docs/notes.txt", Body=b"not a shard")
+    put(Bucket=s3.bucket, Key="sources/docs/part-9.jsonl.tmp-1", Body=b"{}\n")
+    put(Bucket=s3.bucket, Key="sources/docs/nested/part-7.jsonl", Body=b"{}\n")
+    before = list_shards(ds)
+    assert sorted(before.shards) == ["part-00000", "part-00001"] and before.rejected == []
+    head = s3.client.head_object(Bucket=s3.bucket, Key="sources/docs/part-00001.jsonl")
+    shard = before.shards["part-00001"]
+    assert shard.fingerprint == f"{head['ContentLength']}:{head['ETag'].strip(chr(34))}"
+    assert shard.path is None and shard.uri == f"s3://{s3.bucket}/sources/docs/part-00001.jsonl"
+
+    put(Bucket=s3.bucket, Key="sources/docs/part-00001.jsonl", Body=b'{"text": "changed"}\n')
+    put(Bucket=s3.bucket, Key="sources/docs/part-00002.jsonl", Body=b'{"text": "new"}\n')
+    s3.client.delete_object(Bucket=s3.bucket, Key="sources/docs/part-00000.jsonl")
+    diff = diff_listing(before.fingerprints(), list_shards(ds).fingerprints())
+    assert (diff.new, diff.changed, diff.vanished) == (
+        ["part-00002"],
+        ["part-00001"],
+        ["part-00000"],
+    )
+
+
+def test_materialize_refuses_an_s3_root_clearly(s3: S3, gpt2_dir: Path, tmp_path: Path) -> None:
+    recipe = s3_recipe(tmp_path, s3, gpt2_dir, s3.bucket)
+    with DagsterInstance.ephemeral() as instance, pytest.raises(ConfigError) as err:
+        materialize_recipe(recipe, instance)
+    assert str(err.value).startswith(f"storage.root s3://{s3.bucket}/root: tokenmill materialize")
+
+
+def test_stage_uploads_multipart_manifests_last_and_propagates_deletions(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(s3_stage, "MULTIPART_BYTES", 5 << 20)  # S3's smallest part size
+    for key, body in [
+        ("root/merged/a_text_document.bin", b"old"),
+        ("root/merged/a_text_document.manifest.json", b"{}"),
+        ("root/tokens/x.bin", b"gone soon"),
+    ]:
+        s3.client.put_object(Bucket=s3.bucket, Key=key, Body=body)
+    local = tmp_path / "root"
+    stage = s3_stage.S3Stage(s3_stage.s3_client(s3.endpoint), s3.bucket, "root", local)
+    stage.fetch(["merged/a_text_document", "tokens/"])
+    assert sorted(stage.fetched) == [
+        "merged/a_text_document.bin",
+        "merged/a_text_document.manifest.json",
+        "tokens/x.bin",
+    ]
+    big = np.random.default_rng(0).bytes(11 << 20)
+    (local / "merged/a_text_document.bin").write_bytes(big)
+    (local / "merged/a_text_document.manifest.json").write_text('{"new": 1}')
+    (local / "tokens/x.bin").unlink()
+    (local / "nanoset").mkdir()
+    (local / "nanoset/h-Nanoset-train.lock").write_bytes(b"")
+    (local / "nanoset/h-Nanoset-train-doc.npy.tmp-123").write_bytes(b"partial")
+    (local / "nanoset/h-Nanoset-train-doc.npy").write_bytes(b"index")
+
+    assert stage.push() == [
+        "merged/a_text_document.bin",
+        "nanoset/h-Nanoset-train-doc.npy",
+        "merged/a_text_document.manifest.json",
+    ]
+    assert s3.keys("root/") == [
+        "root/merged/a_text_document.bin",
+        "root/merged/a_text_document.manifest.json",
+        "root/nanoset/h-Nanoset-train-doc.npy",
+    ]
+    head = s3.client.head_object(Bucket=s3.bucket, Key="root/merged/a_text_document.bin")
+    assert head["ETag"].strip('"').endswith("-3")  # three parts: a multipart upload
+    body = s3.client.get_object(Bucket=s3.bucket, Key="root/merged/a_text_document.bin")["Body"]
+    assert body.read() == big
+
+
+def test_shard_sensor_on_an_s3_source(s3: S3, gpt2_dir: Path, tmp_path: Path) -> None:
+    recipe = s3_recipe(tmp_path, s3, gpt2_dir, s3.bucket)
+    sensor = build_definitions(recipe).resolve_sensor_def("code_shard_sensor")
+    listing = list_shards(recipe.dataset("code"))
+    with DagsterInstance.ephemeral() as instance:
+        result = sensor(build_sensor_context(instance=instance))
+    assert sorted(listing.shards) == ["part-00000", "part-00001"]
+    assert [r.run_key for r in result.run_requests] == [
+        f"{k}:{s.fingerprint}" for k, s in sorted(listing.shards.items())
+    ]
+    assert json.loads(result.cursor) == listing.fingerprints()
+
+
+def test_materialize_a_local_root_from_s3_sources(s3: S3, gpt2_dir: Path, tmp_path: Path) -> None:
+    recipe = s3_recipe(tmp_path, s3, gpt2_dir, s3.bucket, root=str(tmp_path / "data"))
+    with DagsterInstance.ephemeral() as instance:
+        assert materialize_recipe(recipe, instance) == 0
+    stats = json.loads((tmp_path / "data/raw/docs/part-00001.stats.json").read_text())
+    assert stats["path"] == f"s3://{s3.bucket}/sources/docs/part-00001.jsonl"
+    blend = open_blend(tmp_path / "data/blends/mix/manifest.json", "train", verify="full")
+    assert len(blend) == 100
