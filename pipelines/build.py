@@ -37,10 +37,11 @@ def build_definitions(recipe: Recipe) -> Definitions:
     for ds in recipe.datasets:
         per_dataset = [shard_job(ds.name), merge_job(ds.name)]
         jobs += per_dataset
-        sensors.append(build_shard_sensor(ds, per_dataset))
+        endpoint = recipe.storage.s3_endpoint_url
+        sensors.append(build_shard_sensor(ds, per_dataset, endpoint))
         if recipe.schedules.reprocess:
             schedules.append(
-                build_reprocess_schedule(ds, recipe.schedules.reprocess, per_dataset[0])
+                build_reprocess_schedule(ds, recipe.schedules.reprocess, per_dataset[0], endpoint)
             )
     if recipe.schedules.refresh:
         schedules.append(build_refresh_schedule(recipe.schedules.refresh, refresh))

@@ -19,9 +19,12 @@ from pipelines.sources import list_shards
 from tokenmill.recipe import DatasetConfig
 
 
-def build_reprocess_schedule(ds: DatasetConfig, cron: str, job: AssetJob) -> ScheduleDefinition:
+def build_reprocess_schedule(
+    ds: DatasetConfig, cron: str, job: AssetJob, endpoint_url: str | None = None
+) -> ScheduleDefinition:
     """``<ds>_reprocess``: re-validate and re-tokenize every current shard (e.g. after a
-    tokenizer change); the downstream assets then follow through automation."""
+    tokenizer change); the downstream assets then follow through automation. ``endpoint_url``
+    is the S3 endpoint of an ``s3://`` source."""
 
     @schedule(
         name=f"{ds.name}_reprocess",
@@ -32,7 +35,7 @@ def build_reprocess_schedule(ds: DatasetConfig, cron: str, job: AssetJob) -> Sch
     )
     def reprocess(context: ScheduleEvaluationContext) -> list[RunRequest] | SkipReason:
         registered = set(context.instance.get_dynamic_partitions(partitions_name(ds.name)))
-        shards = list_shards(ds).shards
+        shards = list_shards(ds, endpoint_url).shards
         keys = sorted(registered & set(shards))
         if not keys:
             return SkipReason(f"{ds.name}: no registered shards present in {ds.source}")

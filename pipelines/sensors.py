@@ -131,9 +131,11 @@ def plan_tick(cursor: str | None, listing: Listing, registered: set[str]) -> Tic
     )
 
 
-def build_shard_sensor(ds: DatasetConfig, jobs: list[AssetJob]) -> SensorDefinition:
+def build_shard_sensor(
+    ds: DatasetConfig, jobs: list[AssetJob], endpoint_url: str | None = None
+) -> SensorDefinition:
     """The ``<ds>_shard_sensor`` of one dataset (default running); ``jobs`` are the dataset's
-    shard and merge jobs."""
+    shard and merge jobs; ``endpoint_url`` the S3 endpoint of an ``s3://`` source."""
     partitions = shard_partitions(ds.name)
 
     @sensor(
@@ -144,7 +146,7 @@ def build_shard_sensor(ds: DatasetConfig, jobs: list[AssetJob]) -> SensorDefinit
         description=f"Watches {ds.source} for new, changed and vanished shards of {ds.name}.",
     )
     def shard_sensor(context: SensorEvaluationContext) -> SensorResult:
-        listing = list_shards(ds)
+        listing = list_shards(ds, endpoint_url)
         registered = set(context.instance.get_dynamic_partitions(partitions_name(ds.name)))
         plan = plan_tick(context.cursor, listing, registered)
         for message in plan.messages:
