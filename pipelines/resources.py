@@ -24,6 +24,7 @@ from pipelines import s3
 from pipelines.partitions import check_partition_key
 from pipelines.sources import ShardFile
 from tokenmill.errors import ConfigError
+from tokenmill.s3 import split_uri
 from tokenmill.tokenizer import TokenizerInfo, inspect_tokenizer
 
 # Work directories of the steps running now and the S3 root each stands for (for metadata).
@@ -54,7 +55,7 @@ class Workspace:
         """The shard as a local file: an S3 shard is downloaded into the work directory."""
         if shard.path is not None:
             return shard
-        bucket, key = s3.split_uri(shard.uri)
+        bucket, key = split_uri(shard.uri)
         client = self.stage.client if self.stage else s3.s3_client(self.storage.s3_endpoint_url)
         path = self.scratch / "sources" / key.rsplit("/", 1)[-1]
         s3.download(client, bucket, key, path)
@@ -109,7 +110,7 @@ class StorageResource(ConfigurableResource):
             if not self.is_s3:
                 yield Workspace(self, None, scratch)
                 return
-            bucket, prefix = s3.split_uri(self.root)
+            bucket, prefix = split_uri(self.root)
             local = scratch / "root"
             local.mkdir()
             stage = s3.S3Stage(s3.s3_client(self.s3_endpoint_url), bucket, prefix, local)

@@ -16,31 +16,17 @@ describes files which are not there.
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from tokenmill._atomic import TMP_MARK, commit, temp_path_for
-from tokenmill.errors import ConfigError, InputError
-from tokenmill.pull import ATTEMPTS, BACKOFF_SECONDS
-
-T = TypeVar("T")
+from tokenmill.s3 import retrying
 
 MULTIPART_BYTES = 64 << 20  # larger files go up (and down) in parts of this size
 MAX_ATTEMPTS = 8  # botocore's own retries per request, below ours per transfer
 DATASET_MANIFEST_SUFFIX = ".manifest.json"
-
-
-def split_uri(uri: str) -> tuple[str, str]:
-    """``s3://bucket/some/prefix/`` → ``("bucket", "some/prefix")``; ConfigError without bucket."""
-    if not uri.startswith("s3://"):
-        raise ConfigError(f"{uri}: not an s3:// URI")
-    bucket, _, prefix = uri[len("s3://") :].partition("/")
-    if not bucket:
-        raise ConfigError(f"{uri}: no bucket name")
-    return bucket, prefix.strip("/")
 
 
 def s3_client(endpoint_url: str | None) -> Any:
@@ -49,37 +35,6 @@ def s3_client(endpoint_url: str | None) -> Any:
 
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
     return S3Resource(endpoint_url=endpoint, max_attempts=MAX_ATTEMPTS).get_client()
-
-
-def transient(exc: BaseException) -> bool:
-    """Worth another try: a 5xx or throttling answer, or a connection/IO problem, also when
-    wrapped (boto3's transfer errors wrap the ClientError that caused them)."""
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
-
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ClientError):
-            status = seen.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-            return int(status) >= 500 or "Throttl" in str(seen.response.get("Error", {}))
-        if isinstance(seen, NoCredentialsError):
-            return False
-        if isinstance(seen, BotoCoreError | OSError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def retrying(what: str, op: Callable[[], T]) -> T:
-    """``op()`` with transient errors retried (exponential backoff); InputError naming ``what``."""
-    attempt = 1
-    while True:
-        try:
-            return op()
-        except Exception as exc:
-            if attempt >= ATTEMPTS or not transient(exc):
-                raise InputError(f"{what}: {type(exc).__name__}: {exc}") from exc
-        time.sleep(BACKOFF_SECONDS * 2 ** (attempt - 1))
-        attempt += 1
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from pipelines.partitions import partition_key_for
 from tokenmill._atomic import TMP_MARK
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.recipe import SHARD_SUFFIXES, DatasetConfig
+from tokenmill.s3 import split_uri
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class ListingDiff:
 def _candidates(ds: DatasetConfig, endpoint_url: str | None) -> Iterator[ShardFile]:
     """Every file directly in the source as a ShardFile keyed by its file name (unchecked)."""
     if ds.is_s3:
-        bucket, prefix = s3.split_uri(ds.source)
+        bucket, prefix = split_uri(ds.source)
         folder = f"{prefix}/" if prefix else ""
         client = s3.s3_client(endpoint_url)
         for obj in s3.list_objects(client, bucket, folder, recursive=False):

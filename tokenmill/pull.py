@@ -34,13 +34,12 @@ from typing import Any
 from tokenmill._atomic import commit, remove_stale_temps, temp_path_for, write_bytes
 from tokenmill.errors import CacheError, ConfigError, FormatError, InputError
 from tokenmill.loader._manifest import MANIFEST_NAME, read_blend_manifest, verify_manifest
+from tokenmill.s3 import ATTEMPTS, BACKOFF_SECONDS, is_transient
 
 __all__ = ["PullReport", "pull"]
 
 CHUNK = 1 << 22
 DEFAULT_JOBS = 8
-ATTEMPTS = 4  # per file, for transient errors in the middle of a transfer
-BACKOFF_SECONDS = 0.5
 DATASET_MANIFEST_SUFFIX = ".manifest.json"
 
 
@@ -134,12 +133,7 @@ class _S3Source:
         return code in ("NoSuchKey", "404")
 
     def transient(self, exc: BaseException) -> bool:
-        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
-
-        if isinstance(exc, ClientError):
-            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-            return int(status) >= 500 or "Throttl" in str(exc.response.get("Error", {}))
-        return isinstance(exc, BotoCoreError | OSError) and not isinstance(exc, NoCredentialsError)
+        return is_transient(exc)
 
 
 _Source = _LocalSource | _S3Source
