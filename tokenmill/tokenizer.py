@@ -326,7 +326,7 @@ class Encoder:
 
 
 class GigatokenEncoder(Encoder):
-    """gigatoken's Rust BPE, a whole batch per call (its thread pool when ``threads``).
+    """gigatoken's Rust BPE: per text on one thread, a whole batch on its pool with ``threads``.
 
     Loaded from the cached ranks with gigatoken's built-in pre-tokenizer when the regex has one
     (3x faster to load than tokenizer.json); it then works in rank space, and ``pack`` maps the
@@ -356,14 +356,23 @@ class GigatokenEncoder(Encoder):
         self._tok = gigatoken.Tokenizer(backend)
 
     def _encode_flat(self, texts: list[str], threads: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Flat uint32 ranks and per-text lengths; ``threads=False`` stays on this thread."""
+        """Flat uint32 ranks and per-text lengths.
+
+        On one thread each text is encoded on its own (numpy out); with ``threads`` the batch
+        call spreads texts over gigatoken's pool and returns an awkward array, whose two buffers
+        are read directly. awkward costs ~0.5 s to import, so the one-thread path avoids it.
+        """
         if not texts:
             return np.empty(0, np.uint32), np.empty(0, np.int64)
-        out = self._tok.encode_batch(texts, parallel=None if threads else False)
-        # An awkward ListOffsetArray: read its two numpy buffers directly (no per-text objects).
-        offsets = np.asarray(out.layout.offsets.data)
-        flat = np.asarray(out.layout.content.data)[offsets[0] : offsets[-1]]
-        lengths = np.diff(offsets)
+        if threads:
+            out = self._tok.encode_batch(texts, parallel=None)
+            offsets = np.asarray(out.layout.offsets.data)
+            flat = np.asarray(out.layout.content.data)[offsets[0] : offsets[-1]]
+            lengths = np.diff(offsets)
+        else:
+            parts = [self._tok.encode(t) for t in texts]
+            lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
+            flat = np.concatenate(parts) if parts else np.empty(0, np.uint32)
         flat, lengths = np.asarray(flat), np.asarray(lengths, dtype=np.int64)
         if lengths.shape != (len(texts),) or int(lengths.sum()) != flat.size:
             raise TokenmillError(
