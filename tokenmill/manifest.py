@@ -136,8 +136,11 @@ def read_dataset_manifest(prefix: str | os.PathLike[str]) -> dict[str, Any]:
 
 def check_dataset_files(prefix: str | os.PathLike[str], *, full: bool = False) -> list[str]:
     """Problems between a dataset's manifest and its files: sizes always, sha256 when ``full``."""
-    prefix = Path(prefix)
-    manifest = read_dataset_manifest(prefix)
+    return file_problems(Path(prefix), read_dataset_manifest(prefix), full=full)
+
+
+def file_problems(prefix: Path, manifest: dict[str, Any], *, full: bool) -> list[str]:
+    """Problems between an already loaded dataset manifest and the files beside ``prefix``."""
     problems = []
     for name, info in manifest["files"].items():
         p = prefix.parent / name
@@ -173,7 +176,7 @@ def dataset_content_hash(prefix: str | os.PathLike[str]) -> str:
     prefix = Path(prefix)
     if dataset_manifest_path(prefix).is_file():
         manifest = read_dataset_manifest(prefix)
-        if not check_dataset_files(prefix):
+        if not file_problems(prefix, manifest, full=False):
             return str(manifest["content_hash"])
     files = describe_files([data_file_path(prefix), index_file_path(prefix)], root=prefix.parent)
     return _content_hash(files)

@@ -34,7 +34,7 @@ from typing import Any
 from tokenmill._atomic import commit, remove_stale_temps, temp_path_for, write_bytes
 from tokenmill.errors import CacheError, ConfigError, FormatError, InputError
 from tokenmill.loader._manifest import MANIFEST_NAME, read_blend_manifest, verify_manifest
-from tokenmill.s3 import ATTEMPTS, BACKOFF_SECONDS, is_transient
+from tokenmill.s3 import ATTEMPTS, BACKOFF_SECONDS, is_transient, split_uri
 
 __all__ = ["PullReport", "pull"]
 
@@ -142,10 +142,7 @@ _Source = _LocalSource | _S3Source
 def _open_source(uri: str, endpoint_url: str | None, jobs: int) -> tuple[_Source, str]:
     """The source and the manifest's key; a folder (or S3 prefix) means its manifest.json."""
     if uri.startswith("s3://"):
-        bucket, _, key = uri[len("s3://") :].partition("/")
-        if not bucket:
-            raise ConfigError(f"manifest URI {uri}: no bucket name")
-        key = key.strip("/")
+        bucket, key = split_uri(uri)
         if not key.endswith(".json"):
             key = posixpath.join(key, MANIFEST_NAME) if key else MANIFEST_NAME
         return _S3Source(bucket, endpoint_url, jobs), key

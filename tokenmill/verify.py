@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tokenmill.errors import FormatError
 from tokenmill.formats.indexed import IndexedDataset
-from tokenmill.manifest import check_dataset_files, dataset_manifest_path, read_dataset_manifest
+from tokenmill.manifest import dataset_manifest_path, file_problems, read_dataset_manifest
 
 
 def verify_dataset(prefix: str | os.PathLike[str], *, full: bool = True) -> list[str]:
@@ -30,7 +30,7 @@ def verify_dataset(prefix: str | os.PathLike[str], *, full: bool = True) -> list
         manifest = read_dataset_manifest(prefix)
     except FormatError as exc:
         return [str(exc)]
-    problems += check_dataset_files(prefix, full=full)
+    problems += file_problems(prefix, manifest, full=full)
     for key, value in counts.items():
         recorded = manifest["counts"].get(key)
         if recorded is not None and recorded != value:
