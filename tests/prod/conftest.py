@@ -19,12 +19,11 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from prod_servers import S3, Postgres
 
 from tokenmill.blend_manifest import build_blend
 from tokenmill.formats.indexed import IndexedDatasetWriter
@@ -75,28 +74,6 @@ def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-@dataclass(frozen=True)
-class S3:
-    """A fresh bucket on the moto server, with a client for setting up and inspecting it."""
-
-    endpoint: str
-    bucket: str
-    client: Any
-
-    def upload_tree(self, local: Path, prefix: str) -> None:
-        """Upload every file under ``local`` to ``prefix/<relative path>``."""
-        for path in sorted(p for p in local.rglob("*") if p.is_file()):
-            key = f"{prefix}/{path.relative_to(local).as_posix()}".lstrip("/")
-            self.client.upload_file(str(path), self.bucket, key)
-
-    def keys(self, prefix: str = "") -> list[str]:
-        """Every key under ``prefix``, sorted."""
-        pages = self.client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=prefix
-        )
-        return sorted(obj["Key"] for page in pages for obj in page.get("Contents", []))
 
 
 @pytest.fixture
@@ -170,26 +147,6 @@ def _pg_bin(name: str) -> str:
     if found is None:
         raise RuntimeError(f"{name} not found: install Debian's postgresql (.ci/run does)")
     return found
-
-
-@dataclass(frozen=True)
-class Postgres:
-    """A throwaway cluster on 127.0.0.1: connection settings for a ``dagster`` database."""
-
-    host: str
-    port: int
-    user: str
-    db: str
-
-    def env(self) -> dict[str, str]:
-        """The variables ``infra/dagster.yaml`` reads its Postgres settings from."""
-        return {
-            "DAGSTER_PG_HOST": self.host,
-            "DAGSTER_PG_PORT": str(self.port),
-            "DAGSTER_PG_USERNAME": self.user,
-            "DAGSTER_PG_PASSWORD": "",
-            "DAGSTER_PG_DB": self.db,
-        }
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,11 @@ from typing import Any
 import psycopg2
 import pytest
 import yaml
-from conftest import S3, Postgres
 from dagster import DagsterInstance, asset, materialize
 from dagster._config import process_config
 from dagster._core.instance.config import dagster_instance_config
 from dagster._serdes.config_class import class_from_code_pointer
+from prod_servers import S3, Postgres
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 

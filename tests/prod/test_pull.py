@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import S3
+from prod_servers import S3
 
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError, InputError

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from conftest import S3
+from prod_servers import S3
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # the code location (assets/, pipelines/) lives at the repo root
