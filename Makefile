@@ -26,7 +26,7 @@ sysdeps:
 	bash .ci/sysdeps
 
 test: install sysdeps
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -p no:cacheprovider
 
 lint: install
 	$(BIN)/ruff check .
