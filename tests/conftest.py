@@ -1,4 +1,5 @@
-"""Session fixtures: real offline tokenizers (GPT-2, Tekken), a tiny trained one, a verify cache.
+"""Session fixtures: real offline tokenizers (GPT-2, Tekken), a tiny trained one, a verify cache;
+and, from ``servers.py``, moto_server S3 and Postgres on loopback for any test that asks.
 
 The bundled tokenizers are built once into the repo's git-ignored ``.tokenizers/`` (the same
 place ``make tokenizers`` uses) and reused by later sessions; engine verification results go to
@@ -11,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from servers import moto_endpoint, postgres, s3, storage_root  # noqa: F401 (fixtures)
 
 from tokenmill.bundled import build_bundled_tokenizer
 

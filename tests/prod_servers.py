@@ -1,5 +1,4 @@
-"""The servers the production tests run against, as handed to tests by ``conftest.py``
-fixtures (a module of its own, so test modules import it by a name no other conftest shares)."""
+"""The servers tests run against, as the fixtures in ``servers.py`` hand them out."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Fixtures for the production tests: real S3 (moto_server) and Postgres servers on loopback.
+"""Server fixtures (registered by ``tests/conftest.py`` for every directory): real S3
+(moto_server) and Postgres servers on loopback, and a blend-shaped storage root.
 
 ``moto_server`` is a real HTTP server speaking the S3 protocol (from ``moto[server]``); it runs
 as a child process on a free 127.0.0.1 port for the whole session and is stopped by its PID.
