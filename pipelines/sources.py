@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines import s3
-from pipelines.partitions import partition_key_for
+from pipelines.partitions import check_partition_key, partition_key_for
 from tokenmill._atomic import TMP_MARK
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.recipe import SHARD_SUFFIXES, DatasetConfig
@@ -92,7 +92,7 @@ def list_shards(ds: DatasetConfig, endpoint_url: str | None = None) -> Listing:
         if not fnmatch.fnmatchcase(name, ds.glob):
             continue
         try:
-            key = partition_key_for(found.path or name)
+            key = partition_key_for(found.path or check_partition_key(name))
         except ConfigError as exc:
             rejected.append(f"{found.location}: {exc}")
             continue
@@ -114,8 +114,9 @@ def diff_listing(previous: Mapping[str, str], current: Mapping[str, str]) -> Lis
 
 
 def find_shard(ds: DatasetConfig, key: str, endpoint_url: str | None = None) -> ShardFile:
-    """The shard file behind a partition key; InputError if the source no longer has it."""
-    shard = list_shards(ds, endpoint_url).shards.get(key)
+    """The shard file behind a partition key; ConfigError for an unsafe key, InputError if the
+    source no longer has it."""
+    shard = list_shards(ds, endpoint_url).shards.get(check_partition_key(key))
     if shard is None:
         raise InputError(
             f"dataset {ds.name}: shard {key!r} is not in {ds.source} any more; the shard sensor "

@@ -40,6 +40,23 @@ def commit(tmp: str | os.PathLike[str], final: str | os.PathLike[str]) -> None:
 
 
 @contextlib.contextmanager
+def name_os_errors(
+    path: str | os.PathLike[str], source: str | os.PathLike[str] | None = None
+) -> Iterator[None]:
+    """Re-raise an OSError that carries no file name (how a full or failing disk reports a
+    write: ENOSPC, EIO) with ``path`` as its file (and ``source`` when copying from one)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        if exc.errno is None:
+            raise OSError(f"{os.fspath(path)}: {exc}") from exc
+        names = [os.fspath(path)] if source is None else [os.fspath(source), None, os.fspath(path)]
+        raise OSError(exc.errno, exc.strerror or str(exc), *names) from exc
+
+
+@contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
     """Open a temp sibling for writing; on clean exit fsync and rename it to ``path``.
 
@@ -49,7 +66,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[A
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path_for(final)
     try:
-        with open(tmp, mode) as fh:
+        with name_os_errors(final), open(tmp, mode) as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
@@ -71,12 +88,34 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
 
 
+def writer_alive(suffix: str) -> bool:
+    """Whether the process named by a temp name's ``<pid>-<random>`` suffix still runs (a zombie
+    counts as dead): its temp file is being written, not left over."""
+    try:
+        pid = int(suffix.split("-", 1)[0])
+        if pid <= 0:
+            return False
+        os.kill(pid, 0)
+    except (ValueError, ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True  # no procfs: the signal check is all there is
+    return state not in ("Z", "X")
+
+
 def remove_stale_temps(path: str | os.PathLike[str]) -> None:
-    """Delete temp siblings of ``path`` left by a killed writer (any pid)."""
+    """Delete temp siblings of ``path`` left by killed writers. Temps of live processes stay:
+    they belong to a concurrent writer of the same path (e.g. two runs of one partition)."""
     p = Path(path)
     if not p.parent.is_dir():
         return
     for cand in p.parent.glob(f"{p.name}{TMP_MARK}*"):
+        if writer_alive(cand.name[len(p.name) + len(TMP_MARK) :]):
+            continue
         with contextlib.suppress(FileNotFoundError):
             cand.unlink()
 

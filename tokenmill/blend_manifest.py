@@ -32,9 +32,10 @@ nanotron blends ``Σ len`` samples with the configured weights (its reference be
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,8 +131,8 @@ def _check_settings(
         raise ConfigError(f"temperature must be > 0, got {temperature}")
     if semantics not in SEMANTICS:
         raise ConfigError(f"semantics must be one of {SEMANTICS}, got {semantics!r}")
-    if sequence_length < 1:
-        raise ConfigError(f"sequence_length must be >= 1, got {sequence_length}")
+    if sequence_length < 2:
+        raise ConfigError(f"sequence_length must be >= 2, got {sequence_length}")
     for split, n in sizes.items():
         if (n is None and split == "train") or (n is not None and n < 1):
             raise ConfigError(f"{split}_samples must be an integer >= 1, got {n!r}")
@@ -200,13 +201,14 @@ def build_blend(
         },
     )
     splits = {}
-    for position, split in enumerate(SPLITS):
-        ranges = {
-            n: split_ranges(split_spec, len(lengths), semantics)[position]
-            for n, lengths in plan.lengths.items()
-        }
-        if any(r is not None for r in ranges.values()):
-            splits[split] = _build_split(plan, split, ranges, sizes[split])
+    with _arrays_removed_on_error(root):
+        for position, split in enumerate(SPLITS):
+            ranges = {
+                n: split_ranges(split_spec, len(lengths), semantics)[position]
+                for n, lengths in plan.lengths.items()
+            }
+            if any(r is not None for r in ranges.values()):
+                splits[split] = _build_split(plan, split, ranges, sizes[split])
     normalized = blending.normalize_weights(configured).tolist()
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -225,8 +227,21 @@ def build_blend(
         "datasets": entries,
         "splits": splits,
     }
-    write_json(mpath, manifest)
+    with _arrays_removed_on_error(root):
+        write_json(mpath, manifest)
     return manifest
+
+
+@contextlib.contextmanager
+def _arrays_removed_on_error(root: Path) -> Iterator[None]:
+    """On an error (e.g. a full disk) remove the blend arrays: none stays without a manifest."""
+    try:
+        yield
+    except BaseException:
+        for split in SPLITS:
+            for array in BLEND_ARRAYS:
+                (root / blend_array_name(split, array)).unlink(missing_ok=True)
+        raise
 
 
 def _split_indices(

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tokenmill._atomic import TMP_MARK, fsync_dir
+from tokenmill._atomic import TMP_MARK, fsync_dir, writer_alive
 from tokenmill.errors import ConfigError, TokenmillError
 
 # (text, ids) that each freshly built tokenizer must reproduce: a guard against a changed package.
@@ -91,17 +91,6 @@ def _self_check(name: str, path: Path) -> None:
         )
 
 
-def _builder_alive(suffix: str) -> bool:
-    """Whether the process named in a temp dir's ``<pid>-<random>`` suffix still runs."""
-    try:
-        os.kill(int(suffix.split("-")[0]), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def build_bundled_tokenizer(name: str, dest: str | os.PathLike[str]) -> Path:
     """Build tokenizer ``name`` (``gpt2`` or ``tekken``) into ``dest``; return ``dest``.
 
@@ -116,7 +105,7 @@ def build_bundled_tokenizer(name: str, dest: str | os.PathLike[str]) -> Path:
         raise ConfigError(f"{dest}: exists and is not a tokenizer directory; choose another DEST")
     dest.parent.mkdir(parents=True, exist_ok=True)
     for stale in dest.parent.glob(f"{dest.name}{TMP_MARK}*"):
-        if not _builder_alive(stale.name[len(dest.name) + len(TMP_MARK) :]):
+        if not writer_alive(stale.name[len(dest.name) + len(TMP_MARK) :]):
             shutil.rmtree(stale, ignore_errors=True)
     tmp = dest.with_name(f"{dest.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,6 +1,6 @@
 """The ``tokenmill`` command: one subcommand module per verb under ``tokenmill.commands``.
 
-Exit codes: 0 success, 1 failure (bad data, failed check), 2 usage error.
+Exit codes: 0 success, 1 failure (bad data, failed check, disk error), 2 usage error.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"tokenmill {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except TokenmillError as exc:
+    except (TokenmillError, OSError) as exc:  # OSError: a full or failing disk, named file
         print(f"tokenmill {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

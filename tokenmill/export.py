@@ -23,7 +23,14 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tokenmill._atomic import commit, file_sha256, remove_stale_temps, temp_path_for, write_bytes
+from tokenmill._atomic import (
+    commit,
+    file_sha256,
+    name_os_errors,
+    remove_stale_temps,
+    temp_path_for,
+    write_bytes,
+)
 from tokenmill.errors import ConfigError, FormatError, InputError
 from tokenmill.ingest import (
     ON_BAD_RECORD,
@@ -242,7 +249,8 @@ def export_shard(
             _learn(plan, batch.records or [])
         final.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(final)
-        second = _write_with_fallback(input_path, tmp, plan, on_bad_record, row_group_rows)
+        with name_os_errors(final):  # pyarrow's and fsync's disk errors name no file
+            second = _write_with_fallback(input_path, tmp, plan, on_bad_record, row_group_rows)
         _check_same(input_path, stats, second)
         commit(tmp, final)
     except BaseException:

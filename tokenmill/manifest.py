@@ -127,11 +127,51 @@ def read_dataset_manifest(prefix: str | os.PathLike[str]) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(path, "manifest", f"not valid JSON ({exc})") from exc
     if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
-        raise FormatError(path, "format_version", f"expected {FORMAT_VERSION}")
+        found = manifest.get("format_version") if isinstance(manifest, dict) else manifest
+        raise FormatError(path, "format_version", f"found {found!r}, expected {FORMAT_VERSION}")
     for key in ("files", "counts", "content_hash"):
         if key not in manifest:
             raise FormatError(path, key, "missing from the manifest")
+    _check_schema(path, Path(prefix).name, manifest)
     return manifest
+
+
+def _is_digest(info: object) -> bool:
+    """True for ``{bytes: int >= 0, sha256: str, ...}``."""
+    return (
+        isinstance(info, dict)
+        and type(info.get("bytes")) is int
+        and info["bytes"] >= 0
+        and isinstance(info.get("sha256"), str)
+    )
+
+
+def _check_schema(path: Path, name: str, manifest: dict[str, Any]) -> None:
+    """FormatError for fields of the wrong shape, or ``files`` naming anything but the pair
+    beside the manifest (a tampered manifest must not make readers look elsewhere)."""
+    if not isinstance(manifest["counts"], dict):
+        raise FormatError(path, "counts", f"expected a mapping, found {manifest['counts']!r}")
+    if not isinstance(manifest["content_hash"], str):
+        raise FormatError(
+            path, "content_hash", f"expected a string, found {manifest['content_hash']!r}"
+        )
+    files = manifest["files"]
+    pair = sorted(f"{name}{suffix}" for suffix in (".bin", ".idx"))
+    if not isinstance(files, dict) or sorted(files) != pair:
+        shown = sorted(files) if isinstance(files, dict) else files
+        raise FormatError(path, "files", f"expected entries for {pair}, found {shown!r}")
+    for file_name, info in files.items():
+        parts = info.get("parts") if isinstance(info, dict) else None
+        by_parts = (
+            isinstance(parts, list)
+            and all(_is_digest(part) for part in parts)
+            and type(info.get("bytes")) is int
+            and isinstance(info.get("sha256_of_parts"), str)
+        )
+        if not (_is_digest(info) or by_parts):
+            raise FormatError(
+                path, f"files.{file_name}", f"expected {{bytes, sha256}} or parts, found {info!r}"
+            )
 
 
 def check_dataset_files(prefix: str | os.PathLike[str], *, full: bool = False) -> list[str]:

@@ -21,7 +21,12 @@ from tokenmill.formats.indexed import (
     data_file_path,
     index_file_path,
 )
-from tokenmill.manifest import bin_parts, dataset_content_hash, write_dataset_manifest
+from tokenmill.manifest import (
+    bin_parts,
+    dataset_content_hash,
+    dataset_manifest_path,
+    write_dataset_manifest,
+)
 
 ORDERS = ("given", "lexicographic", "natural")
 _PAIR_SUFFIXES = (".bin", ".idx")
@@ -105,25 +110,33 @@ def merge_datasets(
     first = IndexedDataset(prefixes[0])
     dtype = first.dtype
     first.close()
-    with IndexedDatasetWriter(out, dtype) as writer:
-        for q in prefixes:
-            writer.add_index(q)
-    merged = IndexedDataset(out)
-    counts = {
-        "documents": merged.num_documents,
-        "sequences": len(merged),
-        "tokens": merged.num_tokens,
-    }
-    nbytes = merged.bin_path.stat().st_size
-    merged.close()
-    manifest = write_dataset_manifest(
-        out,
-        kind="merged",
-        inputs=[{"prefix": str(q), "content_hash": dataset_content_hash(q)} for q in prefixes],
-        config={"order": order, "dtype": str(dtype)},
-        counts=counts,
-        bin_parts=[part for q in prefixes for part in bin_parts(q)],
-    )
+    # The old manifest goes first: it must never vouch for a new pair of the same sizes.
+    outputs = (dataset_manifest_path(out), data_file_path(out), index_file_path(out))
+    outputs[0].unlink(missing_ok=True)
+    try:
+        with IndexedDatasetWriter(out, dtype) as writer:
+            for q in prefixes:
+                writer.add_index(q)
+        merged = IndexedDataset(out)
+        counts = {
+            "documents": merged.num_documents,
+            "sequences": len(merged),
+            "tokens": merged.num_tokens,
+        }
+        nbytes = merged.bin_path.stat().st_size
+        merged.close()
+        manifest = write_dataset_manifest(
+            out,
+            kind="merged",
+            inputs=[{"prefix": str(q), "content_hash": dataset_content_hash(q)} for q in prefixes],
+            config={"order": order, "dtype": str(dtype)},
+            counts=counts,
+            bin_parts=[part for q in prefixes for part in bin_parts(q)],
+        )
+    except BaseException:  # e.g. a full disk: no pair is left without its manifest
+        for path in outputs:
+            path.unlink(missing_ok=True)
+        raise
     return MergeResult(
         prefix=out,
         inputs=prefixes,

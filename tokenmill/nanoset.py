@@ -236,7 +236,19 @@ def _build_entry(
     paths: dict[str, Path], key: dict[str, Any], digest: str, lengths: np.ndarray
 ) -> None:
     """Compute the arrays and commit them: arrays first, the description last."""
-    cache.remove_entry([paths["description"], *(paths[name] for name in ARRAYS)])
+    entry = [paths["description"], *(paths[name] for name in ARRAYS)]
+    cache.remove_entry(entry)
+    try:
+        _write_entry(paths, key, digest, lengths)
+    except BaseException:  # e.g. a full disk: no arrays stay without their description
+        cache.remove_entry(entry)
+        raise
+
+
+def _write_entry(
+    paths: dict[str, Path], key: dict[str, Any], digest: str, lengths: np.ndarray
+) -> None:
+    """The arrays of one entry, then its description."""
     document_index, sample_index, shuffle_index, plan = compute_indices(
         lengths,
         tuple(key["split_range"]),

@@ -31,16 +31,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenmill._atomic import commit, remove_stale_temps, temp_path_for, write_bytes
+from tokenmill._atomic import (
+    commit,
+    name_os_errors,
+    remove_stale_temps,
+    temp_path_for,
+    write_bytes,
+)
 from tokenmill.errors import CacheError, ConfigError, FormatError, InputError
 from tokenmill.loader._manifest import MANIFEST_NAME, read_blend_manifest, verify_manifest
-from tokenmill.s3 import ATTEMPTS, BACKOFF_SECONDS, is_transient, split_uri
+from tokenmill.s3 import ATTEMPTS, BACKOFF_SECONDS, is_transient, retrying, split_uri
 
 __all__ = ["PullReport", "pull"]
 
 CHUNK = 1 << 22
 DEFAULT_JOBS = 8
 DATASET_MANIFEST_SUFFIX = ".manifest.json"
+INDEX_DESCRIPTION = "-description.json"  # the commit point of a Nanoset cache entry
 
 
 @dataclass(frozen=True)
@@ -111,12 +118,15 @@ class _S3Source:
     def read(self, key: str) -> bytes | None:
         from botocore.exceptions import ClientError
 
-        try:
-            return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
-        except ClientError as exc:
-            if self.missing(exc):
-                return None
-            raise InputError(f"{self.uri(key)}: {exc}") from exc
+        def get() -> bytes | None:
+            try:
+                return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+            except ClientError as exc:
+                if self.missing(exc):
+                    return None
+                raise
+
+        return retrying(f"reading {self.uri(key)}", get)
 
     @contextlib.contextmanager
     def chunks(self, key: str) -> Iterator[Iterator[bytes]]:
@@ -164,6 +174,8 @@ def _source_key(manifest_dir: str, relative: object, uri: str) -> str:
         or "\0" in relative
     ):
         raise FormatError(uri, "path", f"{relative!r} is not a relative path; refusing to pull")
+    if any(ord(c) < 32 or ord(c) == 127 for c in relative):
+        raise FormatError(uri, "path", f"{relative!r} has a control character; refusing to pull")
     parts = relative.split("/")
     leading = next((i for i, part in enumerate(parts) if part != ".."), len(parts))
     if ".." in parts[leading:]:
@@ -315,13 +327,15 @@ def _fetch(source: _Source, want: Wanted, path: Path, advance: Callable[[int], N
         tmp = temp_path_for(path)
         hasher = _Hasher(want)
         try:
-            with source.chunks(want.key) as chunks, open(tmp, "wb") as out:
+            # Unbuffered: nothing is left to flush (and fail again) when the file is closed.
+            with source.chunks(want.key) as chunks, open(tmp, "wb", buffering=0) as out:
                 for chunk in chunks:
-                    out.write(chunk)
+                    with name_os_errors(path):  # a full disk here is the destination's
+                        _write_all(out, chunk)
                     hasher.update(chunk)
                     advance(len(chunk))
-                out.flush()
-                os.fsync(out.fileno())
+                with name_os_errors(path):
+                    os.fsync(out.fileno())
         except Exception as exc:
             tmp.unlink(missing_ok=True)
             advance(-hasher.size)
@@ -339,6 +353,13 @@ def _fetch(source: _Source, want: Wanted, path: Path, advance: Callable[[int], N
             raise CacheError(f"{source.uri(want.key)} ({want.what}): {problem}; not pulled")
         commit(tmp, path)
         return
+
+
+def _write_all(out: Any, data: bytes) -> None:
+    """Write all of ``data`` to an unbuffered file (a raw write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[out.write(view) :]
 
 
 class _Progress:
@@ -383,7 +404,8 @@ def pull(
         raise InputError(f"{source.uri(manifest_key)}: no blend manifest there")
     manifest = _parse_manifest(raw, source.uri(manifest_key))
     plan = _plan(manifest, manifest_key, source, source.uri(manifest_key))
-    wanted = plan.wanted
+    # An index cache's description says the entry is complete: it goes after its arrays.
+    wanted = sorted(plan.wanted, key=lambda w: w.rel.endswith(INDEX_DESCRIPTION))
     root = Path(dest).resolve()
     final_manifest = root / plan.manifest_rel
     if final_manifest.is_file() and final_manifest.read_bytes() != raw:
@@ -392,9 +414,15 @@ def pull(
     bar = _Progress(
         sum(w.size for w in wanted), sys.stderr.isatty() if progress is None else progress
     )
+
+    def sync(want: Wanted) -> bool:
+        return _sync(source, want, root, bar.advance)
+
     try:
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            results = list(pool.map(lambda w: _sync(source, w, root, bar.advance), wanted))
+            arrays = sum(not w.rel.endswith(INDEX_DESCRIPTION) for w in wanted)
+            results = list(pool.map(sync, wanted[:arrays]))
+            results += list(pool.map(sync, wanted[arrays:]))
     finally:
         bar.close()
     for want, fetched in zip(wanted, results, strict=True):
@@ -442,20 +470,20 @@ def _parse_manifest(raw: bytes, uri: str) -> dict[str, Any]:
 def _commit_manifest(final: Path, raw: bytes) -> None:
     """Write the blend manifest last, after checking the pulled files against it."""
     final.parent.mkdir(parents=True, exist_ok=True)
-    if final.is_file() and final.read_bytes() == raw:
-        tmp = final  # already in place: check it, leave it untouched
-    else:
-        tmp = temp_path_for(final)
-        tmp.write_bytes(raw)
+    in_place = final.is_file() and final.read_bytes() == raw  # then check it, leave it as is
+    tmp = final if in_place else temp_path_for(final)
     try:
+        if not in_place:
+            with name_os_errors(final), open(tmp, "wb") as fh:
+                fh.write(raw)
+                fh.flush()
+                os.fsync(fh.fileno())
         read_blend_manifest(tmp)
         problems = verify_manifest(tmp)
         if problems:
             raise CacheError(f"{final}: pulled files do not match:\n  " + "\n  ".join(problems))
-        if tmp != final:
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
+        if not in_place:
             commit(tmp, final)
     finally:
-        if tmp != final:
+        if not in_place:
             tmp.unlink(missing_ok=True)

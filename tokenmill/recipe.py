@@ -166,6 +166,8 @@ class _Fields:
         value = self.raw.get(field, default)
         if not isinstance(value, str) or not value:
             self.fail(field, value, "a non-empty string")
+        if "\0" in value:
+            self.fail(field, value, "a string without NUL characters")
         if choices and value not in choices:
             self.fail(field, value, f"one of {', '.join(choices)}")
         return value
@@ -193,6 +195,7 @@ class _Fields:
 
 def _check_name(path: Path, where: str, name: object) -> str:
     if not isinstance(name, str) or not _NAME.match(name) or name in _RESERVED_NAMES:
+        where = where.encode("unicode_escape").decode("ascii")  # no raw control characters
         raise ConfigError(
             f"{path}: {where}: bad name {name!r}; expected lower-case letters, digits and '_', "
             f"starting with a letter, at most 63 characters, not {', '.join(_RESERVED_NAMES)}"
@@ -273,7 +276,7 @@ def _nanoset(path: Path, raw: object) -> NanosetConfig:
     f = _Fields(path, "nanoset", raw, (*fields, "valid_samples", "test_samples"))
     return NanosetConfig(
         semantics=f.string("semantics", "megatron", choices=SEMANTICS),
-        sequence_length=f.integer("sequence_length", 2048, minimum=1),
+        sequence_length=f.integer("sequence_length", 2048, minimum=2),
         split=_split(f),
         seed=f.integer("seed", 1234, minimum=0),
         train_samples=f.integer("train_samples", None, minimum=1, optional=True),
@@ -377,6 +380,8 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read the recipe: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text ({exc})") from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

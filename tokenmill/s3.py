@@ -3,6 +3,7 @@ another try, and retries with exponential backoff. boto3 is imported lazily (pip
 
 from __future__ import annotations
 
+import errno
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -12,6 +13,8 @@ from tokenmill.errors import ConfigError, InputError
 T = TypeVar("T")
 ATTEMPTS = 4  # per operation, for transient errors (botocore retries each request below this)
 BACKOFF_SECONDS = 0.5
+# Errors of the local machine (a full or failing disk): another try cannot help.
+LOCAL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES})
 
 
 def split_uri(uri: str) -> tuple[str, str]:
@@ -25,7 +28,7 @@ def split_uri(uri: str) -> tuple[str, str]:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Worth another try: a 5xx or throttling answer, or a connection/IO problem, also when
+    """Worth another try: a 5xx or throttling answer, or a connection problem, also when
     wrapped (boto3's transfer errors wrap the ClientError that caused them)."""
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
@@ -36,8 +39,10 @@ def is_transient(exc: BaseException) -> bool:
             return int(status) >= 500 or "Throttl" in str(seen.response.get("Error", {}))
         if isinstance(seen, NoCredentialsError):
             return False
-        if isinstance(seen, BotoCoreError | OSError):
+        if isinstance(seen, BotoCoreError):
             return True
+        if isinstance(seen, OSError):  # a named file or a disk errno is local, not the network
+            return seen.filename is None and seen.errno not in LOCAL_ERRNOS
         seen = seen.__cause__ or seen.__context__
     return False
 

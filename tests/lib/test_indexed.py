@@ -117,7 +117,7 @@ def test_exception_leaves_nothing(tmp_path):
 
 
 def test_stale_temp_files_removed(tmp_path):
-    (tmp_path / "x.bin.tmp-1-abcd").write_bytes(b"junk")
+    (tmp_path / "x.bin.tmp-4194305-abcd").write_bytes(b"junk")  # no pid is above 2**22
     _write(tmp_path / "x", [[1]])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.bin", "x.idx"]
 

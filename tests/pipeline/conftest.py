@@ -24,16 +24,6 @@ from pipelines.build import build_definitions, resources_for  # noqa: E402
 from tokenmill.recipe import Recipe  # noqa: E402
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Warnings that are not news: partitioned asset checks are deliberate (assets/checks.py
-    silences this for runs; pytest resets warning filters per test, so again here)."""
-    config.addinivalue_line(
-        "filterwarnings", "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning"
-    )
-    # Raised inside dagster's own evaluate_automation_conditions, not by our code.
-    config.addinivalue_line("filterwarnings", "ignore:Parameter `include_sources`:Warning")
-
-
 @pytest.fixture(scope="session")
 def documents() -> dict[str, list[dict[str, str]]]:
     """Short real documents (see ``project.tiny_documents``)."""

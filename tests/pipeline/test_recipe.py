@@ -71,7 +71,7 @@ def test_shipped_recipes_load() -> None:
         ),
         (
             {"nanoset": {"sequence_length": 0}},
-            "nanoset.sequence_length: bad value 0; expected an integer >= 1",
+            "nanoset.sequence_length: bad value 0; expected an integer >= 2",
         ),
         (
             {"nanoset": {"split": "90,10"}},

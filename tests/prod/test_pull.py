@@ -74,7 +74,7 @@ def test_resume_refetches_only_partial_files(storage_root: Path, tmp_path: Path)
     with open(merged_bin, "r+b") as fh:  # an interrupted copy: the first half only
         fh.truncate(merged_bin.stat().st_size // 2)
     (dest / MANIFEST).unlink()
-    stale = dest / "merged" / "code_text_document.idx.tmp-999-abcd"
+    stale = dest / "merged" / "code_text_document.idx.tmp-4194305-abcd"
     stale.write_bytes(b"left by a killed pull")
     untouched = dest / "merged" / "code_text_document.bin"
     before = untouched.stat().st_mtime_ns

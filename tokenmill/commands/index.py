@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from tokenmill.errors import ConfigError
 from tokenmill.nanoset import SEMANTICS, SPLITS, build_or_load
 
 
@@ -38,6 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     """Build each split's cache and print its samples, epochs, hash and files."""
+    if args.train_samples is not None and args.train_samples < 1:
+        raise ConfigError(
+            f"--train-samples must be >= 1 (omit it for one epoch), got {args.train_samples}"
+        )
     for split in SPLITS:
         index = build_or_load(
             args.dataset,

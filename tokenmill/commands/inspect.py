@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if args.decode and not args.tokenizer:
         raise ConfigError("--decode needs --tokenizer DIR_OR_FILE")
     with IndexedDataset(_prefix(args.target)) as ds:
+        ds.check_pointers()
         info = summarize(ds)
         width = max(len(k) for k in info)
         print(f"{ds.prefix}")

@@ -33,7 +33,7 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill._atomic import commit, remove_stale_temps, temp_path_for
+from tokenmill._atomic import commit, name_os_errors, remove_stale_temps, temp_path_for
 from tokenmill.errors import FormatError
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -157,15 +157,16 @@ class IndexedDatasetWriter:
         if self._bin is None:
             raise RuntimeError(f"{self.prefix}: writer already finalized or aborted")
         data = np.ascontiguousarray(tokens, dtype=self.dtype).data.cast("B")
-        self._bin.write(data)
-        self._bin_size += data.nbytes
-        if self._bin_hash is not None:
-            self._bin_hash.update(data)
-        end = self._bin.tell()
-        if end - self._written_back >= WRITEBACK_CHUNK:
-            self._bin.flush()
-            self._writeback.add(self._written_back, end - self._written_back)
-            self._written_back = end
+        with name_os_errors(data_file_path(self.prefix)):
+            self._bin.write(data)
+            self._bin_size += data.nbytes
+            if self._bin_hash is not None:
+                self._bin_hash.update(data)
+            end = self._bin.tell()
+            if end - self._written_back >= WRITEBACK_CHUNK:
+                self._bin.flush()
+                self._writeback.add(self._written_back, end - self._written_back)
+                self._written_back = end
 
     def add_item(self, tokens: npt.ArrayLike) -> None:
         """Append one sequence without closing the document."""
@@ -209,8 +210,13 @@ class IndexedDatasetWriter:
         self._docs.extend(base + np.cumsum(nonempty, dtype=np.int64))
 
     def add_index(self, prefix: str | os.PathLike[str]) -> None:
-        """Append a whole existing dataset (Megatron ``add_index``): bytes copied in blocks."""
+        """Append a whole existing dataset (Megatron ``add_index``): bytes copied in blocks.
+
+        The source's pointers are checked against its lengths first: the output recomputes
+        them from the lengths, so an inconsistent input must fail here, not be silently mended.
+        """
         src = IndexedDataset(prefix)
+        src.check_pointers()
         if src.dtype != self.dtype:
             raise FormatError(
                 index_file_path(prefix),
@@ -224,9 +230,10 @@ class IndexedDatasetWriter:
         self._lengths.extend(src.sequence_lengths)
         self._docs.extend(base + src.document_indices[1:])
         self._bin_hash = None
-        self._bin.flush()
-        with open(data_file_path(prefix), "rb") as fh:
-            _copy_file(fh, self._bin)
+        with name_os_errors(data_file_path(self.prefix), source=data_file_path(prefix)):
+            self._bin.flush()
+            with open(data_file_path(prefix), "rb") as fh:
+                _copy_file(fh, self._bin)
         self._written_back = self._bin.tell()
         src.close()
 
@@ -256,17 +263,18 @@ class IndexedDatasetWriter:
             return
         if self._bin is None:
             raise RuntimeError(f"{self.prefix}: writer was aborted")
-        self._bin.flush()
-        self._writeback.close()
-        os.fsync(self._bin.fileno())
-        self._bin.close()
+        with name_os_errors(data_file_path(self.prefix)):
+            self._bin.flush()
+            self._writeback.close()
+            os.fsync(self._bin.fileno())
+            self._bin.close()
         self._bin = None
         idx_final = index_file_path(self.prefix)
         idx_tmp = temp_path_for(idx_final)
         try:
             index = encode_index(self.dtype, self._lengths.view(), self._docs.view())
             self._idx_digest = {"bytes": len(index), "sha256": hashlib.sha256(index).hexdigest()}
-            with open(idx_tmp, "wb") as fh:
+            with name_os_errors(idx_final), open(idx_tmp, "wb") as fh:
                 fh.write(index)
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -284,7 +292,8 @@ class IndexedDatasetWriter:
         """Discard everything written so far."""
         if self._bin is not None:
             self._writeback.close()
-            self._bin.close()
+            with contextlib.suppress(OSError):  # flushing bytes being discarded may fail too
+                self._bin.close()
             self._bin = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._bin_tmp)
@@ -298,10 +307,14 @@ class IndexedDatasetWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc_type is None:
-            self.finalize()
-        else:
+        if exc_type is not None:
             self.abort()
+            return
+        try:
+            self.finalize()
+        except BaseException:  # e.g. a full disk at the fsync: no temp file stays behind
+            self.abort()
+            raise
 
 
 def _load_sync_file_range() -> Any:

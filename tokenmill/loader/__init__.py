@@ -36,7 +36,7 @@ from tokenmill.loader._manifest import (
     verify_manifest,
 )
 from tokenmill.loader._sampler import BatchSampler
-from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
+from tokenmill.manifest import check_dataset_files, dataset_content_hash, dataset_manifest_path
 
 __all__ = [
     "BatchSampler",
@@ -94,7 +94,7 @@ def _blend_split(info: dict[str, Any], mpath: Path, split: str) -> BlendedDatase
             for kind in INDEX_ARRAYS
         ]
         datasets[ds["name"]] = NanosetDataset(
-            IndexedDataset(prefixes[ds["name"]]),
+            _open_data(prefixes[ds["name"]]),
             *arrays,
             sequence_length=info["sequence_length"],
             add_extra_token=info["add_extra_token"],
@@ -105,6 +105,13 @@ def _blend_split(info: dict[str, Any], mpath: Path, split: str) -> BlendedDatase
         for a in BLEND_ARRAYS
     ]
     return BlendedDataset(datasets, *blend_arrays, manifest=info, split=split)
+
+
+def _open_data(prefix: str | os.PathLike[str]) -> IndexedDataset:
+    """A ``.bin``/``.idx`` pair with its pointers checked (samples are read through them)."""
+    data = IndexedDataset(prefix)
+    data.check_pointers()
+    return data
 
 
 def open_nanoset(
@@ -149,7 +156,7 @@ def open_nanoset(
     key, arrays = _load_cache(path)
     _check_dataset(path, key, dataset_prefix, full=verify == "full")
     return NanosetDataset(
-        IndexedDataset(dataset_prefix),
+        _open_data(dataset_prefix),
         *arrays,
         sequence_length=int(key["sequence_length"]),
         add_extra_token=bool(key["add_extra_token"]),
@@ -223,9 +230,17 @@ def _load_cache(description_path: Path) -> tuple[dict[str, Any], list[np.ndarray
 def _check_dataset(
     description_path: Path, key: dict[str, Any], prefix: str | os.PathLike[str], *, full: bool
 ) -> None:
-    """Refuse an index built for other dataset content (hash from the manifest when cheap)."""
-    if not (full or dataset_manifest_path(prefix).is_file()):
+    """Refuse an index built for other dataset content (hash from the manifest when cheap;
+    ``full`` also re-hashes the files against that manifest, so a changed byte is caught)."""
+    has_manifest = dataset_manifest_path(prefix).is_file()
+    if not (full or has_manifest):
         return
+    problems = check_dataset_files(prefix, full=True) if full and has_manifest else []
+    if problems:
+        raise CacheError(
+            f"{description_path}: dataset {prefix} does not match its manifest "
+            f"({'; '.join(problems)}): the dataset changed or is damaged; rebuild it"
+        )
     actual = dataset_content_hash(prefix)
     if actual != key.get("dataset_content_hash"):
         raise CacheError(

@@ -45,9 +45,31 @@ def manifest_path(path: str | os.PathLike[str]) -> Path:
     return p / MANIFEST_NAME if p.is_dir() else p
 
 
-def resolve(manifest: str | os.PathLike[str], relative: str) -> Path:
-    """A path recorded in the manifest, resolved against the manifest's directory."""
-    return Path(os.path.normpath(Path(manifest).parent / relative))
+def resolve(manifest: str | os.PathLike[str], relative: object) -> Path:
+    """A path recorded in the manifest, resolved against the manifest's directory.
+
+    Only what the builder writes (``os.path.relpath``) is accepted: a relative path whose ``..``
+    all lead it, never climbing above ``/``, without control characters; anything else is a
+    FormatError, so a tampered manifest cannot name arbitrary files.
+    """
+    mpath = Path(manifest)
+    problem = None
+    if not isinstance(relative, str) or not relative:
+        problem = "is not a relative path"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in relative):
+        problem = "contains a control character"
+    elif os.path.isabs(relative):
+        problem = "is absolute; manifest paths are relative to the manifest's folder"
+    else:
+        parts = relative.split("/")
+        leading = next((i for i, part in enumerate(parts) if part != ".."), len(parts))
+        if ".." in parts[leading:]:
+            problem = "has '..' after a folder name"
+        elif leading >= len(Path(os.path.abspath(mpath.parent)).parts):
+            problem = "climbs above the filesystem root"
+    if problem or not isinstance(relative, str):
+        raise FormatError(mpath, "path", f"{relative!r} {problem}; rebuild the blend")
+    return Path(os.path.normpath(mpath.parent / relative))
 
 
 def read_blend_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -76,6 +98,9 @@ def read_blend_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     for key in ("name", "datasets", "splits", "sequence_length", "add_extra_token", "semantics"):
         if key not in manifest:
             raise FormatError(mpath, key, "missing from the blend manifest")
+    for key, kind in (("datasets", list), ("splits", dict)):
+        if not isinstance(manifest[key], kind):
+            raise FormatError(mpath, key, f"expected a {kind.__name__}, found {manifest[key]!r}")
     return manifest
 
 
@@ -113,7 +138,7 @@ def check_file(path: Path, entry: dict[str, Any], *, hash_it: bool) -> str | Non
         return f"{path}: missing"
     size = path.stat().st_size
     if size != entry.get("bytes"):
-        return f"{path}: {size} bytes, recorded {entry.get('bytes')}"
+        return f"{path}: {size} bytes, recorded {entry.get('bytes')!r}"
     if hash_it and file_sha256(path) != entry.get("sha256"):
         return f"{path}: sha256 differs from the recorded one"
     return None
@@ -128,14 +153,41 @@ def split_problems(manifest: dict[str, Any], mpath: Path, split: str) -> list[st
         if why:
             problems.append(f"split {split!r} blend array {array}: {why}")
     for ds in info["datasets"]:
+        failed = set()
         for kind, entry in ds["index"]["files"].items():
             why = check_file(resolve(mpath, entry["path"]), entry, hash_it=True)
             if why:
+                failed.add(kind)
                 problems.append(
                     f"split {split!r} dataset {ds['name']!r} index cache "
                     f"{ds['index']['cache_hash']} ({kind}): {why}"
                 )
+        if "description" not in failed:
+            problems += _key_problems(manifest, mpath, split, ds)
     return problems
+
+
+def _key_problems(
+    manifest: dict[str, Any], mpath: Path, split: str, ds: dict[str, Any]
+) -> list[str]:
+    """Sample settings of the manifest that its (hash-verified) index description contradicts,
+    so an edited manifest cannot make samples padded or cut differently."""
+    path = resolve(mpath, ds["index"]["files"]["description"]["path"])
+    try:
+        key = json.loads(path.read_text(encoding="utf-8"))["key"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        return [f"{path}: unreadable index description ({exc!r})"]
+    wanted = {
+        "sequence_length": manifest["sequence_length"],
+        "add_extra_token": manifest["add_extra_token"],
+        "split": split,
+    }
+    return [
+        f"split {split!r} dataset {ds['name']!r}: the manifest says {setting} {value!r}, its "
+        f"index {path.name} was built with {key.get(setting)!r}"
+        for setting, value in wanted.items()
+        if key.get(setting) != value or type(key.get(setting)) is not type(value)
+    ]
 
 
 def dataset_problems(
@@ -143,11 +195,24 @@ def dataset_problems(
 ) -> list[str]:
     """Mismatches of the datasets' ``.idx`` (sizes + sha256) and ``.bin`` (size; sha256 if full)."""
     problems = []
+    unknown = names - {ds["name"] for ds in manifest["datasets"]}
+    if unknown:
+        raise FormatError(mpath, "datasets", f"no entry for {sorted(unknown)} named by a split")
     for ds in manifest["datasets"]:
         if ds["name"] not in names:
             continue
-        for kind, entry in ds["files"].items():
-            why = check_file(resolve(mpath, entry["path"]), entry, hash_it=full or kind != "bin")
+        prefix = resolve(mpath, ds["prefix"])
+        for kind in ("bin", "idx"):
+            entry = ds["files"][kind]
+            path = resolve(mpath, entry["path"])
+            if path != Path(f"{prefix}.{kind}"):
+                raise FormatError(
+                    mpath,
+                    f"datasets.{ds['name']}.files.{kind}",
+                    f"{path} is not the {kind} file of the dataset's prefix {prefix}; "
+                    "rebuild the blend",
+                )
+            why = check_file(path, entry, hash_it=full or kind != "bin")
             if why:
                 problems.append(
                     f"dataset {ds['name']!r} {kind}: {why} (the dataset changed "

@@ -1,0 +1,373 @@
+"""Hostile settings and names (issue 6 §2): recipe values, blend weights, sequence lengths, sample
+counts, partition keys, S3 object names and pulled paths. Each is refused with an error naming the
+setting (or file) and the value, before anything is written; nothing appears outside the storage
+root or output directory (the parent directory is compared before and after).
+
+Catalogue (cases already tested elsewhere are listed, not repeated):
+
+- recipe errors: tests/pipeline/test_recipe.py::test_bad_fields_name_file_field_value_and_allowed
+  (unknown fields, bad names, semantics, split, negative weights, zero temperature, cron, missing
+  train size ...), ::test_unreadable_and_invalid_files, ::test_source_inside_the_storage_stages_is_
+  refused; NaN/inf, sequence length 1, NUL characters: test_hostile_recipe_values_are_refused,
+  non-UTF-8: test_non_utf8_recipe_is_refused (here); ``!!python`` tags: test_security.py.
+- weights negative, zero-sum, NaN, inf: tests/lib/test_blend.py::test_bad_weights,
+  ::test_bad_temperatures, tests/lib/test_blend_manifest.py::test_bad_settings (zero sum); through
+  build_blend and ``tokenmill blend``: test_hostile_weights_are_refused,
+  test_hostile_temperatures_are_refused (here).
+- sequence length <= 1: tests/lib/test_nanoset.py::test_rejected_inputs_name_the_setting; through
+  build_blend, open_nanoset, ``tokenmill blend`` and ``tokenmill index``:
+  test_sequence_length_below_two_is_refused (here).
+- num_samples 0: tests/lib/test_blend_manifest.py::test_bad_settings (train_samples 0); the CLI and
+  valid/test sizes: test_zero_samples_are_refused (here); the index API's Megatron meaning of 0:
+  test_index_api_reads_zero_samples_as_megatron_does (here).
+- partition keys: tests/pipeline/test_assets.py::test_unsafe_partition_keys_are_rejected (the key
+  check and storage paths); source files and S3 object names: test_hostile_shard_names_never_
+  become_partitions, test_hostile_s3_object_names_never_become_partitions; keys reaching the shard
+  assets: test_hostile_partition_keys_write_nothing (here).
+- pulled manifest-relative keys: tests/prod/test_pull.py::test_paths_escaping_the_layout_are_refused
+  (absolute, '..' after a folder, above the root); control characters:
+  test_pull_refuses_control_characters (here).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from dagster import AssetKey, DagsterInstance, build_asset_context
+
+from assets.factory import build_assets
+from pipelines import s3 as pipeline_s3
+from pipelines.build import resources_for
+from pipelines.partitions import partitions_name
+from pipelines.sources import list_shards
+from tokenmill.blend_manifest import build_blend
+from tokenmill.cli import main
+from tokenmill.errors import ConfigError, FormatError, TokenmillError
+from tokenmill.formats.indexed import IndexedDatasetWriter
+from tokenmill.loader import open_nanoset
+from tokenmill.manifest import write_dataset_manifest
+from tokenmill.nanoset import build_or_load
+from tokenmill.pull import pull
+from tokenmill.recipe import DatasetConfig, Recipe, load_recipe
+
+NAN, INF = float("nan"), float("inf")
+
+
+def snapshot(top: Path) -> dict[str, bytes | None]:
+    """Every directory (None) and file (its bytes) under ``top``."""
+    return {
+        p.relative_to(top).as_posix(): p.read_bytes() if p.is_file() else None
+        for p in sorted(top.rglob("*"))
+    }
+
+
+def make_dataset(prefix: Path, seed: int) -> Path:
+    """A small uint16 dataset with its manifest."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 30, 60)
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        writer.add_documents(rng.integers(0, 50000, int(lengths.sum())), lengths)
+    write_dataset_manifest(prefix, kind="merged", inputs=[], config={}, counts={})
+    return prefix
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """``tmp_path/root/merged/{a,b}``: two datasets; ``tmp_path`` is the parent to watch."""
+    make_dataset(tmp_path / "root" / "merged" / "a", 1)
+    make_dataset(tmp_path / "root" / "merged" / "b", 2)
+    return tmp_path / "root"
+
+
+def blend_argv(root: Path, *extra: str) -> list[str]:
+    """``tokenmill blend`` of a and b into ``root/blends/x``, then ``extra`` (later flags win)."""
+    return [
+        "blend", "--dataset", f"a={root / 'merged/a'}", "--dataset", f"b={root / 'merged/b'}",
+        "--output", str(root / "blends/x"), "--sequence-length", "8", "--split", "80,10,10",
+        "--train-samples", "20", *extra,
+    ]  # fmt: skip
+
+
+def index_argv(root: Path, *extra: str) -> list[str]:
+    """``tokenmill index`` of dataset a into ``root/cache``, then ``extra``."""
+    return [
+        "index", "--dataset", str(root / "merged/a"), "--cache-dir", str(root / "cache"),
+        "--sequence-length", "8", *extra,
+    ]  # fmt: skip
+
+
+def blend_api(root: Path, **settings: Any) -> None:
+    """build_blend of a and b into ``root/blends/x`` with ``settings`` over good defaults."""
+    kw: dict[str, Any] = {
+        "weights": {"a": 0.5, "b": 0.5},
+        "sequence_length": 8,
+        "split_spec": "80,10,10",
+        "train_samples": 20,
+    } | settings
+    build_blend("x", {"a": root / "merged/a", "b": root / "merged/b"}, root / "blends/x",
+                root / "cache", **kw)  # fmt: skip
+
+
+def refused_cli(
+    argv: list[str], capsys: pytest.CaptureFixture[str], watched: Path, message: str
+) -> None:
+    """The command exits 2 with ``message`` on stderr and leaves ``watched`` unchanged."""
+    before = snapshot(watched)
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert snapshot(watched) == before
+
+
+def refused_api(call: Callable[[], object], watched: Path, message: str) -> None:
+    """``call`` raises ConfigError with ``message`` and leaves ``watched`` unchanged."""
+    before = snapshot(watched)
+    with pytest.raises(ConfigError) as err:
+        call()
+    assert message in str(err.value)
+    assert snapshot(watched) == before
+
+
+# -- recipes --------------------------------------------------------------------------------------
+GOOD: dict[str, Any] = {
+    "storage": {"root": "out"},
+    "tokenizer": {"path": "tok"},
+    "datasets": {"web": {"source": "raw/web"}, "code": {"source": "raw/code"}},
+    "nanoset": {"train_samples": 10},
+    "blends": {"mix": {"weights": {"web": 3, "code": 1}}},
+}
+RECIPE_CASES: dict[str, tuple[dict[str, Any], str]] = {
+    "weight NaN": (
+        {"blends": {"mix": {"weights": {"web": NAN, "code": 1}}}},
+        "blends.mix.weights.web: bad value nan; expected a number",
+    ),
+    "weight inf": (
+        {"blends": {"mix": {"weights": {"web": INF, "code": 1}}}},
+        "blends.mix.weights.web: bad value inf; expected a finite number >= 0",
+    ),
+    "weights sum to zero": (
+        {"blends": {"mix": {"weights": {"web": 0, "code": 0}}}},
+        "blends.mix.weights: bad value {'web': 0, 'code': 0}; expected weights with a positive sum",
+    ),
+    "temperature NaN": (
+        {"blends": {"hot": {"temperature": NAN}}},
+        "blends.hot.temperature: bad value nan; expected a number",
+    ),
+    "temperature -inf": (
+        {"blends": {"hot": {"temperature": -INF}}},
+        "blends.hot.temperature: bad value -inf; expected a finite number > 0",
+    ),
+    "sequence length 1": (
+        {"nanoset": {"train_samples": 10, "sequence_length": 1}},
+        "nanoset.sequence_length: bad value 1; expected an integer >= 2",
+    ),
+    "valid_samples 0": (
+        {"nanoset": {"train_samples": 10, "valid_samples": 0}},
+        "nanoset.valid_samples: bad value 0; expected an integer >= 1 or null",
+    ),
+    "NUL in the storage root": (
+        {"storage": {"root": "out\0/x"}},
+        "storage.root: bad value 'out\\x00/x'; expected a string without NUL characters",
+    ),
+    "NUL in a source": (
+        {"datasets": {"web": {"source": "raw\0"}}},
+        "datasets.web.source: bad value 'raw\\x00'; expected a string without NUL characters",
+    ),
+    "blend name climbing": (
+        {"blends": {"../up": {"weights": {"web": 1, "code": 1}}}},
+        "blends.../up: bad name '../up'",
+    ),
+    "dataset name with a control character": (
+        {"datasets": {"we\x1bb": {"source": "raw"}}},
+        "datasets.we\\x1bb: bad name 'we\\x1bb'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", RECIPE_CASES)
+def test_hostile_recipe_values_are_refused(tmp_path: Path, case: str) -> None:
+    sections, message = RECIPE_CASES[case]
+    path = tmp_path / "project" / "recipe.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump({**GOOD, **sections}, sort_keys=False), encoding="utf-8")
+    refused_api(lambda: load_recipe(path), tmp_path, f"{path}: {message}")
+
+
+def test_non_utf8_recipe_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_bytes(b"datasets:\n  web: {source: \xff\xfe}\n")
+    refused_api(lambda: load_recipe(path), tmp_path, f"{path}: not UTF-8 text")
+
+
+# -- blend weights, sequence lengths, sample counts -----------------------------------------------
+@pytest.mark.parametrize(
+    ("weights", "shown"),
+    [
+        ({"a": -1.0, "b": 1.0}, "{'a': -1.0, 'b': 1.0}"),
+        ({"a": NAN, "b": 1.0}, "{'a': nan, 'b': 1.0}"),
+        ({"a": INF, "b": 1.0}, "{'a': inf, 'b': 1.0}"),
+        ({"a": 0.0, "b": 0.0}, "{'a': 0.0, 'b': 0.0}"),
+    ],
+)
+def test_hostile_weights_are_refused(
+    root: Path, weights: dict[str, float], shown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    message = f"weights must be finite, >= 0 and not all 0, got {shown}"
+    refused_api(lambda: blend_api(root, weights=weights), root.parent, message)
+    flags = [f"--weight={name}={value}" for name, value in weights.items()]
+    refused_cli(blend_argv(root, *flags), capsys, root.parent, message)
+
+
+@pytest.mark.parametrize("temperature", [NAN, INF, -1.0, 0.0])
+def test_hostile_temperatures_are_refused(
+    root: Path, temperature: float, capsys: pytest.CaptureFixture[str]
+) -> None:
+    message = f"temperature must be > 0, got {temperature}"
+    refused_api(
+        lambda: blend_api(root, weights=None, temperature=temperature), root.parent, message
+    )
+    argv = blend_argv(root, f"--temperature={temperature}")
+    refused_cli(argv, capsys, root.parent, message)
+
+
+@pytest.mark.parametrize("length", [1, 0, -4])
+def test_sequence_length_below_two_is_refused(
+    root: Path, length: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    message = f"sequence_length must be >= 2, got {length}"
+    refused_api(lambda: blend_api(root, sequence_length=length), root.parent, message)
+    refused_api(
+        lambda: open_nanoset(root / "merged/a", root / "cache", sequence_length=length),
+        root.parent,
+        message,
+    )
+    weights = ["--weight", "a=1", "--weight", "b=1"]
+    refused_cli(
+        blend_argv(root, *weights, "--sequence-length", str(length)), capsys, root.parent, message
+    )
+    refused_cli(index_argv(root, "--sequence-length", str(length)), capsys, root.parent, message)
+
+
+@pytest.mark.parametrize("flag", ["--train-samples", "--valid-samples", "--test-samples"])
+def test_zero_samples_are_refused(
+    root: Path, flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    setting = flag[2:].replace("-", "_")
+    message = f"{setting} must be an integer >= 1, got 0"
+    refused_api(lambda: blend_api(root, **{setting: 0}), root.parent, message)
+    weights = ["--weight", "a=1", "--weight", "b=1"]
+    refused_cli(blend_argv(root, *weights, flag, "0"), capsys, root.parent, message)
+    if flag == "--train-samples":
+        refused_cli(
+            index_argv(root, flag, "0"),
+            capsys,
+            root.parent,
+            "--train-samples must be >= 1 (omit it for one epoch), got 0",
+        )
+
+
+def test_index_api_reads_zero_samples_as_megatron_does(root: Path) -> None:
+    """``num_samples=0`` is a minimum, as in Megatron (a blend asks a zero-weight dataset's index
+    for 0 samples): one epoch, the same arrays as ``None``; only the CLI refuses a literal 0."""
+    zero = build_or_load(root / "merged/a", root / "c", split="train", sequence_length=8,
+                         num_samples=0)  # fmt: skip
+    epoch = build_or_load(root / "merged/a", root / "c", split="train", sequence_length=8)
+    assert zero is not None and epoch is not None and zero.cache_hash != epoch.cache_hash
+    for name in ("document_index", "sample_index", "shuffle_index"):
+        np.testing.assert_array_equal(getattr(zero, name), getattr(epoch, name))
+
+
+# -- partition keys, S3 object names, pulled paths ------------------------------------------------
+HOSTILE_NAMES = {
+    "a..b.jsonl": "it contains '..'",
+    ".hidden.jsonl": "it starts with '.'",
+    "back\\slash.jsonl": "it contains a slash",
+    "bell\x07.jsonl": "it contains a control character",
+    "esc\x1b[31m.jsonl": "it contains a control character",
+    "rtl\u202egpj.jsonl": "it contains a control character",
+}
+
+
+def _dataset(source: str) -> DatasetConfig:
+    return DatasetConfig(name="web", source=source)
+
+
+def test_hostile_shard_names_never_become_partitions(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in [*HOSTILE_NAMES, "ok.jsonl"]:
+        (source / name).write_text('{"text": "x"}\n')
+    listing = list_shards(_dataset(str(source)))
+    assert list(listing.shards) == ["ok"]
+    for name, reason in HOSTILE_NAMES.items():
+        assert any(r.startswith(f"{source / name}: ") and reason in r for r in listing.rejected)
+
+
+def test_hostile_s3_object_names_never_become_partitions(monkeypatch: pytest.MonkeyPatch) -> None:
+    names = {
+        **HOSTILE_NAMES,
+        "sub/nested.jsonl": "it contains a slash",
+        "../up.jsonl": "it contains '..'",
+        "/abs.jsonl": "it contains a slash",
+    }
+    objects = [pipeline_s3.S3Object(f"in/{n}", 10, f"e{i}") for i, n in enumerate(names)]
+    objects.append(pipeline_s3.S3Object("in/ok.jsonl", 10, "e-ok"))
+    monkeypatch.setattr(pipeline_s3, "s3_client", lambda endpoint: object())
+    monkeypatch.setattr(pipeline_s3, "list_objects", lambda client, b, prefix, recursive: objects)
+    listing = list_shards(_dataset("s3://bucket/in"))
+    assert list(listing.shards) == ["ok"]
+    assert listing.shards["ok"].uri == "s3://bucket/in/ok.jsonl"
+    for name, reason in names.items():
+        hits = [r for r in listing.rejected if r.startswith(f"s3://bucket/in/{name}: ")]
+        assert len(hits) == 1 and reason in hits[0], (name, listing.rejected)
+
+
+HOSTILE_KEYS = ["../escape", "..", "/tmp/abs", "a/b", "back\\slash", "ctl\x07", ".hidden"]
+
+
+def test_hostile_partition_keys_write_nothing(make_recipe: Callable[..., Recipe]) -> None:
+    """Keys added to the instance by hand (UI, API) reach the shard assets: each run fails naming
+    the key, and nothing is written outside (or, for these keys, inside) the storage root."""
+    recipe = make_recipe()
+    storage_root = Path(recipe.storage.root)
+    project = recipe.path.parent
+    assets = {a.key: a for a in build_assets(recipe)[0]}
+    resources = resources_for(recipe)
+    before = snapshot(project)
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(partitions_name("docs"), HOSTILE_KEYS)
+        for stage in ("raw_jsonl", "hf_dataset", "tokens"):
+            asset = assets[AssetKey(["docs", stage])]
+            for key in HOSTILE_KEYS:
+                with (
+                    pytest.raises(TokenmillError) as err,
+                    build_asset_context(
+                        resources=resources, instance=instance, partition_key=key
+                    ) as context,
+                ):
+                    asset(context)
+                assert f"partition key {key!r} rejected: " in str(err.value), (stage, key)
+    after = snapshot(project)
+    outside = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    inside = storage_root.relative_to(project).as_posix()
+    assert all(k == inside or k.startswith(f"{inside}/") for k in outside)
+    assert not any(".." in p.name or "\x07" in p.name for p in storage_root.rglob("*"))
+
+
+@pytest.mark.parametrize("bad", ["train-dataset_index.npy\n", "x\x7f.npy", "../merged/\x1b.bin"])
+def test_pull_refuses_control_characters(root: Path, bad: str) -> None:
+    blend_api(root)
+    mpath = root / "blends/x/manifest.json"
+    manifest = json.loads(mpath.read_text())
+    manifest["splits"]["train"]["files"]["dataset_index"]["path"] = bad
+    mpath.write_text(json.dumps(manifest))
+    before = snapshot(root.parent)
+    with pytest.raises(FormatError) as err:
+        pull(str(mpath), root.parent / "dest", progress=False)
+    assert f"path: {bad!r} has a control character; refusing to pull" in str(err.value)
+    assert snapshot(root.parent) == before

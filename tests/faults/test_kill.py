@@ -1,0 +1,279 @@
+"""SIGKILL during every local stage (tokenize, merge, index, blend, pull), then a re-run.
+
+Each kill lands at a chosen point (``faultlib.kill_parked``): mid-write, inside a commit, just
+before the manifest. After the kill no manifest or description present disagrees with its files,
+the final-named files no manifest covers are exactly the ones that point can leave (none
+mid-write; a committed pair or array set just before its manifest; verified files kept by
+``pull`` for resuming), readers refuse those, and a re-run gives the bytes of a clean run.
+``tests/lib/test_tokenize.py`` already kills a 2-worker tokenize mid-write and checks that its
+forked children exit; these tests add the other points, the other stages and whole-tree bytes.
+
+Manifests record absolute input paths (tokenize: input ``uri``, ``tokenizer``; merge: input
+prefixes as given) and input ``mtime_ns``, so clean and killed runs share their inputs and use
+the same output names at the same depth; no manifest holds a timestamp of the run itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from faultlib import audit, build_sources, kill_parked, tree_digest
+
+from tokenmill.blend_manifest import verify_blend
+from tokenmill.cli import main
+from tokenmill.errors import FormatError
+from tokenmill.loader import open_blend
+from tokenmill.manifest import check_dataset_files
+from tokenmill.pull import pull
+
+IDX_WRITER = "tokenmill.formats.indexed"
+TOKENIZER = Path(__file__).resolve().parents[2] / ".tokenizers" / "gpt2"  # the gpt2_dir fixture
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Shared inputs (``faultlib.build_sources``)."""
+    return build_sources(tmp_path_factory.mktemp("src"))
+
+
+def tokenize_args(src: Path, out: Path, workers: int = 1, inputs: str = "ab") -> list[str]:
+    return [
+        "tokenize",
+        "--input",
+        *(str(src / f"{name}.jsonl") for name in inputs),
+        "--output-prefix",
+        str(out / "p"),
+        "--tokenizer",
+        str(TOKENIZER),
+        "--append-eod",
+        "--workers",
+        str(workers),
+    ]
+
+
+def merge_args(src: Path, out: Path, order: str = "012") -> list[str]:
+    inputs = [str(src / f"s{i}_text_document") for i in order]
+    return ["merge", "--input", *inputs, "--output-prefix", str(out / "m")]
+
+
+def index_args(src: Path, out: Path) -> list[str]:
+    return [
+        *("index", "--dataset", str(src / "docs_text_document"), "--cache-dir", str(out)),
+        *("--sequence-length", "32", "--split", "80,10,10", "--train-samples", "500"),
+    ]
+
+
+def blend_args(
+    src: Path, out: Path, docs_weight: str = "0.7", cache: Path | None = None
+) -> list[str]:
+    return [
+        *("blend", "--dataset", f"docs={src / 'docs_text_document'}"),
+        *("--dataset", f"code={src / 'code_text_document'}"),
+        *("--weight", f"docs={docs_weight}", "--weight", "code=0.3"),
+        *("--output", str(out / "mix"), "--sequence-length", "32", "--split", "80,10,10"),
+        *("--train-samples", "300"),
+        *(("--cache-dir", str(cache)) if cache else ()),
+    ]
+
+
+ARGS = {"tokenize": tokenize_args, "merge": merge_args, "index": index_args, "blend": blend_args}
+
+
+@pytest.fixture(scope="module")
+def clean(src: Path, gpt2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Digest of each stage's output tree after an uninterrupted run."""
+    digests = {}
+    for stage, args in ARGS.items():
+        out = tmp_path_factory.mktemp(f"clean-{stage}") / "out"
+        assert main(args(src, out)) == 0
+        digests[stage] = tree_digest(out)
+    return digests
+
+
+def rerun_matches(stage: str, src: Path, out: Path, clean: dict) -> None:
+    """Re-run the stage undisturbed: everything consistent, bytes as the clean run."""
+    assert main(ARGS[stage](src, out)) == 0
+    state = audit(out)
+    assert (state.temps, state.orphans, state.problems) == ([], [], [])
+    assert tree_digest(out) == clean[stage]
+
+
+def never_completed(prefix: Path) -> None:
+    with pytest.raises(FormatError, match="missing: the dataset was never completed"):
+        check_dataset_files(prefix)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_tokenize_killed_mid_write(src: Path, clean: dict, tmp_path: Path, workers: int) -> None:
+    out = tmp_path / "out"
+    args = tokenize_args(src, out, workers)
+    kill_parked(
+        args, f"{IDX_WRITER}:IndexedDatasetWriter.add_documents", tmp_path / "k", after=True
+    )
+    state = audit(out)
+    assert len(state.temps) == 1 and state.temps[0].startswith("p_text_document.bin.tmp-")
+    assert (state.orphans, state.manifests) == ([], [])
+    rerun_matches("tokenize", src, out, clean)
+
+
+@pytest.mark.parametrize(
+    ("hook", "after", "orphans"),
+    [
+        (f"{IDX_WRITER}:commit", True, ["p_text_document.bin"]),  # .bin renamed, .idx not yet
+        ("tokenmill._atomic:commit", False, ["p_text_document.bin", "p_text_document.idx"]),
+    ],
+    ids=["between-bin-and-idx", "manifest-written-not-renamed"],
+)
+def test_tokenize_killed_while_committing(
+    src: Path, clean: dict, tmp_path: Path, hook: str, after: bool, orphans: list[str]
+) -> None:
+    out = tmp_path / "out"
+    kill_parked(tokenize_args(src, out, workers=2), hook, tmp_path / "k", after=after)
+    state = audit(out)
+    assert (state.orphans, state.manifests, state.problems) == (orphans, [], [])
+    assert len(state.temps) == 1
+    never_completed(out / "p_text_document")
+    rerun_matches("tokenize", src, out, clean)
+
+
+def test_tokenize_killed_over_a_previous_result(src: Path, clean: dict, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main(tokenize_args(src, out, inputs=("a",))) == 0
+    kill_parked(
+        tokenize_args(src, out), f"{IDX_WRITER}:IndexedDatasetWriter.add_documents", tmp_path / "k"
+    )
+    state = audit(out)  # the old result is gone, manifest first: nothing claims the new bytes
+    assert (state.orphans, state.manifests, state.problems) == ([], [], [])
+    rerun_matches("tokenize", src, out, clean)
+
+
+@pytest.mark.parametrize(
+    ("hook", "call", "orphans"),
+    [
+        (f"{IDX_WRITER}:IndexedDatasetWriter.add_index", 2, []),  # one input copied
+        (f"{IDX_WRITER}:_copy_file", 3, []),
+        ("tokenmill.merge:write_dataset_manifest", 1, ["m.bin", "m.idx"]),
+    ],
+    ids=["between-inputs", "copying-the-last-input", "before-manifest"],
+)
+def test_merge_killed(
+    src: Path, clean: dict, tmp_path: Path, hook: str, call: int, orphans: list[str]
+) -> None:
+    out = tmp_path / "out"
+    kill_parked(merge_args(src, out), hook, tmp_path / "k", call=call)
+    state = audit(out)
+    assert (state.orphans, state.manifests, state.problems) == (orphans, [], [])
+    if orphans:
+        never_completed(out / "m")
+    rerun_matches("merge", src, out, clean)
+
+
+def test_merge_killed_over_a_previous_result(src: Path, clean: dict, tmp_path: Path) -> None:
+    """Same-sized new output under an old manifest would pass the size check with other bytes;
+    the old manifest must be gone before the new pair is renamed into place."""
+    out = tmp_path / "out"
+    assert main(merge_args(src, out, order="102")) == 0
+    kill_parked(merge_args(src, out), "tokenmill.merge:write_dataset_manifest", tmp_path / "k")
+    state = audit(out)
+    assert (state.orphans, state.manifests, state.problems) == (["m.bin", "m.idx"], [], [])
+    never_completed(out / "m")
+    rerun_matches("merge", src, out, clean)
+
+
+def _index_names(out: Path, pattern: str) -> list[str]:
+    return sorted(p.name for p in out.glob(pattern))
+
+
+@pytest.mark.parametrize(
+    ("hook", "call", "orphans"),
+    [
+        ("tokenmill._atomic:commit", 1, ""),  # train document index written, not renamed
+        ("tokenmill._index_cache:save_array", 2, "*-train-document_index.npy"),
+        ("tokenmill._index_cache:write_description", 2, "*-valid-*_index.npy"),
+    ],
+    ids=["first-array-renaming", "between-arrays", "before-valid-description"],
+)
+def test_index_killed(
+    src: Path, clean: dict, tmp_path: Path, hook: str, call: int, orphans: str
+) -> None:
+    out = tmp_path / "out"
+    kill_parked(index_args(src, out), hook, tmp_path / "k", call=call)
+    state = audit(out)
+    assert state.problems == []
+    assert state.orphans == (_index_names(out, orphans) if orphans else [])
+    assert len(state.manifests) == (1 if "valid" in orphans else 0)  # train entry complete
+    assert main(index_args(src, out)) == 0  # a described entry is reused, the others rebuilt
+    state = audit(out)
+    assert (state.temps, state.orphans, state.problems) == ([], [], [])
+    assert tree_digest(out) == clean["index"]
+
+
+@pytest.mark.parametrize(
+    ("hook", "call", "orphans"),
+    [
+        ("tokenmill.blend_manifest:_build_split", 2, "train-*.npy"),
+        ("tokenmill.blend_manifest:write_json", 1, "*.npy"),
+    ],
+    ids=["after-train-split", "before-manifest"],
+)
+def test_blend_killed(
+    src: Path, clean: dict, tmp_path: Path, hook: str, call: int, orphans: str
+) -> None:
+    out = tmp_path / "out"
+    kill_parked(blend_args(src, out), hook, tmp_path / "k", call=call)
+    state = audit(out)
+    expected = sorted(f"mix/{p.name}" for p in (out / "mix").glob(orphans))
+    assert len(expected) == (2 if "train" in orphans else 6)
+    assert (state.orphans, state.problems) == (expected, [])
+    assert state.manifests and all(m.startswith("mix/cache/") for m in state.manifests)
+    with pytest.raises(FormatError, match="missing: the blend was never completed"):
+        verify_blend(out / "mix")
+    rerun_matches("blend", src, out, clean)
+
+
+def test_blend_rebuild_killed_leaves_no_stale_manifest(
+    src: Path, clean: dict, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    assert main(blend_args(src, out, docs_weight="0.2", cache=tmp_path / "old-cache")) == 0
+    kill_parked(blend_args(src, out), "tokenmill.blend_manifest:_build_split", tmp_path / "k")
+    state = audit(out)
+    assert state.problems == [] and "mix/manifest.json" not in state.manifests
+    assert len(state.orphans) == 6  # the old blend's arrays: no manifest claims them any more
+    with pytest.raises(FormatError, match="missing: the blend was never completed"):
+        open_blend(out / "mix" / "manifest.json", split="train")
+    rerun_matches("blend", src, out, clean)
+
+
+@pytest.mark.parametrize(
+    ("hook", "call", "after", "jobs"),
+    [
+        ("tokenmill.pull:_Hasher.update", 1, True, 1),  # first file half-way (temp)
+        ("tokenmill.pull:commit", 3, True, 1),  # three files complete
+        ("tokenmill.pull:_commit_manifest", 1, False, 1),  # all files, no manifest
+        ("tokenmill.pull:_Hasher.update", 4, True, 8),  # eight transfers at once
+    ],
+    ids=["mid-file", "after-three-files", "before-manifest", "parallel"],
+)
+def test_pull_killed(
+    storage_root: Path, tmp_path: Path, hook: str, call: int, after: bool, jobs: int
+) -> None:
+    manifest = storage_root / "blends" / "mix" / "manifest.json"
+    clean_dir = tmp_path / "clean"
+    pull(str(manifest), clean_dir)
+    out = tmp_path / "out"
+    args = ["pull", str(manifest), str(out), "--jobs", str(jobs)]
+    kill_parked(args, hook, tmp_path / "k", call=call, after=after)
+    state = audit(out)
+    assert state.problems == []
+    assert "blends/mix/manifest.json" not in state.manifests
+    # Files already verified and renamed stay for the resume (by design); no manifest says done.
+    assert set(state.orphans) <= set(tree_digest(clean_dir))
+    with pytest.raises(FormatError, match="never completed"):
+        open_blend(out / "blends" / "mix" / "manifest.json", split="train")
+    report = pull(str(manifest), out)
+    assert set(state.orphans) <= set(report.skipped)  # verified again, not fetched again
+    state = audit(out)
+    assert (state.temps, state.orphans, state.problems) == ([], [], [])
+    assert tree_digest(out) == tree_digest(clean_dir)

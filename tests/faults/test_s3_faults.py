@@ -1,0 +1,384 @@
+"""S3 faults against a real moto_server behind a faulty loopback proxy (``s3faults.py``): 5xx
+answers, dropped and cut connections, the server dying mid-transfer, and SIGKILL of the process
+uploading or pulling. Transient faults are ridden out by retries; persistent ones fail cleanly
+with the S3 URI in the message; no dataset manifest on S3 ever vouches for files that are not
+there; the next run succeeds with the same bytes, and ``pull`` resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dagster import AssetKey, DagsterInstance
+from prod_servers import S3
+from s3faults import (
+    FaultProxy,
+    fast_retries_fixture,  # noqa: F401 (the fast_retries fixture)
+    files_under,
+    materialize_shard,
+    proxy_fixture,  # noqa: F401 (the proxy fixture)
+    s3_tree,
+    step_errors,
+    unvouched,
+)
+
+from pipelines import s3 as s3_stage
+from tokenmill import s3 as tm_s3
+from tokenmill.cli import main
+from tokenmill.errors import InputError
+from tokenmill.formats.indexed import IndexedDatasetWriter
+from tokenmill.manifest import write_dataset_manifest
+from tokenmill.pull import pull
+from tokenmill.recipe import Recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = "blends/mix/manifest.json"
+DOCS_BIN = r"merged/docs_text_document\.bin$"
+BOTO_ATTEMPTS = 9  # per request in pull and the pipeline: botocore's first try + 8 retries
+PART = 5 << 20  # S3's smallest multipart part size
+PART_2 = r"\.bin\?uploadId=[^&]+&partNumber=2$"  # UploadPart of the second part of a .bin
+UPLOADER = """
+import sys
+from pathlib import Path
+from pipelines import s3
+s3.MULTIPART_BYTES = 5 << 20
+endpoint, bucket, prefix, local = sys.argv[1:]
+s3.S3Stage(s3.s3_client(endpoint), bucket, prefix, Path(local)).push()
+"""
+
+pytestmark = [
+    pytest.mark.usefixtures("fast_retries"),
+    pytest.mark.filterwarnings(
+        "ignore:Parameter `include_sources`:Warning",
+        "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
+    ),
+]
+
+
+def expected_pull(src: Path) -> dict[str, bytes]:
+    """What a pull of blend ``mix`` from ``src`` must produce: all but shards and locks."""
+    return {
+        k: v
+        for k, v in files_under(src).items()
+        if not k.startswith("tokens/") and not k.endswith(".lock")
+    }
+
+
+def run_in_thread(fn: Callable[[], object]) -> tuple[threading.Thread, list[BaseException]]:
+    """Start ``fn()`` in a thread; the list receives what it raised."""
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, raised
+
+
+def wait_for(rule_hit: threading.Event) -> None:
+    """Block until the proxy reports the request a rule waits for."""
+    assert rule_hit.wait(timeout=60), "the faulty request never came"
+
+
+# --- tokenmill pull --------------------------------------------------------------------------
+
+
+def test_pull_rides_out_transient_faults(
+    s3: S3, storage_root: Path, tmp_path: Path, proxy: FaultProxy
+) -> None:
+    s3.upload_tree(storage_root, "v1")
+    rules = [
+        proxy.add("GET", r"/blends/mix/manifest\.json$", "500", times=3),
+        # more failures than botocore's own attempts: tokenmill's retry takes over
+        proxy.add("GET", DOCS_BIN, "503", times=BOTO_ATTEMPTS + 2),
+        proxy.add("GET", r"merged/code_text_document\.bin$", "cut", times=2, keep=100),
+        proxy.add("GET", r"blends/mix/train-dataset_index\.npy$", "drop", times=BOTO_ATTEMPTS + 1),
+    ]
+    dest = tmp_path / "dest"
+    uri = f"s3://{s3.bucket}/v1/{MANIFEST}"
+    assert main(["pull", uri, str(dest), "--endpoint-url", proxy.endpoint]) == 0
+    assert [r.matched for r in rules] == [3, BOTO_ATTEMPTS + 2, 2, BOTO_ATTEMPTS + 1]
+    assert files_under(dest) == expected_pull(storage_root)
+
+
+def test_pull_persistent_5xx_fails_cleanly_then_resumes(
+    s3: S3,
+    storage_root: Path,
+    tmp_path: Path,
+    proxy: FaultProxy,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    s3.upload_tree(storage_root, "v1")
+    rule = proxy.add("GET", DOCS_BIN, "503")
+    dest = tmp_path / "dest"
+    uri = f"s3://{s3.bucket}/v1/{MANIFEST}"
+    assert main(["pull", uri, str(dest), "--endpoint-url", proxy.endpoint]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"tokenmill pull: error: s3://{s3.bucket}/v1/merged/docs_text_document.bin "
+        "(dataset 'docs' bin): An error occurred (ServiceUnavailable) when calling the "
+        "GetObject operation (reached max retries: 8): injected by the fault proxy"
+    )
+    assert "Traceback" not in err
+    assert rule.matched == tm_s3.ATTEMPTS * BOTO_ATTEMPTS
+    assert not (dest / MANIFEST).exists()
+    assert not [p for p in dest.rglob("*") if ".tmp-" in p.name]
+    complete = sorted(files_under(dest))
+    assert "merged/docs_text_document.bin" not in complete
+
+    proxy.clear()
+    report = pull(uri, dest, endpoint_url=proxy.endpoint)
+    assert "merged/docs_text_document.bin" in report.fetched  # transfers not started were
+    assert sorted(report.skipped) == complete  # cancelled by the failure; complete ones stay
+    assert files_under(dest) == expected_pull(storage_root)
+
+
+def test_pull_against_a_dead_server_is_a_clean_error(
+    s3: S3,
+    storage_root: Path,
+    tmp_path: Path,
+    proxy: FaultProxy,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    s3.upload_tree(storage_root, "v1")
+    proxy.kill()
+    uri = f"s3://{s3.bucket}/v1/{MANIFEST}"
+    assert main(["pull", uri, str(tmp_path / "dest"), "--endpoint-url", proxy.endpoint]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"tokenmill pull: error: reading {uri}: EndpointConnectionError: Could not connect to "
+        f'the endpoint URL: "{proxy.endpoint}/{s3.bucket}/v1/{MANIFEST}"'
+    )
+    proxy.add("GET", r"/blends/mix/manifest\.json$", "503")
+    proxy.start()
+    assert main(["pull", uri, str(tmp_path / "dest"), "--endpoint-url", proxy.endpoint]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"tokenmill pull: error: reading {uri}: ClientError: An error occurred ")
+    assert "(ServiceUnavailable)" in err and "Traceback" not in err
+
+
+def test_pull_survives_the_server_dying_mid_transfer(
+    s3: S3, storage_root: Path, tmp_path: Path, proxy: FaultProxy
+) -> None:
+    s3.upload_tree(storage_root, "v1")
+    held = proxy.add("GET", DOCS_BIN, "stall", keep=1000)
+    dest = tmp_path / "dest"
+    uri = f"s3://{s3.bucket}/v1/{MANIFEST}"
+    thread, raised = run_in_thread(lambda: pull(uri, dest, endpoint_url=proxy.endpoint, jobs=2))
+    wait_for(held.hit)
+    proxy.kill()
+    thread.join(timeout=60)
+    assert len(raised) == 1 and isinstance(raised[0], InputError)
+    assert str(raised[0]).startswith(
+        f"s3://{s3.bucket}/v1/merged/docs_text_document.bin (dataset 'docs' bin): "
+        f'Could not connect to the endpoint URL: "{proxy.endpoint}/'
+    )
+    assert not (dest / MANIFEST).exists()
+    assert not [p for p in dest.rglob("*") if ".tmp-" in p.name]
+    complete = sorted(files_under(dest))
+
+    proxy.clear()
+    proxy.start()  # the server is back, same address
+    report = pull(uri, dest, endpoint_url=proxy.endpoint)
+    assert "merged/docs_text_document.bin" in report.fetched
+    assert sorted(report.skipped) == complete
+    assert files_under(dest) == expected_pull(storage_root)
+
+
+def test_sigkilled_pull_reruns_to_identical_bytes(
+    s3: S3, storage_root: Path, tmp_path: Path, proxy: FaultProxy
+) -> None:
+    s3.upload_tree(storage_root, "v1")
+    held = proxy.add("GET", DOCS_BIN, "stall", keep=1000)
+    dest = tmp_path / "dest"
+    uri = f"s3://{s3.bucket}/v1/{MANIFEST}"
+    command = [sys.executable, "-m", "tokenmill.cli", "pull", uri, str(dest)]
+    proc = subprocess.Popen([*command, "--endpoint-url", proxy.endpoint], cwd=ROOT)
+    try:
+        wait_for(held.hit)
+        deadline = time.monotonic() + 30
+        while not list(dest.rglob("docs_text_document.bin.tmp-*")):  # mid-write
+            assert time.monotonic() < deadline, "the killed pull never opened its temp file"
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not (dest / MANIFEST).exists()
+    complete = sorted(k for k in files_under(dest) if ".tmp-" not in k)
+
+    proxy.clear()
+    report = pull(uri, dest, endpoint_url=proxy.endpoint)
+    assert sorted(report.skipped) == complete
+    assert files_under(dest) == expected_pull(storage_root)  # the temp file is gone too
+
+
+# --- the pipeline's uploads ------------------------------------------------------------------
+
+
+def test_pipeline_run_on_s3_rides_out_transient_faults_and_fails_cleanly_on_persistent_ones(
+    s3: S3, make_recipe: Callable[..., Recipe], tmp_path: Path, proxy: FaultProxy
+) -> None:
+    recipe = make_recipe(
+        storage={"root": f"s3://{s3.bucket}/root", "s3_endpoint_url": proxy.endpoint}
+    )
+    work = tmp_path / "work"
+    transient = [
+        proxy.add("GET", r"list-type=2&prefix=root%2Fhf", "500", times=BOTO_ATTEMPTS + 1),
+        proxy.add("PUT", r"raw/docs/part-00000\.stats\.json$", "drop", times=BOTO_ATTEMPTS + 1),
+        proxy.add("GET", r"hf/docs/data/part-00000\.parquet$", "cut", times=2, keep=200),
+        proxy.add("PUT", r"tokens/docs/.*\.bin$", "503", times=BOTO_ATTEMPTS + 2),
+    ]
+    tokens = "root/tokens/docs/part-00000_text_document"
+    with DagsterInstance.ephemeral() as instance:
+        first = materialize_shard(recipe, instance, endpoint=proxy.endpoint, work=work)
+        assert first.success, step_errors(first)
+        assert [r.matched for r in transient] == [
+            BOTO_ATTEMPTS + 1,
+            BOTO_ATTEMPTS + 1,
+            2,
+            BOTO_ATTEMPTS + 2,
+        ]
+        clean = s3_tree(s3, "root/")
+        assert f"{tokens}.manifest.json" in clean and unvouched(clean) == []
+
+        proxy.clear()
+        persistent = proxy.add("PUT", r"tokens/docs/.*\.idx$", "503")
+        failed = materialize_shard(
+            recipe, instance, endpoint=proxy.endpoint, work=work, stages=("tokens",)
+        )
+        assert not failed.success
+        [error] = step_errors(failed)
+        assert error.startswith(
+            f"tokenmill.errors.InputError: uploading part-00000_text_document.idx to "
+            f"s3://{s3.bucket}/{tokens}.idx: S3UploadFailedError: Failed to upload "
+        )
+        assert re.search(
+            r"An error occurred \(ServiceUnavailable\) when calling the PutObject operation"
+            r"( \(reached max retries: 8\))?: injected by the fault proxy$",
+            error,
+        )
+        # botocore's retry quota is shared by the process's cached client and may run dry
+        # after the faults above: tokenmill's own attempts always happen
+        assert tm_s3.ATTEMPTS <= persistent.matched <= tm_s3.ATTEMPTS * BOTO_ATTEMPTS
+        after_failure = s3_tree(s3, "root/")
+        assert f"{tokens}.manifest.json" not in after_failure  # nothing vouches for the pair
+        assert unvouched(after_failure) == []
+        assert list(work.iterdir()) == []
+
+        proxy.clear()
+        again = materialize_shard(
+            recipe, instance, endpoint=proxy.endpoint, work=work, stages=("tokens",)
+        )
+        assert again.success
+        key = AssetKey(["docs", "tokens"])
+        assert instance.get_latest_materialization_event(key).run_id == again.run_id
+    rerun = s3_tree(s3, "root/")
+    assert rerun.keys() == clean.keys() and unvouched(rerun) == []
+    for name, data in rerun.items():
+        if name.endswith(".manifest.json"):  # inputs name the run's work directory
+            old, new = json.loads(clean[name]), json.loads(data)
+            assert {**old, "inputs": None} == {**new, "inputs": None}
+        else:
+            assert data == clean[name], name
+
+
+def big_dataset(prefix: Path, seed: int, tokens: int) -> None:
+    """A uint16 dataset of about ``tokens`` tokens with its manifest."""
+    rng = np.random.default_rng(seed)
+    lengths = np.full(tokens // 10_000, 10_000)
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        writer.add_documents(rng.integers(0, 50000, int(lengths.sum())), lengths)
+    write_dataset_manifest(prefix, kind="merged", inputs=[], config={}, counts={})
+
+
+@pytest.fixture
+def replacement(s3: S3, tmp_path: Path) -> Path:
+    """A small old version of ``merged/big_text_document`` on S3 under ``root/``; a local root
+    with the new version (a 6 MiB ``.bin``: multipart parts of 5 and 1 MiB) to upload."""
+    big_dataset(tmp_path / "old" / "merged" / "big_text_document", seed=1, tokens=50_000)
+    s3.upload_tree(tmp_path / "old", "root")
+    local = tmp_path / "new"
+    big_dataset(local / "merged" / "big_text_document", seed=2, tokens=(6 << 20) // 2)
+    return local
+
+
+def stage(s3: S3, endpoint: str, local: Path) -> s3_stage.S3Stage:
+    """The pipeline's S3 stage for ``s3://bucket/root`` over ``local``."""
+    return s3_stage.S3Stage(s3_stage.s3_client(endpoint), s3.bucket, "root", local)
+
+
+def test_multipart_upload_retries_failed_parts(
+    s3: S3, replacement: Path, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(s3_stage, "MULTIPART_BYTES", PART)
+    part = proxy.add("PUT", PART_2, "500", times=BOTO_ATTEMPTS + 1)
+    done = proxy.add("POST", r"\.bin\?uploadId=", "503", times=2)
+    stage(s3, proxy.endpoint, replacement).push()
+    assert (part.matched, done.matched) == (BOTO_ATTEMPTS + 1, 2)
+    uploaded = s3_tree(s3, "root/")
+    assert uploaded == {f"root/{k}": v for k, v in files_under(replacement).items()}
+    head = s3.client.head_object(Bucket=s3.bucket, Key="root/merged/big_text_document.bin")
+    assert head["ETag"].strip('"').endswith("-2")  # two parts: a multipart upload
+
+
+def test_server_dying_mid_multipart_upload(
+    s3: S3, replacement: Path, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(s3_stage, "MULTIPART_BYTES", PART)
+    old = s3_tree(s3, "root/")
+    held = proxy.add("PUT", PART_2, "hold")
+    thread, raised = run_in_thread(stage(s3, proxy.endpoint, replacement).push)
+    wait_for(held.hit)
+    proxy.kill()
+    thread.join(timeout=60)
+    assert len(raised) == 1 and isinstance(raised[0], InputError)
+    assert str(raised[0]).startswith(
+        f"uploading big_text_document.bin to s3://{s3.bucket}/root/merged/big_text_document.bin: "
+        f'EndpointConnectionError: Could not connect to the endpoint URL: "{proxy.endpoint}/'
+    )
+    after = s3_tree(s3, "root/")
+    assert "root/merged/big_text_document.manifest.json" not in after and unvouched(after) == []
+    assert after["root/merged/big_text_document.bin"] == old["root/merged/big_text_document.bin"]
+
+    proxy.clear()
+    proxy.start()
+    stage(s3, proxy.endpoint, replacement).push()
+    assert s3_tree(s3, "root/") == {f"root/{k}": v for k, v in files_under(replacement).items()}
+
+
+@pytest.mark.parametrize(
+    "kill_at",
+    [PART_2, r"big_text_document\.idx$"],
+    ids=["mid-multipart-bin", "between-bin-and-idx"],
+)
+def test_sigkilled_upload_leaves_no_lying_manifest(
+    s3: S3, replacement: Path, proxy: FaultProxy, kill_at: str
+) -> None:
+    held = proxy.add("PUT", kill_at, "hold")
+    args = [proxy.endpoint, s3.bucket, "root", str(replacement)]
+    proc = subprocess.Popen([sys.executable, "-c", UPLOADER, *args], cwd=ROOT)
+    try:
+        wait_for(held.hit)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    after = s3_tree(s3, "root/")
+    assert "root/merged/big_text_document.manifest.json" not in after and unvouched(after) == []
+
+    proxy.clear()
+    stage(s3, proxy.endpoint, replacement).push()
+    assert s3_tree(s3, "root/") == {f"root/{k}": v for k, v in files_under(replacement).items()}
