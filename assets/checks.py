@@ -29,6 +29,7 @@ from dagster import (
 
 from assets.merged import shard_keys
 from assets.nanoset import split_indices
+from assets.shards import each_shard
 from pipelines.partitions import shard_partitions
 from pipelines.resources import StorageResource
 from tokenmill.blend_manifest import realized_shares, verify_blend
@@ -68,7 +69,9 @@ def raw_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
     def documents_accounted(
         context: AssetCheckExecutionContext, storage: StorageResource
     ) -> AssetCheckResult:
-        key = context.partition_key
+        return each_shard(context, lambda key: accounted(storage, key))
+
+    def accounted(storage: StorageResource, key: str) -> AssetCheckResult:
         with storage.workspace([f"raw/{ds.name}/{key}"], upload=False) as ws:
             stats_path = ws.storage.raw_stats_path(ds.name, key)
             stats = json.loads(stats_path.read_text(encoding="utf-8"))
@@ -100,7 +103,9 @@ def export_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
     def rows_match_raw(
         context: AssetCheckExecutionContext, storage: StorageResource
     ) -> AssetCheckResult:
-        key = context.partition_key
+        return each_shard(context, lambda key: rows_match(storage, key))
+
+    def rows_match(storage: StorageResource, key: str) -> AssetCheckResult:
         inputs = [f"raw/{ds.name}/{key}", f"hf/{ds.name}/data/{key}.parquet"]
         with storage.workspace(inputs, upload=False) as ws:
             stats_path = ws.storage.raw_stats_path(ds.name, key)
@@ -128,9 +133,12 @@ def token_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         context: AssetCheckExecutionContext, storage: StorageResource
     ) -> AssetCheckResult:
         """.idx header/pointers agree with the .bin; sizes and sha256 match the manifest."""
-        rel = f"tokens/{ds.name}/{context.partition_key}_{ds.text_key}_document"
+        return each_shard(context, lambda key: consistent(storage, key))
+
+    def consistent(storage: StorageResource, key: str) -> AssetCheckResult:
+        rel = f"tokens/{ds.name}/{key}_{ds.text_key}_document"
         with storage.workspace([rel], upload=False) as ws:
-            prefix = ws.storage.tokens_prefix(ds.name, context.partition_key, ds.text_key)
+            prefix = ws.storage.tokens_prefix(ds.name, key, ds.text_key)
             return _result(verify_dataset(prefix, full=True), prefix=str(prefix))
 
     @asset_check(asset=key, blocking=True, partitions_def=partitions)
@@ -138,7 +146,9 @@ def token_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         context: AssetCheckExecutionContext, storage: StorageResource
     ) -> AssetCheckResult:
         """Tokenized documents = Parquet rows of the shard."""
-        shard = context.partition_key
+        return each_shard(context, lambda shard: documents_match(storage, shard))
+
+    def documents_match(storage: StorageResource, shard: str) -> AssetCheckResult:
         inputs = [f"tokens/{ds.name}/{shard}_{ds.text_key}_document"]
         inputs.append(f"hf/{ds.name}/data/{shard}.parquet")
         with storage.workspace(inputs, upload=False) as ws:

@@ -2,7 +2,8 @@
 
 Per dataset: ``<ds>/raw_jsonl``, ``<ds>/hf_dataset``, ``<ds>/tokens`` (partitioned by shard),
 ``<ds>/merged``, ``<ds>/nanoset``; per blend: ``blend/<name>``. The unpartitioned stages follow
-their upstreams through Declarative Automation.
+their upstreams through Declarative Automation. The shard assets carry a concurrency pool and
+a ``BackfillPolicy`` that batches backfills into ranges of shards (``assets/shards.py``).
 """
 
 from __future__ import annotations

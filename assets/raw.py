@@ -2,7 +2,8 @@
 
 Writes ``raw/<ds>/<shard>.stats.json`` and, in quarantine mode,
 ``raw/<ds>/<shard>.quarantine.jsonl`` (even when empty, so "no bad lines" is explicit). With
-``on_bad_record: fail`` the first bad line fails the run with ``FILE:LINE: reason``.
+``on_bad_record: fail`` the first bad line fails the run with ``FILE:LINE: reason``. A backfill
+run validates a range of shards in one step (``assets/shards.py``).
 """
 
 import contextlib
@@ -17,13 +18,13 @@ from dagster import (
     AssetsDefinition,
     MaterializeResult,
     MetadataValue,
-    asset,
 )
 
 from assets.metadata import histogram_md, path_value
+from assets.shards import shard_asset, source_shards, step_result
 from pipelines.partitions import shard_partitions
 from pipelines.resources import StorageResource, display_path
-from pipelines.sources import ShardFile, find_shard
+from pipelines.sources import ShardFile
 from tokenmill._atomic import write_json
 from tokenmill.ingest import IngestStats, Quarantine, read_jsonl_batches
 from tokenmill.recipe import DatasetConfig
@@ -60,10 +61,39 @@ def validate_shard(
     return record, np.asarray(lengths, dtype=np.int64)
 
 
+def shard_metadata(
+    context: AssetExecutionContext, ds: DatasetConfig, storage: StorageResource, shard: ShardFile
+) -> dict[str, Any]:
+    """Validate one shard in a workspace of its own (uploaded when done); its metadata."""
+    key = shard.key
+    with storage.workspace() as ws:
+        stats_path = ws.storage.raw_stats_path(ds.name, key)
+        record, lengths = validate_shard(
+            ds, ws.shard(shard), stats_path, ws.storage.quarantine_path(ds.name, key)
+        )
+        if record["quarantined"]:
+            context.log.warning(f"{shard.location}: {record['quarantined']} bad lines quarantined")
+        metadata: dict[str, Any] = {
+            name: record[name]
+            for name in ("lines", "documents", "blank", "quarantined", "empty_documents")
+        }
+        metadata.update(
+            bytes=record["bytes_read"],
+            source=MetadataValue.path(shard.uri) if shard.uri else path_value(shard.location),
+            source_fingerprint=shard.fingerprint,
+            path=path_value(stats_path),
+            length_histogram=histogram_md(lengths, "document length (characters)"),
+        )
+        if record["quarantine"]:
+            metadata["quarantine"] = path_value(record["quarantine"])
+        return metadata
+
+
 def build_raw_jsonl(ds: DatasetConfig) -> AssetsDefinition:
     """The ``<ds>/raw_jsonl`` asset of one dataset."""
 
-    @asset(
+    @shard_asset(
+        "raw_jsonl",
         key=AssetKey([ds.name, "raw_jsonl"]),
         partitions_def=shard_partitions(ds.name),
         group_name=ds.name,
@@ -72,30 +102,9 @@ def build_raw_jsonl(ds: DatasetConfig) -> AssetsDefinition:
         f"{'quarantined' if ds.on_bad_record == 'quarantine' else 'fail the run'}.",
     )
     def raw_jsonl(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
-        key = context.partition_key
-        shard = find_shard(ds, key, storage.s3_endpoint_url)
-        with storage.workspace() as ws:
-            stats_path = ws.storage.raw_stats_path(ds.name, key)
-            record, lengths = validate_shard(
-                ds, ws.shard(shard), stats_path, ws.storage.quarantine_path(ds.name, key)
-            )
-            if record["quarantined"]:
-                context.log.warning(
-                    f"{shard.location}: {record['quarantined']} bad lines quarantined"
-                )
-            metadata = {
-                name: record[name]
-                for name in ("lines", "documents", "blank", "quarantined", "empty_documents")
-            }
-            metadata.update(
-                bytes=record["bytes_read"],
-                source=MetadataValue.path(shard.uri) if shard.uri else path_value(shard.location),
-                source_fingerprint=shard.fingerprint,
-                path=path_value(stats_path),
-                length_histogram=histogram_md(lengths, "document length (characters)"),
-            )
-            if record["quarantine"]:
-                metadata["quarantine"] = path_value(record["quarantine"])
-            return MaterializeResult(metadata=metadata)
+        shards = source_shards(ds, context.partition_keys, storage.s3_endpoint_url)
+        return step_result(
+            {key: shard_metadata(context, ds, storage, shard) for key, shard in shards.items()}
+        )
 
     return raw_jsonl

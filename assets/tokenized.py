@@ -2,12 +2,14 @@
 
 Reads the validated Parquet (so bad lines were already quarantined upstream) and writes
 ``tokens/<ds>/<shard>_<text_key>_document.{bin,idx}`` + ``.manifest.json``, byte-identical to
-Megatron ``preprocess_data.py`` on the shard's good lines.
+Megatron ``preprocess_data.py`` on the shard's good lines. A backfill run tokenizes a range of
+shards in one step (``assets/shards.py``).
 """
 
-from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult, asset
+from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult
 
 from assets.metadata import token_dataset_metadata
+from assets.shards import shard_asset, step_result
 from pipelines.partitions import shard_partitions
 from pipelines.resources import StorageResource, TokenizerResource
 from tokenmill.recipe import DatasetConfig
@@ -17,7 +19,8 @@ from tokenmill.tokenize import tokenize_files
 def build_tokens(ds: DatasetConfig) -> AssetsDefinition:
     """The ``<ds>/tokens`` asset of one dataset."""
 
-    @asset(
+    @shard_asset(
+        "tokens",
         key=AssetKey([ds.name, "tokens"]),
         deps=[AssetKey([ds.name, "hf_dataset"])],
         partitions_def=shard_partitions(ds.name),
@@ -28,24 +31,27 @@ def build_tokens(ds: DatasetConfig) -> AssetsDefinition:
     def tokens(
         context: AssetExecutionContext, storage: StorageResource, tokenizer: TokenizerResource
     ) -> MaterializeResult:
-        key = context.partition_key
-        with storage.workspace([f"hf/{ds.name}/data/{key}.parquet"]) as ws:
-            result = tokenize_files(
-                [ws.storage.parquet_path(ds.name, key)],
-                ws.storage.tokens_output_prefix(ds.name, key),
-                tokenizer.path,
-                text_key=ds.text_key,
-                append_eod=tokenizer.append_eod,
-                workers=tokenizer.workers,
-                on_bad_record="fail",
-                progress=False,
-            )
-            context.log.info(f"{key}: {result.tokens} tokens with engine {result.engine}")
-            metadata = token_dataset_metadata(
-                result.prefix,
-                seconds=result.seconds,
-                tokenizer=str(result.manifest["config"]["tokenizer_fingerprint"]),
-            )
-            return MaterializeResult(metadata={**metadata, "engine": result.engine})
+        keys = context.partition_keys
+        with storage.workspace([f"hf/{ds.name}/data/{key}.parquet" for key in keys]) as ws:
+            per_shard = {}
+            for key in keys:
+                result = tokenize_files(
+                    [ws.storage.parquet_path(ds.name, key)],
+                    ws.storage.tokens_output_prefix(ds.name, key),
+                    tokenizer.path,
+                    text_key=ds.text_key,
+                    append_eod=tokenizer.append_eod,
+                    workers=tokenizer.workers,
+                    on_bad_record="fail",
+                    progress=False,
+                )
+                context.log.info(f"{key}: {result.tokens} tokens with engine {result.engine}")
+                metadata = token_dataset_metadata(
+                    result.prefix,
+                    seconds=result.seconds,
+                    tokenizer=str(result.manifest["config"]["tokenizer_fingerprint"]),
+                )
+                per_shard[key] = {**metadata, "engine": result.engine}
+            return step_result(per_shard)
 
     return tokens

@@ -6,21 +6,30 @@ repo root) executes in process on the configured instance (``$DAGSTER_HOME``; SQ
 1. Per dataset, the source listing is synced into the partition set (new shards added, vanished
    shards removed and reported).
 2. A shard is current when a successful run of its shard job carries its source fingerprint
-   (shard sensors tag their runs the same way) and its tokens on disk match the tokenizer and
-   settings; every other shard gets one run of ``<ds>_shard_job`` (all its blocking checks).
+   (shard sensors tag their runs the same way) and its tokens in the storage root match the
+   tokenizer and settings; every other shard gets one run of ``<ds>_shard_job`` (with its
+   blocking checks).
 3. The unpartitioned assets whose inputs changed (each records an ``input_version`` of what it
    read), and everything after them, are rebuilt together in one run of ``refresh_job``.
    Datasets with a failed shard are left out of step 3 (and reported).
+
+The comparisons read manifests and stats files. For an ``s3://`` storage root they read a
+:class:`RootView`: a temporary local mirror of the root's bookkeeping, refreshed from S3
+listings before each step (only objects whose ETag changed are fetched again).
 """
 
 import argparse
 import os
 import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from dagster import AssetKey, DagsterInstance, Definitions
 
 from assets import blends, merged, nanoset
+from pipelines import s3
 from pipelines.build import build_definitions
 from pipelines.instance import ensure_dagster_home
 from pipelines.jobs import REFRESH_JOB, shard_job_name
@@ -28,13 +37,68 @@ from pipelines.partitions import partitions_name
 from pipelines.resources import StorageResource, TokenizerResource
 from pipelines.sensors import shard_current, shard_tags
 from pipelines.sources import Listing, list_shards
-from pipelines.summary import DatasetOutcome, print_summary
+from pipelines.summary import DatasetOutcome, print_summary, shown
+from tokenmill._atomic import TMP_MARK
 from tokenmill.errors import ConfigError, TokenmillError
 from tokenmill.manifest import check_dataset_files, dataset_manifest_path, read_dataset_manifest
 from tokenmill.merge import natural_key
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe, recipe_path
+from tokenmill.s3 import split_uri
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+MIRROR_JOBS = 8  # parallel GETs when mirroring an S3 root's manifests and stats
+
+
+class RootView:
+    """The storage root as ``materialize`` reads it: a local root as it is; an S3 root as a
+    mirror under ``local`` of the prefixes the comparisons read, where every ``.json`` object
+    (stats, manifests) is copied and every other object is a sparse placeholder of its listed
+    size, so a manifest's size check compares against S3 without downloading data."""
+
+    def __init__(self, storage: StorageResource, recipe: Recipe, local: Path) -> None:
+        self.storage = storage
+        self.local = local
+        self.prefixes = [
+            f"{stage}/{ds.name}/" for ds in recipe.datasets for stage in ("raw", "tokens")
+        ]
+        self.prefixes += ["merged/", *(f"blends/{b.name}/" for b in recipe.blends)]
+        self.etags: dict[str, str] = {}
+
+    def sync(self) -> StorageResource:
+        """Bring the mirror up to date with the root; a storage rooted where paths resolve."""
+        if not self.storage.is_s3:
+            return self.storage
+        bucket, prefix = split_uri(self.storage.root)
+        base = f"{prefix}/" if prefix else ""
+        client = s3.s3_client(self.storage.s3_endpoint_url)
+        listed: dict[str, s3.S3Object] = {}
+        for rel in self.prefixes:
+            for obj in s3.list_objects(client, bucket, base + rel, recursive=True):
+                if TMP_MARK not in obj.key:
+                    listed[obj.key[len(base) :]] = obj
+        for name in set(self.etags) - set(listed):
+            (self.local / name).unlink(missing_ok=True)
+
+        def copy(name: str) -> None:
+            path, obj = self.local / name, listed[name]
+            if name.endswith(".json"):
+                s3.download(client, bucket, obj.key, path)
+                return
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "wb") as placeholder:
+                placeholder.truncate(obj.size)
+
+        changed = sorted(n for n, obj in listed.items() if self.etags.get(n) != obj.etag)
+        with ThreadPoolExecutor(MIRROR_JOBS) as pool:
+            list(pool.map(copy, changed))
+        self.etags = {name: obj.etag for name, obj in listed.items()}
+        return StorageResource(root=str(self.local), s3_endpoint_url=self.storage.s3_endpoint_url)
+
+    def where(self, path: Path) -> str:
+        """Where a path of the view really is: its ``s3://`` URI, or the path for the user."""
+        if not self.storage.is_s3:
+            return shown(path)
+        return f"{self.storage.root.rstrip('/')}/{path.relative_to(self.local).as_posix()}"
 
 
 def sync_partitions(instance: DagsterInstance, ds: DatasetConfig, listing: Listing) -> list[str]:
@@ -70,9 +134,10 @@ def tokens_current(
 
 
 def process_shards(
-    defs: Definitions, instance: DagsterInstance, ds: DatasetConfig
+    defs: Definitions, instance: DagsterInstance, ds: DatasetConfig, view: StorageResource
 ) -> DatasetOutcome:
-    """Sync the partitions of one dataset and run the shard job for every stale shard."""
+    """Sync the partitions of one dataset and run the shard job for every stale shard;
+    ``view`` is the storage root as :meth:`RootView.sync` returns it."""
     storage, tokenizer = _resources(defs)
     listing = list_shards(ds, storage.s3_endpoint_url)
     outcome = DatasetOutcome(ds.name, sorted(listing.shards, key=natural_key))
@@ -83,7 +148,7 @@ def process_shards(
     for key in outcome.shards:
         shard = listing.shards[key]
         if shard_current(instance, ds, key, shard.fingerprint) and tokens_current(
-            storage, tokenizer, fingerprint, ds, key
+            view, tokenizer, fingerprint, ds, key
         ):
             continue
         start = time.perf_counter()
@@ -148,35 +213,38 @@ def stale_downstream(
 
 def materialize_recipe(recipe: Recipe, instance: DagsterInstance) -> int:
     """Steps 1–3 for every dataset and blend of ``recipe``; prints progress and a summary."""
-    if recipe.storage.is_s3:
-        raise ConfigError(
-            f"storage.root {recipe.storage.root}: tokenmill materialize compares artifacts on a "
-            "local root; with an S3 root the shard sensors and the automation sensor run the "
-            "pipeline (dagster dev / the deployed code location)"
-        )
     defs = build_definitions(recipe)
-    outcomes = []
-    for ds in recipe.datasets:
-        print(f"{ds.name}: scanning {ds.source}", flush=True)
-        outcomes.append(process_shards(defs, instance, ds))
-    failed = {o.name for o in outcomes if o.failed}
     storage, _ = _resources(defs)
-    stale = stale_downstream(instance, recipe, storage, failed)
-    downstream_ok = True
-    if stale:
-        names = ", ".join(k.to_user_string() for k in stale)
-        print(f"downstream: rebuilding {names} in one run", flush=True)
-        result = defs.resolve_job_def(REFRESH_JOB).execute_in_process(
-            run_config=QUIET, instance=instance, asset_selection=stale, raise_on_error=False
-        )
-        downstream_ok = result.success
-        print(f"downstream: {'ok' if downstream_ok else 'FAILED (see the run in the UI)'}")
-        if not downstream_ok:
-            print("downstream: nothing after the failed step was rebuilt; fix it and run again")
-    else:
-        print("downstream: everything up to date")
-    print_summary(recipe, storage, outcomes, stale if downstream_ok else [], instance)
+    with tempfile.TemporaryDirectory(prefix="tokenmill-view-") as scratch:
+        view = RootView(storage, recipe, Path(scratch))
+        before = view.sync()
+        outcomes = []
+        for ds in recipe.datasets:
+            print(f"{ds.name}: scanning {ds.source}", flush=True)
+            outcomes.append(process_shards(defs, instance, ds, before))
+        failed = {o.name for o in outcomes if o.failed}
+        stale = stale_downstream(instance, recipe, view.sync(), failed)
+        downstream_ok = run_downstream(defs, instance, stale)
+        rebuilt = stale if downstream_ok else []
+        print_summary(recipe, view.sync(), outcomes, rebuilt, instance, view.where)
     return 0 if downstream_ok and not failed else 1
+
+
+def run_downstream(defs: Definitions, instance: DagsterInstance, stale: list[AssetKey]) -> bool:
+    """Rebuild the stale unpartitioned assets in one run of ``refresh_job``; True when it
+    succeeded (or nothing was stale)."""
+    if not stale:
+        print("downstream: everything up to date")
+        return True
+    names = ", ".join(k.to_user_string() for k in stale)
+    print(f"downstream: rebuilding {names} in one run", flush=True)
+    result = defs.resolve_job_def(REFRESH_JOB).execute_in_process(
+        run_config=QUIET, instance=instance, asset_selection=stale, raise_on_error=False
+    )
+    print(f"downstream: {'ok' if result.success else 'FAILED (see the run in the UI)'}")
+    if not result.success:
+        print("downstream: nothing after the failed step was rebuilt; fix it and run again")
+    return bool(result.success)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe = load_recipe(recipe_path(args.recipe))
         home = ensure_dagster_home()
         os.environ.setdefault("DAGSTER_HOME", str(home))
-        print(f"recipe {recipe.path}; Dagster instance {home}", flush=True)
+        print(f"recipe {recipe.path}; storage {recipe.storage.root}; Dagster instance {home}")
         with DagsterInstance.get() as instance:
             return materialize_recipe(recipe, instance)
     except ConfigError as exc:

@@ -15,7 +15,9 @@ describes files which are not there.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,12 +31,38 @@ MAX_ATTEMPTS = 8  # botocore's own retries per request, below ours per transfer
 DATASET_MANIFEST_SUFFIX = ".manifest.json"
 
 
+# Settings a client is built from besides the endpoint; a change means a new client.
+CLIENT_ENVIRONMENT = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+)
+_CLIENTS: dict[str, Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
 def s3_client(endpoint_url: str | None) -> Any:
-    """A boto3 S3 client built by dagster-aws ``S3Resource`` (credentials from the environment)."""
+    """A boto3 S3 client built by dagster-aws ``S3Resource`` (credentials from the environment).
+
+    Building one costs ~0.1-0.5 s (botocore loads its service models), so a process keeps one
+    per endpoint and environment (keyed by a hash: no credential is kept in the key); boto3
+    clients are thread-safe."""
     from dagster_aws.s3 import S3Resource
 
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
-    return S3Resource(endpoint_url=endpoint, max_attempts=MAX_ATTEMPTS).get_client()
+    settings = [str(os.getpid()), str(endpoint), str(MAX_ATTEMPTS)]
+    settings += [os.environ.get(name, "") for name in CLIENT_ENVIRONMENT]
+    key = hashlib.sha256("\0".join(settings).encode()).hexdigest()
+    with _CLIENTS_LOCK:
+        if key not in _CLIENTS:
+            resource = S3Resource(endpoint_url=endpoint, max_attempts=MAX_ATTEMPTS)
+            _CLIENTS[key] = resource.get_client()
+        return _CLIENTS[key]
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
-"""The closing summary of ``tokenmill materialize``: counts from the artifacts on disk, where
-the blends are, the two lines of Python that open one, and how to start the UI."""
+"""The closing summary of ``tokenmill materialize``: counts from the artifacts (on disk, or the
+mirror of an S3 root), where the blends are, how to open one (after ``tokenmill pull`` for an
+S3 root), and how to start the UI."""
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,16 +69,29 @@ def dataset_line(
     return "\n".join([text, *notes])
 
 
-def blend_line(name: str, storage: StorageResource) -> tuple[str, Path | None]:
-    """One line per blend: samples per split and the manifest path."""
+def blend_line(name: str, storage: StorageResource, where: Callable[[Path], str]) -> str | None:
+    """One line per blend: samples per split and where its manifest is (None: not built)."""
     mpath = storage.blend_dir(name) / "manifest.json"
     if not mpath.is_file():
-        return f"  blend {name}: not built", None
+        return None
     manifest = json.loads(mpath.read_text(encoding="utf-8"))
     splits = manifest["splits"]
     sizes = " · ".join(f"{s} {splits[s]['size']:,}" for s in SPLITS if s in splits)
     width = manifest["sequence_length"] + int(manifest["add_extra_token"])
-    return f"  blend {name}: {sizes} samples of {width} tokens -> {shown(mpath)}", mpath
+    return f"  blend {name}: {sizes} samples of {width} tokens -> {where(mpath)}"
+
+
+def open_hint(manifest: str, name: str) -> list[str]:
+    """How training code opens a blend: directly, or after pulling it from S3."""
+    lines = ["", "Open a blend from training code:"]
+    if manifest.startswith("s3://"):
+        lines.append(f"    tokenmill pull {manifest} blend-{name}")
+        manifest = f"blend-{name}/blends/{name}/manifest.json"
+    lines += [
+        "    from tokenmill.loader import open_blend",
+        f'    ds = open_blend("{manifest}", split="train")',
+    ]
+    return lines
 
 
 def print_summary(
@@ -86,20 +100,20 @@ def print_summary(
     outcomes: Sequence[DatasetOutcome],
     rebuilt: Sequence[AssetKey],
     instance: DagsterInstance,
+    where: Callable[[Path], str] = shown,
 ) -> None:
-    """Print the summary block."""
+    """Print the summary block; ``where`` says where a path under ``storage`` really is."""
     print("\nSummary")
     for ds, outcome in zip(recipe.datasets, outcomes, strict=True):
         print(dataset_line(ds, storage, outcome, instance))
     print(f"  downstream rebuilt: {', '.join(k.to_user_string() for k in rebuilt) or 'nothing'}")
-    manifests = []
+    built = []
     for blend in recipe.blends:
-        line, mpath = blend_line(blend.name, storage)
-        print(line)
-        if mpath is not None:
-            manifests.append(mpath)
-    if manifests:
-        print("\nOpen a blend from training code:")
-        print("    from tokenmill.loader import open_blend")
-        print(f'    ds = open_blend("{shown(manifests[0])}", split="train")')
+        line = blend_line(blend.name, storage, where)
+        print(line or f"  blend {blend.name}: not built")
+        if line is not None:
+            built.append(blend.name)
+    if built:
+        mpath = storage.blend_dir(built[0]) / "manifest.json"
+        print("\n".join(open_hint(where(mpath), built[0])))
     print("\nBrowse assets, runs, checks and metadata: make dev  (then http://127.0.0.1:3000)")

@@ -97,7 +97,7 @@ def test_postgres_instance_runs_an_asset_graph(
 def test_queue_limits_agree_between_instance_and_helm() -> None:
     """The Helm values queue the same kinds of runs as the instance files (tags and keys)."""
     values = yaml.safe_load((INFRA / "helm" / "values.yaml").read_text())
-    queued = values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]
+    queued = values["concurrency"]["runs"]
     instance = yaml.safe_load((INFRA / "ecs" / "dagster.yaml").read_text())
     runs = instance["concurrency"]["runs"]
     assert queued["maxConcurrentRuns"] == runs["max_concurrent_runs"]

@@ -28,7 +28,6 @@ from pipelines.partitions import partitions_name  # noqa: E402
 from pipelines.resources import StorageResource  # noqa: E402
 from pipelines.sources import diff_listing, list_shards  # noqa: E402
 from tokenmill.corpus import stdlib_documents, write_jsonl_shards  # noqa: E402
-from tokenmill.errors import ConfigError  # noqa: E402
 from tokenmill.loader import open_blend  # noqa: E402
 from tokenmill.pull import pull  # noqa: E402
 from tokenmill.recipe import Recipe, load_recipe  # noqa: E402
@@ -203,13 +202,6 @@ def test_s3_listing_by_etag_and_size(s3: S3, gpt2_dir: Path, tmp_path: Path) -> 
         ["part-00001"],
         ["part-00000"],
     )
-
-
-def test_materialize_refuses_an_s3_root_clearly(s3: S3, gpt2_dir: Path, tmp_path: Path) -> None:
-    recipe = s3_recipe(tmp_path, s3, gpt2_dir, s3.bucket)
-    with DagsterInstance.ephemeral() as instance, pytest.raises(ConfigError) as err:
-        materialize_recipe(recipe, instance)
-    assert str(err.value).startswith(f"storage.root s3://{s3.bucket}/root: tokenmill materialize")
 
 
 def test_stage_uploads_multipart_manifests_last_and_propagates_deletions(

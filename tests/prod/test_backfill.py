@@ -1,0 +1,275 @@
+"""Batching and bounding shard work: every shard asset carries a pool and the multi-run backfill
+policy; a backfill of K shards on the production instance (Postgres, infra/dagster.yaml) makes
+ceil(K/N) queued runs over consecutive ranges; a range run writes what single-shard runs write
+and checks every shard; the pool limits of every deployment pass Dagster's validation."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+from dagster import AssetCheckResult, AssetKey, BackfillPolicy, DagsterInstance, materialize
+from dagster._core.execution.backfill import PartitionBackfill
+from dagster._core.instance.config import dagster_instance_config
+from dagster._core.test_utils import create_test_daemon_workspace_context
+from dagster._core.utils import make_new_backfill_id
+from dagster._core.workspace.load_target import ModuleTarget
+from dagster._daemon.backfill import execute_backfill_iteration
+from dagster._daemon.daemon import get_default_daemon_logger
+from prod_servers import S3, Postgres
+
+from assets.factory import build_assets
+from assets.shards import PARTITIONS_PER_BACKFILL_RUN, POOLS, each_shard
+from pipelines.build import build_definitions, resources_for
+from pipelines.partitions import partitions_name
+from tokenmill.merge import natural_key
+from tokenmill.recipe import Recipe
+
+ROOT = Path(__file__).resolve().parents[2]
+INFRA = ROOT / "infra"
+SHARD_STAGES = ("raw_jsonl", "hf_dataset", "tokens")
+RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
+    "ignore:Parameter `include_sources`:Warning",
+)
+
+
+def test_shard_assets_carry_pools_and_the_backfill_policy(
+    make_recipe: Callable[..., Recipe],
+) -> None:
+    defs = build_definitions(make_recipe())
+    policy = BackfillPolicy.multi_run(max_partitions_per_run=PARTITIONS_PER_BACKFILL_RUN)
+    seen = {}
+    for assets_def in defs.assets:  # type: ignore[union-attr]
+        stage = assets_def.key.path[-1]
+        if assets_def.partitions_def is None:
+            assert assets_def.backfill_policy is None and assets_def.op.pool is None
+            continue
+        assert assets_def.backfill_policy == policy
+        seen[assets_def.key.to_user_string()] = assets_def.op.pool
+        assert assets_def.op.pool == POOLS[stage]
+    assert sorted(seen) == sorted(f"{ds}/{s}" for ds in ("docs", "code") for s in SHARD_STAGES)
+    assert set(seen.values()) == {"tokenmill_ingest", "tokenmill_tokenize"}
+
+
+def helm_instance_config() -> dict[str, Any]:
+    """The ``concurrency`` section the Helm chart renders from infra/helm/values.yaml (its
+    ``_concurrency.tpl`` maps these camelCase keys one to one)."""
+    values = yaml.safe_load((INFRA / "helm" / "values.yaml").read_text())["concurrency"]
+    pools, runs = values["pools"], values["runs"]
+    return {
+        "pools": {"default_limit": pools["defaultLimit"], "granularity": pools["granularity"]},
+        "runs": {
+            "max_concurrent_runs": runs["maxConcurrentRuns"],
+            "tag_concurrency_limits": runs["tagConcurrencyLimits"],
+        },
+    }
+
+
+def test_pool_limits_of_every_deployment_validate(tmp_path: Path) -> None:
+    """Each deployment bounds the pools: one host with op granularity; the cluster configs
+    (ECS, Helm) alike, with run granularity; Dagster accepts each ``concurrency`` section beside
+    a QueuedRunCoordinator (it refuses pools beside run limits in the coordinator's config)."""
+    host = yaml.safe_load((INFRA / "dagster.yaml").read_text())["concurrency"]
+    ecs = yaml.safe_load((INFRA / "ecs" / "dagster.yaml").read_text())["concurrency"]
+    helm = helm_instance_config()
+    assert host["pools"] == {"default_limit": 8}
+    assert ecs == helm and helm["pools"] == {"default_limit": 32, "granularity": "run"}
+    assert helm["runs"]["max_concurrent_runs"] > helm["pools"]["default_limit"]
+    for name, concurrency in {"host": host, "ecs": ecs, "helm": helm}.items():
+        home = tmp_path / name
+        home.mkdir()
+        config = {
+            "run_coordinator": {
+                "module": "dagster._core.run_coordinator",
+                "class": "QueuedRunCoordinator",
+            },
+            "concurrency": concurrency,
+        }
+        (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+        loaded, _ = dagster_instance_config(str(home))
+        assert loaded["concurrency"] == concurrency
+
+
+def token_files(folder: Path) -> dict[str, Any]:
+    """``.bin``/``.idx`` bytes and each manifest's content hash and counts (a manifest also
+    records its input Parquet's mtime, which a rewrite changes)."""
+    found: dict[str, Any] = {}
+    for path in sorted(folder.iterdir()):
+        if path.name.endswith(".manifest.json"):
+            manifest = json.loads(path.read_text())
+            found[path.name] = [manifest["content_hash"], manifest["counts"]]
+        else:
+            found[path.name] = path.read_bytes()
+    return found
+
+
+def test_range_run_matches_single_shard_runs_and_checks_every_shard(
+    make_recipe: Callable[..., Recipe], tmp_path: Path
+) -> None:
+    recipe = make_recipe()
+    assets, checks = build_assets(recipe)
+    resources = resources_for(recipe)
+    keys = sorted(p.name.split(".")[0] for p in Path(recipe.dataset("docs").source).iterdir())
+    keys.sort(key=natural_key)
+    selection = [AssetKey(["docs", stage]) for stage in SHARD_STAGES]
+    tokens = Path(recipe.storage.root) / "tokens" / "docs"
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(partitions_name("docs"), keys)
+        result = materialize(
+            [*assets, *checks],
+            instance=instance,
+            resources=resources,
+            selection=selection,
+            tags={RANGE_START: keys[0], RANGE_END: keys[-1]},
+        )
+        assert result.success
+        events = result.get_asset_materialization_events()
+        by_asset: dict[str, list[str]] = {}
+        for event in events:
+            by_asset.setdefault(event.asset_key.to_user_string(), []).append(event.partition)
+        assert {k: sorted(v) for k, v in by_asset.items()} == {
+            f"docs/{stage}": sorted(keys) for stage in SHARD_STAGES
+        }
+        raw = next(e for e in events if e.asset_key == selection[0]).materialization.metadata
+        assert raw["documents"].value == 40 and raw["quarantined"].value == 3
+        assert raw["shards_in_run"].value == len(keys)
+        evaluations = result.get_asset_check_evaluations()
+        assert len(evaluations) == 4 and all(e.passed for e in evaluations)
+        assert all(e.metadata["shards_in_run"].value == len(keys) for e in evaluations)
+        ranged = token_files(tokens)
+
+        shutil.rmtree(tokens)
+        again = [keys[0], keys[2]]  # the shard with bad lines and a clean one
+        for key in again:
+            single = materialize(
+                [*assets, *checks],
+                instance=instance,
+                resources=resources,
+                selection=selection,
+                partition_key=key,
+            )
+            assert single.success
+    singles = token_files(tokens)
+    assert len(ranged) == 3 * len(keys) and len(singles) == 3 * len(again)
+    assert singles == {name: ranged[name] for name in singles}
+
+
+def test_range_check_passes_only_when_every_shard_passes() -> None:
+    def check(key: str) -> AssetCheckResult:
+        bad = key.endswith("1")
+        return AssetCheckResult(passed=not bad, metadata={"problems": "a\nb" if bad else "none"})
+
+    one = each_shard(SimpleNamespace(partition_keys=["s1"]), check)  # type: ignore[arg-type]
+    assert not one.passed and one.metadata["problems"].value == "a\nb"
+    ranged = each_shard(SimpleNamespace(partition_keys=["s0", "s1", "s2"]), check)  # type: ignore[arg-type]
+    assert not ranged.passed and ranged.metadata["problems"].value == "s1: a\ns1: b"
+    assert ranged.metadata["shards_in_run"].value == 3
+    fine = each_shard(SimpleNamespace(partition_keys=["s0", "s2"]), check)  # type: ignore[arg-type]
+    assert fine.passed and fine.metadata["problems"].value == "none"
+
+
+def test_failing_shard_fails_its_whole_range(
+    make_recipe: Callable[..., Recipe],
+) -> None:
+    """``on_bad_record: fail``: the bad shard fails the range step, so no shard of the range is
+    recorded as materialized (a later run redoes the range)."""
+    recipe = make_recipe(datasets={"docs": {"source": "sources/docs", "on_bad_record": "fail"}})
+    assets, checks = build_assets(recipe)
+    keys = ["extra-00000", "part-00000"]
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(partitions_name("docs"), keys)
+        result = materialize(
+            [*assets, *checks],
+            instance=instance,
+            resources=resources_for(recipe),
+            selection=[AssetKey(["docs", "raw_jsonl"])],
+            tags={RANGE_START: keys[0], RANGE_END: keys[-1]},
+            raise_on_error=False,
+        )
+    assert not result.success and result.get_asset_materialization_events() == []
+    failure = next(e for e in result.all_events if e.is_step_failure)
+    assert "extra-00000.jsonl:2" in failure.event_specific_data.error.to_string()
+
+
+@pytest.fixture
+def prod_instance(
+    pg_database: Postgres, s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> DagsterInstance:
+    """infra/dagster.yaml on this test's Postgres database (step logs to the moto bucket)."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(INFRA / "dagster.yaml", home / "dagster.yaml")
+    for name, value in {**pg_database.env(), "TOKENMILL_LOG_BUCKET": s3.bucket}.items():
+        monkeypatch.setenv(name, value)
+    with DagsterInstance.from_config(str(home)) as instance:
+        yield instance
+
+
+def test_backfill_of_k_shards_queues_ceil_k_over_n_runs(
+    make_recipe: Callable[..., Recipe],
+    prod_instance: DagsterInstance,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The backfill daemon's own iteration on the deployed code location (``pipelines.definitions``
+    served by a code server process): K shards of docs → ceil(K/N) runs, queued behind the run
+    coordinator, over consecutive ranges that cover every shard once."""
+    recipe = make_recipe()
+    monkeypatch.setenv("TOKENMILL_RECIPE", str(recipe.path))
+    count = 37
+    keys = [f"shard-{i:05d}" for i in range(count)]
+    instance = prod_instance
+    instance.add_dynamic_partitions(partitions_name("docs"), keys)
+    target = ModuleTarget(
+        module_name="pipelines.definitions",
+        attribute=None,
+        working_directory=str(ROOT),
+        location_name="tokenmill",
+    )
+    with create_test_daemon_workspace_context(target, instance) as context:
+        backfill = PartitionBackfill.from_asset_partitions(
+            backfill_id=make_new_backfill_id(),
+            asset_graph=context.create_request_context().asset_graph,
+            partition_names=keys,
+            asset_selection=[AssetKey(["docs", stage]) for stage in SHARD_STAGES],
+            backfill_timestamp=time.time(),
+            tags={},
+            dynamic_partitions_store=instance,
+            all_partitions=False,
+            title=None,
+            description=None,
+            run_config=None,
+        )
+        instance.add_backfill(backfill)
+        logger = get_default_daemon_logger("BackfillDaemon")
+        for _ in range(3):  # the first iteration requests every range; later ones add nothing
+            list(execute_backfill_iteration(context, logger))
+    runs = sorted(instance.get_runs(), key=lambda r: keys.index(r.tags[RANGE_START]))
+    assert len(runs) == math.ceil(count / PARTITIONS_PER_BACKFILL_RUN) == 3
+    covered = []
+    for run in runs:
+        assert run.status.value == "QUEUED" and run.tags["dagster/backfill"] == backfill.backfill_id
+        start, end = keys.index(run.tags[RANGE_START]), keys.index(run.tags[RANGE_END])
+        covered += keys[start : end + 1]
+        assert end - start + 1 <= PARTITIONS_PER_BACKFILL_RUN
+        assert run.asset_selection == {AssetKey(["docs", s]) for s in SHARD_STAGES}
+        assert {c.name for c in run.asset_check_selection or ()} == {
+            "documents_accounted",
+            "rows_match_raw",
+            "idx_bin_consistent",
+            "documents_match_export",
+        }
+        assert run.run_op_concurrency is not None
+        assert set(run.run_op_concurrency.all_pools or ()) == set(POOLS.values())
+    assert covered == keys
+    assert [r.tags[RANGE_START] for r in runs] == [keys[0], keys[16], keys[32]]

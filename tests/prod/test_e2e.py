@@ -1,0 +1,198 @@
+"""End to end on real servers: the demo recipe's shape (tiny corpus) with its sources and storage
+root on S3 (moto_server) and a Postgres-backed instance (infra/dagster.yaml), materialized by
+``tokenmill materialize`` as users run it, pulled with ``tokenmill pull``, read by the loader;
+and ``materialize`` on an S3 root doing only what changed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from prod_servers import S3, Postgres
+
+from pipelines.materialize import materialize_recipe
+from tokenmill.loader import open_blend
+from tokenmill.recipe import Recipe
+
+INFRA = Path(__file__).resolve().parents[2] / "infra"
+TOKENMILL = str(Path(sys.executable).with_name("tokenmill"))  # the console script users run
+SPLITS = ("train", "valid", "test")
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
+    "ignore:Parameter `include_sources`:Warning",
+)
+
+
+def s3_project(make_recipe: Callable[..., Recipe], s3: S3) -> Recipe:
+    """The tiny project with its sources uploaded to ``s3://<bucket>/sources/<ds>/`` and the
+    storage root at ``s3://<bucket>/root`` (the recipe file is rewritten)."""
+    local = make_recipe()  # writes the corpus under tmp_path/sources (once)
+    s3.upload_tree(local.path.parent / "sources", "sources")
+    return make_recipe(
+        storage={"root": f"s3://{s3.bucket}/root", "s3_endpoint_url": s3.endpoint},
+        datasets={
+            "docs": {"source": f"s3://{s3.bucket}/sources/docs/", "on_bad_record": "quarantine"},
+            "code": {"source": f"s3://{s3.bucket}/sources/code/"},
+        },
+    )
+
+
+def batches(manifest: Path) -> dict[str, np.ndarray]:
+    """Every sample of every split of a blend, verified in full first."""
+    out = {}
+    for split in SPLITS:
+        blend = open_blend(manifest, split, verify="full")
+        out[split] = blend.get_batch(np.arange(len(blend)))
+    return out
+
+
+def runs_by_job(instance: DagsterInstance) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.SUCCESS])):
+        counts[run.job_name] = counts.get(run.job_name, 0) + 1
+    return counts
+
+
+def cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``tokenmill ARGS`` to completion; its output (stderr shown when it fails)."""
+    done = subprocess.run(
+        [TOKENMILL, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, f"tokenmill {args[0]} exited {done.returncode}:\n{done.stderr}"
+    return done
+
+
+@pytest.fixture
+def prod_home(
+    pg_database: Postgres, s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """A DAGSTER_HOME holding infra/dagster.yaml as is, its variables pointing at this test's
+    Postgres database and the moto bucket (step logs under ``dagster/compute-logs``)."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(INFRA / "dagster.yaml", home / "dagster.yaml")
+    for name, value in {**pg_database.env(), "TOKENMILL_LOG_BUCKET": s3.bucket}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    return home
+
+
+def test_demo_shape_on_s3_and_postgres_through_the_cli(
+    make_recipe: Callable[..., Recipe], s3: S3, prod_home: Path, tmp_path: Path
+) -> None:
+    local = make_recipe()
+    with DagsterInstance.ephemeral() as instance:
+        assert materialize_recipe(local, instance) == 0
+    expected = batches(Path(local.storage.root) / "blends" / "mix" / "manifest.json")
+
+    recipe = s3_project(make_recipe, s3)
+    env = dict(os.environ)
+    done = cli("materialize", "--recipe", str(recipe.path), env=env, cwd=tmp_path)
+    uri = f"s3://{s3.bucket}/root/blends/mix/manifest.json"
+    assert "docs: 4 shards (4 processed, 0 up to date, 0 failed, 0 removed)" in done.stdout
+    assert "40 documents" in done.stdout and "3 quarantined lines" in done.stdout
+    assert "downstream rebuilt: docs/merged, docs/nanoset, code/merged" in done.stdout
+    assert "blend mix: train 120 · valid" in done.stdout and f"-> {uri}" in done.stdout
+    assert f"tokenmill pull {uri} blend-mix" in done.stdout
+
+    with DagsterInstance.from_config(str(prod_home)) as instance:
+        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        assert runs_by_job(instance) == {
+            "docs_shard_job": 4,
+            "code_shard_job": 2,
+            "refresh_job": 1,
+        }
+    keys = s3.keys("root/")
+    assert "root/blends/mix/manifest.json" in keys
+    assert not [k for k in keys if ".tmp-" in k or k.endswith(".lock")]
+    assert s3.keys("dagster/compute-logs/")  # step logs went to the log bucket
+
+    pulled = tmp_path / "pulled"
+    done = cli("pull", uri, str(pulled), env=env, cwd=tmp_path)
+    manifest = pulled / "blends" / "mix" / "manifest.json"
+    assert manifest.is_file() and "open with: tokenmill.loader.open_blend" in done.stdout
+    got = batches(manifest)
+    for split in SPLITS:
+        assert got[split].shape == expected[split].shape and len(got[split]) > 0
+        assert np.array_equal(got[split], expected[split]), split
+
+
+def materialize_out(
+    recipe: Recipe, instance: DagsterInstance, capsys: pytest.CaptureFixture[str]
+) -> str:
+    assert materialize_recipe(recipe, instance) == 0
+    return capsys.readouterr().out
+
+
+def test_materialize_on_an_s3_root_runs_only_what_changed(
+    make_recipe: Callable[..., Recipe], s3: S3, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = s3_project(make_recipe, s3)
+    put, key = s3.client.put_object, "root/tokens/code/part-00000_text_document.bin"
+    with DagsterInstance.ephemeral() as instance:
+        out = materialize_out(recipe, instance, capsys)
+        assert "code: 2 shards (2 processed, 0 up to date" in out
+        assert runs_by_job(instance) == {"docs_shard_job": 4, "code_shard_job": 2, "refresh_job": 1}
+
+        out = materialize_out(recipe, instance, capsys)  # nothing changed: no runs at all
+        assert "docs: 4 shards (0 processed, 4 up to date" in out
+        assert "downstream rebuilt: nothing" in out and sum(runs_by_job(instance).values()) == 7
+
+        body = s3.client.get_object(Bucket=s3.bucket, Key="sources/docs/part-00000.jsonl")["Body"]
+        put(Bucket=s3.bucket, Key="sources/docs/part-00003.jsonl", Body=body.read())
+        whole = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+        put(Bucket=s3.bucket, Key=key, Body=whole[:-2])  # a truncated token shard is stale
+        out = materialize_out(recipe, instance, capsys)
+        assert "docs: 5 shards (1 processed, 4 up to date" in out
+        assert "code: 2 shards (1 processed, 1 up to date" in out
+        assert "downstream rebuilt: docs/merged, docs/nanoset, blend/mix" in out  # code: same bytes
+        assert s3.client.head_object(Bucket=s3.bucket, Key=key)["ContentLength"] == len(whole)
+
+        s3.client.delete_object(Bucket=s3.bucket, Key="sources/docs/part-00003.jsonl")
+        out = materialize_out(recipe, instance, capsys)
+        assert "removed (gone from the source): ['part-00003']" in out
+    assert not [k for k in s3.keys("root/") if "part-00003" in k]  # the merge pruned them
+    assert f"-> s3://{s3.bucket}/root/blends/mix/manifest.json" in out
+
+
+def test_root_view_mirrors_json_and_sizes_only(
+    make_recipe: Callable[..., Recipe], s3: S3, tmp_path: Path
+) -> None:
+    from pipelines.build import resources_for
+    from pipelines.materialize import RootView
+
+    recipe = s3_project(make_recipe, s3)
+    files: dict[str, Any] = {
+        "root/tokens/docs/a_text_document.bin": b"x" * 1000,
+        "root/tokens/docs/a_text_document.manifest.json": b'{"m": 1}',
+        "root/tokens/docs/b_text_document.bin.tmp-1-ab": b"partial",
+        "root/hf/docs/data/a.parquet": b"not mirrored",
+    }
+    for key, body in files.items():
+        s3.client.put_object(Bucket=s3.bucket, Key=key, Body=body)
+    view = RootView(resources_for(recipe)["storage"], recipe, tmp_path / "view")
+    local = Path(view.sync().root)
+    mirrored = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    bin_name, manifest_name = "a_text_document.bin", "a_text_document.manifest.json"
+    assert mirrored == [f"tokens/docs/{bin_name}", f"tokens/docs/{manifest_name}"]
+    placeholder = local / "tokens/docs/a_text_document.bin"
+    assert placeholder.stat().st_size == 1000 and placeholder.stat().st_blocks == 0  # sparse
+    assert (local / "tokens/docs/a_text_document.manifest.json").read_bytes() == b'{"m": 1}'
+    assert view.where(placeholder) == f"s3://{s3.bucket}/root/tokens/docs/a_text_document.bin"
+
+    s3.client.delete_object(Bucket=s3.bucket, Key="root/tokens/docs/a_text_document.bin")
+    s3.client.put_object(
+        Bucket=s3.bucket, Key="root/tokens/docs/a_text_document.manifest.json", Body=b'{"m": 2}'
+    )
+    view.sync()
+    assert not placeholder.exists()
+    assert (local / "tokens/docs/a_text_document.manifest.json").read_bytes() == b'{"m": 2}'
