@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-OUT_DIR = Path(__file__).resolve().parent / "out"
+# Where results go: bench/out, or $TOKENMILL_BENCH_OUT (run_all's --quick uses bench/out/quick).
+OUT_DIR = Path(os.environ.get("TOKENMILL_BENCH_OUT") or Path(__file__).resolve().parent / "out")
 
 
 def run_timed(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, float]:

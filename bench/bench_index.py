@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _util import OUT_DIR
 
 from tokenmill import _blend_kernels, _jit
 from tokenmill.blend import build_blend_indices, normalize_weights
 from tokenmill.nanoset import build_nanoset_indices
 
-OUT = Path(__file__).resolve().parent / "out" / "index.json"
+OUT = OUT_DIR / "index.json"
 TARGETS = {"nanoset_megatron_3_epochs": 0.5, "blend_megatron_8x20M": 0.35}
 REFERENCE_CPP = {"nanoset_megatron_3_epochs": 0.46, "blend_megatron_8x20M": 0.32}
 

@@ -39,7 +39,7 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-from _util import table, write_results  # noqa: E402
+from _util import OUT_DIR, table, write_results  # noqa: E402
 from corpus import MB, ensure_corpus  # noqa: E402
 
 from tokenmill.bundled import build_bundled_tokenizer  # noqa: E402
@@ -180,7 +180,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     texts = [orjson.loads(line)["text"] for line in corpus.read_bytes().splitlines()]
     import awkward  # noqa: F401  (gigatoken returns awkward arrays; keep the import out of the floor)
 
-    work = BENCH / "out" / "tokenize"
+    work = OUT_DIR / "tokenize"
     work.mkdir(parents=True, exist_ok=True)
     dirs = {n: build_bundled_tokenizer(n, ROOT / ".tokenizers" / n) for n in args.tokenizers}
     results: dict[str, Any] = {}
@@ -212,7 +212,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 check_output(prefix, first[1], first[2], info.eod_id, info.dtype)
             print(f"rep {rep + 1}/{args.repeat} {name} done", file=sys.stderr)
     for name, tok_dir in dirs.items():
-        results[name]["first_use_verification_s"] = first_use_seconds(tok_dir)
+        if not args.skip_first_use:
+            results[name]["first_use_verification_s"] = first_use_seconds(tok_dir)
     load = [round(x, 2) for x in os.getloadavg()]
     return {
         "corpus": str(corpus),
@@ -229,9 +230,7 @@ def rss_runs(megabytes: float, tokenizers: list[str], workers: list[int]) -> dic
     for name in tokenizers:
         tok_dir = ROOT / ".tokenizers" / name
         for w in workers:
-            run = run_ours(
-                corpus, tok_dir, BENCH / "out" / "tokenize" / f"rss-{name}-w{w}", w, 0.02
-            )
+            run = run_ours(corpus, tok_dir, OUT_DIR / "tokenize" / f"rss-{name}-w{w}", w, 0.02)
             out[f"{name}-w{w}"] = run
     return out
 
@@ -283,17 +282,18 @@ def report(data: dict[str, Any], workers: list[int]) -> None:
                         f"{wall / best:.2f}x ({min(r['wall'] for r in runs) / best:.2f}x)",
                     ]
                 )
-        rows.append(
-            [
-                name,
-                "first use (verify vs transformers)",
-                f"{res['first_use_verification_s']:.1f}",
-                "",
-                "",
-                "",
-                "",
-            ]
-        )
+        if "first_use_verification_s" in res:
+            rows.append(
+                [
+                    name,
+                    "first use (verify vs transformers)",
+                    f"{res['first_use_verification_s']:.1f}",
+                    "",
+                    "",
+                    "",
+                    "",
+                ]
+            )
     print(f"\n{size:.1f} MB, {data['documents']} documents ({data['corpus']}), load {data['load']}")
     print(table(rows))
     for what, seconds in MEGATRON.items():
@@ -313,6 +313,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--rss-mb", type=float, default=0.0, help="also measure memory on this size"
+    )
+    parser.add_argument(
+        "--skip-first-use",
+        action="store_true",
+        help="skip timing the one-off verification of each tokenizer (6-11 s each)",
     )
     args = parser.parse_args()
     args.workers = sorted({int(w) for w in args.workers.split(",")})

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from tokenmill import _shuffle
 from tokenmill._sample_index import build_sample_index, count_samples
 from tokenmill.errors import ConfigError
 
@@ -187,17 +187,9 @@ def _plan(
 
 def _shuffled_epochs(indices: np.ndarray, epochs: int, rng: np.random.RandomState) -> np.ndarray:
     """``epochs`` copies of the sequence ids, epoch-major, shuffled as one int32 array."""
-    return _shuffled(np.tile(indices.astype(np.intp), epochs), rng, np.int32)
-
-
-def _shuffled(values: np.ndarray, rng: np.random.RandomState, dtype: npt.DTypeLike) -> np.ndarray:
-    """``rng.shuffle`` on pointer-sized items, cast to ``dtype``.
-
-    The permutation depends only on the length and the RNG state, not on the dtype, and
-    numpy's shuffle has a much faster path for ``intp`` items than for 4-byte ones.
-    """
-    rng.shuffle(values)
-    return values.astype(dtype)
+    document_index = np.tile(indices.astype(np.int32), epochs)
+    _shuffle.shuffle(document_index, rng)
+    return document_index
 
 
 def shuffle_index_dtype(num_samples: int, semantics: str) -> np.dtype:
@@ -210,12 +202,11 @@ def _shuffle_index(
     split_at: int, total: int, rng: np.random.RandomState, semantics: str
 ) -> np.ndarray:
     """Shuffled ``[0, split_at)`` then, separately, ``[split_at, total)``."""
-    dtype = shuffle_index_dtype(total, semantics)
-    first = _shuffled(np.arange(0, split_at, dtype=np.intp), rng, dtype)
-    if split_at == total:
-        return first
-    last = _shuffled(np.arange(split_at, total, dtype=np.intp), rng, dtype)
-    return np.concatenate([first, last])
+    shuffle_index = np.arange(total, dtype=shuffle_index_dtype(total, semantics))
+    _shuffle.shuffle(shuffle_index[:split_at], rng)
+    if split_at < total:
+        _shuffle.shuffle(shuffle_index[split_at:], rng)
+    return shuffle_index
 
 
 # -- argument checks ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from typing import IO, Any
 import orjson
 import zstandard
 
-from tokenmill._atomic import commit, temp_path_for
+from tokenmill._atomic import commit, name_os_errors, temp_path_for
 from tokenmill.errors import BadRecordError, ConfigError, InputError
 
 ON_BAD_RECORD = ("fail", "quarantine")
@@ -83,7 +83,8 @@ class Quarantine:
             "reason": reason,
             "source": str(source),
         }
-        fh.write(json.dumps(record, sort_keys=True).encode("ascii") + b"\n")
+        with name_os_errors(self.path):
+            fh.write(json.dumps(record, sort_keys=True).encode("ascii") + b"\n")
         self._count += 1
 
     @property
@@ -94,9 +95,10 @@ class Quarantine:
     def commit(self) -> None:
         """Write ``path`` atomically, even when empty, so "0 bad lines" is explicit."""
         fh = self._fh if self._fh is not None else self._open()
-        fh.flush()
-        os.fsync(fh.fileno())
-        fh.close()
+        with name_os_errors(self.path):
+            fh.flush()
+            os.fsync(fh.fileno())
+            fh.close()
         self._fh = None
         if self._tmp is not None:
             commit(self._tmp, self.path)
@@ -106,7 +108,8 @@ class Quarantine:
     def discard(self) -> None:
         """Drop everything collected; ``path`` is left untouched."""
         if self._fh is not None:
-            self._fh.close()
+            with contextlib.suppress(OSError):  # flushing lines being discarded may fail too
+                self._fh.close()
             self._fh = None
         if self._tmp is not None:
             with contextlib.suppress(FileNotFoundError):

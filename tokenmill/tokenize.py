@@ -10,10 +10,12 @@ run's first documents, and on a disagreement the run is redone with the next eng
 Streaming: batches of texts flow from the reader to the encoder to the writer, so memory does
 not grow with the input, and the output is the same for any ``workers``. gigatoken (and any
 engine when ``workers=1``) encodes in process: a reader thread parses, an encoder thread encodes
-with the GIL released (on gigatoken's thread pool when ``workers > 1``), and the writer hashes
-while writing, all overlapped, at most two batches between stages. Other engines with
-``workers > 1`` use forked processes fed by a reader thread, results taken back in input order
-(see ``tokenmill.tokenize_procs``). Outputs are written under temporary names and renamed at the
+with the GIL released, and the writer hashes while writing, all overlapped, at most two batches
+between stages. gigatoken encodes on its own thread pool when ``workers > 1`` and the input holds
+``THREADED_ENCODE_BYTES`` or more (its batch call imports awkward, ~0.5 s of CPU, which only a
+large input earns back), text by text otherwise. Other engines with ``workers > 1`` use forked
+processes fed by a reader thread, results taken back in input order (see
+``tokenmill.tokenize_procs``). Outputs are written under temporary names and renamed at the
 end (manifest last, its sha256s taken while writing); a killed run leaves no final-named file,
 and the next run removes its leftovers.
 """
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 CHECKED_ENGINES = ("gigatoken", "tiktoken")
 THREADED_ENGINES = ("gigatoken",)  # parallel in process: no worker processes for them
 SAMPLE_DOCS = 64  # documents per input compared with the reference
+THREADED_ENCODE_BYTES = 128 << 20  # input size from which gigatoken encodes on its thread pool
 Texts = tuple[Path | None, list[str]]  # (the input, on its first batch; the batch's texts)
 
 
@@ -117,6 +120,7 @@ def tokenize_files(
         on_bad_record=on_bad_record,
         progress=sys.stderr.isatty() if progress is None else progress,
         start=start,
+        threaded_encode=workers > 1 and _input_bytes(inputs) >= THREADED_ENCODE_BYTES,
     )
     fallbacks: list[str] = []
     while True:
@@ -131,6 +135,9 @@ def tokenize_files(
             fallbacks.append(f"{engine}: {exc}")
             log.warning("engine %s disagrees with the reference (%s); redoing", engine, exc)
             given = None
+        except BaseException:  # e.g. a full disk at the manifest: no pair without one stays
+            _clear_outputs(prefix, qpath)
+            raise
         finally:
             if checker is not None:
                 checker.close()
@@ -155,6 +162,7 @@ class _Run:
     on_bad_record: str
     progress: bool
     start: float
+    threaded_encode: bool
 
     def execute(
         self, encoder: Encoder, checker: Checker | None, fallbacks: list[str]
@@ -201,7 +209,7 @@ class _Run:
         self, encoder: Encoder, texts: Iterable[Texts], checker: Checker | None
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The encoder thread: samples for the checker, then output-ready ids per batch."""
-        threads = self.workers > 1
+        threads = self.threaded_encode
         for first, batch in texts:
             if checker is not None and first is not None:
                 checker.submit(first, batch[:SAMPLE_DOCS], encoder)
@@ -271,6 +279,15 @@ class _Run:
             manifest=manifest,
             **counts,
         )
+
+
+def _input_bytes(inputs: list[Path]) -> int:
+    """Bytes of the input files (a dataset folder: its files); compressed files count as stored."""
+    total = 0
+    for path in map(Path, inputs):
+        files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+        total += sum(p.stat().st_size for p in files if p.exists())
+    return total
 
 
 def _describe_input(path: Path, stats: IngestStats) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenmill import _batching
 from tokenmill._atomic import write_json
 from tokenmill.errors import ConfigError, TokenmillError
 from tokenmill.formats.indexed import optimal_dtype
@@ -326,11 +327,11 @@ class Encoder:
 
 
 class GigatokenEncoder(Encoder):
-    """gigatoken's Rust BPE: per text on one thread, a whole batch on its pool with ``threads``.
+    """gigatoken's Rust BPE: text by text on one thread, a whole batch on its pool with ``threads``.
 
     Loaded from the cached ranks with gigatoken's built-in pre-tokenizer when the regex has one
     (3x faster to load than tokenizer.json); it then works in rank space, and ``pack`` maps the
-    whole batch back to ids with one gather. The batch call encodes with the GIL released.
+    whole batch back to ids with one gather. Encoding releases the GIL.
     """
 
     name = "gigatoken"
@@ -354,32 +355,39 @@ class GigatokenEncoder(Encoder):
         else:
             backend = gigatoken.gigatoken_rs.load_hf_json(info.definition.read_bytes())
         self._tok = gigatoken.Tokenizer(backend)
+        self._backend = backend
+        self._padding = gigatoken.gigatoken_rs.PadTruncate(0)
+        self._short_texts = 0  # seen so far; padded calls start at _batching.PADDED_AFTER
 
     def _encode_flat(self, texts: list[str], threads: bool) -> tuple[np.ndarray, np.ndarray]:
         """Flat uint32 ranks and per-text lengths.
 
-        On one thread each text is encoded on its own (numpy out); with ``threads`` the batch
-        call spreads texts over gigatoken's pool and returns an awkward array, whose two buffers
-        are read directly. awkward costs ~0.5 s to import, so the one-thread path avoids it.
+        With ``threads`` the batch call spreads texts over gigatoken's pool and returns an
+        awkward array, whose two buffers are read directly; awkward costs ~0.5 s to import, so
+        ``tokenize`` asks for threads only on large inputs. On one thread texts go through
+        ``tokenmill._batching`` (one by one; short ones padded together once many were seen).
         """
-        if not texts:
-            return np.empty(0, np.uint32), np.empty(0, np.int64)
-        if threads:
+        if threads and texts:
             out = self._tok.encode_batch(texts, parallel=None)
             offsets = np.asarray(out.layout.offsets.data)
             flat = np.asarray(out.layout.content.data)[offsets[0] : offsets[-1]]
-            lengths = np.diff(offsets)
+            lengths = np.diff(offsets).astype(np.int64)
         else:
-            parts = [self._tok.encode(t) for t in texts]
-            lengths = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
-            flat = np.concatenate(parts) if parts else np.empty(0, np.uint32)
-        flat, lengths = np.asarray(flat), np.asarray(lengths, dtype=np.int64)
+            self._short_texts += _batching.count_short(texts)
+            padded = self._encode_padded if self._short_texts >= _batching.PADDED_AFTER else None
+            flat, lengths = _batching.encode_batch(texts, self._tok.encode, padded)
+        flat = np.asarray(flat)
         if lengths.shape != (len(texts),) or int(lengths.sum()) != flat.size:
             raise TokenmillError(
                 f"gigatoken: batch result has {lengths.size} lengths summing to "
                 f"{int(lengths.sum())} for {len(texts)} texts and {flat.size} ids"
             )
         return flat, lengths
+
+    def _encode_padded(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """One padded ``[texts, longest]`` matrix on the calling thread, and the row lengths."""
+        matrix, lengths = self._backend.encode_batch_padded(texts, self._padding, parallel=False)
+        return np.asarray(matrix), np.asarray(lengths, dtype=np.int64)
 
     def pack(
         self,
