@@ -22,7 +22,7 @@ On the 2-core VM this was written on, ``get_batch`` reaches ~0.25-0.3x of it, no
 contiguous read is one streaming cast, while a random batch is ~2,000 pieces (4 per sample at
 ~700-token documents) at random places of the memmap. Each piece costs ~0.4 µs of Python (a
 memoryview slice joined into one buffer) and, whatever copies it, TLB and cache misses: the
-block-gather floor, with no Python per piece, already lands near 0.5x, so 0.8x is out of
+block-gather floor, with no Python per piece, lands at ~0.6x, so 0.8x is out of
 reach for numpy alone here.
 """
 

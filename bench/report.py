@@ -315,14 +315,14 @@ def describe_machine(machine: dict[str, Any]) -> str:
     """One paragraph naming the machine, software and load the numbers were taken under."""
     before = machine.get("load_before") or machine.get("load_average")
     after = machine.get("load_after")
-    load = f"load average {before[0]:.2f}" if before else "load average unknown"
+    load = f"1-minute load average {before[0]:.2f}" if before else "load average unknown"
     if before and after:
-        load = f"load average {before[0]:.2f} before, {after[0]:.2f} after"
+        load = f"1-minute load average {before[0]:.2f} before and {after[0]:.2f} after the run"
     commit = machine.get("git_commit")
     return (
         f"Machine: {machine.get('cpu_model')}, {machine.get('cpus')} CPUs, "
         f"{machine.get('ram_gib')} GiB RAM, {machine.get('platform')}; Python "
-        f"{machine.get('python')}, numpy {machine.get('numpy')}; {load} (1-minute). "
+        f"{machine.get('python')}, numpy {machine.get('numpy')}; {load}. "
         f"Commit {commit[:12] if commit else 'unknown'}, {machine.get('date_utc')}."
     )
 
@@ -338,7 +338,11 @@ def markdown(results: dict[str, Any]) -> str:
         met = None if results["quick"] else row["met"]
         cells = [*(row[key] for key in COLUMNS[:-1]), met]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    dated = [f"{name} {entry['written_utc']}" for name, entry in results["benches"].items()]
+    dated = []
+    for name, entry in results["benches"].items():
+        load = results["runs"].get(name, {}).get("load")
+        during = f" (load {load[0]:.1f} → {load[1]:.1f})" if load else ""
+        dated.append(f"{name} {entry['written_utc']}{during}")
     if dated:
         lines += ["", "Results written: " + "; ".join(dated) + "."]
     if results["missing"]:

@@ -55,15 +55,20 @@ BENCHES = (
 
 
 def run_benches(benches: list[Bench], out_dir: Path, quick: bool) -> dict[str, dict[str, object]]:
-    """Run each script in turn (all of them, even after a failure); exit code and seconds."""
+    """Run each script in turn (all of them, even after a failure): exit code, seconds and the
+    1-minute load average before and after."""
     env = {**os.environ, OUT_ENV: str(out_dir), "HF_HUB_OFFLINE": "1"}
     runs: dict[str, dict[str, object]] = {}
     for bench in benches:
         cmd = [sys.executable, str(HERE / bench.script), *(bench.quick if quick else ())]
         print(f"\n=== {bench.name}: {' '.join(cmd[1:])} ===", flush=True)
-        start = time.perf_counter()
+        start, load = time.perf_counter(), os.getloadavg()[0]
         rc = subprocess.call(cmd, env=env)
-        runs[bench.name] = {"exit_code": rc, "seconds": round(time.perf_counter() - start, 1)}
+        runs[bench.name] = {
+            "exit_code": rc,
+            "seconds": round(time.perf_counter() - start, 1),
+            "load": [round(load, 2), round(os.getloadavg()[0], 2)],
+        }
         if rc:
             print(f"{bench.script} failed with exit code {rc}", file=sys.stderr)
     return runs
@@ -80,8 +85,10 @@ def write_report(
 ) -> str:
     """Collect the JSON of ``names``, write ``results_path``, return the markdown section.
 
-    Benches not run this time are reported from their last JSON (dated in the report); one
-    that failed in this run is reported as missing rather than by an older result.
+    Benches not run this time are reported from their last JSON, with their last run's record
+    (date, load) kept from the previous ``results_path``; one that failed in this run is
+    reported as missing rather than by an older result. Without ``runs`` (``--report-only``)
+    the machine description is the previous one too.
     """
     benches, missing = report.collect(out_dir, names)
     for name, run in runs.items():
@@ -91,22 +98,22 @@ def write_report(
     machine = report.machine_info(ROOT)
     machine["load_before"] = load_before
     machine["load_after"] = machine.pop("load_average")
-    if not runs:  # --report-only: the machine as it was when the benches last ran
-        machine, runs = _previous(results_path, machine, runs)
+    last_machine, last_runs = _previous(results_path)
+    if not runs and last_machine:
+        machine = last_machine
+    runs = {**last_runs, **runs}
     results = report.build_results(benches, missing, machine, quick=quick, runs=runs)
     replace_text(results_path, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     return report.markdown(results)
 
 
-def _previous(
-    results_path: Path, machine: dict[str, object], runs: dict[str, dict[str, object]]
-) -> tuple[dict[str, object], dict[str, dict[str, object]]]:
-    """The machine description and runs of the last report, if there is one to rebuild."""
+def _previous(results_path: Path) -> tuple[dict[str, object], dict[str, dict[str, object]]]:
+    """The machine description and bench runs of the last report (empty when there is none)."""
     try:
         last = json.loads(results_path.read_text(encoding="utf-8"))
         return dict(last["machine"]), dict(last["runs"])
     except (OSError, ValueError, KeyError, TypeError):
-        return machine, runs
+        return {}, {}
 
 
 def replace_text(path: Path, text: str) -> None:

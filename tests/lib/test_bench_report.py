@@ -195,12 +195,13 @@ def test_shipped_unknown_and_broken_results() -> None:
 
 def test_markdown_describes_the_machine_and_marks_misses() -> None:
     benches = {"loader": {"written_utc": "2026-01-02 03:00 UTC", "data": fake_loader()}}
-    results = report.build_results(benches, ["pipeline"], MACHINE, quick=False)
+    runs = {"loader": {"exit_code": 0, "seconds": 9.0, "load": [0.5, 1.25]}}
+    results = report.build_results(benches, ["pipeline"], MACHINE, quick=False, runs=runs)
     text = report.markdown(results)
     lines = text.splitlines()
     assert lines[0] == (
         "Machine: Test CPU, 2 CPUs, 24.0 GiB RAM, Linux-test; Python 3.11.7, numpy 2.3.5; "
-        "load average 1.50 before, 2.25 after (1-minute). Commit 0123456789ab, "
+        "1-minute load average 1.50 before and 2.25 after the run. Commit 0123456789ab, "
         "2026-01-02 03:04 UTC."
     )
     table = [line for line in lines if line.startswith("|")]
@@ -210,10 +211,11 @@ def test_markdown_describes_the_machine_and_marks_misses() -> None:
         "500 MB/s (4.00 ms/batch) | 2000 MB/s (1.00 ms) | 0.25× | ≥ 0.8× | **no** |"
     )
     assert table[3].endswith("| 5.0× | ≥ 3× | yes |")
-    assert "Results written: loader 2026-01-02 03:00 UTC." in lines
+    assert "Results written: loader 2026-01-02 03:00 UTC (load 0.5 → 1.2)." in lines
     assert lines[-1] == "No results from: pipeline."
     quick = report.markdown(report.build_results(benches, [], MACHINE, quick=True))
     assert "**Quick smoke run**" in quick
+    assert "Results written: loader 2026-01-02 03:00 UTC." in quick.splitlines()
     quick_rows = [line for line in quick.splitlines() if line.startswith("| loader")]
     assert len(quick_rows) == 2 and all(line.endswith("| – |") for line in quick_rows)
 
@@ -257,6 +259,10 @@ def test_write_report_makes_results_json(tmp_path: Path, monkeypatch: pytest.Mon
     )
     results = json.loads(path.read_text())
     assert sorted(results["benches"]) == ["index", "merge", "tokenize"]
+    again = {"index": {"exit_code": 0, "seconds": 3.0}}
+    run_all.write_report(["index"], out, path, quick=False, runs=again, load_before=[0.5] * 3)
+    assert json.loads(path.read_text())["runs"] == {**runs, **again}
+    path.write_text(json.dumps(results))
     assert results["missing"] == ["pipeline", "loader"]
     assert results["runs"] == runs
     assert results["benches"]["merge"]["data"] == fake_merge()
