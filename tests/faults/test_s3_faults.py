@@ -183,10 +183,12 @@ def test_pull_survives_the_server_dying_mid_transfer(
     proxy.kill()
     thread.join(timeout=60)
     assert len(raised) == 1 and isinstance(raised[0], InputError)
-    assert str(raised[0]).startswith(
-        f"s3://{s3.bucket}/v1/merged/docs_text_document.bin (dataset 'docs' bin): "
-        f'Could not connect to the endpoint URL: "{proxy.endpoint}/'
-    )
+    # The last attempt meets either the dead port or the reset of a connection still open.
+    assert re.match(
+        rf"s3://{s3.bucket}/v1/merged/docs_text_document\.bin \(dataset 'docs' bin\): "
+        r"(Could not connect to the endpoint URL|.*(reset|Connection broken|aborted))",
+        str(raised[0]),
+    ), raised[0]
     assert not (dest / MANIFEST).exists()
     assert not [p for p in dest.rglob("*") if ".tmp-" in p.name]
     complete = sorted(files_under(dest))
