@@ -1,5 +1,6 @@
 """Session fixtures: real offline tokenizers (GPT-2, Tekken), a tiny trained one, a verify cache;
-and, from ``servers.py``, moto_server S3 and Postgres on loopback for any test that asks.
+the pipeline's tiny recipe project (``pipeline_project.py``); and, from ``servers.py``,
+moto_server S3 and Postgres on loopback for any test that asks.
 
 The bundled tokenizers are built once into the repo's git-ignored ``.tokenizers/`` (the same
 place ``make tokenizers`` uses) and reused by later sessions; engine verification results go to
@@ -9,14 +10,20 @@ a per-session cache directory, so every session verifies from scratch.
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pipeline_project import ROOT, make_project, tiny_documents
 from servers import moto_endpoint, postgres, s3, storage_root  # noqa: F401 (fixtures)
 
 from tokenmill.bundled import build_bundled_tokenizer
+from tokenmill.recipe import Recipe
 
-ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the code location (assets/, pipelines/) lives at the repo root
+    sys.path.insert(0, str(ROOT))
 TINY_TEXT = [
     "The quick brown fox jumps over the lazy dog. ﬁne ｆｕｌｌ ① Ⅻ",
     "def tokenize(text):\n    return [t for t in text.split()]\n",
@@ -67,3 +74,21 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>")
     fast.save_pretrained(str(path))
     return path
+
+
+@pytest.fixture(scope="session")
+def documents() -> dict[str, list[dict[str, str]]]:
+    """Short real documents (see ``pipeline_project.tiny_documents``)."""
+    return tiny_documents()
+
+
+@pytest.fixture
+def make_recipe(
+    tmp_path: Path, gpt2_dir: Path, documents: dict[str, list[dict[str, str]]]
+) -> Callable[..., Recipe]:
+    """``make_project`` in ``tmp_path``: keyword overrides merge into the recipe's sections."""
+
+    def make(**overrides: Any) -> Recipe:
+        return make_project(tmp_path, gpt2_dir, documents, **overrides)
+
+    return make

@@ -1,45 +1,19 @@
-"""Fixtures for the Dagster pipeline tests: a tiny real-text corpus, a recipe, definitions.
+"""Fixtures for the Dagster pipeline tests: the tiny recipe, its definitions and resources.
 
 Everything is small (a few dozen documents, 32-token sequences) so the whole directory runs in
-well under the suite's budget; the tokenizer is the bundled GPT-2 from the root ``conftest.py``.
+well under the suite's budget; the corpus, ``make_recipe`` and the bundled GPT-2 come from the
+root ``conftest.py``.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import pytest
+from dagster import DagsterInstance, Definitions
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the code location (assets/, pipelines/) lives at the repo root
-    sys.path.insert(0, str(ROOT))
-
-from dagster import DagsterInstance, Definitions  # noqa: E402
-from pipeline_project import make_project, tiny_documents  # noqa: E402
-
-from pipelines.build import build_definitions, resources_for  # noqa: E402
-from tokenmill.recipe import Recipe  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def documents() -> dict[str, list[dict[str, str]]]:
-    """Short real documents (see ``project.tiny_documents``)."""
-    return tiny_documents()
-
-
-@pytest.fixture
-def make_recipe(
-    tmp_path: Path, gpt2_dir: Path, documents: dict[str, list[dict[str, str]]]
-) -> Callable[..., Recipe]:
-    """``make_project`` in ``tmp_path``."""
-
-    def make(**overrides: Any) -> Recipe:
-        return make_project(tmp_path, gpt2_dir, documents, **overrides)
-
-    return make
+from pipelines.build import build_definitions, resources_for
+from tokenmill.recipe import Recipe
 
 
 @pytest.fixture

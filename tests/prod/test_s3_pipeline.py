@@ -5,32 +5,26 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import yaml
+from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize
 from prod_servers import S3
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # the code location (assets/, pipelines/) lives at the repo root
-    sys.path.insert(0, str(ROOT))
-
-from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize  # noqa: E402
-
-from assets.factory import build_assets  # noqa: E402
-from pipelines import s3 as s3_stage  # noqa: E402
-from pipelines.build import build_definitions, resources_for  # noqa: E402
-from pipelines.materialize import materialize_recipe  # noqa: E402
-from pipelines.partitions import partitions_name  # noqa: E402
-from pipelines.resources import StorageResource  # noqa: E402
-from pipelines.sources import diff_listing, list_shards  # noqa: E402
-from tokenmill.corpus import stdlib_documents, write_jsonl_shards  # noqa: E402
-from tokenmill.loader import open_blend  # noqa: E402
-from tokenmill.pull import pull  # noqa: E402
-from tokenmill.recipe import Recipe, load_recipe  # noqa: E402
+from assets.factory import build_assets
+from pipelines import s3 as s3_stage
+from pipelines.build import build_definitions, resources_for
+from pipelines.materialize import materialize_recipe
+from pipelines.partitions import partitions_name
+from pipelines.resources import StorageResource
+from pipelines.sources import diff_listing, list_shards
+from tokenmill.corpus import stdlib_documents, write_jsonl_shards
+from tokenmill.loader import open_blend
+from tokenmill.pull import pull
+from tokenmill.recipe import Recipe, load_recipe
 
 SECRET = "tm-secret-access-key-4f1c"  # the fake secret key: must never show up in a run
 SHARD_STAGES = ("raw_jsonl", "hf_dataset", "tokens")

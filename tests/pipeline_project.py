@@ -12,7 +12,7 @@ import yaml
 from tokenmill.corpus import stdlib_documents, write_jsonl_shards
 from tokenmill.recipe import Recipe, load_recipe
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 BAD_LINES = [b'{"text": "unterminated', b'{"title": "no text field"}', b'{"text": 7}']
