@@ -39,7 +39,13 @@ from tokenmill._atomic import (
     write_bytes,
 )
 from tokenmill.errors import CacheError, ConfigError, FormatError, InputError
-from tokenmill.loader._manifest import MANIFEST_NAME, read_blend_manifest, verify_manifest
+from tokenmill.loader._manifest import (
+    MANIFEST_NAME,
+    has_control_character,
+    leading_parents,
+    read_blend_manifest,
+    verify_manifest,
+)
 from tokenmill.s3 import ATTEMPTS, BACKOFF_SECONDS, is_transient, retrying, split_uri
 
 __all__ = ["PullReport", "pull"]
@@ -174,11 +180,10 @@ def _source_key(manifest_dir: str, relative: object, uri: str) -> str:
         or "\0" in relative
     ):
         raise FormatError(uri, "path", f"{relative!r} is not a relative path; refusing to pull")
-    if any(ord(c) < 32 or ord(c) == 127 for c in relative):
+    if has_control_character(relative):
         raise FormatError(uri, "path", f"{relative!r} has a control character; refusing to pull")
-    parts = relative.split("/")
-    leading = next((i for i, part in enumerate(parts) if part != ".."), len(parts))
-    if ".." in parts[leading:]:
+    leading = leading_parents(relative)
+    if leading is None:
         raise FormatError(uri, "path", f"{relative!r}: '..' after a folder name; refusing to pull")
     if leading > (len(manifest_dir.split("/")) if manifest_dir else 0):
         raise FormatError(uri, "path", f"{relative!r} points outside the source root")

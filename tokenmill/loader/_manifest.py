@@ -45,6 +45,19 @@ def manifest_path(path: str | os.PathLike[str]) -> Path:
     return p / MANIFEST_NAME if p.is_dir() else p
 
 
+def has_control_character(text: str) -> bool:
+    """True when ``text`` holds an ASCII control character (C0 or DEL)."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def leading_parents(relative: str) -> int | None:
+    """How many ``..`` lead the ``/``-separated path, or None when a ``..`` follows a folder
+    name (``os.path.relpath`` never writes that; only a tampered manifest does)."""
+    parts = relative.split("/")
+    leading = next((i for i, part in enumerate(parts) if part != ".."), len(parts))
+    return None if ".." in parts[leading:] else leading
+
+
 def resolve(manifest: str | os.PathLike[str], relative: object) -> Path:
     """A path recorded in the manifest, resolved against the manifest's directory.
 
@@ -56,14 +69,13 @@ def resolve(manifest: str | os.PathLike[str], relative: object) -> Path:
     problem = None
     if not isinstance(relative, str) or not relative:
         problem = "is not a relative path"
-    elif any(ord(c) < 32 or ord(c) == 127 for c in relative):
+    elif has_control_character(relative):
         problem = "contains a control character"
     elif os.path.isabs(relative):
         problem = "is absolute; manifest paths are relative to the manifest's folder"
     else:
-        parts = relative.split("/")
-        leading = next((i for i, part in enumerate(parts) if part != ".."), len(parts))
-        if ".." in parts[leading:]:
+        leading = leading_parents(relative)
+        if leading is None:
             problem = "has '..' after a folder name"
         elif leading >= len(Path(os.path.abspath(mpath.parent)).parts):
             problem = "climbs above the filesystem root"
