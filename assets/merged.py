@@ -26,7 +26,7 @@ from dagster import (
 
 from assets.metadata import token_dataset_metadata
 from pipelines.partitions import partitions_name
-from pipelines.resources import StorageResource
+from pipelines.resources import StorageResource, display_path
 from tokenmill.errors import FormatError
 from tokenmill.export import write_dataset_info
 from tokenmill.formats.indexed import data_file_path, index_file_path
@@ -115,7 +115,7 @@ def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -
             out = ws.storage.merged_prefix(ds.name, ds.text_key)
             before = previous_shards(out, ds.text_key)
             version = input_version(ws.storage, ds, keys)
-            result = merge_datasets([*prefixes], out, order="given")
+            result = merge_datasets([*prefixes], out, order="given", input_uri=display_path)
             removed = sorted(set(before) - set(keys), key=natural_key)
             if removed:
                 context.log.warning(f"{ds.name}: shards gone from the source, left out: {removed}")

@@ -11,7 +11,7 @@ from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, Materiali
 from assets.metadata import token_dataset_metadata
 from assets.shards import shard_asset, step_result
 from pipelines.partitions import shard_partitions
-from pipelines.resources import StorageResource, TokenizerResource
+from pipelines.resources import StorageResource, TokenizerResource, display_path
 from tokenmill.recipe import DatasetConfig
 from tokenmill.tokenize import tokenize_files
 
@@ -44,6 +44,7 @@ def build_tokens(ds: DatasetConfig) -> AssetsDefinition:
                     workers=tokenizer.workers,
                     on_bad_record="fail",
                     progress=False,
+                    input_uri=display_path,
                 )
                 context.log.info(f"{key}: {result.tokens} tokens with engine {result.engine}")
                 metadata = token_dataset_metadata(

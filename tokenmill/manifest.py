@@ -32,6 +32,17 @@ def describe_files(paths: list[Path], *, root: Path) -> dict[str, dict[str, Any]
     }
 
 
+def input_sha256(path: str | os.PathLike[str]) -> str:
+    """Content hash of an input: a file's sha256; for a folder (an HF dataset), the sha256 of
+    its files' relative names and sha256s, one per line in name order."""
+    path = Path(path)
+    if not path.is_dir():
+        return file_sha256(path)
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    lines = [f"{p.relative_to(path).as_posix()}\0{file_sha256(p)}\n" for p in files]
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
 def write_dataset_manifest(
     prefix: str | os.PathLike[str],
     *,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,13 +98,17 @@ def merge_datasets(
     output_prefix: str | os.PathLike[str],
     *,
     order: str = "given",
+    input_uri: Callable[[Path], str] | None = None,
 ) -> MergeResult:
     """Concatenate datasets with Megatron ``add_index`` semantics and write a manifest last.
 
-    The output dtype is the first input's; any other dtype is an error naming the file.
+    The output dtype is the first input's; any other dtype is an error naming the file. The
+    manifest names each input prefix by ``input_uri(prefix)`` (default: its absolute path),
+    e.g. its URI when the inputs are local copies of objects.
     """
     start = time.perf_counter()
     prefixes = resolve_inputs(inputs, order)
+    name = input_uri or (lambda q: str(q.resolve()))
     out = Path(output_prefix)
     if any(out.resolve() == q.resolve() for q in prefixes):
         raise ConfigError(f"--output-prefix {out} is also an input")
@@ -128,7 +133,7 @@ def merge_datasets(
         manifest = write_dataset_manifest(
             out,
             kind="merged",
-            inputs=[{"prefix": str(q), "content_hash": dataset_content_hash(q)} for q in prefixes],
+            inputs=[{"prefix": name(q), "content_hash": dataset_content_hash(q)} for q in prefixes],
             config={"order": order, "dtype": str(dtype)},
             counts=counts,
             bin_parts=[part for q in prefixes for part in bin_parts(q)],

@@ -10,8 +10,10 @@ run's first documents, and on a disagreement the run is redone with the next eng
 Streaming: batches of texts flow from the reader to the encoder to the writer, so memory does
 not grow with the input, and the output is the same for any ``workers``. gigatoken (and any
 engine when ``workers=1``) encodes in process: a reader thread parses, an encoder thread encodes
-with the GIL released, and the writer hashes while writing, all overlapped, at most two batches
-between stages. gigatoken encodes on its own thread pool when ``workers > 1`` and the input holds
+and the writer hashes while writing, at most two batches between stages (gigatoken's per-text
+``encode`` holds the GIL, so those stages overlap only where numpy, hashing and I/O release it;
+its batch call releases it). The inputs' sha256 for the manifest is taken on another thread.
+gigatoken encodes on its own thread pool when ``workers > 1`` and the input holds
 ``THREADED_ENCODE_BYTES`` or more (its batch call imports awkward, ~0.5 s of CPU, which only a
 large input earns back), text by text otherwise. Other engines with ``workers > 1`` use forked
 processes fed by a reader thread, results taken back in input order (see
@@ -26,7 +28,8 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,7 @@ from tokenmill._atomic import remove_stale_temps
 from tokenmill.errors import ConfigError, TokenmillError
 from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, index_file_path
 from tokenmill.ingest import ON_BAD_RECORD, IngestStats, Quarantine, read_input_batches
-from tokenmill.manifest import dataset_manifest_path, write_dataset_manifest
+from tokenmill.manifest import dataset_manifest_path, input_sha256, write_dataset_manifest
 from tokenmill.tokenize_procs import Background, Checker, EngineMismatch, Pool
 from tokenmill.tokenizer import Encoder, inspect_tokenizer, load_encoder, record_mismatch
 
@@ -84,12 +87,15 @@ def tokenize_files(
     workers: int = 1,
     on_bad_record: str = "fail",
     progress: bool | None = None,
+    input_uri: Callable[[Path], str] | None = None,
 ) -> TokenizeResult:
     """Tokenize ``inputs`` in order into ``{output_prefix}_{text_key}_document.{bin,idx}``.
 
     ``tokenizer`` is a local tokenizer directory/file or an already loaded ``Encoder``.
     Bad records raise ``BadRecordError`` (``fail``: nothing is left at the prefix) or go to
     ``{output_prefix}.quarantine.jsonl``. ``progress=None`` shows a bar when stderr is a TTY.
+    The manifest names each input by ``input_uri(path)`` (default: its absolute path), e.g.
+    the object's URI when the input is a local copy, and records its size and sha256.
     """
     start = time.perf_counter()
     if not inputs:
@@ -110,8 +116,10 @@ def tokenize_files(
     prefix = dataset_prefix(output_prefix, text_key)
     qpath = Path(f"{os.fspath(output_prefix)}.quarantine.jsonl")
     _clear_outputs(prefix, qpath)
+    paths = [Path(p) for p in inputs]
     run = _Run(
-        inputs=[Path(p) for p in inputs],
+        inputs=paths,
+        uris=[str(p.resolve()) if input_uri is None else input_uri(p) for p in paths],
         prefix=prefix,
         qpath=qpath if on_bad_record == "quarantine" else None,
         text_key=text_key,
@@ -154,6 +162,7 @@ def _clear_outputs(prefix: Path, qpath: Path) -> None:
 @dataclass
 class _Run:
     inputs: list[Path]
+    uris: list[str]
     prefix: Path
     qpath: Path | None
     text_key: str
@@ -172,8 +181,12 @@ class _Run:
         in_process = self.workers == 1 or encoder.name in THREADED_ENGINES
         conns = [checker.conn] if checker is not None else []
         pool = None if in_process else Pool(encoder, self.workers, dtype, self.eod, conns)
+        # The inputs' sha256 on a thread started after every fork (the checker's, the pool's),
+        # and ended before the next: a fork never copies a thread of ours holding a lock.
+        hasher = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-input-sha256")
+        digests = [hasher.submit(input_sha256, path) for path in self.inputs]
         quarantine = Quarantine(self.qpath) if self.qpath is not None else None
-        stats = [IngestStats(path=str(p)) for p in self.inputs]
+        stats = [IngestStats(path=uri) for uri in self.uris]
         tokens = 0
         stages: list[Background[Any]] = []
         try:
@@ -201,9 +214,11 @@ class _Run:
                 quarantine.discard()
             raise
         finally:
+            hasher.shutdown(wait=True, cancel_futures=True)
             if pool is not None:
                 pool.close()
-        return self._finish(encoder, fallbacks, stats, writer, tokens)
+        hashes = [digest.result() for digest in digests]
+        return self._finish(encoder, fallbacks, stats, hashes, writer, tokens)
 
     def _encoded(
         self, encoder: Encoder, texts: Iterable[Texts], checker: Checker | None
@@ -241,6 +256,7 @@ class _Run:
         encoder: Encoder,
         fallbacks: list[str],
         stats: list[IngestStats],
+        hashes: list[str],
         writer: IndexedDatasetWriter,
         tokens: int,
     ) -> TokenizeResult:
@@ -260,7 +276,10 @@ class _Run:
             "vocab_size": info.vocab_size,
             "eod_id": info.eod_id,
         }
-        inputs = [_describe_input(p, s) for p, s in zip(self.inputs, stats, strict=True)]
+        inputs = [
+            {"uri": uri, "bytes": _input_bytes([path]), "sha256": sha256, "stats": st.to_dict()}
+            for uri, path, sha256, st in zip(self.uris, self.inputs, hashes, stats, strict=True)
+        ]
         manifest = write_dataset_manifest(
             self.prefix,
             kind="tokens",
@@ -288,16 +307,6 @@ def _input_bytes(inputs: list[Path]) -> int:
         files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
         total += sum(p.stat().st_size for p in files if p.exists())
     return total
-
-
-def _describe_input(path: Path, stats: IngestStats) -> dict[str, Any]:
-    st = path.stat()
-    return {
-        "uri": str(path.resolve()),
-        "bytes": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
-        "stats": stats.to_dict(),
-    }
 
 
 def _progress_bar(inputs: list[Path]) -> Any:

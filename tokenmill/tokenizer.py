@@ -331,7 +331,8 @@ class GigatokenEncoder(Encoder):
 
     Loaded from the cached ranks with gigatoken's built-in pre-tokenizer when the regex has one
     (3x faster to load than tokenizer.json); it then works in rank space, and ``pack`` maps the
-    whole batch back to ids with one gather. Encoding releases the GIL.
+    whole batch back to ids with one gather. Per-text ``encode`` holds the GIL; the batch call
+    on its thread pool releases it.
     """
 
     name = "gigatoken"

@@ -117,9 +117,9 @@ def clean(
 
 
 def _stable(value: Any) -> Any:
-    """A JSON record without what depends on the moment of the run (timings, input mtimes)."""
+    """A JSON record without what depends on the moment of the run (timings)."""
     if isinstance(value, dict):
-        return {k: _stable(v) for k, v in value.items() if k not in ("seconds", "mtime_ns")}
+        return {k: _stable(v) for k, v in value.items() if k != "seconds"}
     if isinstance(value, list):
         return [_stable(v) for v in value]
     return value

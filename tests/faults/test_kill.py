@@ -9,8 +9,8 @@ mid-write; a committed pair or array set just before its manifest; verified file
 forked children exit; these tests add the other points, the other stages and whole-tree bytes.
 
 Manifests record absolute input paths (tokenize: input ``uri``, ``tokenizer``; merge: input
-prefixes as given) and input ``mtime_ns``, so clean and killed runs share their inputs and use
-the same output names at the same depth; no manifest holds a timestamp of the run itself.
+prefixes), so clean and killed runs share their inputs and use the same output names at the
+same depth; no manifest holds a timestamp.
 """
 
 from __future__ import annotations

@@ -137,6 +137,18 @@ def test_merge_manifest_records_parts_and_detects_corruption(tmp_path):
     assert "sha256 of part 1 (bytes 4..) differs" in problem
 
 
+def test_merge_manifest_names_inputs_absolute_or_as_told(tmp_path, monkeypatch):
+    for name, docs in (("a", [[1, 2]]), ("b", [[3]])):
+        _make(tmp_path / name, docs)
+    monkeypatch.chdir(tmp_path)
+    merge_datasets(["a", "b"], tmp_path / "ab")
+    inputs = read_dataset_manifest(tmp_path / "ab")["inputs"]
+    assert [i["prefix"] for i in inputs] == [str(tmp_path / "a"), str(tmp_path / "b")]
+    merge_datasets(["a", "b"], tmp_path / "ab", input_uri=lambda q: f"s3://bucket/{q.name}")
+    inputs = read_dataset_manifest(tmp_path / "ab")["inputs"]
+    assert [i["prefix"] for i in inputs] == ["s3://bucket/a", "s3://bucket/b"]
+
+
 def test_inspect_decode_with_tokenizer(tmp_path, capsys, gpt2_dir):
     _make(tmp_path / "d", [[15496, 995, 50256]])
     assert (

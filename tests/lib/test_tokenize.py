@@ -20,10 +20,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tokenmill._atomic import file_sha256
 from tokenmill.corpus import stdlib_documents
 from tokenmill.errors import BadRecordError, ConfigError, TokenmillError
 from tokenmill.formats.indexed import IndexedDataset, encode_index
-from tokenmill.manifest import check_dataset_files, read_dataset_manifest
+from tokenmill.manifest import (
+    check_dataset_files,
+    dataset_manifest_path,
+    input_sha256,
+    read_dataset_manifest,
+)
 from tokenmill.tokenize import dataset_prefix, tokenize_files
 from tokenmill.tokenize_procs import SAMPLE_CHARS
 from tokenmill.tokenizer import GigatokenEncoder
@@ -168,8 +174,46 @@ def test_manifest_describes_the_run(gpt2_dir: Path, tmp_path: Path) -> None:
         "lines": 7,
         "empty_documents": 2,
     }
-    assert manifest["inputs"][0]["uri"] == str(src.resolve())
+    (recorded,) = manifest["inputs"]
+    assert recorded["uri"] == recorded["stats"]["path"] == str(src.resolve())
+    assert (recorded["bytes"], recorded["sha256"]) == (src.stat().st_size, file_sha256(src))
     assert check_dataset_files(res.prefix, full=True) == []
+
+
+def test_manifest_is_reproducible_and_names_inputs_as_told(gpt2_dir: Path, tmp_path: Path) -> None:
+    """Same input bytes and config, another copy with another mtime: the same manifest bytes;
+    ``input_uri`` names a local copy by where it came from."""
+    manifests = []
+    for copy in ("one", "two"):
+        (tmp_path / copy).mkdir()
+        src = write_jsonl(tmp_path / copy / "shard.jsonl", real_texts(4))
+        os.utime(src, ns=(len(manifests) * 10**9, len(manifests) * 10**9))
+        res = tokenize_files(
+            [src],
+            tmp_path / "out",
+            gpt2_dir,
+            append_eod=True,
+            input_uri=lambda path: f"s3://bucket/raw/{path.name}",
+        )
+        manifests.append(dataset_manifest_path(res.prefix).read_bytes())
+    assert manifests[0] == manifests[1]
+    (recorded,) = json.loads(manifests[0])["inputs"]
+    assert recorded["uri"] == recorded["stats"]["path"] == "s3://bucket/raw/shard.jsonl"
+    assert str(tmp_path) not in manifests[0].decode()
+
+
+def test_folder_input_hash_covers_names_and_contents(gpt2_dir: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "hf" / "data"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"text": real_texts(3)}), folder / "a.parquet")
+    pq.write_table(pa.table({"text": real_texts(2)}), folder / "b.parquet")
+    res = tokenize_files([folder], tmp_path / "o", gpt2_dir)
+    (recorded,) = read_dataset_manifest(res.prefix)["inputs"]
+    assert recorded["sha256"] == input_sha256(folder)
+    sizes = (folder / "a.parquet").stat().st_size + (folder / "b.parquet").stat().st_size
+    assert recorded["bytes"] == sizes
+    (folder / "b.parquet").rename(folder / "c.parquet")
+    assert input_sha256(folder) != recorded["sha256"]  # a renamed file changes the hash
 
 
 def test_several_inputs_and_formats_concatenate_in_order(gpt2_dir: Path, tmp_path: Path) -> None:

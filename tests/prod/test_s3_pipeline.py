@@ -142,6 +142,28 @@ def test_every_stage_on_s3_then_pull_and_open(
         s3.client.get_object(Bucket=s3.bucket, Key="root/hf/docs/dataset_info.json")["Body"].read()
     )
     assert len(info["shards"]) == 2
+    # Manifests name their inputs where they live (S3), never a removed work directory.
+    for key in (
+        "root/tokens/docs/part-00000_text_document.manifest.json",
+        "root/merged/docs_text_document.manifest.json",
+    ):
+        text = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read().decode()
+        assert str(work) not in text and "tokenmill-work-" not in text
+    tokens = json.loads(
+        s3.client.get_object(
+            Bucket=s3.bucket, Key="root/tokens/docs/part-00000_text_document.manifest.json"
+        )["Body"].read()
+    )
+    assert tokens["inputs"][0]["uri"] == f"s3://{s3.bucket}/root/hf/docs/data/part-00000.parquet"
+    merged = json.loads(
+        s3.client.get_object(Bucket=s3.bucket, Key="root/merged/docs_text_document.manifest.json")[
+            "Body"
+        ].read()
+    )
+    assert [i["prefix"] for i in merged["inputs"]] == [
+        f"s3://{s3.bucket}/root/tokens/docs/{shard}_text_document"
+        for shard in ("part-00000", "part-00001")
+    ]
 
     report = pull(f"s3://{s3.bucket}/root/blends/mix/manifest.json", tmp_path / "pulled")
     for split in ("train", "valid"):
