@@ -14,13 +14,21 @@ and every ``.bin`` of ours must equal them plus EOD. The ratio is our median wal
 best floor's median. ``--rss-mb 100`` adds memory-only runs on a larger corpus. Megatron's
 preprocess_data.py is not installable offline; the issue's numbers for it are quoted.
 
+Each repetition also measures the work any exact end-to-end run must do besides encoding:
+starting Python with numpy, constructing the fastest engine, parsing the JSON lines (orjson,
+``text`` only) and hashing the ``.bin`` and the input for the manifest. From those and the best
+floor's wall and CPU seconds, the lower bound for any such run on this machine is the larger of
+the chain start-up + engine + floor wall (each needs the one before it) and all that CPU spread
+over every core without a gap. It tells whether a ratio target is reachable here at all.
+
     python bench/bench_tokenize.py [--mb 20] [--repeat 3] [--workers 1,2] [--rss-mb 100]
-    python bench/bench_tokenize.py --mb 200 --floors gigatoken   # the large-input regime
+    python bench/bench_tokenize.py --mb 200 --floors gigatoken --name tokenize-200mb
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import resource
 import statistics
@@ -44,7 +52,12 @@ from corpus import MB, ensure_corpus  # noqa: E402
 
 from tokenmill.bundled import build_bundled_tokenizer  # noqa: E402
 from tokenmill.tokenize import tokenize_files  # noqa: E402
-from tokenmill.tokenizer import TiktokenEncoder, inspect_tokenizer  # noqa: E402
+from tokenmill.tokenizer import (  # noqa: E402
+    TiktokenEncoder,
+    TokenizerInfo,
+    inspect_tokenizer,
+    load_encoder,
+)
 
 TOKENIZERS = ("gpt2", "tekken")
 # The CLI runs as after a normal install: with Python's bytecode cache (this sandbox disables it).
@@ -55,7 +68,7 @@ MEGATRON = {
 }
 
 
-Floor = tuple[float, np.ndarray, np.ndarray]  # seconds, flat ids, per-document lengths
+Floor = tuple[float, float, np.ndarray, np.ndarray]  # wall s, CPU s, flat ids, lengths
 
 
 def _flat(rows: list[Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -67,29 +80,29 @@ def floor_hf(tok_dir: Path, texts: list[str]) -> Floor:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
-    start = time.perf_counter()
+    cpu, start = time.process_time(), time.perf_counter()
     encodings = tok.encode_batch_fast(texts, add_special_tokens=True)
-    seconds = time.perf_counter() - start
-    return (seconds, *_flat([e.ids for e in encodings]))
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return (seconds, cpu, *_flat([e.ids for e in encodings]))
 
 
 def floor_tiktoken(tok_dir: Path, texts: list[str]) -> Floor:
     enc = TiktokenEncoder(inspect_tokenizer(tok_dir)).encoding
-    start = time.perf_counter()
+    cpu, start = time.process_time(), time.perf_counter()
     ids = enc.encode_batch(texts, allowed_special="all", num_threads=os.cpu_count() or 1)
-    seconds = time.perf_counter() - start
-    return (seconds, *_flat(ids))
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return (seconds, cpu, *_flat(ids))
 
 
 def floor_gigatoken(tok_dir: Path, texts: list[str]) -> Floor:
     import gigatoken
 
     tok = gigatoken.Tokenizer(str(tok_dir))
-    start = time.perf_counter()
+    cpu, start = time.process_time(), time.perf_counter()
     rows = tok.encode_batch(texts)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     offsets = np.asarray(rows.layout.offsets.data)
-    return seconds, np.asarray(rows.layout.content.data, dtype=np.uint32), np.diff(offsets)
+    return seconds, cpu, np.asarray(rows.layout.content.data, dtype=np.uint32), np.diff(offsets)
 
 
 FLOORS = {"hf": floor_hf, "tiktoken": floor_tiktoken, "gigatoken": floor_gigatoken}
@@ -150,15 +163,78 @@ def run_in_process(corpus: Path, tok_dir: Path, prefix: Path, workers: int) -> d
     return {"wall": wall, "cpu": time.process_time() - cpu0 + children}
 
 
-def check_output(
-    prefix: Path, floor: np.ndarray, lengths: np.ndarray, eod: int, dtype: np.dtype
-) -> None:
-    """Our .bin must be the floor's ids with EOD after every non-empty document."""
-    nonempty = lengths > 0
-    expected = np.insert(floor, np.cumsum(lengths)[nonempty], eod).astype(dtype)
-    got = np.fromfile(f"{prefix}_text_document.bin", dtype=dtype)
+def expected_tokens(
+    floor: np.ndarray, lengths: np.ndarray, eod: int, dtype: np.dtype
+) -> np.ndarray:
+    """The ``.bin`` tokens: the floor's ids with EOD after every non-empty document."""
+    return np.insert(floor, np.cumsum(lengths)[lengths > 0], eod).astype(dtype)
+
+
+def check_output(prefix: Path, expected: np.ndarray) -> None:
+    """Our .bin must hold exactly ``expected``."""
+    got = np.fromfile(f"{prefix}_text_document.bin", dtype=expected.dtype)
     if not np.array_equal(got, expected):
         raise RuntimeError(f"{prefix}: output differs from the floor ids")
+
+
+def _timed(fn: Any) -> dict[str, float]:
+    """Wall and CPU seconds (this process, all threads) of ``fn()``."""
+    cpu, start = time.process_time(), time.perf_counter()
+    fn()
+    return {"wall": time.perf_counter() - start, "cpu": time.process_time() - cpu}
+
+
+def unavoidable_work(corpus: Path, info: TokenizerInfo, expected: np.ndarray) -> dict[str, Any]:
+    """Wall and CPU seconds of what any exact run does besides encoding: start Python with
+    numpy (a subprocess), construct the fastest engine, parse the JSON lines, hash the .bin and
+    the input (the manifest records both)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    # One BLAS thread: the least CPU a start-up with numpy takes (tokenizing needs no BLAS).
+    subprocess.run(
+        [sys.executable, "-c", "import numpy"], check=True, env={**ENV, "OPENBLAS_NUM_THREADS": "1"}
+    )
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    engine = info.usable_engines()[0]
+    return {
+        "start-up": {"wall": wall, "cpu": cpu},
+        f"engine load ({engine})": _timed(lambda: load_encoder(info, engine)),
+        "JSON parse": _timed(
+            lambda: [orjson.loads(line)["text"] for line in corpus.read_bytes().splitlines()]
+        ),
+        "sha256 of .bin": _timed(lambda: hashlib.sha256(expected).hexdigest()),
+        "sha256 of input": _timed(lambda: hashlib.sha256(corpus.read_bytes()).hexdigest()),
+    }
+
+
+def lower_bound(res: dict[str, Any], cores: int) -> dict[str, Any]:
+    """The least wall time any exact end-to-end run can take here (medians over repetitions):
+    max(start-up + engine + best floor wall, (its CPU + the floor's CPU) / cores)."""
+    floors = {k: statistics.median(v) for k, v in res["floors"].items()}
+    engine = min(floors, key=floors.__getitem__)
+    parts = {
+        part: {
+            m: statistics.median(w[part][m] for w in res["unavoidable"]) for m in ("wall", "cpu")
+        }
+        for part in res["unavoidable"][0]
+    }
+    floor_cpu = statistics.median(res["floors_cpu"][engine])
+    setup = [v["wall"] for k, v in parts.items() if k == "start-up" or k.startswith("engine")]
+    chain = sum(setup) + floors[engine]
+    spread = (sum(v["cpu"] for v in parts.values()) + floor_cpu) / cores
+    return {
+        "floor": engine,
+        "floor_wall": floors[engine],
+        "floor_cpu": floor_cpu,
+        "parts": parts,
+        "cores": cores,
+        "chain_wall": chain,
+        "cpu_spread_wall": spread,
+        "seconds": max(chain, spread),
+        "ratio_to_floor": max(chain, spread) / floors[engine],
+    }
 
 
 def first_use_seconds(tok_dir: Path) -> float:
@@ -189,6 +265,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         run_ours(corpus, tok_dir, work / name, 1, 1.0)
         results[name] = {
             "floors": {k: [] for k in args.floors},
+            "floors_cpu": {k: [] for k in args.floors},
+            "unavoidable": [],
             "ours": {w: [] for w in args.workers},
             "in_process": {w: [] for w in args.workers},
         }
@@ -198,20 +276,25 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             info = inspect_tokenizer(tok_dir)
             floors = {engine: FLOORS[engine](tok_dir, texts) for engine in args.floors}
             first = floors[args.floors[0]]
-            for engine, (seconds, flat, lengths) in floors.items():
+            for engine, (seconds, cpu, flat, lengths) in floors.items():
                 results[name]["floors"][engine].append(seconds)
-                if not (np.array_equal(flat, first[1]) and np.array_equal(lengths, first[2])):
+                results[name]["floors_cpu"][engine].append(cpu)
+                if not (np.array_equal(flat, first[2]) and np.array_equal(lengths, first[3])):
                     raise RuntimeError(f"{name}: floor {engine} disagrees with {args.floors[0]}")
+            expected = expected_tokens(first[2], first[3], info.eod_id, info.dtype)
+            results[name]["unavoidable"].append(unavoidable_work(corpus, info, expected))
             for w in args.workers:
                 prefix = work / f"{name}-w{w}"
                 run = run_ours(corpus, tok_dir, prefix, w, 0.05)
-                check_output(prefix, first[1], first[2], info.eod_id, info.dtype)
+                check_output(prefix, expected)
                 results[name]["ours"][w].append(run)
                 prefix = work / f"{name}-inproc-w{w}"
                 results[name]["in_process"][w].append(run_in_process(corpus, tok_dir, prefix, w))
-                check_output(prefix, first[1], first[2], info.eod_id, info.dtype)
+                check_output(prefix, expected)
             print(f"rep {rep + 1}/{args.repeat} {name} done", file=sys.stderr)
+    cores = len(os.sched_getaffinity(0))
     for name, tok_dir in dirs.items():
+        results[name]["lower_bound"] = lower_bound(results[name], cores)
         if not args.skip_first_use:
             results[name]["first_use_verification_s"] = first_use_seconds(tok_dir)
     load = [round(x, 2) for x in os.getloadavg()]
@@ -282,6 +365,18 @@ def report(data: dict[str, Any], workers: list[int]) -> None:
                         f"{wall / best:.2f}x ({min(r['wall'] for r in runs) / best:.2f}x)",
                     ]
                 )
+        bound = res["lower_bound"]
+        rows.append(
+            [
+                name,
+                f"lower bound for any exact run ({bound['cores']} cores)",
+                f"{bound['seconds']:.3f}",
+                "",
+                f"{size / bound['seconds']:.0f}",
+                "",
+                f"{bound['ratio_to_floor']:.2f}x",
+            ]
+        )
         if "first_use_verification_s" in res:
             rows.append(
                 [
@@ -296,6 +391,19 @@ def report(data: dict[str, Any], workers: list[int]) -> None:
             )
     print(f"\n{size:.1f} MB, {data['documents']} documents ({data['corpus']}), load {data['load']}")
     print(table(rows))
+    for name, res in data["results"].items():
+        bound = res["lower_bound"]
+        parts = ", ".join(
+            f"{part} {v['wall']:.3f} s wall / {v['cpu']:.3f} s CPU"
+            for part, v in bound["parts"].items()
+        )
+        print(
+            f"{name} lower bound {bound['seconds']:.3f} s = max(start-up + engine + floor wall "
+            f"{bound['chain_wall']:.3f} s, CPU {bound['cpu_spread_wall'] * bound['cores']:.2f} s "
+            f"/ {bound['cores']} cores = {bound['cpu_spread_wall']:.3f} s); floor "
+            f"{bound['floor']} {bound['floor_wall']:.3f} s wall / {bound['floor_cpu']:.3f} s "
+            f"CPU; {parts}"
+        )
     for what, seconds in MEGATRON.items():
         print(f"Megatron {what}: {seconds} s")
 
@@ -313,6 +421,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--rss-mb", type=float, default=0.0, help="also measure memory on this size"
+    )
+    parser.add_argument(
+        "--name", default="tokenize", help="results file: bench/out/NAME.json (default tokenize)"
     )
     parser.add_argument(
         "--skip-first-use",
@@ -335,7 +446,7 @@ def main() -> None:
                     f"peak tree RSS {run['rss_mb']:.0f} MB, PSS {run['pss_mb']:.0f} MB"
                 )
     data["megatron_reference_s"] = MEGATRON
-    print(f"wrote {write_results('tokenize', data)}")
+    print(f"wrote {write_results(args.name, data)}")
 
 
 if __name__ == "__main__":

@@ -34,18 +34,29 @@ OUT_ENV = "TOKENMILL_BENCH_OUT"  # read by bench/_util.py: where each bench writ
 
 @dataclass(frozen=True)
 class Bench:
-    """One benchmark script, its JSON name and its smoke-run arguments."""
+    """One benchmark script, its JSON name, its smoke-run arguments and those of a full run."""
 
     name: str
     script: str
     quick: tuple[str, ...]
+    full: tuple[str, ...] = ()
 
+
+# The large-input regime: GPT-2 against the best floor only, the engine's thread pool in use.
+TOKENIZE_LARGE = ("--floors", "gigatoken", "--tokenizers", "gpt2", "--workers", "2")
+TOKENIZE_LARGE += ("--skip-first-use", "--name", "tokenize-200mb")
 
 BENCHES = (
     Bench(
         "tokenize",
         "bench_tokenize.py",
         ("--mb", "2", "--repeat", "1", "--floors", "gigatoken", "--skip-first-use"),
+    ),
+    Bench(
+        "tokenize-200mb",
+        "bench_tokenize.py",
+        ("--mb", "4", "--repeat", "1", *TOKENIZE_LARGE),
+        ("--mb", "200", *TOKENIZE_LARGE),
     ),
     Bench("merge", "bench_merge.py", ("--mb", "64", "--repeat", "1")),
     Bench("index", "bench_index.py", ("--quick", "--repeats", "1")),
@@ -60,7 +71,7 @@ def run_benches(benches: list[Bench], out_dir: Path, quick: bool) -> dict[str, d
     env = {**os.environ, OUT_ENV: str(out_dir), "HF_HUB_OFFLINE": "1"}
     runs: dict[str, dict[str, object]] = {}
     for bench in benches:
-        cmd = [sys.executable, str(HERE / bench.script), *(bench.quick if quick else ())]
+        cmd = [sys.executable, str(HERE / bench.script), *(bench.quick if quick else bench.full)]
         print(f"\n=== {bench.name}: {' '.join(cmd[1:])} ===", flush=True)
         start, load = time.perf_counter(), os.getloadavg()[0]
         rc = subprocess.call(cmd, env=env)

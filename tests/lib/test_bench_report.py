@@ -50,6 +50,7 @@ def fake_tokenize() -> dict[str, Any]:
                 "floors": {"hf": [4.0, 5.0, 6.0], "gigatoken": [0.2, 0.4, 0.3]},
                 "ours": {"1": runs, "2": [{**r, "wall": 0.4} for r in runs]},
                 "in_process": {"1": [{"wall": 0.45, "cpu": 0.5}]},
+                "lower_bound": {"cores": 2, "seconds": 0.48},
             }
         },
         "rss": {"bytes": 100_000_000, "corpus": "c.jsonl", "gpt2-w1": {"rss_mb": 210.0}},
@@ -147,6 +148,31 @@ def test_tokenize_rows_compare_medians_with_the_best_floor() -> None:
     assert (inproc["ratio"], inproc["target"], inproc["met"]) == ("1.5×", "", None)
     rss = rows[("tokenize 100 MB, gpt2-w1", "peak RSS of the process tree")]
     assert (rss["ours"], rss["met"]) == ("210 MB", True)
+    (bound,) = [row for key, row in rows.items() if key[1].startswith("lower bound")]
+    assert (bound["ours"], bound["ratio"], bound["met"]) == ("0.48 s", "1.6×", False)
+
+
+def test_tokenize_lower_bound_is_the_larger_of_chain_and_cpu_spread() -> None:
+    bench_tokenize = _load("bench_tokenize")
+    work = {
+        "start-up": {"wall": 0.1, "cpu": 0.2},
+        "engine load (gigatoken)": {"wall": 0.05, "cpu": 0.05},
+        "JSON parse": {"wall": 0.5, "cpu": 0.5},
+        "sha256 of .bin": {"wall": 0.25, "cpu": 0.25},
+    }
+    res = {
+        "floors": {"hf": [3.0], "gigatoken": [1.0, 0.8, 0.9]},
+        "floors_cpu": {"hf": [3.0], "gigatoken": [1.8, 1.6, 1.7]},
+        "unavoidable": [work, work],
+    }
+    bound = bench_tokenize.lower_bound(res, 2)
+    assert bound["floor"] == "gigatoken" and bound["floor_cpu"] == 1.7
+    assert bound["chain_wall"] == pytest.approx(0.1 + 0.05 + 0.9)
+    assert bound["cpu_spread_wall"] == pytest.approx((0.2 + 0.05 + 0.5 + 0.25 + 1.7) / 2)
+    assert bound["seconds"] == pytest.approx(1.35)
+    assert bound["ratio_to_floor"] == pytest.approx(1.5)
+    one_core = bench_tokenize.lower_bound(res, 1)
+    assert one_core["seconds"] == pytest.approx(2.7)
 
 
 def test_merge_index_and_loader_rows() -> None:
