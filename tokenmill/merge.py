@@ -26,6 +26,7 @@ from tokenmill.manifest import (
     bin_parts,
     dataset_content_hash,
     dataset_manifest_path,
+    read_dataset_manifest,
     write_dataset_manifest,
 )
 
@@ -93,6 +94,36 @@ def resolve_inputs(inputs: list[str | os.PathLike[str]], order: str = "given") -
     return prefixes
 
 
+PROVENANCE = ("tokenizer_fingerprint", "text_key", "append_eod")
+
+
+def _provenance(prefixes: list[Path]) -> tuple[dict[str, Any], int]:
+    """What the inputs' manifests say produced them (tokenizer fingerprint, text key, EOD), and
+    the documents they quarantined in all. Inputs made by different tokenizers or settings are
+    refused: their ids would mean different things in one dataset. Inputs without a manifest
+    (hand-made Megatron datasets) add nothing; a setting no manifest states is recorded as null.
+    """
+    seen: dict[str, tuple[Any, Path]] = {}
+    quarantined = 0
+    for q in prefixes:
+        if not dataset_manifest_path(q).is_file():
+            continue
+        manifest = read_dataset_manifest(q)
+        quarantined += int(manifest["counts"].get("quarantined", 0))
+        for key in PROVENANCE:
+            if manifest["config"].get(key) is None:
+                continue
+            value = manifest["config"][key]
+            if key in seen and seen[key][0] != value:
+                first_value, first = seen[key]
+                raise InputError(
+                    f"{dataset_manifest_path(q)}: {key} {value!r}, but {first} has "
+                    f"{first_value!r}; merge only datasets tokenized the same way"
+                )
+            seen.setdefault(key, (value, q))
+    return {key: seen[key][0] if key in seen else None for key in PROVENANCE}, quarantined
+
+
 def merge_datasets(
     inputs: list[str | os.PathLike[str]],
     output_prefix: str | os.PathLike[str],
@@ -115,6 +146,7 @@ def merge_datasets(
     first = IndexedDataset(prefixes[0])
     dtype = first.dtype
     first.close()
+    provenance, quarantined = _provenance(prefixes)
     # The old manifest goes first: it must never vouch for a new pair of the same sizes.
     outputs = (dataset_manifest_path(out), data_file_path(out), index_file_path(out))
     outputs[0].unlink(missing_ok=True)
@@ -127,6 +159,7 @@ def merge_datasets(
             "documents": merged.num_documents,
             "sequences": len(merged),
             "tokens": merged.num_tokens,
+            "quarantined": quarantined,
         }
         nbytes = merged.bin_path.stat().st_size
         merged.close()
@@ -134,7 +167,7 @@ def merge_datasets(
             out,
             kind="merged",
             inputs=[{"prefix": name(q), "content_hash": dataset_content_hash(q)} for q in prefixes],
-            config={"order": order, "dtype": str(dtype)},
+            config={"order": order, "dtype": str(dtype), **provenance},
             counts=counts,
             bin_parts=[part for q in prefixes for part in bin_parts(q)],
         )

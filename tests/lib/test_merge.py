@@ -8,7 +8,7 @@ import pytest
 from tokenmill.cli import main
 from tokenmill.errors import ConfigError, FormatError, InputError
 from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
-from tokenmill.manifest import read_dataset_manifest
+from tokenmill.manifest import read_dataset_manifest, write_dataset_manifest
 from tokenmill.merge import merge_datasets, natural_key, resolve_inputs
 from tokenmill.verify import verify_dataset
 
@@ -33,8 +33,49 @@ def test_merge_vector(tmp_path):
         "documents": 3,
         "sequences": 3,
         "tokens": 9,
+        "quarantined": 0,
     }
     assert verify_dataset(res.prefix) == []
+
+
+def _tokens_manifest(prefix, fingerprint, quarantined, text_key="text"):
+    config = {"tokenizer_fingerprint": fingerprint, "text_key": text_key, "append_eod": True}
+    write_dataset_manifest(
+        prefix, kind="tokens", inputs=[], config=config, counts={"quarantined": quarantined}
+    )
+
+
+def test_merged_manifest_carries_the_inputs_provenance(tmp_path):
+    for name, docs, quarantined in (("a", [[1, 2]], 2), ("b", [[3]], 5)):
+        _make(tmp_path / name, docs)
+        _tokens_manifest(tmp_path / name, "f" * 64, quarantined)
+    _make(tmp_path / "hand", [[4]])  # a Megatron dataset without a manifest adds nothing
+    merge_datasets([tmp_path / "a", tmp_path / "hand", tmp_path / "b"], tmp_path / "m")
+    manifest = read_dataset_manifest(tmp_path / "m")
+    assert manifest["config"] == {
+        "order": "given",
+        "dtype": "uint16",
+        "tokenizer_fingerprint": "f" * 64,
+        "text_key": "text",
+        "append_eod": True,
+    }
+    assert manifest["counts"]["quarantined"] == 7
+    merge_datasets([tmp_path / "m", tmp_path / "a"], tmp_path / "mm")  # merged inputs carry it
+    assert read_dataset_manifest(tmp_path / "mm")["config"]["tokenizer_fingerprint"] == "f" * 64
+    _make(tmp_path / "hand2", [[5]])
+    merge_datasets([tmp_path / "hand", tmp_path / "hand2"], tmp_path / "h")
+    config = read_dataset_manifest(tmp_path / "h")["config"]
+    assert (config["tokenizer_fingerprint"], config["text_key"]) == (None, None)
+
+
+def test_merge_refuses_inputs_of_different_tokenizers(tmp_path):
+    _make(tmp_path / "a", [[1, 2]])
+    _tokens_manifest(tmp_path / "a", "a" * 64, 0)
+    _make(tmp_path / "b", [[3]])
+    _tokens_manifest(tmp_path / "b", "b" * 64, 0)
+    with pytest.raises(InputError, match=r"tokenizer_fingerprint 'b+', but .*a has 'a+'"):
+        merge_datasets([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
+    assert not list(tmp_path.glob("m*"))
 
 
 def test_merge_equals_single_write_with_empty_documents(tmp_path):
