@@ -65,7 +65,8 @@ class RootView:
         self.etags: dict[str, str] = {}
 
     def sync(self) -> StorageResource:
-        """Bring the mirror up to date with the root; a storage rooted where paths resolve."""
+        """Bring the mirror up to date with the root; a storage rooted where paths resolve.
+        A key that would land outside the mirror is refused (InputError) before any change."""
         if not self.storage.is_s3:
             return self.storage
         bucket, prefix = split_uri(self.storage.root)
@@ -75,7 +76,7 @@ class RootView:
         for rel in self.prefixes:
             for obj in s3.list_objects(client, bucket, base + rel, recursive=True):
                 if TMP_MARK not in obj.key:
-                    listed[obj.key[len(base) :]] = obj
+                    listed[s3.local_name(bucket, obj.key, base)] = obj
         for name in set(self.etags) - set(listed):
             (self.local / name).unlink(missing_ok=True)
 

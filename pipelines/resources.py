@@ -25,6 +25,7 @@ from pipelines.partitions import check_partition_key
 from pipelines.sources import ShardFile
 from tokenmill.errors import ConfigError
 from tokenmill.s3 import split_uri
+from tokenmill.tokenize import dataset_prefix
 from tokenmill.tokenizer import TokenizerInfo, inspect_tokenizer
 
 # Work directories of the steps running now and the S3 root each stands for (for metadata).
@@ -152,11 +153,11 @@ class StorageResource(ConfigurableResource):
 
     def tokens_prefix(self, dataset: str, shard: str, text_key: str) -> Path:
         """``tokens/<ds>/<shard>_<text_key>_document``: one shard's ``.bin``/``.idx`` prefix."""
-        return Path(f"{self.tokens_output_prefix(dataset, shard)}_{text_key}_document")
+        return dataset_prefix(self.tokens_output_prefix(dataset, shard), text_key)
 
     def merged_prefix(self, dataset: str, text_key: str) -> Path:
         """``merged/<ds>_<text_key>_document``: the dataset's merged ``.bin``/``.idx`` prefix."""
-        return self.local_root() / "merged" / f"{dataset}_{text_key}_document"
+        return dataset_prefix(self.local_root() / "merged" / dataset, text_key)
 
     def nanoset_dir(self) -> Path:
         """``nanoset/``: the content-addressed index cache shared by datasets and blends."""

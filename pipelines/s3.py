@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill._atomic import TMP_MARK, commit, temp_path_for
+from tokenmill.errors import InputError
+from tokenmill.loader._manifest import relative_path_problem
 from tokenmill.s3 import retrying
 
 MULTIPART_BYTES = 64 << 20  # larger files go up (and down) in parts of this size
@@ -124,6 +126,18 @@ def delete(client: Any, bucket: str, key: str) -> None:
     retrying(f"deleting s3://{bucket}/{key}", lambda: client.delete_object(Bucket=bucket, Key=key))
 
 
+def local_name(bucket: str, key: str, base: str) -> str:
+    """The part of a listed ``key`` below ``base``, to be joined under a local folder; InputError
+    naming the object when that could land outside the folder (our own root never holds such a
+    key, so it is corruption or tampering, not data)."""
+    name = key[len(base) :]
+    problem = relative_path_problem(name)
+    if problem:
+        uri, root = f"s3://{bucket}/{key}", f"s3://{bucket}/{base}"  # repr: no raw control chars
+        raise InputError(f"{uri!r}: its key below {root!r} {problem}; refusing to copy it locally")
+    return name
+
+
 def _stamp(path: Path) -> tuple[int, int, int]:
     st = path.stat()
     return (st.st_size, st.st_mtime_ns, st.st_ino)
@@ -156,20 +170,22 @@ class S3Stage:
 
     def fetch(self, inputs: list[str]) -> None:
         """Download each input: ``dir/`` is a folder (recursively), ``path`` is a file and its
-        ``path.*`` siblings (a dataset prefix gives its ``.bin``, ``.idx`` and manifest)."""
+        ``path.*`` siblings (a dataset prefix gives its ``.bin``, ``.idx`` and manifest). A key
+        that would land outside the stage is refused (``local_name``) before any download."""
         base = f"{self.prefix}/" if self.prefix else ""
+        wanted: dict[str, str] = {}
         for rel in inputs:
             folder = rel.endswith("/")
-            listed = list_objects(self.client, self.bucket, self.key(rel), recursive=True)
-            for obj in listed:
+            for obj in list_objects(self.client, self.bucket, self.key(rel), recursive=True):
                 name = obj.key[len(base) :]
                 if not (folder or name == rel or name.startswith(rel + ".")):
                     continue
-                if TMP_MARK in name or name in self.fetched:
-                    continue
-                path = self.local / name
-                download(self.client, self.bucket, obj.key, path)
-                self.fetched[name] = _stamp(path)
+                if TMP_MARK not in name and name not in self.fetched:
+                    wanted[local_name(self.bucket, obj.key, base)] = obj.key
+        for name, key in wanted.items():
+            path = self.local / name
+            download(self.client, self.bucket, key, path)
+            self.fetched[name] = _stamp(path)
 
     def _written(self) -> Iterator[str]:
         for path in sorted(p for p in self.local.rglob("*") if p.is_file()):

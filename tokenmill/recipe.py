@@ -32,6 +32,7 @@ from typing import Any, NoReturn
 import yaml
 
 from tokenmill.errors import ConfigError
+from tokenmill.loader._manifest import name_problem
 
 DEFAULT_RECIPE = "recipes/demo.yaml"
 RECIPE_ENV = "TOKENMILL_RECIPE"
@@ -235,10 +236,14 @@ def _dataset(path: Path, base: Path, name: object, raw: object) -> DatasetConfig
     glob = f.string("glob", "*.jsonl*")
     if "/" in glob or "\\" in glob:
         f.fail("glob", glob, "a file-name pattern without slashes (shards sit directly in source)")
+    text_key = f.string("text_key", "text")
+    problem = name_problem(text_key)  # it names the files <prefix>_<text_key>_document.*
+    if problem:
+        f.fail("text_key", text_key, f"a key usable in a file name (this one {problem})")
     return DatasetConfig(
         name=name,
         source=_local(base, f.string("source")),
-        text_key=f.string("text_key", "text"),
+        text_key=text_key,
         on_bad_record=f.string("on_bad_record", "quarantine", choices=ON_BAD_RECORD),
         glob=glob,
     )

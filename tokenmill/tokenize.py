@@ -40,6 +40,7 @@ from tokenmill._atomic import remove_stale_temps
 from tokenmill.errors import ConfigError, TokenmillError
 from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, index_file_path
 from tokenmill.ingest import ON_BAD_RECORD, IngestStats, Quarantine, read_input_batches
+from tokenmill.loader._manifest import name_problem
 from tokenmill.manifest import dataset_manifest_path, input_sha256, write_dataset_manifest
 from tokenmill.tokenize_procs import Background, Checker, EngineMismatch, Pool
 from tokenmill.tokenizer import Encoder, inspect_tokenizer, load_encoder, record_mismatch
@@ -73,7 +74,14 @@ class TokenizeResult:
 
 
 def dataset_prefix(output_prefix: str | os.PathLike[str], text_key: str = "text") -> Path:
-    """Megatron's output name: ``{output_prefix}_{text_key}_document``."""
+    """Megatron's output name: ``{output_prefix}_{text_key}_document``; ConfigError when
+    ``text_key`` could not be part of one file name (it would place the files elsewhere)."""
+    problem = name_problem(text_key)
+    if problem:
+        raise ConfigError(
+            f"text_key {text_key!r} {problem}; it is part of the file names "
+            "<prefix>_<text_key>_document.*, so it must be one file-name part"
+        )
     return Path(f"{os.fspath(output_prefix)}_{text_key}_document")
 
 

@@ -10,6 +10,10 @@ Catalogue (cases already tested elsewhere are listed, not repeated):
   train size ...), ::test_unreadable_and_invalid_files, ::test_source_inside_the_storage_stages_is_
   refused; NaN/inf, sequence length 1, NUL characters: test_hostile_recipe_values_are_refused,
   non-UTF-8: test_non_utf8_recipe_is_refused (here); ``!!python`` tags: test_security.py.
+- text keys (they name ``<prefix>_<text_key>_document``): climbing, '..', backslash, control
+  characters in a recipe: test_hostile_recipe_values_are_refused; the storage layout:
+  test_text_key_must_be_one_file_name_part (here); ``tokenize_files`` and ``tokenmill tokenize``:
+  tests/lib/test_tokenize.py::test_text_key_must_be_one_file_name_part.
 - weights negative, zero-sum, NaN, inf: tests/lib/test_blend.py::test_bad_weights,
   ::test_bad_temperatures, tests/lib/test_blend_manifest.py::test_bad_settings (zero sum); through
   build_blend and ``tokenmill blend``: test_hostile_weights_are_refused,
@@ -24,6 +28,10 @@ Catalogue (cases already tested elsewhere are listed, not repeated):
   check and storage paths); source files and S3 object names: test_hostile_shard_names_never_
   become_partitions, test_hostile_s3_object_names_never_become_partitions; keys reaching the shard
   assets: test_hostile_partition_keys_write_nothing (here).
+- S3 keys in the storage root copied to local folders (a step's work directory, the
+  ``materialize`` mirror): test_hostile_s3_keys_never_reach_a_work_directory,
+  test_hostile_s3_keys_never_reach_the_materialize_mirror, test_local_name_refuses_what_listing_
+  cannot_reach (here).
 - pulled manifest-relative keys: tests/prod/test_pull.py::test_paths_escaping_the_layout_are_refused
   (absolute, '..' after a folder, above the root); control characters:
   test_pull_refuses_control_characters (here).
@@ -40,15 +48,18 @@ import numpy as np
 import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance, build_asset_context
+from prod_servers import S3
 
 from assets.factory import build_assets
 from pipelines import s3 as pipeline_s3
 from pipelines.build import resources_for
+from pipelines.materialize import RootView
 from pipelines.partitions import partitions_name
+from pipelines.resources import StorageResource
 from pipelines.sources import list_shards
 from tokenmill.blend_manifest import build_blend
 from tokenmill.cli import main
-from tokenmill.errors import ConfigError, FormatError, TokenmillError
+from tokenmill.errors import ConfigError, FormatError, InputError, TokenmillError
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.loader import open_nanoset
 from tokenmill.manifest import write_dataset_manifest
@@ -186,6 +197,30 @@ RECIPE_CASES: dict[str, tuple[dict[str, Any], str]] = {
         {"datasets": {"we\x1bb": {"source": "raw"}}},
         "datasets.we\\x1bb: bad name 'we\\x1bb'",
     ),
+    "text_key climbing": (
+        {"datasets": {"web": {"source": "raw", "text_key": "x/../../../../evil"}}},
+        "datasets.web.text_key: bad value 'x/../../../../evil'; expected a key usable in a file "
+        "name (this one contains a slash or backslash)",
+    ),
+    "text_key '..'": (
+        {"datasets": {"web": {"source": "raw", "text_key": ".."}}},
+        "datasets.web.text_key: bad value '..'; expected a key usable in a file name (this one "
+        "is '..')",
+    ),
+    "text_key with a backslash": (
+        {"datasets": {"web": {"source": "raw", "text_key": "a\\b"}}},
+        "datasets.web.text_key: bad value 'a\\\\b'; expected a key usable in a file name (this "
+        "one contains a slash or backslash)",
+    ),
+    "text_key with a control character": (
+        {"datasets": {"web": {"source": "raw", "text_key": "te\x1bxt"}}},
+        "datasets.web.text_key: bad value 'te\\x1bxt'; expected a key usable in a file name "
+        "(this one contains a control character)",
+    ),
+    "text_key with NUL": (
+        {"datasets": {"web": {"source": "raw", "text_key": "te\0xt"}}},
+        "datasets.web.text_key: bad value 'te\\x00xt'; expected a string without NUL characters",
+    ),
 }
 
 
@@ -196,6 +231,22 @@ def test_hostile_recipe_values_are_refused(tmp_path: Path, case: str) -> None:
     path.parent.mkdir()
     path.write_text(yaml.safe_dump({**GOOD, **sections}, sort_keys=False), encoding="utf-8")
     refused_api(lambda: load_recipe(path), tmp_path, f"{path}: {message}")
+
+
+def test_text_key_must_be_one_file_name_part(tmp_path: Path) -> None:
+    """Other JSON keys (spaces, dots, unicode) load and name files; a text key that is not one
+    file-name part never becomes a storage path, even in a config built without the loader."""
+    path = tmp_path / "recipe.yaml"
+    for key in ("body text", "meta.text", ".text", "texte_é"):
+        datasets = {**GOOD["datasets"], "web": {"source": "raw/web", "text_key": key}}
+        path.write_text(yaml.safe_dump({**GOOD, "datasets": datasets}), encoding="utf-8")
+        assert load_recipe(path).dataset("web").text_key == key
+        storage = StorageResource(root=str(tmp_path / "out"))
+        assert storage.merged_prefix("web", key) == tmp_path / f"out/merged/web_{key}_document"
+    storage = StorageResource(root=str(tmp_path / "out"))
+    message = "text_key 'x/../../evil' contains a slash or backslash; it is part of the file names"
+    refused_api(lambda: storage.merged_prefix("web", "x/../../evil"), tmp_path, message)
+    refused_api(lambda: storage.tokens_prefix("web", "s0", "x/../../evil"), tmp_path, message)
 
 
 def test_non_utf8_recipe_is_refused(tmp_path: Path) -> None:
@@ -371,3 +422,70 @@ def test_pull_refuses_control_characters(root: Path, bad: str) -> None:
         pull(str(mpath), root.parent / "dest", progress=False)
     assert f"path: {bad!r} has a control character; refusing to pull" in str(err.value)
     assert snapshot(root.parent) == before
+
+
+# Relative parts of keys below an S3 storage root that could land outside a local folder (or two
+# keys on one file), with the reason given.
+HOSTILE_ROOT_KEYS = {
+    "tokens/docs/../../../escaped.json": "has a part that is '..'",
+    "tokens/docs/..\\..\\escaped.json": "has a part that contains a slash or backslash",
+    "tokens/docs/bell\x07.json": "has a part that contains a control character",
+    "tokens/docs//a.json": "has a part that is empty",
+    "tokens/docs/./a.json": "has a part that is '.'",
+    "tokens/docs/": "has a part that is empty",  # a console's "folder" marker
+}
+
+
+def refused_key(bucket: str, name: str) -> str:
+    """The error for ``s3://bucket/root/<name>``."""
+    uri, problem = f"s3://{bucket}/root/{name}", HOSTILE_ROOT_KEYS[name]
+    return f"{uri!r}: its key below 's3://{bucket}/root/' {problem}; refusing to copy it locally"
+
+
+@pytest.mark.parametrize("name", HOSTILE_ROOT_KEYS)
+def test_hostile_s3_keys_never_reach_a_work_directory(s3: S3, tmp_path: Path, name: str) -> None:
+    """Such a key in our own root is corruption: the stage refuses it, naming the object and the
+    reason, before downloading anything (``../../../escaped.json`` would land in ``tmp_path``)."""
+    for key in ("root/tokens/docs/a_text_document.bin", f"root/{name}"):
+        s3.client.put_object(Bucket=s3.bucket, Key=key, Body=b"{}")
+    local = tmp_path / "work" / "root"
+    stage = pipeline_s3.S3Stage(pipeline_s3.s3_client(s3.endpoint), s3.bucket, "root", local)
+    before = snapshot(tmp_path)
+    with pytest.raises(InputError) as err:
+        stage.fetch(["tokens/"])
+    assert str(err.value) == refused_key(s3.bucket, name)
+    assert snapshot(tmp_path) == before and not stage.fetched
+
+
+def test_hostile_s3_keys_never_reach_the_materialize_mirror(
+    make_recipe: Callable[..., Recipe], s3: S3, tmp_path: Path
+) -> None:
+    """``materialize`` on an S3 root mirrors its JSON files: each such key fails the sync with
+    the same error before the mirror changes; without it the sync succeeds again."""
+    recipe = make_recipe(storage={"root": f"s3://{s3.bucket}/root", "s3_endpoint_url": s3.endpoint})
+    good = "tokens/docs/a_text_document.manifest.json"
+    s3.client.put_object(Bucket=s3.bucket, Key=f"root/{good}", Body=b'{"m": 1}')
+    view = RootView(resources_for(recipe)["storage"], recipe, tmp_path / "view")
+    local = Path(view.sync().root)
+    for name in HOSTILE_ROOT_KEYS:
+        s3.client.put_object(Bucket=s3.bucket, Key=f"root/{name}", Body=b'{"m": 2}')
+        before = snapshot(tmp_path)
+        with pytest.raises(InputError) as err:
+            view.sync()
+        assert str(err.value) == refused_key(s3.bucket, name)
+        assert snapshot(tmp_path) == before
+        s3.client.delete_object(Bucket=s3.bucket, Key=f"root/{name}")
+    view.sync()
+    assert sorted(p.relative_to(local).as_posix() for p in local.rglob("*.json")) == [good]
+
+
+@pytest.mark.parametrize(
+    ("key", "problem"), [("root//etc/passwd", "is absolute"), ("root/", "is empty")]
+)
+def test_local_name_refuses_what_listing_cannot_reach(key: str, problem: str) -> None:
+    """An absolute or empty relative part (no listing of ours returns one) is refused too."""
+    with pytest.raises(InputError) as err:
+        pipeline_s3.local_name("bkt", key, "root/")
+    assert str(err.value) == (
+        f"'s3://bkt/{key}': its key below 's3://bkt/root/' {problem}; refusing to copy it locally"
+    )

@@ -6,6 +6,7 @@ import functools
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tokenmill._atomic import file_sha256
+from tokenmill.cli import main
 from tokenmill.corpus import stdlib_documents
 from tokenmill.errors import BadRecordError, ConfigError, TokenmillError
 from tokenmill.formats.indexed import IndexedDataset, encode_index
@@ -258,6 +260,35 @@ def test_argument_errors(gpt2_dir: Path, tiny_dir: Path, tmp_path: Path) -> None
         tokenize_files([src], tmp_path / "o", gpt2_dir, on_bad_record="skip")
     with pytest.raises(ConfigError, match="workers=0"):
         tokenize_files([src], tmp_path / "o", gpt2_dir, workers=0)
+
+
+def test_text_key_must_be_one_file_name_part(
+    gpt2_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The text key names the output files: one that would put them elsewhere is refused by the
+    API and the CLI (exit 2) before anything is written; other JSON keys name files as they are."""
+    bad = "x/../../evil"
+    src = write_jsonl(tmp_path / "in.jsonl", ["x"], key=bad)
+    message = (
+        f"text_key {bad!r} contains a slash or backslash; it is part of the file names "
+        "<prefix>_<text_key>_document.*, so it must be one file-name part"
+    )
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(ConfigError) as err:
+        tokenize_files([src], tmp_path / "out" / "o", gpt2_dir, text_key=bad)
+    assert str(err.value) == message
+    argv = ["--input", str(src), "--output-prefix", str(tmp_path / "out" / "o")]
+    assert main(["tokenize", *argv, "--tokenizer", str(gpt2_dir), "--text-key", bad]) == 2
+    assert capsys.readouterr().err == f"tokenmill tokenize: error: {message}\n"
+    assert sorted(tmp_path.rglob("*")) == before
+    for key, problem in [("..", "is '..'"), ("a\\b", "contains a slash or backslash"),
+                         ("nul\0", "contains a control character"), ("", "is empty")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=re.escape(f"text_key {key!r} {problem}; ")):
+            dataset_prefix(tmp_path / "o", key)
+    fine = "body text.é"
+    res = tokenize_files([write_jsonl(tmp_path / "ok.jsonl", ["x"], key=fine)], tmp_path / "o",
+                         gpt2_dir, text_key=fine)  # fmt: skip
+    assert res.prefix == tmp_path / f"o_{fine}_document" and res.documents == 1
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -58,6 +58,30 @@ def leading_parents(relative: str) -> int | None:
     return None if ".." in parts[leading:] else leading
 
 
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be one file-name part inside a folder (empty, ``.`` or ``..``, a
+    slash or backslash, a control character), or None when it can."""
+    if not name:
+        return "is empty"
+    if name in (".", ".."):
+        return f"is {name!r}"
+    if "/" in name or "\\" in name:
+        return "contains a slash or backslash"
+    return "contains a control character" if has_control_character(name) else None
+
+
+def relative_path_problem(relative: str) -> str | None:
+    """Why a ``/``-separated path cannot be joined under a folder and stay there, one file per
+    name (absolute, or a part that :func:`name_problem` refuses), or None when it can."""
+    if relative.startswith("/"):
+        return "is absolute"
+    for part in relative.split("/"):
+        problem = name_problem(part)
+        if problem:
+            return f"has a part that {problem}" if relative else problem
+    return None
+
+
 def resolve(manifest: str | os.PathLike[str], relative: object) -> Path:
     """A path recorded in the manifest, resolved against the manifest's directory.
 
