@@ -1,10 +1,16 @@
 """``<ds>/hf_dataset``: one shard exported to ``hf/<ds>/data/<shard>.parquet`` (every field kept).
 
-``hf/<ds>/dataset_info.json`` is rewritten to describe the dataset's current shards, so
-``datasets.load_dataset("parquet", data_files="hf/<ds>/data/*.parquet")`` sees the same data.
+The shard must be the file ``<ds>/raw_jsonl`` validated: same place, size, sha256 and config as
+its ``raw/<ds>/<shard>.stats.json`` records. Its bad lines are skipped and counted, never written
+again: the raw stage is the only writer of the quarantine file. ``hf/<ds>/dataset_info.json`` is
+rewritten to describe the dataset's current shards, so
+``datasets.load_dataset("parquet", data_files="hf/<ds>/data/*.parquet")`` sees the same data; its
+``tokenmill`` key records the inputs, config and counts, taken from the raw stats files.
 A backfill run exports a range of shards in one step (``assets/shards.py``).
 """
 
+import json
+from pathlib import Path
 from typing import Any
 
 from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult
@@ -12,36 +18,108 @@ from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, Materiali
 from assets.metadata import path_value
 from assets.shards import shard_asset, source_shards, step_result
 from pipelines.partitions import partitions_name, shard_partitions
-from pipelines.resources import StorageResource, Workspace
+from pipelines.resources import StorageResource, Workspace, display_path
 from pipelines.sources import ShardFile
 from tokenmill._atomic import file_sha256
-from tokenmill.export import export_shard, write_dataset_info
+from tokenmill.errors import FormatError, InputError
+from tokenmill.export import INFO_COUNTS, export_shard, tokenmill_info, write_dataset_info
+from tokenmill.manifest import FORMAT_VERSION, input_sha256
 from tokenmill.recipe import DatasetConfig
 
 
+def read_raw_stats(storage: StorageResource, ds: DatasetConfig, key: str) -> dict[str, Any] | None:
+    """A shard's stats as ``raw_jsonl`` writes them under the dataset's current config; None if
+    the file is missing, written by an older tokenmill or under another config."""
+    path = storage.raw_stats_path(ds.name, key)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise FormatError(display_path(path), "json", f"not a stats file: {exc}") from exc
+    config = {"text_key": ds.text_key, "on_bad_record": ds.on_bad_record}
+    if not isinstance(record, dict) or record.get("format_version") != FORMAT_VERSION:
+        return None
+    return record if record.get("config") == config else None
+
+
+def validated_shard(
+    ws: Workspace, ds: DatasetConfig, shard: ShardFile
+) -> tuple[Path, dict[str, Any]]:
+    """The shard as a local file and its raw stats; InputError unless ``raw_jsonl`` validated
+    exactly this file under the current config."""
+    stats_path = display_path(ws.storage.raw_stats_path(ds.name, shard.key))
+    again = f"materialize {ds.name}/raw_jsonl for shard {shard.key} (again)"
+    raw = read_raw_stats(ws.storage, ds, shard.key)
+    if raw is None:
+        raise InputError(
+            f"{stats_path}: missing, written by an older tokenmill or under another config "
+            f"than text_key={ds.text_key!r}, on_bad_record={ds.on_bad_record!r}; {again}"
+        )
+    local = Path(ws.shard(shard).path)  # type: ignore[arg-type]
+    found = {"uri": shard.location, "bytes": local.stat().st_size, "sha256": input_sha256(local)}
+    if found != raw["input"]:
+        raise InputError(
+            f"{shard.location}: {found['bytes']} bytes, sha256 {found['sha256']}, but "
+            f"{stats_path} validated {raw['input']}: the shard changed since; {again}"
+        )
+    return local, raw
+
+
+def write_export_info(
+    storage: StorageResource, ds: DatasetConfig, keys: list[str]
+) -> tuple[Path, list[str]]:
+    """Rewrite ``hf/<ds>/dataset_info.json`` for the shards of ``keys`` (in that order) that
+    have a Parquet file at hand, with each one's input and counts from its raw stats; the path,
+    and the shards left out because their raw stats are not current (``read_raw_stats``)."""
+    parquets, inputs, left_out = [], [], []
+    for key in keys:
+        parquet = storage.parquet_path(ds.name, key)
+        if not parquet.is_file():
+            continue
+        raw = read_raw_stats(storage, ds, key)
+        if raw is None:
+            left_out.append(key)
+            continue
+        parquets.append(parquet)
+        inputs.append({"shard": key, **raw["input"], "counts": {k: raw[k] for k in INFO_COUNTS}})
+    extra = tokenmill_info(inputs, text_key=ds.text_key, on_bad_record=ds.on_bad_record)
+    info = write_dataset_info(storage.hf_dir(ds.name), features_from=parquets, extra=extra)
+    return info, left_out
+
+
 def export_one(
-    ws: Workspace, ds: DatasetConfig, shard: ShardFile, current: list[str]
+    context: AssetExecutionContext,
+    ws: Workspace,
+    ds: DatasetConfig,
+    shard: ShardFile,
+    current: list[str],
 ) -> dict[str, Any]:
-    """Export one shard into the workspace and rewrite ``dataset_info.json``; its metadata."""
+    """Export one validated shard into the workspace and rewrite ``dataset_info.json``; its
+    metadata."""
+    local, raw = validated_shard(ws, ds, shard)
     result = export_shard(
-        ws.shard(shard).path,  # type: ignore[arg-type]
+        local,
         ws.storage.hf_dir(ds.name),
         text_key=ds.text_key,
         on_bad_record=ds.on_bad_record,
-        quarantine_path=ws.storage.quarantine_path(ds.name, shard.key),
         shard=shard.key,
+        write_quarantine=False,
     )
     # On S3 only the Parquet files of this step are at hand (fetching every sibling per shard
     # would be quadratic), so dataset_info.json lists the shards present; the merge rewrites it.
-    parquets = [ws.storage.parquet_path(ds.name, k) for k in current]
-    info = write_dataset_info(
-        ws.storage.hf_dir(ds.name), features_from=[p for p in parquets if p.is_file()]
-    )
+    info, left_out = write_export_info(ws.storage, ds, current)
+    if left_out:
+        context.log.warning(
+            f"{display_path(info)} leaves out shards whose raw stats are not current: "
+            f"{left_out}; materialize {ds.name}/raw_jsonl for them again"
+        )
     return {
         "documents": result.rows,
         "quarantined": result.stats.quarantined,
         "bytes": result.bytes,
         "content_hash": file_sha256(result.parquet_path),
+        "source_sha256": raw["input"]["sha256"],
         "path": path_value(result.parquet_path),
         "dataset_info": path_value(info),
     }
@@ -60,11 +138,12 @@ def build_hf_dataset(ds: DatasetConfig) -> AssetsDefinition:
         description=f"{ds.name} shards as Parquet in the Hugging Face datasets layout.",
     )
     def hf_dataset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
-        shards = source_shards(ds, context.partition_keys, storage.s3_endpoint_url)
+        keys = context.partition_keys
+        shards = source_shards(ds, keys, storage.s3_endpoint_url)
         current = sorted(context.instance.get_dynamic_partitions(partitions_name(ds.name)))
-        with storage.workspace() as ws:
+        with storage.workspace([f"raw/{ds.name}/{key}.stats.json" for key in keys]) as ws:
             return step_result(
-                {key: export_one(ws, ds, shard, current) for key, shard in shards.items()}
+                {key: export_one(context, ws, ds, shard, current) for key, shard in shards.items()}
             )
 
     return hf_dataset

@@ -24,11 +24,11 @@ from dagster import (
     asset,
 )
 
+from assets.hf_export import write_export_info
 from assets.metadata import token_dataset_metadata
 from pipelines.partitions import partitions_name
 from pipelines.resources import StorageResource, display_path
 from tokenmill.errors import FormatError
-from tokenmill.export import write_dataset_info
 from tokenmill.formats.indexed import data_file_path, index_file_path
 from tokenmill.manifest import dataset_content_hash, dataset_manifest_path, read_dataset_manifest
 from tokenmill.merge import merge_datasets, natural_key
@@ -82,8 +82,7 @@ def prune_shards(storage: StorageResource, ds: DatasetConfig, removed: list[str]
 def describe_export(storage: StorageResource, ds: DatasetConfig, keys: list[str]) -> None:
     """Rewrite ``hf/<ds>/dataset_info.json`` for exactly the merged shards (shard runs each
     rewrite it too, but in parallel runs the last writer may have missed a sibling)."""
-    parquets = [storage.parquet_path(ds.name, k) for k in keys]
-    write_dataset_info(storage.hf_dir(ds.name), features_from=[p for p in parquets if p.is_file()])
+    write_export_info(storage, ds, keys)
 
 
 def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -> AssetsDefinition:

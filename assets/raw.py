@@ -1,9 +1,11 @@
 """``<ds>/raw_jsonl``: validate one raw JSONL shard, quarantine its bad lines, record its counts.
 
-Writes ``raw/<ds>/<shard>.stats.json`` and, in quarantine mode,
-``raw/<ds>/<shard>.quarantine.jsonl`` (even when empty, so "no bad lines" is explicit). With
-``on_bad_record: fail`` the first bad line fails the run with ``FILE:LINE: reason``. A backfill
-run validates a range of shards in one step (``assets/shards.py``).
+Writes, in quarantine mode, ``raw/<ds>/<shard>.quarantine.jsonl`` (even when empty, so "no bad
+lines" is explicit; this step is its only writer), then ``raw/<ds>/<shard>.stats.json`` last:
+format version, the input (where it lives, size, sha256), config, counts and the quarantine
+file's size and sha256. With ``on_bad_record: fail`` the first bad line fails the run with
+``FILE:LINE: reason``. A backfill run validates a range of shards in one step
+(``assets/shards.py``).
 """
 
 import contextlib
@@ -23,42 +25,63 @@ from dagster import (
 from assets.metadata import histogram_md, path_value
 from assets.shards import shard_asset, source_shards, step_result
 from pipelines.partitions import shard_partitions
-from pipelines.resources import StorageResource, display_path
+from pipelines.resources import StorageResource
 from pipelines.sources import ShardFile
-from tokenmill._atomic import write_json
+from tokenmill._atomic import file_sha256, write_json
+from tokenmill.errors import InputError
 from tokenmill.ingest import IngestStats, Quarantine, read_jsonl_batches
+from tokenmill.manifest import FORMAT_VERSION, input_sha256
 from tokenmill.recipe import DatasetConfig
 
 
 def validate_shard(
     ds: DatasetConfig, shard: ShardFile, stats_path: Path, quarantine_path: Path
 ) -> tuple[dict[str, Any], np.ndarray]:
-    """Read the whole shard once; write its stats file; return the stats and text lengths."""
-    start = time.perf_counter()
+    """Read the whole shard once; write its quarantine, then its stats file (last); return the
+    stats and text lengths. Nothing in the stats depends on when or where the step ran."""
+    local = Path(shard.path)  # type: ignore[arg-type]
     stats = IngestStats(path=shard.location)
     quarantine = Quarantine(quarantine_path) if ds.on_bad_record == "quarantine" else None
     lengths: list[int] = []
     with quarantine if quarantine is not None else contextlib.nullcontext():
+        before = _stamp(local)
         batches = read_jsonl_batches(
-            shard.path,
+            local,
             text_key=ds.text_key,
             on_bad_record=ds.on_bad_record,
             quarantine=quarantine,
             stats=stats,
+            source_name=shard.location,
         )
         for batch in batches:
             lengths.extend(map(len, batch.texts))
-    record = {
-        **stats.to_dict(),
+        size, sha256 = local.stat().st_size, input_sha256(local)
+        if _stamp(local) != before:
+            raise InputError(f"{shard.location}: changed while being validated; run again")
+    counts = stats.to_dict()
+    del counts["path"]  # the input's uri says where it lives
+    record: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
         "shard": shard.key,
-        "source_fingerprint": shard.fingerprint,
-        "text_key": ds.text_key,
-        "on_bad_record": ds.on_bad_record,
-        "quarantine": display_path(quarantine_path) if quarantine is not None else None,
-        "seconds": round(time.perf_counter() - start, 3),
+        "input": {"uri": shard.location, "bytes": size, "sha256": sha256},
+        "config": {"text_key": ds.text_key, "on_bad_record": ds.on_bad_record},
+        **counts,
+        "quarantine": None,
     }
+    if quarantine is not None:
+        record["quarantine"] = {
+            "file": quarantine_path.name,
+            "bytes": quarantine_path.stat().st_size,
+            "sha256": file_sha256(quarantine_path),
+        }
     write_json(stats_path, record)
     return record, np.asarray(lengths, dtype=np.int64)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    """Size and mtime: a local source rewritten while it is read changes them."""
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
 
 
 def shard_metadata(
@@ -68,9 +91,11 @@ def shard_metadata(
     key = shard.key
     with storage.workspace() as ws:
         stats_path = ws.storage.raw_stats_path(ds.name, key)
-        record, lengths = validate_shard(
-            ds, ws.shard(shard), stats_path, ws.storage.quarantine_path(ds.name, key)
-        )
+        quarantine_path = ws.storage.quarantine_path(ds.name, key)
+        local = ws.shard(shard)
+        start = time.perf_counter()
+        record, lengths = validate_shard(ds, local, stats_path, quarantine_path)
+        seconds = round(time.perf_counter() - start, 3)
         if record["quarantined"]:
             context.log.warning(f"{shard.location}: {record['quarantined']} bad lines quarantined")
         metadata: dict[str, Any] = {
@@ -81,11 +106,13 @@ def shard_metadata(
             bytes=record["bytes_read"],
             source=MetadataValue.path(shard.uri) if shard.uri else path_value(shard.location),
             source_fingerprint=shard.fingerprint,
+            source_sha256=record["input"]["sha256"],
             path=path_value(stats_path),
             length_histogram=histogram_md(lengths, "document length (characters)"),
+            seconds=seconds,
         )
         if record["quarantine"]:
-            metadata["quarantine"] = path_value(record["quarantine"])
+            metadata["quarantine"] = path_value(quarantine_path)
         return metadata
 
 

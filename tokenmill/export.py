@@ -40,10 +40,13 @@ from tokenmill.ingest import (
     read_input_batches,
     shard_name,
 )
+from tokenmill.manifest import FORMAT_VERSION, input_sha256
 
 DEFAULT_ROW_GROUP_ROWS = 1000
 PARQUET_COMPRESSION = "zstd"
 JSON_FIELDS_KEY = b"tokenmill.json_encoded_fields"
+# The counts ``dataset_info.json`` records per input and in total.
+INFO_COUNTS = ("lines", "documents", "blank", "quarantined")
 _CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)
 _HF_DTYPES = {"double": "float64", "float": "float32", "halffloat": "float16"}
 
@@ -85,7 +88,8 @@ class _Plan:
 
 
 class _AlreadyQuarantined(Quarantine):
-    """Second-pass sink: the first pass already wrote these lines, so only count them."""
+    """A sink that only counts bad lines: they were quarantined by the first pass, or by the
+    validation step that owns the quarantine file (``write_quarantine=False``)."""
 
     def add(self, source: str, line: int, reason: str, raw: bytes) -> None:
         self._count += 1
@@ -222,30 +226,41 @@ def export_shard(
     quarantine_path: str | os.PathLike[str] | None = None,
     shard: str | None = None,
     row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+    write_quarantine: bool = True,
 ) -> ExportResult:
     """Write ``output_dir/data/<shard>.parquet`` atomically from one input shard.
 
     Bad lines raise ``BadRecordError`` (``fail``) or go to ``quarantine_path`` (default
     ``output_dir/<shard>.quarantine.jsonl``) which is written, even empty, in ``quarantine`` mode.
-    Nothing is left at the output path when the export fails.
+    With ``write_quarantine=False`` they are only counted and skipped: a validation step that
+    read the same shard owns its quarantine file. Nothing is left at the output path when the
+    export fails.
     """
     if on_bad_record not in ON_BAD_RECORD:
         raise ConfigError(f"on_bad_record={on_bad_record!r}: expected one of {ON_BAD_RECORD}")
     if row_group_rows < 1:
         raise ConfigError(f"row_group_rows={row_group_rows}: must be at least 1")
+    if quarantine_path is not None and not write_quarantine:
+        raise ConfigError(
+            f"quarantine_path={quarantine_path}: given with write_quarantine=False, which "
+            "writes no quarantine file"
+        )
     shard = shard_name(input_path) if shard is None else shard
     _check_shard(shard)
     final = Path(output_dir) / "data" / f"{shard}.parquet"
     qpath = None
-    if on_bad_record == "quarantine":
+    if on_bad_record == "quarantine" and write_quarantine:
         qpath = Path(quarantine_path or Path(output_dir) / f"{shard}.quarantine.jsonl")
     quarantine = Quarantine(qpath) if qpath is not None else None
+    sink = quarantine
+    if on_bad_record == "quarantine" and quarantine is None:
+        sink = _AlreadyQuarantined(os.devnull)
     stats = IngestStats(path=os.fspath(input_path))
     created = [d for d in (final.parent, *final.parent.parents) if not d.exists()]
     tmp = temp_path_for(final)
     try:
         plan = _Plan(text_key)
-        for batch in _read(input_path, text_key, on_bad_record, quarantine, stats):
+        for batch in _read(input_path, text_key, on_bad_record, sink, stats):
             _learn(plan, batch.records or [])
         final.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(final)
@@ -360,3 +375,36 @@ def write_dataset_info(
     target = out / "dataset_info.json"
     write_bytes(target, (json.dumps(info, indent=2) + "\n").encode("utf-8"))
     return target
+
+
+def export_input(
+    shard: str, uri: str, path: str | os.PathLike[str], stats: IngestStats
+) -> dict[str, Any]:
+    """One input of an export as ``dataset_info.json`` records it: ``{shard, uri, bytes,
+    sha256, counts}`` (a folder: its files' total size and ``input_sha256``)."""
+    path = Path(path)
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+    return {
+        "shard": shard,
+        "uri": uri,
+        "bytes": sum(p.stat().st_size for p in files),
+        "sha256": input_sha256(path),
+        "counts": {key: getattr(stats, key) for key in INFO_COUNTS},
+    }
+
+
+def tokenmill_info(
+    inputs: list[dict[str, Any]], *, text_key: str, on_bad_record: str
+) -> dict[str, Any]:
+    """``{"tokenmill": ...}`` for ``write_dataset_info(extra=...)``: format version, the inputs
+    (``export_input`` records, in shard order), the config and the counts summed over them.
+    One extra top-level key, which ``datasets`` ignores."""
+    counts = {key: sum(int(i["counts"][key]) for i in inputs) for key in INFO_COUNTS}
+    return {
+        "tokenmill": {
+            "format_version": FORMAT_VERSION,
+            "inputs": inputs,
+            "config": {"text_key": text_key, "on_bad_record": on_bad_record},
+            "counts": {"shards": len(inputs), **counts},
+        }
+    }

@@ -316,23 +316,30 @@ def read_jsonl_batches(
     stats: IngestStats | None = None,
     batch_bytes: int = 4 << 20,
     keep_records: bool = False,
+    source_name: str | None = None,
 ) -> Iterator[Batch]:
     """Stream a ``.jsonl``/``.jsonl.gz``/``.jsonl.zst`` file as batches of good records.
 
     Memory is bounded by ``batch_bytes`` (plus the longest line). Bad lines raise
     ``BadRecordError`` (``on_bad_record="fail"``) or go to ``quarantine``; a corrupt or truncated
     compressed stream raises ``InputError`` naming the file. ``stats`` is filled as it goes.
+    ``source_name`` (default: ``path``) is how bad lines name their file, in quarantine records
+    and errors: e.g. the ``s3://`` URI of a shard read from a local copy.
     """
     check_bad_record_mode(on_bad_record, quarantine)
     name = os.fspath(path)
     if not name.endswith(JSONL_SUFFIXES):
         raise ConfigError(f"{name}: unsupported JSONL file name; expected one of {JSONL_SUFFIXES}")
     st = stats if stats is not None else IngestStats(path=name)
-    return _jsonl_batches(name, text_key, on_bad_record, quarantine, st, batch_bytes, keep_records)
+    source = name if source_name is None else source_name
+    return _jsonl_batches(
+        name, source, text_key, on_bad_record, quarantine, st, batch_bytes, keep_records
+    )
 
 
 def _jsonl_batches(
     name: str,
+    source: str,
     text_key: str,
     on_bad_record: str,
     quarantine: Quarantine | None,
@@ -340,7 +347,8 @@ def _jsonl_batches(
     batch_bytes: int,
     keep_records: bool,
 ) -> Iterator[Batch]:
-    """The fast path: orjson per line, everything else only for lines it rejects."""
+    """The fast path: orjson per line, everything else only for lines it rejects; bad lines are
+    reported as lines of ``source``."""
     loads = orjson.loads
     decode_errors = (orjson.JSONDecodeError, TypeError, KeyError)
     for first_no, lines in _line_chunks(_blocks(name, max(batch_bytes, 1)), st):
@@ -363,7 +371,7 @@ def _jsonl_batches(
                 records.append(obj)
         st.lines += len(lines)
         for i in bad:
-            _handle_bad(name, lines[i], first_no + i, text_key, on_bad_record, quarantine, st)
+            _handle_bad(source, lines[i], first_no + i, text_key, on_bad_record, quarantine, st)
         if texts:
             st.documents += len(texts)
             st.empty_documents += texts.count("")

@@ -15,8 +15,16 @@ import pytest
 from tokenmill._atomic import file_sha256
 from tokenmill.cli import main
 from tokenmill.errors import BadRecordError, ConfigError, InputError
-from tokenmill.export import JSON_FIELDS_KEY, export_shard, hf_feature, write_dataset_info
+from tokenmill.export import (
+    JSON_FIELDS_KEY,
+    export_input,
+    export_shard,
+    hf_feature,
+    tokenmill_info,
+    write_dataset_info,
+)
 from tokenmill.ingest import read_input_batches
+from tokenmill.manifest import FORMAT_VERSION
 
 RECORDS: list[dict[str, Any]] = [
     {"text": "first", "id": 1, "score": 0.5, "meta": {"lang": "en", "tags": ["a", "b"]}},
@@ -99,15 +107,17 @@ def test_loadable_by_datasets_with_dataset_info(tmp_path: Path, monkeypatch: Any
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True, raising=False)
     out = tmp_path / "hf"
     more = [{**r, "text": r["text"] + "!"} for r in RECORDS]
+    inputs = []
     for name, records, mode in (
         ("part-00000", RECORDS, "fail"),
         ("part-00001", more, "quarantine"),
     ):
-        export_shard(
-            jsonl(tmp_path / f"{name}.jsonl.gz", records, gz=True), out, on_bad_record=mode
-        )
+        src = jsonl(tmp_path / f"{name}.jsonl.gz", records, gz=True)
+        res = export_shard(src, out, on_bad_record=mode)
+        inputs.append(export_input(name, f"s3://b/{src.name}", src, res.stats))
     assert (out / "part-00001.quarantine.jsonl").read_bytes() == b""
-    info_path = write_dataset_info(out, extra={"tokenmill": {"text_key": "text"}})
+    extra = tokenmill_info(inputs, text_key="text", on_bad_record="quarantine")
+    info_path = write_dataset_info(out, extra=extra)
     info = json.loads(info_path.read_text())
     files = sorted((out / "data").glob("*.parquet"))
     ds = datasets.load_dataset(
@@ -123,7 +133,14 @@ def test_loadable_by_datasets_with_dataset_info(tmp_path: Path, monkeypatch: Any
     ]
     assert [s["sha256"] for s in info["shards"]] == [file_sha256(f) for f in files]
     assert info["download_size"] == sum(f.stat().st_size for f in files)
-    assert info["tokenmill"] == {"text_key": "text"}
+    assert info["tokenmill"] == extra["tokenmill"]
+    assert info["tokenmill"]["counts"] == {
+        "shards": 2,
+        "lines": 8,
+        "documents": 8,
+        "blank": 0,
+        "quarantined": 0,
+    }
     whole = datasets.load_dataset(str(out), split="train", cache_dir=str(tmp_path / "c2"))
     assert whole.num_rows == 8
 
@@ -250,7 +267,9 @@ def test_cli_export(tmp_path: Path, capsys: Any) -> None:
     assert main(["export", "--input", str(good), "--output-dir", str(out)]) == 0
     info = json.loads((out / "dataset_info.json").read_text())
     assert info["splits"]["train"]["num_examples"] == 4
-    assert info["tokenmill"]["ingest"]["good"]["documents"] == 4
+    [source] = info["tokenmill"]["inputs"]
+    assert (source["shard"], source["counts"]["documents"]) == ("good", 4)
+    assert (source["uri"], source["sha256"]) == (str(good.resolve()), file_sha256(good))
     assert "good.jsonl: 4 lines, 4 documents (1 empty)" in capsys.readouterr().out
 
     bad = tmp_path / "bad.jsonl"
@@ -265,6 +284,75 @@ def test_cli_export(tmp_path: Path, capsys: Any) -> None:
     assert main([*args, "quarantine"]) == 0
     assert "1 quarantined" in capsys.readouterr().out
     assert (fresh / "bad.quarantine.jsonl").is_file() and (fresh / "data" / "bad.parquet").is_file()
+
+
+def test_cli_dataset_info_records_inputs_config_counts(
+    tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    (tmp_path / "in").mkdir()
+    good = jsonl(tmp_path / "in" / "b-good.jsonl", RECORDS)
+    mixed = tmp_path / "in" / "a-mixed.jsonl.gz"
+    mixed.write_bytes(gzip.compress(b'{"text": "x"}\n[1]\n\n{"text": "y"}\n', mtime=0))
+    runs = []
+    for out, cwd, names in (
+        (tmp_path / "o1", tmp_path / "in", ["b-good.jsonl", "a-mixed.jsonl.gz"]),
+        (tmp_path / "o2", tmp_path, ["in/a-mixed.jsonl.gz", "in/b-good.jsonl"]),
+    ):
+        monkeypatch.chdir(cwd)
+        argv = ["export", "--input", *names, "--output-dir", str(out), "--on-bad-record"]
+        assert main([*argv, "quarantine"]) == 0
+        runs.append((out / "dataset_info.json").read_bytes())
+    capsys.readouterr()
+    assert runs[0] == runs[1]  # same inputs and config, whatever the cwd or argument order
+    info = json.loads(runs[0])["tokenmill"]
+    assert (info["format_version"], info["config"]) == (
+        FORMAT_VERSION,
+        {"text_key": "text", "on_bad_record": "quarantine"},
+    )
+    assert info["inputs"] == [
+        {
+            "shard": src.name.split(".")[0],
+            "uri": str(src.resolve()),
+            "bytes": src.stat().st_size,
+            "sha256": file_sha256(src),
+            "counts": counts,
+        }
+        for src, counts in (
+            (mixed, {"lines": 4, "documents": 2, "blank": 1, "quarantined": 1}),
+            (good, {"lines": 4, "documents": 4, "blank": 0, "quarantined": 0}),
+        )
+    ]
+    assert info["counts"] == {"shards": 2, "lines": 8, "documents": 6, "blank": 1, "quarantined": 1}
+
+
+def test_write_quarantine_false_counts_and_skips_bad_lines(tmp_path: Path) -> None:
+    src = tmp_path / "q.jsonl"
+    src.write_bytes(b'{"text": "a", "n": 1}\n\n[1]\n{"text": "b"}\n{"n": 2}\n')
+    owned = tmp_path / "raw" / "q.quarantine.jsonl"
+    owned.parent.mkdir()
+    owned.write_bytes(b"written by the validation step\n")
+    before = owned.stat()
+    res = export_shard(src, tmp_path / "hf", on_bad_record="quarantine", write_quarantine=False)
+    st = res.stats
+    assert (st.lines, st.documents, st.quarantined, st.blank, res.quarantine_path) == (
+        5,
+        2,
+        2,
+        1,
+        None,
+    )
+    assert sorted(p.name for p in (tmp_path / "hf").rglob("*")) == ["data", "q.parquet"]
+    after = owned.stat()
+    assert (after.st_ino, after.st_mtime_ns, owned.read_bytes()) == (
+        before.st_ino,
+        before.st_mtime_ns,
+        b"written by the validation step\n",
+    )
+    written = export_shard(src, tmp_path / "hf2", on_bad_record="quarantine")
+    assert written.parquet_path.read_bytes() == res.parquet_path.read_bytes()
+    with pytest.raises(ConfigError, match=re.escape("given with write_quarantine=False")):
+        export_shard(src, tmp_path / "hf3", quarantine_path=owned, write_quarantine=False)
+    assert not (tmp_path / "hf3").exists()
 
 
 @pytest.mark.parametrize(

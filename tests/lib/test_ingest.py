@@ -119,6 +119,22 @@ def test_quarantine_mode_catalogue(tmp_path: Path, suffix: str) -> None:
     assert quarantine.count == len(CATALOGUE)
 
 
+def test_source_name_names_bad_lines_of_a_local_copy(tmp_path: Path) -> None:
+    path = write(tmp_path / "copy.jsonl.gz", b"\n".join([GOOD, b"[1]", GOOD]) + b"\n")
+    uri = "s3://bucket/sources/part-1.jsonl.gz"
+    quarantine = Quarantine(tmp_path / "q.jsonl")
+    batches, stats = read_all(
+        path, on_bad_record="quarantine", quarantine=quarantine, source_name=uri
+    )
+    quarantine.commit()
+    (entry,) = [json.loads(x) for x in quarantine.path.read_text().splitlines()]
+    assert (entry["source"], entry["line"], texts_of(batches)) == (uri, 2, ["good", "good"])
+    assert str(tmp_path) not in quarantine.path.read_text()
+    assert (stats.path, stats.quarantined) == (str(path), 1)  # the caller's stats: unchanged
+    with pytest.raises(BadRecordError, match=re.escape(f"{uri}:2: line is not a JSON object")):
+        read_all(path, source_name=uri)
+
+
 def test_valid_surrogate_pair_and_unicode_are_good(tmp_path: Path) -> None:
     data = '{"text": "\\ud83d\\ude00"}\n{"text": "héllo ✓"}\n'.encode()
     batches, _ = read_all(write(tmp_path / "a.jsonl", data))

@@ -3,6 +3,7 @@ a persistent S3 error fails cleanly; credentials never reach metadata or logs.""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 from pathlib import Path
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize
+from pipeline_project import BAD_LINES, write_shard
 from prod_servers import S3
 
 from assets.factory import build_assets
@@ -281,6 +283,71 @@ def test_materialize_a_local_root_from_s3_sources(s3: S3, gpt2_dir: Path, tmp_pa
     with DagsterInstance.ephemeral() as instance:
         assert materialize_recipe(recipe, instance) == 0
     stats = json.loads((tmp_path / "data/raw/docs/part-00001.stats.json").read_text())
-    assert stats["path"] == f"s3://{s3.bucket}/sources/docs/part-00001.jsonl"
+    assert stats["input"]["uri"] == f"s3://{s3.bucket}/sources/docs/part-00001.jsonl"
     blend = open_blend(tmp_path / "data/blends/mix/manifest.json", "train", verify="full")
     assert len(blend) == 100
+
+
+def test_raw_and_hf_artifacts_on_s3_name_s3_and_repeat_byte_identical(
+    s3: S3, gpt2_dir: Path, tmp_path: Path
+) -> None:
+    recipe = s3_recipe(tmp_path, s3, gpt2_dir, s3.bucket)
+    local = write_shard(
+        tmp_path / "extra.jsonl", [{"text": f"doc {i}"} for i in range(5)], BAD_LINES
+    )
+    data = local.read_bytes()
+    s3.client.put_object(Bucket=s3.bucket, Key="sources/docs/extra-00000.jsonl", Body=data)
+    uri = f"s3://{s3.bucket}/sources/docs/extra-00000.jsonl"
+    work = tmp_path / "work"
+    assets, checks = build_assets(recipe)
+    resources = resources_for(recipe)
+    resources["storage"] = StorageResource(
+        root=recipe.storage.root, s3_endpoint_url=s3.endpoint, work_dir=str(work)
+    )
+    names = [
+        "raw/docs/extra-00000.stats.json",
+        "raw/docs/extra-00000.quarantine.jsonl",
+        "hf/docs/dataset_info.json",
+    ]
+
+    def get(name: str) -> bytes:
+        return s3.client.get_object(Bucket=s3.bucket, Key=f"root/{name}")["Body"].read()
+
+    def run(*stages: str) -> None:
+        result = materialize(
+            [*assets, *checks],
+            instance=instance,
+            resources=resources,
+            partition_key="extra-00000",
+            selection=[AssetKey(["docs", stage]) for stage in stages],
+        )
+        assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
+
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(partitions_name("docs"), ["extra-00000"])
+        run("raw_jsonl", "hf_dataset")
+        first = {name: get(name) for name in names}
+        # The hf step is no writer of the quarantine: deleted, it stays deleted.
+        s3.client.delete_object(Bucket=s3.bucket, Key=f"root/{names[1]}")
+        run("hf_dataset")
+        assert f"root/{names[1]}" not in s3.keys("root/raw/")
+        run("raw_jsonl", "hf_dataset")
+        assert {name: get(name) for name in names} == first
+    stats, quarantine, info = (first[name] for name in names)
+    for body in first.values():
+        assert b"tokenmill-work-" not in body and str(work).encode() not in body
+    sha256 = hashlib.sha256
+    record = json.loads(stats)
+    assert record["input"] == {"uri": uri, "bytes": len(data), "sha256": sha256(data).hexdigest()}
+    assert record["quarantine"] == {
+        "file": "extra-00000.quarantine.jsonl",
+        "bytes": len(quarantine),
+        "sha256": sha256(quarantine).hexdigest(),
+    }
+    bad = [json.loads(line) for line in quarantine.splitlines()]
+    assert [(b["line"], b["source"]) for b in bad] == [(n, uri) for n in (2, 3, 4)]
+    inputs = json.loads(info)["tokenmill"]["inputs"]
+    assert [(i["shard"], i["uri"], i["sha256"]) for i in inputs] == [
+        ("extra-00000", uri, sha256(data).hexdigest())
+    ]
+    assert list(work.iterdir()) == []

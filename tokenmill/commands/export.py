@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from tokenmill.errors import ConfigError
-from tokenmill.export import export_shard, write_dataset_info
+from tokenmill.export import export_input, export_shard, tokenmill_info, write_dataset_info
 from tokenmill.ingest import ON_BAD_RECORD, shard_name
 
 
@@ -47,8 +47,9 @@ def _shards(inputs: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Export every input, print one summary line per shard, then write dataset_info.json."""
-    ingest = {}
+    """Export every input, print one summary line per shard, then write dataset_info.json
+    (with each input's absolute path, size and sha256 under ``tokenmill``)."""
+    inputs = []
     for shard, path in _shards(args.input).items():
         res = export_shard(
             path,
@@ -58,15 +59,15 @@ def run(args: argparse.Namespace) -> int:
             shard=shard,
         )
         st = res.stats
-        ingest[shard] = st.to_dict()
+        inputs.append(export_input(shard, str(Path(path).resolve()), path, st))
         note = f" -> {res.quarantine_path}" if res.quarantine_path else ""
         print(
             f"{path}: {st.lines} lines, {st.documents} documents ({st.empty_documents} empty), "
             f"{st.blank} blank, {st.quarantined} quarantined{note}; "
             f"wrote {res.parquet_path} ({res.rows} rows, {res.bytes} bytes)"
         )
-    info = write_dataset_info(
-        Path(args.output_dir), extra={"tokenmill": {"text_key": args.text_key, "ingest": ingest}}
-    )
+    inputs.sort(key=lambda i: f"{i['shard']}.parquet")  # the order of dataset_info's shards
+    extra = tokenmill_info(inputs, text_key=args.text_key, on_bad_record=args.on_bad_record)
+    info = write_dataset_info(Path(args.output_dir), extra=extra)
     print(f"wrote {info}")
     return 0

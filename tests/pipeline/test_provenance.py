@@ -1,0 +1,224 @@
+"""Raw stats, quarantine and ``dataset_info.json``: what they record (format version, inputs with
+sha256, config, counts, the quarantine's size and sha256), byte-identical reruns, and exactly one
+writer of each file (the hf step never touches the quarantine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dagster import AssetKey, AssetsDefinition, DagsterInstance, build_asset_context
+
+from assets.factory import build_assets
+from pipelines.build import resources_for
+from pipelines.partitions import partitions_name
+from pipelines.resources import StorageResource
+from tokenmill._atomic import file_sha256
+from tokenmill.errors import InputError
+from tokenmill.manifest import FORMAT_VERSION
+from tokenmill.recipe import Recipe
+
+SHARD = "extra-00000"  # docs: 10 documents and 3 bad lines (pipeline_project.BAD_LINES)
+
+
+def run(
+    recipe: Recipe,
+    resources: dict[str, object],
+    instance: DagsterInstance,
+    key: list[str],
+    *part: str,
+) -> Any:
+    """Invoke one asset's function the way a run would (a shard asset: for ``part``)."""
+    assets: dict[AssetKey, AssetsDefinition] = {a.key: a for a in build_assets(recipe)[0]}
+    with build_asset_context(
+        resources=resources, instance=instance, partition_key=part[0] if part else None
+    ) as context:
+        return assets[AssetKey(key)](context)
+
+
+def files(storage: StorageResource, ds: str, shard: str) -> dict[str, bytes]:
+    """The bytes of a shard's stats and quarantine and of the dataset's dataset_info.json."""
+    paths = (
+        storage.raw_stats_path(ds, shard),
+        storage.quarantine_path(ds, shard),
+        storage.hf_dir(ds) / "dataset_info.json",
+    )
+    return {p.name: p.read_bytes() for p in paths if p.is_file()}
+
+
+def stamp(path: Path) -> tuple[int, int, bytes]:
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns, path.read_bytes()
+
+
+@pytest.fixture
+def storage(resources: dict[str, object]) -> StorageResource:
+    store = resources["storage"]
+    assert isinstance(store, StorageResource)
+    return store
+
+
+def test_raw_stats_record_input_config_counts_and_quarantine(
+    recipe: Recipe,
+    resources: dict[str, object],
+    instance: DagsterInstance,
+    storage: StorageResource,
+) -> None:
+    instance.add_dynamic_partitions(partitions_name("docs"), [SHARD])
+    run(recipe, resources, instance, ["docs", "raw_jsonl"], SHARD)
+    source = Path(recipe.dataset("docs").source) / f"{SHARD}.jsonl"
+    quarantine = storage.quarantine_path("docs", SHARD)
+    stats = json.loads(storage.raw_stats_path("docs", SHARD).read_text())
+    assert stats == {
+        "format_version": FORMAT_VERSION,
+        "shard": SHARD,
+        "input": {
+            "uri": str(source),
+            "bytes": source.stat().st_size,
+            "sha256": file_sha256(source),
+        },
+        "config": {"text_key": "text", "on_bad_record": "quarantine"},
+        "lines": 13,
+        "documents": 10,
+        "empty_documents": 0,
+        "blank": 0,
+        "quarantined": 3,
+        "bytes_read": source.stat().st_size,
+        "bom": False,
+        "crlf_lines": 0,
+        "missing_final_newline": False,
+        "quarantine": {
+            "file": quarantine.name,
+            "bytes": quarantine.stat().st_size,
+            "sha256": file_sha256(quarantine),
+        },
+    }
+    records = [json.loads(line) for line in quarantine.read_text().splitlines()]
+    assert [(r["line"], r["source"]) for r in records] == [(n, str(source)) for n in (2, 3, 4)]
+
+
+def test_fail_mode_stats_name_no_quarantine(make_recipe: Any, instance: DagsterInstance) -> None:
+    recipe = make_recipe(datasets={"code": {"source": "sources/code", "on_bad_record": "fail"}})
+    resources = resources_for(recipe)
+    storage = resources["storage"]
+    assert isinstance(storage, StorageResource)
+    instance.add_dynamic_partitions(partitions_name("code"), ["part-00001"])
+    run(recipe, resources, instance, ["code", "raw_jsonl"], "part-00001")
+    stats = json.loads(storage.raw_stats_path("code", "part-00001").read_text())
+    source = Path(recipe.dataset("code").source) / "part-00001.jsonl.gz"
+    assert stats["input"] == {
+        "uri": str(source),
+        "bytes": source.stat().st_size,
+        "sha256": file_sha256(source),
+    }
+    assert (stats["config"]["on_bad_record"], stats["quarantine"]) == ("fail", None)
+    assert not storage.quarantine_path("code", "part-00001").exists()
+
+
+def test_same_shard_twice_gives_identical_files_and_hf_never_writes_the_quarantine(
+    recipe: Recipe,
+    resources: dict[str, object],
+    instance: DagsterInstance,
+    storage: StorageResource,
+) -> None:
+    instance.add_dynamic_partitions(partitions_name("docs"), [SHARD])
+    source = Path(recipe.dataset("docs").source) / f"{SHARD}.jsonl"
+    quarantine = storage.quarantine_path("docs", SHARD)
+    runs = []
+    for attempt in range(2):
+        if attempt:  # same bytes, new mtime: a new source fingerprint, the same artifacts
+            st = source.stat()
+            os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        run(recipe, resources, instance, ["docs", "raw_jsonl"], SHARD)
+        written = stamp(quarantine)
+        hf = run(recipe, resources, instance, ["docs", "hf_dataset"], SHARD)
+        assert stamp(quarantine) == written  # one writer: the raw stage
+        assert (hf.metadata["documents"], hf.metadata["quarantined"]) == (10, 3)
+        runs.append(files(storage, "docs", SHARD))
+    assert sorted(runs[0]) == [
+        "dataset_info.json",
+        f"{SHARD}.quarantine.jsonl",
+        f"{SHARD}.stats.json",
+    ]
+    assert runs[0] == runs[1]
+    assert sorted(p.name for p in quarantine.parent.iterdir()) == sorted(
+        [quarantine.name, f"{SHARD}.stats.json"]
+    )
+    info = json.loads(runs[0]["dataset_info.json"])["tokenmill"]
+    assert info == {
+        "format_version": FORMAT_VERSION,
+        "inputs": [
+            {
+                "shard": SHARD,
+                "uri": str(source),
+                "bytes": source.stat().st_size,
+                "sha256": file_sha256(source),
+                "counts": {"lines": 13, "documents": 10, "blank": 0, "quarantined": 3},
+            }
+        ],
+        "config": {"text_key": "text", "on_bad_record": "quarantine"},
+        "counts": {"shards": 1, "lines": 13, "documents": 10, "blank": 0, "quarantined": 3},
+    }
+
+
+def test_hf_exports_only_the_file_raw_validated(
+    recipe: Recipe,
+    resources: dict[str, object],
+    instance: DagsterInstance,
+    storage: StorageResource,
+) -> None:
+    instance.add_dynamic_partitions(partitions_name("docs"), [SHARD])
+    stats = storage.raw_stats_path("docs", SHARD)
+    with pytest.raises(
+        InputError, match=re.escape(f"{stats}: missing, ") + ".*materialize docs/raw_jsonl"
+    ):
+        run(recipe, resources, instance, ["docs", "hf_dataset"], SHARD)
+    run(recipe, resources, instance, ["docs", "raw_jsonl"], SHARD)
+    written = stamp(storage.quarantine_path("docs", SHARD))
+    source = Path(recipe.dataset("docs").source) / f"{SHARD}.jsonl"
+    source.write_bytes(source.read_bytes() + b'{"text": "appended later"}\n')
+    with pytest.raises(InputError, match=r"the shard changed since; materialize docs/raw_jsonl"):
+        run(recipe, resources, instance, ["docs", "hf_dataset"], SHARD)
+    assert not storage.parquet_path("docs", SHARD).exists()
+    assert stamp(storage.quarantine_path("docs", SHARD)) == written
+
+
+def test_dataset_info_lists_every_merged_shard_with_its_input(
+    recipe: Recipe,
+    resources: dict[str, object],
+    instance: DagsterInstance,
+    storage: StorageResource,
+) -> None:
+    keys = ["part-00000", "part-00001"]
+    instance.add_dynamic_partitions(partitions_name("code"), keys)
+    for key in keys:
+        for stage in ("raw_jsonl", "hf_dataset", "tokens"):
+            run(recipe, resources, instance, ["code", stage], key)
+    run(recipe, resources, instance, ["code", "merged"])
+    path = storage.hf_dir("code") / "dataset_info.json"
+    info = json.loads(path.read_text())
+    sources = [
+        Path(recipe.dataset("code").source) / n for n in ("part-00000.jsonl", "part-00001.jsonl.gz")
+    ]
+    block = info["tokenmill"]
+    assert [(i["shard"], i["uri"], i["sha256"]) for i in block["inputs"]] == [
+        (k, str(s), file_sha256(s)) for k, s in zip(keys, sources, strict=True)
+    ]
+    assert [s["file"] for s in info["shards"]] == [f"data/{k}.parquet" for k in keys]
+    counts = block["counts"]
+    assert counts["documents"] == info["splits"]["train"]["num_examples"] == 24
+    assert counts["lines"] - counts["blank"] == counts["documents"] + counts["quarantined"]
+
+    # A sibling whose raw stats predate this format is left out (and logged), not guessed at.
+    old = storage.raw_stats_path("code", "part-00001")
+    record = json.loads(old.read_text())
+    del record["format_version"]
+    old.write_text(json.dumps(record))
+    run(recipe, resources, instance, ["code", "hf_dataset"], "part-00000")
+    info = json.loads(path.read_text())
+    assert [s["file"] for s in info["shards"]] == ["data/part-00000.parquet"]
+    assert [i["shard"] for i in info["tokenmill"]["inputs"]] == ["part-00000"]
