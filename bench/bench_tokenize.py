@@ -19,7 +19,9 @@ starting Python with numpy, constructing the fastest engine, parsing the JSON li
 ``text`` only) and hashing the ``.bin`` and the input for the manifest. From those and the best
 floor's wall and CPU seconds, the lower bound for any such run on this machine is the larger of
 the chain start-up + engine + floor wall (each needs the one before it) and all that CPU spread
-over every core without a gap. It tells whether a ratio target is reachable here at all.
+over every core without a gap. It tells whether a ratio target is reachable here at all. For
+context it also times gigatoken's own JSONL reader (JSON parsed in Rust), which is fast but
+inexact on bad lines (``gigatoken_reader``).
 
     python bench/bench_tokenize.py [--mb 20] [--repeat 3] [--workers 1,2] [--rss-mb 100]
     python bench/bench_tokenize.py --mb 200 --floors gigatoken --name tokenize-200mb
@@ -106,6 +108,22 @@ def floor_gigatoken(tok_dir: Path, texts: list[str]) -> Floor:
 
 
 FLOORS = {"hf": floor_hf, "tiktoken": floor_tiktoken, "gigatoken": floor_gigatoken}
+
+
+def gigatoken_reader(tok_dir: Path, corpus: Path) -> Floor:
+    """gigatoken's own file path (``encode_files`` over ``JsonlFileSource``: JSON parsed in
+    Rust on its thread pool). Context only: gigatoken 0.10's reader silently ends the file at a
+    bad line (not an object, text missing or not a string, invalid UTF-8, a lone surrogate, a
+    raw control character, a whitespace-only line, a BOM), still yields the text of an
+    unterminated object and takes the first of duplicate keys, so no exact run can use it."""
+    import gigatoken
+
+    tok = gigatoken.Tokenizer(str(tok_dir))
+    cpu, start = time.process_time(), time.perf_counter()
+    rows = tok.encode_files(gigatoken.JsonlFileSource([str(corpus)], "text"))
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    offsets = np.asarray(rows.layout.offsets.data)
+    return seconds, cpu, np.asarray(rows.layout.content.data, dtype=np.uint32), np.diff(offsets)
 
 
 def tree_memory(proc: psutil.Process) -> tuple[int, int]:
@@ -269,6 +287,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             "unavoidable": [],
             "ours": {w: [] for w in args.workers},
             "in_process": {w: [] for w in args.workers},
+            "engine_reader": [],
         }
         results[name]["engine_verdicts"] = info.verdicts
     for rep in range(args.repeat):
@@ -281,6 +300,11 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 results[name]["floors_cpu"][engine].append(cpu)
                 if not (np.array_equal(flat, first[2]) and np.array_equal(lengths, first[3])):
                     raise RuntimeError(f"{name}: floor {engine} disagrees with {args.floors[0]}")
+            if "gigatoken" in args.floors:
+                seconds, cpu, flat, lengths = gigatoken_reader(tok_dir, corpus)
+                if not (np.array_equal(flat, first[2]) and np.array_equal(lengths, first[3])):
+                    raise RuntimeError(f"{name}: gigatoken's JSONL reader disagrees with the floor")
+                results[name]["engine_reader"].append({"wall": seconds, "cpu": cpu})
             expected = expected_tokens(first[2], first[3], info.eod_id, info.dtype)
             results[name]["unavoidable"].append(unavoidable_work(corpus, info, expected))
             for w in args.workers:
@@ -365,6 +389,20 @@ def report(data: dict[str, Any], workers: list[int]) -> None:
                         f"{wall / best:.2f}x ({min(r['wall'] for r in runs) / best:.2f}x)",
                     ]
                 )
+        if res.get("engine_reader"):
+            runs = res["engine_reader"]
+            wall = statistics.median(r["wall"] for r in runs)
+            rows.append(
+                [
+                    name,
+                    "gigatoken's JSONL reader (inexact on bad lines; context)",
+                    f"{wall:.3f} ({min(r['wall'] for r in runs):.3f})",
+                    f"{statistics.median(r['cpu'] for r in runs):.2f}",
+                    f"{size / wall:.0f}",
+                    "",
+                    f"{wall / best:.2f}x",
+                ]
+            )
         bound = res["lower_bound"]
         rows.append(
             [

@@ -119,6 +119,20 @@ def tokenize_rows(data: dict[str, Any]) -> list[Row]:
                         wall / best <= 1.5 if what == "CLI" else None,
                     )
                 )
+        reader = res.get("engine_reader")
+        if reader:
+            wall = _median([r["wall"] for r in reader])
+            rows.append(
+                _row(
+                    f"tokenize {size:.0f} MB, {name}",
+                    "gigatoken's own JSONL reader + encode (context: drops or misreads bad lines)",
+                    f"{wall:.2f} s ({_median([r['cpu'] for r in reader]):.2f} s)",
+                    f"{best:.2f} s ({engine} encode floor)",
+                    f"{wall / best:.1f}×",
+                    "",
+                    None,
+                )
+            )
         bound = res.get("lower_bound")
         if bound is not None:
             rows.append(

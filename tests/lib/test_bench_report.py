@@ -51,6 +51,7 @@ def fake_tokenize() -> dict[str, Any]:
                 "ours": {"1": runs, "2": [{**r, "wall": 0.4} for r in runs]},
                 "in_process": {"1": [{"wall": 0.45, "cpu": 0.5}]},
                 "lower_bound": {"cores": 2, "seconds": 0.48},
+                "engine_reader": [{"wall": w, "cpu": 2 * w} for w in (0.36, 0.33, 0.5)],
             }
         },
         "rss": {"bytes": 100_000_000, "corpus": "c.jsonl", "gpt2-w1": {"rss_mb": 210.0}},
@@ -150,6 +151,8 @@ def test_tokenize_rows_compare_medians_with_the_best_floor() -> None:
     assert (rss["ours"], rss["met"]) == ("210 MB", True)
     (bound,) = [row for key, row in rows.items() if key[1].startswith("lower bound")]
     assert (bound["ours"], bound["ratio"], bound["met"]) == ("0.48 s", "1.6×", False)
+    (reader,) = [row for key, row in rows.items() if key[1].startswith("gigatoken's own")]
+    assert (reader["ours"], reader["ratio"], reader["met"]) == ("0.36 s (0.72 s)", "1.2×", None)
 
 
 def test_tokenize_lower_bound_is_the_larger_of_chain_and_cpu_spread() -> None:
