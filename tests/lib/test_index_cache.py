@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +171,9 @@ def test_full_verification_detects_a_changed_byte(dataset, tmp_path):
 
 
 # -- concurrency -------------------------------------------------------------------------------
+RANK_TIMEOUT = 300  # seconds: a hung rank fails the test instead of the whole run
+
+
 def _rank(args: tuple[str, str, multiprocessing.synchronize.Barrier]) -> tuple[int, list[str]]:
     """One "training rank": wait for all, then build_or_load; report builds and array hashes."""
     prefix, cache_dir, barrier = args
@@ -181,7 +185,7 @@ def _rank(args: tuple[str, str, multiprocessing.synchronize.Barrier]) -> tuple[i
         return real(*a, **k)
 
     nanoset.compute_indices = counting
-    barrier.wait()
+    barrier.wait(RANK_TIMEOUT)
     index = build_or_load(prefix, cache_dir, split="train", sequence_length=8, num_samples=4000)
     digests = [
         hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
@@ -191,11 +195,14 @@ def _rank(args: tuple[str, str, multiprocessing.synchronize.Barrier]) -> tuple[i
 
 
 def test_concurrent_ranks_build_once(dataset, tmp_path):
+    # ProcessPoolExecutor, not multiprocessing.Pool: Pool.__exit__ terminates its workers, and
+    # that can race its worker-handler thread and hang for ever on a loaded machine.
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager:
+    with ctx.Manager() as manager, ProcessPoolExecutor(4, mp_context=ctx) as pool:
         barrier = manager.Barrier(4)
-        with ctx.Pool(4) as pool:
-            results = pool.map(_rank, [(str(dataset), str(tmp_path / "c"), barrier)] * 4)
+        args = (str(dataset), str(tmp_path / "c"), barrier)
+        futures = [pool.submit(_rank, args) for _ in range(4)]
+        results = [f.result(timeout=RANK_TIMEOUT) for f in futures]
     assert sum(n for n, _ in results) == 1
     assert len({tuple(d) for _, d in results}) == 1
 
