@@ -3,7 +3,8 @@
 - ``<ds>/raw_jsonl``  ``documents_accounted``: lines = documents + quarantined + blank, and the
   quarantine file holds exactly the quarantined lines.
 - ``<ds>/hf_dataset`` ``rows_match_raw``: Parquet rows = the shard's good documents, so
-  documents in = documents out + quarantined.
+  documents in = documents out + quarantined (an ``hf``-format dataset, which has no raw stage:
+  and its quarantine file complete).
 - ``<ds>/tokens``     ``idx_bin_consistent`` (header, pointers, sizes, sha256 vs manifest) and
   ``documents_match_export`` (tokenized documents = Parquet rows).
 - ``<ds>/merged``     ``sum_of_shards``: documents, sequences and tokens = Σ over the shards.
@@ -79,16 +80,23 @@ def raw_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
             total = stats["documents"] + stats["quarantined"] + stats["blank"]
             if total != stats["lines"]:
                 problems.append(f"{stats['lines']} lines but {total} documents+quarantined+blank")
-            if stats["quarantine"] is not None:
-                with open(ws.storage.quarantine_path(ds.name, key), "rb") as fh:
-                    held = sum(1 for _ in fh)
-                if held != stats["quarantined"]:
-                    problems.append(
-                        f"quarantine file holds {held} lines, {stats['quarantined']} counted"
-                    )
+            problems += quarantine_problems(ws.storage, ds, key, stats)
             return _result(problems, lines=stats["lines"], quarantined=stats["quarantined"])
 
     return [documents_accounted]
+
+
+def quarantine_problems(
+    storage: StorageResource, ds: DatasetConfig, key: str, stats: dict[str, Any]
+) -> list[str]:
+    """The quarantine file (if the stats name one) must hold exactly the quarantined records."""
+    if stats["quarantine"] is None:
+        return []
+    with open(storage.quarantine_path(ds.name, key), "rb") as fh:
+        held = sum(1 for _ in fh)
+    if held != stats["quarantined"]:
+        return [f"quarantine file holds {held} lines, {stats['quarantined']} counted"]
+    return []
 
 
 def export_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
@@ -118,6 +126,8 @@ def export_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
                     f"{documents_in} documents in, {rows} rows + "
                     f"{stats['quarantined']} quarantined out"
                 )
+            if ds.format == "hf":  # no raw_jsonl check: this step wrote the quarantine
+                problems += quarantine_problems(ws.storage, ds, key, stats)
             return _result(problems, documents_in=documents_in, rows=rows)
 
     return [rows_match_raw]

@@ -1,9 +1,10 @@
 """Definitions from data: every dataset and blend of a recipe becomes assets and checks.
 
-Per dataset: ``<ds>/raw_jsonl``, ``<ds>/hf_dataset``, ``<ds>/tokens`` (partitioned by shard),
-``<ds>/merged``, ``<ds>/nanoset``; per blend: ``blend/<name>``. The unpartitioned stages follow
-their upstreams through Declarative Automation. The shard assets carry a concurrency pool and
-a ``BackfillPolicy`` that batches backfills into ranges of shards (``assets/shards.py``).
+Per dataset: ``<ds>/raw_jsonl`` (JSONL sources only), ``<ds>/hf_dataset``, ``<ds>/tokens``
+(partitioned by shard), ``<ds>/merged``, ``<ds>/nanoset``; per blend: ``blend/<name>``. The
+unpartitioned stages follow their upstreams through Declarative Automation. The shard assets
+carry a concurrency pool and a ``BackfillPolicy`` that batches backfills into ranges of shards
+(``assets/shards.py``).
 """
 
 from __future__ import annotations
@@ -48,14 +49,16 @@ def build_assets(recipe: Recipe) -> tuple[list[AssetsDefinition], list[AssetChec
     assets: list[AssetsDefinition] = []
     checks: list[AssetChecksDefinition] = []
     for ds in recipe.datasets:
+        if ds.format == "jsonl":  # an ``hf`` dataset enters at hf_dataset
+            assets.append(build_raw_jsonl(ds))
+            checks += raw_checks(ds)
         assets += [
-            build_raw_jsonl(ds),
             build_hf_dataset(ds),
             build_tokens(ds),
             build_merged(ds, condition),
             build_nanoset(ds, recipe.nanoset, condition),
         ]
-        checks += raw_checks(ds) + export_checks(ds) + token_checks(ds) + merged_checks(ds)
+        checks += export_checks(ds) + token_checks(ds) + merged_checks(ds)
         checks += nanoset_checks(ds, recipe.nanoset)
     for blend in recipe.blends:
         members = [recipe.dataset(name) for name in blend.datasets]

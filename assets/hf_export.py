@@ -1,9 +1,12 @@
 """``<ds>/hf_dataset``: one shard exported to ``hf/<ds>/data/<shard>.parquet`` (every field kept).
 
-The shard must be the file ``<ds>/raw_jsonl`` validated: same place, size, sha256 and config as
-its ``raw/<ds>/<shard>.stats.json`` records. Its bad lines are skipped and counted, never written
-again: the raw stage is the only writer of the quarantine file. ``hf/<ds>/dataset_info.json`` is
-rewritten to describe the dataset's current shards, so
+A JSONL dataset's shard must be the file ``<ds>/raw_jsonl`` validated: same place, size, sha256
+and config as its ``raw/<ds>/<shard>.stats.json`` records. Its bad lines are skipped and counted,
+never written again: the raw stage is the only writer of the quarantine file. An ``hf``-format
+dataset (Parquet/Arrow files of an HF dataset on disk) enters here: it has no raw stage, so this
+step validates its shard (a null text is a bad record) and writes the shard's quarantine and
+stats itself, in the same form, stats last. ``hf/<ds>/dataset_info.json`` is rewritten to
+describe the dataset's current shards, so
 ``datasets.load_dataset("parquet", data_files="hf/<ds>/data/*.parquet")`` sees the same data; its
 ``tokenmill`` key records the inputs, config and counts, taken from the raw stats files.
 A backfill run exports a range of shards in one step (``assets/shards.py``).
@@ -16,11 +19,12 @@ from typing import Any
 from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult
 
 from assets.metadata import path_value
+from assets.raw import stamp, stats_record
 from assets.shards import shard_asset, source_shards, step_result
 from pipelines.partitions import partitions_name, shard_partitions
 from pipelines.resources import StorageResource, Workspace, display_path
 from pipelines.sources import ShardFile
-from tokenmill._atomic import file_sha256
+from tokenmill._atomic import file_sha256, write_json
 from tokenmill.errors import FormatError, InputError
 from tokenmill.export import INFO_COUNTS, export_shard, tokenmill_info, write_dataset_info
 from tokenmill.manifest import FORMAT_VERSION, input_sha256
@@ -88,6 +92,31 @@ def write_export_info(
     return info, left_out
 
 
+def export_table_shard(ws: Workspace, ds: DatasetConfig, shard: ShardFile) -> Any:
+    """Validate and export one shard of an ``hf``-format dataset: its Parquet, then its
+    quarantine (in quarantine mode, even empty) and raw stats, the stats last."""
+    local = Path(ws.shard(shard).path)  # type: ignore[arg-type]
+    before = stamp(local)
+    size, sha256 = local.stat().st_size, input_sha256(local)
+    quarantine = None
+    if ds.on_bad_record == "quarantine":
+        quarantine = ws.storage.quarantine_path(ds.name, shard.key)
+    result = export_shard(
+        local,
+        ws.storage.hf_dir(ds.name),
+        text_key=ds.text_key,
+        on_bad_record=ds.on_bad_record,
+        quarantine_path=quarantine,
+        shard=shard.key,
+        source_name=shard.location,
+    )
+    if stamp(local) != before:
+        raise InputError(f"{shard.location}: changed while being exported; run again")
+    record = stats_record(ds, shard, size, sha256, result.stats, quarantine)
+    write_json(ws.storage.raw_stats_path(ds.name, shard.key), record)
+    return result, record
+
+
 def export_one(
     context: AssetExecutionContext,
     ws: Workspace,
@@ -95,17 +124,23 @@ def export_one(
     shard: ShardFile,
     current: list[str],
 ) -> dict[str, Any]:
-    """Export one validated shard into the workspace and rewrite ``dataset_info.json``; its
-    metadata."""
-    local, raw = validated_shard(ws, ds, shard)
-    result = export_shard(
-        local,
-        ws.storage.hf_dir(ds.name),
-        text_key=ds.text_key,
-        on_bad_record=ds.on_bad_record,
-        shard=shard.key,
-        write_quarantine=False,
-    )
+    """Export one shard into the workspace (a JSONL shard once ``raw_jsonl`` validated it) and
+    rewrite ``dataset_info.json``; its metadata."""
+    if ds.format == "hf":
+        result, raw = export_table_shard(ws, ds, shard)
+        bad = result.stats.quarantined
+        if bad:
+            context.log.warning(f"{shard.location}: {bad} bad rows quarantined")
+    else:
+        local, raw = validated_shard(ws, ds, shard)
+        result = export_shard(
+            local,
+            ws.storage.hf_dir(ds.name),
+            text_key=ds.text_key,
+            on_bad_record=ds.on_bad_record,
+            shard=shard.key,
+            write_quarantine=False,
+        )
     # On S3 only the Parquet files of this step are at hand (fetching every sibling per shard
     # would be quadratic), so dataset_info.json lists the shards present; the merge rewrites it.
     info, left_out = write_export_info(ws.storage, ds, current)
@@ -128,20 +163,26 @@ def export_one(
 def build_hf_dataset(ds: DatasetConfig) -> AssetsDefinition:
     """The ``<ds>/hf_dataset`` asset of one dataset."""
 
+    jsonl = ds.format == "jsonl"
+    description = f"{ds.name} shards as Parquet in the Hugging Face datasets layout."
+    if not jsonl:
+        description = f"{ds.name}: the HF dataset in {ds.source}, validated, as Parquet shards."
+
     @shard_asset(
         "hf_dataset",
         key=AssetKey([ds.name, "hf_dataset"]),
-        deps=[AssetKey([ds.name, "raw_jsonl"])],
+        deps=[AssetKey([ds.name, "raw_jsonl"])] if jsonl else [],
         partitions_def=shard_partitions(ds.name),
         group_name=ds.name,
         kinds={"parquet"},
-        description=f"{ds.name} shards as Parquet in the Hugging Face datasets layout.",
+        description=description,
     )
     def hf_dataset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         keys = context.partition_keys
         shards = source_shards(ds, keys, storage.s3_endpoint_url)
         current = sorted(context.instance.get_dynamic_partitions(partitions_name(ds.name)))
-        with storage.workspace([f"raw/{ds.name}/{key}.stats.json" for key in keys]) as ws:
+        stats = [f"raw/{ds.name}/{key}.stats.json" for key in keys] if jsonl else []
+        with storage.workspace(stats) as ws:
             return step_result(
                 {key: export_one(context, ws, ds, shard, current) for key, shard in shards.items()}
             )

@@ -44,7 +44,7 @@ def validate_shard(
     quarantine = Quarantine(quarantine_path) if ds.on_bad_record == "quarantine" else None
     lengths: list[int] = []
     with quarantine if quarantine is not None else contextlib.nullcontext():
-        before = _stamp(local)
+        before = stamp(local)
         batches = read_jsonl_batches(
             local,
             text_key=ds.text_key,
@@ -56,8 +56,25 @@ def validate_shard(
         for batch in batches:
             lengths.extend(map(len, batch.texts))
         size, sha256 = local.stat().st_size, input_sha256(local)
-        if _stamp(local) != before:
+        if stamp(local) != before:
             raise InputError(f"{shard.location}: changed while being validated; run again")
+    record = stats_record(
+        ds, shard, size, sha256, stats, quarantine_path if quarantine is not None else None
+    )
+    write_json(stats_path, record)
+    return record, np.asarray(lengths, dtype=np.int64)
+
+
+def stats_record(
+    ds: DatasetConfig,
+    shard: ShardFile,
+    size: int,
+    sha256: str,
+    stats: IngestStats,
+    quarantine_path: Path | None,
+) -> dict[str, Any]:
+    """A shard's ``raw/<ds>/<shard>.stats.json`` content: format version, the input (where it
+    lives, size, sha256), config, counts and the committed quarantine file's size and sha256."""
     counts = stats.to_dict()
     del counts["path"]  # the input's uri says where it lives
     record: dict[str, Any] = {
@@ -68,17 +85,16 @@ def validate_shard(
         **counts,
         "quarantine": None,
     }
-    if quarantine is not None:
+    if quarantine_path is not None:
         record["quarantine"] = {
             "file": quarantine_path.name,
             "bytes": quarantine_path.stat().st_size,
             "sha256": file_sha256(quarantine_path),
         }
-    write_json(stats_path, record)
-    return record, np.asarray(lengths, dtype=np.int64)
+    return record
 
 
-def _stamp(path: Path) -> tuple[int, int]:
+def stamp(path: Path) -> tuple[int, int]:
     """Size and mtime: a local source rewritten while it is read changes them."""
     st = path.stat()
     return st.st_size, st.st_mtime_ns

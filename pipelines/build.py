@@ -35,7 +35,7 @@ def build_definitions(recipe: Recipe) -> Definitions:
     sensors: list[SensorDefinition] = [automation_sensor()]
     schedules = []
     for ds in recipe.datasets:
-        per_dataset = [shard_job(ds.name), merge_job(ds.name)]
+        per_dataset = [shard_job(ds), merge_job(ds.name)]
         jobs += per_dataset
         endpoint = recipe.storage.s3_endpoint_url
         sensors.append(build_shard_sensor(ds, per_dataset, endpoint))

@@ -8,7 +8,7 @@ from typing import Any
 
 from dagster import AssetKey, AssetSelection, define_asset_job, in_process_executor
 
-from tokenmill.recipe import Recipe
+from tokenmill.recipe import DatasetConfig, Recipe
 
 SHARD_STAGES = ("raw_jsonl", "hf_dataset", "tokens")
 DOWNSTREAM_STAGES = ("merged", "nanoset")
@@ -27,13 +27,18 @@ def merge_job_name(dataset: str) -> str:
     return f"{dataset}_merge_job"
 
 
-def shard_job(dataset: str) -> AssetJob:
+def shard_stages(ds: DatasetConfig) -> tuple[str, ...]:
+    """The shard stages of a dataset: an ``hf``-format one has no ``raw_jsonl``."""
+    return SHARD_STAGES if ds.format == "jsonl" else SHARD_STAGES[1:]
+
+
+def shard_job(ds: DatasetConfig) -> AssetJob:
     """Validate, export and tokenize one shard (one partition), with the blocking checks."""
-    keys = [AssetKey([dataset, stage]) for stage in SHARD_STAGES]
+    keys = [AssetKey([ds.name, stage]) for stage in shard_stages(ds)]
     return define_asset_job(
-        shard_job_name(dataset),
+        shard_job_name(ds.name),
         selection=AssetSelection.assets(*keys),
-        description=f"Validate, export and tokenize one shard of {dataset}.",
+        description=f"Validate, export and tokenize one shard of {ds.name}.",
         executor_def=in_process_executor,
     )
 

@@ -17,7 +17,7 @@ from pipelines import s3
 from pipelines.partitions import check_partition_key, partition_key_for
 from tokenmill._atomic import TMP_MARK
 from tokenmill.errors import ConfigError, InputError
-from tokenmill.recipe import SHARD_SUFFIXES, DatasetConfig
+from tokenmill.recipe import DatasetConfig
 from tokenmill.s3 import split_uri
 
 
@@ -82,12 +82,12 @@ def _candidates(ds: DatasetConfig, endpoint_url: str | None) -> Iterator[ShardFi
 
 def list_shards(ds: DatasetConfig, endpoint_url: str | None = None) -> Listing:
     """Every shard file directly in ``ds.source`` (a directory or an ``s3://`` prefix) matching
-    ``ds.glob`` and a JSONL suffix."""
+    ``ds.glob`` and a suffix of its format (``.jsonl*``, or ``.parquet``/``.arrow`` for ``hf``)."""
     shards: dict[str, ShardFile] = {}
     rejected: list[str] = []
     for found in _candidates(ds, endpoint_url):
         name = found.key
-        if TMP_MARK in name or not name.endswith(SHARD_SUFFIXES):
+        if TMP_MARK in name or not name.endswith(ds.shard_suffixes):
             continue
         if not fnmatch.fnmatchcase(name, ds.glob):
             continue

@@ -176,6 +176,7 @@ def _read(
     on_bad_record: str,
     quarantine: Quarantine | None,
     stats: IngestStats,
+    source_name: str | None = None,
 ) -> Any:
     return read_input_batches(
         input_path,
@@ -184,6 +185,7 @@ def _read(
         quarantine=quarantine,
         stats=stats,
         keep_records=True,
+        source_name=source_name,
     )
 
 
@@ -227,14 +229,16 @@ def export_shard(
     shard: str | None = None,
     row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
     write_quarantine: bool = True,
+    source_name: str | None = None,
 ) -> ExportResult:
     """Write ``output_dir/data/<shard>.parquet`` atomically from one input shard.
 
     Bad lines raise ``BadRecordError`` (``fail``) or go to ``quarantine_path`` (default
     ``output_dir/<shard>.quarantine.jsonl``) which is written, even empty, in ``quarantine`` mode.
     With ``write_quarantine=False`` they are only counted and skipped: a validation step that
-    read the same shard owns its quarantine file. Nothing is left at the output path when the
-    export fails.
+    read the same shard owns its quarantine file. ``source_name`` (default: the input path) is
+    how bad records name their file, e.g. the URI a downloaded shard came from. Nothing is left
+    at the output path when the export fails.
     """
     if on_bad_record not in ON_BAD_RECORD:
         raise ConfigError(f"on_bad_record={on_bad_record!r}: expected one of {ON_BAD_RECORD}")
@@ -260,7 +264,7 @@ def export_shard(
     tmp = temp_path_for(final)
     try:
         plan = _Plan(text_key)
-        for batch in _read(input_path, text_key, on_bad_record, sink, stats):
+        for batch in _read(input_path, text_key, on_bad_record, sink, stats, source_name):
             _learn(plan, batch.records or [])
         final.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(final)

@@ -409,8 +409,10 @@ def read_input_batches(
     quarantine: Quarantine | None = None,
     stats: IngestStats | None = None,
     keep_records: bool = False,
+    source_name: str | None = None,
 ) -> Iterator[Batch]:
-    """Batches from any supported input: JSONL shards, or Parquet/Arrow files and folders."""
+    """Batches from any supported input: JSONL shards, or Parquet/Arrow files and folders;
+    ``source_name`` (default: ``path``) is how bad records name their file."""
     name = os.fspath(path)
     options: dict[str, Any] = {
         "text_key": text_key,
@@ -418,6 +420,7 @@ def read_input_batches(
         "quarantine": quarantine,
         "stats": stats,
         "keep_records": keep_records,
+        "source_name": source_name,
     }
     if name.endswith(JSONL_SUFFIXES):
         return read_jsonl_batches(name, **options)

@@ -12,6 +12,7 @@ storage: {root: data, s3_endpoint_url: null}
 tokenizer: {path: .tokenizers/gpt2, append_eod: true, workers: 1}
 datasets:
   docs: {source: data/sources/docs, glob: "*.jsonl*", text_key: text, on_bad_record: quarantine}
+  wiki: {source: data/hf/wiki/data, format: hf}  # an HF dataset on disk: .parquet/.arrow shards
 nanoset: {semantics: megatron, sequence_length: 2048, split: "949,50,1", seed: 1234,
           train_samples: 100000, valid_samples: null, test_samples: null}
 blends:
@@ -38,7 +39,11 @@ DEFAULT_RECIPE = "recipes/demo.yaml"
 RECIPE_ENV = "TOKENMILL_RECIPE"
 SEMANTICS = ("megatron", "nanotron")
 ON_BAD_RECORD = ("fail", "quarantine")
-SHARD_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
+# A dataset's source format and the file suffixes that make a shard in it. ``hf``: Parquet or
+# Arrow files of a Hugging Face dataset on disk (its ``data/`` folder, or ``save_to_disk``
+# output), which enter the pipeline at ``<ds>/hf_dataset`` (there is no raw_jsonl stage).
+SHARD_SUFFIXES = {"jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst"), "hf": (".parquet", ".arrow")}
+DEFAULT_GLOB = {"jsonl": "*.jsonl*", "hf": "*"}
 # Dataset and blend names become Dagster asset-key parts, job and partition-set names.
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _CRON_FIELD = re.compile(r"^[0-9A-Za-z*/,\-?]+$")
@@ -69,13 +74,20 @@ class TokenizerConfig:
 
 @dataclass(frozen=True)
 class DatasetConfig:
-    """One dataset: every file matching ``glob`` directly in ``source`` is one shard."""
+    """One dataset: every file matching ``glob`` and a suffix of ``format`` directly in
+    ``source`` is one shard."""
 
     name: str
     source: str
     text_key: str = "text"
     on_bad_record: str = "quarantine"
     glob: str = "*.jsonl*"
+    format: str = "jsonl"
+
+    @property
+    def shard_suffixes(self) -> tuple[str, ...]:
+        """The file suffixes a shard of this dataset has."""
+        return SHARD_SUFFIXES[self.format]
 
     @property
     def is_s3(self) -> bool:
@@ -232,8 +244,10 @@ def _tokenizer(path: Path, base: Path, raw: object) -> TokenizerConfig:
 
 def _dataset(path: Path, base: Path, name: object, raw: object) -> DatasetConfig:
     name = _check_name(path, f"datasets.{name}", name)
-    f = _Fields(path, f"datasets.{name}", raw, ("source", "text_key", "on_bad_record", "glob"))
-    glob = f.string("glob", "*.jsonl*")
+    allowed = ("source", "format", "text_key", "on_bad_record", "glob")
+    f = _Fields(path, f"datasets.{name}", raw, allowed)
+    form = f.string("format", "jsonl", choices=tuple(SHARD_SUFFIXES))
+    glob = f.string("glob", DEFAULT_GLOB[form])
     if "/" in glob or "\\" in glob:
         f.fail("glob", glob, "a file-name pattern without slashes (shards sit directly in source)")
     text_key = f.string("text_key", "text")
@@ -246,6 +260,7 @@ def _dataset(path: Path, base: Path, name: object, raw: object) -> DatasetConfig
         text_key=text_key,
         on_bad_record=f.string("on_bad_record", "quarantine", choices=ON_BAD_RECORD),
         glob=glob,
+        format=form,
     )
 
 

@@ -90,23 +90,31 @@ def read_table_batches(
     on_bad_record: str = "fail",
     quarantine: Quarantine | None = None,
     stats: IngestStats | None = None,
+    source_name: str | None = None,
 ) -> Iterator[Batch]:
     """Stream a Parquet file, an Arrow file, or a folder of them (HF layouts) as batches.
 
     The text column must be a string column (``FormatError`` otherwise); a null text is a bad
     record named by file and 1-based row (quarantined as the row's JSON). ``Batch.first_line``
     counts rows across all files of a folder; ``stats.bytes_read`` is the texts' UTF-8 size.
+    ``source_name`` (default: ``path``) is how bad records name the input (a folder's files as
+    ``<source_name>/<file name>``), e.g. the URI of a downloaded shard.
     """
     check_bad_record_mode(on_bad_record, quarantine)
     files = _table_files(os.fspath(path))
     st = stats if stats is not None else IngestStats(path=os.fspath(path))
     project = None if keep_records or on_bad_record == "quarantine" else [text_key]
+    names = {f: str(f) for f in files}
+    if source_name is not None:
+        one = len(files) == 1 and not os.path.isdir(path)
+        names = {f: source_name if one else f"{source_name.rstrip('/')}/{f.name}" for f in files}
     options = (text_key, project, max(batch_rows, 1), keep_records, on_bad_record, quarantine)
-    return _table_batches(files, st, *options)
+    return _table_batches(files, names, st, *options)
 
 
 def _table_batches(
     files: list[Path],
+    names: dict[Path, str],
     st: IngestStats,
     text_key: str,
     project: list[str] | None,
@@ -128,7 +136,7 @@ def _table_batches(
             if column.null_count:
                 nulls = [i for i, t in enumerate(texts) if t is None]
                 for i in nulls:
-                    _bad_row(file, file_row + i + 1, batch, i, on_bad_record, quarantine)
+                    _bad_row(names[file], file_row + i + 1, batch, i, on_bad_record, quarantine)
                 first_good = next(i for i, t in enumerate([*texts, ""]) if t is not None)
                 texts = [t for t in texts if t is not None]
                 if records is not None:
@@ -145,10 +153,10 @@ def _table_batches(
 
 
 def _bad_row(
-    file: Path, row: int, batch: Any, index: int, on_bad_record: str, quarantine: Quarantine | None
+    file: str, row: int, batch: Any, index: int, on_bad_record: str, quarantine: Quarantine | None
 ) -> None:
     if on_bad_record == "fail" or quarantine is None:
         raise BadRecordError(file, row, "text is null")
     record = batch.slice(index, 1).to_pylist()[0]
     raw = json.dumps(record, sort_keys=True, default=str, ensure_ascii=False).encode("utf-8")
-    quarantine.add(str(file), row, "text is null", raw)
+    quarantine.add(file, row, "text is null", raw)

@@ -412,3 +412,25 @@ def test_quarantine_commit_inside_context_is_final(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "q.jsonl").read_text())["line"] == 3
     with pytest.raises(ValueError, match="already committed"):
         q.add("s", 4, "r", b"raw")
+
+
+def test_table_source_name_labels_bad_rows(tmp_path: Path) -> None:
+    """A downloaded shard's bad rows name where it came from, not the local copy."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for name in ("a", "b"):
+        pq.write_table(pa.table({"text": ["x", None]}), folder / f"{name}.parquet")
+    uri = "s3://bucket/wiki/a.parquet"
+    with pytest.raises(BadRecordError, match=re.escape(f"{uri}:2: text is null")):
+        list(read_input_batches(folder / "a.parquet", source_name=uri))
+    quarantine = Quarantine(tmp_path / "q.jsonl")
+    batches = read_input_batches(
+        folder, on_bad_record="quarantine", quarantine=quarantine, source_name="s3://bucket/wiki/"
+    )
+    assert texts_of(list(batches)) == ["x", "x"]
+    quarantine.commit()
+    entries = [json.loads(x) for x in quarantine.path.read_text().splitlines()]
+    assert [(e["source"], e["line"]) for e in entries] == [
+        ("s3://bucket/wiki/a.parquet", 2),
+        ("s3://bucket/wiki/b.parquet", 2),
+    ]

@@ -351,3 +351,42 @@ def test_raw_and_hf_artifacts_on_s3_name_s3_and_repeat_byte_identical(
         ("extra-00000", uri, sha256(data).hexdigest())
     ]
     assert list(work.iterdir()) == []
+
+
+def test_hf_format_source_on_s3(s3: S3, gpt2_dir: Path, tmp_path: Path) -> None:
+    """A Parquet shard under an ``s3://`` source with ``format: hf``: its stats and quarantine
+    name the shard's URI (not the downloaded copy) and land in the S3 root with the tokens."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    local = tmp_path / "sources" / "wiki"
+    local.mkdir(parents=True)
+    table = pa.table({"text": ["first", None, "third"], "n": [1, 2, 3]})
+    pq.write_table(table, local / "w.parquet")
+    s3.upload_tree(tmp_path / "sources", "sources")
+    data = {
+        "storage": {"root": f"s3://{s3.bucket}/root", "s3_endpoint_url": s3.endpoint},
+        "tokenizer": {"path": str(gpt2_dir)},
+        "datasets": {"wiki": {"source": f"s3://{s3.bucket}/sources/wiki/", "format": "hf"}},
+    }
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
+    recipe = load_recipe(tmp_path / "recipe.yaml")
+    assets, checks = build_assets(recipe)
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(partitions_name("wiki"), ["w"])
+        result = materialize(
+            [*assets, *checks],
+            instance=instance,
+            resources=resources_for(recipe),
+            partition_key="w",
+            selection=[AssetKey(["wiki", "hf_dataset"]), AssetKey(["wiki", "tokens"])],
+        )
+        assert all(e.passed for e in result.get_asset_check_evaluations())
+    uri = f"s3://{s3.bucket}/sources/wiki/w.parquet"
+    body = s3.client.get_object(Bucket=s3.bucket, Key="root/raw/wiki/w.stats.json")["Body"]
+    stats = json.loads(body.read())
+    assert (stats["input"]["uri"], stats["documents"], stats["quarantined"]) == (uri, 2, 1)
+    body = s3.client.get_object(Bucket=s3.bucket, Key="root/raw/wiki/w.quarantine.jsonl")["Body"]
+    [bad] = [json.loads(line) for line in body.read().splitlines()]
+    assert (bad["source"], bad["line"]) == (uri, 2)
+    assert "root/tokens/wiki/w_text_document.manifest.json" in s3.keys("root/")

@@ -1,0 +1,171 @@
+"""An HF dataset already on disk (Parquet and Arrow shards, ``format: hf``) enters the pipeline
+at ``<ds>/hf_dataset``: no raw stage, null texts quarantined with their row, stats in the raw
+stats form, tokens identical to tokenizing the non-null texts directly, blends built on it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from dagster import AssetKey, DagsterInstance, build_asset_context
+from transformers import AutoTokenizer
+
+from assets.factory import build_assets
+from pipelines.build import build_definitions, resources_for
+from pipelines.materialize import materialize_recipe
+from pipelines.partitions import partitions_name
+from pipelines.resources import StorageResource
+from pipelines.sources import list_shards
+from tokenmill._atomic import file_sha256
+from tokenmill.errors import BadRecordError, ConfigError
+from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.loader import open_blend
+from tokenmill.recipe import Recipe
+
+PARQUET, ARROW = "train-00000-of-00002", "train-00001-of-00002"
+NULL_ROW = 3  # 1-based row of the Parquet shard whose text is null
+
+
+def texts_of(documents: dict[str, list[dict[str, str]]]) -> dict[str, list[str | None]]:
+    """The texts of both shards; the Parquet one has a null text at ``NULL_ROW``."""
+    first: list[str | None] = [d["text"] for d in documents["docs"][:12]]
+    first.insert(NULL_ROW - 1, None)
+    return {PARQUET: first, ARROW: [d["text"] for d in documents["code"][:10]] + [""]}
+
+
+def write_hf_source(folder: Path, texts: dict[str, list[str | None]]) -> None:
+    """An HF dataset's ``data/`` folder: a Parquet shard and an Arrow (IPC stream) shard with
+    an extra int column and a struct column, plus a file that is not a shard."""
+    folder.mkdir(parents=True)
+    for name, column in texts.items():
+        n = len(column)
+        table = pa.table(
+            {
+                "id": pa.array(range(n), pa.int64()),
+                "text": pa.array(column, pa.string()),
+                "meta": [{"source": name, "row": i} for i in range(n)],
+            }
+        )
+        if name == PARQUET:
+            pq.write_table(table, folder / f"{name}.parquet")
+        else:
+            path = str(folder / f"{name}.arrow")
+            with pa.OSFile(path, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table, max_chunksize=4)
+    (folder / "README.md").write_text("not a shard\n")
+
+
+@pytest.fixture
+def hf_recipe(
+    make_recipe: Callable[..., Recipe], documents: dict[str, list[dict[str, str]]]
+) -> Recipe:
+    """The tiny project plus ``wiki``, an HF dataset on disk, blended with docs."""
+    base = make_recipe()  # writes the JSONL sources first
+    write_hf_source(base.base_dir / "sources" / "wiki" / "data", texts_of(documents))
+    return make_recipe(
+        datasets={"wiki": {"source": "sources/wiki/data", "format": "hf"}},
+        blends={"mix": {"weights": {"docs": 0.5, "wiki": 0.5}}},
+    )
+
+
+def test_recipe_format_and_shard_listing(
+    hf_recipe: Recipe, make_recipe: Callable[..., Recipe]
+) -> None:
+    wiki = hf_recipe.dataset("wiki")
+    assert (wiki.format, wiki.glob, hf_recipe.dataset("docs").format) == ("hf", "*", "jsonl")
+    listing = list_shards(wiki)
+    assert sorted(listing.shards) == [PARQUET, ARROW]
+    assert listing.shards[ARROW].path == Path(wiki.source) / f"{ARROW}.arrow"
+    with pytest.raises(ConfigError, match=r"datasets\.wiki.*format.*'csv'.*one of jsonl, hf"):
+        make_recipe(datasets={"wiki": {"source": "sources/wiki/data", "format": "csv"}})
+
+
+def test_graph_has_no_raw_stage_for_an_hf_dataset(hf_recipe: Recipe) -> None:
+    assets, checks = build_assets(hf_recipe)
+    keys = {key for a in assets for key in a.keys}
+    assert AssetKey(["wiki", "raw_jsonl"]) not in keys
+    assert AssetKey(["docs", "raw_jsonl"]) in keys
+    export = next(a for a in assets if AssetKey(["wiki", "hf_dataset"]) in a.keys)
+    assert not export.asset_deps[AssetKey(["wiki", "hf_dataset"])]
+    checked = {spec.asset_key for c in checks for spec in c.check_specs}
+    assert AssetKey(["wiki", "raw_jsonl"]) not in checked
+    job = build_definitions(hf_recipe).resolve_job_def("wiki_shard_job")
+    selected = {key for key in job.asset_layer.executable_asset_keys}
+    assert selected == {AssetKey(["wiki", "hf_dataset"]), AssetKey(["wiki", "tokens"])}
+
+
+def test_materialize_hf_dataset_end_to_end(
+    hf_recipe: Recipe,
+    instance: DagsterInstance,
+    documents: dict[str, list[dict[str, str]]],
+    gpt2_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert materialize_recipe(hf_recipe, instance) == 0
+    out = capsys.readouterr().out
+    assert "wiki: 2 shards (2 processed, 0 up to date, 0 failed, 0 removed)" in out
+    storage = resources_for(hf_recipe)["storage"]
+    assert isinstance(storage, StorageResource)
+    source = Path(hf_recipe.dataset("wiki").source)
+    texts = texts_of(documents)
+
+    stats = json.loads(storage.raw_stats_path("wiki", PARQUET).read_text())
+    shard = source / f"{PARQUET}.parquet"
+    assert stats["input"] == {
+        "uri": str(shard),
+        "bytes": shard.stat().st_size,
+        "sha256": file_sha256(shard),
+    }
+    assert (stats["lines"], stats["documents"], stats["quarantined"]) == (13, 12, 1)
+    quarantine = storage.quarantine_path("wiki", PARQUET)
+    assert stats["quarantine"]["sha256"] == file_sha256(quarantine)
+    [bad] = [json.loads(line) for line in quarantine.read_text().splitlines()]
+    assert (bad["line"], bad["reason"], bad["source"]) == (NULL_ROW, "text is null", str(shard))
+    empty = storage.quarantine_path("wiki", ARROW)
+    assert empty.read_bytes() == b""  # quarantine mode: "no bad rows" is explicit
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gpt2_dir))
+    for name, column in texts.items():
+        exported = pq.read_table(storage.parquet_path("wiki", name))
+        good = [t for t in column if t is not None]
+        assert exported.column_names == ["id", "text", "meta"]
+        assert exported.column("text").to_pylist() == good
+        tokens = IndexedDataset(storage.tokens_prefix("wiki", name, "text"))
+        expected = [[*tokenizer(t).input_ids, tokenizer.eos_token_id] for t in good if t]
+        assert [tokens[i].tolist() for i in range(len(tokens))] == expected
+    info = json.loads((storage.hf_dir("wiki") / "dataset_info.json").read_text())
+    assert [i["shard"] for i in info["tokenmill"]["inputs"]] == [PARQUET, ARROW]
+    assert info["tokenmill"]["counts"]["quarantined"] == 1
+
+    blend = open_blend(storage.blend_dir("mix") / "manifest.json", split="train")
+    assert blend.get_batch(np.arange(4)).shape == (4, 33)
+    assert materialize_recipe(hf_recipe, instance) == 0  # nothing changed: nothing runs
+    assert "wiki: 2 shards (0 processed, 2 up to date" in capsys.readouterr().out
+
+
+def test_fail_mode_names_the_source_and_row(
+    make_recipe: Callable[..., Recipe],
+    documents: dict[str, list[dict[str, str]]],
+    instance: DagsterInstance,
+) -> None:
+    base = make_recipe()
+    write_hf_source(base.base_dir / "sources" / "wiki" / "data", texts_of(documents))
+    recipe = make_recipe(
+        datasets={"wiki": {"source": "sources/wiki/data", "format": "hf", "on_bad_record": "fail"}}
+    )
+    resources: dict[str, Any] = resources_for(recipe)
+    instance.add_dynamic_partitions(partitions_name("wiki"), [PARQUET])
+    export = next(a for a in build_assets(recipe)[0] if a.key == AssetKey(["wiki", "hf_dataset"]))
+    shard = Path(recipe.dataset("wiki").source) / f"{PARQUET}.parquet"
+    context = build_asset_context(resources=resources, instance=instance, partition_key=PARQUET)
+    with context as ctx, pytest.raises(BadRecordError, match=rf"{shard}:{NULL_ROW}: text is null"):
+        export(ctx)
+    storage = resources["storage"]
+    assert not storage.parquet_path("wiki", PARQUET).exists()
+    assert not storage.raw_stats_path("wiki", PARQUET).exists()
