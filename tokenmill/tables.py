@@ -39,7 +39,7 @@ def _table_files(path: str) -> list[Path]:
     raise InputError(f"{p}: no .parquet or .arrow files in the folder or in its data/ subfolder")
 
 
-def _check_text_column(path: Path, schema: Any, text_key: str) -> None:
+def _check_text_column(path: str, schema: Any, text_key: str) -> None:
     import pyarrow as pa
 
     if schema.get_field_index(text_key) < 0:
@@ -52,23 +52,24 @@ def _check_text_column(path: Path, schema: Any, text_key: str) -> None:
 
 
 def _file_batches(
-    path: Path, text_key: str, columns: list[str] | None, batch_rows: int
+    path: Path, name: str, text_key: str, columns: list[str] | None, batch_rows: int
 ) -> Iterator[Any]:
-    """Record batches of one Parquet or Arrow (IPC file or stream format) file."""
+    """Record batches of one Parquet or Arrow (IPC file or stream format) file; errors call
+    it ``name``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
         if path.name.endswith(".parquet"):
             pf = pq.ParquetFile(path)
-            _check_text_column(path, pf.schema_arrow, text_key)
+            _check_text_column(name, pf.schema_arrow, text_key)
             yield from pf.iter_batches(batch_size=batch_rows, columns=columns)
             return
         with pa.memory_map(str(path)) as source:
             is_file_format = source.read(6) == b"ARROW1"
             source.seek(0)
             reader = pa.ipc.open_file(source) if is_file_format else pa.ipc.open_stream(source)
-            _check_text_column(path, reader.schema, text_key)
+            _check_text_column(name, reader.schema, text_key)
             if is_file_format:
                 batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
             else:
@@ -78,7 +79,7 @@ def _file_batches(
                 for offset in range(0, part.num_rows, batch_rows):
                     yield part.slice(offset, batch_rows)
     except (pa.ArrowException, OSError) as exc:
-        raise InputError(f"{path}: cannot read table: {exc}") from exc
+        raise InputError(f"{name}: cannot read table: {exc}") from exc
 
 
 def read_table_batches(
@@ -97,8 +98,8 @@ def read_table_batches(
     The text column must be a string column (``FormatError`` otherwise); a null text is a bad
     record named by file and 1-based row (quarantined as the row's JSON). ``Batch.first_line``
     counts rows across all files of a folder; ``stats.bytes_read`` is the texts' UTF-8 size.
-    ``source_name`` (default: ``path``) is how bad records name the input (a folder's files as
-    ``<source_name>/<file name>``), e.g. the URI of a downloaded shard.
+    ``source_name`` (default: ``path``) is how bad records and errors name the input (a folder's
+    files as ``<source_name>/<file name>``), e.g. the URI of a downloaded shard.
     """
     check_bad_record_mode(on_bad_record, quarantine)
     files = _table_files(os.fspath(path))
@@ -128,7 +129,7 @@ def _table_batches(
     row_base = 0
     for file in files:
         file_row = 0
-        for batch in _file_batches(file, text_key, project, batch_rows):
+        for batch in _file_batches(file, names[file], text_key, project, batch_rows):
             column = batch.column(text_key)
             texts = column.to_pylist()
             records = batch.to_pylist() if keep_records else None

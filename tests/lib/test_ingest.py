@@ -434,3 +434,9 @@ def test_table_source_name_labels_bad_rows(tmp_path: Path) -> None:
         ("s3://bucket/wiki/a.parquet", 2),
         ("s3://bucket/wiki/b.parquet", 2),
     ]
+    pq.write_table(pa.table({"text": [1]}), tmp_path / "ints.parquet")
+    with pytest.raises(FormatError, match=re.escape(f"{uri}: text: column has type int64")):
+        list(read_input_batches(tmp_path / "ints.parquet", source_name=uri))
+    (tmp_path / "junk.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(InputError, match=re.escape(f"{uri}: cannot read table")):
+        list(read_input_batches(tmp_path / "junk.parquet", source_name=uri))
