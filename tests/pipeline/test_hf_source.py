@@ -13,7 +13,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dagster import AssetKey, DagsterInstance, build_asset_context
+from dagster import (
+    AssetKey,
+    DagsterInstance,
+    SensorResult,
+    build_asset_context,
+    build_sensor_context,
+)
 from transformers import AutoTokenizer
 
 from assets.factory import build_assets
@@ -86,7 +92,9 @@ def test_recipe_format_and_shard_listing(
         make_recipe(datasets={"wiki": {"source": "sources/wiki/data", "format": "csv"}})
 
 
-def test_graph_has_no_raw_stage_for_an_hf_dataset(hf_recipe: Recipe) -> None:
+def test_graph_has_no_raw_stage_for_an_hf_dataset(
+    hf_recipe: Recipe, instance: DagsterInstance
+) -> None:
     assets, checks = build_assets(hf_recipe)
     keys = {key for a in assets for key in a.keys}
     assert AssetKey(["wiki", "raw_jsonl"]) not in keys
@@ -95,9 +103,16 @@ def test_graph_has_no_raw_stage_for_an_hf_dataset(hf_recipe: Recipe) -> None:
     assert not export.asset_deps[AssetKey(["wiki", "hf_dataset"])]
     checked = {spec.asset_key for c in checks for spec in c.check_specs}
     assert AssetKey(["wiki", "raw_jsonl"]) not in checked
-    job = build_definitions(hf_recipe).resolve_job_def("wiki_shard_job")
+    defs = build_definitions(hf_recipe)
+    job = defs.resolve_job_def("wiki_shard_job")
     selected = {key for key in job.asset_layer.executable_asset_keys}
     assert selected == {AssetKey(["wiki", "hf_dataset"]), AssetKey(["wiki", "tokens"])}
+    sensor = defs.resolve_sensor_def("wiki_shard_sensor")
+    with build_sensor_context(instance=instance, definitions=defs) as context:
+        result = sensor(context)
+    assert isinstance(result, SensorResult)
+    requests = [(r.partition_key, r.job_name) for r in result.run_requests or []]
+    assert requests == [(PARQUET, "wiki_shard_job"), (ARROW, "wiki_shard_job")]
 
 
 def test_materialize_hf_dataset_end_to_end(
