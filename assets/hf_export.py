@@ -26,7 +26,13 @@ from pipelines.resources import StorageResource, Workspace, display_path
 from pipelines.sources import ShardFile
 from tokenmill._atomic import file_sha256, write_json
 from tokenmill.errors import FormatError, InputError
-from tokenmill.export import INFO_COUNTS, export_shard, tokenmill_info, write_dataset_info
+from tokenmill.export import (
+    INFO_COUNTS,
+    ExportResult,
+    export_shard,
+    tokenmill_info,
+    write_dataset_info,
+)
 from tokenmill.manifest import FORMAT_VERSION, input_sha256
 from tokenmill.recipe import DatasetConfig
 
@@ -92,9 +98,13 @@ def write_export_info(
     return info, left_out
 
 
-def export_table_shard(ws: Workspace, ds: DatasetConfig, shard: ShardFile) -> Any:
+def export_table_shard(
+    ws: Workspace, ds: DatasetConfig, shard: ShardFile
+) -> tuple[ExportResult, dict[str, Any]]:
     """Validate and export one shard of an ``hf``-format dataset: its Parquet, then its
-    quarantine (in quarantine mode, even empty) and raw stats, the stats last."""
+    quarantine (in quarantine mode, even empty) and raw stats, the stats last; the old stats go
+    first, so they never vouch for a new Parquet."""
+    ws.storage.raw_stats_path(ds.name, shard.key).unlink(missing_ok=True)
     local = Path(ws.shard(shard).path)  # type: ignore[arg-type]
     before = stamp(local)
     size, sha256 = local.stat().st_size, input_sha256(local)

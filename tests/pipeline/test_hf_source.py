@@ -29,7 +29,7 @@ from pipelines.partitions import partitions_name
 from pipelines.resources import StorageResource
 from pipelines.sources import list_shards
 from tokenmill._atomic import file_sha256
-from tokenmill.errors import BadRecordError, ConfigError
+from tokenmill.errors import BadRecordError, ConfigError, InputError
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe
@@ -184,3 +184,24 @@ def test_fail_mode_names_the_source_and_row(
     storage = resources["storage"]
     assert not storage.parquet_path("wiki", PARQUET).exists()
     assert not storage.raw_stats_path("wiki", PARQUET).exists()
+
+
+def test_a_failed_reexport_leaves_no_stats_vouching(
+    hf_recipe: Recipe, instance: DagsterInstance
+) -> None:
+    """The old stats go before the new export: a shard that became unreadable fails with its
+    path, and no stats file is left describing the previous content."""
+    resources: dict[str, Any] = resources_for(hf_recipe)
+    storage = resources["storage"]
+    instance.add_dynamic_partitions(partitions_name("wiki"), [ARROW])
+    assets = build_assets(hf_recipe)[0]
+    export = next(a for a in assets if a.key == AssetKey(["wiki", "hf_dataset"]))
+    with build_asset_context(resources=resources, instance=instance, partition_key=ARROW) as ctx:
+        export(ctx)
+    assert json.loads(storage.raw_stats_path("wiki", ARROW).read_text())["documents"] == 11
+    shard = Path(hf_recipe.dataset("wiki").source) / f"{ARROW}.arrow"
+    shard.write_bytes(b"ARROW1 but nothing else")
+    context = build_asset_context(resources=resources, instance=instance, partition_key=ARROW)
+    with context as ctx, pytest.raises(InputError, match=rf"{shard}: cannot read table"):
+        export(ctx)
+    assert not storage.raw_stats_path("wiki", ARROW).exists()
