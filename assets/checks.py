@@ -126,7 +126,7 @@ def export_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
                     f"{documents_in} documents in, {rows} rows + "
                     f"{stats['quarantined']} quarantined out"
                 )
-            if ds.format == "hf":  # no raw_jsonl check: this step wrote the quarantine
+            if not ds.has_raw_stage:  # no raw_jsonl check: this step wrote the quarantine
                 problems += quarantine_problems(ws.storage, ds, key, stats)
             return _result(problems, documents_in=documents_in, rows=rows)
 

@@ -49,7 +49,7 @@ def build_assets(recipe: Recipe) -> tuple[list[AssetsDefinition], list[AssetChec
     assets: list[AssetsDefinition] = []
     checks: list[AssetChecksDefinition] = []
     for ds in recipe.datasets:
-        if ds.format == "jsonl":  # an ``hf`` dataset enters at hf_dataset
+        if ds.has_raw_stage:
             assets.append(build_raw_jsonl(ds))
             checks += raw_checks(ds)
         assets += [

@@ -104,7 +104,8 @@ def export_table_shard(
     """Validate and export one shard of an ``hf``-format dataset: its Parquet, then its
     quarantine (in quarantine mode, even empty) and raw stats, the stats last; the old stats go
     first, so they never vouch for a new Parquet."""
-    ws.storage.raw_stats_path(ds.name, shard.key).unlink(missing_ok=True)
+    stats_path = ws.storage.raw_stats_path(ds.name, shard.key)
+    stats_path.unlink(missing_ok=True)
     local = Path(ws.shard(shard).path)  # type: ignore[arg-type]
     before = stamp(local)
     size, sha256 = local.stat().st_size, input_sha256(local)
@@ -123,7 +124,7 @@ def export_table_shard(
     if stamp(local) != before:
         raise InputError(f"{shard.location}: changed while being exported; run again")
     record = stats_record(ds, shard, size, sha256, result.stats, quarantine)
-    write_json(ws.storage.raw_stats_path(ds.name, shard.key), record)
+    write_json(stats_path, record)
     return result, record
 
 
@@ -136,7 +137,7 @@ def export_one(
 ) -> dict[str, Any]:
     """Export one shard into the workspace (a JSONL shard once ``raw_jsonl`` validated it) and
     rewrite ``dataset_info.json``; its metadata."""
-    if ds.format == "hf":
+    if not ds.has_raw_stage:
         result, raw = export_table_shard(ws, ds, shard)
         bad = result.stats.quarantined
         if bad:
@@ -173,15 +174,14 @@ def export_one(
 def build_hf_dataset(ds: DatasetConfig) -> AssetsDefinition:
     """The ``<ds>/hf_dataset`` asset of one dataset."""
 
-    jsonl = ds.format == "jsonl"
     description = f"{ds.name} shards as Parquet in the Hugging Face datasets layout."
-    if not jsonl:
+    if not ds.has_raw_stage:
         description = f"{ds.name}: the HF dataset in {ds.source}, validated, as Parquet shards."
 
     @shard_asset(
         "hf_dataset",
         key=AssetKey([ds.name, "hf_dataset"]),
-        deps=[AssetKey([ds.name, "raw_jsonl"])] if jsonl else [],
+        deps=[AssetKey([ds.name, "raw_jsonl"])] if ds.has_raw_stage else [],
         partitions_def=shard_partitions(ds.name),
         group_name=ds.name,
         kinds={"parquet"},
@@ -191,7 +191,7 @@ def build_hf_dataset(ds: DatasetConfig) -> AssetsDefinition:
         keys = context.partition_keys
         shards = source_shards(ds, keys, storage.s3_endpoint_url)
         current = sorted(context.instance.get_dynamic_partitions(partitions_name(ds.name)))
-        stats = [f"raw/{ds.name}/{key}.stats.json" for key in keys] if jsonl else []
+        stats = [f"raw/{ds.name}/{key}.stats.json" for key in keys] if ds.has_raw_stage else []
         with storage.workspace(stats) as ws:
             return step_result(
                 {key: export_one(context, ws, ds, shard, current) for key, shard in shards.items()}

@@ -29,7 +29,7 @@ def merge_job_name(dataset: str) -> str:
 
 def shard_stages(ds: DatasetConfig) -> tuple[str, ...]:
     """The shard stages of a dataset: an ``hf``-format one has no ``raw_jsonl``."""
-    return SHARD_STAGES if ds.format == "jsonl" else SHARD_STAGES[1:]
+    return SHARD_STAGES if ds.has_raw_stage else SHARD_STAGES[1:]
 
 
 def shard_job(ds: DatasetConfig) -> AssetJob:

@@ -85,6 +85,12 @@ class DatasetConfig:
     format: str = "jsonl"
 
     @property
+    def has_raw_stage(self) -> bool:
+        """True for JSONL sources, validated by ``<ds>/raw_jsonl``; an ``hf`` dataset is
+        validated by ``<ds>/hf_dataset``, where it enters the pipeline."""
+        return self.format == "jsonl"
+
+    @property
     def shard_suffixes(self) -> tuple[str, ...]:
         """The file suffixes a shard of this dataset has."""
         return SHARD_SUFFIXES[self.format]
