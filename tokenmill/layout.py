@@ -1,0 +1,130 @@
+"""The storage layout: every artifact's key relative to the storage root, as a pure string.
+
+One home for ``tokens/<ds>/<shard>_<key>_document`` and its siblings: the pipeline, the CLI and
+``tokenmill gc`` all spell paths through these functions, for a local root (join to the root)
+and for an ``s3://`` root (join to the prefix) alike. Every name part that comes from outside
+(dataset, shard, blend, text key, version) is checked first, so no key can climb out of its
+folder.
+
+Immutable, versioned artifacts (merged datasets and blends) live under a folder that names the
+version; a small pointer names the current version and is the only thing a refresh moves::
+
+    merged/<ds>/current.json                                  pointer: {"version", "prefix"}
+    merged/<ds>/<version>/<ds>_<text_key>_document.{bin,idx,manifest.json}
+    blends/<name>/manifest.json                               pointer: the current manifest
+    blends/<name>/versions/<version>/manifest.json            + <split>-*.npy
+    nanoset/<hash>-Nanoset-<split>-*                          content-addressed, never rewritten
+"""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+
+from tokenmill.errors import ConfigError
+
+POINTER_NAME = "current.json"
+BLEND_MANIFEST = "manifest.json"
+VERSION_CHARS = 16  # a version folder is named by the first 16 hex digits of its version hash
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """Return ``name`` if it is one safe path part; ConfigError naming the problem otherwise."""
+    problem = None
+    if not name:
+        problem = "it is empty"
+    elif ".." in name:
+        problem = "it contains '..'"
+    elif "/" in name or "\\" in name or os.path.isabs(name):
+        problem = "it contains a slash (absolute or nested paths are not names)"
+    elif name.startswith("."):
+        problem = "it starts with '.' (hidden and temporary files are not artifacts)"
+    elif any(unicodedata.category(c) in ("Cc", "Cf") for c in name):
+        problem = "it contains a control character"
+    if problem:
+        raise ConfigError(f"{what} {name!r} rejected: {problem}")
+    return name
+
+
+def version_dir_name(version: str) -> str:
+    """The folder name of a version: the first ``VERSION_CHARS`` hex digits of its hash."""
+    short = version[:VERSION_CHARS]
+    if len(short) != VERSION_CHARS or any(c not in "0123456789abcdef" for c in short):
+        raise ConfigError(f"version {version!r} rejected: expected >= 16 lowercase hex digits")
+    return short
+
+
+def document_name(name: str, text_key: str) -> str:
+    """``<name>_<text_key>_document``: Megatron's ``preprocess_data.py`` naming of a pair."""
+    return f"{check_name(name)}_{check_name(text_key, 'text key')}_document"
+
+
+def raw_stats(ds: str, shard: str) -> str:
+    """``raw/<ds>/<shard>.stats.json``: a shard's validation counts (written last)."""
+    return f"raw/{check_name(ds, 'dataset')}/{check_name(shard, 'shard')}.stats.json"
+
+
+def quarantine(ds: str, shard: str) -> str:
+    """``raw/<ds>/<shard>.quarantine.jsonl``: a shard's bad lines with their line numbers."""
+    return f"raw/{check_name(ds, 'dataset')}/{check_name(shard, 'shard')}.quarantine.jsonl"
+
+
+def hf_dir(ds: str) -> str:
+    """``hf/<ds>``: the HF Parquet layout of a dataset."""
+    return f"hf/{check_name(ds, 'dataset')}"
+
+
+def parquet(ds: str, shard: str) -> str:
+    """``hf/<ds>/data/<shard>.parquet``: one shard's Parquet export."""
+    return f"{hf_dir(ds)}/data/{check_name(shard, 'shard')}.parquet"
+
+
+def export_record(ds: str, shard: str) -> str:
+    """``hf/<ds>/shards/<shard>.json``: one shard's export record (rows, bytes, sha256, schema,
+    input), from which ``dataset_info.json`` is assembled without reading any Parquet."""
+    return f"{hf_dir(ds)}/shards/{check_name(shard, 'shard')}.json"
+
+
+def dataset_info(ds: str) -> str:
+    """``hf/<ds>/dataset_info.json``: the HF description of every current shard."""
+    return f"{hf_dir(ds)}/dataset_info.json"
+
+
+def tokens_prefix(ds: str, shard: str, text_key: str) -> str:
+    """``tokens/<ds>/<shard>_<text_key>_document``: one shard's ``.bin``/``.idx`` prefix."""
+    return f"tokens/{check_name(ds, 'dataset')}/{document_name(shard, text_key)}"
+
+
+def merged_dir(ds: str) -> str:
+    """``merged/<ds>``: a dataset's merged versions and its pointer."""
+    return f"merged/{check_name(ds, 'dataset')}"
+
+
+def merged_pointer(ds: str) -> str:
+    """``merged/<ds>/current.json``: names the current merged version."""
+    return f"{merged_dir(ds)}/{POINTER_NAME}"
+
+
+def merged_prefix(ds: str, text_key: str, version: str) -> str:
+    """``merged/<ds>/<version>/<ds>_<text_key>_document``: one immutable merged version."""
+    return f"{merged_dir(ds)}/{version_dir_name(version)}/{document_name(ds, text_key)}"
+
+
+def nanoset_dir() -> str:
+    """``nanoset``: the content-addressed index cache shared by datasets and blends."""
+    return "nanoset"
+
+
+def blend_dir(name: str) -> str:
+    """``blends/<name>``: a blend's pointer manifest and its versions."""
+    return f"blends/{check_name(name, 'blend')}"
+
+
+def blend_manifest(name: str) -> str:
+    """``blends/<name>/manifest.json``: the current version's manifest (the pointer)."""
+    return f"{blend_dir(name)}/{BLEND_MANIFEST}"
+
+
+def blend_version_dir(name: str, version: str) -> str:
+    """``blends/<name>/versions/<version>``: one immutable blend version."""
+    return f"{blend_dir(name)}/versions/{version_dir_name(version)}"

@@ -1,0 +1,59 @@
+"""Pointers to immutable versions: the one small file a refresh moves.
+
+A version's files are written under a folder that names it and never rewritten. The pointer
+(``merged/<ds>/current.json``; for a blend, ``blends/<name>/manifest.json`` itself) is written
+last, atomically (temp → fsync → rename locally; on S3 the object is uploaded after every file
+it names), so a reader sees the old version or the new one, never a mix, and a failed refresh
+leaves the pointer where it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from tokenmill._atomic import write_json
+from tokenmill.errors import FormatError
+from tokenmill.layout import version_dir_name
+
+POINTER_FORMAT = 1
+
+
+def version_hash(description: Any) -> str:
+    """The version of an artifact: sha256 of the canonical JSON of everything its content
+    depends on (inputs' content hashes, settings, format version)."""
+    text = json.dumps(description, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_pointer(path: str | os.PathLike[str], version: str, target: str) -> dict[str, Any]:
+    """Point ``path`` at ``version``, whose files live at ``target`` (relative to the pointer's
+    folder); atomic. Returns the record written."""
+    version_dir_name(version)  # refuses a malformed version before anything is written
+    record = {"format_version": POINTER_FORMAT, "version": version, "target": target}
+    write_json(path, record)
+    return record
+
+
+def read_pointer(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The pointer at ``path`` (``{"version", "target"}``), or None when there is none yet;
+    FormatError naming the file when it is not a pointer this tokenmill wrote."""
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(path, "pointer", f"not valid JSON ({exc})") from exc
+    if not isinstance(record, dict) or record.get("format_version") != POINTER_FORMAT:
+        raise FormatError(path, "format_version", f"not a version pointer: {record!r:.200}")
+    version, target = record.get("version"), record.get("target")
+    if not isinstance(version, str) or not isinstance(target, str):
+        raise FormatError(path, "pointer", f"version and target must be strings: {record!r:.200}")
+    version_dir_name(version)
+    if target.startswith("/") or ".." in Path(target).parts:
+        raise FormatError(path, "target", f"{target!r} leaves the pointer's folder")
+    return record
