@@ -28,7 +28,7 @@ from tokenmill._nanoset_indices import (
     split_ranges,
 )
 from tokenmill.errors import CacheError, ConfigError
-from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.formats.indexed import IndexedDataset, data_file_path
 from tokenmill.manifest import dataset_content_hash
 
 __all__ = [
@@ -105,22 +105,26 @@ def build_or_load(
     semantics: str = "megatron",
     add_extra_token: bool = True,
     drop_last_partial: bool | None = None,
+    build: bool = True,
 ) -> NanosetIndex | None:
     """Load the split's cached indices, building them first if needed; None if the split is
     empty for this dataset. Safe when many processes call it at once: one builds under an
     exclusive lock, the others wait and load the same files. ``drop_last_partial=None`` is the
-    reference default (drop the last partial sample in every split).
+    reference default (drop the last partial sample in every split). ``build=False`` only
+    loads: a missing entry is a CacheError (checks read, never repair). A prefix staged without
+    its ``.bin`` (an S3 step that needs only lengths) is read through its ``.idx`` and manifest.
     """
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
     if semantics not in SEMANTICS:
         raise ConfigError(f"semantics must be one of {list(SEMANTICS)}, got {semantics!r}")
-    lengths = IndexedDataset(dataset_prefix).sequence_lengths
+    index_only = not data_file_path(dataset_prefix).is_file()
+    lengths = IndexedDataset(dataset_prefix, index_only=index_only).sequence_lengths
     split_range = split_ranges(split_spec, len(lengths), semantics)[SPLITS.index(split)]
     if split_range is None or split_range[0] >= split_range[1]:
         return None
     key = cache_key(
-        dataset_content_hash(dataset_prefix),
+        dataset_content_hash(dataset_prefix, index_only=index_only),
         semantics=semantics,
         split=split,
         split_spec=split_spec,
@@ -136,9 +140,13 @@ def build_or_load(
     try:
         found = _load_entry(paths, key, digest)
     except CacheError:
+        if not build:
+            raise
         found = None
     if found is not None:
         return found
+    if not build:
+        raise CacheError(f"{paths['description']}: missing; the index was never built")
     with cache.exclusive_lock(Path(cache_dir) / f"{digest}-Nanoset-{split}.lock"):
         found = _load_entry(paths, key, digest, partial_ok=True)
         if found is None:
