@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -240,3 +241,44 @@ def write_dataset_info_by_reading_parquet(
     for parquet in sorted((path.parent / "data").glob("*.parquet")):
         (copy / "data" / parquet.name).write_bytes(parquet.read_bytes())
     return json.loads(write_dataset_info(copy, extra={"tokenmill": block}).read_text())
+
+
+_TRACE: list[tuple[str, str]] | None = None
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if _TRACE is not None and event == "open" and args:
+        _TRACE.append((event, os.fsdecode(args[0]) if isinstance(args[0], str | bytes) else ""))
+
+
+sys.addaudithook(_audit)  # hooks cannot be removed; it records only while _TRACE is a list
+
+
+def test_shard_step_opens_only_its_own_files(
+    recipe: Recipe,
+    resources: dict[str, object],
+    instance: DagsterInstance,
+    storage: StorageResource,
+) -> None:
+    """Each shard stage of one shard, with 3 sibling shards done: no path of a sibling is
+    opened (Python's audit hook sees every open of this process); the siblings' Parquet files
+    are removed first, so a read through pyarrow's own I/O, which the hook cannot see, would
+    fail the step. (Writers still list their output folder's names to clear stale temps.)"""
+    global _TRACE
+    siblings = ["part-00000", "part-00001", "part-00002"]
+    instance.add_dynamic_partitions(partitions_name("docs"), [*siblings, SHARD])
+    for key in siblings:
+        for stage in ("raw_jsonl", "hf_dataset", "tokens"):
+            run(recipe, resources, instance, ["docs", stage], key)
+    for key in siblings:
+        storage.parquet_path("docs", key).unlink()
+    root = str(Path(storage.root).resolve())
+    for stage in ("raw_jsonl", "hf_dataset", "tokens"):
+        _TRACE = []
+        try:
+            run(recipe, resources, instance, ["docs", stage], SHARD)
+        finally:
+            trace, _TRACE = _TRACE, None
+        ours = [p for _, p in trace if p.startswith((root, storage.root))]
+        assert any(SHARD in p for p in ours), stage
+        assert not [p for p in ours if any(k in p for k in siblings)], stage
