@@ -211,6 +211,7 @@ class StorageResource(ConfigurableResource):
     def merged_key(self, dataset: str, text_key: str) -> str:
         """The layout key of the current merged version's prefix, read from the pointer
         (ConfigError naming the pointer when the dataset was never merged)."""
+        layout.document_name(dataset, text_key)  # a bad name fails before any read
         pointer = read_pointer(self.merged_pointer_path(dataset))
         if pointer is None:
             raise ConfigError(
