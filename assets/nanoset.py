@@ -24,6 +24,8 @@ from dagster import (
 
 from assets.metadata import path_value
 from pipelines.resources import StorageResource
+from tokenmill import layout
+from tokenmill.errors import ConfigError
 from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
 from tokenmill.nanoset import SPLITS, NanosetIndex, build_or_load
 from tokenmill.recipe import DatasetConfig, NanosetConfig
@@ -53,8 +55,12 @@ def split_indices(
 
 def input_version(storage: StorageResource, ds: DatasetConfig, cfg: NanosetConfig) -> str:
     """Hash of the merged dataset's content and the index settings."""
-    prefix = storage.merged_prefix(ds.name, ds.text_key)
-    content = dataset_content_hash(prefix) if dataset_manifest_path(prefix).is_file() else None
+    try:
+        prefix = storage.merged_prefix(ds.name, ds.text_key)
+    except ConfigError:  # never merged
+        prefix = None
+    done = prefix is not None and dataset_manifest_path(prefix).is_file()
+    content = dataset_content_hash(prefix, index_only=True) if done else None
     return hashlib.sha256(json.dumps([content, dataclasses.asdict(cfg)]).encode()).hexdigest()
 
 
@@ -72,8 +78,10 @@ def build_nanoset(
         description=f"Nanoset indices of merged {ds.name} ({cfg.semantics} semantics).",
     )
     def nanoset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
-        with storage.workspace([f"merged/{ds.name}_{ds.text_key}_document"]) as ws:
-            prefix = ws.storage.merged_prefix(ds.name, ds.text_key)
+        with storage.workspace([layout.merged_pointer(ds.name)]) as ws:
+            key = ws.storage.merged_key(ds.name, ds.text_key)
+            ws.fetch([f"{key}.idx", f"{key}.manifest.json"])  # lengths and content hash
+            prefix = ws.storage.path(key)
             rows = ["| split | samples | cache hash |", "|---|---:|---|"]
             metadata: dict[str, Any] = {"input_version": input_version(ws.storage, ds, cfg)}
             for split, index in split_indices(ws.storage, ds, cfg).items():
@@ -86,7 +94,7 @@ def build_nanoset(
             metadata.update(
                 sequence_length=cfg.sequence_length,
                 semantics=cfg.semantics,
-                content_hash=dataset_content_hash(prefix),
+                content_hash=dataset_content_hash(prefix, index_only=True),
                 splits=MetadataValue.md("\n".join(rows)),
                 path=path_value(ws.storage.nanoset_dir()),
             )
