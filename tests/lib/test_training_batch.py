@@ -280,3 +280,36 @@ def test_merge_carries_and_checks_the_eod(tmp_path: Path) -> None:
     write_tokens(tmp_path / "c", [6], 2, np.uint16, EOD + 1)
     with pytest.raises(InputError, match=r"eod_id 4, but .*a has 3"):
         merge_datasets([tmp_path / "a", tmp_path / "c"], tmp_path / "n")
+
+
+def test_torch_adapter_and_packed_collate(data: IndexedDataset) -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from tokenmill.loader import BatchSampler
+    from tokenmill.loader.torch import TrainingDataset, packed_collate, training_batch
+
+    ds = nanoset(data, extra=True, drop_last=False)
+    flags = {"eod_mask_loss": True, "inter_document_masking": True}
+    ks = list(range(len(ds)))
+    arrays = ds.get_training_batch(ks, **flags)
+    tensors = training_batch(ds, ks, **flags)
+    assert list(tensors) == list(arrays)
+    for key, value in tensors.items():
+        assert value.dtype == getattr(torch, np.dtype(DTYPES[key]).name), key
+        assert np.array_equal(value.numpy(), arrays[key]), key
+    masked = training_batch(ds, [0], create_attention_mask=True)["attention_mask"]
+    assert masked.dtype == torch.bool and masked.shape == (1, 1, S, S)
+
+    wrapped = TrainingDataset(ds, **flags)
+    loader = DataLoader(wrapped, batch_sampler=BatchSampler(len(ds), 2), collate_fn=packed_collate)
+    first = next(iter(loader))
+    assert list(first) == ["input_ids", "labels", "position_ids"]
+    assert torch.equal(first["input_ids"], tensors["tokens"][:2])
+    want = np.where(arrays["loss_mask"][:2] == 0, -100, arrays["labels"][:2])
+    assert first["labels"].tolist() == want.tolist() and (want == -100).any()
+    assert torch.equal(first["position_ids"], tensors["position_ids"][:2])
+    per_sample = packed_collate([wrapped[0], wrapped[1]])
+    assert all(torch.equal(per_sample[key], first[key]) for key in first)
+    flat = packed_collate(wrapped.__getitems__([0, 1]), flatten=True)
+    assert flat["input_ids"].shape == (1, 2 * S)
