@@ -224,6 +224,9 @@ def test_blend_equals_the_reference_of_its_datasets(tmp_path: Path, data: Indexe
     for flags in COMBOS:
         expected = [reference_sample(t, p, 1, EOD, -1, **flags) for t, p in texts]
         assert_matches_reference(blend.get_training_batch(ids, **flags), expected)
+        empty = blend.get_training_batch([], **flags)
+        assert list(empty) == list(expected[0])
+        assert all(v.shape[0] == 0 and v.dtype == DTYPES[k] for k, v in empty.items())
 
 
 def test_eod_recorded_explicit_or_missing(tmp_path: Path, data: IndexedDataset) -> None:

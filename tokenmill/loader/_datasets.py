@@ -224,15 +224,13 @@ class NanosetDataset:
     ) -> dict[str, np.ndarray]:
         """Samples ``indices`` as megatron-core ``GPTDataset.__getitem__`` training dicts with
         these flags, stacked (FORMATS §11); ``eod_id=None`` takes the manifest's EOD id."""
+        eod = resolve_eod({self.name: self}, eod_id)
         ks = _sample_ids(indices, len(self), self.name)
-        text, rows, sizes = gather_batch(self.width, [(self, np.arange(len(ks)), ks)], len(ks))
-        return training_inputs(
-            text,
-            rows,
-            sizes,
-            extra=bool(self.extra),
-            eod_id=resolve_eod({self.name: self}, eod_id),
-            pad_id=self.pad_id,
+        return training_batch(
+            [self],
+            [(self, np.arange(len(ks)), ks)],
+            len(ks),
+            eod_id=eod,
             reset_position_ids=reset_position_ids,
             reset_attention_mask=reset_attention_mask,
             eod_mask_loss=eod_mask_loss,
@@ -254,36 +252,81 @@ def _reopen(
 
 
 def gather_batch(
-    width: int, requests: list[tuple[NanosetDataset, np.ndarray, np.ndarray]], size: int
+    width: int,
+    requests: list[tuple[NanosetDataset, np.ndarray, np.ndarray]],
+    size: int,
+    *,
+    widen: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """An int64 ``[size, width]`` batch; each request (dataset, output rows in ascending order,
     sample ids) fills its rows. Samples shorter than ``width`` are padded with the pad id. Also
-    each piece's output row and token count, in row order (the pieces of §11.4)."""
-    out = np.empty((size, width), dtype=np.int64)
-    piece_rows, piece_sizes = [], []
+    each piece's output row and token count, in row order (the pieces of §11.4).
+
+    ``widen=False`` keeps the token files' dtype when no sample is short (possibly a read-only
+    view of the copied bytes): a caller that widens slices of it anyway saves a pass.
+    """
+    reads, short = [], False
     for ds, rows, ks in requests:
         flat, sizes, counts = ds.read(ks)
-        piece_rows.append(np.repeat(rows, counts))
-        piece_sizes.append(sizes)
         firsts = np.cumsum(counts) - counts
         lengths = np.add.reduceat(sizes, firsts) if len(ks) else np.zeros(0, np.int64)
         if lengths.size and int(lengths.max()) > width:
             ds.assemble(int(ds.shuffle_index[ks[int(np.argmax(lengths))]]))  # raises FormatError
-        if bool(np.all(lengths == width)):
-            if len(rows) == size:
-                np.copyto(out.reshape(-1), flat)
-            else:
-                out[rows] = flat.reshape(len(rows), width)
-            continue
-        block = np.full((len(rows), width), ds.pad_id, dtype=np.int64)
-        block[np.arange(width) < lengths[:, None]] = flat
-        out[rows] = block
-    if len(requests) == 1:
-        return out, piece_rows[0], piece_sizes[0]
-    all_rows = np.concatenate(piece_rows) if requests else np.zeros(0, np.int64)
+        short = short or bool(np.any(lengths < width))
+        reads.append((ds, rows, flat, np.repeat(rows, counts), sizes, lengths))
+    if widen or short or not reads:
+        dtype = np.dtype(np.int64)
+    else:
+        dtype = np.result_type(*(read[2].dtype for read in reads))
+    if len(reads) == 1 and len(reads[0][1]) == size and reads[0][2].dtype == dtype and not short:
+        out = reads[0][2].reshape(size, width)
+    else:
+        out = np.empty((size, width), dtype=dtype)
+        for ds, rows, flat, _, _, lengths in reads:
+            if bool(np.all(lengths == width)):
+                if len(rows) == size:
+                    np.copyto(out.reshape(-1), flat)
+                else:
+                    out[rows] = flat.reshape(len(rows), width)
+                continue
+            block = np.full((len(rows), width), ds.pad_id, dtype=np.int64)
+            block[np.arange(width) < lengths[:, None]] = flat
+            out[rows] = block
+    if len(reads) == 1:
+        return out, reads[0][3], reads[0][4]
+    all_rows = np.concatenate([r[3] for r in reads]) if reads else np.zeros(0, np.int64)
     order = np.argsort(all_rows, kind="stable")
-    sizes = np.concatenate(piece_sizes) if requests else np.zeros(0, np.int64)
+    sizes = np.concatenate([r[4] for r in reads]) if reads else np.zeros(0, np.int64)
     return out, all_rows[order], sizes[order]
+
+
+def training_batch(
+    parts: list[NanosetDataset],
+    requests: list[tuple[NanosetDataset, np.ndarray, np.ndarray]],
+    size: int,
+    *,
+    eod_id: int,
+    **flags: bool,
+) -> dict[str, np.ndarray]:
+    """``gather_batch`` as §11 training inputs; ``parts`` (the datasets requests may come from)
+    share the width, ``extra`` and pad id. The passes mapping padding run only if a sample is
+    short or the pad id is a value the token files can hold."""
+    first = parts[0]
+    text, rows, sizes = gather_batch(first.width, requests, size, widen=False)
+    lengths = np.bincount(rows, weights=sizes, minlength=size)
+    representable = any(
+        np.iinfo(ds.data.dtype).min <= first.pad_id <= np.iinfo(ds.data.dtype).max for ds in parts
+    )
+    return training_inputs(
+        text,
+        rows,
+        sizes,
+        extra=bool(first.extra),
+        eod_id=eod_id,
+        pad_id=first.pad_id,
+        may_hold_pad=representable or bool(np.any(lengths < first.width)),
+        **flags,
+    )
 
 
 class BlendedDataset:
@@ -401,14 +444,11 @@ class BlendedDataset:
                 )
         eod = resolve_eod(self.datasets, eod_id)
         size, requests = self._requests(indices)
-        text, rows, sizes = gather_batch(self.width, requests, size)
-        return training_inputs(
-            text,
-            rows,
-            sizes,
-            extra=bool(self._parts[0].extra),
+        return training_batch(
+            self._parts,
+            requests,
+            size,
             eod_id=eod,
-            pad_id=self._parts[0].pad_id,
             reset_position_ids=reset_position_ids,
             reset_attention_mask=reset_attention_mask,
             eod_mask_loss=eod_mask_loss,

@@ -1,15 +1,16 @@
 """Training inputs as megatron-core ``GPTDataset.__getitem__`` builds them (FORMATS §11), for a
 whole batch at once.
 
-``training_inputs`` takes the assembled samples ``text`` (int64 ``[B, S + extra]``, short ones
-padded with the pad id) and the pieces they were read from (each piece's output row and token
-count, in row order) and returns, stacked over the batch, the dict Megatron returns per sample:
-same keys, dtypes and values. Everything is array arithmetic over the batch: positions that
-restart after an EOD (or at a piece start) are ``column - last restart``, the last restart
-being a running maximum along the row; the attention mask is ``column > row`` (causal) or
-``column < first position of the row's EOD-delimited segment``. Where Megatron caches the
-flag-free masks and then zeroes padding in the cached loss mask (so later samples inherit
-those zeros), each sample here gets its own, as §11 specifies.
+``training_inputs`` takes the assembled samples ``text`` (``[B, S + extra]``, any integer
+dtype; short ones padded with the pad id) and the pieces they were read from (each piece's
+output row and token count, in row order) and returns, stacked over the batch, the dict
+Megatron returns per sample: same keys, dtypes and values. It is array arithmetic over the
+flattened ``B·S`` positions: EODs are found with one comparison; position ids that restart
+(after an EOD, or at a piece start) are a cumulative sum of ones stepping back to 0 at each
+run start, in place in the output; the attention mask is ``column > row`` (causal) or
+``column < the row's run start``. Where Megatron caches the flag-free masks and then zeroes
+padding in the cached loss mask (so later samples inherit those zeros), each sample here gets
+its own, as §11 specifies.
 """
 
 from __future__ import annotations
@@ -34,37 +35,52 @@ def training_inputs(
     extra: bool,
     eod_id: int,
     pad_id: int,
+    may_hold_pad: bool = True,
     reset_position_ids: bool = False,
     reset_attention_mask: bool = False,
     eod_mask_loss: bool = False,
     create_attention_mask: bool = False,
     inter_document_masking: bool = False,
 ) -> dict[str, np.ndarray]:
-    """The §11 training dict of every row of ``text`` (see the module docstring)."""
+    """The §11 training dict of every row of ``text`` (see the module docstring).
+
+    ``may_hold_pad=False`` (no sample was padded and no token can equal ``pad_id``) skips the
+    three full passes that map padding; the last label without the extra token is still pad.
+    """
     tokens, labels = _shift(text, extra, pad_id)
     batch, seq = tokens.shape
-    columns = np.arange(seq, dtype=np.int64)
-    is_eod = tokens == eod_id
+    need_eods = eod_mask_loss or (
+        not inter_document_masking
+        and (reset_position_ids or (create_attention_mask and reset_attention_mask))
+    )
+    eods = np.flatnonzero(text[:, :seq] == eod_id) if need_eods else np.zeros(0, np.int64)
     loss_mask = np.ones((batch, seq), dtype=np.float32)
     if eod_mask_loss:
-        loss_mask[is_eod] = 0.0
+        loss_mask.reshape(-1)[eods] = 0.0
+    row_starts = np.arange(0, batch * seq, seq)
+    eod_runs = np.union1d(row_starts, eods[(eods + 1) % seq != 0] + 1)
     attention_mask = None
     if inter_document_masking:
-        cu_seqlens, piece_start = _cu_seqlens(piece_rows, piece_sizes, batch, seq, extra)
-        position_ids = columns - piece_start
-        max_seqlen = np.diff(cu_seqlens, axis=1).max(axis=1, initial=0).astype(np.int32)
+        cu_seqlens, max_seqlen, piece_starts = _cu_seqlens(
+            piece_rows, piece_sizes, batch, seq, extra
+        )
+        position_ids = _positions(np.union1d(row_starts, piece_starts), batch, seq)
     else:
-        resets = reset_position_ids or (create_attention_mask and reset_attention_mask)
-        segment_start = _restarts(is_eod, columns) if resets else np.zeros((batch, 1), np.int64)
-        if reset_position_ids:
-            position_ids = columns - segment_start
-        else:
-            position_ids = np.tile(columns, (batch, 1))
+        position_ids = (
+            _positions(eod_runs, batch, seq)
+            if reset_position_ids
+            else np.tile(np.arange(seq, dtype=np.int64), (batch, 1))
+        )
         if create_attention_mask:
-            attention_mask = _attention_mask(segment_start, reset_attention_mask, batch, seq)
-    loss_mask[labels == pad_id] = 0.0
-    tokens[tokens == pad_id] = 0
-    labels[labels == pad_id] = 0
+            reset = _positions(eod_runs, batch, seq) if reset_attention_mask else None
+            attention_mask = _attention_mask(reset, batch, seq)
+    if may_hold_pad:
+        loss_mask[labels == pad_id] = 0.0
+        tokens[tokens == pad_id] = 0
+        labels[labels == pad_id] = 0
+    elif not extra:
+        loss_mask[:, -1] = 0.0
+        labels[:, -1] = 0
     if inter_document_masking:
         return {
             "tokens": tokens,
@@ -115,43 +131,48 @@ def resolve_eod(datasets: Mapping[str, _RecordsEod], eod_id: int | None) -> int:
 def _shift(text: np.ndarray, extra: bool, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """``tokens``/``labels``: ``text[:-1]``/``text[1:]`` with the extra token; else ``text`` and
     ``text`` rolled left by one with the last label the pad id."""
-    text = np.asarray(text, dtype=np.int64)
     if extra:
-        return text[:, :-1].copy(), text[:, 1:].copy()
-    labels = np.empty_like(text)
+        return text[:, :-1].astype(np.int64), text[:, 1:].astype(np.int64)
+    labels = np.empty(text.shape, dtype=np.int64)
     labels[:, :-1] = text[:, 1:]
     labels[:, -1:] = pad_id
-    return text.copy(), labels
+    return text.astype(np.int64), labels
 
 
-def _restarts(starts_here: np.ndarray, columns: np.ndarray) -> np.ndarray:
-    """Per position, where its run began: a run restarts after every True of ``starts_here``
-    (the position right after an EOD), so it is the running maximum of those positions."""
-    marker = np.zeros(starts_here.shape, dtype=np.int64)
-    marker[:, 1:] = np.where(starts_here[:, :-1], columns[1:], 0)
-    return np.maximum.accumulate(marker, axis=1)
+def _positions(run_starts: np.ndarray, batch: int, seq: int) -> np.ndarray:
+    """Position ids ``[B, S]`` counting from 0 at each run start (sorted, unique flat positions
+    including every row start): a cumulative sum of ones, in place, that steps back to 0 at
+    each run start (one buffer: no ``B·S`` temporaries)."""
+    out = np.ones(batch * seq, dtype=np.int64)
+    if len(run_starts):
+        lengths = np.diff(run_starts, append=batch * seq)
+        out[run_starts[1:]] = 1 - lengths[:-1]
+        out[0] = 0
+        np.cumsum(out, out=out)
+    return out.reshape(batch, seq)
 
 
-def _attention_mask(segment_start: np.ndarray, reset: bool, batch: int, seq: int) -> np.ndarray:
-    """bool ``[B, 1, S, S]``, True = may not attend: later columns (causal) and, with ``reset``,
-    columns before the row's EOD-delimited segment (an EOD lies between them)."""
+def _attention_mask(reset_positions: np.ndarray | None, batch: int, seq: int) -> np.ndarray:
+    """bool ``[B, 1, S, S]``, True = may not attend: later columns (causal) and, given the
+    positions that restart after each EOD, columns before the row's run (an EOD between)."""
     columns = np.arange(seq)
     causal = columns[None, :] > columns[:, None]
     out = np.empty((batch, 1, seq, seq), dtype=bool)
-    if not reset:
+    if reset_positions is None:
         out[:, 0] = causal
         return out
-    np.less(columns[None, None, :], segment_start[:, :, None], out=out[:, 0])
+    run_start = columns - reset_positions
+    np.less(columns[None, None, :], run_start[:, :, None], out=out[:, 0])
     out[:, 0] |= causal
     return out
 
 
 def _cu_seqlens(
     piece_rows: np.ndarray, piece_sizes: np.ndarray, batch: int, seq: int, extra: bool
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """int32 ``cu_seqlens`` ``[B, S + 1]`` of the pieces (§11.4: the extra token off the last
     piece, which is dropped if that empties it; padding folded into the last piece; padded with
-    S), and per position the start of its piece."""
+    S), int32 ``max_seqlen`` ``[B]``, and the flat positions where pieces start."""
     rows = np.asarray(piece_rows, dtype=np.int64)
     sizes = np.asarray(piece_sizes, dtype=np.int64).copy()
     counts = np.bincount(rows, minlength=batch)
@@ -172,15 +193,15 @@ def _cu_seqlens(
         )
     firsts = np.cumsum(counts) - counts
     ends_total = np.cumsum(sizes)
-    before_row = np.concatenate([[0], ends_total])[firsts]
-    end = ends_total - np.repeat(before_row, counts)
+    end = ends_total - np.repeat(np.concatenate([[0], ends_total])[firsts], counts)
+    start = end - sizes
     rank = np.arange(len(rows)) - np.repeat(firsts, counts)
+    last = rank == np.repeat(counts, counts) - 1
     cu_seqlens = np.full((batch, seq + 1), seq, dtype=np.int32)
     cu_seqlens[:, 0] = 0
-    inner = rank < np.repeat(counts, counts) - 1  # the last piece ends at S: padding folded in
-    cu_seqlens[rows[inner], rank[inner] + 1] = end[inner]
-    start = end - sizes
-    marker = np.zeros((batch, seq), dtype=np.int64)
+    cu_seqlens[rows[~last], rank[~last] + 1] = end[~last]  # the last piece ends at S
+    max_seqlen = np.full(batch, seq, dtype=np.int32)  # rows left without a piece: one of S
+    max_seqlen[counts > 0] = 0
+    np.maximum.at(max_seqlen, rows, np.where(last, seq - start, sizes).astype(np.int32))
     inside = start < seq
-    marker[rows[inside], start[inside]] = start[inside]
-    return cu_seqlens, np.maximum.accumulate(marker, axis=1)
+    return cu_seqlens, max_seqlen, rows[inside] * seq + start[inside]
