@@ -154,17 +154,24 @@ def _positions(run_starts: np.ndarray, batch: int, seq: int) -> np.ndarray:
 
 def _attention_mask(reset_positions: np.ndarray | None, batch: int, seq: int) -> np.ndarray:
     """bool ``[B, 1, S, S]``, True = may not attend: later columns (causal) and, given the
-    positions that restart after each EOD, columns before the row's run (an EOD between)."""
+    positions that restart after each EOD, columns before the row's run (an EOD between).
+
+    Row ``r`` at restarted position ``d`` may attend exactly to columns ``r-d..r``: the window
+    at offset ``S-1-r`` of ``allowed[d]``, a ``2S`` row open on ``S-1-d..S-1``. So the mask is
+    one gather of ``S``-byte rows from a strided view of that ``[S, 2S]`` table.
+    """
     columns = np.arange(seq)
-    causal = columns[None, :] > columns[:, None]
-    out = np.empty((batch, 1, seq, seq), dtype=bool)
     if reset_positions is None:
-        out[:, 0] = causal
+        out = np.empty((batch, 1, seq, seq), dtype=bool)
+        out[:, 0] = columns[None, :] > columns[:, None]
         return out
-    run_start = columns - reset_positions
-    np.less(columns[None, None, :], run_start[:, :, None], out=out[:, 0])
-    out[:, 0] |= causal
-    return out
+    j = np.arange(2 * seq)
+    masked = (j[None, :] < seq - 1 - columns[:, None]) | (j[None, :] > seq - 1)
+    windows = np.lib.stride_tricks.as_strided(
+        masked, shape=(seq, seq, seq), strides=(2 * seq, 1, 1), writeable=False
+    )
+    offsets = np.broadcast_to(seq - 1 - columns, (batch, seq))
+    return windows[reset_positions, offsets].reshape(batch, 1, seq, seq)
 
 
 def _cu_seqlens(
