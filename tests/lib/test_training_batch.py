@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tokenmill.blend_manifest import build_blend
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
-from tokenmill.loader import BlendedDataset, NanosetDataset, open_nanoset
+from tokenmill.loader import BlendedDataset, NanosetDataset, open_blend, open_nanoset
 from tokenmill.manifest import read_dataset_manifest, write_dataset_manifest
 from tokenmill.merge import merge_datasets
 from tokenmill.nanoset import build_nanoset_indices, build_or_load
@@ -167,6 +168,7 @@ def test_every_flag_combination_equals_the_reference(
 ) -> None:
     ds = nanoset(data, extra=extra, drop_last=drop_last, pad_id=pad_id)
     ks = np.array([*range(len(ds)), len(ds) - 1, 0])
+    assert ds.get_batch(ks).flags.writeable  # get_batch still returns its own int64 copy
     texts = [reference_text(ds, int(k)) for k in ks]
     if not drop_last:
         assert any(pad_id in text for text, _ in texts)  # padded samples are covered
@@ -273,6 +275,30 @@ def test_open_nanoset_takes_pad_id(tmp_path: Path, data: IndexedDataset) -> None
     assert (
         not (train["loss_mask"][padded] == 1.0).all() and (train["loss_mask"][~padded] == 1).all()
     )
+
+
+def test_open_blend_takes_pad_id_and_the_recorded_eod(tmp_path: Path) -> None:
+    paths = {"web": tmp_path / "web", "code": tmp_path / "code"}
+    write_tokens(paths["web"], LENGTHS * 3, 1, np.uint16, EOD)
+    write_tokens(paths["code"], LENGTHS * 2, 2, np.int32, EOD)
+    build_blend(
+        "mix",
+        paths,
+        tmp_path / "blend",
+        tmp_path / "cache",
+        weights={"web": 0.6, "code": 0.4},
+        sequence_length=S,
+        split_spec="1,0,0",
+        seed=3,
+        train_samples=20,
+    )
+    blend = open_blend(tmp_path / "blend", pad_id=-7)
+    assert {ds.pad_id for ds in blend.datasets.values()} == {-7}
+    ids = np.arange(len(blend))
+    batch = blend.get_training_batch(ids, eod_mask_loss=True)
+    assert batch["tokens"].shape == (len(blend), S)
+    samples = blend.get_batch(ids)
+    assert np.array_equal(batch["loss_mask"] == 0, samples[:, :-1] == EOD)
 
 
 def test_merge_carries_and_checks_the_eod(tmp_path: Path) -> None:

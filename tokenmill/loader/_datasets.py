@@ -278,7 +278,7 @@ def gather_batch(
         dtype = np.dtype(np.int64)
     else:
         dtype = np.result_type(*(read[2].dtype for read in reads))
-    if len(reads) == 1 and len(reads[0][1]) == size and reads[0][2].dtype == dtype and not short:
+    if not widen and not short and len(reads) == 1 and len(reads[0][1]) == size:
         out = reads[0][2].reshape(size, width)
     else:
         out = np.empty((size, width), dtype=dtype)
