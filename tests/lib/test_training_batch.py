@@ -255,6 +255,12 @@ def test_blend_datasets_must_agree_on_the_eod(tmp_path: Path, data: IndexedDatas
     with pytest.raises(ConfigError, match=r"different EOD ids \('web': 3, 'code': 7\)"):
         blend.get_training_batch([0, 1])
     assert blend.get_training_batch([0, 1], eod_id=3)["tokens"].shape == (2, S)
+    padded = nanoset(data, extra=True, drop_last=True, pad_id=0)
+    mixed = BlendedDataset(
+        {"web": a, "pad0": padded}, np.array([0, 1], np.int16), np.zeros(2, np.int64)
+    )
+    with pytest.raises(ConfigError, match=r"pad_id differ \(\{'web': -1, 'pad0': 0\}\)"):
+        mixed.get_training_batch([0], eod_id=3)
 
 
 def test_open_nanoset_takes_pad_id(tmp_path: Path, data: IndexedDataset) -> None:

@@ -224,13 +224,12 @@ class NanosetDataset:
     ) -> dict[str, np.ndarray]:
         """Samples ``indices`` as megatron-core ``GPTDataset.__getitem__`` training dicts with
         these flags, stacked (FORMATS §11); ``eod_id=None`` takes the manifest's EOD id."""
-        eod = resolve_eod({self.name: self}, eod_id)
         ks = _sample_ids(indices, len(self), self.name)
         return training_batch(
-            [self],
+            {self.name: self},
             [(self, np.arange(len(ks)), ks)],
             len(ks),
-            eod_id=eod,
+            eod_id=eod_id,
             reset_position_ids=reset_position_ids,
             reset_attention_mask=reset_attention_mask,
             eod_mask_loss=eod_mask_loss,
@@ -301,28 +300,32 @@ def gather_batch(
 
 
 def training_batch(
-    parts: list[NanosetDataset],
+    parts: dict[str, NanosetDataset],
     requests: list[tuple[NanosetDataset, np.ndarray, np.ndarray]],
     size: int,
     *,
-    eod_id: int,
+    eod_id: int | None,
     **flags: bool,
 ) -> dict[str, np.ndarray]:
-    """``gather_batch`` as §11 training inputs; ``parts`` (the datasets requests may come from)
-    share the width, ``extra`` and pad id. The passes mapping padding run only if a sample is
-    short or the pad id is a value the token files can hold."""
-    first = parts[0]
+    """``gather_batch`` as §11 training inputs. ``parts`` (the datasets requests may come from)
+    must share ``extra`` and the pad id; ``eod_id=None`` takes the EOD id they all record. The
+    passes mapping padding run only if a sample is short or the pad id is a token value."""
+    for setting in ("pad_id", "extra"):
+        values = {name: getattr(ds, setting) for name, ds in parts.items()}
+        if len(set(values.values())) > 1:
+            raise ConfigError(f"the datasets' {setting} differ ({values}); training needs one")
+    eod = resolve_eod(parts, eod_id)
+    first = next(iter(parts.values()))
     text, rows, sizes = gather_batch(first.width, requests, size, widen=False)
     lengths = np.bincount(rows, weights=sizes, minlength=size)
-    representable = any(
-        np.iinfo(ds.data.dtype).min <= first.pad_id <= np.iinfo(ds.data.dtype).max for ds in parts
-    )
+    dtypes = [np.iinfo(ds.data.dtype) for ds in parts.values()]
+    representable = any(info.min <= first.pad_id <= info.max for info in dtypes)
     return training_inputs(
         text,
         rows,
         sizes,
         extra=bool(first.extra),
-        eod_id=eod_id,
+        eod_id=eod,
         pad_id=first.pad_id,
         may_hold_pad=representable or bool(np.any(lengths < first.width)),
         **flags,
@@ -435,20 +438,12 @@ class BlendedDataset:
         """Samples ``indices`` as megatron-core ``GPTDataset.__getitem__`` training dicts with
         these flags, stacked (FORMATS §11); ``eod_id=None`` takes the EOD id every dataset's
         manifest records (they must agree)."""
-        for setting in ("pad_id", "extra"):
-            values = {name: getattr(ds, setting) for name, ds in self.datasets.items()}
-            if len(set(values.values())) > 1:
-                raise ConfigError(
-                    f"blend split {self.split!r}: the datasets' {setting} differ ({values}); "
-                    "training inputs need one"
-                )
-        eod = resolve_eod(self.datasets, eod_id)
         size, requests = self._requests(indices)
         return training_batch(
-            self._parts,
+            self.datasets,
             requests,
             size,
-            eod_id=eod,
+            eod_id=eod_id,
             reset_position_ids=reset_position_ids,
             reset_attention_mask=reset_attention_mask,
             eod_mask_loss=eod_mask_loss,

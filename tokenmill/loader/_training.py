@@ -58,7 +58,6 @@ def training_inputs(
     if eod_mask_loss:
         loss_mask.reshape(-1)[eods] = 0.0
     row_starts = np.arange(0, batch * seq, seq)
-    eod_runs = np.union1d(row_starts, eods[(eods + 1) % seq != 0] + 1)
     attention_mask = None
     if inter_document_masking:
         cu_seqlens, max_seqlen, piece_starts = _cu_seqlens(
@@ -66,14 +65,16 @@ def training_inputs(
         )
         position_ids = _positions(np.union1d(row_starts, piece_starts), batch, seq)
     else:
-        position_ids = (
-            _positions(eod_runs, batch, seq)
-            if reset_position_ids
-            else np.tile(np.arange(seq, dtype=np.int64), (batch, 1))
-        )
+        reset = None
+        if reset_position_ids or (create_attention_mask and reset_attention_mask):
+            eod_runs = np.union1d(row_starts, eods[(eods + 1) % seq != 0] + 1)
+            reset = _positions(eod_runs, batch, seq)
+        if reset_position_ids and reset is not None:
+            position_ids = reset
+        else:
+            position_ids = np.tile(np.arange(seq, dtype=np.int64), (batch, 1))
         if create_attention_mask:
-            reset = _positions(eod_runs, batch, seq) if reset_attention_mask else None
-            attention_mask = _attention_mask(reset, batch, seq)
+            attention_mask = _attention_mask(reset if reset_attention_mask else None, batch, seq)
     if may_hold_pad:
         loss_mask[labels == pad_id] = 0.0
         tokens[tokens == pad_id] = 0
