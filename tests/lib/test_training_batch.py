@@ -7,10 +7,13 @@ over EODs and mask cells as Megatron writes them); it shares no code with the lo
 from __future__ import annotations
 
 import itertools
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, reject, settings
+from hypothesis import strategies as st
 
 from tokenmill.blend_manifest import build_blend
 from tokenmill.errors import ConfigError, InputError
@@ -43,7 +46,7 @@ DTYPES = {
 }
 
 
-def reference_text(ds: NanosetDataset, k: int) -> tuple[list[int], list[int]]:
+def reference_text(ds: NanosetDataset, k: int, seq: int = S) -> tuple[list[int], list[int]]:
     """§5.5: sample ``k``'s tokens (padded with the pad id) and its pieces' token counts."""
     j = int(ds.shuffle_index[k])
     b, bo = (int(v) for v in ds.sample_index[j])
@@ -55,7 +58,7 @@ def reference_text(ds: NanosetDataset, k: int) -> tuple[list[int], list[int]]:
         length = (eo + ds.extra - offset) if i == e else None
         parts.append(ds.data.get(int(doc[i]), offset, length).tolist())
     text = [t for part in parts for t in part]
-    text += [ds.pad_id] * (S + ds.extra - len(text))
+    text += [ds.pad_id] * (seq + ds.extra - len(text))
     return text, [len(part) for part in parts]
 
 
@@ -175,6 +178,45 @@ def test_every_flag_combination_equals_the_reference(
     for flags in COMBOS:
         expected = [reference_sample(t, p, int(extra), EOD, pad_id, **flags) for t, p in texts]
         assert_matches_reference(ds.get_training_batch(ks, **flags), expected)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 25), min_size=1, max_size=12),
+    seq=st.integers(1, 9),
+    seed=st.integers(0, 2**31 - 1),
+    extra=st.booleans(),
+    drop_last=st.booleans(),
+    pad_id=st.sampled_from([-1, 0, EOD]),
+)
+def test_random_datasets_equal_the_reference(
+    lengths: list[int], seq: int, seed: int, extra: bool, drop_last: bool, pad_id: int
+) -> None:
+    """Empty sequences, samples ending on a sequence end, 1-token pieces, pad = a token value."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data = write_tokens(Path(tmp) / "r", lengths, seed, np.uint16, EOD)
+        try:
+            arrays = build_nanoset_indices(
+                data.sequence_lengths,
+                (0, len(data)),
+                sequence_length=seq,
+                seed=seed,
+                num_samples=None,
+                add_extra_token=extra,
+                drop_last_partial=drop_last,
+            )
+        except ConfigError:  # inputs the reference rejects (e.g. too few tokens)
+            reject()
+        ds = NanosetDataset(
+            data, *arrays, sequence_length=seq, add_extra_token=extra, pad_id=pad_id
+        )
+        if not len(ds):
+            reject()
+        ks = np.random.default_rng(seed).integers(0, len(ds), 12)
+        texts = [reference_text(ds, int(k), seq) for k in ks]
+        for flags in COMBOS:
+            expected = [reference_sample(t, p, int(extra), EOD, pad_id, **flags) for t, p in texts]
+            assert_matches_reference(ds.get_training_batch(ks, **flags), expected)
 
 
 def test_partial_valid_sample_vector_d(tmp_path: Path) -> None:
