@@ -82,29 +82,13 @@ def training_inputs(
     elif not extra:
         loss_mask[:, -1] = 0.0
         labels[:, -1] = 0
-    if inter_document_masking:
-        return {
-            "tokens": tokens,
-            "labels": labels,
-            "loss_mask": loss_mask,
-            "position_ids": position_ids,
-            "cu_seqlens": cu_seqlens,
-            "max_seqlen": max_seqlen,
-        }
+    out = {"tokens": tokens, "labels": labels}
     if attention_mask is not None:
-        return {
-            "tokens": tokens,
-            "labels": labels,
-            "attention_mask": attention_mask,
-            "loss_mask": loss_mask,
-            "position_ids": position_ids,
-        }
-    return {
-        "tokens": tokens,
-        "labels": labels,
-        "loss_mask": loss_mask,
-        "position_ids": position_ids,
-    }
+        out["attention_mask"] = attention_mask
+    out |= {"loss_mask": loss_mask, "position_ids": position_ids}
+    if inter_document_masking:
+        out |= {"cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen}
+    return out  # Megatron's key order for each flag combination
 
 
 def resolve_eod(datasets: Mapping[str, _RecordsEod], eod_id: int | None) -> int:
