@@ -23,11 +23,12 @@ mask run at ``--mask-batch`` (the output alone is B·S² bytes) and are reported
 each output array once (``np.ones``); Megatron loop / floor bounds any implementation that
 reads the samples and writes the outputs.
 
-On the shared 2-core VM this was written on (2026-11-25, 512 x 2048), the Megatron loop costs
-18-40 ms CPU per batch, ours 3.2-5.6 ms, within ~1.5 ms of the floor (~3-4 ms: ~0.5 ms to copy
-the ~2,000 pieces, the rest writing ~28 MB of fresh int64/float32 outputs): 5-9x in CPU
-(median ~7x), short of 10x because the bound itself is 6-16x (median ~9x). The reset attention
-mask, one gather of S-byte rows, runs at 13-19x; the causal-only mask is a copy either way (1x).
+On the shared 2-core VM this was written on (2026-11-25, 512 x 2048, two runs), the Megatron
+loop costs 18-40 ms CPU per batch, ours 3.2-5.6 ms, within ~1.5 ms of the floor (~3-4 ms:
+~0.5 ms to copy the ~2,000 pieces, the rest writing ~28 MB of fresh int64/float32 outputs):
+4.7-9x in CPU (median ~7x), short of 10x because the bound itself is 5-16x (median ~9x). The
+reset attention mask, one gather of S-byte rows, runs at 10-19x; the causal-only mask is a
+copy either way (1x). Wall times on that VM carry other jobs' load; CPU is the steadier column.
 
 Bandwidth counts token bytes read (B·(S+1)·itemsize per batch). Wall and CPU (process time) are
 medians over repeats of per-batch means; the methods alternate (order reversed every repeat).
