@@ -193,9 +193,10 @@ def open_nanoset(
     path = Path(index) if isinstance(index, str | os.PathLike) else index.paths["description"]
     full = verify == "full"
     key, arrays, paths = _load_cache(path, full=full)
+    data = _open_data(dataset_prefix, full=full)  # a malformed pair is named before hashing
     _check_dataset(path, key, dataset_prefix, full=full)
     return NanosetDataset(
-        _open_data(dataset_prefix, full=full),
+        data,
         *arrays,
         sequence_length=int(key["sequence_length"]),
         add_extra_token=bool(key["add_extra_token"]),

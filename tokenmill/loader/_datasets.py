@@ -168,7 +168,10 @@ class NanosetDataset:
         if not 0 <= offset <= stop_in_seq <= size:
             raise FormatError(self.name, "sample_index", "a token offset lies outside its sequence")
         start = int(self._pointers[seq]) // self._itemsize + offset
-        return self._tokens[start : start + stop_in_seq - offset]
+        stop = start + stop_in_seq - offset
+        if start < 0 or stop > len(self._tokens):
+            raise FormatError(self.name, "sequence_pointers", f"sequence {seq} lies outside .bin")
+        return self._tokens[start:stop]
 
     def assemble(self, j: int) -> np.ndarray:
         """Megatron's per-sample assembly (FORMATS §5.5) of sample-index row ``j``."""
@@ -228,6 +231,10 @@ class NanosetDataset:
         if len(pos) and (bool(np.any(start > stop)) or bool(np.any(stop > seq_len))):
             raise FormatError(self.name, "sample_index", "a token offset lies outside its sequence")
         base = self._pointers[seq].astype(np.int64)
+        if len(pos) and (
+            int(base.min()) < 0 or int((base + stop * self._itemsize).max()) > len(self._bytes)
+        ):
+            raise FormatError(self.name, "sequence_pointers", "a sequence lies outside the .bin")
         lengths = np.add.reduceat(stop - start, firsts) if len(ks) else np.zeros(0, np.int64)
         return base + start * self._itemsize, base + stop * self._itemsize, lengths
 
