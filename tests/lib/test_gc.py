@@ -7,6 +7,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from tokenmill.cli import main
 from tokenmill.gc import gc
 from tokenmill.loader import open_blend
 from tokenmill.manifest import read_dataset_manifest
+from tokenmill.pull import pull
 from tokenmill.versions import write_pointer
 
 DAY = 86400
@@ -159,3 +161,25 @@ def test_a_version_without_manifest_is_left_alone(store: dict) -> None:
     age([partial], 100)
     gc(root, keep=0)
     assert (partial / "train-dataset_index.npy").is_file()
+
+
+def test_s3_root(store: dict, s3: Any, tmp_path: Path) -> None:
+    """The same selection on ``s3://bucket/prefix`` (all uploaded at once: ``--keep 0`` keeps
+    only what is current or referenced); the blend still pulls and opens afterwards."""
+    root, (v1, v2, v3) = store["root"], store["versions"]
+    s3.upload_tree(root, "data")
+    local = gc(root, keep=0, dry_run=True)
+    uri = f"s3://{s3.bucket}/data"
+    assert main(["gc", uri, "--keep", "0", "--dry-run", "--endpoint-url", s3.endpoint]) == 0
+    report = gc(uri, keep=0)
+    assert {(r.kind, r.version) for r in report.removed if r.kind != "nanoset"} == {
+        ("blend", v1[:16]),
+        ("blend", v2[:16]),
+        ("merged", "1" * 16),
+        ("merged", "2" * 16),
+    }
+    gone = {k for r in report.removed for k in r.keys}
+    assert gone == {k for r in local.removed for k in r.keys}
+    assert s3.keys("data/") == sorted(f"data/{k}" for k in tree(root) - gone)
+    pulled = pull(f"{uri}/blends/mix/manifest.json", tmp_path / "dest")
+    assert open_blend(pulled.manifest, verify="full").version == v3
