@@ -108,7 +108,7 @@ def cache_entry(root: Path, content_hash: str, n: int) -> tuple[str, dict[str, P
     chunked(paths["shuffle"], "<u4", (n,), lambda a, b: (np.arange(a, b) * step + 7) % n)
     files = {}
     for kind in ("document", "sample", "shuffle"):
-        arr = np.load(paths[kind], mmap_mode="r")
+        arr = np.load(paths[kind], mmap_mode="r", allow_pickle=False)
         entry = _file_entry(paths[kind], paths[kind].parent)
         files[kind] = {
             "file": paths[kind].name,

@@ -50,11 +50,12 @@ nanotron blends ``Σ len`` samples with the configured weights (its reference be
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import math
 import os
 import posixpath
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -356,7 +357,10 @@ def build_blend(
             },
             "datasets": entries,
         }
-        manifest = _write_version(plan, vdir, header, caches)
+        with _versions_locked(vdir.parent):  # a build that waited finds the version done
+            manifest = _complete_version(vdir, version) or _write_version(
+                plan, vdir, header, caches
+            )
     pointer = seal(_rebased(manifest, f"{VERSIONS_DIR}/{vdir.name}"))
     mpath = root / MANIFEST_NAME
     remove_stale_temps(mpath)
@@ -365,6 +369,21 @@ def build_blend(
             return pointer  # already current: nothing is rewritten
     write_json(mpath, pointer)
     return pointer
+
+
+@contextlib.contextmanager
+def _versions_locked(versions: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the ``versions`` folder itself (no lock file is left):
+    concurrent builds of one blend write a version one at a time, and a build that waited
+    finds the version another one completed."""
+    versions.mkdir(parents=True, exist_ok=True)
+    fd = os.open(versions, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def _remove_stale_builds(versions: Path) -> None:
@@ -412,8 +431,10 @@ def _write_version(
                 splits[split] = _build_split(plan, staging, split, ranges, caches[split])
         manifest = seal({**header, "splits": splits})
         write_json(staging / MANIFEST_NAME, manifest)
-        if vdir.exists():  # no valid manifest there (checked by the caller): leftovers
-            shutil.rmtree(vdir)
+        if vdir.exists():  # no valid manifest there (checked under the lock): leftovers
+            aside = temp_path_for(vdir)
+            os.rename(vdir, aside)
+            shutil.rmtree(aside)
         os.rename(staging, vdir)
         fsync_dir(vdir.parent)
     except BaseException:
