@@ -316,6 +316,7 @@ def test_cli_blend_builds_and_prints_the_table(
     out = capsys.readouterr().out
     assert "blend 'cli'" in out and "train: 52 samples" in out
     cli_manifest = read_blend_manifest(root / "blends/cli")
+    assert f"version {cli_manifest['version']} (versions/{cli_manifest['version'][:16]}/)" in out
     assert (
         cli_manifest["splits"]["train"]["files"]["dataset_index"]["sha256"]
         == build(root)["splits"]["train"]["files"]["dataset_index"]["sha256"]
