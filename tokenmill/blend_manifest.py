@@ -249,7 +249,7 @@ class _Plan:
         return found
 
 
-def blend_version(
+def _version_of(
     entries: list[dict[str, Any]],
     plan: _Plan,
     weights: Mapping[str, float] | None,
@@ -278,6 +278,72 @@ def blend_version(
     return version_hash(description)
 
 
+def _prepare(
+    name: str,
+    datasets: Mapping[str, str | os.PathLike[str]],
+    root: Path,
+    cache_dir: Path,
+    weights: Mapping[str, float] | None,
+    temperature: float | None,
+    sizes: dict[str, int | None],
+    settings: dict[str, Any],
+) -> tuple[list[dict[str, Any]], _Plan, str]:
+    """Checked settings, dataset entries (from the datasets' manifests and ``.idx``), the plan
+    and the version, without building anything."""
+    semantics, sequence_length = settings["semantics"], settings["sequence_length"]
+    _check_settings(datasets, weights, temperature, semantics, sizes, sequence_length)
+    base = root / VERSIONS_DIR / ("0" * 16)  # any version folder: all sit at the same depth
+    prefixes = {n: Path(p) for n, p in datasets.items()}
+    entries = [_dataset_entry(n, p, base) for n, p in prefixes.items()]
+    if temperature is not None:
+        tokens = [e["num_tokens"] for e in entries]
+        configured = [float(w) for w in blending.temperature_weights(tokens, temperature)]
+    else:
+        configured = [float(weights[n]) for n in prefixes]  # type: ignore[index]
+    plan = _Plan(
+        name=name,
+        base=base,
+        cache_dir=cache_dir,
+        prefixes=prefixes,
+        lengths={n: np.asarray(IndexedDataset(p).sequence_lengths) for n, p in prefixes.items()},
+        weights=configured,
+        settings=dict(settings),
+        sizes=sizes,
+        content_hashes={e["name"]: e["content_hash"] for e in entries},
+    )
+    return entries, plan, _version_of(entries, plan, weights, temperature)
+
+
+def blend_version(
+    name: str,
+    datasets: Mapping[str, str | os.PathLike[str]],
+    output_dir: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str],
+    *,
+    weights: Mapping[str, float] | None = None,
+    temperature: float | None = None,
+    sequence_length: int,
+    split_spec: str = "949,50,1",
+    seed: int = 1234,
+    train_samples: int,
+    valid_samples: int | None = None,
+    test_samples: int | None = None,
+    semantics: str = "megatron",
+) -> str:
+    """The version :func:`build_blend` with the same arguments builds or reuses, computed
+    without building anything (reads the datasets' manifests and ``.idx`` only): e.g. to
+    stage ``versions/<v16>/`` from remote storage before building, or to compare."""
+    sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
+    settings = {
+        "sequence_length": sequence_length,
+        "split_spec": split_spec,
+        "seed": seed,
+        "semantics": semantics,
+    }
+    root, cache = Path(output_dir), Path(cache_dir)
+    return _prepare(name, datasets, root, cache, weights, temperature, sizes, settings)[2]
+
+
 def build_blend(
     name: str,
     datasets: Mapping[str, str | os.PathLike[str]],
@@ -302,33 +368,13 @@ def build_blend(
     error the previous pointer and versions are left as they were.
     """
     sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
-    _check_settings(datasets, weights, temperature, semantics, sizes, sequence_length)
     root = Path(output_dir)
-    base = root / VERSIONS_DIR / ("0" * 16)  # any version folder: all sit at the same depth
-    prefixes = {n: Path(p) for n, p in datasets.items()}
-    entries = [_dataset_entry(n, p, base) for n, p in prefixes.items()]
-    if temperature is not None:
-        tokens = [e["num_tokens"] for e in entries]
-        configured = [float(w) for w in blending.temperature_weights(tokens, temperature)]
-    else:
-        configured = [float(weights[n]) for n in prefixes]  # type: ignore[index]
-    plan = _Plan(
-        name=name,
-        base=base,
-        cache_dir=Path(cache_dir),
-        prefixes=prefixes,
-        lengths={n: np.asarray(IndexedDataset(p).sequence_lengths) for n, p in prefixes.items()},
-        weights=configured,
-        settings={
-            "sequence_length": sequence_length,
-            "split_spec": split_spec,
-            "seed": seed,
-            "semantics": semantics,
-        },
-        sizes=sizes,
-        content_hashes={e["name"]: e["content_hash"] for e in entries},
-    )
-    version = blend_version(entries, plan, weights, temperature)
+    entries, plan, version = _prepare(
+        name, datasets, root, Path(cache_dir), weights, temperature, sizes,
+        {"sequence_length": sequence_length, "split_spec": split_spec, "seed": seed,
+         "semantics": semantics},
+    )  # fmt: skip
+    configured, prefixes = plan.weights, plan.prefixes
     vdir = root / VERSIONS_DIR / version[:16]
     plan = _Plan(**{**plan.__dict__, "base": vdir})
     _remove_stale_builds(root / VERSIONS_DIR)

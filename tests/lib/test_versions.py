@@ -336,3 +336,24 @@ def test_manifest_self_hash_is_canonical(root: Path) -> None:
     pointer.write_text(json.dumps(raw, indent=None))  # other formatting, same content
     assert read_blend_manifest(pointer) == manifest
     assert file_sha256(pointer) != raw["manifest_sha256"]  # over the content, not the bytes
+
+
+def test_blend_version_is_known_before_building(root: Path) -> None:
+    """``blend_version`` (same arguments as build_blend) builds nothing and names the version
+    build_blend then writes: a caller can stage ``versions/<v16>/`` first."""
+    settings: dict = {
+        "weights": {"docs": 0.7, "code": 0.3},
+        "sequence_length": S,
+        "split_spec": "80,10,10",
+        "seed": 5,
+        "train_samples": 51,
+    }
+    datasets = {
+        "docs": root / "merged/docs/v1/docs_text_document",
+        "code": root / "merged/code/v1/code_text_document",
+    }
+    out, cache = root / "blends/mix", root / "nanoset"
+    version = blend_manifest.blend_version("mix", datasets, out, cache, **settings)
+    assert not out.exists() and not cache.exists()
+    assert build(root)["version"] == version
+    assert blend_manifest.blend_version("mix", datasets, out, cache, **settings) == version
