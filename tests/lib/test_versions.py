@@ -357,3 +357,26 @@ def test_blend_version_is_known_before_building(root: Path) -> None:
     assert not out.exists() and not cache.exists()
     assert build(root)["version"] == version
     assert blend_manifest.blend_version("mix", datasets, out, cache, **settings) == version
+
+
+def test_open_nanoset_fast_hashes_no_array_full_does(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prefix = root / "merged/docs/v1/docs_text_document"
+    nano = open_nanoset(prefix, root / "nanoset", sequence_length=S, num_samples=500)
+    shuffle = Path(nano.index_paths[2])  # type: ignore[index]
+    assert nano.version == shuffle.name.split("-", 1)[0]
+    before = nano.get_batch([0, 1])
+    arr = np.load(shuffle)
+    arr[[0, 1]] = arr[[1, 0]]  # same size, other bytes
+    np.save(shuffle, arr, allow_pickle=False)
+    description = shuffle.with_name(shuffle.name.replace("shuffle_index.npy", "description.json"))
+    hashed: list[str] = []
+    real = blend_reader.file_sha256
+    monkeypatch.setattr(
+        blend_reader, "file_sha256", lambda p, *a: hashed.append(str(p)) or real(p, *a)
+    )
+    fast = open_nanoset(prefix, index=description)
+    assert hashed == [] and np.array_equal(fast.get_batch([0, 1]), before[::-1])
+    with pytest.raises(CacheError, match=r"shuffle_index\.npy: sha256 differs"):
+        open_nanoset(prefix, index=description, verify="full")
