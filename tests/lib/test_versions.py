@@ -380,3 +380,26 @@ def test_open_nanoset_fast_hashes_no_array_full_does(
     assert hashed == [] and np.array_equal(fast.get_batch([0, 1]), before[::-1])
     with pytest.raises(CacheError, match=r"shuffle_index\.npy: sha256 differs"):
         open_nanoset(prefix, index=description, verify="full")
+
+
+def test_full_verification_scans_index_values_behind_matching_hashes(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A consistent but wrong manifest (hashes of an out-of-range array, resealed): the fast
+    open cannot see it and reads fail cleanly; ``tokenmill verify`` names it."""
+    build(root)
+    pointer = root / "blends/mix/manifest.json"
+    manifest = json.loads(pointer.read_text())
+    entry = manifest["splits"]["train"]["files"]["dataset_index"]
+    path = root / "blends/mix" / entry["path"]
+    arr = np.load(path)
+    arr[5] = 7  # only datasets 0 and 1 exist
+    np.save(path, arr, allow_pickle=False)
+    entry.update(bytes=path.stat().st_size, sha256=file_sha256(path))
+    pointer.write_text(json.dumps(blend_reader.seal(manifest)))
+    ds = open_blend(pointer)
+    with pytest.raises(FormatError, match=r"dataset_index: values outside \[0, 2\)"):
+        ds.get_batch([4, 5, 6])
+    assert main(["verify", str(pointer)]) == 1
+    assert "FAIL split 'train': " in capsys.readouterr().out
+    assert main(["verify", "--fast", str(pointer)]) == 0
