@@ -129,12 +129,21 @@ def _dataset_entry(name: str, prefix: Path, base: Path) -> dict[str, Any]:
     for a merge, ``{bytes, parts, sha256_of_parts}``) and the content hash are copied from it:
     the ``.bin`` is never read. Only a hand-made pair without a manifest is hashed here.
     """
-    data = IndexedDataset(prefix)  # the .idx header and counts; the .bin is only sized
+    has_manifest = dataset_manifest_path(prefix).is_file()
+    # The .idx header and counts; with a manifest the .bin need not even be there (an S3 step
+    # stages the .idx and manifest only), else it is sized and hashed.
+    data = IndexedDataset(prefix, index_only=has_manifest)
     recorded: dict[str, Any] | None = None
-    if dataset_manifest_path(prefix).is_file():
+    if has_manifest:
         manifest = read_dataset_manifest(prefix)
-        if not file_problems(prefix, manifest, full=False):
-            recorded = manifest
+        if data_file_path(prefix).is_file():
+            problems = file_problems(prefix, manifest, full=False)
+        else:
+            dataset_content_hash(prefix, index_only=True)  # the .idx size, or FormatError
+            problems = []
+        if problems:
+            raise FormatError(prefix, "files", "; ".join(problems))
+        recorded = manifest
     files = {}
     for kind, path in (("bin", data_file_path(prefix)), ("idx", index_file_path(prefix))):
         if recorded is None:
@@ -305,7 +314,12 @@ def _prepare(
         base=base,
         cache_dir=cache_dir,
         prefixes=prefixes,
-        lengths={n: np.asarray(IndexedDataset(p).sequence_lengths) for n, p in prefixes.items()},
+        lengths={
+            n: np.asarray(
+                IndexedDataset(p, index_only=dataset_manifest_path(p).is_file()).sequence_lengths
+            )
+            for n, p in prefixes.items()
+        },
         weights=configured,
         settings=dict(settings),
         sizes=sizes,

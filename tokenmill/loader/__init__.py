@@ -102,7 +102,7 @@ def open_blend(
 
 
 def _blend_split(
-    info: dict[str, Any], mpath: Path, split: str, *, full: bool, pad_id: int
+    info: dict[str, Any], mpath: Path, split: str, *, full: bool, pad_id: int = PAD_ID
 ) -> BlendedDataset:
     """Open the checked files of one split as a BlendedDataset (memory-mapped; ``full`` also
     checks every index value)."""
