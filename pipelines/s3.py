@@ -7,10 +7,12 @@ connections) are retried with the backoff of ``tokenmill pull``; anything else r
 ``InputError`` naming the ``s3://`` URI, which fails the run.
 
 :class:`S3Stage` mirrors parts of an S3 root in a local directory: ``fetch`` downloads the
-inputs a step reads, ``push`` uploads what the step wrote (data files first, dataset manifests
-next, ``manifest.json`` last, each replaced manifest deleted before its data is overwritten) and
-deletes the fetched files the step removed, so a failed transfer never leaves a manifest that
-describes files which are not there.
+inputs a step reads, ``push`` uploads what the step wrote in the commit order of
+:mod:`tokenmill.publish` (data first, then dataset manifests, index-cache descriptions and
+stats, then ``current.json`` pointers, a blend's ``manifest.json`` last; a marker that really
+replaces an existing object is deleted before its data is overwritten, a pointer is simply
+overwritten: a PUT is atomic) and deletes the fetched files the step removed, so a failed or
+killed transfer never leaves a marker that describes files which are not there.
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ from typing import Any
 from tokenmill._atomic import TMP_MARK, commit, temp_path_for
 from tokenmill.errors import InputError
 from tokenmill.loader._manifest import relative_path_problem
+from tokenmill.publish import delete_first, publish
 from tokenmill.s3 import retrying
 
 MULTIPART_BYTES = 64 << 20  # larger files go up (and down) in parts of this size
 MAX_ATTEMPTS = 8  # botocore's own retries per request, below ours per transfer
-DATASET_MANIFEST_SUFFIX = ".manifest.json"
 
 
 # Settings a client is built from besides the endpoint; a change means a new client.
@@ -143,13 +145,6 @@ def _stamp(path: Path) -> tuple[int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def _upload_rank(rel: str) -> int:
-    """Data files first, dataset manifests next, ``manifest.json`` (blends) last."""
-    if rel.endswith(DATASET_MANIFEST_SUFFIX):
-        return 1
-    return 2 if rel.rsplit("/", 1)[-1] == "manifest.json" else 0
-
-
 @dataclass
 class S3Stage:
     """A local directory standing in for ``s3://bucket/prefix`` during one step."""
@@ -195,16 +190,35 @@ class S3Stage:
             if self.fetched.get(rel) != _stamp(path):
                 yield rel
 
+    def exists(self, rel: str) -> bool:
+        """True when ``rel`` is an object under the root now (one HEAD request)."""
+        from botocore.exceptions import ClientError
+
+        def head() -> bool:
+            try:
+                self.client.head_object(Bucket=self.bucket, Key=self.key(rel))
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return False
+                raise
+            return True
+
+        return retrying(f"looking up {self.uri(rel)}", head)
+
     def push(self) -> list[str]:
-        """Upload new and changed files (manifests last) and delete fetched files the step
-        removed; the relative paths uploaded."""
-        written = sorted(self._written(), key=lambda rel: (_upload_rank(rel), rel))
-        for rel in written:
-            if _upload_rank(rel):
+        """Upload new and changed files in commit order (``tokenmill.publish``) and delete
+        fetched files the step removed; the relative paths uploaded, in upload order."""
+        written = list(self._written())
+        for rel in sorted(written):
+            if delete_first(rel) and (rel in self.fetched or self.exists(rel)):
                 delete(self.client, self.bucket, self.key(rel))
-        for rel in written:
+
+        def put(rel: str) -> str:
             upload(self.client, self.local / rel, self.bucket, self.key(rel))
+            return rel
+
+        uploaded = publish(written, put)
         for rel in sorted(self.fetched):
             if not (self.local / rel).exists():
                 delete(self.client, self.bucket, self.key(rel))
-        return written
+        return uploaded
