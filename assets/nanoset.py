@@ -5,13 +5,21 @@ Each split's document/sample/shuffle index goes to the shared content-addressed 
 an unchanged dataset with unchanged settings costs a load, and a change never reuses stale
 arrays. Sample counts are the recipe's ``train_samples``/``valid_samples``/``test_samples``
 (null = one epoch of the split).
+
+The step reads the merged ``.idx`` (sequence lengths) and ``.manifest.json`` (content hash),
+never the ``.bin``. On an S3 root it names each split's entry (``tokenmill.nanoset.entry_key``)
+and asks S3 for it (``Workspace.stored_index_entry``: one LIST and the small description): an
+entry already there is neither rebuilt, downloaded nor uploaded again; a missing one is built
+in the work directory and uploaded, arrays first, description last.
 """
 
 import dataclasses
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 from dagster import (
     AssetExecutionContext,
     AssetKey,
@@ -23,38 +31,82 @@ from dagster import (
 )
 
 from assets.metadata import path_value
-from pipelines.resources import StorageResource
-from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
-from tokenmill.nanoset import SPLITS, NanosetIndex, build_or_load
+from pipelines.resources import StorageResource, Workspace
+from tokenmill.errors import FormatError
+from tokenmill.formats.indexed import data_file_path, index_file_path
+from tokenmill.manifest import dataset_content_hash, dataset_manifest_path, read_dataset_manifest
+from tokenmill.nanoset import (
+    SPLITS,
+    FetchEntry,
+    NanosetIndex,
+    build_or_load_lengths,
+    cache_paths,
+    entry_key,
+    index_lengths,
+)
 from tokenmill.recipe import DatasetConfig, NanosetConfig
 
 
+def merged_rel(ds: DatasetConfig) -> str:
+    """The merged dataset's prefix relative to the storage root."""
+    return f"merged/{ds.name}_{ds.text_key}_document"
+
+
+def content_hash(prefix: Path) -> str:
+    """The dataset's content hash without its ``.bin`` when that is not here (an S3 step
+    stages only the ``.idx`` and the manifest): the manifest's, provided its ``.idx`` record
+    matches the ``.idx``; with the ``.bin``, exactly ``dataset_content_hash``."""
+    if data_file_path(prefix).is_file():
+        return dataset_content_hash(prefix)
+    manifest = read_dataset_manifest(prefix)
+    idx = index_file_path(prefix)
+    recorded = manifest["files"].get(idx.name, {}).get("bytes")
+    if not idx.is_file() or idx.stat().st_size != recorded:
+        raise FormatError(idx, "size", f"missing or not the {recorded} bytes its manifest records")
+    return str(manifest["content_hash"])
+
+
+def requested_samples(cfg: NanosetConfig) -> dict[str, int | None]:
+    """Samples per split from the recipe (None = one epoch of the split)."""
+    return {"train": cfg.train_samples, "valid": cfg.valid_samples, "test": cfg.test_samples}
+
+
+def split_settings(cfg: NanosetConfig, split: str) -> dict[str, Any]:
+    """The index settings of one split, as ``build_or_load``/``entry_key`` take them."""
+    return {
+        "split": split,
+        "split_spec": cfg.split,
+        "sequence_length": cfg.sequence_length,
+        "seed": cfg.seed,
+        "num_samples": requested_samples(cfg)[split],
+        "semantics": cfg.semantics,
+    }
+
+
 def split_indices(
-    storage: StorageResource, ds: DatasetConfig, cfg: NanosetConfig
+    storage: StorageResource,
+    ds: DatasetConfig,
+    cfg: NanosetConfig,
+    *,
+    fetch: FetchEntry | None = None,
 ) -> dict[str, NanosetIndex | None]:
     """Each split's index of the merged dataset from the shared cache (built on a miss);
-    None for an empty split. Requested samples per split come from the recipe (None = one epoch).
-    """
-    requested = {"train": cfg.train_samples, "valid": cfg.valid_samples, "test": cfg.test_samples}
+    None for an empty split. Needs the merged ``.idx`` and manifest, not the ``.bin``.
+    ``fetch``: ``Workspace.fetch_index_entry`` on an S3 root, so stored entries are used."""
+    prefix = storage.merged_prefix(ds.name, ds.text_key)
+    lengths, content = index_lengths(prefix), content_hash(prefix)
     return {
-        split: build_or_load(
-            storage.merged_prefix(ds.name, ds.text_key),
-            storage.nanoset_dir(),
-            split=split,
-            split_spec=cfg.split,
-            sequence_length=cfg.sequence_length,
-            seed=cfg.seed,
-            num_samples=samples,
-            semantics=cfg.semantics,
+        split: build_or_load_lengths(
+            lengths, content, storage.nanoset_dir(), fetch=fetch, **split_settings(cfg, split)
         )
-        for split, samples in requested.items()
+        for split in SPLITS
     }
 
 
 def input_version(storage: StorageResource, ds: DatasetConfig, cfg: NanosetConfig) -> str:
     """Hash of the merged dataset's content and the index settings."""
     prefix = storage.merged_prefix(ds.name, ds.text_key)
-    content = dataset_content_hash(prefix) if dataset_manifest_path(prefix).is_file() else None
+    content = content_hash(prefix) if dataset_manifest_path(prefix).is_file() else None
     return hashlib.sha256(json.dumps([content, dataclasses.asdict(cfg)]).encode()).hexdigest()
 
 
@@ -72,24 +124,44 @@ def build_nanoset(
         description=f"Nanoset indices of merged {ds.name} ({cfg.semantics} semantics).",
     )
     def nanoset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
-        with storage.workspace([f"merged/{ds.name}_{ds.text_key}_document"]) as ws:
+        rel = merged_rel(ds)
+        with storage.workspace([f"{rel}.idx", f"{rel}.manifest.json"]) as ws:
             prefix = ws.storage.merged_prefix(ds.name, ds.text_key)
-            rows = ["| split | samples | cache hash |", "|---|---:|---|"]
+            lengths, content = index_lengths(prefix), content_hash(prefix)
+            rows = ["| split | samples | cache hash | entry |", "|---|---:|---|---|"]
             metadata: dict[str, Any] = {"input_version": input_version(ws.storage, ds, cfg)}
-            for split, index in split_indices(ws.storage, ds, cfg).items():
-                samples = 0 if index is None else len(index)
-                rows.append(
-                    f"| {split} | {samples} | {index.cache_hash if index else '(empty split)'} |"
-                )
+            for split in SPLITS:
+                samples, digest, how = split_entry(ws, lengths, content, cfg, split)
+                rows.append(f"| {split} | {samples} | {digest or '(empty split)'} | {how} |")
                 metadata[f"{split}_samples"] = samples
             context.log.info(f"{ds.name}: indices for {', '.join(SPLITS)} ready")
             metadata.update(
                 sequence_length=cfg.sequence_length,
                 semantics=cfg.semantics,
-                content_hash=dataset_content_hash(prefix),
+                content_hash=content,
                 splits=MetadataValue.md("\n".join(rows)),
                 path=path_value(ws.storage.nanoset_dir()),
             )
             return MaterializeResult(metadata=metadata)
 
     return nanoset
+
+
+def split_entry(
+    ws: Workspace, lengths: np.ndarray, content: str, cfg: NanosetConfig, split: str
+) -> tuple[int, str | None, str]:
+    """(samples, cache hash, how) of one split's entry: ``stored`` when S3 already holds it
+    complete, else ``loaded``/``built`` from the workspace's cache; (0, None, "-") if empty."""
+    settings = split_settings(cfg, split)
+    found = entry_key(len(lengths), content, **settings)
+    if found is None:
+        return 0, None, "-"
+    key, digest = found
+    cache_dir = ws.storage.nanoset_dir()
+    stored = ws.stored_index_entry(cache_paths(cache_dir, digest, split), key, digest)
+    if stored is not None:
+        return int(stored["counts"]["num_samples"]), digest, "stored"
+    held = cache_paths(cache_dir, digest, split)["description"].is_file()
+    index = build_or_load_lengths(lengths, content, cache_dir, **settings)
+    assert index is not None  # the split is not empty: entry_key said so
+    return len(index), digest, "loaded" if held else "built"

@@ -13,13 +13,24 @@ stats, then ``current.json`` pointers, a blend's ``manifest.json`` last; a marke
 replaces an existing object is deleted before its data is overwritten, a pointer is simply
 overwritten: a PUT is atomic) and deletes the fetched files the step removed, so a failed or
 killed transfer never leaves a marker that describes files which are not there.
+
+:class:`RunCache` is a run's download cache on this host: steps of one run (in one process or
+several) that read the same object download it once. An entry is named by the object's bucket,
+key, ETag and size (a changed object is a new entry), written read-only with a fixed mtime
+(a copy changed in place no longer matches and is downloaded again), and reaches a step's work
+directory as a hard link (a copy across file systems). Steps replace files by rename, which
+never touches the entry; the link is read-only, and an entry written in place anyway (as root)
+is detected by its mtime and downloaded again by the next step that wants it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,6 +151,88 @@ def local_name(bucket: str, key: str, base: str) -> str:
     return name
 
 
+RUN_CACHE_PREFIX = "tokenmill-run-"
+CACHE_MTIME_NS = 1_000_000_000 * 10**9  # every cache entry's mtime; any write changes it
+
+
+@dataclass(frozen=True)
+class RunCache:
+    """Objects downloaded during one run (``root``: ``<work dir>/tokenmill-run-<run id>``)."""
+
+    root: Path
+
+    @classmethod
+    def open(cls, base: Path, run_id: str, max_age_hours: float) -> RunCache:
+        """The run's cache under ``base`` (made if needed); other runs' caches unused for
+        ``max_age_hours`` are removed on the way (a run that died without cleaning up)."""
+        safe = "".join(c for c in run_id if c.isalnum() or c in "-_") or "run"
+        cache = cls(base / f"{RUN_CACHE_PREFIX}{safe}")
+        cache.root.mkdir(parents=True, exist_ok=True)
+        cache.touch()
+        cutoff = time.time() - max_age_hours * 3600
+        for other in base.glob(f"{RUN_CACHE_PREFIX}*"):
+            try:
+                stale = other != cache.root and other.stat().st_mtime < cutoff
+            except FileNotFoundError:
+                continue
+            if stale:
+                shutil.rmtree(other, ignore_errors=True)
+        return cache
+
+    def touch(self) -> None:
+        """Mark the cache as in use now (its age counts from the last use)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(self.root)
+
+    def remove(self) -> None:
+        """Delete the whole cache (the run is over)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def entry(self, bucket: str, obj: S3Object) -> Path:
+        """Where ``obj`` (at its current ETag and size) is kept."""
+        name = hashlib.sha256(f"{bucket}\0{obj.key}\0{obj.etag}\0{obj.size}".encode())
+        return self.root / "objects" / name.hexdigest()
+
+    def holds(self, entry: Path, size: int) -> bool:
+        """True when ``entry`` is complete and unmodified."""
+        try:
+            st = entry.stat()
+        except FileNotFoundError:
+            return False
+        return st.st_size == size and st.st_mtime_ns == CACHE_MTIME_NS
+
+    def fetch(self, client: Any, bucket: str, obj: S3Object, path: Path) -> bool:
+        """``obj`` at ``path``: linked from the cache, downloaded into it first when it does not
+        hold the object (then True). Falls back to a plain download when the cache cannot be
+        used (e.g. removed meanwhile); an object that changed since it was listed is not kept."""
+        entry = self.entry(bucket, obj)
+        incoming = temp_path_for(entry)
+        downloaded = False
+        try:
+            if not self.holds(entry, obj.size):
+                entry.parent.mkdir(parents=True, exist_ok=True)
+                downloaded = True
+                download(client, bucket, obj.key, incoming)
+                if incoming.stat().st_size != obj.size:  # rewritten after the listing
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    commit(incoming, path)
+                    return True
+                os.chmod(incoming, 0o444)
+                os.utime(incoming, ns=(CACHE_MTIME_NS, CACHE_MTIME_NS))
+                os.replace(incoming, entry)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+            try:
+                os.link(entry, path)
+            except OSError:  # another file system, or no hard links there
+                shutil.copyfile(entry, path)
+        except OSError:
+            incoming.unlink(missing_ok=True)
+            download(client, bucket, obj.key, path)
+            return True
+        return downloaded
+
+
 def _stamp(path: Path) -> tuple[int, int, int]:
     st = path.stat()
     return (st.st_size, st.st_mtime_ns, st.st_ino)
@@ -153,6 +246,7 @@ class S3Stage:
     bucket: str
     prefix: str
     local: Path
+    cache: RunCache | None = None
     fetched: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     def key(self, rel: str) -> str:
@@ -168,7 +262,7 @@ class S3Stage:
         ``path.*`` siblings (a dataset prefix gives its ``.bin``, ``.idx`` and manifest). A key
         that would land outside the stage is refused (``local_name``) before any download."""
         base = f"{self.prefix}/" if self.prefix else ""
-        wanted: dict[str, str] = {}
+        wanted: dict[str, S3Object] = {}
         for rel in inputs:
             folder = rel.endswith("/")
             for obj in list_objects(self.client, self.bucket, self.key(rel), recursive=True):
@@ -176,11 +270,34 @@ class S3Stage:
                 if not (folder or name == rel or name.startswith(rel + ".")):
                     continue
                 if TMP_MARK not in name and name not in self.fetched:
-                    wanted[local_name(self.bucket, obj.key, base)] = obj.key
-        for name, key in wanted.items():
-            path = self.local / name
-            download(self.client, self.bucket, key, path)
-            self.fetched[name] = _stamp(path)
+                    wanted[local_name(self.bucket, obj.key, base)] = obj
+        for name, obj in wanted.items():
+            self.get(obj, name)
+
+    def listing(self, rel_prefix: str) -> dict[str, S3Object]:
+        """``{path relative to the root: object}`` of every object whose path starts with
+        ``rel_prefix`` (one LIST request), temp names left out."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        found = list_objects(self.client, self.bucket, self.key(rel_prefix), recursive=True)
+        return {o.key[len(base) :]: o for o in found if TMP_MARK not in o.key[len(base) :]}
+
+    def read(self, rel: str) -> bytes:
+        """The bytes of a small object, in memory (nothing is written to the stage)."""
+
+        def get() -> bytes:
+            body = self.client.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"]
+            return bytes(body.read())
+
+        return retrying(f"reading {self.uri(rel)}", get)
+
+    def get(self, obj: S3Object, rel: str) -> None:
+        """One listed object to ``rel`` in the stage (through the run cache), as fetched."""
+        path = self.local / rel
+        if self.cache is None:
+            download(self.client, self.bucket, obj.key, path)
+        else:
+            self.cache.fetch(self.client, self.bucket, obj, path)
+        self.fetched[rel] = _stamp(path)
 
     def _written(self) -> Iterator[str]:
         for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
