@@ -17,7 +17,9 @@ pointers (``current.json``); 4 blend pointers (any other ``manifest.json``), las
 
 A pointer is replaced by one write (an S3 PUT or a local rename are atomic), so readers see
 the old target or the new one. A marker that is really overwritten (same key, other content)
-must go before its data is replaced: :func:`delete_first` says which ones (never a pointer).
+must go before its data is replaced: :func:`delete_first` says which ones (never a pointer, and
+never an index-cache description: its key is the hash of everything its arrays depend on, so
+the same key always describes the same bytes and rewriting them changes nothing).
 Library code: no Dagster, no boto3.
 """
 
@@ -34,7 +36,8 @@ __all__ = ["commit_rank", "delete_first", "is_pointer", "publish", "publish_batc
 T = TypeVar("T")
 
 DATA, MARKER, MARKER_OF_MARKERS, DATASET_POINTER, BLEND_POINTER = range(5)
-MARKER_SUFFIXES = (".manifest.json", "-description.json", ".stats.json")
+INDEX_DESCRIPTION = "-description.json"  # a Nanoset cache entry's commit marker
+MARKER_SUFFIXES = (".manifest.json", INDEX_DESCRIPTION, ".stats.json")
 MARKERS_OF_MARKERS = ("dataset_info.json",)
 
 
@@ -62,8 +65,11 @@ def is_pointer(rel: str) -> bool:
 
 def delete_first(rel: str) -> bool:
     """True when an existing copy of ``rel`` at the destination must be removed before any of
-    this publication's files are written: a marker (not a pointer) that is being replaced, so
-    that while its data is rewritten no marker vouches for the old (or half-new) data."""
+    this publication's files are written: a marker that is being replaced (not a pointer, not
+    a content-addressed index description), so that while its data is rewritten no marker
+    vouches for the old (or half-new) data."""
+    if rel.endswith(INDEX_DESCRIPTION):
+        return False
     return MARKER <= commit_rank(rel) < DATASET_POINTER
 
 

@@ -52,7 +52,9 @@ def test_ranks_put_data_first_and_the_blend_pointer_last() -> None:
     ]
     assert not delete_first("merged/docs/current.json")
     assert not delete_first("nanoset/abc-Nanoset-train-document_index.npy")
-    assert delete_first("nanoset/abc-Nanoset-train-description.json")
+    assert not delete_first("nanoset/abc-Nanoset-train-description.json")  # content-addressed
+    assert delete_first("merged/docs/0123456789abcdef/docs_text_document.manifest.json")
+    assert delete_first("raw/docs/s0.stats.json") and delete_first("hf/docs/dataset_info.json")
 
 
 @pytest.mark.parametrize("jobs", [1, 4])
