@@ -20,7 +20,9 @@ key, ETag and size (a changed object is a new entry), written read-only with a f
 (a copy changed in place no longer matches and is downloaded again), and reaches a step's work
 directory as a hard link (a copy across file systems). Steps replace files by rename, which
 never touches the entry; the link is read-only, and an entry written in place anyway (as root)
-is detected by its mtime and downloaded again by the next step that wants it.
+is detected by its mtime and downloaded again by the next step that wants it. What a step
+uploads is kept too (one HEAD names its ETag), so later steps of the run read it without a
+download.
 """
 
 from __future__ import annotations
@@ -201,6 +203,30 @@ class RunCache:
             return False
         return st.st_size == size and st.st_mtime_ns == CACHE_MTIME_NS
 
+    def keep(self, client: Any, bucket: str, key: str, path: Path) -> None:
+        """Take ``path``, just uploaded to ``s3://bucket/key``, into the cache (a later step of
+        the run reads it without a download): one HEAD names the object's ETag. Best effort:
+        a failure here leaves the cache as it was."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            head = client.head_object(Bucket=bucket, Key=key)
+            obj = S3Object(key, int(head["ContentLength"]), str(head["ETag"]).strip('"'))
+            entry = self.entry(bucket, obj)
+            if obj.size != path.stat().st_size or self.holds(entry, obj.size):
+                return
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            incoming = temp_path_for(entry)
+            try:
+                os.link(path, incoming)
+            except OSError:
+                shutil.copyfile(path, incoming)
+            os.chmod(incoming, 0o444)
+            os.utime(incoming, ns=(CACHE_MTIME_NS, CACHE_MTIME_NS))
+            os.replace(incoming, entry)
+        except (OSError, BotoCoreError, ClientError, KeyError, ValueError):
+            return
+
     def fetch(self, client: Any, bucket: str, obj: S3Object, path: Path) -> bool:
         """``obj`` at ``path``: linked from the cache, downloaded into it first when it does not
         hold the object (then True). Falls back to a plain download when the cache cannot be
@@ -332,6 +358,8 @@ class S3Stage:
 
         def put(rel: str) -> str:
             upload(self.client, self.local / rel, self.bucket, self.key(rel))
+            if self.cache is not None:
+                self.cache.keep(self.client, self.bucket, self.key(rel), self.local / rel)
             return rel
 
         uploaded = publish(written, put)

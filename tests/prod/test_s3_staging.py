@@ -131,9 +131,13 @@ def test_one_run_downloads_each_object_once_and_refreshes_find_indices_by_key(
             key for op, key in requests.calls.elements() if op == "GetObject"
         )
         assert gets and max(gets.values()) == 1, gets
-        # merged .idx: staged by the nanoset step and both checks, downloaded once
+        # a shard's manifest: staged by merged and its check, downloaded once
+        assert staged["tokens/docs/part-00000_text_document.manifest.json"] == 2
+        assert requests.count("GetObject", "part-00000_text_document.manifest.json") == 1
+        # merged .idx: staged by the nanoset step and both checks, never downloaded: the merged
+        # step uploaded it in this run and the run cache kept it
         assert staged["merged/docs_text_document.idx"] == 3
-        assert requests.count("GetObject", "merged/docs_text_document.idx") == 1
+        assert requests.count("GetObject", "merged/docs_text_document.idx") == 0
         assert list(work.iterdir()) == []  # the run's cache went with the run
 
         # A refresh with nothing changed: the index entries are found on S3 by key.
@@ -229,14 +233,17 @@ def test_run_cache_entries_are_keyed_by_etag_and_size_and_survive_edits(
     path.chmod(0o644)
     with open(path, "r+b") as fh:
         fh.write(b"FIRST")
-    assert one.push() == ["a.txt"]
     stage("three")
     assert requests.count("GetObject") == 2  # the edited entry no longer counts
-    assert (tmp_path / "three/a.txt").read_bytes() == b"FIRST"  # (what step one uploaded)
+    assert (tmp_path / "three/a.txt").read_bytes() == b"first"
+    assert one.push() == ["a.txt"]  # uploaded, and kept by the cache under its new ETag
+    stage("four")
+    assert requests.count("GetObject") == 2
+    assert (tmp_path / "four/a.txt").read_bytes() == b"FIRST"
 
     s3.client.put_object(Bucket=s3.bucket, Key="root/a.txt", Body=b"second!")
-    stage("four")
-    assert (tmp_path / "four/a.txt").read_bytes() == b"second!"
+    stage("five")
+    assert (tmp_path / "five/a.txt").read_bytes() == b"second!"
     assert requests.count("GetObject") == 3  # another ETag and size: another entry
 
 
