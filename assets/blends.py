@@ -21,10 +21,14 @@ from dagster import (
 
 from assets.metadata import path_value
 from pipelines.resources import StorageResource
+from tokenmill import layout
 from tokenmill.blend_manifest import Share, build_blend, realized_shares
 from tokenmill.errors import ConfigError
-from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
+from tokenmill.manifest import dataset_content_hash
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
+
+# What a blend reads of a merged dataset: its index and manifest, never the .bin.
+INDEX_FILES = (".idx", ".manifest.json")
 
 
 def shares_markdown(shares: list[Share]) -> str:
@@ -41,12 +45,16 @@ def shares_markdown(shares: list[Share]) -> str:
 def input_version(
     storage: StorageResource, blend: BlendConfig, cfg: NanosetConfig, datasets: list[DatasetConfig]
 ) -> str:
-    """Hash of the blend's settings and the content of every merged dataset in it."""
+    """Hash of the blend's settings and the content of every merged dataset's current version
+    (its ``.idx`` and manifest are enough; None for a dataset never merged)."""
     contents = []
     for ds in datasets:
-        prefix = storage.merged_prefix(ds.name, ds.text_key)
-        done = dataset_manifest_path(prefix).is_file()
-        contents.append([ds.name, dataset_content_hash(prefix) if done else None])
+        try:
+            prefix = storage.merged_prefix(ds.name, ds.text_key)
+        except ConfigError:
+            contents.append([ds.name, None])
+            continue
+        contents.append([ds.name, dataset_content_hash(prefix, index_only=True)])
     key = [dataclasses.asdict(blend), dataclasses.asdict(cfg), contents]
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()
 
@@ -70,12 +78,15 @@ def build_blend_asset(
     def blend_asset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         if cfg.train_samples is None:
             raise ConfigError(f"blend {blend.name}: nanoset.train_samples must be set")
-        inputs = [f"merged/{ds.name}_{ds.text_key}_document" for ds in datasets]
-        with storage.workspace(inputs) as ws:
+        pointers = [layout.merged_pointer(ds.name) for ds in datasets]
+        with storage.workspace(pointers) as ws:
+            keys = {ds.name: ws.storage.merged_key(ds.name, ds.text_key) for ds in datasets}
+            ws.fetch([f"{key}{suffix}" for key in keys.values() for suffix in INDEX_FILES])
+            prefixes = {name: ws.storage.path(key) for name, key in keys.items()}
             version = input_version(ws.storage, blend, cfg, datasets)
             manifest = build_blend(
                 blend.name,
-                {ds.name: ws.storage.merged_prefix(ds.name, ds.text_key) for ds in datasets},
+                prefixes,
                 ws.storage.blend_dir(blend.name),
                 ws.storage.nanoset_dir(),
                 weights=blend.weight_map(),

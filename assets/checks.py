@@ -7,8 +7,12 @@
   and its quarantine file complete).
 - ``<ds>/tokens``     ``idx_bin_consistent`` (header, pointers, sizes, sha256 vs manifest) and
   ``documents_match_export`` (tokenized documents = Parquet rows).
-- ``<ds>/merged``     ``sum_of_shards``: documents, sequences and tokens = Σ over the shards.
-- ``<ds>/nanoset``    ``index_bounds``: every index value inside its array/split, hashes intact.
+- ``<ds>/merged``     ``sum_of_shards``: documents, sequences and tokens of the current version =
+  Σ over the inputs its manifest records (not the live partition set, which moves).
+- ``<ds>/nanoset``    ``index_bounds``: every split's cached index present (never built here),
+  hashes intact, every value inside its array/split.
+
+Checks only read: a missing artifact fails its check, nothing is built or repaired.
 - ``blend/<name>``    ``proportions``: files match the manifest; realized shares within
   tolerance of the requested weights (non-blocking: nothing is built from a blend).
 """
@@ -28,16 +32,16 @@ from dagster import (
     asset_check,
 )
 
-from assets.merged import shard_keys
-from assets.nanoset import split_indices
+from assets.hf_export import read_export_record
 from assets.shards import each_shard
 from pipelines.partitions import shard_partitions
 from pipelines.resources import StorageResource
+from tokenmill import layout
 from tokenmill.blend_manifest import realized_shares, verify_blend
 from tokenmill.errors import TokenmillError
-from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.formats.indexed import IndexedDataset, index_file_path
 from tokenmill.manifest import read_dataset_manifest
-from tokenmill.nanoset import SPLITS, NanosetIndex, split_ranges, verify_index
+from tokenmill.nanoset import SPLITS, NanosetIndex, build_or_load, split_ranges, verify_index
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 from tokenmill.verify import verify_dataset
 
@@ -155,16 +159,15 @@ def token_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
     def documents_match_export(
         context: AssetCheckExecutionContext, storage: StorageResource
     ) -> AssetCheckResult:
-        """Tokenized documents = Parquet rows of the shard."""
+        """Tokenized documents = Parquet rows of the shard (as its export record states them)."""
         return each_shard(context, lambda shard: documents_match(storage, shard))
 
     def documents_match(storage: StorageResource, shard: str) -> AssetCheckResult:
-        inputs = [f"tokens/{ds.name}/{shard}_{ds.text_key}_document"]
-        inputs.append(f"hf/{ds.name}/data/{shard}.parquet")
+        tokens = layout.tokens_prefix(ds.name, shard, ds.text_key)
+        inputs = [f"{tokens}.idx", layout.export_record(ds.name, shard)]
         with storage.workspace(inputs, upload=False) as ws:
-            rows = pq.read_metadata(ws.storage.parquet_path(ds.name, shard)).num_rows
-            prefix = ws.storage.tokens_prefix(ds.name, shard, ds.text_key)
-            with IndexedDataset(prefix) as data:
+            rows = int(read_export_record(ws.storage, ds, shard)["num_rows"])
+            with IndexedDataset(ws.storage.path(tokens), index_only=True) as data:
                 documents = data.num_documents
             problems = (
                 [] if documents == rows else [f"{documents} documents tokenized, {rows} rows"]
@@ -178,35 +181,39 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
     """Checks of ``<ds>/merged``."""
 
     @asset_check(asset=AssetKey([ds.name, "merged"]), blocking=True)
-    def sum_of_shards(
-        context: AssetCheckExecutionContext, storage: StorageResource
-    ) -> AssetCheckResult:
-        """Merged documents, sequences and tokens = Σ over the dataset's current shards."""
-        shards = shard_keys(context.instance, ds)
-        inputs = [f"tokens/{ds.name}/{k}_{ds.text_key}_document.manifest.json" for k in shards]
-        inputs.append(f"merged/{ds.name}_{ds.text_key}_document")
-        with storage.workspace(inputs, upload=False) as ws:
+    def sum_of_shards(storage: StorageResource) -> AssetCheckResult:
+        """Merged documents, sequences and tokens (from the current version's .idx) = the sums
+        over the inputs its manifest records; sizes match the manifest."""
+        pointer = layout.merged_pointer(ds.name)
+        with storage.workspace([pointer], upload=False) as ws:
+            rel = ws.storage.merged_key(ds.name, ds.text_key)
+            prefix = ws.storage.path(rel)
+            ws.fetch([f"{rel}.idx", f"{rel}.manifest.json"])
+            manifest = read_dataset_manifest(prefix)
             expected = dict.fromkeys(COUNTS, 0)
-            for shard in shards:
-                counts = read_dataset_manifest(
-                    ws.storage.tokens_prefix(ds.name, shard, ds.text_key)
-                )
+            for entry in manifest["inputs"]:
                 for name in COUNTS:
-                    expected[name] += int(counts["counts"][name])
-            prefix = ws.storage.merged_prefix(ds.name, ds.text_key)
-            problems = verify_dataset(prefix, full=False)
-            with IndexedDataset(prefix) as data:
+                    expected[name] += int(entry["counts"][name])
+            problems = []
+            idx = index_file_path(prefix)
+            if idx.stat().st_size != manifest["files"][idx.name]["bytes"]:
+                problems.append(f"{idx}: size differs from the manifest")
+            with IndexedDataset(prefix, index_only=True) as data:
                 found = {
                     "documents": data.num_documents,
                     "sequences": len(data),
                     "tokens": data.num_tokens,
                 }
             problems += [
-                f"{n}: merged {found[n]}, shards sum to {expected[n]}"
+                f"{n}: merged {found[n]}, its {len(manifest['inputs'])} inputs sum to {expected[n]}"
                 for n in COUNTS
                 if found[n] != expected[n]
             ]
-            return _result(problems, **{f"expected_{n}": v for n, v in expected.items()})
+            return _result(
+                problems,
+                inputs=len(manifest["inputs"]),
+                **{f"expected_{n}": v for n, v in expected.items()},
+            )
 
     return [sum_of_shards]
 
@@ -239,21 +246,37 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
 
     @asset_check(asset=AssetKey([ds.name, "nanoset"]), blocking=True)
     def index_bounds(storage: StorageResource) -> AssetCheckResult:
-        """Every index value within its array and split; array files match their hashes."""
-        rel = f"merged/{ds.name}_{ds.text_key}_document"
-        with storage.workspace([rel], upload=False) as ws:
-            prefix = ws.storage.merged_prefix(ds.name, ds.text_key)
-            with IndexedDataset(prefix) as data:
+        """Every split's cached index exists (a missing one fails: checks never build), its
+        files match their hashes, and every value lies within its array and split."""
+        with storage.workspace([layout.merged_pointer(ds.name)], upload=False) as ws:
+            rel = ws.storage.merged_key(ds.name, ds.text_key)
+            prefix = ws.storage.path(rel)
+            ws.fetch([f"{rel}.idx", f"{rel}.manifest.json", f"{layout.nanoset_dir()}/"])
+            with IndexedDataset(prefix, index_only=True) as data:
                 lengths = np.asarray(data.sequence_lengths, dtype=np.int64).copy()
             ranges = split_ranges(cfg.split, len(lengths), cfg.semantics)
+            requested = {"train": cfg.train_samples, "valid": cfg.valid_samples}
+            requested["test"] = cfg.test_samples
             problems: list[str] = []
-            for position, index in enumerate(split_indices(ws.storage, ds, cfg).values()):
-                if index is None:
-                    continue
+            for position, split in enumerate(SPLITS):
                 try:
+                    index = build_or_load(
+                        prefix,
+                        ws.storage.nanoset_dir(),
+                        split=split,
+                        split_spec=cfg.split,
+                        sequence_length=cfg.sequence_length,
+                        seed=cfg.seed,
+                        num_samples=requested[split],
+                        semantics=cfg.semantics,
+                        build=False,
+                    )
+                    if index is None:
+                        continue
                     verify_index(index)
                 except TokenmillError as exc:
                     problems.append(str(exc))
+                    continue
                 problems += index_problems(index, lengths, ranges[position])  # type: ignore[arg-type]
             return _result(problems, splits=", ".join(SPLITS))
 

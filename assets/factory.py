@@ -1,7 +1,8 @@
 """Definitions from data: every dataset and blend of a recipe becomes assets and checks.
 
 Per dataset: ``<ds>/raw_jsonl`` (JSONL sources only), ``<ds>/hf_dataset``, ``<ds>/tokens``
-(partitioned by shard), ``<ds>/merged``, ``<ds>/nanoset``; per blend: ``blend/<name>``. The
+(partitioned by shard), ``<ds>/dataset_info``, ``<ds>/merged``, ``<ds>/pruned``,
+``<ds>/nanoset``; per blend: ``blend/<name>``. The
 unpartitioned stages follow their upstreams through Declarative Automation. The shard assets
 carry a concurrency pool and a ``BackfillPolicy`` that batches backfills into ranges of shards
 (``assets/shards.py``).
@@ -20,8 +21,8 @@ from assets.checks import (
     raw_checks,
     token_checks,
 )
-from assets.hf_export import build_hf_dataset
-from assets.merged import build_merged
+from assets.hf_export import build_dataset_info, build_hf_dataset
+from assets.merged import build_merged, build_pruned
 from assets.nanoset import build_nanoset
 from assets.raw import build_raw_jsonl
 from assets.tokenized import build_tokens
@@ -54,8 +55,10 @@ def build_assets(recipe: Recipe) -> tuple[list[AssetsDefinition], list[AssetChec
             checks += raw_checks(ds)
         assets += [
             build_hf_dataset(ds),
+            build_dataset_info(ds, condition),
             build_tokens(ds),
             build_merged(ds, condition),
+            build_pruned(ds, condition),
             build_nanoset(ds, recipe.nanoset, condition),
         ]
         checks += export_checks(ds) + token_checks(ds) + merged_checks(ds)

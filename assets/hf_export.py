@@ -5,33 +5,45 @@ and config as its ``raw/<ds>/<shard>.stats.json`` records. Its bad lines are ski
 never written again: the raw stage is the only writer of the quarantine file. An ``hf``-format
 dataset (Parquet/Arrow files of an HF dataset on disk) enters here: it has no raw stage, so this
 step validates its shard (a null text is a bad record) and writes the shard's quarantine and
-stats itself, in the same form, stats last. ``hf/<ds>/dataset_info.json`` is rewritten to
-describe the dataset's current shards, so
+stats itself, in the same form, stats last. Each shard step then writes its small export record
+``hf/<ds>/shards/<shard>.json`` (rows, bytes, sha256, Arrow schema, input, counts) and touches no
+other shard's files. A backfill run exports a range of shards in one step (``assets/shards.py``).
+
+``<ds>/dataset_info`` (unpartitioned) assembles ``hf/<ds>/dataset_info.json`` for the dataset's
+current shards from those records alone, so
 ``datasets.load_dataset("parquet", data_files="hf/<ds>/data/*.parquet")`` sees the same data; its
-``tokenmill`` key records the inputs, config and counts, taken from the raw stats files.
-A backfill run exports a range of shards in one step (``assets/shards.py``).
+``tokenmill`` key records the inputs, config and counts.
 """
 
 import json
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult
+from dagster import (
+    AssetExecutionContext,
+    AssetKey,
+    AssetsDefinition,
+    AutomationCondition,
+    MaterializeResult,
+    asset,
+)
 
 from assets.metadata import path_value
 from assets.raw import stamp, stats_record
 from assets.shards import shard_asset, source_shards, step_result
-from pipelines.partitions import partitions_name, shard_partitions
+from pipelines.partitions import shard_keys, shard_partitions
 from pipelines.resources import StorageResource, Workspace, display_path
 from pipelines.sources import ShardFile
+from tokenmill import layout
 from tokenmill._atomic import file_sha256, write_json
 from tokenmill.errors import FormatError, InputError
 from tokenmill.export import (
     INFO_COUNTS,
     ExportResult,
+    dataset_info_from_records,
     export_shard,
+    parquet_record,
     tokenmill_info,
-    write_dataset_info,
 )
 from tokenmill.manifest import FORMAT_VERSION, input_sha256
 from tokenmill.recipe import DatasetConfig
@@ -76,26 +88,49 @@ def validated_shard(
     return local, raw
 
 
-def write_export_info(
-    storage: StorageResource, ds: DatasetConfig, keys: list[str]
-) -> tuple[Path, list[str]]:
-    """Rewrite ``hf/<ds>/dataset_info.json`` for the shards of ``keys`` (in that order) that
-    have a Parquet file at hand, with each one's input and counts from its raw stats; the path,
-    and the shards left out because their raw stats are not current (``read_raw_stats``)."""
-    parquets, inputs, left_out = [], [], []
-    for key in keys:
-        parquet = storage.parquet_path(ds.name, key)
-        if not parquet.is_file():
-            continue
-        raw = read_raw_stats(storage, ds, key)
-        if raw is None:
-            left_out.append(key)
-            continue
-        parquets.append(parquet)
-        inputs.append({"shard": key, **raw["input"], "counts": {k: raw[k] for k in INFO_COUNTS}})
+def export_record(
+    storage: StorageResource, ds: DatasetConfig, key: str, parquet: Path, raw: dict[str, Any]
+) -> dict[str, Any]:
+    """Write ``hf/<ds>/shards/<shard>.json`` (the shard's Parquet record, input and counts from
+    its raw stats) for the dataset's ``dataset_info.json``, which is assembled from these."""
+    record = {
+        "format_version": FORMAT_VERSION,
+        "shard": key,
+        **parquet_record(parquet, storage.hf_dir(ds.name)),
+        "input": raw["input"],
+        "counts": {k: raw[k] for k in INFO_COUNTS},
+        "config": {"text_key": ds.text_key, "on_bad_record": ds.on_bad_record},
+    }
+    write_json(storage.export_record_path(ds.name, key), record)
+    return record
+
+
+def read_export_record(storage: StorageResource, ds: DatasetConfig, key: str) -> dict[str, Any]:
+    """A shard's export record under the dataset's current config; InputError naming the file
+    and what to run when it is missing, malformed or written under another config."""
+    path = storage.export_record_path(ds.name, key)
+    again = f"materialize {ds.name}/hf_dataset for shard {key}"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{display_path(path)}: missing; {again}") from None
+    except ValueError as exc:
+        raise FormatError(display_path(path), "json", f"not an export record: {exc}") from exc
+    config = {"text_key": ds.text_key, "on_bad_record": ds.on_bad_record}
+    if not isinstance(record, dict) or record.get("format_version") != FORMAT_VERSION:
+        raise InputError(f"{display_path(path)}: written by another tokenmill; {again}")
+    if record.get("config") != config or record.get("shard") != key:
+        raise InputError(f"{display_path(path)}: made under another config; {again}")
+    return record
+
+
+def write_dataset_info(storage: StorageResource, ds: DatasetConfig, keys: list[str]) -> Path:
+    """``hf/<ds>/dataset_info.json`` for the shards ``keys`` (in that order), assembled from
+    their export records alone (no Parquet is opened)."""
+    records = [read_export_record(storage, ds, key) for key in keys]
+    inputs = [{"shard": r["shard"], **r["input"], "counts": r["counts"]} for r in records]
     extra = tokenmill_info(inputs, text_key=ds.text_key, on_bad_record=ds.on_bad_record)
-    info = write_dataset_info(storage.hf_dir(ds.name), features_from=parquets, extra=extra)
-    return info, left_out
+    return dataset_info_from_records(storage.hf_dir(ds.name), records, extra=extra)
 
 
 def export_table_shard(
@@ -133,10 +168,10 @@ def export_one(
     ws: Workspace,
     ds: DatasetConfig,
     shard: ShardFile,
-    current: list[str],
 ) -> dict[str, Any]:
     """Export one shard into the workspace (a JSONL shard once ``raw_jsonl`` validated it) and
-    rewrite ``dataset_info.json``; its metadata."""
+    write its export record; its metadata."""
+    ws.storage.export_record_path(ds.name, shard.key).unlink(missing_ok=True)
     if not ds.has_raw_stage:
         result, raw = export_table_shard(ws, ds, shard)
         bad = result.stats.quarantined
@@ -152,14 +187,7 @@ def export_one(
             shard=shard.key,
             write_quarantine=False,
         )
-    # On S3 only the Parquet files of this step are at hand (fetching every sibling per shard
-    # would be quadratic), so dataset_info.json lists the shards present; the merge rewrites it.
-    info, left_out = write_export_info(ws.storage, ds, current)
-    if left_out:
-        context.log.warning(
-            f"{display_path(info)} leaves out shards whose raw stats are not current: "
-            f"{left_out}; materialize {ds.name}/raw_jsonl for them again"
-        )
+    export_record(ws.storage, ds, shard.key, result.parquet_path, raw)
     return {
         "documents": result.rows,
         "quarantined": result.stats.quarantined,
@@ -167,7 +195,6 @@ def export_one(
         "content_hash": file_sha256(result.parquet_path),
         "source_sha256": raw["input"]["sha256"],
         "path": path_value(result.parquet_path),
-        "dataset_info": path_value(info),
     }
 
 
@@ -190,11 +217,40 @@ def build_hf_dataset(ds: DatasetConfig) -> AssetsDefinition:
     def hf_dataset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         keys = context.partition_keys
         shards = source_shards(ds, keys, storage.s3_endpoint_url)
-        current = sorted(context.instance.get_dynamic_partitions(partitions_name(ds.name)))
         stats = [f"raw/{ds.name}/{key}.stats.json" for key in keys] if ds.has_raw_stage else []
         with storage.workspace(stats) as ws:
             return step_result(
-                {key: export_one(context, ws, ds, shard, current) for key, shard in shards.items()}
+                {key: export_one(context, ws, ds, shard) for key, shard in shards.items()}
             )
 
     return hf_dataset
+
+
+def build_dataset_info(
+    ds: DatasetConfig, automation_condition: AutomationCondition
+) -> AssetsDefinition:
+    """The ``<ds>/dataset_info`` asset: ``hf/<ds>/dataset_info.json`` from the export records."""
+
+    @asset(
+        key=AssetKey([ds.name, "dataset_info"]),
+        deps=[AssetKey([ds.name, "hf_dataset"])],
+        group_name=ds.name,
+        kinds={"json"},
+        automation_condition=automation_condition,
+        description=f"hf/{ds.name}/dataset_info.json of the current shards (from their records).",
+    )
+    def dataset_info(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
+        keys = shard_keys(context.instance, ds)
+        with storage.workspace([f"{layout.hf_dir(ds.name)}/shards/"]) as ws:
+            path = write_dataset_info(ws.storage, ds, keys)
+            info = json.loads(path.read_text(encoding="utf-8"))
+            return MaterializeResult(
+                metadata={
+                    "shards": len(keys),
+                    "rows": info["splits"]["train"]["num_examples"],
+                    "bytes": info["download_size"],
+                    "path": path_value(path),
+                }
+            )
+
+    return dataset_info

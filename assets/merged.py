@@ -1,88 +1,64 @@
-"""``<ds>/merged``: every current shard of a dataset merged into one ``.bin``/``.idx`` pair.
+"""``<ds>/merged``: every current shard of a dataset merged into one immutable ``.bin``/``.idx``
+version, then the pointer moved; ``<ds>/pruned``: per-shard files of vanished shards removed.
 
-The inputs are the dataset's partitions *now* (natural order: ``part-2`` before ``part-10``).
-Shards that were in the previous merged build but have vanished from the source are reported
-in the log and the metadata (``shards_removed``), and their per-shard artifacts (stats,
-quarantine, Parquet, tokens) are deleted; ``hf/<ds>/dataset_info.json`` is rewritten to list
-exactly the merged shards.
+The inputs are the dataset's partitions *now* (natural order: ``part-2`` before ``part-10``),
+read through their token manifests and pairs only. The version is the hash of what the merge
+reads (each shard's key and content hash, the text key, the format version), so a refresh whose
+inputs did not change finds its version complete and copies nothing. A new version is written
+under ``merged/<ds>/<version>/`` and ``merged/<ds>/current.json`` is moved to it last: a failed
+merge leaves the current version and the pointer as they were, and a job that pinned an older
+version keeps reading it until ``tokenmill gc`` removes it.
 """
 
-import contextlib
-import hashlib
-import json
-from pathlib import Path
+from typing import Any
 
 from dagster import (
     AssetExecutionContext,
     AssetKey,
     AssetsDefinition,
     AutomationCondition,
-    DagsterInstance,
     Failure,
     MaterializeResult,
     MetadataValue,
     asset,
 )
 
-from assets.hf_export import write_export_info
 from assets.metadata import token_dataset_metadata
-from pipelines.partitions import partitions_name
+from pipelines.partitions import shard_keys
 from pipelines.resources import StorageResource, display_path
-from tokenmill.errors import FormatError
-from tokenmill.formats.indexed import data_file_path, index_file_path
-from tokenmill.manifest import dataset_content_hash, dataset_manifest_path, read_dataset_manifest
+from tokenmill import layout
+from tokenmill.manifest import (
+    FORMAT_VERSION,
+    check_dataset_files,
+    dataset_manifest_path,
+    read_dataset_manifest,
+)
 from tokenmill.merge import merge_datasets, natural_key
 from tokenmill.recipe import DatasetConfig
+from tokenmill.versions import read_pointer, version_hash, write_pointer
 
 
-def shard_keys(instance: DagsterInstance, ds: DatasetConfig) -> list[str]:
-    """The dataset's current partition keys in merge order."""
-    return sorted(instance.get_dynamic_partitions(partitions_name(ds.name)), key=natural_key)
+def merged_version(ds: DatasetConfig, inputs: list[tuple[str, str | None]]) -> str:
+    """The merged version of ``(shard, content hash)`` inputs in merge order."""
+    return version_hash(
+        {
+            "kind": "merged",
+            "format_version": FORMAT_VERSION,
+            "text_key": ds.text_key,
+            "inputs": [list(i) for i in inputs],
+        }
+    )
 
 
 def input_version(storage: StorageResource, ds: DatasetConfig, keys: list[str]) -> str:
-    """Hash of what a merge would read: each shard's key and content hash, in order."""
-    parts = []
+    """The version a merge of ``keys`` would write now, from the shards' token manifests alone
+    (a shard not tokenized yet counts as None)."""
+    inputs = []
     for key in keys:
         prefix = storage.tokens_prefix(ds.name, key, ds.text_key)
         done = dataset_manifest_path(prefix).is_file()
-        parts.append([key, dataset_content_hash(prefix) if done else None])
-    return hashlib.sha256(json.dumps([ds.text_key, parts]).encode()).hexdigest()
-
-
-def previous_shards(prefix: Path, text_key: str) -> list[str]:
-    """Shard keys of the last completed merge at ``prefix`` (empty if there is none)."""
-    try:
-        inputs = read_dataset_manifest(prefix)["inputs"]
-    except FormatError:
-        return []
-    suffix = f"_{text_key}_document"
-    return [Path(str(i["prefix"])).name.removesuffix(suffix) for i in inputs]
-
-
-def prune_shards(storage: StorageResource, ds: DatasetConfig, removed: list[str]) -> list[str]:
-    """Delete the per-shard artifacts of vanished shards; the paths that were deleted."""
-    deleted = []
-    for key in removed:
-        prefix = storage.tokens_prefix(ds.name, key, ds.text_key)
-        for path in (
-            dataset_manifest_path(prefix),
-            data_file_path(prefix),
-            index_file_path(prefix),
-            storage.parquet_path(ds.name, key),
-            storage.raw_stats_path(ds.name, key),
-            storage.quarantine_path(ds.name, key),
-        ):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                deleted.append(str(path))
-    return deleted
-
-
-def describe_export(storage: StorageResource, ds: DatasetConfig, keys: list[str]) -> None:
-    """Rewrite ``hf/<ds>/dataset_info.json`` for exactly the merged shards (shard runs each
-    rewrite it too, but in parallel runs the last writer may have missed a sibling)."""
-    write_export_info(storage, ds, keys)
+        inputs.append((key, str(read_dataset_manifest(prefix)["content_hash"]) if done else None))
+    return merged_version(ds, inputs)
 
 
 def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -> AssetsDefinition:
@@ -94,40 +70,116 @@ def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -
         group_name=ds.name,
         kinds={"numpy"},
         automation_condition=automation_condition,
-        description=f"All current shards of {ds.name} merged into one .bin/.idx pair.",
+        description=f"All current shards of {ds.name} merged into one immutable .bin/.idx "
+        "version; merged/<ds>/current.json names it.",
     )
     def merged(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         keys = shard_keys(context.instance, ds)
-        inputs = [f"tokens/{ds.name}/", f"hf/{ds.name}/data/", f"raw/{ds.name}/"]
-        inputs.append(f"merged/{ds.name}_{ds.text_key}_document.manifest.json")
-        with storage.workspace(inputs) as ws:
-            prefixes = [ws.storage.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
+        if not keys:
+            raise Failure(f"{ds.name}: no shards at all")
+        tokens = [layout.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
+        pointer_key = layout.merged_pointer(ds.name)
+        with storage.workspace([f"{t}.manifest.json" for t in tokens] + [pointer_key]) as ws:
+            prefixes = [ws.storage.path(t) for t in tokens]
             missing = [
                 k
                 for k, p in zip(keys, prefixes, strict=True)
                 if not dataset_manifest_path(p).is_file()
             ]
-            if not keys or missing:
-                raise Failure(
-                    f"{ds.name}: shards not tokenized yet: {missing or 'no shards at all'}"
-                )
-            out = ws.storage.merged_prefix(ds.name, ds.text_key)
-            before = previous_shards(out, ds.text_key)
+            if missing:
+                raise Failure(f"{ds.name}: shards not tokenized yet: {missing}")
             version = input_version(ws.storage, ds, keys)
-            result = merge_datasets([*prefixes], out, order="given", input_uri=display_path)
-            removed = sorted(set(before) - set(keys), key=natural_key)
-            if removed:
-                context.log.warning(f"{ds.name}: shards gone from the source, left out: {removed}")
-                deleted = prune_shards(ws.storage, ds, removed)
-                context.log.info(f"deleted {len(deleted)} artifacts of removed shards: {deleted}")
-            describe_export(ws.storage, ds, keys)
-            metadata = token_dataset_metadata(out, seconds=result.seconds)
+            out_key = layout.merged_prefix(ds.name, ds.text_key, version)
+            ws.fetch([f"{out_key}.manifest.json"])
+            out = ws.storage.path(out_key)
+            previous = read_pointer(ws.storage.path(pointer_key))
+            reused = dataset_manifest_path(out).is_file()
+            if reused:
+                ws.fetch([f"{out_key}.idx"])
+                reused = not check_dataset_files(out) if ws.stage is None else True
+            seconds = None
+            if not reused:
+                ws.fetch([f"{t}.bin" for t in tokens] + [f"{t}.idx" for t in tokens])
+                result = merge_datasets(prefixes, out, order="given", input_uri=display_path)
+                seconds = result.seconds
+            target = out_key.removeprefix(layout.merged_dir(ds.name) + "/")
+            write_pointer(ws.storage.path(pointer_key), version, target)
+            metadata: dict[str, Any] = token_dataset_metadata(out, seconds=seconds)
+            before = previous["version"] if previous else None
             metadata.update(
                 shards=len(keys),
-                shards_added=MetadataValue.json(sorted(set(keys) - set(before), key=natural_key)),
-                shards_removed=MetadataValue.json(removed),
+                version=version,
+                previous_version=str(before),
+                reused_version=reused,
                 input_version=version,
+            )
+            context.log.info(
+                f"{ds.name}: version {version[:16]} "
+                f"({'unchanged inputs, reused' if reused else 'merged'}); pointer moved from "
+                f"{before and before[:16]}"
             )
             return MaterializeResult(metadata=metadata)
 
     return merged
+
+
+def shard_files(ds: DatasetConfig) -> dict[str, tuple[str, ...]]:
+    """Folders of per-shard artifacts and the suffixes that follow the shard key in them."""
+    document = f"_{ds.text_key}_document"
+    return {
+        f"raw/{ds.name}/": (".stats.json", ".quarantine.jsonl"),
+        f"{layout.hf_dir(ds.name)}/data/": (".parquet",),
+        f"{layout.hf_dir(ds.name)}/shards/": (".json",),
+        f"tokens/{ds.name}/": tuple(document + s for s in (".bin", ".idx", ".manifest.json")),
+    }
+
+
+def shard_of(rel: str, folders: dict[str, tuple[str, ...]]) -> str | None:
+    """The shard key of a per-shard artifact (a path relative to the root), or None for any
+    other file (temp files included: their names end in the temp mark)."""
+    for base, suffixes in folders.items():
+        name = rel.removeprefix(base)
+        if name == rel or "/" in name:
+            continue
+        for suffix in suffixes:
+            if name.endswith(suffix) and len(name) > len(suffix):
+                return name[: -len(suffix)]
+    return None
+
+
+def build_pruned(ds: DatasetConfig, automation_condition: AutomationCondition) -> AssetsDefinition:
+    """The ``<ds>/pruned`` asset: removes the per-shard files (raw stats and quarantine, Parquet,
+    export record, tokens) of shards that are no longer partitions, after the merge that left
+    them out. It lists names; it reads no file."""
+
+    @asset(
+        key=AssetKey([ds.name, "pruned"]),
+        deps=[AssetKey([ds.name, "merged"])],
+        group_name=ds.name,
+        kinds={"json"},
+        automation_condition=automation_condition,
+        description=f"Per-shard files of {ds.name}'s vanished shards, removed after the merge.",
+    )
+    def pruned(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
+        current = set(shard_keys(context.instance, ds))
+        folders = shard_files(ds)
+        stale = []
+        for rel in storage.list_keys(list(folders)):
+            shard = shard_of(rel, folders)
+            if shard is not None and shard not in current:
+                stale.append((shard, rel))
+        storage.delete_keys([rel for _, rel in stale])
+        shards = sorted({s for s, _ in stale}, key=natural_key)
+        if shards:
+            context.log.warning(
+                f"{ds.name}: removed {len(stale)} files of vanished shards {shards}"
+            )
+        return MaterializeResult(
+            metadata={
+                "shards_removed": MetadataValue.json(shards),
+                "files_removed": len(stale),
+                "shards": len(current),
+            }
+        )
+
+    return pruned

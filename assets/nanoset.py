@@ -6,11 +6,12 @@ an unchanged dataset with unchanged settings costs a load, and a change never re
 arrays. Sample counts are the recipe's ``train_samples``/``valid_samples``/``test_samples``
 (null = one epoch of the split).
 
-The step reads the merged ``.idx`` (sequence lengths) and ``.manifest.json`` (content hash),
-never the ``.bin``. On an S3 root it names each split's entry (``tokenmill.nanoset.entry_key``)
-and asks S3 for it (``Workspace.stored_index_entry``: one LIST and the small description): an
-entry already there is neither rebuilt, downloaded nor uploaded again; a missing one is built
-in the work directory and uploaded, arrays first, description last.
+The step reads the current merged version (``merged/<ds>/current.json``) and of it only the
+``.idx`` (sequence lengths) and ``.manifest.json`` (content hash), never the ``.bin``. On an S3
+root it names each split's entry (``tokenmill.nanoset.entry_key``) and asks S3 for it
+(``Workspace.stored_index_entry``: one LIST and the small description): an entry already there
+is neither rebuilt, downloaded nor uploaded again; a missing one is built in the work directory
+and uploaded, arrays first, description last.
 """
 
 import dataclasses
@@ -32,81 +33,45 @@ from dagster import (
 
 from assets.metadata import path_value
 from pipelines.resources import StorageResource, Workspace
-from tokenmill.errors import FormatError
-from tokenmill.formats.indexed import data_file_path, index_file_path
-from tokenmill.manifest import dataset_content_hash, dataset_manifest_path, read_dataset_manifest
-from tokenmill.nanoset import (
-    SPLITS,
-    FetchEntry,
-    NanosetIndex,
-    build_or_load_lengths,
-    cache_paths,
-    entry_key,
-    index_lengths,
-)
+from tokenmill import layout
+from tokenmill.errors import ConfigError
+from tokenmill.formats.indexed import IndexedDataset, data_file_path
+from tokenmill.manifest import dataset_content_hash
+from tokenmill.nanoset import SPLITS, build_or_load_lengths, cache_paths, entry_key
 from tokenmill.recipe import DatasetConfig, NanosetConfig
 
 
-def merged_rel(ds: DatasetConfig) -> str:
-    """The merged dataset's prefix relative to the storage root."""
-    return f"merged/{ds.name}_{ds.text_key}_document"
-
-
-def content_hash(prefix: Path) -> str:
-    """The dataset's content hash without its ``.bin`` when that is not here (an S3 step
-    stages only the ``.idx`` and the manifest): the manifest's, provided its ``.idx`` record
-    matches the ``.idx``; with the ``.bin``, exactly ``dataset_content_hash``."""
-    if data_file_path(prefix).is_file():
-        return dataset_content_hash(prefix)
-    manifest = read_dataset_manifest(prefix)
-    idx = index_file_path(prefix)
-    recorded = manifest["files"].get(idx.name, {}).get("bytes")
-    if not idx.is_file() or idx.stat().st_size != recorded:
-        raise FormatError(idx, "size", f"missing or not the {recorded} bytes its manifest records")
-    return str(manifest["content_hash"])
-
-
-def requested_samples(cfg: NanosetConfig) -> dict[str, int | None]:
-    """Samples per split from the recipe (None = one epoch of the split)."""
-    return {"train": cfg.train_samples, "valid": cfg.valid_samples, "test": cfg.test_samples}
+def merged_lengths(prefix: Path) -> tuple[np.ndarray, str]:
+    """Sequence lengths (from the ``.idx``) and content hash (from the manifest) of a merged
+    version; the ``.bin`` is read only when it is here (a local root)."""
+    index_only = not data_file_path(prefix).is_file()
+    lengths = np.asarray(IndexedDataset(prefix, index_only=index_only).sequence_lengths)
+    return lengths, dataset_content_hash(prefix, index_only=index_only)
 
 
 def split_settings(cfg: NanosetConfig, split: str) -> dict[str, Any]:
-    """The index settings of one split, as ``build_or_load``/``entry_key`` take them."""
+    """The index settings of one split, as ``build_or_load``/``entry_key`` take them (samples
+    from the recipe; None = one epoch of the split)."""
+    samples = {"train": cfg.train_samples, "valid": cfg.valid_samples, "test": cfg.test_samples}
     return {
         "split": split,
         "split_spec": cfg.split,
         "sequence_length": cfg.sequence_length,
         "seed": cfg.seed,
-        "num_samples": requested_samples(cfg)[split],
+        "num_samples": samples[split],
         "semantics": cfg.semantics,
     }
 
 
-def split_indices(
-    storage: StorageResource,
-    ds: DatasetConfig,
-    cfg: NanosetConfig,
-    *,
-    fetch: FetchEntry | None = None,
-) -> dict[str, NanosetIndex | None]:
-    """Each split's index of the merged dataset from the shared cache (built on a miss);
-    None for an empty split. Needs the merged ``.idx`` and manifest, not the ``.bin``.
-    ``fetch``: ``Workspace.fetch_index_entry`` on an S3 root, so stored entries are used."""
-    prefix = storage.merged_prefix(ds.name, ds.text_key)
-    lengths, content = index_lengths(prefix), content_hash(prefix)
-    return {
-        split: build_or_load_lengths(
-            lengths, content, storage.nanoset_dir(), fetch=fetch, **split_settings(cfg, split)
-        )
-        for split in SPLITS
-    }
-
-
 def input_version(storage: StorageResource, ds: DatasetConfig, cfg: NanosetConfig) -> str:
-    """Hash of the merged dataset's content and the index settings."""
-    prefix = storage.merged_prefix(ds.name, ds.text_key)
-    content = content_hash(prefix) if dataset_manifest_path(prefix).is_file() else None
+    """Hash of the current merged version's content (None when never merged) and the index
+    settings; the merged ``.idx`` and manifest are enough."""
+    try:
+        prefix = storage.merged_prefix(ds.name, ds.text_key)
+    except ConfigError:
+        content = None
+    else:
+        content = dataset_content_hash(prefix, index_only=not data_file_path(prefix).is_file())
     return hashlib.sha256(json.dumps([content, dataclasses.asdict(cfg)]).encode()).hexdigest()
 
 
@@ -124,10 +89,10 @@ def build_nanoset(
         description=f"Nanoset indices of merged {ds.name} ({cfg.semantics} semantics).",
     )
     def nanoset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
-        rel = merged_rel(ds)
-        with storage.workspace([f"{rel}.idx", f"{rel}.manifest.json"]) as ws:
-            prefix = ws.storage.merged_prefix(ds.name, ds.text_key)
-            lengths, content = index_lengths(prefix), content_hash(prefix)
+        with storage.workspace([layout.merged_pointer(ds.name)]) as ws:
+            rel = ws.storage.merged_key(ds.name, ds.text_key)
+            ws.fetch([f"{rel}.idx", f"{rel}.manifest.json"])
+            lengths, content = merged_lengths(ws.storage.path(rel))
             rows = ["| split | samples | cache hash | entry |", "|---|---:|---|---|"]
             metadata: dict[str, Any] = {"input_version": input_version(ws.storage, ds, cfg)}
             for split in SPLITS:

@@ -11,7 +11,7 @@ from dagster import AssetKey, AssetSelection, define_asset_job, in_process_execu
 from tokenmill.recipe import DatasetConfig, Recipe
 
 SHARD_STAGES = ("raw_jsonl", "hf_dataset", "tokens")
-DOWNSTREAM_STAGES = ("merged", "nanoset")
+DOWNSTREAM_STAGES = ("dataset_info", "merged", "pruned", "nanoset")
 REFRESH_JOB = "refresh_job"
 # What ``define_asset_job`` returns (its class is not exported by dagster).
 AssetJob = Any

@@ -32,8 +32,9 @@ from assets import blends, merged, nanoset
 from pipelines import s3
 from pipelines.build import build_definitions
 from pipelines.instance import ensure_dagster_home
+from pipelines.jobs import DOWNSTREAM_STAGES as DATASET_STAGES
 from pipelines.jobs import REFRESH_JOB, shard_job_name
-from pipelines.partitions import partitions_name
+from pipelines.partitions import partitions_name, shard_keys
 from pipelines.resources import StorageResource, TokenizerResource
 from pipelines.sensors import shard_current, shard_tags
 from pipelines.sources import Listing, list_shards
@@ -190,12 +191,12 @@ def stale_downstream(
     for ds in recipe.datasets:
         if ds.name in skip:
             continue
-        instance_keys = merged.shard_keys(instance, ds)
+        instance_keys = shard_keys(instance, ds)
         merged_key, nanoset_key = AssetKey([ds.name, "merged"]), AssetKey([ds.name, "nanoset"])
         if _recorded_version(instance, merged_key) != merged.input_version(
             storage, ds, instance_keys
         ):
-            stale += [merged_key, nanoset_key]
+            stale += [AssetKey([ds.name, stage]) for stage in DATASET_STAGES]
             remade.add(ds.name)
         elif _recorded_version(instance, nanoset_key) != nanoset.input_version(
             storage, ds, recipe.nanoset

@@ -11,10 +11,12 @@ import functools
 import os
 import unicodedata
 
-from dagster import DynamicPartitionsDefinition
+from dagster import DagsterInstance, DynamicPartitionsDefinition
 
 from tokenmill.errors import ConfigError
 from tokenmill.ingest import shard_name
+from tokenmill.merge import natural_key
+from tokenmill.recipe import DatasetConfig
 
 
 def partitions_name(dataset: str) -> str:
@@ -26,6 +28,11 @@ def partitions_name(dataset: str) -> str:
 def shard_partitions(dataset: str) -> DynamicPartitionsDefinition:
     """The dataset's partitions definition (one object per dataset, shared by every user)."""
     return DynamicPartitionsDefinition(name=partitions_name(dataset))
+
+
+def shard_keys(instance: DagsterInstance, ds: DatasetConfig) -> list[str]:
+    """The dataset's current partition keys in merge order (``part-2`` before ``part-10``)."""
+    return sorted(instance.get_dynamic_partitions(partitions_name(ds.name)), key=natural_key)
 
 
 def check_partition_key(key: str) -> str:

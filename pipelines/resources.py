@@ -41,10 +41,11 @@ from pydantic import PrivateAttr
 from pipelines import s3
 from pipelines.partitions import check_partition_key
 from pipelines.sources import ShardFile
+from tokenmill import layout
 from tokenmill.errors import ConfigError
 from tokenmill.s3 import split_uri
-from tokenmill.tokenize import dataset_prefix
 from tokenmill.tokenizer import TokenizerInfo, inspect_tokenizer
+from tokenmill.versions import read_pointer
 
 # Work directories of the steps running now and the S3 root each stands for (for metadata).
 _STAGED: contextvars.ContextVar[tuple[tuple[Path, str], ...]] = contextvars.ContextVar(
@@ -107,16 +108,19 @@ class Workspace:
         """The description of an index-cache entry stored on S3 (``paths``: its
         ``cache_paths`` in this workspace; ``key``, ``digest``: ``tokenmill.nanoset.entry_key``)
         when it describes exactly that key and every array is there at its recorded size; None
-        otherwise, and always for a local root. Costs one LIST and one small GET: the arrays
-        are neither downloaded nor, since they are complete, uploaded again."""
+        otherwise, and always for a local root. Costs one LIST and one small GET (the
+        description is staged, through the run cache): the arrays are neither downloaded nor,
+        since they are complete, uploaded again."""
         if self.stage is None:
             return None
         rels = {name: self._rel(path) for name, path in paths.items()}
         found = self.stage.listing(rels["description"].removesuffix("description.json"))
         if rels["description"] not in found:
             return None
+        if rels["description"] not in self.stage.fetched:
+            self.stage.get(found[rels["description"]], rels["description"])
         try:
-            description = json.loads(self.stage.read(rels["description"]))
+            description = json.loads(paths["description"].read_bytes())
             if description["key"] != key or description["hash"] != digest:
                 return None
             for name, rel in rels.items():
@@ -135,6 +139,12 @@ class Workspace:
         """A path in this workspace's root, relative to it (posix)."""
         assert self.stage is not None
         return Path(path).resolve().relative_to(self.stage.local.resolve()).as_posix()
+
+    def fetch(self, inputs: Sequence[str]) -> None:
+        """Stage more inputs once the step knows it needs them (same forms as ``workspace``);
+        nothing to do for a local root."""
+        if self.stage is not None:
+            self.stage.fetch(list(inputs))
 
     def blend_manifest(self, blend: str) -> Path:
         """A blend's local ``manifest.json``: on S3, pulled with every file it names (verified)."""
@@ -229,42 +239,100 @@ class StorageResource(ConfigurableResource):
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    def list_keys(self, folders: Sequence[str]) -> list[str]:
+        """Every file under the ``folders`` (``dir/`` keys), as keys relative to the root, by
+        listing names only: nothing is read or downloaded."""
+        if not self.is_s3:
+            root = self.local_root()
+            found = []
+            for folder in folders:
+                base = root / folder
+                if base.is_dir():
+                    found += [
+                        p.relative_to(root).as_posix() for p in base.rglob("*") if p.is_file()
+                    ]
+            return sorted(found)
+        bucket, prefix = split_uri(self.root)
+        base = f"{prefix}/" if prefix else ""
+        client = s3.s3_client(self.s3_endpoint_url)
+        return sorted(
+            s3.local_name(bucket, obj.key, base)
+            for folder in folders
+            for obj in s3.list_objects(client, bucket, base + folder, recursive=True)
+        )
+
+    def delete_keys(self, keys: Sequence[str]) -> None:
+        """Remove files by key (absent ones are fine), locally or on S3."""
+        if not self.is_s3:
+            for key in keys:
+                self.path(key).unlink(missing_ok=True)
+            return
+        bucket, prefix = split_uri(self.root)
+        client = s3.s3_client(self.s3_endpoint_url)
+        for key in keys:
+            s3.delete(client, bucket, f"{prefix}/{key}" if prefix else key)
+
+    def path(self, key: str) -> Path:
+        """A layout key (``tokenmill.layout``) under the local root."""
+        return self.local_root() / key
+
     def raw_stats_path(self, dataset: str, shard: str) -> Path:
         """``raw/<ds>/<shard>.stats.json``: validation counts of one shard."""
-        return self.local_root() / "raw" / dataset / f"{check_partition_key(shard)}.stats.json"
+        return self.path(layout.raw_stats(dataset, shard))
 
     def quarantine_path(self, dataset: str, shard: str) -> Path:
         """``raw/<ds>/<shard>.quarantine.jsonl``: the shard's bad lines with line numbers."""
-        key = check_partition_key(shard)
-        return self.local_root() / "raw" / dataset / f"{key}.quarantine.jsonl"
+        return self.path(layout.quarantine(dataset, shard))
 
     def hf_dir(self, dataset: str) -> Path:
         """``hf/<ds>``: the HF Parquet layout (``data/<shard>.parquet`` + ``dataset_info.json``)."""
-        return self.local_root() / "hf" / dataset
+        return self.path(layout.hf_dir(dataset))
 
     def parquet_path(self, dataset: str, shard: str) -> Path:
         """``hf/<ds>/data/<shard>.parquet``."""
-        return self.hf_dir(dataset) / "data" / f"{check_partition_key(shard)}.parquet"
+        return self.path(layout.parquet(dataset, shard))
+
+    def export_record_path(self, dataset: str, shard: str) -> Path:
+        """``hf/<ds>/shards/<shard>.json``: one shard's export record."""
+        return self.path(layout.export_record(dataset, shard))
 
     def tokens_output_prefix(self, dataset: str, shard: str) -> Path:
         """``tokens/<ds>/<shard>``; the files are ``<that>_<text_key>_document.{bin,idx}``."""
-        return self.local_root() / "tokens" / dataset / check_partition_key(shard)
+        return (
+            self.local_root() / "tokens" / layout.check_name(dataset) / check_partition_key(shard)
+        )
 
     def tokens_prefix(self, dataset: str, shard: str, text_key: str) -> Path:
         """``tokens/<ds>/<shard>_<text_key>_document``: one shard's ``.bin``/``.idx`` prefix."""
-        return dataset_prefix(self.tokens_output_prefix(dataset, shard), text_key)
+        return self.path(layout.tokens_prefix(dataset, check_partition_key(shard), text_key))
+
+    def merged_pointer_path(self, dataset: str) -> Path:
+        """``merged/<ds>/current.json``: names the dataset's current merged version."""
+        return self.path(layout.merged_pointer(dataset))
+
+    def merged_key(self, dataset: str, text_key: str) -> str:
+        """The layout key of the current merged version's prefix, read from the pointer
+        (ConfigError naming the pointer when the dataset was never merged)."""
+        layout.document_name(dataset, text_key)  # a bad name fails before any read
+        pointer = read_pointer(self.merged_pointer_path(dataset))
+        if pointer is None:
+            raise ConfigError(
+                f"{display_path(self.merged_pointer_path(dataset))}: missing; "
+                f"materialize {dataset}/merged first"
+            )
+        return layout.merged_prefix(dataset, text_key, str(pointer["version"]))
 
     def merged_prefix(self, dataset: str, text_key: str) -> Path:
-        """``merged/<ds>_<text_key>_document``: the dataset's merged ``.bin``/``.idx`` prefix."""
-        return dataset_prefix(self.local_root() / "merged" / dataset, text_key)
+        """``merged/<ds>/<version>/<ds>_<text_key>_document``: the current merged version."""
+        return self.path(self.merged_key(dataset, text_key))
 
     def nanoset_dir(self) -> Path:
         """``nanoset/``: the content-addressed index cache shared by datasets and blends."""
-        return self.local_root() / "nanoset"
+        return self.path(layout.nanoset_dir())
 
     def blend_dir(self, blend: str) -> Path:
         """``blends/<name>``: a blend's ``manifest.json`` and index arrays."""
-        return self.local_root() / "blends" / blend
+        return self.path(layout.blend_dir(blend))
 
 
 class TokenizerResource(ConfigurableResource):

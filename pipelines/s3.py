@@ -307,15 +307,6 @@ class S3Stage:
         found = list_objects(self.client, self.bucket, self.key(rel_prefix), recursive=True)
         return {o.key[len(base) :]: o for o in found if TMP_MARK not in o.key[len(base) :]}
 
-    def read(self, rel: str) -> bytes:
-        """The bytes of a small object, in memory (nothing is written to the stage)."""
-
-        def get() -> bytes:
-            body = self.client.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"]
-            return bytes(body.read())
-
-        return retrying(f"reading {self.uri(rel)}", get)
-
     def get(self, obj: S3Object, rel: str) -> None:
         """One listed object to ``rel`` in the stage (through the run cache), as fetched."""
         path = self.local / rel

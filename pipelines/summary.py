@@ -2,6 +2,7 @@
 mirror of an S3 root), where the blends are, how to open one (after ``tokenmill pull`` for an
 S3 root), and how to start the UI."""
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -10,8 +11,9 @@ from pathlib import Path
 
 from dagster import AssetKey, DagsterInstance
 
-from assets.merged import shard_keys
+from pipelines.partitions import shard_keys
 from pipelines.resources import StorageResource
+from tokenmill.errors import ConfigError
 from tokenmill.manifest import dataset_manifest_path, read_dataset_manifest
 from tokenmill.nanoset import SPLITS
 from tokenmill.recipe import DatasetConfig, Recipe
@@ -53,10 +55,11 @@ def dataset_line(
             stats = json.loads(stats_path.read_text(encoding="utf-8"))
             documents += int(stats["documents"])
             quarantined += int(stats["quarantined"])
-    prefix = storage.merged_prefix(recipe_ds.name, recipe_ds.text_key)
     tokens = "not merged"
-    if dataset_manifest_path(prefix).is_file():
-        tokens = f"{read_dataset_manifest(prefix)['counts']['tokens']:,} tokens"
+    with contextlib.suppress(ConfigError):  # no pointer yet: never merged
+        prefix = storage.merged_prefix(recipe_ds.name, recipe_ds.text_key)
+        if dataset_manifest_path(prefix).is_file():
+            tokens = f"{read_dataset_manifest(prefix)['counts']['tokens']:,} tokens"
     fresh = len(outcome.shards) - len(outcome.processed) - len(outcome.failed)
     text = (
         f"  {recipe_ds.name}: {len(outcome.shards)} shards ({len(outcome.processed)} processed, "

@@ -12,6 +12,7 @@ is stored as a string column holding each value's JSON text and listed under
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -323,54 +324,70 @@ def hf_feature(kind: pa.DataType) -> dict[str, Any]:
     return {"dtype": _HF_DTYPES.get(str(kind), str(kind)), "_type": "Value"}
 
 
-def write_dataset_info(
-    output_dir: str | os.PathLike[str],
-    *,
-    features_from: list[Path] | None = None,
-    extra: dict[str, Any] | None = None,
-) -> Path:
-    """Write ``output_dir/dataset_info.json`` (features, ``train`` split sizes, shards) atomically.
+def parquet_record(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> dict[str, Any]:
+    """A Parquet shard as ``dataset_info.json`` lists it (``file`` relative to ``root``, rows,
+    uncompressed and file bytes, sha256) plus its Arrow ``schema`` (base64 IPC), so the
+    dataset's description is assembled from these small records without opening any Parquet."""
+    path = Path(path)
+    meta = pq.read_metadata(path)
+    schema = meta.schema.to_arrow_schema().remove_metadata()
+    rel = path.resolve()
+    with contextlib.suppress(ValueError):
+        rel = rel.relative_to(Path(root).resolve())
+    return {
+        "file": rel.as_posix(),
+        "num_rows": meta.num_rows,
+        "num_bytes": sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)),
+        "size": path.stat().st_size,
+        "sha256": file_sha256(path),
+        "schema": base64.b64encode(schema.serialize().to_pybytes()).decode("ascii"),
+    }
 
-    ``features_from`` defaults to every ``output_dir/data/*.parquet``; their schemas must unify.
-    ``num_bytes`` is the uncompressed data size, ``download_size`` the Parquet files' size.
-    ``extra`` keys are added at the top level. Keys keep their order (features follow the
-    columns), so the bytes are deterministic without sorting.
-    """
+
+def record_schema(record: dict[str, Any], where: str) -> pa.Schema:
+    """The Arrow schema a ``parquet_record`` carries; FormatError naming ``where`` if damaged."""
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(record["schema"])))
+    except (KeyError, TypeError, ValueError, pa.ArrowInvalid) as exc:
+        raise FormatError(where, "schema", f"not a serialized Arrow schema ({exc})") from exc
+
+
+def dataset_info_from_records(
+    output_dir: str | os.PathLike[str],
+    records: list[dict[str, Any]],
+    *,
+    extra: dict[str, Any] | None = None,
+    where: str | None = None,
+) -> Path:
+    """Write ``output_dir/dataset_info.json`` from ``parquet_record``s (in shard order): features
+    (the shards' schemas must unify), ``train`` split sizes, shards; ``extra`` keys at the top
+    level. ``num_bytes`` is the uncompressed size, ``download_size`` the files' size. Keys keep
+    their order, so the bytes are deterministic without sorting."""
     out = Path(output_dir)
-    files = sorted((out / "data").glob("*.parquet")) if features_from is None else features_from
-    if not files:
+    if not records:
         raise InputError(f"{out / 'data'}: no .parquet shards to describe")
-    schemas, shards = [], []
-    for path in files:
-        meta = pq.read_metadata(path)
-        schemas.append(meta.schema.to_arrow_schema().remove_metadata())
-        rel = Path(path).resolve()
-        with contextlib.suppress(ValueError):
-            rel = rel.relative_to(out.resolve())
-        shards.append(
-            {
-                "file": rel.as_posix(),
-                "num_rows": meta.num_rows,
-                "num_bytes": sum(
-                    meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)
-                ),
-                "size": Path(path).stat().st_size,
-                "sha256": file_sha256(path),
-            }
-        )
+    schemas = [record_schema(r, where or str(out / r["file"])) for r in records]
+    shards = [
+        {k: r[k] for k in ("file", "num_rows", "num_bytes", "size", "sha256")} for r in records
+    ]
     try:
         schema = pa.unify_schemas(schemas, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise FormatError(
             out / "data", "schema", f"shards have incompatible schemas: {exc}"
         ) from exc
-    rows = sum(s["num_rows"] for s in shards)
     num_bytes = sum(s["num_bytes"] for s in shards)
     info: dict[str, Any] = {
         "builder_name": "parquet",
         "config_name": "default",
         "features": {f.name: hf_feature(f.type) for f in schema},
-        "splits": {"train": {"name": "train", "num_bytes": num_bytes, "num_examples": rows}},
+        "splits": {
+            "train": {
+                "name": "train",
+                "num_bytes": num_bytes,
+                "num_examples": sum(s["num_rows"] for s in shards),
+            }
+        },
         "download_size": sum(s["size"] for s in shards),
         "dataset_size": num_bytes,
         "shards": shards,
@@ -379,6 +396,19 @@ def write_dataset_info(
     target = out / "dataset_info.json"
     write_bytes(target, (json.dumps(info, indent=2) + "\n").encode("utf-8"))
     return target
+
+
+def write_dataset_info(
+    output_dir: str | os.PathLike[str],
+    *,
+    features_from: list[Path] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``output_dir/dataset_info.json`` for Parquet files (default: every
+    ``output_dir/data/*.parquet``) through ``dataset_info_from_records``."""
+    out = Path(output_dir)
+    files = sorted((out / "data").glob("*.parquet")) if features_from is None else features_from
+    return dataset_info_from_records(out, [parquet_record(p, out) for p in files], extra=extra)
 
 
 def export_input(

@@ -22,6 +22,7 @@ import os
 import unicodedata
 
 from tokenmill.errors import ConfigError
+from tokenmill.loader._manifest import name_problem
 
 POINTER_NAME = "current.json"
 BLEND_MANIFEST = "manifest.json"
@@ -55,18 +56,25 @@ def version_dir_name(version: str) -> str:
 
 
 def document_name(name: str, text_key: str) -> str:
-    """``<name>_<text_key>_document``: Megatron's ``preprocess_data.py`` naming of a pair."""
-    return f"{check_name(name)}_{check_name(text_key, 'text key')}_document"
+    """``<name>_<text_key>_document``: Megatron's ``preprocess_data.py`` naming of a pair;
+    ConfigError when ``text_key`` could not be part of one file name."""
+    problem = name_problem(text_key)
+    if problem:
+        raise ConfigError(
+            f"text_key {text_key!r} {problem}; it is part of the file names "
+            "<prefix>_<text_key>_document.*, so it must be one file-name part"
+        )
+    return f"{check_name(name)}_{text_key}_document"
 
 
 def raw_stats(ds: str, shard: str) -> str:
     """``raw/<ds>/<shard>.stats.json``: a shard's validation counts (written last)."""
-    return f"raw/{check_name(ds, 'dataset')}/{check_name(shard, 'shard')}.stats.json"
+    return f"raw/{check_name(ds, 'dataset')}/{check_name(shard, 'partition key')}.stats.json"
 
 
 def quarantine(ds: str, shard: str) -> str:
     """``raw/<ds>/<shard>.quarantine.jsonl``: a shard's bad lines with their line numbers."""
-    return f"raw/{check_name(ds, 'dataset')}/{check_name(shard, 'shard')}.quarantine.jsonl"
+    return f"raw/{check_name(ds, 'dataset')}/{check_name(shard, 'partition key')}.quarantine.jsonl"
 
 
 def hf_dir(ds: str) -> str:
@@ -76,13 +84,13 @@ def hf_dir(ds: str) -> str:
 
 def parquet(ds: str, shard: str) -> str:
     """``hf/<ds>/data/<shard>.parquet``: one shard's Parquet export."""
-    return f"{hf_dir(ds)}/data/{check_name(shard, 'shard')}.parquet"
+    return f"{hf_dir(ds)}/data/{check_name(shard, 'partition key')}.parquet"
 
 
 def export_record(ds: str, shard: str) -> str:
     """``hf/<ds>/shards/<shard>.json``: one shard's export record (rows, bytes, sha256, schema,
     input), from which ``dataset_info.json`` is assembled without reading any Parquet."""
-    return f"{hf_dir(ds)}/shards/{check_name(shard, 'shard')}.json"
+    return f"{hf_dir(ds)}/shards/{check_name(shard, 'partition key')}.json"
 
 
 def dataset_info(ds: str) -> str:

@@ -221,13 +221,23 @@ def bin_parts(prefix: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return [{"bytes": size, "sha256": file_sha256(path)}]
 
 
-def dataset_content_hash(prefix: str | os.PathLike[str]) -> str:
+def dataset_content_hash(prefix: str | os.PathLike[str], *, index_only: bool = False) -> str:
     """The content hash of a ``.bin``/``.idx`` pair: from its manifest when the sizes agree,
-    otherwise computed from the files (so hand-made Megatron datasets work too)."""
+    otherwise computed from the files (so hand-made Megatron datasets work too). With
+    ``index_only`` (a step that staged the ``.idx`` and manifest, not the ``.bin``) only the
+    ``.idx`` size is compared, and a dataset without a manifest is an error."""
     prefix = Path(prefix)
     if dataset_manifest_path(prefix).is_file():
         manifest = read_dataset_manifest(prefix)
+        if index_only:
+            idx = index_file_path(prefix)
+            recorded = manifest["files"][idx.name]["bytes"]
+            if not idx.is_file() or idx.stat().st_size != recorded:
+                raise FormatError(idx, "size", f"missing or not the {recorded} bytes recorded")
+            return str(manifest["content_hash"])
         if not file_problems(prefix, manifest, full=False):
             return str(manifest["content_hash"])
+    if index_only:
+        raise FormatError(dataset_manifest_path(prefix), "manifest", "missing")
     files = describe_files([data_file_path(prefix), index_file_path(prefix)], root=prefix.parent)
     return _content_hash(files)

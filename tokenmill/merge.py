@@ -124,6 +124,13 @@ def _provenance(prefixes: list[Path]) -> tuple[dict[str, Any], int]:
     return {key: seen[key][0] if key in seen else None for key in PROVENANCE}, quarantined
 
 
+def _counts(prefix: Path) -> dict[str, int]:
+    """Documents, sequences and tokens of an input, from its ``.idx`` (what the merge copies),
+    so checks compare the merged pair against its recorded inputs without reading them again."""
+    with IndexedDataset(prefix, index_only=True) as data:
+        return {"documents": data.num_documents, "sequences": len(data), "tokens": data.num_tokens}
+
+
 def merge_datasets(
     inputs: list[str | os.PathLike[str]],
     output_prefix: str | os.PathLike[str],
@@ -166,7 +173,10 @@ def merge_datasets(
         manifest = write_dataset_manifest(
             out,
             kind="merged",
-            inputs=[{"prefix": name(q), "content_hash": dataset_content_hash(q)} for q in prefixes],
+            inputs=[
+                {"prefix": name(q), "content_hash": dataset_content_hash(q), "counts": _counts(q)}
+                for q in prefixes
+            ],
             config={"order": order, "dtype": str(dtype), **provenance},
             counts=counts,
             bin_parts=[part for q in prefixes for part in bin_parts(q)],

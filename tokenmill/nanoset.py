@@ -32,8 +32,8 @@ from tokenmill._nanoset_indices import (
     compute_indices,
     split_ranges,
 )
-from tokenmill.errors import CacheError, ConfigError, FormatError
-from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file_path
+from tokenmill.errors import CacheError, ConfigError
+from tokenmill.formats.indexed import IndexedDataset, data_file_path
 from tokenmill.manifest import dataset_content_hash
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
     "cache_key",
     "cache_paths",
     "entry_key",
-    "index_lengths",
     "split_ranges",
     "verify_index",
 ]
@@ -116,19 +115,24 @@ def build_or_load(
     semantics: str = "megatron",
     add_extra_token: bool = True,
     drop_last_partial: bool | None = None,
+    build: bool = True,
     fetch: FetchEntry | None = None,
 ) -> NanosetIndex | None:
     """Load the split's cached indices, building them first if needed; None if the split is
     empty for this dataset. Safe when many processes call it at once: one builds under an
     exclusive lock, the others wait and load the same files. ``drop_last_partial=None`` is the
-    reference default (drop the last partial sample in every split). ``fetch(paths)``, if
-    given, is called with the entry's :func:`cache_paths` when its description is not in
-    ``cache_dir``, to bring a stored copy there (e.g. from S3) before anything is built.
+    reference default (drop the last partial sample in every split). ``build=False`` only
+    loads: a missing entry is a CacheError (checks read, never repair). A prefix staged without
+    its ``.bin`` (an S3 step that needs only lengths) is read through its ``.idx`` and manifest.
+    ``fetch(paths)``, if given, is called with the entry's :func:`cache_paths` when its
+    description is not in ``cache_dir``, to bring a stored copy there (e.g. from S3) before
+    anything is loaded or built.
     """
     _check_choices(split, semantics)
+    index_only = not data_file_path(dataset_prefix).is_file()
     return build_or_load_lengths(
-        IndexedDataset(dataset_prefix).sequence_lengths,
-        dataset_content_hash(dataset_prefix),
+        IndexedDataset(dataset_prefix, index_only=index_only).sequence_lengths,
+        dataset_content_hash(dataset_prefix, index_only=index_only),
         cache_dir,
         split=split,
         split_spec=split_spec,
@@ -138,6 +142,7 @@ def build_or_load(
         semantics=semantics,
         add_extra_token=add_extra_token,
         drop_last_partial=drop_last_partial,
+        build=build,
         fetch=fetch,
     )
 
@@ -155,10 +160,11 @@ def build_or_load_lengths(
     semantics: str = "megatron",
     add_extra_token: bool = True,
     drop_last_partial: bool | None = None,
+    build: bool = True,
     fetch: FetchEntry | None = None,
 ) -> NanosetIndex | None:
-    """:func:`build_or_load` from a dataset's sequence lengths (:func:`index_lengths`) and
-    content hash: no ``.bin`` is needed."""
+    """:func:`build_or_load` from a dataset's sequence lengths (e.g. of
+    ``IndexedDataset(prefix, index_only=True)``) and content hash: no ``.bin`` is needed."""
     found = entry_key(
         len(lengths),
         content_hash,
@@ -180,9 +186,13 @@ def build_or_load_lengths(
     try:
         loaded = _load_entry(paths, key, digest)
     except CacheError:
+        if not build:
+            raise
         loaded = None
     if loaded is not None:
         return loaded
+    if not build:
+        raise CacheError(f"{paths['description']}: missing; the index was never built")
     with cache.exclusive_lock(Path(cache_dir) / f"{digest}-Nanoset-{split}.lock"):
         loaded = _load_entry(paths, key, digest, partial_ok=True)
         if loaded is None:
@@ -225,25 +235,6 @@ def entry_key(
         drop_last_partial=True if drop_last_partial is None else drop_last_partial,
     )
     return key, cache.key_hash(key)
-
-
-def index_lengths(dataset_prefix: str | Path) -> np.ndarray:
-    """A dataset's sequence lengths from its ``.idx`` alone (checked as on open); the ``.bin``
-    need not be there."""
-    return _IndexOnly(dataset_prefix).sequence_lengths
-
-
-class _IndexOnly(IndexedDataset):
-    """The ``.idx`` half of :class:`IndexedDataset` (header, counts, arrays validated)."""
-
-    def __init__(self, prefix: str | Path) -> None:
-        self.prefix = Path(prefix)
-        self.idx_path = index_file_path(prefix)
-        self.bin_path = data_file_path(prefix)
-        if not self.idx_path.is_file():
-            raise FormatError(self.idx_path, "file", "missing")
-        self._bin = None
-        self._read_index(multimodal=False)
 
 
 def _check_choices(split: str, semantics: str) -> None:

@@ -57,3 +57,10 @@ def read_pointer(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     if target.startswith("/") or ".." in Path(target).parts:
         raise FormatError(path, "target", f"{target!r} leaves the pointer's folder")
     return record
+
+
+def pointer_target(path: str | os.PathLike[str]) -> Path | None:
+    """The path a pointer names (its ``target`` under the pointer's folder), or None when there
+    is no pointer yet."""
+    record = read_pointer(path)
+    return None if record is None else Path(path).parent / str(record["target"])

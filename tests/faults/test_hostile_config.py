@@ -57,6 +57,7 @@ from pipelines.materialize import RootView
 from pipelines.partitions import partitions_name
 from pipelines.resources import StorageResource
 from pipelines.sources import list_shards
+from tokenmill import layout
 from tokenmill.blend_manifest import build_blend
 from tokenmill.cli import main
 from tokenmill.errors import ConfigError, FormatError, InputError, TokenmillError
@@ -242,7 +243,14 @@ def test_text_key_must_be_one_file_name_part(tmp_path: Path) -> None:
         path.write_text(yaml.safe_dump({**GOOD, "datasets": datasets}), encoding="utf-8")
         assert load_recipe(path).dataset("web").text_key == key
         storage = StorageResource(root=str(tmp_path / "out"))
-        assert storage.merged_prefix("web", key) == tmp_path / f"out/merged/web_{key}_document"
+        version = "ab" * 32
+        assert (
+            layout.merged_prefix("web", key, version) == f"merged/web/{'ab' * 8}/web_{key}_document"
+        )
+        assert (
+            storage.tokens_prefix("web", "s0", key)
+            == tmp_path / f"out/tokens/web/s0_{key}_document"
+        )
     storage = StorageResource(root=str(tmp_path / "out"))
     message = "text_key 'x/../../evil' contains a slash or backslash; it is part of the file names"
     refused_api(lambda: storage.merged_prefix("web", "x/../../evil"), tmp_path, message)

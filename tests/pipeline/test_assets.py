@@ -88,9 +88,16 @@ def test_every_stage_of_one_recipe(
 
     merged = run_asset(defs, ["docs", "merged"], resources, instance)
     assert value(merged, "documents") == 40 and value(merged, "shards") == 4
-    assert value(merged, "shards_removed") == []
-    with IndexedDataset(storage.merged_prefix("docs", "text")) as data:
+    version = str(value(merged, "version"))
+    assert value(merged, "reused_version") is False
+    prefix = storage.merged_prefix("docs", "text")
+    assert prefix.parent.name == version[:16]
+    with IndexedDataset(prefix) as data:
         assert data.num_documents == 40
+    again = run_asset(defs, ["docs", "merged"], resources, instance)
+    assert value(again, "version") == version and value(again, "reused_version") is True
+    info = run_asset(defs, ["docs", "dataset_info"], resources, instance)
+    assert value(info, "shards") == 4 and value(info, "rows") == 40
     run_asset(defs, ["code", "merged"], resources, instance)
     for ds in ("docs", "code"):
         index = run_asset(defs, [ds, "nanoset"], resources, instance)
@@ -117,14 +124,26 @@ def test_vanished_shard_is_reported_and_pruned(
     for shard in shards:
         for stage in SHARD_STAGES:
             run_asset(defs, ["code", stage], resources, instance, shard)
-    run_asset(defs, ["code", "merged"], resources, instance)
+    first = run_asset(defs, ["code", "merged"], resources, instance)
+    old_prefix = storage.merged_prefix("code", "text")
     instance.delete_dynamic_partition(partitions_name("code"), "part-00001")
     merged = run_asset(defs, ["code", "merged"], resources, instance)
-    assert value(merged, "shards_removed") == ["part-00001"] and value(merged, "shards") == 1
+    assert value(merged, "shards") == 1 and value(merged, "previous_version") == value(
+        first, "version"
+    )
+    assert storage.parquet_path("code", "part-00001").exists()  # the merge prunes nothing
+    assert old_prefix.with_suffix(".bin").exists()  # the old version stays for pinned jobs
+    assert storage.merged_prefix("code", "text") != old_prefix
+    pruned = run_asset(defs, ["code", "pruned"], resources, instance)
+    assert value(pruned, "shards_removed") == ["part-00001"] and value(pruned, "files_removed") > 0
     assert not storage.parquet_path("code", "part-00001").exists()
+    assert not storage.export_record_path("code", "part-00001").exists()
+    assert not storage.raw_stats_path("code", "part-00001").exists()
     assert not storage.tokens_prefix("code", "part-00001", "text").with_suffix(".bin").exists()
+    assert storage.tokens_prefix("code", "part-00000", "text").with_suffix(".bin").exists()
+    run_asset(defs, ["code", "dataset_info"], resources, instance)
     info = json.loads((storage.hf_dir("code") / "dataset_info.json").read_text())
-    assert "part-00001" not in json.dumps(info)
+    assert "part-00001" not in json.dumps(info) and "part-00000" in json.dumps(info)
 
 
 def test_shard_missing_from_source_fails_clearly(

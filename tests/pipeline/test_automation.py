@@ -14,6 +14,7 @@ from pipelines.partitions import partitions_name
 
 DOWNSTREAM = {
     AssetKey(["code", "merged"]),
+    AssetKey(["code", "pruned"]),
     AssetKey(["code", "nanoset"]),
     AssetKey(["blend", "mix"]),
 }
@@ -35,8 +36,8 @@ def test_burst_of_50_shards_leads_to_one_rebuild(
         instance.add_dynamic_partitions(partitions_name(ds), ["part-00000"])
         for stage in ("raw_jsonl", "hf_dataset", "tokens"):
             built(instance, [ds, stage], "part-00000")
-        built(instance, [ds, "merged"])
-        built(instance, [ds, "nanoset"])
+        for stage in ("dataset_info", "merged", "pruned", "nanoset"):
+            built(instance, [ds, stage])
     built(instance, ["blend", "mix"])
     result = evaluate_automation_conditions(defs=defs, instance=instance)
     assert result.total_requested == 0

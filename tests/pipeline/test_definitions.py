@@ -18,14 +18,18 @@ ROOT = Path(__file__).resolve().parents[2]
 # Training configs and dashboards name these: a rename must be deliberate (update this list).
 DEMO_ASSET_KEYS = [
     "blend/demo",
+    "code/dataset_info",
     "code/hf_dataset",
     "code/merged",
     "code/nanoset",
+    "code/pruned",
     "code/raw_jsonl",
     "code/tokens",
+    "docs/dataset_info",
     "docs/hf_dataset",
     "docs/merged",
     "docs/nanoset",
+    "docs/pruned",
     "docs/raw_jsonl",
     "docs/tokens",
 ]

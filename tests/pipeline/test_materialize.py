@@ -56,16 +56,22 @@ def test_whole_graph_then_incremental(
     assert materialize_recipe(recipe, instance) == 0
     out = capsys.readouterr().out
     assert "docs: 5 shards (1 processed, 4 up to date" in out
-    assert "downstream rebuilt: docs/merged, docs/nanoset, blend/mix" in out
+    assert (
+        "downstream rebuilt: docs/dataset_info, docs/merged, docs/pruned, docs/nanoset, blend/mix"
+        in out
+    )
     assert runs_by_job(instance) == {"docs_shard_job": 5, "code_shard_job": 2, "refresh_job": 2}
 
     (docs / "part-00003.jsonl").unlink()
     assert materialize_recipe(recipe, instance) == 0
     out = capsys.readouterr().out
     assert "removed (gone from the source): ['part-00003']" in out
-    event = instance.get_latest_materialization_event(AssetKey(["docs", "merged"]))
+    event = instance.get_latest_materialization_event(AssetKey(["docs", "pruned"]))
     assert event is not None and event.asset_materialization is not None
     assert event.asset_materialization.metadata["shards_removed"].value == ["part-00003"]
+    event = instance.get_latest_materialization_event(AssetKey(["docs", "merged"]))
+    assert event is not None and event.asset_materialization is not None
+    assert event.asset_materialization.metadata["reused_version"].value is True  # 4 shards again
 
     # The shard sensors see the same state: every shard is current, nothing to run.
     defs = build_definitions(recipe)
@@ -84,7 +90,7 @@ def test_bad_record_in_fail_mode_fails_only_that_dataset(
     assert materialize_recipe(recipe, instance) == 1
     out = capsys.readouterr().out
     assert "docs/extra-00000: FAILED" in out and "failed: ['extra-00000']" in out
-    assert "downstream rebuilt: code/merged, code/nanoset" in out
+    assert "downstream rebuilt: code/dataset_info, code/merged, code/pruned, code/nanoset" in out
 
 
 def test_dagster_materialize_end_to_end(recipe: Recipe, instance: DagsterInstance) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +42,11 @@ def run(
 
 
 def files(storage: StorageResource, ds: str, shard: str) -> dict[str, bytes]:
-    """The bytes of a shard's stats and quarantine and of the dataset's dataset_info.json."""
+    """The bytes of a shard's stats, quarantine and export record."""
     paths = (
         storage.raw_stats_path(ds, shard),
         storage.quarantine_path(ds, shard),
-        storage.hf_dir(ds) / "dataset_info.json",
+        storage.export_record_path(ds, shard),
     )
     return {p.name: p.read_bytes() for p in paths if p.is_file()}
 
@@ -140,7 +141,7 @@ def test_same_shard_twice_gives_identical_files_and_hf_never_writes_the_quaranti
         assert (hf.metadata["documents"], hf.metadata["quarantined"]) == (10, 3)
         runs.append(files(storage, "docs", SHARD))
     assert sorted(runs[0]) == [
-        "dataset_info.json",
+        f"{SHARD}.json",
         f"{SHARD}.quarantine.jsonl",
         f"{SHARD}.stats.json",
     ]
@@ -148,7 +149,9 @@ def test_same_shard_twice_gives_identical_files_and_hf_never_writes_the_quaranti
     assert sorted(p.name for p in quarantine.parent.iterdir()) == sorted(
         [quarantine.name, f"{SHARD}.stats.json"]
     )
-    info = json.loads(runs[0]["dataset_info.json"])["tokenmill"]
+    assert not (storage.hf_dir("docs") / "dataset_info.json").exists()  # a shard step's own
+    run(recipe, resources, instance, ["docs", "dataset_info"])
+    info = json.loads((storage.hf_dir("docs") / "dataset_info.json").read_text())["tokenmill"]
     assert info == {
         "format_version": FORMAT_VERSION,
         "inputs": [
@@ -198,7 +201,7 @@ def test_dataset_info_lists_every_merged_shard_with_its_input(
     for key in keys:
         for stage in ("raw_jsonl", "hf_dataset", "tokens"):
             run(recipe, resources, instance, ["code", stage], key)
-    run(recipe, resources, instance, ["code", "merged"])
+    run(recipe, resources, instance, ["code", "dataset_info"])
     path = storage.hf_dir("code") / "dataset_info.json"
     info = json.loads(path.read_text())
     sources = [
@@ -212,13 +215,70 @@ def test_dataset_info_lists_every_merged_shard_with_its_input(
     counts = block["counts"]
     assert counts["documents"] == info["splits"]["train"]["num_examples"] == 24
     assert counts["lines"] - counts["blank"] == counts["documents"] + counts["quarantined"]
+    assert info == write_dataset_info_by_reading_parquet(storage, path, block)
 
-    # A sibling whose raw stats predate this format is left out (and logged), not guessed at.
-    old = storage.raw_stats_path("code", "part-00001")
+    # A record this tokenmill did not write stops the step, naming the file and the remedy.
+    old = storage.export_record_path("code", "part-00001")
     record = json.loads(old.read_text())
     del record["format_version"]
     old.write_text(json.dumps(record))
-    run(recipe, resources, instance, ["code", "hf_dataset"], "part-00000")
-    info = json.loads(path.read_text())
-    assert [s["file"] for s in info["shards"]] == ["data/part-00000.parquet"]
-    assert [i["shard"] for i in info["tokenmill"]["inputs"]] == ["part-00000"]
+    with pytest.raises(
+        InputError,
+        match=r"part-00001.json: written by another tokenmill; "
+        r"materialize code/hf_dataset for shard part-00001",
+    ):
+        run(recipe, resources, instance, ["code", "dataset_info"])
+
+
+def write_dataset_info_by_reading_parquet(
+    storage: StorageResource, path: Path, block: dict[str, object]
+) -> dict[str, object]:
+    """What reading every Parquet file gives (the old way): the records must say the same."""
+    from tokenmill.export import write_dataset_info
+
+    copy = path.parent / "reread"
+    (copy / "data").mkdir(parents=True)
+    for parquet in sorted((path.parent / "data").glob("*.parquet")):
+        (copy / "data" / parquet.name).write_bytes(parquet.read_bytes())
+    return json.loads(write_dataset_info(copy, extra={"tokenmill": block}).read_text())
+
+
+_TRACE: list[tuple[str, str]] | None = None
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if _TRACE is not None and event == "open" and args:
+        _TRACE.append((event, os.fsdecode(args[0]) if isinstance(args[0], str | bytes) else ""))
+
+
+sys.addaudithook(_audit)  # hooks cannot be removed; it records only while _TRACE is a list
+
+
+def test_shard_step_opens_only_its_own_files(
+    recipe: Recipe,
+    resources: dict[str, object],
+    instance: DagsterInstance,
+    storage: StorageResource,
+) -> None:
+    """Each shard stage of one shard, with 3 sibling shards done: no path of a sibling is
+    opened (Python's audit hook sees every open of this process); the siblings' Parquet files
+    are removed first, so a read through pyarrow's own I/O, which the hook cannot see, would
+    fail the step. (Writers still list their output folder's names to clear stale temps.)"""
+    global _TRACE
+    siblings = ["part-00000", "part-00001", "part-00002"]
+    instance.add_dynamic_partitions(partitions_name("docs"), [*siblings, SHARD])
+    for key in siblings:
+        for stage in ("raw_jsonl", "hf_dataset", "tokens"):
+            run(recipe, resources, instance, ["docs", stage], key)
+    for key in siblings:
+        storage.parquet_path("docs", key).unlink()
+    root = str(Path(storage.root).resolve())
+    for stage in ("raw_jsonl", "hf_dataset", "tokens"):
+        _TRACE = []
+        try:
+            run(recipe, resources, instance, ["docs", stage], SHARD)
+        finally:
+            trace, _TRACE = _TRACE, None
+        ours = [p for _, p in trace if p.startswith((root, storage.root))]
+        assert any(SHARD in p for p in ours), stage
+        assert not [p for p in ours if any(k in p for k in siblings)], stage

@@ -24,7 +24,7 @@ from pipeline_project import ROOT, make_project
 pytestmark = pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason="needs Debian's chromium (.ci/run installs it)"
 )
-STAGES = ("hf_dataset", "merged", "nanoset", "raw_jsonl", "tokens")
+STAGES = ("dataset_info", "hf_dataset", "merged", "nanoset", "pruned", "raw_jsonl", "tokens")
 METADATA_QUERY = """
 { assetOrError(assetKey: {path: ["docs", "merged"]}) { ... on Asset {
     assetMaterializations(limit: 1) { metadataEntries { label

@@ -14,15 +14,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from dagster import DagsterInstance, materialize
+from dagster import AssetKey, DagsterInstance, materialize
 from prod_servers import S3
-from test_s3_pipeline import run_everything, s3_recipe
+from test_s3_pipeline import s3_recipe
 
 import tokenmill.nanoset
 from assets.factory import build_assets
 from pipelines import s3 as s3_stage
 from pipelines.build import resources_for
+from pipelines.partitions import partitions_name
 from pipelines.resources import StorageResource
+from pipelines.sources import list_shards
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.manifest import write_dataset_manifest
 from tokenmill.nanoset import build_or_load, cache_paths
@@ -83,6 +85,26 @@ def requests(s3: S3, monkeypatch: pytest.MonkeyPatch) -> Iterator[Requests]:
         made.meta.events.unregister("after-call.s3", unique_id="count-after")
 
 
+def run_shards(recipe: Any, instance: DagsterInstance, work: Path) -> None:
+    """Every shard partition of every dataset through its stages (one run each)."""
+    assets, checks = build_assets(recipe)
+    resources = resources_for(recipe)
+    resources["storage"] = storage_for(recipe, work)
+    for ds in recipe.datasets:
+        keys = sorted(list_shards(ds).shards)
+        instance.add_dynamic_partitions(partitions_name(ds.name), keys)
+        selection = [AssetKey([ds.name, stage]) for stage in ("raw_jsonl", "hf_dataset", "tokens")]
+        for key in keys:
+            result = materialize(
+                [*assets, *checks],
+                instance=instance,
+                resources=resources,
+                partition_key=key,
+                selection=selection,
+            )
+            assert result.success
+
+
 def storage_for(recipe: Any, work: Path) -> StorageResource:
     return StorageResource(
         root=recipe.storage.root, s3_endpoint_url=recipe.storage.s3_endpoint_url, work_dir=str(work)
@@ -121,35 +143,38 @@ def test_one_run_downloads_each_object_once_and_refreshes_find_indices_by_key(
 
     monkeypatch.setattr(s3_stage.S3Stage, "get", counting_get)
     with DagsterInstance.ephemeral() as instance:
-        # Shard runs: tokens and its two checks read the same shard files in one run.
-        assert all(r.success for r in run_everything(recipe, instance, work))
-        # Every GET of a staged object happened once per run (shard runs: per partition).
+        run_shards(recipe, instance, work)
+        downstream_run(recipe, instance, work, ["docs/merged", "docs/nanoset"])
+        # The nanoset step and its check again, all inputs on S3: every object staged by the
+        # run's step and check is downloaded at most once.
         requests.clear()
         staged.clear()
-        downstream_run(recipe, instance, work, ["docs/merged", "docs/nanoset"])
+        downstream_run(recipe, instance, work, ["docs/nanoset"])
         gets = collections.Counter(
             key for op, key in requests.calls.elements() if op == "GetObject"
         )
         assert gets and max(gets.values()) == 1, gets
-        # a shard's manifest: staged by merged and its check, downloaded once
-        assert staged["tokens/docs/part-00000_text_document.manifest.json"] == 2
-        assert requests.count("GetObject", "part-00000_text_document.manifest.json") == 1
-        # merged .idx: staged by the nanoset step and both checks, never downloaded: the merged
-        # step uploaded it in this run and the run cache kept it
-        assert staged["merged/docs_text_document.idx"] == 3
-        assert requests.count("GetObject", "merged/docs_text_document.idx") == 0
+        # an index description: staged by the nanoset step (to compare with its key) and by
+        # the index_bounds check, downloaded once
+        descriptions = [rel for rel in staged if rel.endswith("-Nanoset-train-description.json")]
+        assert [staged[rel] for rel in descriptions] == [2]
+        assert requests.count("GetObject", "-Nanoset-train-description.json") == 1
+        # the merged .idx: staged by the nanoset step and its check, downloaded once
+        [idx] = [rel for rel in staged if rel.endswith("docs_text_document.idx")]
+        assert staged[idx] == 2 and requests.count("GetObject", idx) == 1
+        assert requests.count("GetObject", ".bin") == 0  # nothing here reads tokens
         assert list(work.iterdir()) == []  # the run's cache went with the run
 
         # A refresh with nothing changed: the index entries are found on S3 by key.
         built = []
         monkeypatch.setattr(tokenmill.nanoset, "_build_entry", lambda *a: built.append(a))
         requests.clear()
-        result = downstream_run(recipe, instance, work, ["code/nanoset"], checks=False)
+        result = downstream_run(recipe, instance, work, ["docs/nanoset"], checks=False)
     assert built == []
     assert requests.count("PutObject") == requests.count("CreateMultipartUpload") == 0
     assert requests.count("GetObject", ".bin") == requests.count("GetObject", ".npy") == 0
     assert requests.count("GetObject", "-description.json") == 3  # one small GET per split
-    materialization = result.asset_materializations_for_node("code__nanoset")[0]
+    materialization = result.asset_materializations_for_node("docs__nanoset")[0]
     table = materialization.metadata["splits"].value
     assert table.count("| stored |") == 3, table
 
@@ -195,7 +220,7 @@ def test_fetch_hook_brings_a_stored_index_entry(
     storage = StorageResource(root=f"s3://{s3.bucket}/root", work_dir=str(tmp_path / "work"))
     monkeypatch.setattr(tokenmill.nanoset, "_build_entry", lambda *a: pytest.fail("rebuilt"))
     with storage.workspace(["merged/d_text_document"]) as ws:
-        local = ws.storage.merged_prefix("d", "text")
+        local = ws.storage.path("merged/d_text_document")
         index = build_or_load(
             local, ws.storage.nanoset_dir(), fetch=ws.fetch_index_entry, **settings
         )

@@ -387,15 +387,23 @@ def _copy_file(src: IO[bytes], dst: IO[bytes]) -> None:
 class IndexedDataset:
     """Read-only view of a ``.bin``/``.idx`` pair through ``np.memmap``, validated on open."""
 
-    def __init__(self, prefix: str | os.PathLike[str], *, multimodal: bool = False) -> None:
+    def __init__(
+        self, prefix: str | os.PathLike[str], *, multimodal: bool = False, index_only: bool = False
+    ) -> None:
+        """``index_only``: read the ``.idx`` alone (lengths, counts; no tokens), so a step that
+        needs sequence lengths never opens or downloads the ``.bin``."""
         self.prefix = Path(prefix)
         self.idx_path = index_file_path(prefix)
         self.bin_path = data_file_path(prefix)
-        for p in (self.idx_path, self.bin_path):
+        for p in (self.idx_path,) if index_only else (self.idx_path, self.bin_path):
             if not p.is_file():
                 raise FormatError(p, "file", "missing (a .bin/.idx pair needs both files)")
         self._read_index(multimodal)
-        self._check_bin()
+        self.num_tokens = int(self.sequence_lengths.sum(dtype=np.int64))
+        self._index_only = index_only
+        self._bin: np.memmap | None = None
+        if not index_only:
+            self._check_bin()
 
     def _read_index(self, multimodal: bool) -> None:
         path = self.idx_path
@@ -449,7 +457,7 @@ class IndexedDataset:
             raise FormatError(path, "sequence_lengths", "contain a negative length")
 
     def _check_bin(self) -> None:
-        n_tokens = int(self.sequence_lengths.sum(dtype=np.int64))
+        n_tokens = self.num_tokens
         itemsize = self.dtype.itemsize
         size = self.bin_path.stat().st_size
         if size != n_tokens * itemsize:
@@ -459,7 +467,6 @@ class IndexedDataset:
                 f"index says {n_tokens} tokens x {itemsize} B = {n_tokens * itemsize} bytes, "
                 f"file has {size} bytes",
             )
-        self.num_tokens = n_tokens
         if len(self):
             expected_first = 0
             if int(self.sequence_pointers[0]) != expected_first:
@@ -492,6 +499,8 @@ class IndexedDataset:
     @property
     def tokens(self) -> np.ndarray:
         """All tokens as one flat memmap (empty array for an empty dataset)."""
+        if self._index_only:
+            raise FormatError(self.bin_path, "file", "not opened: this view reads the .idx only")
         return self._bin if self._bin is not None else np.empty(0, dtype=self.dtype)
 
     def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
