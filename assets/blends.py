@@ -27,8 +27,8 @@ from tokenmill.errors import ConfigError
 from tokenmill.manifest import dataset_content_hash
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 
-# What a blend reads of a merged dataset: its index and manifest, never the .bin.
-INDEX_FILES = (".idx", ".manifest.json")
+# What a blend stages of a merged dataset (its .bin until blend manifests take part hashes).
+INDEX_FILES = (".bin", ".idx", ".manifest.json")
 
 
 def shares_markdown(shares: list[Share]) -> str:

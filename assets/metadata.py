@@ -14,7 +14,7 @@ import numpy.typing as npt
 from dagster import MetadataValue
 
 from pipelines.resources import display_path
-from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file_path
+from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.manifest import read_dataset_manifest
 from tokenmill.png import bar_chart_png, markdown_image, short_number
 from tokenmill.stats import histogram_markdown, length_histogram
@@ -38,9 +38,10 @@ def path_value(path: str | os.PathLike[str]) -> MetadataValue:
 def token_dataset_metadata(
     prefix: Path, *, seconds: float | None = None, tokenizer: str | None = None
 ) -> dict[str, Any]:
-    """Everything the UI shows about one ``.bin``/``.idx`` dataset with a manifest."""
+    """Everything the UI shows about one ``.bin``/``.idx`` dataset with a manifest; it reads the
+    ``.idx`` and the manifest (sizes as recorded), so a step that staged no ``.bin`` can report."""
     manifest = read_dataset_manifest(prefix)
-    with IndexedDataset(prefix) as ds:
+    with IndexedDataset(prefix, index_only=True) as ds:
         lengths = ds.sequence_lengths.copy()
         meta: dict[str, Any] = {
             "documents": ds.num_documents,
@@ -48,7 +49,7 @@ def token_dataset_metadata(
             "tokens": ds.num_tokens,
             "dtype": str(ds.dtype),
         }
-    meta["bytes"] = data_file_path(prefix).stat().st_size + index_file_path(prefix).stat().st_size
+    meta["bytes"] = sum(int(info["bytes"]) for info in manifest["files"].values())
     if seconds is not None:
         meta["tokens_per_second"] = round(meta["tokens"] / max(seconds, 1e-9), 1)
     if tokenizer is not None:

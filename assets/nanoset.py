@@ -35,16 +35,16 @@ from assets.metadata import path_value
 from pipelines.resources import StorageResource, Workspace
 from tokenmill import layout
 from tokenmill.errors import ConfigError
-from tokenmill.formats.indexed import IndexedDataset, data_file_path
-from tokenmill.manifest import dataset_content_hash
+from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
 from tokenmill.nanoset import SPLITS, build_or_load_lengths, cache_paths, entry_key
 from tokenmill.recipe import DatasetConfig, NanosetConfig
 
 
 def merged_lengths(prefix: Path) -> tuple[np.ndarray, str]:
     """Sequence lengths (from the ``.idx``) and content hash (from the manifest) of a merged
-    version; the ``.bin`` is read only when it is here (a local root)."""
-    index_only = not data_file_path(prefix).is_file()
+    version; the ``.bin`` is never read (a hand-made pair without a manifest is hashed whole)."""
+    index_only = dataset_manifest_path(prefix).is_file()
     lengths = np.asarray(IndexedDataset(prefix, index_only=index_only).sequence_lengths)
     return lengths, dataset_content_hash(prefix, index_only=index_only)
 
@@ -68,10 +68,10 @@ def input_version(storage: StorageResource, ds: DatasetConfig, cfg: NanosetConfi
     settings; the merged ``.idx`` and manifest are enough."""
     try:
         prefix = storage.merged_prefix(ds.name, ds.text_key)
-    except ConfigError:
-        content = None
-    else:
-        content = dataset_content_hash(prefix, index_only=not data_file_path(prefix).is_file())
+    except ConfigError:  # never merged
+        prefix = None
+    done = prefix is not None and dataset_manifest_path(prefix).is_file()
+    content = dataset_content_hash(prefix, index_only=True) if done else None
     return hashlib.sha256(json.dumps([content, dataclasses.asdict(cfg)]).encode()).hexdigest()
 
 

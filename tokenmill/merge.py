@@ -94,7 +94,7 @@ def resolve_inputs(inputs: list[str | os.PathLike[str]], order: str = "given") -
     return prefixes
 
 
-PROVENANCE = ("tokenizer_fingerprint", "text_key", "append_eod")
+PROVENANCE = ("tokenizer_fingerprint", "text_key", "append_eod", "eod_id")
 
 
 def _provenance(prefixes: list[Path]) -> tuple[dict[str, Any], int]:

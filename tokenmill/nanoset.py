@@ -33,8 +33,8 @@ from tokenmill._nanoset_indices import (
     split_ranges,
 )
 from tokenmill.errors import CacheError, ConfigError
-from tokenmill.formats.indexed import IndexedDataset, data_file_path
-from tokenmill.manifest import dataset_content_hash
+from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
 
 __all__ = [
     "SEMANTICS",
@@ -122,14 +122,15 @@ def build_or_load(
     empty for this dataset. Safe when many processes call it at once: one builds under an
     exclusive lock, the others wait and load the same files. ``drop_last_partial=None`` is the
     reference default (drop the last partial sample in every split). ``build=False`` only
-    loads: a missing entry is a CacheError (checks read, never repair). A prefix staged without
-    its ``.bin`` (an S3 step that needs only lengths) is read through its ``.idx`` and manifest.
+    loads: a missing entry is a CacheError (checks read, never repair). A dataset with a
+    manifest is read through its ``.idx`` and manifest alone (the ``.bin`` is never opened, so
+    an S3 step need not stage it); a hand-made pair without one is hashed whole.
     ``fetch(paths)``, if given, is called with the entry's :func:`cache_paths` when its
     description is not in ``cache_dir``, to bring a stored copy there (e.g. from S3) before
     anything is loaded or built.
     """
     _check_choices(split, semantics)
-    index_only = not data_file_path(dataset_prefix).is_file()
+    index_only = dataset_manifest_path(dataset_prefix).is_file()  # lengths + hash suffice
     return build_or_load_lengths(
         IndexedDataset(dataset_prefix, index_only=index_only).sequence_lengths,
         dataset_content_hash(dataset_prefix, index_only=index_only),

@@ -58,6 +58,7 @@ def test_merged_manifest_carries_the_inputs_provenance(tmp_path):
         "tokenizer_fingerprint": "f" * 64,
         "text_key": "text",
         "append_eod": True,
+        "eod_id": None,
     }
     assert manifest["counts"]["quarantined"] == 7
     merge_datasets([tmp_path / "m", tmp_path / "a"], tmp_path / "mm")  # merged inputs carry it

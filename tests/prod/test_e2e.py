@@ -100,7 +100,10 @@ def test_demo_shape_on_s3_and_postgres_through_the_cli(
     uri = f"s3://{s3.bucket}/root/blends/mix/manifest.json"
     assert "docs: 4 shards (4 processed, 0 up to date, 0 failed, 0 removed)" in done.stdout
     assert "40 documents" in done.stdout and "3 quarantined lines" in done.stdout
-    assert "downstream rebuilt: docs/merged, docs/nanoset, code/merged" in done.stdout
+    assert (
+        "downstream rebuilt: docs/dataset_info, docs/merged, docs/pruned, docs/nanoset, "
+        "code/dataset_info, code/merged" in done.stdout
+    )
     assert "blend mix: train 120 · valid" in done.stdout and f"-> {uri}" in done.stdout
     assert f"tokenmill pull {uri} blend-mix" in done.stdout
 
@@ -154,13 +157,16 @@ def test_materialize_on_an_s3_root_runs_only_what_changed(
         out = materialize_out(recipe, instance, capsys)
         assert "docs: 5 shards (1 processed, 4 up to date" in out
         assert "code: 2 shards (1 processed, 1 up to date" in out
-        assert "downstream rebuilt: docs/merged, docs/nanoset, blend/mix" in out  # code: same bytes
+        assert (  # code: same bytes
+            "downstream rebuilt: docs/dataset_info, docs/merged, docs/pruned, docs/nanoset, "
+            "blend/mix" in out
+        )
         assert s3.client.head_object(Bucket=s3.bucket, Key=key)["ContentLength"] == len(whole)
 
         s3.client.delete_object(Bucket=s3.bucket, Key="sources/docs/part-00003.jsonl")
         out = materialize_out(recipe, instance, capsys)
         assert "removed (gone from the source): ['part-00003']" in out
-    assert not [k for k in s3.keys("root/") if "part-00003" in k]  # the merge pruned them
+    assert not [k for k in s3.keys("root/") if "part-00003" in k]  # docs/pruned removed them
     assert f"-> s3://{s3.bucket}/root/blends/mix/manifest.json" in out
 
 

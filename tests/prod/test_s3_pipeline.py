@@ -132,9 +132,16 @@ def test_every_stage_on_s3_then_pull_and_open(
     assert list(work.iterdir()) == []  # every work directory removed
 
     keys = s3.keys("root/")
+    merged_key = {}
     for ds in ("docs", "code"):
+        pointer = json.loads(
+            s3.client.get_object(Bucket=s3.bucket, Key=f"root/merged/{ds}/current.json")[
+                "Body"
+            ].read()
+        )
+        merged_key[ds] = f"root/merged/{ds}/{pointer['target']}"
         for suffix in (".bin", ".idx", ".manifest.json"):
-            assert f"root/merged/{ds}_text_document{suffix}" in keys
+            assert f"{merged_key[ds]}{suffix}" in keys
         assert f"root/hf/{ds}/dataset_info.json" in keys
         for shard in ("part-00000", "part-00001"):
             assert f"root/tokens/{ds}/{shard}_text_document.manifest.json" in keys
@@ -147,7 +154,7 @@ def test_every_stage_on_s3_then_pull_and_open(
     # Manifests name their inputs where they live (S3), never a removed work directory.
     for key in (
         "root/tokens/docs/part-00000_text_document.manifest.json",
-        "root/merged/docs_text_document.manifest.json",
+        f"{merged_key['docs']}.manifest.json",
     ):
         text = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read().decode()
         assert str(work) not in text and "tokenmill-work-" not in text
@@ -158,7 +165,7 @@ def test_every_stage_on_s3_then_pull_and_open(
     )
     assert tokens["inputs"][0]["uri"] == f"s3://{s3.bucket}/root/hf/docs/data/part-00000.parquet"
     merged = json.loads(
-        s3.client.get_object(Bucket=s3.bucket, Key="root/merged/docs_text_document.manifest.json")[
+        s3.client.get_object(Bucket=s3.bucket, Key=f"{merged_key['docs']}.manifest.json")[
             "Body"
         ].read()
     )
@@ -307,7 +314,7 @@ def test_raw_and_hf_artifacts_on_s3_name_s3_and_repeat_byte_identical(
     names = [
         "raw/docs/extra-00000.stats.json",
         "raw/docs/extra-00000.quarantine.jsonl",
-        "hf/docs/dataset_info.json",
+        "hf/docs/shards/extra-00000.json",
     ]
 
     def get(name: str) -> bytes:
@@ -333,7 +340,7 @@ def test_raw_and_hf_artifacts_on_s3_name_s3_and_repeat_byte_identical(
         assert f"root/{names[1]}" not in s3.keys("root/raw/")
         run("raw_jsonl", "hf_dataset")
         assert {name: get(name) for name in names} == first
-    stats, quarantine, info = (first[name] for name in names)
+    stats, quarantine, export = (first[name] for name in names)
     for body in first.values():
         assert b"tokenmill-work-" not in body and str(work).encode() not in body
     sha256 = hashlib.sha256
@@ -346,10 +353,7 @@ def test_raw_and_hf_artifacts_on_s3_name_s3_and_repeat_byte_identical(
     }
     bad = [json.loads(line) for line in quarantine.splitlines()]
     assert [(b["line"], b["source"]) for b in bad] == [(n, uri) for n in (2, 3, 4)]
-    inputs = json.loads(info)["tokenmill"]["inputs"]
-    assert [(i["shard"], i["uri"], i["sha256"]) for i in inputs] == [
-        ("extra-00000", uri, sha256(data).hexdigest())
-    ]
+    assert json.loads(export)["input"] == record["input"]  # the export record names S3 too
     assert list(work.iterdir()) == []
 
 

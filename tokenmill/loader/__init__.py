@@ -22,7 +22,7 @@ import numpy as np
 
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.indexed import IndexedDataset
-from tokenmill.loader._datasets import BlendedDataset, NanosetDataset
+from tokenmill.loader._datasets import PAD_ID, BlendedDataset, NanosetDataset
 from tokenmill.loader._manifest import (
     BLEND_ARRAYS,
     INDEX_ARRAYS,
@@ -51,13 +51,18 @@ DESCRIPTION_SUFFIX = "-description.json"
 
 
 def open_blend(
-    manifest: str | os.PathLike[str], split: str = "train", *, verify: str = "fast"
+    manifest: str | os.PathLike[str],
+    split: str = "train",
+    *,
+    verify: str = "fast",
+    pad_id: int = PAD_ID,
 ) -> BlendedDataset:
     """Open one split of a blend after checking its files against the manifest.
 
     ``verify="fast"`` checks every size and the sha256 of the index files; ``"full"`` also
     hashes the token ``.bin`` files. A stale or partial blend raises CacheError saying what to
-    rebuild; a malformed file raises FormatError.
+    rebuild; a malformed file raises FormatError. ``pad_id`` fills short samples (default -1,
+    Megatron's when the tokenizer has no pad id).
     """
     if verify not in VERIFY_MODES:
         raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
@@ -75,10 +80,10 @@ def open_blend(
             + "\n  ".join(problems)
         )
     with schema_errors(mpath):
-        return _blend_split(info, mpath, split)
+        return _blend_split(info, mpath, split, pad_id)
 
 
-def _blend_split(info: dict[str, Any], mpath: Path, split: str) -> BlendedDataset:
+def _blend_split(info: dict[str, Any], mpath: Path, split: str, pad_id: int) -> BlendedDataset:
     """Open the verified files of one split as a BlendedDataset."""
     prefixes = {ds["name"]: resolve(mpath, ds["prefix"]) for ds in info["datasets"]}
     part = info["splits"][split]
@@ -98,6 +103,7 @@ def _blend_split(info: dict[str, Any], mpath: Path, split: str) -> BlendedDatase
             *arrays,
             sequence_length=info["sequence_length"],
             add_extra_token=info["add_extra_token"],
+            pad_id=pad_id,
             name=ds["name"],
         )
     blend_arrays = [
@@ -127,6 +133,7 @@ def open_nanoset(
     num_samples: int | None = None,
     semantics: str = "megatron",
     add_extra_token: bool = True,
+    pad_id: int = PAD_ID,
 ) -> NanosetDataset:
     """One dataset's split as a NanosetDataset.
 
@@ -136,7 +143,8 @@ def open_nanoset(
     ``tokenmill.nanoset.build_or_load`` and the remaining arguments. The entry is checked
     against its description (``verify="fast"``: sizes, dtypes, shapes and sha256 of the arrays,
     and the dataset's content hash when its manifest makes that cheap; ``"full"``: the
-    dataset's content hash always); a stale or damaged entry raises CacheError.
+    dataset's content hash always); a stale or damaged entry raises CacheError. ``pad_id``
+    fills short samples (default -1, Megatron's when the tokenizer has no pad id).
     """
     if verify not in VERIFY_MODES:
         raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
@@ -160,6 +168,7 @@ def open_nanoset(
         *arrays,
         sequence_length=int(key["sequence_length"]),
         add_extra_token=bool(key["add_extra_token"]),
+        pad_id=pad_id,
         name=f"{dataset_prefix} ({key['split']})",
     )
 

@@ -12,6 +12,9 @@ that buffer to the int64 ``[B, width]`` output in one pass. Measured against the
 ``np.concatenate`` of the slices; a copy per piece) it was the fastest, and it is exact by
 construction. (bench/bench_loader.py also times the block gather without its fix-ups, as a
 floor for any numpy gather of the same pieces.)
+
+``get_training_batch`` turns the same batch, and the pieces it was read from, into the
+training inputs megatron-core's ``GPTDataset.__getitem__`` returns (``_training``, FORMATS §11).
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.errors import FormatError
+from tokenmill.errors import ConfigError, FormatError
 from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.loader._training import resolve_eod, training_inputs
+from tokenmill.manifest import dataset_manifest_path, read_dataset_manifest
 
-PAD_ID = -1
+PAD_ID = -1  # Megatron's _PAD_TOKEN_ID, used when the tokenizer has no pad id
+_UNREAD = object()
 
 
 def _sample_ids(indices: npt.ArrayLike, size: int, what: str) -> np.ndarray:
@@ -71,6 +77,7 @@ class NanosetDataset:
         self._lengths = np.asarray(data.sequence_lengths)
         self._pointers = np.asarray(data.sequence_pointers)
         self._itemsize = data.dtype.itemsize
+        self._eod_id: object = _UNREAD
 
     def _check_arrays(self) -> None:
         """Cheap structural checks (dtypes, shapes, value ranges) so reads stay in bounds."""
@@ -149,11 +156,11 @@ class NanosetDataset:
     def get_batch(self, indices: npt.ArrayLike) -> np.ndarray:
         """Samples ``indices`` as one int64 ``[B, width]`` array (vectorized reads)."""
         ks = _sample_ids(indices, len(self), self.name)
-        return gather_batch(self.width, [(self, np.arange(len(ks)), ks)], len(ks))
+        return gather_batch(self.width, [(self, np.arange(len(ks)), ks)], len(ks))[0]
 
     def pieces(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Where samples ``ks`` lie in the ``.bin``: the byte start and stop of each piece (a
-        run of one sequence) in order, and each sample's length in tokens (array arithmetic)."""
+        run of one sequence) in order, and how many pieces each sample has (array arithmetic)."""
         j = self.shuffle_index[ks].astype(np.int64)
         head = self.sample_index[j].astype(np.int64)
         tail = self.sample_index[j + 1].astype(np.int64)
@@ -172,22 +179,63 @@ class NanosetDataset:
         if len(pos) and (bool(np.any(start > stop)) or bool(np.any(stop > seq_len))):
             raise FormatError(self.name, "sample_index", "a token offset lies outside its sequence")
         base = self._pointers[seq].astype(np.int64)
-        lengths = np.add.reduceat(stop - start, firsts) if len(ks) else np.zeros(0, np.int64)
-        return base + start * self._itemsize, base + stop * self._itemsize, lengths
+        return base + start * self._itemsize, base + stop * self._itemsize, count
 
-    def read(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Tokens (file dtype) of samples ``ks`` back to back, and each sample's length.
+    def read(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Tokens (file dtype) of samples ``ks`` back to back, the token count of each piece,
+        and how many pieces each sample has.
 
         The copy is one ``bytes.join`` over memoryview slices of the memmap: the cheapest
         per-piece copy Python offers (a list comprehension of the slices measured ~10% faster
         than ``map``; numpy fancy-index gathers of the token positions or of fixed-size blocks
         with fix-ups, ``np.concatenate`` of the slices and per-piece copies were all slower).
         """
-        starts, stops, lengths = self.pieces(ks)
+        starts, stops, counts = self.pieces(ks)
         view = self._bytes
         los, his = starts.tolist(), stops.tolist()
         blob = b"".join([view[lo:hi] for lo, hi in zip(los, his, strict=True)])
-        return np.frombuffer(blob, dtype=self._tokens.dtype), lengths
+        return (
+            np.frombuffer(blob, dtype=self._tokens.dtype),
+            (stops - starts) // self._itemsize,
+            counts,
+        )
+
+    def recorded_eod_id(self) -> int | None:
+        """The EOD id in the dataset's ``.manifest.json`` config (``eod_id``), if recorded."""
+        if self._eod_id is _UNREAD:
+            path = dataset_manifest_path(self.data.prefix)
+            config = read_dataset_manifest(self.data.prefix).get("config") if path.is_file() else {}
+            value = config.get("eod_id") if isinstance(config, dict) else None
+            if value is not None and type(value) is not int:
+                raise FormatError(path, "config.eod_id", f"expected an integer, found {value!r}")
+            self._eod_id = value
+        return self._eod_id  # type: ignore[return-value]
+
+    def get_training_batch(
+        self,
+        indices: npt.ArrayLike,
+        *,
+        eod_id: int | None = None,
+        reset_position_ids: bool = False,
+        reset_attention_mask: bool = False,
+        eod_mask_loss: bool = False,
+        create_attention_mask: bool = False,
+        inter_document_masking: bool = False,
+    ) -> dict[str, np.ndarray]:
+        """Samples ``indices`` as megatron-core ``GPTDataset.__getitem__`` training dicts with
+        these flags, stacked (FORMATS §11); ``eod_id=None`` takes the manifest's EOD id."""
+        ks = _sample_ids(indices, len(self), self.name)
+        return training_batch(
+            {self.name: self},
+            [(self, np.arange(len(ks)), ks)],
+            len(ks),
+            eod_id=eod_id,
+            reset_position_ids=reset_position_ids,
+            reset_attention_mask=reset_attention_mask,
+            eod_mask_loss=eod_mask_loss,
+            create_attention_mask=create_attention_mask,
+            inter_document_masking=inter_document_masking,
+        )
 
 
 def _reopen(
@@ -203,28 +251,85 @@ def _reopen(
 
 
 def gather_batch(
-    width: int, requests: list[tuple[NanosetDataset, np.ndarray, np.ndarray]], size: int
-) -> np.ndarray:
+    width: int,
+    requests: list[tuple[NanosetDataset, np.ndarray, np.ndarray]],
+    size: int,
+    *,
+    widen: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """An int64 ``[size, width]`` batch; each request (dataset, output rows in ascending order,
-    sample ids) fills its rows. Samples shorter than ``width`` are padded with the pad id."""
-    out = np.empty((size, width), dtype=np.int64)
+    sample ids) fills its rows. Samples shorter than ``width`` are padded with the pad id. Also
+    each piece's output row and token count, in row order (the pieces of §11.4).
+
+    ``widen=False`` keeps the token files' dtype when no sample is short (possibly a read-only
+    view of the copied bytes): a caller that widens slices of it anyway saves a pass.
+    """
+    reads, short = [], False
     for ds, rows, ks in requests:
-        flat, lengths = ds.read(ks)
+        flat, sizes, counts = ds.read(ks)
+        firsts = np.cumsum(counts) - counts
+        lengths = np.add.reduceat(sizes, firsts) if len(ks) else np.zeros(0, np.int64)
         if lengths.size and int(lengths.max()) > width:
             ds.assemble(int(ds.shuffle_index[ks[int(np.argmax(lengths))]]))  # raises FormatError
-        if bool(np.all(lengths == width)):
-            if len(rows) == size:
-                np.copyto(out.reshape(-1), flat)
-            else:
-                out[rows] = flat.reshape(len(rows), width)
-            continue
-        offsets = np.cumsum(lengths) - lengths
-        for row, offset, length in zip(
-            rows.tolist(), offsets.tolist(), lengths.tolist(), strict=True
-        ):
-            out[row, :length] = flat[offset : offset + length]
-            out[row, length:] = ds.pad_id
-    return out
+        short = short or bool(np.any(lengths < width))
+        reads.append((ds, rows, flat, np.repeat(rows, counts), sizes, lengths))
+    if widen or short or not reads:
+        dtype = np.dtype(np.int64)
+    else:
+        dtype = np.result_type(*(read[2].dtype for read in reads))
+    if not widen and not short and len(reads) == 1 and len(reads[0][1]) == size:
+        out = reads[0][2].reshape(size, width)
+    else:
+        out = np.empty((size, width), dtype=dtype)
+        for ds, rows, flat, _, _, lengths in reads:
+            if bool(np.all(lengths == width)):
+                if len(rows) == size:
+                    np.copyto(out.reshape(-1), flat)
+                else:
+                    out[rows] = flat.reshape(len(rows), width)
+                continue
+            block = np.full((len(rows), width), ds.pad_id, dtype=np.int64)
+            block[np.arange(width) < lengths[:, None]] = flat
+            out[rows] = block
+    if len(reads) == 1:
+        return out, reads[0][3], reads[0][4]
+    all_rows = np.concatenate([r[3] for r in reads]) if reads else np.zeros(0, np.int64)
+    order = np.argsort(all_rows, kind="stable")
+    sizes = np.concatenate([r[4] for r in reads]) if reads else np.zeros(0, np.int64)
+    return out, all_rows[order], sizes[order]
+
+
+def training_batch(
+    parts: dict[str, NanosetDataset],
+    requests: list[tuple[NanosetDataset, np.ndarray, np.ndarray]],
+    size: int,
+    *,
+    eod_id: int | None,
+    **flags: bool,
+) -> dict[str, np.ndarray]:
+    """``gather_batch`` as §11 training inputs. ``parts`` (the datasets requests may come from)
+    must share ``extra`` and the pad id; ``eod_id=None`` takes the EOD id they all record. The
+    passes mapping padding run only if a sample is short or the pad id is a token value."""
+    for setting in ("pad_id", "extra"):
+        values = {name: getattr(ds, setting) for name, ds in parts.items()}
+        if len(set(values.values())) > 1:
+            raise ConfigError(f"the datasets' {setting} differ ({values}); training needs one")
+    eod = resolve_eod(parts, eod_id)
+    first = next(iter(parts.values()))
+    text, rows, sizes = gather_batch(first.width, requests, size, widen=False)
+    lengths = np.bincount(rows, weights=sizes, minlength=size)
+    dtypes = [np.iinfo(ds.data.dtype) for ds in parts.values()]
+    representable = any(info.min <= first.pad_id <= info.max for info in dtypes)
+    return training_inputs(
+        text,
+        rows,
+        sizes,
+        extra=bool(first.extra),
+        eod_id=eod,
+        pad_id=first.pad_id,
+        may_hold_pad=representable or bool(np.any(lengths < first.width)),
+        **flags,
+    )
 
 
 class BlendedDataset:
@@ -302,6 +407,13 @@ class BlendedDataset:
 
     def get_batch(self, indices: npt.ArrayLike) -> np.ndarray:
         """Samples ``indices`` as one int64 ``[B, width]`` array (one concatenate in total)."""
+        size, requests = self._requests(indices)
+        return gather_batch(self.width, requests, size)[0]
+
+    def _requests(
+        self, indices: npt.ArrayLike
+    ) -> tuple[int, list[tuple[NanosetDataset, np.ndarray, np.ndarray]]]:
+        """The batch size and, per dataset with samples in it, (dataset, rows, its sample ids)."""
         ids = _sample_ids(indices, len(self), f"blend split {self.split!r}")
         which = self.dataset_index[ids]
         local = self.dataset_sample_index[ids].astype(np.int64)
@@ -310,4 +422,31 @@ class BlendedDataset:
             rows = np.flatnonzero(which == d)
             if len(rows):
                 requests.append((part, rows, local[rows]))
-        return gather_batch(self.width, requests, len(ids))
+        return len(ids), requests
+
+    def get_training_batch(
+        self,
+        indices: npt.ArrayLike,
+        *,
+        eod_id: int | None = None,
+        reset_position_ids: bool = False,
+        reset_attention_mask: bool = False,
+        eod_mask_loss: bool = False,
+        create_attention_mask: bool = False,
+        inter_document_masking: bool = False,
+    ) -> dict[str, np.ndarray]:
+        """Samples ``indices`` as megatron-core ``GPTDataset.__getitem__`` training dicts with
+        these flags, stacked (FORMATS §11); ``eod_id=None`` takes the EOD id every dataset's
+        manifest records (they must agree)."""
+        size, requests = self._requests(indices)
+        return training_batch(
+            self.datasets,
+            requests,
+            size,
+            eod_id=eod_id,
+            reset_position_ids=reset_position_ids,
+            reset_attention_mask=reset_attention_mask,
+            eod_mask_loss=eod_mask_loss,
+            create_attention_mask=create_attention_mask,
+            inter_document_masking=inter_document_masking,
+        )
