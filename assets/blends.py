@@ -100,7 +100,7 @@ def build_blend_asset(
             # and neither rebuilds nor uploads it.
             built = blend_version(blend.name, *where, **settings)
             ws.fetch([f"{layout.blend_version_dir(blend.name, built)}/"])
-            manifest = build_blend(blend.name, *where, **settings)
+            manifest = build_blend(blend.name, *where, **settings, fetch=ws.fetch_index_entry)
             mpath = ws.storage.blend_dir(blend.name) / "manifest.json"
             shares = realized_shares(manifest, mpath)
             metadata: dict[str, Any] = {

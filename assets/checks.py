@@ -251,7 +251,7 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
         with storage.workspace([layout.merged_pointer(ds.name)], upload=False) as ws:
             rel = ws.storage.merged_key(ds.name, ds.text_key)
             prefix = ws.storage.path(rel)
-            ws.fetch([f"{rel}.idx", f"{rel}.manifest.json", f"{layout.nanoset_dir()}/"])
+            ws.fetch([f"{rel}.idx", f"{rel}.manifest.json"])
             with IndexedDataset(prefix, index_only=True) as data:
                 lengths = np.asarray(data.sequence_lengths, dtype=np.int64).copy()
             ranges = split_ranges(cfg.split, len(lengths), cfg.semantics)
@@ -270,6 +270,7 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
                         num_samples=requested[split],
                         semantics=cfg.semantics,
                         build=False,
+                        fetch=ws.fetch_index_entry,
                     )
                     if index is None:
                         continue

@@ -98,7 +98,7 @@ from tokenmill.manifest import (
     file_problems,
     read_dataset_manifest,
 )
-from tokenmill.nanoset import NanosetIndex, build_or_load, cache_key, split_ranges
+from tokenmill.nanoset import FetchEntry, NanosetIndex, build_or_load, cache_key, split_ranges
 from tokenmill.versions import version_hash
 
 __all__ = [
@@ -210,6 +210,7 @@ class _Plan:
     settings: dict[str, Any]
     sizes: dict[str, int | None]
     content_hashes: dict[str, str]
+    fetch: FetchEntry | None = None  # brings a stored index entry (remote storage) before a build
 
     def ranges(self, position: int) -> dict[str, tuple[int, int] | None]:
         """Each dataset's range of split ``SPLITS[position]``."""
@@ -373,13 +374,15 @@ def build_blend(
     valid_samples: int | None = None,
     test_samples: int | None = None,
     semantics: str = "megatron",
+    fetch: FetchEntry | None = None,
 ) -> dict[str, Any]:
     """Build (or reuse) the blend's version, then point ``output_dir/manifest.json`` at it.
 
     Each dataset's index caches are built or reused; the version (``versions/<v16>/``: blend
     arrays + manifest) is written only when no complete folder of that version exists. Returns
     the pointer manifest (``output_dir/manifest.json``, paths relative to ``output_dir``). On any
-    error the previous pointer and versions are left as they were.
+    error the previous pointer and versions are left as they were. ``fetch`` is passed to
+    ``build_or_load`` (e.g. a pipeline step's download of an index entry stored on S3).
     """
     sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
     root = Path(output_dir)
@@ -390,7 +393,7 @@ def build_blend(
     )  # fmt: skip
     configured, prefixes = plan.weights, plan.prefixes
     vdir = root / VERSIONS_DIR / version[:16]
-    plan = _Plan(**{**plan.__dict__, "base": vdir})
+    plan = _Plan(**{**plan.__dict__, "base": vdir, "fetch": fetch})
     _remove_stale_builds(root / VERSIONS_DIR)
     predicted = plan.cache_hashes()
     caches = {}
@@ -545,7 +548,9 @@ def _split_caches(
     counts = plan.counts(split)
     indices = []
     for (name, prefix), num, expected in zip(plan.prefixes.items(), counts, predicted, strict=True):
-        built = build_or_load(prefix, plan.cache_dir, split=split, num_samples=num, **plan.settings)
+        built = build_or_load(
+            prefix, plan.cache_dir, split=split, num_samples=num, fetch=plan.fetch, **plan.settings
+        )
         if built is None:
             raise ConfigError(
                 f"blend {plan.name!r}: dataset {name!r} has no sequences in split {split!r} "

@@ -10,8 +10,10 @@ version manifest (``versions/<v16>/manifest.json``) comes along, so ``open_blend
 version=...)`` works on the copy too; ``version=`` pulls a named version instead of the current.
 
 Files are fetched in parallel threads into temp names, hashed while streaming, then renamed;
-files already complete and verified are skipped, anything else is fetched again. The blend
-manifest is written last (and a different one already in the destination is removed first), so
+files already complete and verified are skipped, anything else is fetched again. They arrive in
+the commit order the pipeline uploads in (``tokenmill.publish``: data, then index-cache
+descriptions and dataset manifests once all data is complete), and the blend manifest is
+written last (and a different one already in the destination is removed first), so
 its presence means "complete". Sources: a local path, or ``s3://bucket/key`` through boto3
 (imported lazily; credentials only from the environment, endpoint from ``endpoint_url`` or
 ``$AWS_ENDPOINT_URL``).
@@ -28,7 +30,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from tokenmill.loader._manifest import (
     read_blend_manifest,
     verify_manifest,
 )
+from tokenmill.publish import publish
 from tokenmill.s3 import ATTEMPTS, BACKOFF_SECONDS, is_transient, retrying, split_uri
 
 __all__ = ["PullReport", "pull"]
@@ -57,7 +59,6 @@ __all__ = ["PullReport", "pull"]
 CHUNK = 1 << 22
 DEFAULT_JOBS = 8
 DATASET_MANIFEST_SUFFIX = ".manifest.json"
-INDEX_DESCRIPTION = "-description.json"  # the commit point of a Nanoset cache entry
 
 
 @dataclass(frozen=True)
@@ -466,34 +467,37 @@ def pull(
         raise InputError(f"{source.uri(manifest_key)}: {what} there")
     manifest = _parse_manifest(raw, source.uri(manifest_key))
     plan = _plan(manifest, manifest_key, source, source.uri(manifest_key))
-    # An index cache's description says the entry is complete: it goes after its arrays.
-    wanted = sorted(plan.wanted, key=lambda w: w.rel.endswith(INDEX_DESCRIPTION))
     root = Path(dest).resolve()
     final_manifest = root / plan.manifest_rel
     if final_manifest.is_file() and final_manifest.read_bytes() != raw:
         final_manifest.unlink()  # another version: never leave it claiming new files
     report = PullReport(manifest=final_manifest)
+    wanted = plan.wanted
     bar = _Progress(
         sum(w.size for w in wanted), sys.stderr.isatty() if progress is None else progress
     )
 
-    def sync(want: Wanted) -> bool:
-        return _sync(source, want, root, bar.advance)
+    by_rel = {w.rel: w for w in wanted}
 
-    try:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            arrays = sum(not w.rel.endswith(INDEX_DESCRIPTION) for w in wanted)
-            results = list(pool.map(sync, wanted[:arrays]))
-            results += list(pool.map(sync, wanted[arrays:]))
-    finally:
-        bar.close()
-    for want, fetched in zip(wanted, results, strict=True):
-        (report.fetched if fetched else report.skipped).append(want.rel)
-        report.bytes_fetched += want.size if fetched else 0
-    for rel, data in plan.dataset_manifests.items():
-        path = root / rel
+    def sync(rel: str) -> tuple[Wanted, bool] | None:
+        if rel in by_rel:
+            return by_rel[rel], _sync(source, by_rel[rel], root, bar.advance)
+        path, data = root / rel, plan.dataset_manifests[rel]
         if not (path.is_file() and path.read_bytes() == data):
             write_bytes(path, data)
+        return None
+
+    try:
+        # Commit order (tokenmill.publish): data, then index descriptions and dataset
+        # manifests, each rank only once the one before is complete; the blend manifest last.
+        results = publish([*by_rel, *plan.dataset_manifests], sync, jobs=jobs)
+    finally:
+        bar.close()
+    for result in results:
+        if result is not None:
+            want, fetched = result
+            (report.fetched if fetched else report.skipped).append(want.rel)
+            report.bytes_fetched += want.size if fetched else 0
     if plan.version_manifest is not None:  # checked against its files like the pointer
         _commit_manifest(root / plan.version_manifest[0], plan.version_manifest[1])
     _commit_manifest(final_manifest, raw)
