@@ -12,6 +12,8 @@ files opened below the storage root with their total size (an audit hook sees ev
 ``open``; pyarrow's own I/O is not seen). The claim under test: the shard step's CPU for shard
 #N is within 1.2× of shard #10 (medians of 9-shard windows), and a refresh after one new shard
 opens that shard's files plus the merge's inputs (the copy), not every Parquet or raw file.
+Part 3 builds a blend over a ``--blend-gb`` GB merged dataset whose ``.bin`` is sparse and
+reports what was read: a blend must never open a merged ``.bin``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from corpus import stdlib_texts  # noqa: E402
 SHARD_STAGES = ("raw_jsonl", "hf_dataset", "tokens")
 REFRESH = (("docs", "dataset_info"), ("docs", "merged"), ("docs", "pruned"), ("docs", "nanoset"))
 _OPENED: list[str] | None = None
+_LAST_OPENED: list[str] = []  # what the last measured block opened
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
@@ -65,6 +68,7 @@ def measured(root: Path, into: dict[str, Any]) -> Iterator[None]:
         into["cpu"] = time.process_time() - cpu
         into["rchar"] = rchar() - chars
         opened, _OPENED = sorted(set(_OPENED)), None
+        _LAST_OPENED[:] = opened
         ours = [Path(p) for p in opened if p.startswith(str(root))]
         files = [p for p in ours if p.is_file()]
         into["files_opened"] = len(files)
@@ -90,7 +94,7 @@ def make_recipe(work: Path, tokenizer: Path) -> Path:
         "storage": {"root": str(work / "data")},
         "tokenizer": {"path": str(tokenizer), "append_eod": True},
         "datasets": {"docs": {"source": str(work / "sources" / "docs")}},
-        "nanoset": {"sequence_length": 512, "split": "98,1,1", "train_samples": 2000},
+        "nanoset": {"sequence_length": 512, "split": "90,5,5", "train_samples": 2000},
         "blends": {"all": {"weights": {"docs": 1.0}}},
     }
     path = work / "recipe.yaml"
@@ -176,6 +180,55 @@ def local_scale(shards: int, docs: int, tokenizer: Path, work: Path) -> dict[str
     }
 
 
+def big_blend(gigabytes: float, work: Path) -> dict[str, Any]:
+    """Part 3: a blend over a merged dataset of ``gigabytes`` GB (uint16 tokens, documents of
+    1,000-3,000 tokens) whose ``.bin`` is a sparse file: building the blend must not read it
+    (a read would show in ``rchar`` and in the files opened)."""
+    import numpy as np
+
+    from tokenmill.blend_manifest import build_blend
+    from tokenmill.formats.indexed import encode_index
+    from tokenmill.manifest import write_dataset_manifest
+
+    root = work / "big"
+    prefix = root / "merged" / "big" / "0123456789abcdef" / "big_text_document"
+    prefix.parent.mkdir(parents=True)
+    tokens = int(gigabytes * 1e9) // 2
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1000, 3000, size=tokens // 2000 + 1, dtype=np.int64)
+    lengths = lengths[: int(np.searchsorted(np.cumsum(lengths), tokens))]
+    docs = np.arange(len(lengths) + 1, dtype=np.int64)
+    Path(f"{prefix}.idx").write_bytes(encode_index(np.uint16, lengths, docs))
+    size = int(lengths.sum()) * 2
+    with open(f"{prefix}.bin", "wb") as fh:
+        fh.truncate(size)  # sparse: no data written, none to read
+    write_dataset_manifest(
+        prefix,
+        kind="merged",
+        inputs=[],
+        config={"order": "given", "dtype": "uint16"},
+        counts={"documents": len(lengths), "sequences": len(lengths), "tokens": size // 2},
+        bin_parts=[{"bytes": size, "sha256": "0" * 64}],  # never checked by a blend build
+    )
+    result: dict[str, Any] = {"bin_bytes": size, "documents": len(lengths)}
+    with measured(root, result):
+        start = time.perf_counter()
+        build_blend(
+            "big",
+            {"big": prefix},
+            root / "blends" / "big",
+            root / "nanoset",
+            weights={"big": 1.0},
+            sequence_length=2048,
+            split_spec="100,0,0",
+            train_samples=100_000,
+        )
+        result["wall"] = time.perf_counter() - start
+    bin_opened = [p for p in _LAST_OPENED if p.endswith(".bin")]
+    result["bin_opened"] = bin_opened
+    return result
+
+
 def report(local: dict[str, Any]) -> str:
     """The tables printed for part 1."""
     ratio = local["cpu_shard_last"] / local["cpu_shard_10"]
@@ -213,6 +266,7 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=8, help="documents per shard")
     parser.add_argument("--tokenizer", type=Path, default=ROOT / ".tokenizers" / "gpt2")
     parser.add_argument("--work", type=Path, default=OUT_DIR / "scale")
+    parser.add_argument("--blend-gb", type=float, default=5.0, help="merged .bin size, GB")
     args = parser.parse_args()
     if args.work.exists():
         import shutil
@@ -222,7 +276,14 @@ def main() -> None:
     sys.addaudithook(_audit)
     local = local_scale(args.shards, args.docs, args.tokenizer, args.work)
     print(report(local))
-    path = write_results("scale", {"local": local})
+    big = big_blend(args.blend_gb, args.work)
+    print(
+        f"\nblend over a {big['bin_bytes'] / 1e9:.1f} GB merged .bin ({big['documents']:,} "
+        f"documents): {big['wall']:.1f} s wall, {big['cpu']:.1f} s CPU, rchar "
+        f"{big['rchar'] / 1e6:.1f} MB, {big['files_opened']} files opened, .bin opened: "
+        f"{big['bin_opened'] or 'never'}"
+    )
+    path = write_results("scale", {"local": local, "big_blend": big})
     print(f"\nwrote {path}")
 
 
