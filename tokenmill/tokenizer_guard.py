@@ -69,26 +69,33 @@ def normalization_differences(form: str) -> list[int]:
     """Assigned code points where ``unicodedata.normalize(form)`` and the ``tokenizers``
     normalizer of that form disagree in some context.
 
-    Each assigned code point is normalized alone, before a combining mark of class 1 and after
-    one of class 240 (a combining class known to one database only reorders), and between a
-    letter and a class-220 mark; each canonical decomposition is also normalized as a sequence
-    (a composition known to one database only), flagging the composite and its parts. All
+    Each assigned code point is normalized alone. One that takes part in normalization in
+    Python (a decomposition, a non-zero combining class, or a part of another's decomposition)
+    is also normalized before a combining mark of class 1 and after one of class 240 (a
+    combining class known to one database only reorders) and between a letter and a class-220
+    mark; each canonical decomposition is normalized as a sequence too (a composition known to
+    one database only), flagging the composite and its parts. (A code point that takes no part
+    in Python can take none in the other database either: Unicode keeps these properties of an
+    assigned character stable, and code points Python does not know are routed anyway.) All
     contexts go through each normalizer as one string joined by NUL.
     """
     from tokenizers import normalizers
 
     theirs = getattr(normalizers, form)()
-    category = unicodedata.category
-    contexts: list[str] = []
-    owners: list[str] = []
-    for c in range(1, 0x110000):
-        ch = chr(c)
-        if category(ch) in ("Cn", "Cs"):
+    category, combining = unicodedata.category, unicodedata.combining
+    normalize = unicodedata.normalize
+    assigned = [chr(c) for c in range(1, 0x110000) if category(chr(c)) not in ("Cn", "Cs")]
+    decomposed = {ch: normalize("NFKD", ch) for ch in assigned}
+    parts_of = {p for ch, d in decomposed.items() if d != ch for p in d}
+    contexts = list(assigned)
+    owners = list(assigned)
+    for ch in assigned:
+        if decomposed[ch] == ch and not combining(ch) and ch not in parts_of:
             continue
-        for text in (ch, ch + _LOW_MARK, _HIGH_MARK + ch, "a" + ch + "\u0316"):
+        for text in (ch + _LOW_MARK, _HIGH_MARK + ch, "a" + ch + "\u0316"):
             contexts.append(text)
             owners.append(ch)
-        parts = unicodedata.normalize("NFD", ch)
+        parts = normalize("NFD", ch)
         if parts != ch:
             contexts.append(parts)
             owners.append(ch + parts)

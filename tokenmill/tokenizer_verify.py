@@ -33,6 +33,7 @@ from tokenmill.errors import ConfigError, TokenmillError
 from tokenmill.tokenizer import (
     CACHE_VERSION,
     ENCODERS,
+    Encoder,
     RankFiles,
     TokenizerInfo,
     _assemble,
@@ -242,6 +243,7 @@ def verify_tokenizer(
         guard_ranges=tuple(guard["ranges"]),
     )
     verdicts = info.verdicts  # filled in place: hf first, the fast engines' reference
+    loaded: dict[str, Encoder] = {}
     for name in ("hf", "gigatoken", "tiktoken"):
         if problem:
             verdicts[name] = f"not used: {problem}"
@@ -250,7 +252,7 @@ def verify_tokenizer(
         elif name == "tiktoken" and no_ranks:
             verdicts[name] = no_ranks
         else:
-            verdicts[name] = _probe_engine(name, info, probes, expected)
+            verdicts[name] = _probe_engine(name, info, probes, expected, loaded)
     verdicts["transformers"] = "ok"
     return {
         "fingerprint": fingerprint,
@@ -308,10 +310,19 @@ def write_rank_files(spec: dict[str, Any], record_path: Path) -> RankFiles:
 
 
 def _probe_engine(
-    name: str, info: TokenizerInfo, probes: list[str], expected: tuple[np.ndarray, np.ndarray]
+    name: str,
+    info: TokenizerInfo,
+    probes: list[str],
+    expected: tuple[np.ndarray, np.ndarray],
+    loaded: dict[str, Encoder],
 ) -> str:
+    """The engine's verdict on the probes, run as in a tokenize run (behind its guard, whose
+    routed probes go to the ``hf`` engine verified before it, loaded once into ``loaded``)."""
     try:
-        got = ENCODERS[name](info).encode(probes)
+        encoder = loaded[name] = ENCODERS[name](info)
+        if encoder.guarded and "hf" in loaded:
+            encoder._reference = loaded["hf"]
+        got = encoder.encode(probes)
     except Exception as exc:  # any load/encode failure just rules the engine out
         return f"not used: {type(exc).__name__}: {exc}"
     mismatch = first_mismatch(probes, expected, got)
