@@ -28,9 +28,13 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
 
 FORMS = ("NFC", "NFD", "NFKC", "NFKD")
+_FEW_SPECIALS = 8  # up to this many added tokens, ``in`` per token beats one regex
 CLASSES = ("special_token", "code_point")
 # Marks that reorder against a neighbour with another combining class (ccc 1 and 240), and a
 # separator no normalization form touches or composes with.
@@ -108,30 +112,62 @@ def normalization_differences(form: str) -> list[int]:
     return sorted(bad)
 
 
-def _char_class(ranges: Sequence[Sequence[int]]) -> str:
-    def one(c: int) -> str:
-        return f"\\U{c:08x}"
+def _any_of(words: Iterable[str]) -> str:
+    """A regex that finds any of ``words``, as a trie (``<(?:s>|/s>|SPECIAL_(?:1|2...)...)``):
+    one alternation per shared prefix instead of one per word. A word ends the search there,
+    since a longer word that extends it contains it."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
 
-    return "".join(one(a) if a == b else f"{one(a)}-{one(b)}" for a, b in ranges)
+    def emit(node: dict[str, Any]) -> str:
+        if "" in node:
+            return ""
+        alts = [re.escape(ch) + emit(child) for ch, child in sorted(node.items())]
+        return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+    return emit(trie)
 
 
 class Guard:
-    """Sends documents of a risky class to the reference; normalizes the others when asked."""
+    """Sends documents of a risky class to the reference; normalizes the others when asked.
+
+    Costs per text: a substring search per added token (one regex when there are many), and for
+    a text that is not pure ASCII (an O(1) test) its code points as UTF-32 looked up in a table
+    of all 0x110000 (a lone surrogate cannot be encoded: that is the class too).
+    """
 
     def __init__(
         self, specials: Iterable[str], ranges: Sequence[Sequence[int]], form: str | None
     ) -> None:
         words = sorted({s for s in specials if s}, key=len, reverse=True)
         self.form = form
-        self._special = re.compile("|".join(map(re.escape, words))).search if words else None
-        self._risky = re.compile(f"[{_char_class(ranges)}]").search if ranges else None
+        self._special: Callable[[str], bool] | None = None
+        if len(words) > _FEW_SPECIALS:
+            search = re.compile(_any_of(words)).search
+            self._special = lambda text: search(text) is not None
+        elif words:
+            self._special = lambda text: any(word in text for word in words)
+        self._table: np.ndarray | None = None
+        if ranges:
+            self._table = np.zeros(0x110000, dtype=bool)
+            for first, last in ranges:
+                self._table[first : last + 1] = True
 
     def risk(self, text: str) -> str | None:
         """The class that sends ``text`` to the reference (checked on the raw text), or None."""
         if self._special is not None and self._special(text):
             return "special_token"
-        if self._risky is not None and not text.isascii() and self._risky(text):
-            return "code_point"
+        if self._table is not None and not text.isascii():
+            try:
+                code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+            except UnicodeEncodeError:  # a lone surrogate
+                return "code_point"
+            if self._table[code_points].any():
+                return "code_point"
         return None
 
     def split(self, texts: list[str]) -> tuple[list[str], list[int], Counter[str]]:
