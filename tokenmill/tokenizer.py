@@ -585,15 +585,15 @@ def verification_summary(
     encoder: Encoder, *, sample_documents: int, sample_chars: int, sampled: bool
 ) -> dict[str, Any]:
     """What a run's ids were checked against, for its manifest: the engine, its verdict on the
-    probe set, the run's sample, the guard and how many documents it sent to the reference."""
+    probe set, the run's sample, the guard and how many documents it sent to the reference.
+    Nothing in it names a path or a time (manifests of the same inputs are byte-identical)."""
     info = encoder.info
     record = _read_record(info.record_path, info.fingerprint) or {}
     guard = record.get("guard") or {}
     reference = "hf" if info.verdicts.get("hf") == "ok" else "transformers"
     summary: dict[str, Any] = {
         "engine": encoder.name,
-        "reference": record.get("reference"),
-        "record": str(info.record_path),
+        "reference": str(record.get("reference", "")).split(" from ")[0],
         "libraries": record.get("libraries"),
         "probes": {**(record.get("probes") or {}), "verdict": info.verdicts.get(encoder.name)},
         "sample": {"documents_per_input": sample_documents, "chars_per_document": sample_chars}
