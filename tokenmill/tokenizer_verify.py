@@ -344,8 +344,12 @@ TEKKEN_PATTERN = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
     r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # gigatoken's built-in pre-tokenizers by the regex they implement (others load tokenizer.json).
-SCHEMES = {GPT2_PATTERN: "gpt2", TEKKEN_PATTERN: "nemotron"}
+SCHEMES = {GPT2_PATTERN: "gpt2", TEKKEN_PATTERN: "nemotron", QWEN2_PATTERN: "qwen2"}
 
 
 def tiktoken_parts(spec: dict[str, Any]) -> tuple[str, dict[bytes, int], dict[str, int]]:
