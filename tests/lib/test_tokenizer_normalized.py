@@ -18,7 +18,7 @@ from tokenizers import normalizers
 from tokenmill.bundled import build_bundled_tokenizer
 from tokenmill.tokenize import tokenize_files
 from tokenmill.tokenizer import inspect_tokenizer, load_encoder, load_tokenizer
-from tokenmill.tokenizer_guard import Guard, to_ranges, unicode_form
+from tokenmill.tokenizer_guard import Guard, to_ranges, unassigned_code_points, unicode_form
 
 ORDINARY = [
     Path(json.__file__).read_text(encoding="utf-8")[k * 400 : (k + 1) * 400] for k in range(100)
@@ -175,3 +175,22 @@ def test_llama2_sentencepiece_bos_every_engine(llama2_dir: Path, tmp_path: Path)
     assert got.tolist() == megatron_tokens(llama2_dir, texts)
     starts = np.fromfile(f"{result.prefix}.idx", dtype=np.uint8)  # BOS opens every document
     assert starts.size and got[0] == 1 and np.count_nonzero(got == 1) >= len(texts)
+
+
+def test_unassigned_code_points_are_a_real_divergence(tekken_dir: Path) -> None:
+    """gigatoken and ``tokenizers`` split code points Python 3.11 calls unassigned differently
+    (Tekken: U+11DE0..U+11DE9, U+16FF4..U+16FF6, found by a sweep of every code point); the
+    probes cannot cover every such code point, so the guard routes every document holding one."""
+    import gigatoken
+    from tokenizers import Tokenizer
+
+    definition = tekken_dir / "tokenizer.json"
+    fast = gigatoken.Tokenizer(gigatoken.gigatoken_rs.load_hf_json(definition.read_bytes()))
+    hf = Tokenizer.from_file(str(definition))
+    guard = Guard([], to_ranges(unassigned_code_points()), None)
+    for ch in ("\U00011de0", "\U00016ff4"):
+        text = f"a{ch}b {ch}{ch}"
+        assert unicodedata.category(ch) == "Cn"
+        assert fast.encode(text).tolist() != hf.encode(text, add_special_tokens=False).ids
+        assert guard.risk(text) == "code_point"
+    assert guard.risk("a\u00e9b 한국어 😀") is None
