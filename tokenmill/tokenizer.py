@@ -44,7 +44,7 @@ from tokenmill.formats.indexed import optimal_dtype
 from tokenmill.tokenizer_guard import CLASSES, Guard
 
 ENGINES = ("gigatoken", "tiktoken", "hf", "transformers")
-CACHE_VERSION = 3  # bump when the probes or the record layout change
+CACHE_VERSION = 4  # bump when the probes or the record layout change
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
 
