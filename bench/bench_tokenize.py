@@ -357,6 +357,16 @@ def gpt2_nfkc(gpt2_dir: Path) -> Path:
     return dest
 
 
+def multilingual_texts(chars: int) -> list[str]:
+    """Documents of 2,000 characters of the probe set's scripts, emoji and NFKC-sensitive text
+    (nothing ASCII-only), ``chars`` characters in all: the guard's and normalizer's worst case."""
+    from tokenmill.tokenizer_verify import _PROBES
+
+    unit = " ".join(_PROBES[6:11])
+    doc = (unit * (2000 // len(unit) + 1))[:2000]
+    return [doc] * max(1, chars // len(doc))
+
+
 def first_use(tok_dir: Path) -> dict[str, float]:
     """Wall and CPU seconds of the one-off verification (fresh cache, a subprocess)."""
     with tempfile.TemporaryDirectory() as cache:
@@ -394,6 +404,8 @@ def normalizer_runs(args: argparse.Namespace) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {}
     guard: dict[str, list[dict[str, float]]] = {n: [] for n in dirs}
+    guard_multi: dict[str, list[dict[str, float]]] = {n: [] for n in dirs}
+    multi = multilingual_texts(sum(map(len, texts)))
     for name, tok_dir in dirs.items():
         info = inspect_tokenizer(tok_dir)  # verified once before anything is timed
         print(
@@ -426,6 +438,7 @@ def normalizer_runs(args: argparse.Namespace) -> dict[str, Any]:
         for name, tok_dir in dirs.items():
             g = inspect_tokenizer(tok_dir).guard()
             guard[name].append(_timed(lambda g=g: g.split(texts)))
+            guard_multi[name].append(_timed(lambda g=g: g.split(multi)))
         print(f"rep {rep + 1}/{args.repeat} done", file=sys.stderr)
     for name in ("qwen2-nfc", "gpt2-nfkc"):
         for w in args.workers:
@@ -443,6 +456,8 @@ def normalizer_runs(args: argparse.Namespace) -> dict[str, Any]:
         "load": [round(x, 2) for x in os.getloadavg()],
         "runs": runs,
         "guard": guard,
+        "guard_non_ascii": guard_multi,
+        "non_ascii_chars": sum(map(len, multi)),
         "first_use": first,
     }
 
@@ -477,15 +492,16 @@ def report_normalizers(data: dict[str, Any], workers: list[int]) -> None:
             ]
         )
     print(table(rows))
-    rows = [["guard alone (split)", "wall s", "CPU s"]]
-    for name, timings in data["guard"].items():
-        rows.append(
-            [
-                name,
-                f"{statistics.median(t['wall'] for t in timings):.3f}",
-                f"{statistics.median(t['cpu'] for t in timings):.3f}",
-            ]
-        )
+    rows = [["guard alone (split, normalization included)", "wall s", "CPU s"]]
+    for key, label in (("guard", "corpus"), ("guard_non_ascii", "non-ASCII text, same chars")):
+        for name, timings in data[key].items():
+            rows.append(
+                [
+                    f"{name}, {label}",
+                    f"{statistics.median(t['wall'] for t in timings):.3f}",
+                    f"{statistics.median(t['cpu'] for t in timings):.3f}",
+                ]
+            )
     print(table(rows))
     if data["first_use"]:
         rows = [["first use (verification, fresh cache)", "wall s", "CPU s"]]

@@ -29,10 +29,11 @@ import re
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 
+Form = Literal["NFC", "NFD", "NFKC", "NFKD"]
 FORMS = ("NFC", "NFD", "NFKC", "NFKD")
 _FEW_SPECIALS = 8  # up to this many added tokens, ``in`` per token beats one regex
 CLASSES = ("special_token", "code_point")
@@ -104,7 +105,7 @@ def normalization_differences(form: str) -> list[int]:
             contexts.append(parts)
             owners.append(ch + parts)
     joined = _SEP.join(contexts)
-    ours = unicodedata.normalize(form, joined).split(_SEP)
+    ours = unicodedata.normalize(cast(Form, form), joined).split(_SEP)
     other = theirs.normalize_str(joined).split(_SEP)
     if not len(ours) == len(other) == len(contexts):
         raise RuntimeError(f"{form}: a normalizer changed the NUL separators")
@@ -144,7 +145,7 @@ class Guard:
         self, specials: Iterable[str], ranges: Sequence[Sequence[int]], form: str | None
     ) -> None:
         words = sorted({s for s in specials if s}, key=len, reverse=True)
-        self.form = form
+        self.form = cast(Form | None, form)
         self._special: Callable[[str], bool] | None = None
         if len(words) > _FEW_SPECIALS:
             search = re.compile(_any_of(words)).search
@@ -175,19 +176,14 @@ class Guard:
         (normalized), the indices of the texts for the reference, and their count by class."""
         routed: list[int] = []
         counts: Counter[str] = Counter()
-        form = self.form
-        prepared = texts if form is None else [None] * len(texts)  # type: ignore[list-item]
-        normalize = unicodedata.normalize
-        special = self._special
+        form, special, normalize = self.form, self._special, unicodedata.normalize
+        prepared = list(texts)
         for i, text in enumerate(texts):
             why = self.risk(text)
-            if form is not None and why is None and not text.isascii():
-                done = normalize(form, text)
+            if why is None and form is not None and not text.isascii():
+                done = prepared[i] = normalize(form, text)
                 if done != text and special is not None and special(done):
                     why = "special_token"
-                prepared[i] = done
-            elif form is not None:
-                prepared[i] = text
             if why is not None:
                 routed.append(i)
                 counts[why] += 1
