@@ -28,9 +28,11 @@ this process, alternating within each repetition: GPT-2's path (gigatoken), then
 NFC and GPT-2 with an NFKC normalizer added (same vocabulary as GPT-2, so only the normalizer
 differs) our path (unicodedata + gigatoken on the normalizer-free copy, behind the guard) and
 the old path (the ``hf`` engine, what these tokenizers ran on before); all ``tokenize_files``
-with ``append_eod``, the ``.bin`` of both paths compared. It also times the guard alone over the
-parsed corpus (``Guard.split``: normalization included) and each tokenizer's first-use
-verification in a fresh cache (a subprocess: imports included).
+with ``append_eod``, the ``.bin`` of both paths compared. It also times the fast path's encoding
+alone (a loaded encoder's ``pack`` on the parsed corpus, guard included), the guard alone
+(``Guard.split``: normalization included) on the corpus and on as many characters of non-ASCII
+text, and each tokenizer's first-use verification in a fresh cache (a subprocess: imports
+included).
 
     python bench/bench_tokenize.py [--mb 20] [--repeat 3] [--workers 1,2] [--rss-mb 100]
     python bench/bench_tokenize.py --mb 200 --floors gigatoken --name tokenize-200mb
@@ -406,6 +408,8 @@ def normalizer_runs(args: argparse.Namespace) -> dict[str, Any]:
     guard: dict[str, list[dict[str, float]]] = {n: [] for n in dirs}
     guard_multi: dict[str, list[dict[str, float]]] = {n: [] for n in dirs}
     multi = multilingual_texts(sum(map(len, texts)))
+    encode: dict[str, list[dict[str, float]]] = {n: [] for n in dirs}
+    encoders = {n: load_tokenizer(d) for n, d in dirs.items()}  # loaded once: encode-only rows
     for name, tok_dir in dirs.items():
         info = inspect_tokenizer(tok_dir)  # verified once before anything is timed
         print(
@@ -439,6 +443,8 @@ def normalizer_runs(args: argparse.Namespace) -> dict[str, Any]:
             g = inspect_tokenizer(tok_dir).guard()
             guard[name].append(_timed(lambda g=g: g.split(texts)))
             guard_multi[name].append(_timed(lambda g=g: g.split(multi)))
+            enc = encoders[name]
+            encode[name].append(_timed(lambda e=enc: e.pack(texts, e.info.eod_id, e.info.dtype)))
         print(f"rep {rep + 1}/{args.repeat} done", file=sys.stderr)
     for name in ("qwen2-nfc", "gpt2-nfkc"):
         for w in args.workers:
@@ -457,6 +463,7 @@ def normalizer_runs(args: argparse.Namespace) -> dict[str, Any]:
         "runs": runs,
         "guard": guard,
         "guard_non_ascii": guard_multi,
+        "encode_only": encode,
         "non_ascii_chars": sum(map(len, multi)),
         "first_use": first,
     }
@@ -492,8 +499,12 @@ def report_normalizers(data: dict[str, Any], workers: list[int]) -> None:
             ]
         )
     print(table(rows))
-    rows = [["guard alone (split, normalization included)", "wall s", "CPU s"]]
-    for key, label in (("guard", "corpus"), ("guard_non_ascii", "non-ASCII text, same chars")):
+    rows = [["engine loaded, parsed texts (pack with guard)", "wall s", "CPU s"]]
+    for key, label in (
+        ("encode_only", "encode only"),
+        ("guard", "guard alone, corpus"),
+        ("guard_non_ascii", "guard alone, non-ASCII text, same chars"),
+    ):
         for name, timings in data[key].items():
             rows.append(
                 [
