@@ -1,4 +1,5 @@
-"""Local HF tokenizers, encoded by the fastest engine proven to give the reference ids.
+"""Local HF tokenizers, encoded by the fastest engine verified (on a probe set, then on each run's
+sample, behind a per-document guard) to give the reference ids.
 
 The reference is what Megatron's ``HuggingFaceTokenizer`` path computes:
 ``AutoTokenizer.from_pretrained(dir)(text).input_ids`` (transformers). Engines, fastest first:

@@ -194,3 +194,16 @@ def test_unassigned_code_points_are_a_real_divergence(tekken_dir: Path) -> None:
         assert fast.encode(text).tolist() != hf.encode(text, add_special_tokens=False).ids
         assert guard.risk(text) == "code_point"
     assert guard.risk("a\u00e9b 한국어 😀") is None
+
+
+def test_manifest_of_the_reference_path_claims_no_sample_or_guard(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    texts = [*ORDINARY[:3], TRICKY[0], TRICKY[2]]
+    result = _tokenize(tmp_path, load_tokenizer(tiny_dir, engine="hf"), texts)
+    check = result.manifest["config"]["verification"]
+    assert (check["engine"], check["probes"]["verdict"]) == ("hf", "ok")
+    assert check["sample"] is None and check["guard"] is None and check["normalizer"] is None
+    assert str(tmp_path) not in json.dumps(check) and "cache" not in json.dumps(check)
+    got = np.fromfile(f"{result.prefix}.bin", dtype=result.manifest["config"]["dtype"])
+    assert got.tolist() == megatron_tokens(tiny_dir, texts)
