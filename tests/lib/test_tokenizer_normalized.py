@@ -207,3 +207,26 @@ def test_manifest_of_the_reference_path_claims_no_sample_or_guard(
     assert str(tmp_path) not in json.dumps(check) and "cache" not in json.dumps(check)
     got = np.fromfile(f"{result.prefix}.bin", dtype=result.manifest["config"]["dtype"])
     assert got.tolist() == megatron_tokens(tiny_dir, texts)
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen2"])
+def test_random_mixes_of_normalization_sensitive_characters(
+    name: str, tiny_dir: Path, qwen2_dir: Path
+) -> None:
+    """Seeded random documents over characters that compose, decompose, reorder or fold
+    (combining marks of several classes, Hangul jamo, compatibility forms, pieces of added tokens):
+    the fast path behind the guard gives the reference ids for every one."""
+    import random
+
+    path = {"tiny": tiny_dir, "qwen2": qwen2_dir}[name]
+    alphabet = (
+        "ae oAKZ<>|/s!1 \n\t\u0301\u0300\u0316\u0327\u0334\u0345\u05b0\u0338\u093c"
+        "\u1100\u1161\u11a8\uac00\u212b\u2126\u00c5\u1e0b\u0323ﬁ①Ⅻ㎏ｆ＜｜＞ｶﾞ\u3099\u309a"
+        "\u0958\u0915\u0fb2\u0f80\u2028\u0085\u00a0\u200d😀🏽"
+    )
+    rng = random.Random(1234)
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 60))) for _ in range(400)]
+    texts += ["<|endoftext|>" + t for t in texts[:20]] + ["<bos>" + t for t in texts[20:40]]
+    encoder = load_tokenizer(path, engine="gigatoken")
+    assert split(*encoder.pack(texts)) == [list(ids) for ids in _reference(path)(texts).input_ids]
+    assert encoder.routed["special_token"] >= 20  # the documents with an added token's string
