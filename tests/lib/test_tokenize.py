@@ -325,7 +325,7 @@ def test_nfkc_tokenizer_with_bos(tiny_dir: Path, tmp_path: Path) -> None:
         [write_jsonl(tmp_path / "in.jsonl", texts)], tmp_path / "o", tiny_dir, append_eod=True
     )
     expected, tok = expected_pair(tiny_dir, texts, eod=True)
-    assert res.engine == "hf"
+    assert res.engine == "gigatoken"  # unicodedata NFKC + the normalizer-free copy
     assert all(d[0] == tok.bos_token_id for d in expected)
     assert read_docs(res.prefix) == expected
     assert res.sequences == len(texts)
