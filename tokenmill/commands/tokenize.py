@@ -24,8 +24,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "tokenize",
         help="tokenize JSONL/Parquet into a .bin/.idx pair",
-        description="Write {P}_{text_key}_document.{bin,idx} + .manifest.json, byte-identical to "
-        "Megatron's preprocess_data.py --tokenizer-type HuggingFaceTokenizer.",
+        description="Write {P}_{text_key}_document.{bin,idx} + .manifest.json as Megatron's "
+        "preprocess_data.py --tokenizer-type HuggingFaceTokenizer does (a fast engine only "
+        "where verified; risky documents go to the reference; the manifest says what was "
+        "verified).",
     )
     p.add_argument("--input", nargs="+", required=True, metavar="FILE", type=Path)
     p.add_argument("--output-prefix", required=True, metavar="P")
