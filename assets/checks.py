@@ -77,7 +77,8 @@ def raw_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         return each_shard(context, lambda key: accounted(storage, key))
 
     def accounted(storage: StorageResource, key: str) -> AssetCheckResult:
-        with storage.workspace([f"raw/{ds.name}/{key}"], upload=False) as ws:
+        inputs = [layout.raw_stats(ds.name, key), layout.quarantine(ds.name, key)]
+        with storage.workspace(inputs, upload=False) as ws:
             stats_path = ws.storage.raw_stats_path(ds.name, key)
             stats = json.loads(stats_path.read_text(encoding="utf-8"))
             problems = []
@@ -118,7 +119,8 @@ def export_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         return each_shard(context, lambda key: rows_match(storage, key))
 
     def rows_match(storage: StorageResource, key: str) -> AssetCheckResult:
-        inputs = [f"raw/{ds.name}/{key}", f"hf/{ds.name}/data/{key}.parquet"]
+        inputs = [layout.raw_stats(ds.name, key), layout.quarantine(ds.name, key)]
+        inputs.append(layout.parquet(ds.name, key))
         with storage.workspace(inputs, upload=False) as ws:
             stats_path = ws.storage.raw_stats_path(ds.name, key)
             stats = json.loads(stats_path.read_text(encoding="utf-8"))
@@ -150,7 +152,7 @@ def token_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         return each_shard(context, lambda key: consistent(storage, key))
 
     def consistent(storage: StorageResource, key: str) -> AssetCheckResult:
-        rel = f"tokens/{ds.name}/{key}_{ds.text_key}_document"
+        rel = layout.tokens_prefix(ds.name, key, ds.text_key)
         with storage.workspace([rel], upload=False) as ws:
             prefix = ws.storage.tokens_prefix(ds.name, key, ds.text_key)
             return _result(verify_dataset(prefix, full=True), prefix=str(prefix))

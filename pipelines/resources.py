@@ -153,7 +153,7 @@ class Workspace:
             return local
         from tokenmill.pull import pull
 
-        uri = self.stage.uri(f"blends/{blend}/manifest.json")
+        uri = self.stage.uri(layout.blend_manifest(blend))
         return pull(uri, self.stage.local, endpoint_url=self.storage.s3_endpoint_url).manifest
 
 
