@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from tokenmill.commands import throughput
 from tokenmill.errors import ConfigError
 
 
@@ -61,11 +62,10 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         on_bad_record=args.on_bad_record,
     )
-    mb_s = res.bytes_read / 1e6 / max(res.seconds, 1e-9)
     fallback = f" (after {'; '.join(res.fallbacks)})" if res.fallbacks else ""
     print(
         f"tokenized {len(args.input)} inputs -> {res.prefix}: {res.documents} documents, "
         f"{res.tokens} tokens, {res.quarantined} quarantined, engine {res.engine}{fallback}, "
-        f"{res.seconds:.2f}s ({mb_s:.0f} MB/s)"
+        f"{res.seconds:.2f}s ({throughput(res.bytes_read, res.seconds)})"
     )
     return 0
