@@ -35,11 +35,12 @@ from dagster import (
 from assets.hf_export import read_export_record
 from assets.shards import each_shard
 from pipelines.partitions import shard_partitions
-from pipelines.resources import StorageResource
+from pipelines.resources import StorageResource, display_path
 from tokenmill import layout
 from tokenmill.blend_manifest import realized_shares, verify_blend
 from tokenmill.errors import TokenmillError
 from tokenmill.formats.indexed import IndexedDataset, index_file_path
+from tokenmill.formats.shard_records import read_record
 from tokenmill.manifest import read_dataset_manifest
 from tokenmill.nanoset import SPLITS, NanosetIndex, build_or_load, split_ranges, verify_index
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
@@ -80,7 +81,7 @@ def raw_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         inputs = [layout.raw_stats(ds.name, key), layout.quarantine(ds.name, key)]
         with storage.workspace(inputs, upload=False) as ws:
             stats_path = ws.storage.raw_stats_path(ds.name, key)
-            stats = json.loads(stats_path.read_text(encoding="utf-8"))
+            stats = read_record(stats_path, shown=display_path(stats_path))
             problems = []
             total = stats["documents"] + stats["quarantined"] + stats["blank"]
             if total != stats["lines"]:
@@ -123,7 +124,7 @@ def export_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         inputs.append(layout.parquet(ds.name, key))
         with storage.workspace(inputs, upload=False) as ws:
             stats_path = ws.storage.raw_stats_path(ds.name, key)
-            stats = json.loads(stats_path.read_text(encoding="utf-8"))
+            stats = read_record(stats_path, shown=display_path(stats_path))
             rows = pq.read_metadata(ws.storage.parquet_path(ds.name, key)).num_rows
             documents_in = stats["lines"] - stats["blank"]
             problems = []

@@ -35,15 +35,21 @@ from pipelines.partitions import shard_keys, shard_partitions
 from pipelines.resources import StorageResource, Workspace, display_path
 from pipelines.sources import ShardFile
 from tokenmill import layout
-from tokenmill._atomic import file_sha256, write_json
-from tokenmill.errors import FormatError, InputError
+from tokenmill._atomic import file_sha256
+from tokenmill.errors import InputError
 from tokenmill.export import (
-    INFO_COUNTS,
     ExportResult,
     dataset_info_from_records,
     export_shard,
     parquet_record,
     tokenmill_info,
+)
+from tokenmill.formats.shard_records import (
+    export_record,
+    is_current,
+    read_record,
+    shard_config,
+    write_record,
 )
 from tokenmill.manifest import FORMAT_VERSION, input_sha256
 from tokenmill.recipe import DatasetConfig
@@ -54,15 +60,10 @@ def read_raw_stats(storage: StorageResource, ds: DatasetConfig, key: str) -> dic
     the file is missing, written by an older tokenmill or under another config."""
     path = storage.raw_stats_path(ds.name, key)
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = read_record(path, shown=display_path(path))
     except FileNotFoundError:
         return None
-    except ValueError as exc:
-        raise FormatError(display_path(path), "json", f"not a stats file: {exc}") from exc
-    config = {"text_key": ds.text_key, "on_bad_record": ds.on_bad_record}
-    if not isinstance(record, dict) or record.get("format_version") != FORMAT_VERSION:
-        return None
-    return record if record.get("config") == config else None
+    return record if is_current(record, shard_config(ds.text_key, ds.on_bad_record)) else None
 
 
 def validated_shard(
@@ -88,38 +89,31 @@ def validated_shard(
     return local, raw
 
 
-def export_record(
+def write_export_record(
     storage: StorageResource, ds: DatasetConfig, key: str, parquet: Path, raw: dict[str, Any]
 ) -> dict[str, Any]:
     """Write ``hf/<ds>/shards/<shard>.json`` (the shard's Parquet record, input and counts from
     its raw stats) for the dataset's ``dataset_info.json``, which is assembled from these."""
-    record = {
-        "format_version": FORMAT_VERSION,
-        "shard": key,
-        **parquet_record(parquet, storage.hf_dir(ds.name)),
-        "input": raw["input"],
-        "counts": {k: raw[k] for k in INFO_COUNTS},
-        "config": {"text_key": ds.text_key, "on_bad_record": ds.on_bad_record},
-    }
-    write_json(storage.export_record_path(ds.name, key), record)
+    config = shard_config(ds.text_key, ds.on_bad_record)
+    record = export_record(key, parquet_record(parquet, storage.hf_dir(ds.name)), raw, config)
+    write_record(storage.export_record_path(ds.name, key), record)
     return record
 
 
 def read_export_record(storage: StorageResource, ds: DatasetConfig, key: str) -> dict[str, Any]:
     """A shard's export record under the dataset's current config; InputError naming the file
-    and what to run when it is missing, malformed or written under another config."""
+    and what to run when it is missing, written by another tokenmill or under another config."""
     path = storage.export_record_path(ds.name, key)
     again = f"materialize {ds.name}/hf_dataset for shard {key}"
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = read_record(path, shown=display_path(path))
     except FileNotFoundError:
         raise InputError(f"{display_path(path)}: missing; {again}") from None
-    except ValueError as exc:
-        raise FormatError(display_path(path), "json", f"not an export record: {exc}") from exc
-    config = {"text_key": ds.text_key, "on_bad_record": ds.on_bad_record}
-    if not isinstance(record, dict) or record.get("format_version") != FORMAT_VERSION:
+    if record.get("format_version") != FORMAT_VERSION:
         raise InputError(f"{display_path(path)}: written by another tokenmill; {again}")
-    if record.get("config") != config or record.get("shard") != key:
+    if not is_current(record, shard_config(ds.text_key, ds.on_bad_record)) or (
+        record.get("shard") != key
+    ):
         raise InputError(f"{display_path(path)}: made under another config; {again}")
     return record
 
@@ -159,7 +153,7 @@ def export_table_shard(
     if stamp(local) != before:
         raise InputError(f"{shard.location}: changed while being exported; run again")
     record = stats_record(ds, shard, size, sha256, result.stats, quarantine)
-    write_json(stats_path, record)
+    write_record(stats_path, record)
     return result, record
 
 
@@ -187,7 +181,7 @@ def export_one(
             shard=shard.key,
             write_quarantine=False,
         )
-    export_record(ws.storage, ds, shard.key, result.parquet_path, raw)
+    write_export_record(ws.storage, ds, shard.key, result.parquet_path, raw)
     return {
         "documents": result.rows,
         "quarantined": result.stats.quarantined,

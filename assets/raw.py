@@ -27,10 +27,10 @@ from assets.shards import shard_asset, source_shards, step_result
 from pipelines.partitions import shard_partitions
 from pipelines.resources import StorageResource
 from pipelines.sources import ShardFile
-from tokenmill._atomic import file_sha256, write_json
 from tokenmill.errors import InputError
+from tokenmill.formats.shard_records import raw_stats_record, shard_config, write_record
 from tokenmill.ingest import IngestStats, Quarantine, read_jsonl_batches
-from tokenmill.manifest import FORMAT_VERSION, input_sha256
+from tokenmill.manifest import input_sha256
 from tokenmill.recipe import DatasetConfig
 
 
@@ -61,7 +61,7 @@ def validate_shard(
     record = stats_record(
         ds, shard, size, sha256, stats, quarantine_path if quarantine is not None else None
     )
-    write_json(stats_path, record)
+    write_record(stats_path, record)
     return record, np.asarray(lengths, dtype=np.int64)
 
 
@@ -73,25 +73,15 @@ def stats_record(
     stats: IngestStats,
     quarantine_path: Path | None,
 ) -> dict[str, Any]:
-    """A shard's ``raw/<ds>/<shard>.stats.json`` content: format version, the input (where it
-    lives, size, sha256), config, counts and the committed quarantine file's size and sha256."""
-    counts = stats.to_dict()
-    del counts["path"]  # the input's uri says where it lives
-    record: dict[str, Any] = {
-        "format_version": FORMAT_VERSION,
-        "shard": shard.key,
-        "input": {"uri": shard.location, "bytes": size, "sha256": sha256},
-        "config": {"text_key": ds.text_key, "on_bad_record": ds.on_bad_record},
-        **counts,
-        "quarantine": None,
-    }
-    if quarantine_path is not None:
-        record["quarantine"] = {
-            "file": quarantine_path.name,
-            "bytes": quarantine_path.stat().st_size,
-            "sha256": file_sha256(quarantine_path),
-        }
-    return record
+    """A shard's ``raw/<ds>/<shard>.stats.json`` content (``tokenmill.formats.shard_records``),
+    naming the shard where it lives."""
+    return raw_stats_record(
+        shard.key,
+        {"uri": shard.location, "bytes": size, "sha256": sha256},
+        shard_config(ds.text_key, ds.on_bad_record),
+        stats,
+        quarantine_path,
+    )
 
 
 def stamp(path: Path) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from dagster import AssetKey, DagsterInstance
 from pipelines.partitions import shard_keys
 from pipelines.resources import StorageResource
 from tokenmill.errors import ConfigError
+from tokenmill.formats.shard_records import read_record
 from tokenmill.manifest import dataset_manifest_path, read_dataset_manifest
 from tokenmill.nanoset import SPLITS
 from tokenmill.recipe import DatasetConfig, Recipe
@@ -52,7 +53,7 @@ def dataset_line(
     for key in shard_keys(instance, recipe_ds):
         stats_path = storage.raw_stats_path(recipe_ds.name, key)
         if stats_path.is_file():
-            stats = json.loads(stats_path.read_text(encoding="utf-8"))
+            stats = read_record(stats_path)
             documents += int(stats["documents"])
             quarantined += int(stats["quarantined"])
     tokens = "not merged"

@@ -33,6 +33,7 @@ from tokenmill._atomic import (
     write_bytes,
 )
 from tokenmill.errors import ConfigError, FormatError, InputError
+from tokenmill.formats.shard_records import INFO_COUNTS
 from tokenmill.ingest import (
     ON_BAD_RECORD,
     Batch,
@@ -47,7 +48,6 @@ DEFAULT_ROW_GROUP_ROWS = 1000
 PARQUET_COMPRESSION = "zstd"
 JSON_FIELDS_KEY = b"tokenmill.json_encoded_fields"
 # The counts ``dataset_info.json`` records per input and in total.
-INFO_COUNTS = ("lines", "documents", "blank", "quarantined")
 _CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)
 _HF_DTYPES = {"double": "float64", "float": "float32", "halffloat": "float16"}
 

@@ -52,12 +52,12 @@ def test_every_check_passes_on_good_artifacts(defs: Definitions, built: DagsterI
 def test_failed_raw_check_blocks_the_rest_of_the_shard_run(
     defs: Definitions, instance: DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = assets.raw.write_json
+    real = assets.raw.write_record
 
     def miscounting(path: Path, record: dict[str, Any]) -> None:
         real(path, {**record, "documents": record["documents"] + 1})
 
-    monkeypatch.setattr(assets.raw, "write_json", miscounting)
+    monkeypatch.setattr(assets.raw, "write_record", miscounting)
     instance.add_dynamic_partitions(partitions_name("code"), [SHARD])
     result = run_shard(defs, instance, "code", SHARD)
     assert not result.success

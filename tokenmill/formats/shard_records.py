@@ -1,0 +1,101 @@
+"""The two small JSON records a shard's steps leave: raw stats and the export record.
+
+``raw/<ds>/<shard>.stats.json`` (written last by the validating step: ``raw_jsonl``, or
+``hf_dataset`` for an HF dataset on disk)::
+
+    {format_version, shard, input: {uri, bytes, sha256}, config: {text_key, on_bad_record},
+     lines, documents, blank, quarantined, ... (IngestStats counts),
+     quarantine: null | {file, bytes, sha256}}
+
+``hf/<ds>/shards/<shard>.json`` (written by ``hf_dataset`` after the Parquet)::
+
+    {format_version, shard, file, num_rows, num_bytes, size, sha256, schema (base64 Arrow IPC),
+     input, counts: {lines, documents, blank, quarantined}, config}
+
+Nothing in either depends on when or where a run happened, so the same shard and config give
+the same bytes. Writers are atomic (temp → fsync → rename); readers name the file on damage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from tokenmill._atomic import file_sha256, write_json
+from tokenmill.errors import FormatError
+from tokenmill.ingest import IngestStats
+from tokenmill.manifest import FORMAT_VERSION
+
+INFO_COUNTS = ("lines", "documents", "blank", "quarantined")
+
+
+def shard_config(text_key: str, on_bad_record: str) -> dict[str, str]:
+    """The config both records carry: what a reader compares with the current recipe."""
+    return {"text_key": text_key, "on_bad_record": on_bad_record}
+
+
+def raw_stats_record(
+    shard: str,
+    input_record: dict[str, Any],
+    config: dict[str, str],
+    stats: IngestStats,
+    quarantine_path: Path | None,
+) -> dict[str, Any]:
+    """A shard's raw stats: format version, the input (``{uri, bytes, sha256}``), config, the
+    ingest counts and the committed quarantine file's size and sha256 (None in fail mode)."""
+    counts = stats.to_dict()
+    del counts["path"]  # the input's uri says where it lives
+    record: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "shard": shard,
+        "input": input_record,
+        "config": config,
+        **counts,
+        "quarantine": None,
+    }
+    if quarantine_path is not None:
+        record["quarantine"] = {
+            "file": quarantine_path.name,
+            "bytes": quarantine_path.stat().st_size,
+            "sha256": file_sha256(quarantine_path),
+        }
+    return record
+
+
+def export_record(
+    shard: str, parquet: dict[str, Any], raw: dict[str, Any], config: dict[str, str]
+) -> dict[str, Any]:
+    """A shard's export record: its ``export.parquet_record`` and, from its raw stats, the
+    input and the counts ``dataset_info.json`` sums."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "shard": shard,
+        **parquet,
+        "input": raw["input"],
+        "counts": {k: raw[k] for k in INFO_COUNTS},
+        "config": config,
+    }
+
+
+def write_record(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
+    """Write either record atomically (sorted keys, so the bytes are deterministic)."""
+    write_json(path, record)
+
+
+def read_record(path: str | os.PathLike[str], *, shown: str | None = None) -> dict[str, Any]:
+    """Either record as written; FileNotFoundError if absent, FormatError naming the file
+    (``shown``: where it really lives, e.g. its ``s3://`` URI) if it is not a JSON object."""
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(shown or str(path), "json", f"not a shard record: {exc}") from exc
+    if not isinstance(record, dict):
+        raise FormatError(shown or str(path), "json", f"not a shard record: {record!r:.80}")
+    return record
+
+
+def is_current(record: dict[str, Any], config: dict[str, str]) -> bool:
+    """Whether a record was written by this format version under ``config``."""
+    return record.get("format_version") == FORMAT_VERSION and record.get("config") == config
