@@ -22,7 +22,13 @@ from dagster import (
 from assets.metadata import path_value
 from pipelines.resources import StorageResource
 from tokenmill import layout
-from tokenmill.blend_manifest import Share, blend_version, build_blend, realized_shares
+from tokenmill.blend_manifest import (
+    Share,
+    blend_version,
+    build_blend,
+    realized_shares,
+    skipped_warnings,
+)
 from tokenmill.errors import ConfigError
 from tokenmill.manifest import dataset_content_hash
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
@@ -94,6 +100,8 @@ def build_blend_asset(
                 "valid_samples": cfg.valid_samples,
                 "test_samples": cfg.test_samples,
                 "semantics": cfg.semantics,
+                "add_extra_token": cfg.add_extra_token,
+                "drop_last_partial_validation": cfg.drop_last_partial_validation,
             }
             where = (prefixes, ws.storage.blend_dir(blend.name), ws.storage.nanoset_dir())
             # An existing version is staged first, so an unchanged rebuild finds it complete
@@ -115,6 +123,11 @@ def build_blend_asset(
                 path=path_value(mpath),
                 input_version=version,
             )
+            skipped = skipped_warnings(manifest)
+            for warning in skipped:
+                context.log.warning(warning)
+            if skipped:
+                metadata["skipped"] = MetadataValue.json(skipped)
             sizes = {split: info["size"] for split, info in manifest["splits"].items()}
             context.log.info(f"blend {blend.name}: samples per split {sizes}")
             return MaterializeResult(metadata=metadata)

@@ -20,7 +20,8 @@ full disk, a kill) leaves the previous pointer and version untouched.
 ``manifest.json`` (keys sorted; lists keep the blend's dataset order, which the indices use)::
 
     format_version=2, kind="blend", name, version, manifest_sha256, semantics, sequence_length,
-    add_extra_token, split (the split spec, e.g. "949,50,1"), seed,
+    add_extra_token, drop_last_partial_validation (absent in older manifests: true),
+    split (the split spec, e.g. "949,50,1"), seed,
     weighting: {weights: {name: w as configured} | null, temperature: T | null,
                 normalized: {name: w}}
     datasets: [{name, prefix, content_hash, dtype, num_sequences, num_tokens,
@@ -29,7 +30,8 @@ full disk, a kill) leaves the previous pointer and version untouched.
              files: {dataset_index: FILE, dataset_sample_index: FILE},
              datasets: [{name, split_range, tokens, num_samples, length, samples_used, epochs,
                          index: {cache_hash,
-                                 files: {document, sample, shuffle, description: FILE}}}]}}
+                                 files: {document, sample, shuffle, description: FILE}}}],
+             skipped: [{name, reason}]}}   datasets left out of this split (may be absent: [])
     FILE = {path (relative to this manifest's folder), bytes, sha256}; a dataset's ``.bin``
            recorded by parts in its own manifest (a merge) is {path, bytes, parts,
            sha256_of_parts}, copied from that manifest: a blend never reads a ``.bin``.
@@ -38,8 +40,14 @@ full disk, a kill) leaves the previous pointer and version untouched.
 separators) without that field. The pointer and the version's own manifest hold the same
 content except the paths (each relative to its own folder) and their self-hashes.
 
-A split whose spec weight is 0 is absent. Sizes follow FORMATS §7.2/§7.3: a train split (and a
-valid/test split with a requested sample count) is a weighted blend; megatron builds each
+A split whose spec weight is 0 is absent. A dataset whose split yields no sample (an empty split
+range, e.g. no test documents with "949,50,1" on a small dataset; or too few tokens for one
+sample) is left out of that split and listed in its ``skipped`` with the reason; the other
+datasets are blended as if it were not in the blend (a weighted split renormalizes the
+remaining configured weights: the blend Megatron builds from those datasets alone). A split
+every dataset is left out of is absent, like a 0-weight split. Sizes follow FORMATS
+§7.2/§7.3: a train split (and a valid/test split with a requested sample count) is a weighted
+blend; megatron builds each
 dataset's index with ``ceil(ceil(N·w)·1.005)`` samples and blends ``Σ ceil(N·w)``, nanotron
 builds ``int(N·w·1.005)`` and blends ``N`` with wrap-around. A valid/test split without a
 requested count uses one epoch of every dataset: megatron blends them exhaustively (every
@@ -74,6 +82,8 @@ from tokenmill._atomic import (
     write_json,
     writer_alive,
 )
+from tokenmill._nanoset_indices import parse_split
+from tokenmill._sample_index import count_samples
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file_path
 from tokenmill.loader._manifest import (
@@ -106,10 +116,14 @@ __all__ = [
     "build_blend",
     "describe_blend",
     "read_blend_manifest",
+    "skipped_warnings",
     "verify_blend",
 ]
 
 SEMANTICS = ("megatron", "nanotron")
+# Megatron's add_extra_token_to_sequence and drop_last_partial_validation_sequence (both on by
+# default; the second applies to the valid split only: train and test always drop).
+FLAGS = ("add_extra_token", "drop_last_partial_validation")
 DIGEST_FIELDS = ("bytes", "sha256", "parts", "sha256_of_parts")
 
 
@@ -171,9 +185,10 @@ def _check_settings(
     temperature: float | None,
     semantics: str,
     sizes: dict[str, int | None],
-    sequence_length: int,
+    settings: dict[str, Any],
 ) -> None:
     """ConfigError for every setting build_blend cannot use, naming the setting and value."""
+    sequence_length = settings["sequence_length"]
     if not datasets:
         raise ConfigError("a blend needs at least one dataset")
     if (weights is None) == (temperature is None):
@@ -192,6 +207,15 @@ def _check_settings(
         raise ConfigError(f"semantics must be one of {SEMANTICS}, got {semantics!r}")
     if sequence_length < 2:
         raise ConfigError(f"sequence_length must be >= 2, got {sequence_length}")
+    for flag in FLAGS:
+        if not isinstance(settings[flag], bool):
+            raise ConfigError(f"{flag} must be true or false, got {settings[flag]!r}")
+    if semantics == "nanotron" and not all(settings[flag] for flag in FLAGS):
+        raise ConfigError(
+            "nanotron semantics always adds the extra token and drops the last partial "
+            f"sample: add_extra_token and drop_last_partial_validation must be true, got "
+            f"{settings['add_extra_token']} and {settings['drop_last_partial_validation']}"
+        )
     for split, n in sizes.items():
         if (n is None and split == "train") or (n is not None and n < 1):
             raise ConfigError(f"{split}_samples must be an integer >= 1, got {n!r}")
@@ -220,39 +244,96 @@ class _Plan:
             for n, lengths in self.lengths.items()
         }
 
+    def drop_last(self, split: str) -> bool:
+        """The effective drop-last flag of ``split`` (the validation setting applies to valid
+        only; train and test always drop, as Megatron)."""
+        return split != "valid" or bool(self.settings["drop_last_partial_validation"])
+
+    def index_settings(self, split: str) -> dict[str, Any]:
+        """The keyword settings of ``build_or_load`` for ``split`` (without num_samples)."""
+        return {
+            "split": split,
+            "split_spec": self.settings["split_spec"],
+            "sequence_length": self.settings["sequence_length"],
+            "seed": self.settings["seed"],
+            "semantics": self.settings["semantics"],
+            "add_extra_token": bool(self.settings["add_extra_token"]),
+            "drop_last_partial": self.drop_last(split),
+        }
+
+    def skipped(self, position: int) -> dict[str, str]:
+        """The datasets left out of split ``SPLITS[position]`` (their index would hold no
+        sample), each with the reason, in blend order."""
+        split = SPLITS[position]
+        spec, seq = self.settings["split_spec"], self.settings["sequence_length"]
+        extra = 1 if self.settings["add_extra_token"] else 0
+        out = {}
+        for name, r in self.ranges(position).items():
+            if r is None or r[0] >= r[1]:
+                out[name] = (
+                    f"no sequences in split {split!r}: {len(self.lengths[name])} sequences "
+                    f"split {spec!r} give it the range {r and list(r)}"
+                )
+                continue
+            tokens = int(self.lengths[name][r[0] : r[1]].sum(dtype=np.int64))
+            if self.settings["semantics"] == "nanotron":
+                empty = (tokens - 1) // seq < 1
+            elif tokens <= 1:
+                empty = True
+            else:  # with a requested size Megatron repeats the split: any token suffices
+                one_epoch = count_samples(tokens, seq, extra, self.drop_last(split))
+                empty = self.sizes[split] is None and one_epoch == 0
+            if empty:
+                out[name] = (
+                    f"no sample in split {split!r}: its {r[1] - r[0]} sequences hold {tokens} "
+                    f"tokens, fewer than one sample of sequence_length {seq} (+{extra})"
+                )
+        return out
+
+    def present(self, position: int) -> list[str]:
+        """The datasets blended in split ``SPLITS[position]``, in blend order."""
+        skipped = self.skipped(position)
+        return [n for n in self.prefixes if n not in skipped]
+
+    def split_weights(self, position: int) -> list[float]:
+        """The configured weights of the datasets present in the split (normalized by the
+        blend like any configured weights: the skipped ones are renormalized away)."""
+        present = set(self.present(position))
+        return [w for n, w in zip(self.prefixes, self.weights, strict=True) if n in present]
+
     def counts(self, split: str) -> list[int | None]:
-        """The ``num_samples`` each dataset's index of ``split`` is built with."""
+        """The ``num_samples`` each present dataset's index of ``split`` is built with."""
+        position = SPLITS.index(split)
         requested = self.sizes[split]
         if requested is None:
-            return [None] * len(self.prefixes)
+            return [None] * len(self.present(position))
         semantics = self.settings["semantics"]
-        return list(blending.blend_sample_counts(self.weights, requested, semantics=semantics))
+        weights = self.split_weights(position)
+        return list(blending.blend_sample_counts(weights, requested, semantics=semantics))
 
     def cache_hashes(self) -> dict[str, list[str | None]]:
         """The Nanoset cache hash of every (split, dataset) the blend uses, computed from the
         settings and content hashes without building anything (None: empty split range)."""
         found = {}
         for position, split in enumerate(SPLITS):
-            ranges = self.ranges(position)
-            if all(r is None for r in ranges.values()):
+            ranges, present = self.ranges(position), self.present(position)
+            if not present:
                 continue
+            nums = dict(zip(present, self.counts(split), strict=True))
             hashes: list[str | None] = []
-            for name, num in zip(self.prefixes, self.counts(split), strict=True):
+            for name in self.prefixes:
                 r = ranges[name]
-                if r is None or r[0] >= r[1]:
+                if name not in nums or r is None:
                     hashes.append(None)
                     continue
+                settings = self.index_settings(split)
+                del settings["split"]
                 key = cache_key(
                     self.content_hashes[name],
-                    semantics=self.settings["semantics"],
                     split=split,
-                    split_spec=self.settings["split_spec"],
                     split_range=r,
-                    sequence_length=self.settings["sequence_length"],
-                    seed=self.settings["seed"],
-                    num_samples=num,
-                    add_extra_token=True,
-                    drop_last_partial=True,
+                    num_samples=nums[name],
+                    **settings,
                 )
                 hashes.append(_index_cache.key_hash(key))
             found[split] = hashes
@@ -274,8 +355,8 @@ def _version_of(
         "kind": KIND,
         "semantics": plan.settings["semantics"],
         "sequence_length": plan.settings["sequence_length"],
-        "add_extra_token": True,
-        "drop_last_partial": True,
+        "add_extra_token": bool(plan.settings["add_extra_token"]),
+        "drop_last_partial": bool(plan.settings["drop_last_partial_validation"]),
         "split": plan.settings["split_spec"],
         "seed": plan.settings["seed"],
         "weights": None if weights is None else {n: float(weights[n]) for n in plan.prefixes},
@@ -300,8 +381,7 @@ def _prepare(
 ) -> tuple[list[dict[str, Any]], _Plan, str]:
     """Checked settings, dataset entries (from the datasets' manifests and ``.idx``), the plan
     and the version, without building anything."""
-    semantics, sequence_length = settings["semantics"], settings["sequence_length"]
-    _check_settings(datasets, weights, temperature, semantics, sizes, sequence_length)
+    _check_settings(datasets, weights, temperature, settings["semantics"], sizes, settings)
     base = root / VERSIONS_DIR / ("0" * 16)  # any version folder: all sit at the same depth
     prefixes = {n: Path(p) for n, p in datasets.items()}
     entries = [_dataset_entry(n, p, base) for n, p in prefixes.items()]
@@ -344,6 +424,8 @@ def blend_version(
     valid_samples: int | None = None,
     test_samples: int | None = None,
     semantics: str = "megatron",
+    add_extra_token: bool = True,
+    drop_last_partial_validation: bool = True,
 ) -> str:
     """The version :func:`build_blend` with the same arguments builds or reuses, computed
     without building anything (reads the datasets' manifests and ``.idx`` only): e.g. to
@@ -354,6 +436,8 @@ def blend_version(
         "split_spec": split_spec,
         "seed": seed,
         "semantics": semantics,
+        "add_extra_token": add_extra_token,
+        "drop_last_partial_validation": drop_last_partial_validation,
     }
     root, cache = Path(output_dir), Path(cache_dir)
     return _prepare(name, datasets, root, cache, weights, temperature, sizes, settings)[2]
@@ -374,6 +458,8 @@ def build_blend(
     valid_samples: int | None = None,
     test_samples: int | None = None,
     semantics: str = "megatron",
+    add_extra_token: bool = True,
+    drop_last_partial_validation: bool = True,
     fetch: FetchEntry | None = None,
 ) -> dict[str, Any]:
     """Build (or reuse) the blend's version, then point ``output_dir/manifest.json`` at it.
@@ -383,13 +469,18 @@ def build_blend(
     the pointer manifest (``output_dir/manifest.json``, paths relative to ``output_dir``). On any
     error the previous pointer and versions are left as they were. ``fetch`` is passed to
     ``build_or_load`` (e.g. a pipeline step's download of an index entry stored on S3).
+    ``add_extra_token`` and ``drop_last_partial_validation`` are Megatron's
+    ``add_extra_token_to_sequence`` and ``drop_last_partial_validation_sequence`` (the latter
+    for the valid split only). A dataset left out of a split is listed in the returned
+    manifest's ``splits.<split>.skipped``.
     """
     sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
     root = Path(output_dir)
     entries, plan, version = _prepare(
         name, datasets, root, Path(cache_dir), weights, temperature, sizes,
         {"sequence_length": sequence_length, "split_spec": split_spec, "seed": seed,
-         "semantics": semantics},
+         "semantics": semantics, "add_extra_token": add_extra_token,
+         "drop_last_partial_validation": drop_last_partial_validation},
     )  # fmt: skip
     configured, prefixes = plan.weights, plan.prefixes
     vdir = root / VERSIONS_DIR / version[:16]
@@ -410,7 +501,8 @@ def build_blend(
             "version": version,
             "semantics": semantics,
             "sequence_length": sequence_length,
-            "add_extra_token": True,
+            "add_extra_token": add_extra_token,
+            "drop_last_partial_validation": drop_last_partial_validation,
             "split": split_spec,
             "seed": seed,
             "weighting": {
@@ -544,13 +636,26 @@ def _rebased(manifest: dict[str, Any], folder: str) -> dict[str, Any]:
 def _split_caches(
     plan: _Plan, split: str, predicted: list[str | None]
 ) -> tuple[list[NanosetIndex], list[int | None]]:
-    """Build or reuse each dataset's index of ``split`` (the cache hashes the version names)."""
+    """Build or reuse the index of ``split`` of each dataset present in it (the cache hashes
+    the version names)."""
     counts = plan.counts(split)
+    present = plan.present(SPLITS.index(split))
+    expected_of = dict(zip(plan.prefixes, predicted, strict=True))
     indices = []
-    for (name, prefix), num, expected in zip(plan.prefixes.items(), counts, predicted, strict=True):
-        built = build_or_load(
-            prefix, plan.cache_dir, split=split, num_samples=num, fetch=plan.fetch, **plan.settings
-        )
+    for name, num in zip(present, counts, strict=True):
+        expected = expected_of[name]
+        try:
+            built = build_or_load(
+                plan.prefixes[name],
+                plan.cache_dir,
+                num_samples=num,
+                fetch=plan.fetch,
+                **plan.index_settings(split),
+            )
+        except ConfigError as exc:
+            raise ConfigError(
+                f"blend {plan.name!r}: dataset {name!r} split {split!r}: {exc}"
+            ) from exc
         if built is None:
             raise ConfigError(
                 f"blend {plan.name!r}: dataset {name!r} has no sequences in split {split!r} "
@@ -569,26 +674,26 @@ def _split_caches(
 def _blend_arrays(
     plan: _Plan, split: str, indices: list[NanosetIndex]
 ) -> tuple[np.ndarray, np.ndarray, str]:
-    """The blend arrays of one split over its datasets' indices, and the blend mode."""
+    """The blend arrays of one split over its present datasets' indices, and the blend mode."""
     semantics = plan.settings["semantics"]
     requested = plan.sizes[split]
+    position = SPLITS.index(split)
+    weights, present = plan.split_weights(position), plan.present(position)
     lengths = [len(ix) for ix in indices]
-    if requested is None and semantics == "megatron":
-        dataset_index, sample_index = blending.exhaustive_blend_indices(lengths)
-        return dataset_index, sample_index, "exhaustive"
-    if requested is None:  # nanotron valid/test: one epoch of each, configured weights
-        size = sum(lengths)
-    else:
-        size = blending.blend_size(plan.weights, requested, semantics=semantics)
+    where = f"blend {plan.name!r} split {split!r} (datasets in order: {', '.join(present)})"
     try:
+        if requested is None and semantics == "megatron":
+            dataset_index, sample_index = blending.exhaustive_blend_indices(lengths)
+            return dataset_index, sample_index, "exhaustive"
+        if requested is None:  # nanotron valid/test: one epoch of each, configured weights
+            size = sum(lengths)
+        else:
+            size = blending.blend_size(weights, requested, semantics=semantics)
         dataset_index, sample_index = blending.build_blend_indices(
-            plan.weights, size, semantics=semantics, dataset_sizes=lengths
+            weights, size, semantics=semantics, dataset_sizes=lengths
         )
     except ConfigError as exc:
-        raise ConfigError(
-            f"blend {plan.name!r} split {split!r} (datasets in order: "
-            f"{', '.join(plan.prefixes)}): {exc}"
-        ) from exc
+        raise ConfigError(f"{where}: {exc}") from exc
     return dataset_index, sample_index, "weighted"
 
 
@@ -609,8 +714,10 @@ def _build_split(
             np.save(fh, np.asarray(values), allow_pickle=False)
         files[array] = {**_file_entry(path, folder), "path": path.name}
     used = np.bincount(np.asarray(dataset_index, dtype=np.int64), minlength=len(indices))
+    position = SPLITS.index(split)
+    present = plan.present(position)
     parts = []
-    for name, ix, num, n_used in zip(plan.prefixes, indices, counts, used.tolist(), strict=True):
+    for name, ix, num, n_used in zip(present, indices, counts, used.tolist(), strict=True):
         lo, hi = ranges[name]  # type: ignore[misc]  # not None: the index was built
         tokens = int(plan.lengths[name][lo:hi].sum(dtype=np.int64))
         per_epoch = max(1, (tokens - 1) // plan.settings["sequence_length"])
@@ -637,7 +744,26 @@ def _build_split(
         "size": len(dataset_index),
         "files": files,
         "datasets": parts,
+        "skipped": [{"name": n, "reason": why} for n, why in plan.skipped(position).items()],
     }
+
+
+def skipped_warnings(manifest: dict[str, Any]) -> list[str]:
+    """One warning per dataset left out of a split of a blend manifest (and per configured
+    split every dataset was left out of), naming the dataset, the split and the reason."""
+    warnings = []
+    for split, weight in zip(SPLITS, parse_split(str(manifest["split"])), strict=True):
+        if weight > 0 and split not in manifest["splits"]:
+            warnings.append(
+                f"blend {manifest['name']!r}: split {split!r} is absent: every dataset's "
+                f"{split} split is empty with split {manifest['split']!r}"
+            )
+        for entry in manifest["splits"].get(split, {}).get("skipped", []):
+            warnings.append(
+                f"blend {manifest['name']!r}: dataset {entry['name']!r} is left out of split "
+                f"{split!r}: {entry['reason']}"
+            )
+    return warnings
 
 
 def verify_blend(path: str | os.PathLike[str], *, full: bool = False) -> list[str]:
@@ -691,6 +817,8 @@ def realized_shares(manifest: dict[str, Any], mpath: Path) -> list[Share]:
     shares = []
     for split in (s for s in SPLITS if s in manifest["splits"]):
         info = manifest["splits"][split]
+        # a dataset left out of the split: the others' weights are renormalized
+        total = sum(float(normalized[ds["name"]]) for ds in info["datasets"]) or 1.0
         entry = info["files"]["dataset_index"]
         dataset_index = load_index_array(
             resolve(mpath, entry["path"]), ndim=1, what="dataset_index"
@@ -701,7 +829,7 @@ def realized_shares(manifest: dict[str, Any], mpath: Path) -> list[Share]:
                 Share(
                     split=split,
                     dataset=ds["name"],
-                    requested=float(normalized[ds["name"]]),
+                    requested=float(normalized[ds["name"]]) / total,
                     realized=count / max(1, len(dataset_index)),
                     samples=count,
                     size=len(dataset_index),
@@ -749,5 +877,8 @@ def _describe(manifest: dict[str, Any], mpath: Path) -> str:
                 for i, (c, w) in enumerate(zip(r, widths, strict=True))
             )
             for r in rows
+        ]
+        lines += [
+            f"  left out: {entry['name']} ({entry['reason']})" for entry in info.get("skipped", [])
         ]
     return "\n".join(lines)

@@ -14,7 +14,8 @@ datasets:
   docs: {source: data/sources/docs, glob: "*.jsonl*", text_key: text, on_bad_record: quarantine}
   wiki: {source: data/hf/wiki/data, format: hf}  # an HF dataset on disk: .parquet/.arrow shards
 nanoset: {semantics: megatron, sequence_length: 2048, split: "949,50,1", seed: 1234,
-          train_samples: 100000, valid_samples: null, test_samples: null}
+          train_samples: 100000, valid_samples: null, test_samples: null,
+          add_extra_token: true, drop_last_partial_validation: true}   # Megatron's flags
 blends:
   mix: {weights: {docs: 1.0}}                  # or {temperature: 2.0, datasets: [docs]}
 schedules: {reprocess: "0 2 * * 0", refresh: "0 3 * * *"}   # null = no such schedule
@@ -112,6 +113,10 @@ class NanosetConfig:
     train_samples: int | None = None
     valid_samples: int | None = None
     test_samples: int | None = None
+    # Megatron's add_extra_token_to_sequence and drop_last_partial_validation_sequence (the
+    # latter for the valid split only; train and test always drop). nanotron: both true.
+    add_extra_token: bool = True
+    drop_last_partial_validation: bool = True
 
 
 @dataclass(frozen=True)
@@ -299,15 +304,22 @@ def _split(f: _Fields) -> str:
 
 def _nanoset(path: Path, raw: object) -> NanosetConfig:
     fields = ("semantics", "sequence_length", "split", "seed", "train_samples")
-    f = _Fields(path, "nanoset", raw, (*fields, "valid_samples", "test_samples"))
+    flags = ("add_extra_token", "drop_last_partial_validation")
+    f = _Fields(path, "nanoset", raw, (*fields, "valid_samples", "test_samples", *flags))
+    semantics = f.string("semantics", "megatron", choices=SEMANTICS)
+    chosen = {flag: f.boolean(flag, True) for flag in flags}
+    for flag, value in chosen.items():
+        if semantics == "nanotron" and not value:
+            f.fail(flag, value, "true with semantics nanotron (nanotron always uses it)")
     return NanosetConfig(
-        semantics=f.string("semantics", "megatron", choices=SEMANTICS),
+        semantics=semantics,
         sequence_length=f.integer("sequence_length", 2048, minimum=2),
         split=_split(f),
         seed=f.integer("seed", 1234, minimum=0),
         train_samples=f.integer("train_samples", None, minimum=1, optional=True),
         valid_samples=f.integer("valid_samples", None, minimum=1, optional=True),
         test_samples=f.integer("test_samples", None, minimum=1, optional=True),
+        **chosen,
     )
 
 

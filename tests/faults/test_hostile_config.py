@@ -21,6 +21,10 @@ Catalogue (cases already tested elsewhere are listed, not repeated):
 - sequence length <= 1: tests/lib/test_nanoset.py::test_rejected_inputs_name_the_setting; through
   build_blend, open_nanoset, ``tokenmill blend`` and ``tokenmill index``:
   test_sequence_length_below_two_is_refused (here).
+- add_extra_token / drop_last_partial_validation not booleans, or off with nanotron semantics;
+  a ``--dataset`` pointer whose target leaves its folder: test_non_boolean_sample_flags_are_
+  refused, test_nanotron_refuses_turning_a_sample_flag_off, test_dataset_pointer_leaving_its_
+  folder_is_refused (here); recipe: tests/pipeline/test_recipe.py.
 - num_samples 0: tests/lib/test_blend_manifest.py::test_bad_settings (train_samples 0); the CLI and
   valid/test sizes: test_zero_samples_are_refused (here); the index API's Megatron meaning of 0:
   test_index_api_reads_zero_samples_as_megatron_does (here).
@@ -328,6 +332,38 @@ def test_zero_samples_are_refused(
             root.parent,
             "--train-samples must be >= 1 (omit it for one epoch), got 0",
         )
+
+
+@pytest.mark.parametrize("flag", ["add_extra_token", "drop_last_partial_validation"])
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_non_boolean_sample_flags_are_refused(root: Path, flag: str, value: object) -> None:
+    message = f"{flag} must be true or false, got {value!r}"
+    refused_api(lambda: blend_api(root, **{flag: value}), root.parent, message)
+
+
+@pytest.mark.parametrize("flag", ["--no-add-extra-token", "--no-drop-last-partial-validation"])
+def test_nanotron_refuses_turning_a_sample_flag_off(
+    root: Path, flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    weights = ["--weight", "a=1", "--weight", "b=1", "--semantics", "nanotron"]
+    message = "nanotron semantics always adds the extra token and drops the last partial sample"
+    refused_cli(blend_argv(root, *weights, flag), capsys, root.parent, message)
+
+
+@pytest.mark.parametrize("target", ["../b/x", "/etc/passwd"])
+def test_dataset_pointer_leaving_its_folder_is_refused(
+    root: Path, target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--dataset NAME=merged/<ds>`` follows ``current.json`` only inside its folder."""
+    pointer = root / "merged/c/current.json"
+    pointer.parent.mkdir(parents=True)
+    pointer.write_text(json.dumps({"format_version": 1, "version": "c" * 64, "target": target}))
+    before = snapshot(root.parent)
+    argv = blend_argv(root, "--weight", "a=1", "--weight", "b=1")
+    argv[argv.index(f"b={root / 'merged/b'}")] = f"b={root / 'merged/c'}"
+    assert main(argv) == 1
+    assert f"{target!r} leaves the pointer's folder" in capsys.readouterr().err
+    assert snapshot(root.parent) == before
 
 
 def test_index_api_reads_zero_samples_as_megatron_does(root: Path) -> None:

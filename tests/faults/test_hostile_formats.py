@@ -389,6 +389,21 @@ BLEND_TAMPERING: dict[str, tuple[BlendMutation, type[Exception], str]] = {
     "sequence_length edited": (_top(sequence_length=32), C, "says sequence_length 32, its index"),
     "sequence_length a string": (_top(sequence_length="16"), C, "says sequence_length '16', its"),
     "add_extra_token edited": (_top(add_extra_token=False), C, "says add_extra_token False, its"),
+    "drop_last_partial_validation a string": (
+        _top(drop_last_partial_validation="no"),
+        F,
+        "drop_last_partial_validation: expected true or false: 'no'",
+    ),
+    "skipped names a blended dataset": (
+        lambda m, w: m["splits"]["train"].update(skipped=[{"name": "docs", "reason": "x"}]),
+        C,
+        "split 'train' skipped: 'docs' is not a dataset of the blend left out of this split",
+    ),
+    "skipped not a list": (
+        lambda m, w: m["splits"]["train"].update(skipped="docs"),
+        C,
+        "split 'train' skipped: expected a list",
+    ),
     "sha256 edited": (_entry(sha256="f" * 64), C, f"{ARRAY}: sha256 differs from the recorded"),
     "cache record edited": (
         lambda m, w: m["splits"]["train"]["datasets"][0]["index"]["files"]["sample"].update(

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import pickle
+import shlex
 import shutil
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from tokenmill.loader import open_blend
 from tokenmill.loader._manifest import manifest_digest, seal
 from tokenmill.manifest import write_dataset_manifest
 from tokenmill.nanoset import NanosetIndex
+from tokenmill.versions import write_pointer
 
 S = 8
 
@@ -324,3 +326,249 @@ def test_cli_blend_builds_and_prints_the_table(
     assert (root / "blends/cli/cache").is_dir()
     assert main([("docs=x" if a == "docs=7" else a) for a in args]) == 2
     assert "not a number" in capsys.readouterr().err
+
+
+# -- empty splits: a dataset with no sample in a split is left out of it ---------------------------
+
+
+def small_and_large(tmp_path: Path) -> dict[str, Path]:
+    """docs: 1200 sequences (test range [1199, 1200) with "949,50,1"); code: 80 sequences
+    (test range [80, 80): empty)."""
+    return {
+        "docs": make_dataset(tmp_path / "merged/docs_text_document", 1200, 1),
+        "code": make_dataset(tmp_path / "merged/code_text_document", 80, 2),
+    }
+
+
+def build_default_split(tmp_path: Path, sets: dict[str, Path], name: str, **kw: object) -> dict:
+    settings: dict = {"weights": {n: w for n, w in (("docs", 0.7), ("code", 0.3)) if n in sets}}
+    settings.update(sequence_length=S, seed=5, train_samples=51)
+    settings.update(kw)
+    return build_blend(name, sets, tmp_path / "blends" / name, tmp_path / "nanoset", **settings)
+
+
+def test_a_dataset_with_an_empty_test_split_is_left_out_of_it(tmp_path: Path) -> None:
+    manifest = build_default_split(tmp_path, small_and_large(tmp_path), "mix")
+    test = manifest["splits"]["test"]
+    assert [d["name"] for d in test["datasets"]] == ["docs"]
+    assert [s["name"] for s in test["skipped"]] == ["code"]
+    assert "no sequences in split 'test'" in test["skipped"][0]["reason"]
+    assert "[80, 80]" in test["skipped"][0]["reason"]
+    assert manifest["splits"]["train"]["skipped"] == manifest["splits"]["valid"]["skipped"] == []
+    warnings = blend_manifest.skipped_warnings(manifest)
+    assert len(warnings) == 1
+    assert "dataset 'code' is left out of split 'test'" in warnings[0]
+    assert verify_blend(tmp_path / "blends/mix", full=True) == []
+    ds = open_blend(tmp_path / "blends/mix", split="test", verify="full")
+    assert ds.names == ["docs"] and len(ds) == test["size"] > 0
+    assert set(ds.dataset_index.tolist()) == {0}
+    assert "left out: code (no sequences in split 'test'" in describe_blend(tmp_path / "blends/mix")
+
+
+def test_a_weighted_split_renormalizes_over_the_datasets_left(tmp_path: Path) -> None:
+    """With a requested size the split is the blend of the remaining datasets alone: what
+    Megatron builds when the empty dataset is not configured for that split."""
+    sets = small_and_large(tmp_path)
+    both = build_default_split(tmp_path, sets, "mix", test_samples=10)
+    alone = build_default_split(tmp_path, {"docs": sets["docs"]}, "alone", test_samples=10)
+    test, test_alone = both["splits"]["test"], alone["splits"]["test"]
+    assert test["size"] == test_alone["size"] == 10  # not ceil(10*0.7) = 7
+    assert test["datasets"][0]["num_samples"] == test_alone["datasets"][0]["num_samples"] == 11
+    assert (
+        test["datasets"][0]["index"]["cache_hash"]
+        == (test_alone["datasets"][0]["index"]["cache_hash"])
+    )
+    for array in ("dataset_index", "dataset_sample_index"):
+        assert test["files"][array]["sha256"] == test_alone["files"][array]["sha256"]
+    shares = blend_manifest.realized_shares(both, tmp_path / "blends/mix/manifest.json")
+    assert [(s.dataset, s.requested) for s in shares if s.split == "test"] == [("docs", 1.0)]
+    # the train split still blends both with the configured weights
+    assert [d["name"] for d in both["splits"]["train"]["datasets"]] == ["docs", "code"]
+
+
+def test_a_split_empty_in_every_dataset_is_absent(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """120 and 80 sequences with "949,50,1": no test sequences in either (this used to fail
+    with "counts must all be >= 1" naming no dataset)."""
+    manifest = build(root, split_spec="949,50,1", test_samples=None)
+    assert sorted(manifest["splits"]) == ["train", "valid"]
+    assert blend_manifest.skipped_warnings(manifest) == [
+        "blend 'mix': split 'test' is absent: every dataset's test split is empty with "
+        "split '949,50,1'"
+    ]
+    with pytest.raises(ConfigError, match="has no 'test' split"):
+        open_blend(root / "blends/mix", split="test")
+    assert len(open_blend(root / "blends/mix", split="valid")) > 0
+
+
+def test_a_split_too_short_for_one_sample_is_left_out(tmp_path: Path) -> None:
+    """Enough sequences, too few tokens: the exhaustive valid split has no sample of it."""
+    short = tmp_path / "merged/short_text_document"
+    with IndexedDatasetWriter(short, np.uint16) as writer:
+        writer.add_documents(np.arange(100), np.ones(100, dtype=np.int64))
+    write_dataset_manifest(short, kind="merged", inputs=[], config={}, counts={})
+    sets = {"docs": make_dataset(tmp_path / "merged/docs_text_document", 400, 1), "short": short}
+    manifest = build_blend(
+        "mix", sets, tmp_path / "blends/mix", tmp_path / "nanoset", weights={"docs": 1, "short": 1},
+        sequence_length=16, split_spec="80,10,10", train_samples=20,
+    )  # fmt: skip
+    valid = manifest["splits"]["valid"]
+    assert [d["name"] for d in valid["datasets"]] == ["docs"]
+    assert valid["skipped"][0]["name"] == "short"
+    assert "10 sequences hold 10 tokens" in valid["skipped"][0]["reason"]
+    # with a requested size Megatron repeats the split: it is blended
+    assert [d["name"] for d in manifest["splits"]["train"]["datasets"]] == ["docs", "short"]
+
+
+def test_an_index_error_names_the_dataset_and_split(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: object, **kw: object) -> None:
+        raise ConfigError("the split holds 1 token(s)")
+
+    monkeypatch.setattr(blend_manifest, "build_or_load", refuse)
+    with pytest.raises(ConfigError, match="blend 'mix': dataset 'docs' split 'train': the split"):
+        build(root)
+
+
+def test_edited_skipped_list_is_refused(root: Path) -> None:
+    manifest = build(root, split_spec="949,50,1", test_samples=None)
+    mpath = root / "blends/mix/manifest.json"
+    for skipped in ([{"name": "docs", "reason": "x"}], [{"name": "nope", "reason": "x"}], [1]):
+        edited = json.loads(json.dumps(manifest))
+        edited["splits"]["valid"]["skipped"] = skipped
+        mpath.write_text(json.dumps(seal(edited)))
+        assert any("split 'valid' skipped" in p for p in verify_blend(mpath)), skipped
+
+
+# -- add_extra_token and drop_last_partial_validation ----------------------------------------------
+
+
+def test_flags_enter_the_version_the_manifest_and_match_tokenmill_index(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    default = build(root)
+    assert default["add_extra_token"] is True and default["drop_last_partial_validation"] is True
+    only_drop = build(root, drop_last_partial_validation=False)
+    flagged = build(root, add_extra_token=False, drop_last_partial_validation=False)
+    assert flagged["version"] != default["version"]
+    assert flagged["add_extra_token"] is False
+    assert flagged["drop_last_partial_validation"] is False
+    assert len({default["version"], flagged["version"], only_drop["version"]}) == 3
+    assert blend_manifest.blend_version(
+        "mix", datasets(root), root / "blends/mix", root / "nanoset",
+        weights={"docs": 0.7, "code": 0.3}, sequence_length=S, split_spec="80,10,10", seed=5,
+        train_samples=51, test_samples=10, add_extra_token=False,
+        drop_last_partial_validation=False,
+    ) == flagged["version"]  # fmt: skip
+    # the valid index (one epoch) is the one `tokenmill index` builds with the flags
+    argv = ["index", "--dataset", str(root / "merged/docs_text_document"), "--cache-dir",
+            str(root / "nanoset"), "--sequence-length", str(S), "--split", "80,10,10",
+            "--seed", "5", "--no-extra-token", "--keep-last-partial-valid"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    cache_hash = flagged["splits"]["valid"]["datasets"][0]["index"]["cache_hash"]
+    assert f"cache {cache_hash}" in out.split("valid:")[1].splitlines()[0]
+    index = json.loads(
+        (root / "blends/mix" / flagged["splits"]["valid"]["datasets"][0]["index"]["files"]
+         ["description"]["path"]).read_text()
+    )  # fmt: skip
+    assert index["key"]["add_extra_token"] is False and index["key"]["drop_last_partial"] is False
+    test_index = flagged["splits"]["test"]["datasets"][0]["index"]["files"]["description"]
+    test_key = json.loads((root / "blends/mix" / test_index["path"]).read_text())["key"]
+    assert test_key["drop_last_partial"] is True  # train and test always drop
+    valid = open_blend(root / "blends/mix", split="valid", verify="full")
+    assert valid.width == S
+    assert verify_blend(root / "blends/mix", full=True) == []
+
+
+def test_kept_partial_valid_sample_is_padded(root: Path) -> None:
+    build(root, drop_last_partial_validation=False)
+    kept = open_blend(root / "blends/mix", split="valid")
+    build(root)
+    dropped = open_blend(root / "blends/mix", split="valid")
+    assert len(kept) == len(dropped) + 2  # one padded sample more per dataset
+    assert any((kept[i] == -1).any() for i in range(len(kept)))
+    assert not any((dropped[i] == -1).any() for i in range(len(dropped)))
+
+
+def test_edited_drop_last_flag_is_refused(root: Path) -> None:
+    manifest = build(root)
+    mpath = root / "blends/mix/manifest.json"
+    mpath.write_text(json.dumps(seal({**manifest, "drop_last_partial_validation": False})))
+    problems = verify_blend(mpath)
+    assert any("drop_last_partial False" in p and "'valid'" in p for p in problems), problems
+    mpath.write_text(json.dumps(seal({**manifest, "drop_last_partial_validation": "no"})))
+    with pytest.raises(FormatError, match="drop_last_partial_validation"):
+        read_blend_manifest(mpath)
+
+
+def test_nanotron_refuses_the_megatron_flags(root: Path) -> None:
+    with pytest.raises(ConfigError, match="nanotron semantics always adds the extra token"):
+        build(root, semantics="nanotron", drop_last_partial_validation=False)
+
+
+def test_cli_blend_flags_help_and_warnings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["blend", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--add-extra-token, --no-add-extra-token" in text
+    assert "--drop-last-partial-validation, --no-drop-last-partial-validation" in text
+    assert "default: on" in text and "(default: 949,50,1)" in text
+    sets = small_and_large(tmp_path)
+    argv = ["blend", "--dataset", f"docs={sets['docs']}", "--dataset", f"code={sets['code']}",
+            "--weight", "docs=7", "--weight", "code=3", "--output", str(tmp_path / "blends/cli"),
+            "--sequence-length", str(S), "--train-samples", "51", "--seed", "5",
+            "--no-add-extra-token", "--no-drop-last-partial-validation"]  # fmt: skip
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "warning: blend 'cli': dataset 'code' is left out of split 'test'" in captured.err
+    manifest = read_blend_manifest(tmp_path / "blends/cli")
+    assert manifest["add_extra_token"] is False
+    assert manifest["drop_last_partial_validation"] is False
+
+
+def readme_blend_command() -> list[str]:
+    """The ``tokenmill blend`` command line of README.md (continuation lines joined)."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    lines = iter(text.splitlines())
+    for line in lines:
+        if line.startswith("tokenmill blend "):
+            command = line
+            while command.rstrip().endswith("\\"):
+                command = command.rstrip()[:-1] + " " + next(lines).strip()
+            words = shlex.split(command, comments=True)
+            assert words[:2] == ["tokenmill", "blend"]
+            return words[1:]
+    raise AssertionError("README.md has no `tokenmill blend` line")
+
+
+def test_readme_blend_example_runs_on_the_demo_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make demo`` leaves data/merged/<ds>/current.json -> <v16>/<ds>_text_document; the
+    README's command, run from the repo root, blends them (the small datasets have no test
+    sequences with the default split: that split is left out, not an error)."""
+    for ds, n_docs, seed in (("docs", 300, 1), ("code", 200, 2)):
+        version = f"{seed}" * 64
+        make_dataset(tmp_path / f"data/merged/{ds}/{version[:16]}/{ds}_text_document", n_docs, seed)
+        write_pointer(
+            tmp_path / f"data/merged/{ds}/current.json",
+            version,
+            f"{version[:16]}/{ds}_text_document",
+        )
+    monkeypatch.chdir(tmp_path)
+    argv = readme_blend_command()
+    assert main(argv) == 0, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    manifest = read_blend_manifest(tmp_path / "data/blends/mix/manifest.json")
+    assert [d["prefix"] for d in manifest["datasets"]] == [
+        "../../merged/docs/1111111111111111/docs_text_document",
+        "../../merged/code/2222222222222222/code_text_document",
+    ]
+    assert manifest["splits"]["train"]["size"] >= 2000 and "train: " in out
+    assert "test" not in manifest["splits"] and "split 'test' is absent" in err
+    assert verify_blend(tmp_path / "data/blends/mix", full=True) == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +18,16 @@ from dagster import (
 )
 
 from assets.factory import build_assets
+from pipelines.build import resources_for
 from pipelines.partitions import check_partition_key, partitions_name
 from pipelines.resources import StorageResource
+from tokenmill import layout
 from tokenmill.errors import ConfigError, InputError
-from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
 from tokenmill.loader import open_blend
+from tokenmill.manifest import write_dataset_manifest
 from tokenmill.recipe import Recipe
+from tokenmill.versions import write_pointer
 
 SHARD_STAGES = ("raw_jsonl", "hf_dataset", "tokens")
 Assets = dict[AssetKey, AssetsDefinition]
@@ -165,3 +170,35 @@ def test_unsafe_partition_keys_are_rejected(key: str, resources: dict[str, objec
     assert isinstance(storage, StorageResource)
     with pytest.raises(ConfigError, match="rejected"):
         storage.tokens_prefix("docs", key, "text")
+
+
+def test_blend_passes_the_megatron_flags_and_reports_empty_splits(
+    make_recipe: Callable[..., Recipe], instance: DagsterInstance
+) -> None:
+    """The recipe's nanoset flags reach the blend; a dataset with no test sequences (80 of
+    them with "949,50,1") is left out of the test split, reported in the metadata."""
+    flags = {"add_extra_token": False, "drop_last_partial_validation": False}
+    recipe = make_recipe(nanoset={"split": "949,50,1", **flags})
+    resources = resources_for(recipe)
+    storage = resources["storage"]
+    assert isinstance(storage, StorageResource)
+    for ds, n_docs, digit in (("docs", 1200, "1"), ("code", 80, "2")):
+        version = digit * 64
+        prefix = storage.path(layout.merged_prefix(ds, "text", version))
+        rng = np.random.default_rng(n_docs)
+        lengths = rng.integers(1, 60, n_docs)
+        with IndexedDatasetWriter(prefix, np.uint16) as writer:
+            writer.add_documents(rng.integers(0, 50000, int(lengths.sum())), lengths)
+        write_dataset_manifest(prefix, kind="merged", inputs=[], config={}, counts={})
+        write_pointer(storage.merged_pointer_path(ds), version, f"{digit * 16}/{prefix.name}")
+    defs = {a.key: a for a in build_assets(recipe)[0]}
+    blend = run_asset(defs, ["blend", "mix"], resources, instance)
+    skipped = value(blend, "skipped")
+    assert isinstance(skipped, list) and len(skipped) == 1
+    assert "dataset 'code' is left out of split 'test'" in skipped[0]
+    manifest = json.loads(Path(str(value(blend, "path"))).read_text())
+    assert manifest["add_extra_token"] is False
+    assert manifest["drop_last_partial_validation"] is False
+    assert [d["name"] for d in manifest["splits"]["test"]["datasets"]] == ["docs"]
+    train = open_blend(Path(str(value(blend, "path"))), split="train")
+    assert train.get_batch(np.arange(4)).shape == (4, 32)

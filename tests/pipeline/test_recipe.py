@@ -41,10 +41,18 @@ def test_good_recipe_resolves_paths_and_defaults(tmp_path: Path) -> None:
         "code", str(tmp_path / "raw/code"), "content", "quarantine", "*.jsonl*"
     )
     assert recipe.nanoset.semantics == "megatron" and recipe.nanoset.split == "949,50,1"
+    assert recipe.nanoset.add_extra_token and recipe.nanoset.drop_last_partial_validation
     assert recipe.blends[0].weight_map() == {"web": 3.0, "code": 1.0}
     assert recipe.blends[1].datasets == ("web", "code") and recipe.blends[1].temperature == 2.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         recipe.nanoset.seed = 1  # type: ignore[misc]
+
+
+def test_megatron_flags_are_read(tmp_path: Path) -> None:
+    flags = {"add_extra_token": False, "drop_last_partial_validation": False}
+    recipe = parse_recipe({**GOOD, "nanoset": {"train_samples": 10, **flags}}, tmp_path / "r.yaml")
+    assert recipe.nanoset.add_extra_token is False
+    assert recipe.nanoset.drop_last_partial_validation is False
 
 
 def test_base_dir_is_relative_to_the_recipe(tmp_path: Path) -> None:
@@ -122,6 +130,18 @@ def test_shipped_recipes_load() -> None:
         (
             {"nanoset": {}},
             "nanoset.train_samples: bad value None; expected an integer >= 1 (a blend needs",
+        ),
+        (
+            {"nanoset": {"train_samples": 10, "add_extra_token": "no"}},
+            "nanoset.add_extra_token: bad value 'no'; expected true or false",
+        ),
+        (
+            {"nanoset": {"train_samples": 10, "drop_last_partial_validation": 0}},
+            "nanoset.drop_last_partial_validation: bad value 0; expected true or false",
+        ),
+        (
+            {"nanoset": {"train_samples": 10, "semantics": "nanotron", "add_extra_token": False}},
+            "nanoset.add_extra_token: bad value False; expected true with semantics nanotron",
         ),
         ({"tokenizer": {"path": ""}}, "tokenizer.path: bad value ''; expected a non-empty string"),
     ],

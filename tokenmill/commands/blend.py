@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from tokenmill.blend_manifest import SEMANTICS, build_blend, describe_blend
+from tokenmill.blend_manifest import SEMANTICS, build_blend, describe_blend, skipped_warnings
 from tokenmill.errors import ConfigError
+from tokenmill.layout import POINTER_NAME
+from tokenmill.versions import pointer_target
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -17,14 +20,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description="Build each dataset's Nanoset index caches and the blend of them in "
         "OUTPUT (the blends/<name> directory; the name is its last component), then print "
         "the realized proportions. Weights are per dataset (--weight) or by token-count "
-        "temperature (--temperature).",
+        "temperature (--temperature). A dataset whose split is empty is left out of that "
+        "split with a warning (a split every dataset is empty in is absent).",
     )
     p.add_argument(
         "--dataset",
         action="append",
         required=True,
-        metavar="NAME=PREFIX",
-        help="a merged .bin/.idx prefix, repeated; the order is the blend order",
+        metavar="NAME=PATH",
+        help="a merged .bin/.idx prefix, a merged dataset's version pointer (current.json) or "
+        "its folder holding one (e.g. data/merged/docs: its current version), repeated; the "
+        "order is the blend order",
     )
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument(
@@ -42,9 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--sequence-length", type=int, required=True, metavar="S")
     p.add_argument(
-        "--split", default="949,50,1", help="train,valid,test split (default %(default)s)"
+        "--split", default="949,50,1", help="train,valid,test split (default: %(default)s)"
     )
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument(
+        "--seed", type=int, default=1234, help="index shuffle seed (default: %(default)s)"
+    )
     p.add_argument("--train-samples", type=int, required=True, metavar="N")
     p.add_argument(
         "--valid-samples",
@@ -58,8 +66,42 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="N",
         help="default: one epoch of every dataset's test split",
     )
-    p.add_argument("--semantics", choices=SEMANTICS, default="megatron")
+    p.add_argument(
+        "--semantics",
+        choices=SEMANTICS,
+        default="megatron",
+        help="index rules (default: %(default)s)",
+    )
+    p.add_argument(
+        "--add-extra-token",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="samples of S+1 tokens overlapping by one (Megatron add_extra_token_to_sequence; "
+        "--no-add-extra-token: S tokens; default: on)",
+    )
+    p.add_argument(
+        "--drop-last-partial-validation",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="drop the last partial valid sample (Megatron drop_last_partial_validation_"
+        "sequence; --no-drop-last-partial-validation keeps it padded; train and test always "
+        "drop; default: on)",
+    )
     p.set_defaults(func=run)
+
+
+def dataset_prefix(path: str) -> Path:
+    """The ``.bin``/``.idx`` prefix a ``--dataset`` path names: a merged dataset's folder
+    holding a version pointer (``current.json``) or the pointer itself name the current
+    version's prefix; anything else is taken as a prefix."""
+    p = Path(path)
+    if p.is_dir() and (p / POINTER_NAME).is_file():
+        p = p / POINTER_NAME
+    if p.name == POINTER_NAME and p.is_file():
+        target = pointer_target(p)
+        assert target is not None  # the file exists
+        return target
+    return p
 
 
 def _pairs(values: list[str], flag: str) -> dict[str, str]:
@@ -91,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output)
     manifest = build_blend(
         output.resolve().name,
-        _pairs(args.dataset, "--dataset"),
+        {n: dataset_prefix(p) for n, p in _pairs(args.dataset, "--dataset").items()},
         output,
         Path(args.cache_dir) if args.cache_dir else output / "cache",
         weights=_weights(args.weight) if args.weight else None,
@@ -103,7 +145,11 @@ def run(args: argparse.Namespace) -> int:
         valid_samples=args.valid_samples,
         test_samples=args.test_samples,
         semantics=args.semantics,
+        add_extra_token=args.add_extra_token,
+        drop_last_partial_validation=args.drop_last_partial_validation,
     )
+    for warning in skipped_warnings(manifest):
+        print(f"warning: {warning}", file=sys.stderr)
     print(describe_blend(output))
     print(f"\nversion {manifest['version']} (versions/{manifest['version'][:16]}/)")
     return 0

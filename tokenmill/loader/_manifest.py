@@ -205,6 +205,11 @@ def read_blend_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     for key in (*keys, "semantics"):
         if key not in manifest:
             raise FormatError(mpath, key, "missing from the blend manifest")
+    flag = manifest.get("drop_last_partial_validation", True)
+    if not isinstance(flag, bool):
+        raise FormatError(
+            mpath, "drop_last_partial_validation", f"expected true or false: {flag!r}"
+        )
     for key, kind in (("datasets", list), ("splits", dict)):
         if not isinstance(manifest[key], kind):
             raise FormatError(mpath, key, f"expected a {kind.__name__}, found {manifest[key]!r}")
@@ -270,13 +275,42 @@ def _parts_problem(path: Path, entry: dict[str, Any]) -> str | None:
     return None
 
 
+def drop_last_partial(manifest: dict[str, Any], split: str) -> bool:
+    """The effective drop-last flag of a split: the manifest's ``drop_last_partial_validation``
+    (absent in manifests written before it was recorded: true) for valid; train and test
+    always drop."""
+    flag = manifest.get("drop_last_partial_validation", True)
+    return split != "valid" or flag
+
+
+def skipped_problems(manifest: dict[str, Any], split: str) -> list[str]:
+    """What is wrong with a split's ``skipped`` list (optional: ``[{name, reason}]`` naming
+    datasets of the blend that the split does not blend)."""
+    skipped = manifest["splits"][split].get("skipped", [])
+    if not isinstance(skipped, list):
+        return [f"split {split!r} skipped: expected a list, found {skipped!r:.80}"]
+    names = {ds["name"] for ds in manifest["datasets"]}
+    blended = {ds["name"] for ds in manifest["splits"][split]["datasets"]}
+    problems = []
+    for entry in skipped:
+        ok = isinstance(entry, dict) and set(entry) == {"name", "reason"}
+        if not ok or not all(isinstance(v, str) for v in entry.values()):
+            problems.append(f"split {split!r} skipped: malformed entry {entry!r:.80}")
+        elif entry["name"] not in names or entry["name"] in blended:
+            problems.append(
+                f"split {split!r} skipped: {entry['name']!r} is not a dataset of the blend "
+                "left out of this split"
+            )
+    return problems
+
+
 def split_problems(
     manifest: dict[str, Any], mpath: Path, split: str, *, full: bool = False
 ) -> list[str]:
     """Mismatches between one split's files (blend arrays, index caches) and the manifest:
     sizes and the index descriptions' records (small JSON files); ``full`` also hashes."""
     info = manifest["splits"][split]
-    problems = []
+    problems = skipped_problems(manifest, split)
     for array, entry in info["files"].items():
         why = check_file(resolve(mpath, entry["path"]), entry, hash_it=full)
         if why:
@@ -311,6 +345,7 @@ def _key_problems(
     wanted = {
         "sequence_length": manifest["sequence_length"],
         "add_extra_token": manifest["add_extra_token"],
+        "drop_last_partial": drop_last_partial(manifest, split),
         "split": split,
     }
     problems = [
