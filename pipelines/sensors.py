@@ -114,7 +114,7 @@ def current_shards(
         asset_key, DagsterEventType.ASSET_MATERIALIZATION, set(fingerprints)
     )
     current = set()
-    for key in sorted(seen):
+    for key in sorted(set(seen) & set(fingerprints)):  # storages may answer for more
         records = instance.fetch_materializations(
             AssetRecordsFilter(asset_key=asset_key, asset_partitions=[key]), limit=1
         ).records
