@@ -22,13 +22,13 @@ from dagster import (
 from assets.metadata import path_value
 from pipelines.resources import StorageResource
 from tokenmill import layout
-from tokenmill.blend_manifest import Share, build_blend, realized_shares
+from tokenmill.blend_manifest import Share, blend_version, build_blend, realized_shares
 from tokenmill.errors import ConfigError
 from tokenmill.manifest import dataset_content_hash
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 
-# What a blend stages of a merged dataset (its .bin until blend manifests take part hashes).
-INDEX_FILES = (".bin", ".idx", ".manifest.json")
+# What a blend stages of a merged dataset: its index and manifest, never the .bin.
+INDEX_FILES = (".idx", ".manifest.json")
 
 
 def shares_markdown(shares: list[Share]) -> str:
@@ -84,27 +84,30 @@ def build_blend_asset(
             ws.fetch([f"{key}{suffix}" for key in keys.values() for suffix in INDEX_FILES])
             prefixes = {name: ws.storage.path(key) for name, key in keys.items()}
             version = input_version(ws.storage, blend, cfg, datasets)
-            manifest = build_blend(
-                blend.name,
-                prefixes,
-                ws.storage.blend_dir(blend.name),
-                ws.storage.nanoset_dir(),
-                weights=blend.weight_map(),
-                temperature=blend.temperature,
-                sequence_length=cfg.sequence_length,
-                split_spec=cfg.split,
-                seed=cfg.seed,
-                train_samples=cfg.train_samples,
-                valid_samples=cfg.valid_samples,
-                test_samples=cfg.test_samples,
-                semantics=cfg.semantics,
-            )
+            settings: dict[str, Any] = {
+                "weights": blend.weight_map(),
+                "temperature": blend.temperature,
+                "sequence_length": cfg.sequence_length,
+                "split_spec": cfg.split,
+                "seed": cfg.seed,
+                "train_samples": cfg.train_samples,
+                "valid_samples": cfg.valid_samples,
+                "test_samples": cfg.test_samples,
+                "semantics": cfg.semantics,
+            }
+            where = (prefixes, ws.storage.blend_dir(blend.name), ws.storage.nanoset_dir())
+            # An existing version is staged first, so an unchanged rebuild finds it complete
+            # and neither rebuilds nor uploads it.
+            built = blend_version(blend.name, *where, **settings)
+            ws.fetch([f"{layout.blend_version_dir(blend.name, built)}/"])
+            manifest = build_blend(blend.name, *where, **settings, fetch=ws.fetch_index_entry)
             mpath = ws.storage.blend_dir(blend.name) / "manifest.json"
             shares = realized_shares(manifest, mpath)
             metadata: dict[str, Any] = {
                 f"{split}_samples": info["size"] for split, info in manifest["splits"].items()
             }
             metadata.update(
+                version=str(manifest["version"]),
                 sequence_length=cfg.sequence_length,
                 proportions=MetadataValue.md(shares_markdown(shares)),
                 weights=MetadataValue.json(manifest["weighting"]),

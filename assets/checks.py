@@ -77,7 +77,8 @@ def raw_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         return each_shard(context, lambda key: accounted(storage, key))
 
     def accounted(storage: StorageResource, key: str) -> AssetCheckResult:
-        with storage.workspace([f"raw/{ds.name}/{key}"], upload=False) as ws:
+        inputs = [layout.raw_stats(ds.name, key), layout.quarantine(ds.name, key)]
+        with storage.workspace(inputs, upload=False) as ws:
             stats_path = ws.storage.raw_stats_path(ds.name, key)
             stats = json.loads(stats_path.read_text(encoding="utf-8"))
             problems = []
@@ -118,7 +119,8 @@ def export_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         return each_shard(context, lambda key: rows_match(storage, key))
 
     def rows_match(storage: StorageResource, key: str) -> AssetCheckResult:
-        inputs = [f"raw/{ds.name}/{key}", f"hf/{ds.name}/data/{key}.parquet"]
+        inputs = [layout.raw_stats(ds.name, key), layout.quarantine(ds.name, key)]
+        inputs.append(layout.parquet(ds.name, key))
         with storage.workspace(inputs, upload=False) as ws:
             stats_path = ws.storage.raw_stats_path(ds.name, key)
             stats = json.loads(stats_path.read_text(encoding="utf-8"))
@@ -150,7 +152,7 @@ def token_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         return each_shard(context, lambda key: consistent(storage, key))
 
     def consistent(storage: StorageResource, key: str) -> AssetCheckResult:
-        rel = f"tokens/{ds.name}/{key}_{ds.text_key}_document"
+        rel = layout.tokens_prefix(ds.name, key, ds.text_key)
         with storage.workspace([rel], upload=False) as ws:
             prefix = ws.storage.tokens_prefix(ds.name, key, ds.text_key)
             return _result(verify_dataset(prefix, full=True), prefix=str(prefix))
@@ -251,7 +253,7 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
         with storage.workspace([layout.merged_pointer(ds.name)], upload=False) as ws:
             rel = ws.storage.merged_key(ds.name, ds.text_key)
             prefix = ws.storage.path(rel)
-            ws.fetch([f"{rel}.idx", f"{rel}.manifest.json", f"{layout.nanoset_dir()}/"])
+            ws.fetch([f"{rel}.idx", f"{rel}.manifest.json"])
             with IndexedDataset(prefix, index_only=True) as data:
                 lengths = np.asarray(data.sequence_lengths, dtype=np.int64).copy()
             ranges = split_ranges(cfg.split, len(lengths), cfg.semantics)
@@ -270,6 +272,7 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
                         num_samples=requested[split],
                         semantics=cfg.semantics,
                         build=False,
+                        fetch=ws.fetch_index_entry,
                     )
                     if index is None:
                         continue

@@ -217,7 +217,7 @@ def build_hf_dataset(ds: DatasetConfig) -> AssetsDefinition:
     def hf_dataset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         keys = context.partition_keys
         shards = source_shards(ds, keys, storage.s3_endpoint_url)
-        stats = [f"raw/{ds.name}/{key}.stats.json" for key in keys] if ds.has_raw_stage else []
+        stats = [layout.raw_stats(ds.name, key) for key in keys] if ds.has_raw_stage else []
         with storage.workspace(stats) as ws:
             return step_result(
                 {key: export_one(context, ws, ds, shard) for key, shard in shards.items()}

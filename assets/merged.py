@@ -104,9 +104,14 @@ def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -
                 seconds = result.seconds
             target = out_key.removeprefix(layout.merged_dir(ds.name) + "/")
             write_pointer(ws.storage.path(pointer_key), version, target)
-            metadata: dict[str, Any] = token_dataset_metadata(out, seconds=seconds)
+            metadata: dict[str, Any] = token_dataset_metadata(out)
+            manifest = read_dataset_manifest(out)
             before = previous["version"] if previous else None
+            if seconds is not None:  # a copy rate, not a tokenizing rate
+                metadata["copy_mb_per_second"] = round(metadata["bytes"] / 1e6 / seconds, 1)
             metadata.update(
+                quarantined=int(manifest["counts"].get("quarantined", 0)),
+                tokenizer_fingerprint=str(manifest["config"].get("tokenizer_fingerprint")),
                 shards=len(keys),
                 version=version,
                 previous_version=str(before),
@@ -127,10 +132,12 @@ def shard_files(ds: DatasetConfig) -> dict[str, tuple[str, ...]]:
     """Folders of per-shard artifacts and the suffixes that follow the shard key in them."""
     document = f"_{ds.text_key}_document"
     return {
-        f"raw/{ds.name}/": (".stats.json", ".quarantine.jsonl"),
+        f"{layout.raw_dir(ds.name)}/": (".stats.json", ".quarantine.jsonl"),
         f"{layout.hf_dir(ds.name)}/data/": (".parquet",),
         f"{layout.hf_dir(ds.name)}/shards/": (".json",),
-        f"tokens/{ds.name}/": tuple(document + s for s in (".bin", ".idx", ".manifest.json")),
+        f"{layout.tokens_dir(ds.name)}/": tuple(
+            document + s for s in (".bin", ".idx", ".manifest.json")
+        ),
     }
 
 

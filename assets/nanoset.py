@@ -5,13 +5,22 @@ Each split's document/sample/shuffle index goes to the shared content-addressed 
 an unchanged dataset with unchanged settings costs a load, and a change never reuses stale
 arrays. Sample counts are the recipe's ``train_samples``/``valid_samples``/``test_samples``
 (null = one epoch of the split).
+
+The step reads the current merged version (``merged/<ds>/current.json``) and of it only the
+``.idx`` (sequence lengths) and ``.manifest.json`` (content hash), never the ``.bin``. On an S3
+root it names each split's entry (``tokenmill.nanoset.entry_key``) and asks S3 for it
+(``Workspace.stored_index_entry``: one LIST and the small description): an entry already there
+is neither rebuilt, downloaded nor uploaded again; a missing one is built in the work directory
+and uploaded, arrays first, description last.
 """
 
 import dataclasses
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 from dagster import (
     AssetExecutionContext,
     AssetKey,
@@ -23,38 +32,40 @@ from dagster import (
 )
 
 from assets.metadata import path_value
-from pipelines.resources import StorageResource
+from pipelines.resources import StorageResource, Workspace
 from tokenmill import layout
 from tokenmill.errors import ConfigError
+from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
-from tokenmill.nanoset import SPLITS, NanosetIndex, build_or_load
+from tokenmill.nanoset import SPLITS, build_or_load_lengths, cache_paths, entry_key
 from tokenmill.recipe import DatasetConfig, NanosetConfig
 
 
-def split_indices(
-    storage: StorageResource, ds: DatasetConfig, cfg: NanosetConfig
-) -> dict[str, NanosetIndex | None]:
-    """Each split's index of the merged dataset from the shared cache (built on a miss);
-    None for an empty split. Requested samples per split come from the recipe (None = one epoch).
-    """
-    requested = {"train": cfg.train_samples, "valid": cfg.valid_samples, "test": cfg.test_samples}
+def merged_lengths(prefix: Path) -> tuple[np.ndarray, str]:
+    """Sequence lengths (from the ``.idx``) and content hash (from the manifest) of a merged
+    version; the ``.bin`` is never read (a hand-made pair without a manifest is hashed whole)."""
+    index_only = dataset_manifest_path(prefix).is_file()
+    lengths = np.asarray(IndexedDataset(prefix, index_only=index_only).sequence_lengths)
+    return lengths, dataset_content_hash(prefix, index_only=index_only)
+
+
+def split_settings(cfg: NanosetConfig, split: str) -> dict[str, Any]:
+    """The index settings of one split, as ``build_or_load``/``entry_key`` take them (samples
+    from the recipe; None = one epoch of the split)."""
+    samples = {"train": cfg.train_samples, "valid": cfg.valid_samples, "test": cfg.test_samples}
     return {
-        split: build_or_load(
-            storage.merged_prefix(ds.name, ds.text_key),
-            storage.nanoset_dir(),
-            split=split,
-            split_spec=cfg.split,
-            sequence_length=cfg.sequence_length,
-            seed=cfg.seed,
-            num_samples=samples,
-            semantics=cfg.semantics,
-        )
-        for split, samples in requested.items()
+        "split": split,
+        "split_spec": cfg.split,
+        "sequence_length": cfg.sequence_length,
+        "seed": cfg.seed,
+        "num_samples": samples[split],
+        "semantics": cfg.semantics,
     }
 
 
 def input_version(storage: StorageResource, ds: DatasetConfig, cfg: NanosetConfig) -> str:
-    """Hash of the merged dataset's content and the index settings."""
+    """Hash of the current merged version's content (None when never merged) and the index
+    settings; the merged ``.idx`` and manifest are enough."""
     try:
         prefix = storage.merged_prefix(ds.name, ds.text_key)
     except ConfigError:  # never merged
@@ -79,25 +90,43 @@ def build_nanoset(
     )
     def nanoset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         with storage.workspace([layout.merged_pointer(ds.name)]) as ws:
-            key = ws.storage.merged_key(ds.name, ds.text_key)
-            ws.fetch([f"{key}.idx", f"{key}.manifest.json"])  # lengths and content hash
-            prefix = ws.storage.path(key)
-            rows = ["| split | samples | cache hash |", "|---|---:|---|"]
+            rel = ws.storage.merged_key(ds.name, ds.text_key)
+            ws.fetch([f"{rel}.idx", f"{rel}.manifest.json"])
+            lengths, content = merged_lengths(ws.storage.path(rel))
+            rows = ["| split | samples | cache hash | entry |", "|---|---:|---|---|"]
             metadata: dict[str, Any] = {"input_version": input_version(ws.storage, ds, cfg)}
-            for split, index in split_indices(ws.storage, ds, cfg).items():
-                samples = 0 if index is None else len(index)
-                rows.append(
-                    f"| {split} | {samples} | {index.cache_hash if index else '(empty split)'} |"
-                )
+            for split in SPLITS:
+                samples, digest, how = split_entry(ws, lengths, content, cfg, split)
+                rows.append(f"| {split} | {samples} | {digest or '(empty split)'} | {how} |")
                 metadata[f"{split}_samples"] = samples
             context.log.info(f"{ds.name}: indices for {', '.join(SPLITS)} ready")
             metadata.update(
                 sequence_length=cfg.sequence_length,
                 semantics=cfg.semantics,
-                content_hash=dataset_content_hash(prefix, index_only=True),
+                content_hash=content,
                 splits=MetadataValue.md("\n".join(rows)),
                 path=path_value(ws.storage.nanoset_dir()),
             )
             return MaterializeResult(metadata=metadata)
 
     return nanoset
+
+
+def split_entry(
+    ws: Workspace, lengths: np.ndarray, content: str, cfg: NanosetConfig, split: str
+) -> tuple[int, str | None, str]:
+    """(samples, cache hash, how) of one split's entry: ``stored`` when S3 already holds it
+    complete, else ``loaded``/``built`` from the workspace's cache; (0, None, "-") if empty."""
+    settings = split_settings(cfg, split)
+    found = entry_key(len(lengths), content, **settings)
+    if found is None:
+        return 0, None, "-"
+    key, digest = found
+    cache_dir = ws.storage.nanoset_dir()
+    stored = ws.stored_index_entry(cache_paths(cache_dir, digest, split), key, digest)
+    if stored is not None:
+        return int(stored["counts"]["num_samples"]), digest, "stored"
+    held = cache_paths(cache_dir, digest, split)["description"].is_file()
+    index = build_or_load_lengths(lengths, content, cache_dir, **settings)
+    assert index is not None  # the split is not empty: entry_key said so
+    return len(index), digest, "loaded" if held else "built"

@@ -12,6 +12,7 @@ from assets.metadata import token_dataset_metadata
 from assets.shards import shard_asset, step_result
 from pipelines.partitions import shard_partitions
 from pipelines.resources import StorageResource, TokenizerResource, display_path
+from tokenmill import layout
 from tokenmill.recipe import DatasetConfig
 from tokenmill.tokenize import tokenize_files
 
@@ -32,7 +33,7 @@ def build_tokens(ds: DatasetConfig) -> AssetsDefinition:
         context: AssetExecutionContext, storage: StorageResource, tokenizer: TokenizerResource
     ) -> MaterializeResult:
         keys = context.partition_keys
-        with storage.workspace([f"hf/{ds.name}/data/{key}.parquet" for key in keys]) as ws:
+        with storage.workspace([layout.parquet(ds.name, key) for key in keys]) as ws:
             per_shard = {}
             for key in keys:
                 result = tokenize_files(

@@ -23,8 +23,20 @@ over every core without a gap. It tells whether a ratio target is reachable here
 context it also times gigatoken's own JSONL reader (JSON parsed in Rust), which is fast but
 inexact on bad lines (``gigatoken_reader``).
 
+``--normalizers`` instead compares tokenizers with a Unicode normalizer on the same corpus, in
+this process, alternating within each repetition: GPT-2's path (gigatoken), then for Qwen2-style
+NFC and GPT-2 with an NFKC normalizer added (same vocabulary as GPT-2, so only the normalizer
+differs) our path (unicodedata + gigatoken on the normalizer-free copy, behind the guard) and
+the old path (the ``hf`` engine, what these tokenizers ran on before); all ``tokenize_files``
+with ``append_eod``, the ``.bin`` of both paths compared. It also times the fast path's encoding
+alone (a loaded encoder's ``pack`` on the parsed corpus, guard included), the guard alone
+(``Guard.split``: normalization included) on the corpus and on as many characters of non-ASCII
+text, and each tokenizer's first-use verification in a fresh cache (a subprocess: imports
+included).
+
     python bench/bench_tokenize.py [--mb 20] [--repeat 3] [--workers 1,2] [--rss-mb 100]
     python bench/bench_tokenize.py --mb 200 --floors gigatoken --name tokenize-200mb
+    python bench/bench_tokenize.py --normalizers [--mb 20] [--repeat 3] [--workers 1,2]
 """
 
 from __future__ import annotations
@@ -59,6 +71,7 @@ from tokenmill.tokenizer import (  # noqa: E402
     TokenizerInfo,
     inspect_tokenizer,
     load_encoder,
+    load_tokenizer,
 )
 
 TOKENIZERS = ("gpt2", "tekken")
@@ -331,6 +344,183 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def gpt2_nfkc(gpt2_dir: Path) -> Path:
+    """GPT-2 with an NFKC normalizer (a bench-only tokenizer: GPT-2's vocabulary and config)."""
+    dest = OUT_DIR / "tokenizers" / "gpt2-nfkc"
+    if not (dest / "tokenizer.json").is_file():
+        dest.mkdir(parents=True, exist_ok=True)
+        spec = orjson.loads((gpt2_dir / "tokenizer.json").read_bytes())
+        spec["normalizer"] = {"type": "NFKC"}
+        # GPT2Tokenizer would rebuild the backend without the normalizer: load it as is
+        config = orjson.loads((gpt2_dir / "tokenizer_config.json").read_bytes())
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        (dest / "tokenizer_config.json").write_bytes(orjson.dumps(config))
+        (dest / "tokenizer.json").write_bytes(orjson.dumps(spec))
+    return dest
+
+
+def multilingual_texts(chars: int) -> list[str]:
+    """Documents of 2,000 characters of the probe set's scripts, emoji and NFKC-sensitive text
+    (nothing ASCII-only), ``chars`` characters in all: the guard's and normalizer's worst case."""
+    from tokenmill.tokenizer_verify import _PROBES
+
+    unit = " ".join(_PROBES[6:11])
+    doc = (unit * (2000 // len(unit) + 1))[:2000]
+    return [doc] * max(1, chars // len(doc))
+
+
+def first_use(tok_dir: Path) -> dict[str, float]:
+    """Wall and CPU seconds of the one-off verification (fresh cache, a subprocess)."""
+    with tempfile.TemporaryDirectory() as cache:
+        code = "import sys; from tokenmill.tokenizer import inspect_tokenizer as i; i(sys.argv[1])"
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-c", code, str(tok_dir)],
+            check=True,
+            env={**ENV, "TOKENMILL_CACHE_DIR": cache},
+        )
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "wall": wall,
+        "cpu": after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime,
+    }
+
+
+def normalizer_runs(args: argparse.Namespace) -> dict[str, Any]:
+    """Normalizer tokenizers, fast path vs the old (hf) path vs GPT-2's path (see the docstring)."""
+    corpus = ensure_corpus(args.mb)
+    texts = [orjson.loads(line)["text"] for line in corpus.read_bytes().splitlines()]
+    gpt2 = build_bundled_tokenizer("gpt2", ROOT / ".tokenizers" / "gpt2")
+    dirs = {
+        "gpt2": gpt2,
+        "qwen2-nfc": build_bundled_tokenizer("qwen2", ROOT / ".tokenizers" / "qwen2"),
+        "gpt2-nfkc": gpt2_nfkc(gpt2),
+    }
+    paths = [
+        ("gpt2", "auto"),
+        *((n, e) for n in ("qwen2-nfc", "gpt2-nfkc") for e in ("auto", "hf")),
+    ]
+    work = OUT_DIR / "tokenize-normalizers"
+    work.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict[str, Any]]] = {}
+    guard: dict[str, list[dict[str, float]]] = {n: [] for n in dirs}
+    guard_multi: dict[str, list[dict[str, float]]] = {n: [] for n in dirs}
+    multi = multilingual_texts(sum(map(len, texts)))
+    encode: dict[str, list[dict[str, float]]] = {n: [] for n in dirs}
+    encoders = {n: load_tokenizer(d) for n, d in dirs.items()}  # loaded once: encode-only rows
+    for name, tok_dir in dirs.items():
+        info = inspect_tokenizer(tok_dir)  # verified once before anything is timed
+        print(
+            f"{name}: normalizer {info.normalizer}, engines {info.usable_engines()}",
+            file=sys.stderr,
+        )
+    for rep in range(args.repeat):
+        for name, engine in paths:
+            for w in args.workers:
+                encoder = load_tokenizer(dirs[name], engine=engine)
+                prefix = work / f"{name}-{engine}-w{w}"
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu0, start = time.process_time(), time.perf_counter()
+                result = tokenize_files(
+                    [corpus], prefix, encoder, append_eod=True, workers=w, progress=False
+                )
+                wall = time.perf_counter() - start
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu = time.process_time() - cpu0
+                cpu += after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+                guard_info = result.manifest["config"]["verification"]["guard"]
+                runs.setdefault(f"{name} {engine} w{w}", []).append(
+                    {
+                        "wall": wall,
+                        "cpu": cpu,
+                        "engine": result.engine,
+                        "routed": None if guard_info is None else guard_info["routed_documents"],
+                    }
+                )
+        for name, tok_dir in dirs.items():
+            g = inspect_tokenizer(tok_dir).guard()
+            guard[name].append(_timed(lambda g=g: g.split(texts)))
+            guard_multi[name].append(_timed(lambda g=g: g.split(multi)))
+            enc = encoders[name]
+            encode[name].append(_timed(lambda e=enc: e.pack(texts, e.info.eod_id, e.info.dtype)))
+        print(f"rep {rep + 1}/{args.repeat} done", file=sys.stderr)
+    for name in ("qwen2-nfc", "gpt2-nfkc"):
+        for w in args.workers:
+            a = (work / f"{name}-auto-w{w}_text_document.bin").read_bytes()
+            b = (work / f"{name}-hf-w{w}_text_document.bin").read_bytes()
+            if a != b:
+                raise RuntimeError(f"{name} w{w}: the fast path's .bin differs from hf's")
+    first = {} if args.skip_first_use else {n: first_use(d) for n, d in dirs.items()}
+    non_ascii = sum(not t.isascii() for t in texts)
+    return {
+        "corpus": str(corpus),
+        "bytes": corpus.stat().st_size,
+        "documents": len(texts),
+        "non_ascii_documents": non_ascii,
+        "load": [round(x, 2) for x in os.getloadavg()],
+        "runs": runs,
+        "guard": guard,
+        "guard_non_ascii": guard_multi,
+        "encode_only": encode,
+        "non_ascii_chars": sum(map(len, multi)),
+        "first_use": first,
+    }
+
+
+def report_normalizers(data: dict[str, Any], workers: list[int]) -> None:
+    med = {
+        k: {m: statistics.median(r[m] for r in v) for m in ("wall", "cpu")}
+        for k, v in data["runs"].items()
+    }
+    print(
+        f"{data['bytes'] / MB:.1f} MB, {data['documents']} documents "
+        f"({data['non_ascii_documents']} not pure ASCII); load {data['load']}"
+    )
+    rows = [
+        ["path", "workers", "engine", "wall s", "CPU s", "vs GPT-2 path", "vs hf path", "routed"]
+    ]
+    for key, stats in med.items():
+        name, engine, w = key.split()
+        base = med[f"gpt2 auto {w}"]["wall"]
+        old = med.get(f"{name} hf {w}")
+        last = data["runs"][key][-1]
+        rows.append(
+            [
+                f"{name} {engine}",
+                w[1:],
+                last["engine"],
+                f"{stats['wall']:.2f}",
+                f"{stats['cpu']:.2f}",
+                f"{stats['wall'] / base:.2f}x",
+                f"{stats['wall'] / old['wall']:.3f}x" if old and engine == "auto" else "",
+                str(last["routed"]) if last["routed"] else "",
+            ]
+        )
+    print(table(rows))
+    rows = [["engine loaded, parsed texts (pack with guard)", "wall s", "CPU s"]]
+    for key, label in (
+        ("encode_only", "encode only"),
+        ("guard", "guard alone, corpus"),
+        ("guard_non_ascii", "guard alone, non-ASCII text, same chars"),
+    ):
+        for name, timings in data[key].items():
+            rows.append(
+                [
+                    f"{name}, {label}",
+                    f"{statistics.median(t['wall'] for t in timings):.3f}",
+                    f"{statistics.median(t['cpu'] for t in timings):.3f}",
+                ]
+            )
+    print(table(rows))
+    if data["first_use"]:
+        rows = [["first use (verification, fresh cache)", "wall s", "CPU s"]]
+        for name, t in data["first_use"].items():
+            rows.append([name, f"{t['wall']:.2f}", f"{t['cpu']:.2f}"])
+        print(table(rows))
+
+
 def rss_runs(megabytes: float, tokenizers: list[str], workers: list[int]) -> dict[str, Any]:
     corpus = ensure_corpus(megabytes)
     out: dict[str, Any] = {"corpus": str(corpus), "bytes": corpus.stat().st_size}
@@ -468,11 +658,21 @@ def main() -> None:
         action="store_true",
         help="skip timing the one-off verification of each tokenizer (6-11 s each)",
     )
+    parser.add_argument(
+        "--normalizers",
+        action="store_true",
+        help="compare normalizer tokenizers' fast path with GPT-2's and the hf path instead",
+    )
     args = parser.parse_args()
     args.workers = sorted({int(w) for w in args.workers.split(",")})
     args.tokenizers = args.tokenizers.split(",")
     args.floors = args.floors.split(",")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.normalizers:
+        data = normalizer_runs(args)
+        report_normalizers(data, args.workers)
+        print(f"wrote {write_results(args.name + '-normalizers', data)}")
+        return
     data = bench(args)
     report(data, args.workers)
     if args.rss_mb:

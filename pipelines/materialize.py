@@ -43,6 +43,7 @@ from pipelines.resources import StorageResource, TokenizerResource
 from pipelines.sensors import current_shards, range_tags, shard_ranges
 from pipelines.sources import Listing, list_shards
 from pipelines.summary import DatasetOutcome, print_summary, shown
+from tokenmill import layout
 from tokenmill._atomic import TMP_MARK
 from tokenmill.errors import ConfigError, TokenmillError
 from tokenmill.manifest import check_dataset_files, dataset_manifest_path, read_dataset_manifest
@@ -64,9 +65,12 @@ class RootView:
         self.storage = storage
         self.local = local
         self.prefixes = [
-            f"{stage}/{ds.name}/" for ds in recipe.datasets for stage in ("raw", "tokens")
+            f"{folder(ds.name)}/"
+            for ds in recipe.datasets
+            for folder in (layout.raw_dir, layout.tokens_dir)
         ]
-        self.prefixes += ["merged/", *(f"blends/{b.name}/" for b in recipe.blends)]
+        self.prefixes += [f"{layout.MERGED}/"]
+        self.prefixes += [f"{layout.blend_dir(b.name)}/" for b in recipe.blends]
         self.etags: dict[str, str] = {}
 
     def sync(self) -> StorageResource:

@@ -4,21 +4,39 @@ Assets resolve every path through ``StorageResource`` so the artifact layout (DE
 written down once. Steps work inside ``with storage.workspace(inputs) as ws:`` and resolve paths
 through ``ws.storage``: for a local root that is the root itself; for an ``s3://bucket/prefix``
 root it is a fresh local work directory with the same layout, filled with the inputs before the
-step and uploaded (manifests last) after it succeeds, and removed on exit, also on failure.
+step and uploaded (in ``tokenmill.publish`` commit order) after it succeeds, and removed on exit,
+also on failure.
+
+Inputs are exact: ``dir/`` is a folder (recursively), any other path is that file and its
+``path.*`` siblings, so ``P`` stages a dataset's ``.bin``, ``.idx`` and manifest while
+``P.idx`` and ``P.manifest.json`` stage just those two (a check that reads no tokens never
+downloads a ``.bin``).
+
+Within one run an object is downloaded at most once per host: the resource learns the run id
+when Dagster sets it up (``setup_for_execution``) and every workspace of the run fetches
+through ``<work_dir>/tokenmill-run-<run id>/`` (``pipelines.s3.RunCache``: entries keyed by
+ETag and size, hard-linked into work directories). The in-process executor removes the cache
+when the run ends (``teardown_after_execution``); step processes of the multiprocess executor
+share it and leave it, and any run cache unused for ``run_cache_hours`` is removed by the next
+run that starts on the host.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
+import multiprocessing
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, InitResourceContext
+from pydantic import PrivateAttr
 
 from pipelines import s3
 from pipelines.partitions import check_partition_key
@@ -60,8 +78,67 @@ class Workspace:
         bucket, key = split_uri(shard.uri)
         client = self.stage.client if self.stage else s3.s3_client(self.storage.s3_endpoint_url)
         path = self.scratch / "sources" / key.rsplit("/", 1)[-1]
-        s3.download(client, bucket, key, path)
+        size, _, etag = shard.fingerprint.partition(":")  # "<size>:<ETag>" for an S3 shard
+        cache = self.stage.cache if self.stage else None
+        if cache is not None and size.isdigit() and etag:
+            cache.fetch(client, bucket, s3.S3Object(key, int(size), etag), path)
+        else:
+            s3.download(client, bucket, key, path)
         return ShardFile(shard.key, path, shard.fingerprint, shard.uri)
+
+    def fetch_index_entry(self, paths: Mapping[str, Path]) -> bool:
+        """The ``fetch`` hook of ``tokenmill.nanoset.build_or_load`` (and of builders that
+        pass it on): bring an index-cache entry's files (``paths``, its ``cache_paths`` in this
+        workspace) from S3 when all of them are there, arrays first, description last, through
+        the run cache; True if it did. Nothing for a local root (the cache is the root's)."""
+        if self.stage is None:
+            return False
+        rels = {name: self._rel(path) for name, path in paths.items()}
+        found = self.stage.listing(rels["description"].removesuffix("description.json"))
+        if not all(rel in found for rel in rels.values()):
+            return False
+        for _, rel in sorted(rels.items(), key=lambda item: item[0] == "description"):
+            if rel not in self.stage.fetched:
+                self.stage.get(found[rel], rel)
+        return True
+
+    def stored_index_entry(
+        self, paths: Mapping[str, Path], key: dict[str, Any], digest: str
+    ) -> dict[str, Any] | None:
+        """The description of an index-cache entry stored on S3 (``paths``: its
+        ``cache_paths`` in this workspace; ``key``, ``digest``: ``tokenmill.nanoset.entry_key``)
+        when it describes exactly that key and every array is there at its recorded size; None
+        otherwise, and always for a local root. Costs one LIST and one small GET (the
+        description is staged, through the run cache): the arrays are neither downloaded nor,
+        since they are complete, uploaded again."""
+        if self.stage is None:
+            return None
+        rels = {name: self._rel(path) for name, path in paths.items()}
+        found = self.stage.listing(rels["description"].removesuffix("description.json"))
+        if rels["description"] not in found:
+            return None
+        if rels["description"] not in self.stage.fetched:
+            self.stage.get(found[rels["description"]], rels["description"])
+        try:
+            description = json.loads(paths["description"].read_bytes())
+            if description["key"] != key or description["hash"] != digest:
+                return None
+            for name, rel in rels.items():
+                if name == "description":
+                    continue
+                record = description["files"][name]
+                if record["file"] != paths[name].name or found.get(rel) is None:
+                    return None
+                if found[rel].size != record["bytes"]:
+                    return None
+        except (ValueError, KeyError, TypeError):  # not JSON, or not a description
+            return None
+        return dict(description)
+
+    def _rel(self, path: Path) -> str:
+        """A path in this workspace's root, relative to it (posix)."""
+        assert self.stage is not None
+        return Path(path).resolve().relative_to(self.stage.local.resolve()).as_posix()
 
     def fetch(self, inputs: Sequence[str]) -> None:
         """Stage more inputs once the step knows it needs them (same forms as ``workspace``);
@@ -76,20 +153,41 @@ class Workspace:
             return local
         from tokenmill.pull import pull
 
-        uri = self.stage.uri(f"blends/{blend}/manifest.json")
+        uri = self.stage.uri(layout.blend_manifest(blend))
         return pull(uri, self.stage.local, endpoint_url=self.storage.s3_endpoint_url).manifest
 
 
 class StorageResource(ConfigurableResource):
     """The storage root (local directory or ``s3://bucket/prefix``) and the artifact layout.
 
-    ``work_dir`` is where S3 steps make their local work directories (default: the system's
-    temporary directory); credentials never appear here, they come from the environment.
+    ``work_dir`` is where S3 steps make their local work directories and the run's download
+    cache (default: the system's temporary directory); ``run_cache_hours`` is how long an
+    abandoned run cache may stay there (0: no run cache, every step downloads its inputs).
+    Credentials never appear here, they come from the environment.
     """
 
     root: str
     s3_endpoint_url: str | None = None
     work_dir: str | None = None
+    run_cache_hours: float = 6.0
+    _run_cache: s3.RunCache | None = PrivateAttr(default=None)
+    _owns_run_cache: bool = PrivateAttr(default=False)
+
+    def setup_for_execution(self, context: InitResourceContext) -> None:
+        """Open the run's download cache (S3 roots): Dagster calls this once per process of
+        the run, with the run id."""
+        run = context.run  # None when the resource is built outside a run
+        if self.is_s3 and run is not None and self.run_cache_hours > 0:
+            base = Path(self.work_dir or tempfile.gettempdir())
+            self._run_cache = s3.RunCache.open(base, run.run_id, self.run_cache_hours)
+            # A step process of the multiprocess executor is a child: the run goes on after it.
+            self._owns_run_cache = multiprocessing.parent_process() is None
+
+    def teardown_after_execution(self, context: InitResourceContext) -> None:
+        """Remove the run cache when this process ran the whole run (in-process executor)."""
+        if self._run_cache is not None and self._owns_run_cache:
+            self._run_cache.remove()
+        self._run_cache = None
 
     @property
     def is_s3(self) -> bool:
@@ -121,7 +219,11 @@ class StorageResource(ConfigurableResource):
             bucket, prefix = split_uri(self.root)
             local = scratch / "root"
             local.mkdir()
-            stage = s3.S3Stage(s3.s3_client(self.s3_endpoint_url), bucket, prefix, local)
+            cache = self._run_cache
+            if cache is not None:
+                cache.touch()
+            client = s3.s3_client(self.s3_endpoint_url)
+            stage = s3.S3Stage(client, bucket, prefix, local, cache)
             stage.fetch(list(inputs))
             token = _STAGED.set((*_STAGED.get(), (local.resolve(), stage.uri("").rstrip("/"))))
             try:

@@ -7,17 +7,32 @@ connections) are retried with the backoff of ``tokenmill pull``; anything else r
 ``InputError`` naming the ``s3://`` URI, which fails the run.
 
 :class:`S3Stage` mirrors parts of an S3 root in a local directory: ``fetch`` downloads the
-inputs a step reads, ``push`` uploads what the step wrote (data files first, dataset manifests
-next, ``manifest.json`` last, each replaced manifest deleted before its data is overwritten) and
-deletes the fetched files the step removed, so a failed transfer never leaves a manifest that
-describes files which are not there.
+inputs a step reads, ``push`` uploads what the step wrote in the commit order of
+:mod:`tokenmill.publish` (data first, then dataset manifests, index-cache descriptions and
+stats, then ``current.json`` pointers, a blend's ``manifest.json`` last; a marker that really
+replaces an existing object is deleted before its data is overwritten, a pointer is simply
+overwritten: a PUT is atomic) and deletes the fetched files the step removed, so a failed or
+killed transfer never leaves a marker that describes files which are not there.
+
+:class:`RunCache` is a run's download cache on this host: steps of one run (in one process or
+several) that read the same object download it once. An entry is named by the object's bucket,
+key, ETag and size (a changed object is a new entry), written read-only with a fixed mtime
+(a copy changed in place no longer matches and is downloaded again), and reaches a step's work
+directory as a hard link (a copy across file systems). Steps replace files by rename, which
+never touches the entry; the link is read-only, and an entry written in place anyway (as root)
+is detected by its mtime and downloaded again by the next step that wants it. What a step
+uploads is kept too (one HEAD names its ETag), so later steps of the run read it without a
+download.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,11 +41,11 @@ from typing import Any
 from tokenmill._atomic import TMP_MARK, commit, temp_path_for
 from tokenmill.errors import InputError
 from tokenmill.loader._manifest import relative_path_problem
+from tokenmill.publish import delete_first, publish
 from tokenmill.s3 import retrying
 
 MULTIPART_BYTES = 64 << 20  # larger files go up (and down) in parts of this size
 MAX_ATTEMPTS = 8  # botocore's own retries per request, below ours per transfer
-DATASET_MANIFEST_SUFFIX = ".manifest.json"
 
 
 # Settings a client is built from besides the endpoint; a change means a new client.
@@ -138,16 +153,115 @@ def local_name(bucket: str, key: str, base: str) -> str:
     return name
 
 
+RUN_CACHE_PREFIX = "tokenmill-run-"
+CACHE_MTIME_NS = 1_000_000_000 * 10**9  # every cache entry's mtime; any write changes it
+
+
+@dataclass(frozen=True)
+class RunCache:
+    """Objects downloaded during one run (``root``: ``<work dir>/tokenmill-run-<run id>``)."""
+
+    root: Path
+
+    @classmethod
+    def open(cls, base: Path, run_id: str, max_age_hours: float) -> RunCache:
+        """The run's cache under ``base`` (made if needed); other runs' caches unused for
+        ``max_age_hours`` are removed on the way (a run that died without cleaning up)."""
+        safe = "".join(c for c in run_id if c.isalnum() or c in "-_") or "run"
+        cache = cls(base / f"{RUN_CACHE_PREFIX}{safe}")
+        cache.root.mkdir(parents=True, exist_ok=True)
+        cache.touch()
+        cutoff = time.time() - max_age_hours * 3600
+        for other in base.glob(f"{RUN_CACHE_PREFIX}*"):
+            try:
+                stale = other != cache.root and other.stat().st_mtime < cutoff
+            except FileNotFoundError:
+                continue
+            if stale:
+                shutil.rmtree(other, ignore_errors=True)
+        return cache
+
+    def touch(self) -> None:
+        """Mark the cache as in use now (its age counts from the last use)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(self.root)
+
+    def remove(self) -> None:
+        """Delete the whole cache (the run is over)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def entry(self, bucket: str, obj: S3Object) -> Path:
+        """Where ``obj`` (at its current ETag and size) is kept."""
+        name = hashlib.sha256(f"{bucket}\0{obj.key}\0{obj.etag}\0{obj.size}".encode())
+        return self.root / "objects" / name.hexdigest()
+
+    def holds(self, entry: Path, size: int) -> bool:
+        """True when ``entry`` is complete and unmodified."""
+        try:
+            st = entry.stat()
+        except FileNotFoundError:
+            return False
+        return st.st_size == size and st.st_mtime_ns == CACHE_MTIME_NS
+
+    def keep(self, client: Any, bucket: str, key: str, path: Path) -> None:
+        """Take ``path``, just uploaded to ``s3://bucket/key``, into the cache (a later step of
+        the run reads it without a download): one HEAD names the object's ETag. Best effort:
+        a failure here leaves the cache as it was."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            head = client.head_object(Bucket=bucket, Key=key)
+            obj = S3Object(key, int(head["ContentLength"]), str(head["ETag"]).strip('"'))
+            entry = self.entry(bucket, obj)
+            if obj.size != path.stat().st_size or self.holds(entry, obj.size):
+                return
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            incoming = temp_path_for(entry)
+            try:
+                os.link(path, incoming)
+            except OSError:
+                shutil.copyfile(path, incoming)
+            os.chmod(incoming, 0o444)
+            os.utime(incoming, ns=(CACHE_MTIME_NS, CACHE_MTIME_NS))
+            os.replace(incoming, entry)
+        except (OSError, BotoCoreError, ClientError, KeyError, ValueError):
+            return
+
+    def fetch(self, client: Any, bucket: str, obj: S3Object, path: Path) -> bool:
+        """``obj`` at ``path``: linked from the cache, downloaded into it first when it does not
+        hold the object (then True). Falls back to a plain download when the cache cannot be
+        used (e.g. removed meanwhile); an object that changed since it was listed is not kept."""
+        entry = self.entry(bucket, obj)
+        incoming = temp_path_for(entry)
+        downloaded = False
+        try:
+            if not self.holds(entry, obj.size):
+                entry.parent.mkdir(parents=True, exist_ok=True)
+                downloaded = True
+                download(client, bucket, obj.key, incoming)
+                if incoming.stat().st_size != obj.size:  # rewritten after the listing
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    commit(incoming, path)
+                    return True
+                os.chmod(incoming, 0o444)
+                os.utime(incoming, ns=(CACHE_MTIME_NS, CACHE_MTIME_NS))
+                os.replace(incoming, entry)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)
+            try:
+                os.link(entry, path)
+            except OSError:  # another file system, or no hard links there
+                shutil.copyfile(entry, path)
+        except OSError:
+            incoming.unlink(missing_ok=True)
+            download(client, bucket, obj.key, path)
+            return True
+        return downloaded
+
+
 def _stamp(path: Path) -> tuple[int, int, int]:
     st = path.stat()
     return (st.st_size, st.st_mtime_ns, st.st_ino)
-
-
-def _upload_rank(rel: str) -> int:
-    """Data files first, dataset manifests next, ``manifest.json`` (blends) last."""
-    if rel.endswith(DATASET_MANIFEST_SUFFIX):
-        return 1
-    return 2 if rel.rsplit("/", 1)[-1] == "manifest.json" else 0
 
 
 @dataclass
@@ -158,6 +272,7 @@ class S3Stage:
     bucket: str
     prefix: str
     local: Path
+    cache: RunCache | None = None
     fetched: dict[str, tuple[int, int, int]] = field(default_factory=dict)
 
     def key(self, rel: str) -> str:
@@ -173,7 +288,7 @@ class S3Stage:
         ``path.*`` siblings (a dataset prefix gives its ``.bin``, ``.idx`` and manifest). A key
         that would land outside the stage is refused (``local_name``) before any download."""
         base = f"{self.prefix}/" if self.prefix else ""
-        wanted: dict[str, str] = {}
+        wanted: dict[str, S3Object] = {}
         for rel in inputs:
             folder = rel.endswith("/")
             for obj in list_objects(self.client, self.bucket, self.key(rel), recursive=True):
@@ -181,11 +296,25 @@ class S3Stage:
                 if not (folder or name == rel or name.startswith(rel + ".")):
                     continue
                 if TMP_MARK not in name and name not in self.fetched:
-                    wanted[local_name(self.bucket, obj.key, base)] = obj.key
-        for name, key in wanted.items():
-            path = self.local / name
-            download(self.client, self.bucket, key, path)
-            self.fetched[name] = _stamp(path)
+                    wanted[local_name(self.bucket, obj.key, base)] = obj
+        for name, obj in wanted.items():
+            self.get(obj, name)
+
+    def listing(self, rel_prefix: str) -> dict[str, S3Object]:
+        """``{path relative to the root: object}`` of every object whose path starts with
+        ``rel_prefix`` (one LIST request), temp names left out."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        found = list_objects(self.client, self.bucket, self.key(rel_prefix), recursive=True)
+        return {o.key[len(base) :]: o for o in found if TMP_MARK not in o.key[len(base) :]}
+
+    def get(self, obj: S3Object, rel: str) -> None:
+        """One listed object to ``rel`` in the stage (through the run cache), as fetched."""
+        path = self.local / rel
+        if self.cache is None:
+            download(self.client, self.bucket, obj.key, path)
+        else:
+            self.cache.fetch(self.client, self.bucket, obj, path)
+        self.fetched[rel] = _stamp(path)
 
     def _written(self) -> Iterator[str]:
         for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
@@ -195,16 +324,37 @@ class S3Stage:
             if self.fetched.get(rel) != _stamp(path):
                 yield rel
 
+    def exists(self, rel: str) -> bool:
+        """True when ``rel`` is an object under the root now (one HEAD request)."""
+        from botocore.exceptions import ClientError
+
+        def head() -> bool:
+            try:
+                self.client.head_object(Bucket=self.bucket, Key=self.key(rel))
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                    return False
+                raise
+            return True
+
+        return retrying(f"looking up {self.uri(rel)}", head)
+
     def push(self) -> list[str]:
-        """Upload new and changed files (manifests last) and delete fetched files the step
-        removed; the relative paths uploaded."""
-        written = sorted(self._written(), key=lambda rel: (_upload_rank(rel), rel))
-        for rel in written:
-            if _upload_rank(rel):
+        """Upload new and changed files in commit order (``tokenmill.publish``) and delete
+        fetched files the step removed; the relative paths uploaded, in upload order."""
+        written = list(self._written())
+        for rel in sorted(written):
+            if delete_first(rel) and (rel in self.fetched or self.exists(rel)):
                 delete(self.client, self.bucket, self.key(rel))
-        for rel in written:
+
+        def put(rel: str) -> str:
             upload(self.client, self.local / rel, self.bucket, self.key(rel))
+            if self.cache is not None:
+                self.cache.keep(self.client, self.bucket, self.key(rel), self.local / rel)
+            return rel
+
+        uploaded = publish(written, put)
         for rel in sorted(self.fetched):
             if not (self.local / rel).exists():
                 delete(self.client, self.bucket, self.key(rel))
-        return written
+        return uploaded

@@ -80,8 +80,9 @@ def blend_line(name: str, storage: StorageResource, where: Callable[[Path], str]
     manifest = json.loads(mpath.read_text(encoding="utf-8"))
     splits = manifest["splits"]
     sizes = " · ".join(f"{s} {splits[s]['size']:,}" for s in SPLITS if s in splits)
-    width = manifest["sequence_length"] + int(manifest["add_extra_token"])
-    return f"  blend {name}: {sizes} samples of {width} tokens -> {where(mpath)}"
+    length = manifest["sequence_length"]
+    extra = " (+1 for the labels)" if manifest["add_extra_token"] else ""
+    return f"  blend {name}: {sizes} samples, sequence length {length}{extra} -> {where(mpath)}"
 
 
 def open_hint(manifest: str, name: str) -> list[str]:

@@ -1,15 +1,26 @@
-"""Blend manifests: build every split of a named blend and record it in ``manifest.json``.
+"""Blend manifests: build every split of a named blend as an immutable version, then point
+``manifest.json`` at it.
 
 Layout of ``blends/<name>/`` (reader and constants: ``tokenmill.loader._manifest``)::
 
-    manifest.json                       written last (temp -> fsync -> rename) = "complete"
-    <split>-dataset_index.npy           dataset of each sample (int16 megatron, uint64 nanotron)
-    <split>-dataset_sample_index.npy    sample within that dataset's Nanoset (int64)
+    manifest.json                                 the current version's manifest (the pointer),
+                                                  written last (temp -> fsync -> rename)
+    versions/<version16>/manifest.json            one version; its files are never rewritten
+    versions/<version16>/<split>-dataset_index.npy          dataset of each sample
+                                                  (int16 megatron, uint64 nanotron)
+    versions/<version16>/<split>-dataset_sample_index.npy   sample within that Nanoset (int64)
+
+A build computes the version first (:func:`blend_version`: sha256 of the canonical JSON of every
+setting, each dataset's content hash and path, and each Nanoset cache hash), so rebuilding an
+unchanged blend finds the complete version folder and reuses it (same bytes, nothing rewritten).
+A new version is written into a temp folder ``versions/<version16>.tmp-<pid>-<rand>`` and renamed
+into place when complete; only then is the pointer replaced. A failed build (any exception, a
+full disk, a kill) leaves the previous pointer and version untouched.
 
 ``manifest.json`` (keys sorted; lists keep the blend's dataset order, which the indices use)::
 
-    format_version, kind="blend", name, semantics, sequence_length, add_extra_token,
-    split (the split spec, e.g. "949,50,1"), seed,
+    format_version=2, kind="blend", name, version, manifest_sha256, semantics, sequence_length,
+    add_extra_token, split (the split spec, e.g. "949,50,1"), seed,
     weighting: {weights: {name: w as configured} | null, temperature: T | null,
                 normalized: {name: w}}
     datasets: [{name, prefix, content_hash, dtype, num_sequences, num_tokens,
@@ -19,7 +30,13 @@ Layout of ``blends/<name>/`` (reader and constants: ``tokenmill.loader._manifest
              datasets: [{name, split_range, tokens, num_samples, length, samples_used, epochs,
                          index: {cache_hash,
                                  files: {document, sample, shuffle, description: FILE}}}]}}
-    FILE = {path (relative to this directory), bytes, sha256}
+    FILE = {path (relative to this manifest's folder), bytes, sha256}; a dataset's ``.bin``
+           recorded by parts in its own manifest (a merge) is {path, bytes, parts,
+           sha256_of_parts}, copied from that manifest: a blend never reads a ``.bin``.
+
+``manifest_sha256`` is the sha256 of the manifest's canonical JSON (sorted keys, compact
+separators) without that field. The pointer and the version's own manifest hold the same
+content except the paths (each relative to its own folder) and their self-hashes.
 
 A split whose spec weight is 0 is absent. Sizes follow FORMATS §7.2/§7.3: a train split (and a
 valid/test split with a requested sample count) is a weighted blend; megatron builds each
@@ -33,8 +50,11 @@ nanotron blends ``Σ len`` samples with the configured weights (its reference be
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import math
 import os
+import posixpath
+import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,9 +62,19 @@ from typing import Any
 
 import numpy as np
 
+from tokenmill import _index_cache
 from tokenmill import blend as blending
-from tokenmill._atomic import atomic_open, file_sha256, remove_stale_temps, write_json
-from tokenmill.errors import ConfigError
+from tokenmill._atomic import (
+    TMP_MARK,
+    atomic_open,
+    file_sha256,
+    fsync_dir,
+    remove_stale_temps,
+    temp_path_for,
+    write_json,
+    writer_alive,
+)
+from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file_path
 from tokenmill.loader._manifest import (
     BLEND_ARRAYS,
@@ -52,53 +82,82 @@ from tokenmill.loader._manifest import (
     KIND,
     MANIFEST_NAME,
     SPLITS,
+    VERSIONS_DIR,
     blend_array_name,
     load_index_array,
     manifest_path,
     read_blend_manifest,
     resolve,
     schema_errors,
+    seal,
     verify_manifest,
 )
-from tokenmill.manifest import dataset_content_hash, dataset_manifest_path, read_dataset_manifest
-from tokenmill.nanoset import NanosetIndex, build_or_load, split_ranges
+from tokenmill.manifest import (
+    dataset_content_hash,
+    dataset_manifest_path,
+    file_problems,
+    read_dataset_manifest,
+)
+from tokenmill.nanoset import FetchEntry, NanosetIndex, build_or_load, cache_key, split_ranges
+from tokenmill.versions import version_hash
 
-__all__ = ["build_blend", "describe_blend", "read_blend_manifest", "verify_blend"]
+__all__ = [
+    "blend_version",
+    "build_blend",
+    "describe_blend",
+    "read_blend_manifest",
+    "verify_blend",
+]
 
 SEMANTICS = ("megatron", "nanotron")
+DIGEST_FIELDS = ("bytes", "sha256", "parts", "sha256_of_parts")
 
 
-def _file_entry(path: Path, root: Path, sha256: str | None = None) -> dict[str, Any]:
-    """``{path relative to root, bytes, sha256}`` (hashing unless the hash is already known)."""
+def _file_entry(path: Path, base: Path, sha256: str | None = None) -> dict[str, Any]:
+    """``{path relative to base, bytes, sha256}`` (hashing unless the hash is already known)."""
     return {
-        "path": os.path.relpath(path, root),
+        "path": os.path.relpath(path, base),
         "bytes": path.stat().st_size,
         "sha256": sha256 or file_sha256(path),
     }
 
 
-def _dataset_entry(name: str, prefix: Path, root: Path) -> dict[str, Any]:
-    """A dataset's identity: relative prefix, content hash, counts and file hashes.
+def _dataset_entry(name: str, prefix: Path, base: Path) -> dict[str, Any]:
+    """A dataset's identity: relative prefix, content hash, counts and file digests.
 
-    The per-file sha256 comes from the dataset's own manifest when its sizes still match,
-    so a multi-GB ``.bin`` is not re-hashed for every blend.
+    With a dataset manifest whose sizes match the files, the digests (``{bytes, sha256}`` or,
+    for a merge, ``{bytes, parts, sha256_of_parts}``) and the content hash are copied from it:
+    the ``.bin`` is never read. Only a hand-made pair without a manifest is hashed here.
     """
-    data = IndexedDataset(prefix)
-    known: dict[str, str] = {}
-    if dataset_manifest_path(prefix).is_file():
-        recorded = read_dataset_manifest(prefix)["files"]
-        for path in (data_file_path(prefix), index_file_path(prefix)):
-            info = recorded.get(path.name, {})
-            if info.get("bytes") == path.stat().st_size:
-                known[path.suffix] = info.get("sha256")
-    files = {
-        kind: _file_entry(path, root, known.get(path.suffix))
-        for kind, path in (("bin", data.bin_path), ("idx", data.idx_path))
-    }
+    has_manifest = dataset_manifest_path(prefix).is_file()
+    # The .idx header and counts; with a manifest the .bin need not even be there (an S3 step
+    # stages the .idx and manifest only), else it is sized and hashed.
+    data = IndexedDataset(prefix, index_only=has_manifest)
+    recorded: dict[str, Any] | None = None
+    if has_manifest:
+        manifest = read_dataset_manifest(prefix)
+        if data_file_path(prefix).is_file():
+            problems = file_problems(prefix, manifest, full=False)
+        else:
+            dataset_content_hash(prefix, index_only=True)  # the .idx size, or FormatError
+            problems = []
+        if problems:
+            raise FormatError(prefix, "files", "; ".join(problems))
+        recorded = manifest
+    files = {}
+    for kind, path in (("bin", data_file_path(prefix)), ("idx", index_file_path(prefix))):
+        if recorded is None:
+            files[kind] = _file_entry(path, base)
+        else:
+            info = recorded["files"][path.name]
+            digest = {k: info[k] for k in DIGEST_FIELDS if k in info}
+            files[kind] = {"path": os.path.relpath(path, base), **digest}
     return {
         "name": name,
-        "prefix": os.path.relpath(prefix, root),
-        "content_hash": dataset_content_hash(prefix),
+        "prefix": os.path.relpath(prefix, base),
+        "content_hash": (
+            dataset_content_hash(prefix) if recorded is None else str(recorded["content_hash"])
+        ),
         "dtype": data.dtype.name,
         "num_sequences": len(data),
         "num_tokens": data.num_tokens,
@@ -143,12 +202,161 @@ class _Plan:
     """Everything the per-split builder needs, fixed for the whole blend."""
 
     name: str
-    root: Path
+    base: Path  # the version folder every recorded path is relative to (may not exist yet)
     cache_dir: Path
     prefixes: dict[str, Path]
     lengths: dict[str, np.ndarray]
     weights: list[float]
     settings: dict[str, Any]
+    sizes: dict[str, int | None]
+    content_hashes: dict[str, str]
+    fetch: FetchEntry | None = None  # brings a stored index entry (remote storage) before a build
+
+    def ranges(self, position: int) -> dict[str, tuple[int, int] | None]:
+        """Each dataset's range of split ``SPLITS[position]``."""
+        semantics = self.settings["semantics"]
+        return {
+            n: split_ranges(self.settings["split_spec"], len(lengths), semantics)[position]
+            for n, lengths in self.lengths.items()
+        }
+
+    def counts(self, split: str) -> list[int | None]:
+        """The ``num_samples`` each dataset's index of ``split`` is built with."""
+        requested = self.sizes[split]
+        if requested is None:
+            return [None] * len(self.prefixes)
+        semantics = self.settings["semantics"]
+        return list(blending.blend_sample_counts(self.weights, requested, semantics=semantics))
+
+    def cache_hashes(self) -> dict[str, list[str | None]]:
+        """The Nanoset cache hash of every (split, dataset) the blend uses, computed from the
+        settings and content hashes without building anything (None: empty split range)."""
+        found = {}
+        for position, split in enumerate(SPLITS):
+            ranges = self.ranges(position)
+            if all(r is None for r in ranges.values()):
+                continue
+            hashes: list[str | None] = []
+            for name, num in zip(self.prefixes, self.counts(split), strict=True):
+                r = ranges[name]
+                if r is None or r[0] >= r[1]:
+                    hashes.append(None)
+                    continue
+                key = cache_key(
+                    self.content_hashes[name],
+                    semantics=self.settings["semantics"],
+                    split=split,
+                    split_spec=self.settings["split_spec"],
+                    split_range=r,
+                    sequence_length=self.settings["sequence_length"],
+                    seed=self.settings["seed"],
+                    num_samples=num,
+                    add_extra_token=True,
+                    drop_last_partial=True,
+                )
+                hashes.append(_index_cache.key_hash(key))
+            found[split] = hashes
+        return found
+
+
+def _version_of(
+    entries: list[dict[str, Any]],
+    plan: _Plan,
+    weights: Mapping[str, float] | None,
+    temperature: float | None,
+) -> str:
+    """The version of a blend: sha256 (``tokenmill.versions.version_hash``) of everything its
+    samples and manifest depend on: format version, semantics, sequence length, flags, split,
+    seed, configured weighting, requested sizes, each dataset's name, path and content hash, and
+    each Nanoset cache hash with the cache's path."""
+    description = {
+        "format_version": FORMAT_VERSION,
+        "kind": KIND,
+        "semantics": plan.settings["semantics"],
+        "sequence_length": plan.settings["sequence_length"],
+        "add_extra_token": True,
+        "drop_last_partial": True,
+        "split": plan.settings["split_spec"],
+        "seed": plan.settings["seed"],
+        "weights": None if weights is None else {n: float(weights[n]) for n in plan.prefixes},
+        "temperature": temperature,
+        "samples": plan.sizes,
+        "datasets": [[e["name"], e["prefix"], e["content_hash"]] for e in entries],
+        "cache_dir": os.path.relpath(plan.cache_dir, plan.base),
+        "indices": plan.cache_hashes(),
+    }
+    return version_hash(description)
+
+
+def _prepare(
+    name: str,
+    datasets: Mapping[str, str | os.PathLike[str]],
+    root: Path,
+    cache_dir: Path,
+    weights: Mapping[str, float] | None,
+    temperature: float | None,
+    sizes: dict[str, int | None],
+    settings: dict[str, Any],
+) -> tuple[list[dict[str, Any]], _Plan, str]:
+    """Checked settings, dataset entries (from the datasets' manifests and ``.idx``), the plan
+    and the version, without building anything."""
+    semantics, sequence_length = settings["semantics"], settings["sequence_length"]
+    _check_settings(datasets, weights, temperature, semantics, sizes, sequence_length)
+    base = root / VERSIONS_DIR / ("0" * 16)  # any version folder: all sit at the same depth
+    prefixes = {n: Path(p) for n, p in datasets.items()}
+    entries = [_dataset_entry(n, p, base) for n, p in prefixes.items()]
+    if temperature is not None:
+        tokens = [e["num_tokens"] for e in entries]
+        configured = [float(w) for w in blending.temperature_weights(tokens, temperature)]
+    else:
+        configured = [float(weights[n]) for n in prefixes]  # type: ignore[index]
+    plan = _Plan(
+        name=name,
+        base=base,
+        cache_dir=cache_dir,
+        prefixes=prefixes,
+        lengths={
+            n: np.asarray(
+                IndexedDataset(p, index_only=dataset_manifest_path(p).is_file()).sequence_lengths
+            )
+            for n, p in prefixes.items()
+        },
+        weights=configured,
+        settings=dict(settings),
+        sizes=sizes,
+        content_hashes={e["name"]: e["content_hash"] for e in entries},
+    )
+    return entries, plan, _version_of(entries, plan, weights, temperature)
+
+
+def blend_version(
+    name: str,
+    datasets: Mapping[str, str | os.PathLike[str]],
+    output_dir: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str],
+    *,
+    weights: Mapping[str, float] | None = None,
+    temperature: float | None = None,
+    sequence_length: int,
+    split_spec: str = "949,50,1",
+    seed: int = 1234,
+    train_samples: int,
+    valid_samples: int | None = None,
+    test_samples: int | None = None,
+    semantics: str = "megatron",
+) -> str:
+    """The version :func:`build_blend` with the same arguments builds or reuses, computed
+    without building anything (reads the datasets' manifests and ``.idx`` only): e.g. to
+    stage ``versions/<v16>/`` from remote storage before building, or to compare."""
+    sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
+    settings = {
+        "sequence_length": sequence_length,
+        "split_spec": split_spec,
+        "seed": seed,
+        "semantics": semantics,
+    }
+    root, cache = Path(output_dir), Path(cache_dir)
+    return _prepare(name, datasets, root, cache, weights, temperature, sizes, settings)[2]
 
 
 def build_blend(
@@ -166,105 +374,208 @@ def build_blend(
     valid_samples: int | None = None,
     test_samples: int | None = None,
     semantics: str = "megatron",
+    fetch: FetchEntry | None = None,
 ) -> dict[str, Any]:
-    """Build (or reuse) each dataset's index caches, the blend arrays, then the manifest.
+    """Build (or reuse) the blend's version, then point ``output_dir/manifest.json`` at it.
 
-    Returns the manifest written to ``output_dir/manifest.json``. An existing manifest is
-    removed first, so an interrupted rebuild leaves an incomplete blend, never a stale one.
+    Each dataset's index caches are built or reused; the version (``versions/<v16>/``: blend
+    arrays + manifest) is written only when no complete folder of that version exists. Returns
+    the pointer manifest (``output_dir/manifest.json``, paths relative to ``output_dir``). On any
+    error the previous pointer and versions are left as they were. ``fetch`` is passed to
+    ``build_or_load`` (e.g. a pipeline step's download of an index entry stored on S3).
     """
     sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
-    _check_settings(datasets, weights, temperature, semantics, sizes, sequence_length)
     root = Path(output_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    mpath = root / MANIFEST_NAME
-    mpath.unlink(missing_ok=True)
-    remove_stale_temps(mpath)
-    prefixes = {n: Path(p) for n, p in datasets.items()}
-    entries = [_dataset_entry(n, p, root) for n, p in prefixes.items()]
-    if temperature is not None:
-        tokens = [e["num_tokens"] for e in entries]
-        configured = [float(w) for w in blending.temperature_weights(tokens, temperature)]
-    else:
-        configured = [float(weights[n]) for n in prefixes]  # type: ignore[index]
-    plan = _Plan(
-        name=name,
-        root=root,
-        cache_dir=Path(cache_dir),
-        prefixes=prefixes,
-        lengths={n: np.asarray(IndexedDataset(p).sequence_lengths) for n, p in prefixes.items()},
-        weights=configured,
-        settings={
-            "sequence_length": sequence_length,
-            "split_spec": split_spec,
-            "seed": seed,
+    entries, plan, version = _prepare(
+        name, datasets, root, Path(cache_dir), weights, temperature, sizes,
+        {"sequence_length": sequence_length, "split_spec": split_spec, "seed": seed,
+         "semantics": semantics},
+    )  # fmt: skip
+    configured, prefixes = plan.weights, plan.prefixes
+    vdir = root / VERSIONS_DIR / version[:16]
+    plan = _Plan(**{**plan.__dict__, "base": vdir, "fetch": fetch})
+    _remove_stale_builds(root / VERSIONS_DIR)
+    predicted = plan.cache_hashes()
+    caches = {}
+    for split in SPLITS:
+        if split in predicted:
+            caches[split] = _split_caches(plan, split, predicted[split])
+    manifest = _complete_version(vdir, version)
+    if manifest is None:
+        normalized = blending.normalize_weights(configured).tolist()
+        header = {
+            "format_version": FORMAT_VERSION,
+            "kind": KIND,
+            "name": name,
+            "version": version,
             "semantics": semantics,
-        },
-    )
-    splits = {}
-    with _arrays_removed_on_error(root):
-        for position, split in enumerate(SPLITS):
-            ranges = {
-                n: split_ranges(split_spec, len(lengths), semantics)[position]
-                for n, lengths in plan.lengths.items()
-            }
-            if any(r is not None for r in ranges.values()):
-                splits[split] = _build_split(plan, split, ranges, sizes[split])
-    normalized = blending.normalize_weights(configured).tolist()
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "kind": KIND,
-        "name": name,
-        "semantics": semantics,
-        "sequence_length": sequence_length,
-        "add_extra_token": True,
-        "split": split_spec,
-        "seed": seed,
-        "weighting": {
-            "weights": None if weights is None else {n: float(weights[n]) for n in prefixes},
-            "temperature": temperature,
-            "normalized": dict(zip(prefixes, normalized, strict=True)),
-        },
-        "datasets": entries,
-        "splits": splits,
-    }
-    with _arrays_removed_on_error(root):
-        write_json(mpath, manifest)
-    return manifest
+            "sequence_length": sequence_length,
+            "add_extra_token": True,
+            "split": split_spec,
+            "seed": seed,
+            "weighting": {
+                "weights": None if weights is None else {n: float(weights[n]) for n in prefixes},
+                "temperature": temperature,
+                "normalized": dict(zip(prefixes, normalized, strict=True)),
+            },
+            "datasets": entries,
+        }
+        with _versions_locked(vdir.parent):  # a build that waited finds the version done
+            manifest = _complete_version(vdir, version) or _write_version(
+                plan, vdir, header, caches
+            )
+    pointer = seal(_rebased(manifest, f"{VERSIONS_DIR}/{vdir.name}"))
+    mpath = root / MANIFEST_NAME
+    remove_stale_temps(mpath)
+    with contextlib.suppress(FormatError):
+        if mpath.is_file() and read_blend_manifest(mpath) == pointer:
+            return pointer  # already current: nothing is rewritten
+    write_json(mpath, pointer)
+    return pointer
 
 
 @contextlib.contextmanager
-def _arrays_removed_on_error(root: Path) -> Iterator[None]:
-    """On an error (e.g. a full disk) remove the blend arrays: none stays without a manifest."""
+def _versions_locked(versions: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the ``versions`` folder itself (no lock file is left):
+    concurrent builds of one blend write a version one at a time, and a build that waited
+    finds the version another one completed."""
+    versions.mkdir(parents=True, exist_ok=True)
+    fd = os.open(versions, os.O_RDONLY)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _remove_stale_builds(versions: Path) -> None:
+    """Delete temp version folders left by killed builds (a live writer's folder stays)."""
+    if not versions.is_dir():
+        return
+    for cand in versions.glob(f"*{TMP_MARK}*"):
+        if not writer_alive(cand.name.split(TMP_MARK, 1)[1]):
+            shutil.rmtree(cand, ignore_errors=True)
+
+
+def _complete_version(vdir: Path, version: str) -> dict[str, Any] | None:
+    """The manifest of an existing, complete version folder (its own hash, version and every
+    file's size check out), or None when there is none to reuse."""
+    mpath = vdir / MANIFEST_NAME
+    if not mpath.is_file():
+        return None
+    try:
+        manifest = read_blend_manifest(mpath)
+        if manifest.get("version") != version or verify_manifest(mpath):
+            return None
+    except FormatError:
+        return None
+    return manifest
+
+
+def _write_version(
+    plan: _Plan,
+    vdir: Path,
+    header: dict[str, Any],
+    caches: dict[str, tuple[list[NanosetIndex], list[int | None]]],
+) -> dict[str, Any]:
+    """Write a version into a temp folder (arrays, then its manifest) and rename it into place.
+
+    On any error the temp folder is removed; a folder of this version without a valid manifest
+    (a partial copy, never a readable version) is replaced."""
+    vdir.parent.mkdir(parents=True, exist_ok=True)
+    staging = temp_path_for(vdir)
+    staging.mkdir()
+    try:
+        splits = {}
+        for position, split in enumerate(SPLITS):
+            if split in caches:
+                ranges = plan.ranges(position)
+                splits[split] = _build_split(plan, staging, split, ranges, caches[split])
+        manifest = seal({**header, "splits": splits})
+        write_json(staging / MANIFEST_NAME, manifest)
+        if vdir.exists():  # no valid manifest there (checked under the lock): leftovers
+            aside = temp_path_for(vdir)
+            os.rename(vdir, aside)
+            shutil.rmtree(aside)
+        os.rename(staging, vdir)
+        fsync_dir(vdir.parent)
     except BaseException:
-        for split in SPLITS:
-            for array in BLEND_ARRAYS:
-                (root / blend_array_name(split, array)).unlink(missing_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
         raise
+    return manifest
 
 
-def _split_indices(
-    plan: _Plan, split: str, requested: int | None
-) -> tuple[list[NanosetIndex], list[int | None], np.ndarray, np.ndarray, str]:
-    """Per-dataset indices (with the sample counts they were built for) and the blend arrays."""
-    semantics = plan.settings["semantics"]
-    counts: list[int | None] = [None] * len(plan.prefixes)
-    if requested is not None:
-        counts = list(blending.blend_sample_counts(plan.weights, requested, semantics=semantics))
+def _rebased(manifest: dict[str, Any], folder: str) -> dict[str, Any]:
+    """The manifest with every recorded path (relative to ``folder``) made relative to the
+    folder above it: the pointer's copy of a version's manifest."""
+
+    def move(path: str) -> str:
+        return posixpath.normpath(posixpath.join(folder, path))
+
+    def moved(entry: dict[str, Any]) -> dict[str, Any]:
+        return {**entry, "path": move(entry["path"])}
+
+    datasets = [
+        {
+            **ds,
+            "prefix": move(ds["prefix"]),
+            "files": {k: moved(f) for k, f in ds["files"].items()},
+        }
+        for ds in manifest["datasets"]
+    ]
+    splits = {}
+    for split, info in manifest["splits"].items():
+        parts = [
+            {
+                **ds,
+                "index": {
+                    **ds["index"],
+                    "files": {k: moved(f) for k, f in ds["index"]["files"].items()},
+                },
+            }
+            for ds in info["datasets"]
+        ]
+        files = {k: moved(f) for k, f in info["files"].items()}
+        splits[split] = {**info, "files": files, "datasets": parts}
+    return {**manifest, "datasets": datasets, "splits": splits}
+
+
+def _split_caches(
+    plan: _Plan, split: str, predicted: list[str | None]
+) -> tuple[list[NanosetIndex], list[int | None]]:
+    """Build or reuse each dataset's index of ``split`` (the cache hashes the version names)."""
+    counts = plan.counts(split)
     indices = []
-    for (name, prefix), num in zip(plan.prefixes.items(), counts, strict=True):
-        built = build_or_load(prefix, plan.cache_dir, split=split, num_samples=num, **plan.settings)
+    for (name, prefix), num, expected in zip(plan.prefixes.items(), counts, predicted, strict=True):
+        built = build_or_load(
+            prefix, plan.cache_dir, split=split, num_samples=num, fetch=plan.fetch, **plan.settings
+        )
         if built is None:
             raise ConfigError(
                 f"blend {plan.name!r}: dataset {name!r} has no sequences in split {split!r} "
                 f"with split {plan.settings['split_spec']!r}; change the split or the datasets"
             )
+        if built.cache_hash != expected:
+            raise CacheError(
+                f"blend {plan.name!r}: the index of {name!r} ({split}) is {built.cache_hash}, "
+                f"the blend version was computed for {expected}: the dataset changed during "
+                "the build; build the blend again"
+            )
         indices.append(built)
+    return indices, counts
+
+
+def _blend_arrays(
+    plan: _Plan, split: str, indices: list[NanosetIndex]
+) -> tuple[np.ndarray, np.ndarray, str]:
+    """The blend arrays of one split over its datasets' indices, and the blend mode."""
+    semantics = plan.settings["semantics"]
+    requested = plan.sizes[split]
     lengths = [len(ix) for ix in indices]
     if requested is None and semantics == "megatron":
         dataset_index, sample_index = blending.exhaustive_blend_indices(lengths)
-        return indices, counts, dataset_index, sample_index, "exhaustive"
+        return dataset_index, sample_index, "exhaustive"
     if requested is None:  # nanotron valid/test: one epoch of each, configured weights
         size = sum(lengths)
     else:
@@ -278,27 +589,36 @@ def _split_indices(
             f"blend {plan.name!r} split {split!r} (datasets in order: "
             f"{', '.join(plan.prefixes)}): {exc}"
         ) from exc
-    return indices, counts, dataset_index, sample_index, "weighted"
+    return dataset_index, sample_index, "weighted"
 
 
 def _build_split(
-    plan: _Plan, split: str, ranges: dict[str, tuple[int, int] | None], requested: int | None
+    plan: _Plan,
+    folder: Path,
+    split: str,
+    ranges: dict[str, tuple[int, int] | None],
+    caches: tuple[list[NanosetIndex], list[int | None]],
 ) -> dict[str, Any]:
-    """One split: index caches and blend arrays on disk, and the split's manifest part."""
-    indices, counts, dataset_index, sample_index, mode = _split_indices(plan, split, requested)
+    """One split: blend arrays written into ``folder``, and the split's manifest part."""
+    indices, counts = caches
+    dataset_index, sample_index, mode = _blend_arrays(plan, split, indices)
     files = {}
     for array, values in zip(BLEND_ARRAYS, (dataset_index, sample_index), strict=True):
-        path = plan.root / blend_array_name(split, array)
+        path = folder / blend_array_name(split, array)
         with atomic_open(path, "wb") as fh:
             np.save(fh, np.asarray(values), allow_pickle=False)
-        files[array] = _file_entry(path, plan.root)
+        files[array] = {**_file_entry(path, folder), "path": path.name}
     used = np.bincount(np.asarray(dataset_index, dtype=np.int64), minlength=len(indices))
     parts = []
     for name, ix, num, n_used in zip(plan.prefixes, indices, counts, used.tolist(), strict=True):
         lo, hi = ranges[name]  # type: ignore[misc]  # not None: the index was built
         tokens = int(plan.lengths[name][lo:hi].sum(dtype=np.int64))
         per_epoch = max(1, (tokens - 1) // plan.settings["sequence_length"])
-        index_files = {k: _file_entry(Path(p), plan.root) for k, p in ix.paths.items()}
+        records = ix.description["files"]
+        index_files = {
+            k: _file_entry(Path(p), plan.base, records[k]["sha256"] if k in records else None)
+            for k, p in ix.paths.items()
+        }
         parts.append(
             {
                 "name": name,
@@ -313,7 +633,7 @@ def _build_split(
         )
     return {
         "mode": mode,
-        "samples_requested": requested,
+        "samples_requested": plan.sizes[split],
         "size": len(dataset_index),
         "files": files,
         "datasets": parts,
@@ -323,9 +643,24 @@ def _build_split(
 def verify_blend(path: str | os.PathLike[str], *, full: bool = False) -> list[str]:
     """Problems between a blend manifest and its files (empty list = consistent).
 
-    Fast: sizes of every file, sha256 of the index files; ``full``: also the ``.bin`` files.
+    Fast (O(1) in the index sizes): the manifest's schema and own hash, every file's size, the
+    index descriptions' records. ``full``: also the sha256 of every file (``.bin`` by its parts
+    when recorded so) and every index value in bounds (what ``open_blend(verify="full")``
+    checks).
     """
-    return verify_manifest(path, full=full)
+    problems = verify_manifest(path, full=full)
+    if full and not problems:  # the files hash right: now every index value and pointer
+        from tokenmill.loader import _blend_split
+
+        mpath = manifest_path(path)
+        manifest = read_blend_manifest(mpath)
+        for split in manifest["splits"]:
+            try:
+                with schema_errors(mpath):
+                    _blend_split(manifest, mpath, split, full=True)
+            except (FormatError, CacheError) as exc:
+                problems.append(f"split {split!r}: {exc}")
+    return problems
 
 
 def describe_blend(path: str | os.PathLike[str]) -> str:

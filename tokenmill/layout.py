@@ -67,14 +67,24 @@ def document_name(name: str, text_key: str) -> str:
     return f"{check_name(name)}_{text_key}_document"
 
 
+def raw_dir(ds: str) -> str:
+    """``raw/<ds>``: a dataset's raw stats and quarantine files."""
+    return f"raw/{check_name(ds, 'dataset')}"
+
+
+def tokens_dir(ds: str) -> str:
+    """``tokens/<ds>``: a dataset's tokenized shards."""
+    return f"tokens/{check_name(ds, 'dataset')}"
+
+
 def raw_stats(ds: str, shard: str) -> str:
     """``raw/<ds>/<shard>.stats.json``: a shard's validation counts (written last)."""
-    return f"raw/{check_name(ds, 'dataset')}/{check_name(shard, 'partition key')}.stats.json"
+    return f"{raw_dir(ds)}/{check_name(shard, 'partition key')}.stats.json"
 
 
 def quarantine(ds: str, shard: str) -> str:
     """``raw/<ds>/<shard>.quarantine.jsonl``: a shard's bad lines with their line numbers."""
-    return f"raw/{check_name(ds, 'dataset')}/{check_name(shard, 'partition key')}.quarantine.jsonl"
+    return f"{raw_dir(ds)}/{check_name(shard, 'partition key')}.quarantine.jsonl"
 
 
 def hf_dir(ds: str) -> str:
@@ -100,12 +110,16 @@ def dataset_info(ds: str) -> str:
 
 def tokens_prefix(ds: str, shard: str, text_key: str) -> str:
     """``tokens/<ds>/<shard>_<text_key>_document``: one shard's ``.bin``/``.idx`` prefix."""
-    return f"tokens/{check_name(ds, 'dataset')}/{document_name(shard, text_key)}"
+    return f"{tokens_dir(ds)}/{document_name(shard, text_key)}"
+
+
+MERGED = "merged"
+BLENDS = "blends"
 
 
 def merged_dir(ds: str) -> str:
     """``merged/<ds>``: a dataset's merged versions and its pointer."""
-    return f"merged/{check_name(ds, 'dataset')}"
+    return f"{MERGED}/{check_name(ds, 'dataset')}"
 
 
 def merged_pointer(ds: str) -> str:
@@ -125,7 +139,7 @@ def nanoset_dir() -> str:
 
 def blend_dir(name: str) -> str:
     """``blends/<name>``: a blend's pointer manifest and its versions."""
-    return f"blends/{check_name(name, 'blend')}"
+    return f"{BLENDS}/{check_name(name, 'blend')}"
 
 
 def blend_manifest(name: str) -> str:

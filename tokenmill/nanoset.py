@@ -8,11 +8,16 @@ index-era nanotron Nanoset, both bit-exact (FORMATS.md §4–§6; the algorithms
 JSON key holding everything that changes the arrays: the dataset's content hash, semantics,
 split string and range, sequence length, seed, num_samples, both flags and the format version
 (both references leave some of these out, so they can reuse a stale cache; we do not).
+
+An entry needs only the dataset's sequence lengths (its ``.idx``) and content hash:
+:func:`entry_key` names a split's entry without building it and :func:`build_or_load_lengths`
+builds from the lengths, so remote storage can be asked for an entry by name first; the
+``fetch`` hook of both builders brings a missing entry's files from there before building.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +33,8 @@ from tokenmill._nanoset_indices import (
     split_ranges,
 )
 from tokenmill.errors import CacheError, ConfigError
-from tokenmill.formats.indexed import IndexedDataset, data_file_path
-from tokenmill.manifest import dataset_content_hash
+from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
 
 __all__ = [
     "SEMANTICS",
@@ -37,8 +42,10 @@ __all__ = [
     "NanosetIndex",
     "build_nanoset_indices",
     "build_or_load",
+    "build_or_load_lengths",
     "cache_key",
     "cache_paths",
+    "entry_key",
     "split_ranges",
     "verify_index",
 ]
@@ -93,6 +100,9 @@ class NanosetIndex:
         return len(self.shuffle_index)
 
 
+FetchEntry = Callable[[Mapping[str, Path]], object]
+
+
 def build_or_load(
     dataset_prefix: str | Path,
     cache_dir: str | Path,
@@ -106,25 +116,115 @@ def build_or_load(
     add_extra_token: bool = True,
     drop_last_partial: bool | None = None,
     build: bool = True,
+    fetch: FetchEntry | None = None,
 ) -> NanosetIndex | None:
     """Load the split's cached indices, building them first if needed; None if the split is
     empty for this dataset. Safe when many processes call it at once: one builds under an
     exclusive lock, the others wait and load the same files. ``drop_last_partial=None`` is the
     reference default (drop the last partial sample in every split). ``build=False`` only
-    loads: a missing entry is a CacheError (checks read, never repair). A prefix staged without
-    its ``.bin`` (an S3 step that needs only lengths) is read through its ``.idx`` and manifest.
+    loads: a missing entry is a CacheError (checks read, never repair). A dataset with a
+    manifest is read through its ``.idx`` and manifest alone (the ``.bin`` is never opened, so
+    an S3 step need not stage it); a hand-made pair without one is hashed whole.
+    ``fetch(paths)``, if given, is called with the entry's :func:`cache_paths` when its
+    description is not in ``cache_dir``, to bring a stored copy there (e.g. from S3) before
+    anything is loaded or built.
     """
-    if split not in SPLITS:
-        raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
-    if semantics not in SEMANTICS:
-        raise ConfigError(f"semantics must be one of {list(SEMANTICS)}, got {semantics!r}")
-    index_only = not data_file_path(dataset_prefix).is_file()
-    lengths = IndexedDataset(dataset_prefix, index_only=index_only).sequence_lengths
-    split_range = split_ranges(split_spec, len(lengths), semantics)[SPLITS.index(split)]
+    _check_choices(split, semantics)
+    index_only = dataset_manifest_path(dataset_prefix).is_file()  # lengths + hash suffice
+    return build_or_load_lengths(
+        IndexedDataset(dataset_prefix, index_only=index_only).sequence_lengths,
+        dataset_content_hash(dataset_prefix, index_only=index_only),
+        cache_dir,
+        split=split,
+        split_spec=split_spec,
+        sequence_length=sequence_length,
+        seed=seed,
+        num_samples=num_samples,
+        semantics=semantics,
+        add_extra_token=add_extra_token,
+        drop_last_partial=drop_last_partial,
+        build=build,
+        fetch=fetch,
+    )
+
+
+def build_or_load_lengths(
+    lengths: np.ndarray,
+    content_hash: str,
+    cache_dir: str | Path,
+    *,
+    split: str,
+    split_spec: str = "949,50,1",
+    sequence_length: int,
+    seed: int = 1234,
+    num_samples: int | None = None,
+    semantics: str = "megatron",
+    add_extra_token: bool = True,
+    drop_last_partial: bool | None = None,
+    build: bool = True,
+    fetch: FetchEntry | None = None,
+) -> NanosetIndex | None:
+    """:func:`build_or_load` from a dataset's sequence lengths (e.g. of
+    ``IndexedDataset(prefix, index_only=True)``) and content hash: no ``.bin`` is needed."""
+    found = entry_key(
+        len(lengths),
+        content_hash,
+        split=split,
+        split_spec=split_spec,
+        sequence_length=sequence_length,
+        seed=seed,
+        num_samples=num_samples,
+        semantics=semantics,
+        add_extra_token=add_extra_token,
+        drop_last_partial=drop_last_partial,
+    )
+    if found is None:
+        return None
+    key, digest = found
+    paths = cache_paths(cache_dir, digest, split)
+    if fetch is not None and not paths["description"].is_file():
+        fetch(paths)
+    try:
+        loaded = _load_entry(paths, key, digest)
+    except CacheError:
+        if not build:
+            raise
+        loaded = None
+    if loaded is not None:
+        return loaded
+    if not build:
+        raise CacheError(f"{paths['description']}: missing; the index was never built")
+    with cache.exclusive_lock(Path(cache_dir) / f"{digest}-Nanoset-{split}.lock"):
+        loaded = _load_entry(paths, key, digest, partial_ok=True)
+        if loaded is None:
+            _build_entry(paths, key, digest, np.asarray(lengths))
+            loaded = _load_entry(paths, key, digest)
+    if loaded is None:
+        raise CacheError(f"{paths['description']}: written but not readable back")
+    return loaded
+
+
+def entry_key(
+    num_sequences: int,
+    content_hash: str,
+    *,
+    split: str,
+    split_spec: str = "949,50,1",
+    sequence_length: int,
+    seed: int = 1234,
+    num_samples: int | None = None,
+    semantics: str = "megatron",
+    add_extra_token: bool = True,
+    drop_last_partial: bool | None = None,
+) -> tuple[dict[str, Any], str] | None:
+    """``(key, hash)`` of a split's cache entry (its :func:`cache_key` and the ``<hash>`` of
+    its file names) for a dataset of ``num_sequences`` sequences; None if the split is empty."""
+    _check_choices(split, semantics)
+    split_range = split_ranges(split_spec, num_sequences, semantics)[SPLITS.index(split)]
     if split_range is None or split_range[0] >= split_range[1]:
         return None
     key = cache_key(
-        dataset_content_hash(dataset_prefix, index_only=index_only),
+        content_hash,
         semantics=semantics,
         split=split,
         split_spec=split_spec,
@@ -135,26 +235,14 @@ def build_or_load(
         add_extra_token=add_extra_token,
         drop_last_partial=True if drop_last_partial is None else drop_last_partial,
     )
-    digest = cache.key_hash(key)
-    paths = cache_paths(cache_dir, digest, split)
-    try:
-        found = _load_entry(paths, key, digest)
-    except CacheError:
-        if not build:
-            raise
-        found = None
-    if found is not None:
-        return found
-    if not build:
-        raise CacheError(f"{paths['description']}: missing; the index was never built")
-    with cache.exclusive_lock(Path(cache_dir) / f"{digest}-Nanoset-{split}.lock"):
-        found = _load_entry(paths, key, digest, partial_ok=True)
-        if found is None:
-            _build_entry(paths, key, digest, lengths)
-            found = _load_entry(paths, key, digest)
-    if found is None:
-        raise CacheError(f"{paths['description']}: written but not readable back")
-    return found
+    return key, cache.key_hash(key)
+
+
+def _check_choices(split: str, semantics: str) -> None:
+    if split not in SPLITS:
+        raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    if semantics not in SEMANTICS:
+        raise ConfigError(f"semantics must be one of {list(SEMANTICS)}, got {semantics!r}")
 
 
 def cache_key(

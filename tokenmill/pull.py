@@ -5,11 +5,15 @@ descriptions, each dataset's ``.bin``/``.idx``), each as ``{path relative to the
 directory, bytes, sha256}``; the datasets' own ``P.manifest.json`` files are copied too, and a
 ``.bin`` they record by parts (a merge) is also verified part by part. The relative layout is
 kept under the destination, rooted at the deepest folder holding all of them (the storage root
-for a pipeline blend), so ``open_blend(<dest>/blends/<name>/manifest.json)`` works.
+for a pipeline blend), so ``open_blend(<dest>/blends/<name>/manifest.json)`` works. A pointer's
+version manifest (``versions/<v16>/manifest.json``) comes along, so ``open_blend(...,
+version=...)`` works on the copy too; ``version=`` pulls a named version instead of the current.
 
 Files are fetched in parallel threads into temp names, hashed while streaming, then renamed;
-files already complete and verified are skipped, anything else is fetched again. The blend
-manifest is written last (and a different one already in the destination is removed first), so
+files already complete and verified are skipped, anything else is fetched again. They arrive in
+the commit order the pipeline uploads in (``tokenmill.publish``: data, then index-cache
+descriptions and dataset manifests once all data is complete), and the blend manifest is
+written last (and a different one already in the destination is removed first), so
 its presence means "complete". Sources: a local path, or ``s3://bucket/key`` through boto3
 (imported lazily; credentials only from the environment, endpoint from ``endpoint_url`` or
 ``$AWS_ENDPOINT_URL``).
@@ -26,7 +30,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,13 +42,16 @@ from tokenmill._atomic import (
     write_bytes,
 )
 from tokenmill.errors import CacheError, ConfigError, FormatError, InputError
+from tokenmill.layout import version_dir_name
 from tokenmill.loader._manifest import (
     MANIFEST_NAME,
+    VERSIONS_DIR,
     has_control_character,
     leading_parents,
     read_blend_manifest,
     verify_manifest,
 )
+from tokenmill.publish import publish
 from tokenmill.s3 import ATTEMPTS, BACKOFF_SECONDS, is_transient, retrying, split_uri
 
 __all__ = ["PullReport", "pull"]
@@ -53,7 +59,6 @@ __all__ = ["PullReport", "pull"]
 CHUNK = 1 << 22
 DEFAULT_JOBS = 8
 DATASET_MANIFEST_SUFFIX = ".manifest.json"
-INDEX_DESCRIPTION = "-description.json"  # the commit point of a Nanoset cache entry
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ class Wanted:
     key: str  # source key (posix, relative to the source root: bucket or "/")
     rel: str  # destination path relative to the pull directory
     size: int
-    sha256: str
+    sha256: str  # "" for a file recorded by its parts only (a merged .bin)
     parts: tuple[tuple[int, str], ...] = ()  # (bytes, sha256) ranges from the dataset manifest
     what: str = ""
 
@@ -210,6 +215,7 @@ class _Plan:
     wanted: list[Wanted]  # the blend's files, deduplicated
     manifest_rel: str  # the blend manifest
     dataset_manifests: dict[str, bytes]  # the datasets' ``P.manifest.json`` (exact source bytes)
+    version_manifest: tuple[str, bytes] | None = None  # a pointer's versions/<v>/manifest.json
 
 
 def _plan(manifest: dict[str, Any], manifest_key: str, source: _Source, uri: str) -> _Plan:
@@ -219,9 +225,9 @@ def _plan(manifest: dict[str, Any], manifest_key: str, source: _Source, uri: str
     try:
         for what, entry in _blend_files(manifest):
             key = _source_key(mdir, entry["path"], uri)
-            want = Wanted(key, key, int(entry["bytes"]), str(entry["sha256"]), what=what)
+            want = _wanted(key, entry, what, uri)
             known = files.setdefault(key, want)
-            if (known.size, known.sha256) != (want.size, want.sha256):
+            if (known.size, known.sha256, known.parts) != (want.size, want.sha256, want.parts):
                 raise FormatError(uri, "files", f"{entry['path']} recorded twice, differently")
         prefixes = [_source_key(mdir, ds["prefix"], uri) for ds in manifest["datasets"]]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -233,11 +239,43 @@ def _plan(manifest: dict[str, Any], manifest_key: str, source: _Source, uri: str
         if raw is not None:
             dataset_manifests[key] = raw
             _attach_parts(files, posixpath.dirname(prefix), raw, source.uri(key))
+    version = _version_manifest(manifest, manifest_key, source)
     base = _common_dir([mdir, *(posixpath.dirname(k) for k in (*files, *dataset_manifests))])
     cut = len(base) + 1 if base else 0
     wanted = [Wanted(w.key, w.key[cut:], w.size, w.sha256, w.parts, w.what) for w in files.values()]
     small = {k[cut:]: raw for k, raw in dataset_manifests.items()}
-    return _Plan(wanted, manifest_key[cut:], small)
+    own = None if version is None else (version[0][cut:], version[1])
+    return _Plan(wanted, manifest_key[cut:], small, own)
+
+
+def _version_manifest(
+    manifest: dict[str, Any], manifest_key: str, source: _Source
+) -> tuple[str, bytes] | None:
+    """For a pointer (``blends/<name>/manifest.json``), its version's own manifest (key and
+    exact bytes), so that the copy opens with ``open_blend(..., version=...)`` too."""
+    version = manifest.get("version")
+    mdir = posixpath.dirname(manifest_key)
+    if not isinstance(version, str) or posixpath.basename(posixpath.dirname(mdir)) == VERSIONS_DIR:
+        return None
+    key = posixpath.join(mdir, VERSIONS_DIR, version_dir_name(version), MANIFEST_NAME)
+    raw = source.read(key)
+    if raw is None:
+        return None
+    if _parse_manifest(raw, source.uri(key)).get("version") != version:
+        raise FormatError(source.uri(key), "version", f"is not version {version}; not pulled")
+    return key, raw
+
+
+def _wanted(key: str, entry: dict[str, Any], what: str, uri: str) -> Wanted:
+    """A FILE entry as a Wanted: ``{bytes, sha256}`` or ``{bytes, parts, sha256_of_parts}``."""
+    parts = tuple((int(p["bytes"]), str(p["sha256"])) for p in entry.get("parts", ()))
+    if "parts" in entry:
+        tree = hashlib.sha256("".join(d for _, d in parts).encode()).hexdigest()
+        if tree != entry.get("sha256_of_parts") or sum(n for n, _ in parts) != entry["bytes"]:
+            raise FormatError(uri, "files", f"{entry['path']}: parts do not add up; not pulled")
+    elif not isinstance(entry["sha256"], str):
+        raise FormatError(uri, "files", f"{entry['path']}: sha256 is not a string")
+    return Wanted(key, key, int(entry["bytes"]), str(entry.get("sha256", "")), parts, what=what)
 
 
 def _attach_parts(files: dict[str, Wanted], folder: str, raw: bytes, uri: str) -> None:
@@ -249,15 +287,23 @@ def _attach_parts(files: dict[str, Wanted], folder: str, raw: bytes, uri: str) -
             if key not in files:
                 continue
             want = files[key]
-            if int(info["bytes"]) != want.size or info.get("sha256", want.sha256) != want.sha256:
+            parts = tuple((int(p["bytes"]), str(p["sha256"])) for p in info.get("parts", ()))
+            sha256 = str(info.get("sha256", want.sha256))
+            if (
+                int(info["bytes"]) != want.size
+                or (want.sha256 and sha256 != want.sha256)
+                or (want.parts and parts != want.parts)
+            ):
                 raise FormatError(
                     uri,
                     f"files.{name}",
                     f"records {info['bytes']} bytes / sha256 {info.get('sha256')}, the blend "
-                    f"manifest {want.size} / {want.sha256}: the dataset changed after the blend",
+                    f"manifest {want.size} / {want.sha256 or 'by parts'}: the dataset changed "
+                    "after the blend",
                 )
-            parts = tuple((int(p["bytes"]), str(p["sha256"])) for p in info.get("parts", ()))
-            files[key] = Wanted(want.key, want.rel, want.size, want.sha256, parts, want.what)
+            files[key] = Wanted(
+                want.key, want.rel, want.size, want.sha256 or sha256, want.parts or parts, want.what
+            )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise FormatError(uri, "files", f"malformed dataset manifest ({exc!r})") from exc
 
@@ -309,8 +355,10 @@ class _Hasher:
                     f"sha256 of part {i} (bytes {offset}..{offset + n}) differs from the manifest"
                 )
             offset += n
-        if self.whole.hexdigest() != self.want.sha256:
+        if self.want.sha256 and self.whole.hexdigest() != self.want.sha256:
             return "sha256 differs from the manifest"
+        if not (self.want.sha256 or self.want.parts):
+            return "the manifest records no hash for it"
         return None
 
 
@@ -395,48 +443,63 @@ def pull(
     endpoint_url: str | None = None,
     jobs: int = DEFAULT_JOBS,
     progress: bool | None = None,
+    version: str | None = None,
 ) -> PullReport:
     """Copy the blend at ``uri`` (manifest or its folder, local or ``s3://``) into ``dest``.
 
     Returns what was fetched and skipped and the local manifest path to pass to ``open_blend``.
-    ``progress=None`` shows a bar when stderr is a TTY.
+    ``version`` (a full version hash or its first 16 hex digits) pulls that version,
+    ``versions/<v16>/manifest.json`` beside the pointer ``uri``, and its files, instead of the
+    current one. ``progress=None`` shows a bar when stderr is a TTY.
     """
     if jobs < 1:
         raise ConfigError(f"jobs must be >= 1, got {jobs}")
     source, manifest_key = _open_source(uri, endpoint_url, jobs)
+    if version is not None:
+        folder = posixpath.dirname(manifest_key)
+        if posixpath.basename(posixpath.dirname(folder)) == VERSIONS_DIR:
+            folder = posixpath.dirname(posixpath.dirname(folder))
+        short = version_dir_name(version)
+        manifest_key = posixpath.join(folder, VERSIONS_DIR, short, MANIFEST_NAME)
     raw = source.read(manifest_key)
     if raw is None:
-        raise InputError(f"{source.uri(manifest_key)}: no blend manifest there")
+        what = "no blend manifest" if version is None else f"no version {version} of the blend"
+        raise InputError(f"{source.uri(manifest_key)}: {what} there")
     manifest = _parse_manifest(raw, source.uri(manifest_key))
     plan = _plan(manifest, manifest_key, source, source.uri(manifest_key))
-    # An index cache's description says the entry is complete: it goes after its arrays.
-    wanted = sorted(plan.wanted, key=lambda w: w.rel.endswith(INDEX_DESCRIPTION))
     root = Path(dest).resolve()
     final_manifest = root / plan.manifest_rel
     if final_manifest.is_file() and final_manifest.read_bytes() != raw:
         final_manifest.unlink()  # another version: never leave it claiming new files
     report = PullReport(manifest=final_manifest)
+    wanted = plan.wanted
     bar = _Progress(
         sum(w.size for w in wanted), sys.stderr.isatty() if progress is None else progress
     )
 
-    def sync(want: Wanted) -> bool:
-        return _sync(source, want, root, bar.advance)
+    by_rel = {w.rel: w for w in wanted}
 
-    try:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            arrays = sum(not w.rel.endswith(INDEX_DESCRIPTION) for w in wanted)
-            results = list(pool.map(sync, wanted[:arrays]))
-            results += list(pool.map(sync, wanted[arrays:]))
-    finally:
-        bar.close()
-    for want, fetched in zip(wanted, results, strict=True):
-        (report.fetched if fetched else report.skipped).append(want.rel)
-        report.bytes_fetched += want.size if fetched else 0
-    for rel, data in plan.dataset_manifests.items():
-        path = root / rel
+    def sync(rel: str) -> tuple[Wanted, bool] | None:
+        if rel in by_rel:
+            return by_rel[rel], _sync(source, by_rel[rel], root, bar.advance)
+        path, data = root / rel, plan.dataset_manifests[rel]
         if not (path.is_file() and path.read_bytes() == data):
             write_bytes(path, data)
+        return None
+
+    try:
+        # Commit order (tokenmill.publish): data, then index descriptions and dataset
+        # manifests, each rank only once the one before is complete; the blend manifest last.
+        results = publish([*by_rel, *plan.dataset_manifests], sync, jobs=jobs)
+    finally:
+        bar.close()
+    for result in results:
+        if result is not None:
+            want, fetched = result
+            (report.fetched if fetched else report.skipped).append(want.rel)
+            report.bytes_fetched += want.size if fetched else 0
+    if plan.version_manifest is not None:  # checked against its files like the pointer
+        _commit_manifest(root / plan.version_manifest[0], plan.version_manifest[1])
     _commit_manifest(final_manifest, raw)
     return report
 

@@ -42,8 +42,14 @@ from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, inde
 from tokenmill.ingest import ON_BAD_RECORD, IngestStats, Quarantine, read_input_batches
 from tokenmill.loader._manifest import name_problem
 from tokenmill.manifest import dataset_manifest_path, input_sha256, write_dataset_manifest
-from tokenmill.tokenize_procs import Background, Checker, EngineMismatch, Pool
-from tokenmill.tokenizer import Encoder, inspect_tokenizer, load_encoder, record_mismatch
+from tokenmill.tokenize_procs import SAMPLE_CHARS, Background, Checker, EngineMismatch, Pool
+from tokenmill.tokenizer import (
+    Encoder,
+    inspect_tokenizer,
+    load_encoder,
+    record_mismatch,
+    verification_summary,
+)
 
 log = logging.getLogger(__name__)
 CHECKED_ENGINES = ("gigatoken", "tiktoken")
@@ -284,6 +290,12 @@ class _Run:
             "vocab_size": info.vocab_size,
             "eod_id": info.eod_id,
         }
+        config["verification"] = verification_summary(
+            encoder,
+            sample_documents=SAMPLE_DOCS,
+            sample_chars=SAMPLE_CHARS,
+            sampled=encoder.name in CHECKED_ENGINES,
+        )
         inputs = [
             {"uri": uri, "bytes": _input_bytes([path]), "sha256": sha256, "stats": st.to_dict()}
             for uri, path, sha256, st in zip(self.uris, self.inputs, hashes, stats, strict=True)

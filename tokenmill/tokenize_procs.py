@@ -9,6 +9,7 @@ second), so a killed run leaves no orphans.
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
 import queue
@@ -78,10 +79,15 @@ def _worker(
             return
         out.send_bytes(b"K" + lengths.tobytes())
         out.send_bytes(flat)
+        out.send_bytes(json.dumps(encoder.routed).encode())  # this batch's guard counts
+        encoder.routed.clear()
 
 
 class Pool:
-    """Forked encoder processes, fed round-robin by a reader thread, drained in input order."""
+    """Forked encoder processes, fed round-robin by a reader thread, drained in input order.
+
+    The documents the workers' guards send to the reference are added to ``encoder.routed``.
+    """
 
     def __init__(
         self,
@@ -92,6 +98,7 @@ class Pool:
         open_conns: list[Any],
     ) -> None:
         ctx = multiprocessing.get_context("fork")
+        self.encoder = encoder
         self.dtype = dtype
         self.tasks: list[Any] = []
         self.results: list[Any] = []
@@ -135,11 +142,13 @@ class Pool:
             try:
                 head = conn.recv_bytes()
                 body = conn.recv_bytes() if head[:1] == b"K" else b""
+                routed = conn.recv_bytes() if head[:1] == b"K" else b"{}"
             except EOFError:
                 raise TokenmillError(f"tokenize: encoder process {ticket} died") from None
             if head[:1] != b"K":
                 raise TokenmillError(f"tokenize: encoder process failed: {head[1:].decode()}")
             self.slots.release()
+            self.encoder.routed.update(json.loads(routed))
             yield np.frombuffer(body, dtype=self.dtype), np.frombuffer(head[1:], dtype=np.int64)
         feeder.join()
         self.done = True

@@ -1,4 +1,5 @@
-"""Local HF tokenizers, encoded by the fastest engine proven to give the reference ids.
+"""Local HF tokenizers, encoded by the fastest engine verified (on a probe set, then on each run's
+sample, behind a per-document guard) to give the reference ids.
 
 The reference is what Megatron's ``HuggingFaceTokenizer`` path computes:
 ``AutoTokenizer.from_pretrained(dir)(text).input_ids`` (transformers). Engines, fastest first:
@@ -13,6 +14,13 @@ digits, code, long words, every added token written literally, a sweep of code p
 verdicts are cached under ``$TOKENMILL_CACHE_DIR`` (default ``~/.cache/tokenmill``), so later runs
 never import transformers (seconds); runs still compare the engine on their own first documents
 (``tokenmill.tokenize``) and record a disagreement here, which demotes the engine for good.
+
+A tokenizer whose only normalizer is a Unicode form (NFC, NFKC, ...) runs on the fast engines
+through a copy without the normalizer, its texts normalized by Python's ``unicodedata`` first.
+The fast engines are guarded (``tokenmill.tokenizer_guard``): every document of a class where
+they could differ from the reference (an added token's string in the text, a code point whose
+handling depends on the Unicode version) is encoded by the reference engine instead, counted
+in ``Encoder.routed``.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ import importlib
 import importlib.util
 import json
 import os
+import unicodedata
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,9 +42,10 @@ from tokenmill import _batching
 from tokenmill._atomic import write_json
 from tokenmill.errors import ConfigError, TokenmillError
 from tokenmill.formats.indexed import optimal_dtype
+from tokenmill.tokenizer_guard import CLASSES, Guard
 
 ENGINES = ("gigatoken", "tiktoken", "hf", "transformers")
-CACHE_VERSION = 2  # bump when the probes or the record layout change
+CACHE_VERSION = 4  # bump when the probes or the record layout change
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
 
@@ -79,6 +90,14 @@ class TokenizerInfo:
     split_special_tokens: bool = False
     ranks: RankFiles | None = None
     hf_definition: Path | None = None  # same definition, faster for ``tokenizers`` to load
+    normalizer: str | None = None  # Unicode form the fast engines' texts get from Python
+    fast_definition: Path | None = None  # the definition without that normalizer
+    specials: tuple[str, ...] = ()  # added tokens' strings: the guard's special_token class
+    guard_ranges: tuple[tuple[int, int], ...] = ()  # the guard's code_point class
+
+    def guard(self) -> Guard:
+        """The per-document guard of the fast engines for this tokenizer."""
+        return Guard(self.specials, self.guard_ranges, self.normalizer)
 
     @property
     def dtype(self) -> np.dtype:
@@ -150,7 +169,8 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
     """Facts and engine verdicts for a tokenizer; verifies it (once, cached) when needed."""
     source, definition = resolve_tokenizer_path(path)
     fingerprint = tokenizer_fingerprint(source, definition)
-    key_src = json.dumps([fingerprint, _library_versions(), CACHE_VERSION], sort_keys=True)
+    versions = {**_library_versions(), "unicodedata": unicodedata.unidata_version}
+    key_src = json.dumps([fingerprint, versions, CACHE_VERSION], sort_keys=True)
     record_path = (
         cache_dir() / "tokenizers" / f"{hashlib.sha256(key_src.encode()).hexdigest()}.json"
     )
@@ -165,6 +185,8 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
     effective = record.get("effective_definition")
     hf_definition = record.get("hf_definition")
     ranks = record.get("ranks")
+    fast = record.get("fast_definition")
+    guard = record.get("guard") or {}
     return TokenizerInfo(
         source=source,
         definition=record_path.parent / effective if effective else definition,
@@ -187,6 +209,10 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
             scheme=ranks["scheme"],
             specials=tuple(ranks["specials"]),
         ),
+        normalizer=record.get("normalizer"),
+        fast_definition=record_path.parent / fast if fast else None,
+        specials=tuple(guard.get("specials", ())),
+        guard_ranges=tuple((int(a), int(b)) for a, b in guard.get("ranges", ())),
     )
 
 
@@ -293,17 +319,26 @@ def pack_flat(
 
 
 class Encoder:
-    """A tokenizer bound to one engine: ``tokenizer(text).input_ids`` for many texts at once."""
+    """A tokenizer bound to one engine: ``tokenizer(text).input_ids`` for many texts at once.
+
+    A ``guarded`` engine (the fast ones) runs each batch through the tokenizer's ``Guard``:
+    documents of a risky class go to ``reference_encoder`` and are counted in ``routed`` by
+    class (``pack`` only; ``encode``, used for probes and samples, counts nothing).
+    """
 
     name = ""
     adds_special_tokens = False  # True when the engine applies the post-processor itself
+    guarded = False
 
     def __init__(self, info: TokenizerInfo) -> None:
         self.info = info
+        self.routed: Counter[str] = Counter()
+        self._guard = info.guard() if self.guarded else None
+        self._reference: Encoder | None = None
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Every text's ids, concatenated (uint32), and each text's length."""
-        return self.pack(texts)
+        return self._guarded(texts, None, np.uint32, False, None)
 
     def pack(
         self,
@@ -317,6 +352,45 @@ class Encoder:
 
         ``threads`` lets an engine with its own thread pool use it (gigatoken); others ignore it.
         """
+        return self._guarded(texts, eod, dtype, threads, self.routed)
+
+    def _guarded(
+        self,
+        texts: list[str],
+        eod: int | None,
+        dtype: np.dtype | type,
+        threads: bool,
+        counts: Counter[str] | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        if self._guard is None:
+            return self._pack(texts, eod, dtype, threads)
+        prepared, routed, classes = self._guard.split(texts)
+        if counts is not None:
+            counts.update(classes)
+        if not routed:
+            return self._pack(prepared, eod, dtype, threads)
+        if self._reference is None:
+            self._reference = reference_encoder(self.info)
+        fast = np.ones(len(texts), dtype=bool)
+        fast[routed] = False
+        mine = np.flatnonzero(fast)
+        parts = [
+            (mine, self._pack([prepared[i] for i in mine], eod, dtype, threads)),
+            (np.array(routed), self._reference.pack([texts[i] for i in routed], eod, dtype)),
+        ]
+        lengths = np.empty(len(texts), dtype=np.int64)
+        for where, (_, n) in parts:
+            lengths[where] = n
+        starts = np.cumsum(lengths) - lengths
+        out = np.empty(int(lengths.sum()), dtype)
+        for where, (flat, n) in parts:
+            out[np.repeat(starts[where] - (np.cumsum(n) - n), n) + np.arange(flat.size)] = flat
+        return out, lengths
+
+    def _pack(
+        self, texts: list[str], eod: int | None, dtype: np.dtype | type, threads: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The engine's own ``pack``, without the guard."""
         if self.adds_special_tokens:
             return _assemble(self._encode_each(texts), eod=eod, dtype=dtype)
         info = self.info
@@ -336,6 +410,7 @@ class GigatokenEncoder(Encoder):
     """
 
     name = "gigatoken"
+    guarded = True
 
     def __init__(self, info: TokenizerInfo) -> None:
         super().__init__(info)
@@ -354,7 +429,8 @@ class GigatokenEncoder(Encoder):
             if not np.array_equal(ids, np.arange(len(ids))):
                 self._table = ids
         else:
-            backend = gigatoken.gigatoken_rs.load_hf_json(info.definition.read_bytes())
+            definition = info.fast_definition or info.definition
+            backend = gigatoken.gigatoken_rs.load_hf_json(definition.read_bytes())
         self._tok = gigatoken.Tokenizer(backend)
         self._backend = backend
         self._padding = gigatoken.gigatoken_rs.PadTruncate(0)
@@ -390,15 +466,10 @@ class GigatokenEncoder(Encoder):
         matrix, lengths = self._backend.encode_batch_padded(texts, self._padding, parallel=False)
         return np.asarray(matrix), np.asarray(lengths, dtype=np.int64)
 
-    def pack(
-        self,
-        texts: list[str],
-        eod: int | None = None,
-        dtype: np.dtype | type = np.uint32,
-        *,
-        threads: bool = False,
+    def _pack(
+        self, texts: list[str], eod: int | None, dtype: np.dtype | type, threads: bool
     ) -> tuple[np.ndarray, np.ndarray]:
-        """As ``Encoder.pack``; ranks become ids with one gather before the specials go in."""
+        """As ``Encoder._pack``; ranks become ids with one gather before the specials go in."""
         flat, lengths = self._encode_flat(texts, threads)
         if self._table is not None:
             flat = self._table.astype(dtype, copy=False)[flat]
@@ -410,6 +481,7 @@ class TiktokenEncoder(Encoder):
     """tiktoken over the cached ranks (ids as mergeable ranks) and the pre-tokenizer's regex."""
 
     name = "tiktoken"
+    guarded = True
 
     def __init__(self, info: TokenizerInfo) -> None:
         super().__init__(info)
@@ -508,3 +580,41 @@ def load_tokenizer(path: str | os.PathLike[str], *, engine: str = "auto") -> Enc
 def reference_encoder(info: TokenizerInfo) -> Encoder:
     """The engine runs are checked against: ``hf`` when verified, else transformers itself."""
     return load_encoder(info, "hf" if info.verdicts.get("hf") == "ok" else "transformers")
+
+
+def verification_summary(
+    encoder: Encoder, *, sample_documents: int, sample_chars: int, sampled: bool
+) -> dict[str, Any]:
+    """What a run's ids were checked against, for its manifest: the engine, its verdict on the
+    probe set, the run's sample, the guard and how many documents it sent to the reference.
+    Nothing in it names a path or a time (manifests of the same inputs are byte-identical)."""
+    info = encoder.info
+    record = _read_record(info.record_path, info.fingerprint) or {}
+    guard = record.get("guard") or {}
+    reference = "hf" if info.verdicts.get("hf") == "ok" else "transformers"
+    summary: dict[str, Any] = {
+        "engine": encoder.name,
+        "reference": str(record.get("reference", "")).split(" from ")[0],
+        "libraries": record.get("libraries"),
+        "probes": {**(record.get("probes") or {}), "verdict": info.verdicts.get(encoder.name)},
+        "sample": {"documents_per_input": sample_documents, "chars_per_document": sample_chars}
+        if sampled
+        else None,
+        "normalizer": None
+        if info.normalizer is None or not encoder.guarded
+        else {"form": info.normalizer, "by": f"unicodedata {guard.get('unidata_version')}"},
+        "guard": None,
+    }
+    if encoder.guarded:
+        summary["guard"] = {
+            "documents": "every",
+            "classes": {
+                "special_token": f"{len(info.specials)} added-token strings",
+                "code_point": f"{len(info.guard_ranges)} code-point ranges: unassigned in "
+                f"unicodedata {guard.get('unidata_version')}, and "
+                f"{len(guard.get('normalization_differences') or ())} normalization differences",
+            },
+            "reference_engine": reference,
+            "routed_documents": {k: int(encoder.routed.get(k, 0)) for k in CLASSES},
+        }
+    return summary

@@ -4,18 +4,24 @@
 (``AutoTokenizer.from_pretrained(SOURCE)``), checks that its class passes text straight to its
 ``tokenizers`` backend, takes the effective backend definition (transformers may rewrite the
 post-processor or add special tokens on load), encodes the probe set with the reference and with
-every engine, and writes the verdicts to RECORD. A child keeps transformers (seconds to import,
-hundreds of MB) and any thread pools out of the tokenizing process.
+every engine, and writes the verdicts to RECORD. A tokenizer whose normalizer is one Unicode
+form gets a copy without it (``*.fast.json``) for the fast engines, which are probed as they run:
+texts normalized by Python, behind the guard whose ranges (``unicodedata``'s unassigned code
+points and ``tokenmill.tokenizer_guard.normalization_differences``) are computed here. A child
+keeps transformers (seconds to import, hundreds of MB) and any thread pools out of the
+tokenizing process.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import itertools
 import os
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +33,18 @@ from tokenmill.errors import ConfigError, TokenmillError
 from tokenmill.tokenizer import (
     CACHE_VERSION,
     ENCODERS,
+    Encoder,
     RankFiles,
     TokenizerInfo,
     _assemble,
     _library_versions,
     first_mismatch,
+)
+from tokenmill.tokenizer_guard import (
+    normalization_differences,
+    to_ranges,
+    unassigned_code_points,
+    unicode_form,
 )
 
 # Methods on the path from ``tokenizer(text)`` to the backend; a subclass overriding one may
@@ -73,14 +86,25 @@ _PROBES = (
     "Supercalifragilisticexpialidocious" * 40,
     "a" * 5000 + " " + "ab" * 3000 + " " * 1000 + "\n" * 300,
     "ﷺ ﷽ " + "\u0300" * 20 + "a\u0301\u0302\u0303 Z̤̈ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝟘𝟙𝟚 𠀀𠀁 \U0001f600\U0001f3fd",
+    "ᄀ각 한\u1100\u1161\u11a8 \u1100\u1161 ᄒᆞᆫ 가\u0300 \u0958\u093c \u0915\u093c \u1e0b\u0323",
+    "<|endoftext|>\u0338 </s>\u0338 ＜|endoftext|＞ ＜/s＞ <s\u0338",
 )
 
 
+def _assigned(code_points: range) -> list[str]:
+    """The characters of ``code_points`` that ``unicodedata`` knows (the guard routes others)."""
+    return [chr(c) for c in code_points if unicodedata.category(chr(c)) not in ("Cn", "Cs")]
+
+
 def probe_texts(added_tokens: list[str]) -> list[str]:
-    """The fixed probe set plus a code-point sweep and every added token written literally."""
-    bmp = (c for c in range(0x3100) if not 0xD800 <= c < 0xE000)
-    texts = [*_PROBES, " ".join(f"a{chr(c)}b" for c in bmp)]
-    texts.append("".join(chr(c) for c in range(0x3100, 0x30000, 7) if not 0xD800 <= c < 0xE000))
+    """The fixed probe set plus a code-point sweep (in chunks, assigned code points only: a
+    chunk with a code point of the guard's is encoded by the reference) and every added token
+    written literally."""
+    texts = list(_PROBES)
+    for start in range(0, 0x3100, 0x400):
+        texts.append(" ".join(f"a{ch}b" for ch in _assigned(range(start, start + 0x400))))
+    for start in range(0x3100, 0x30000, 0x4000):
+        texts.append("".join(_assigned(range(start, start + 0x4000, 7))))
     if added_tokens:
         texts.append(" ".join(f"x{t}y {t}{t}\n{t}" for t in sorted(added_tokens)))
     return texts
@@ -179,13 +203,26 @@ def verify_tokenizer(
     hf_definition = _hf_definition(spec, record_path)
     split = bool(getattr(tok, "split_special_tokens", False))
     around = template_ids(spec.get("post_processor"))
-    probes = probe_texts([t["content"] for t in spec.get("added_tokens") or []])
+    specials = [t["content"] for t in spec.get("added_tokens") or []]
+    probes = probe_texts(specials)
     expected = _assemble([np.array(x, dtype=np.uint32) for x in tok(probes).input_ids])
+    form = unicode_form(spec.get("normalizer"))
+    fast_spec, fast = spec, None
+    if form is not None:
+        fast_spec, fast = dict(spec, normalizer=None), record_path.with_suffix(".fast.json").name
+        write_bytes(record_path.parent / fast, orjson.dumps(fast_spec))
     try:
-        ranks: RankFiles | None = write_rank_files(spec, record_path)
+        ranks: RankFiles | None = write_rank_files(fast_spec, record_path)
         no_ranks = None
     except ConfigError as exc:
         ranks, no_ranks = None, f"not used: no tiktoken form: {exc}"
+    differences = _normalization_study(form, record_path.parent) if form else []
+    guard = {
+        "specials": specials,
+        "ranges": to_ranges([*unassigned_code_points(), *differences]),
+        "unidata_version": unicodedata.unidata_version,
+        "normalization_differences": differences,
+    }
     info = TokenizerInfo(
         source=source,
         definition=record_path.parent / effective if effective else definition,
@@ -200,9 +237,14 @@ def verify_tokenizer(
         split_special_tokens=split,
         ranks=ranks,
         hf_definition=record_path.parent / hf_definition if hf_definition else None,
+        normalizer=form,
+        fast_definition=record_path.parent / fast if fast else None,
+        specials=tuple(specials),
+        guard_ranges=tuple(guard["ranges"]),
     )
-    verdicts = {}
-    for name in ("gigatoken", "tiktoken", "hf"):
+    verdicts = info.verdicts  # filled in place: hf first, the fast engines' reference
+    loaded: dict[str, Encoder] = {}
+    for name in ("hf", "gigatoken", "tiktoken"):
         if problem:
             verdicts[name] = f"not used: {problem}"
         elif name != "hf" and (split or around is None):
@@ -210,7 +252,7 @@ def verify_tokenizer(
         elif name == "tiktoken" and no_ranks:
             verdicts[name] = no_ranks
         else:
-            verdicts[name] = _probe_engine(name, info, probes, expected)
+            verdicts[name] = _probe_engine(name, info, probes, expected, loaded)
     verdicts["transformers"] = "ok"
     return {
         "fingerprint": fingerprint,
@@ -235,7 +277,29 @@ def verify_tokenizer(
             "specials": list(ranks.specials),
         },
         "verdicts": verdicts,
+        "normalizer": form,
+        "fast_definition": fast,
+        "guard": guard,
+        "probes": {
+            "texts": len(probes),
+            "chars": sum(map(len, probes)),
+            "sha256": hashlib.sha256(orjson.dumps(probes)).hexdigest(),
+        },
     }
+
+
+def _normalization_study(form: str, folder: Path) -> list[int]:
+    """``normalization_differences(form)``, cached beside the records: it depends only on the
+    form and the Unicode versions (Python's and the installed ``tokenizers``'), not on the
+    tokenizer, so a second tokenizer with the same normalizer skips it (0.8 s)."""
+    key = f"{form}-{unicodedata.unidata_version}-tokenizers-{_library_versions()['tokenizers']}"
+    path = folder / f"normalization-{key}.json"
+    try:
+        return [int(c) for c in orjson.loads(path.read_bytes())]
+    except (OSError, ValueError, TypeError):
+        found = normalization_differences(form)
+        write_bytes(path, orjson.dumps(found))
+        return found
 
 
 def write_rank_files(spec: dict[str, Any], record_path: Path) -> RankFiles:
@@ -260,10 +324,19 @@ def write_rank_files(spec: dict[str, Any], record_path: Path) -> RankFiles:
 
 
 def _probe_engine(
-    name: str, info: TokenizerInfo, probes: list[str], expected: tuple[np.ndarray, np.ndarray]
+    name: str,
+    info: TokenizerInfo,
+    probes: list[str],
+    expected: tuple[np.ndarray, np.ndarray],
+    loaded: dict[str, Encoder],
 ) -> str:
+    """The engine's verdict on the probes, run as in a tokenize run (behind its guard, whose
+    routed probes go to the ``hf`` engine verified before it, loaded once into ``loaded``)."""
     try:
-        got = ENCODERS[name](info).encode(probes)
+        encoder = loaded[name] = ENCODERS[name](info)
+        if encoder.guarded and "hf" in loaded:
+            encoder._reference = loaded["hf"]
+        got = encoder.encode(probes)
     except Exception as exc:  # any load/encode failure just rules the engine out
         return f"not used: {type(exc).__name__}: {exc}"
     mismatch = first_mismatch(probes, expected, got)
@@ -285,8 +358,12 @@ TEKKEN_PATTERN = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
     r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+    r"\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # gigatoken's built-in pre-tokenizers by the regex they implement (others load tokenizer.json).
-SCHEMES = {GPT2_PATTERN: "gpt2", TEKKEN_PATTERN: "nemotron"}
+SCHEMES = {GPT2_PATTERN: "gpt2", TEKKEN_PATTERN: "nemotron", QWEN2_PATTERN: "qwen2"}
 
 
 def tiktoken_parts(spec: dict[str, Any]) -> tuple[str, dict[bytes, int], dict[str, int]]:

@@ -406,34 +406,40 @@ def test_sixteen_ranks_build_and_open_one_cold_blend(ranks: Workers, tmp_path: P
     assert temps(tmp_path) == []
 
 
-def test_opening_a_blend_while_it_is_rebuilt_fails_cleanly(tmp_path: Path) -> None:
-    """Why the ranks above meet between building and opening: a rebuild hides the manifest
-    until its new one is in place, so a reader meanwhile gets a clear error, never a mix."""
+def test_opening_a_blend_while_it_is_refreshed_gives_the_previous_version(
+    tmp_path: Path,
+) -> None:
+    """A refresh writes its new version first and moves the pointer last: a reader meanwhile
+    opens the previous version whole (its batches, its version), never a mix; afterwards the
+    new one, and the previous one still opens by its version."""
     from tokenmill.blend_manifest import build_blend
-    from tokenmill.errors import FormatError
     from tokenmill.loader import open_blend
 
     settings = blend_settings(tmp_path)
     out, cache = tmp_path / "blends" / "mix", tmp_path / "nanoset"
     build_blend(output_dir=out, cache_dir=cache, **settings)
-    before = open_blend(out / "manifest.json").get_batch(np.arange(50))
+    old = open_blend(out / "manifest.json")
+    before = old.get_batch(np.arange(50))
     arrive, release = threading.Event(), threading.Event()
 
-    def rebuild() -> None:
+    def refresh() -> None:
         with gated_commits("mix/manifest.json", lambda: (arrive.set(), release.wait(TIMEOUT))):
-            build_blend(output_dir=out, cache_dir=cache, **settings)
+            build_blend(output_dir=out, cache_dir=cache, **{**settings, "seed": 99})
 
-    builder = threading.Thread(target=rebuild)
+    builder = threading.Thread(target=refresh)
     builder.start()
     try:
-        assert arrive.wait(TIMEOUT)  # the rebuild's arrays are in place, its manifest is not
-        with pytest.raises(
-            FormatError, match=r"missing: the blend was never completed \(or is being rebuilt\)"
-        ):
-            open_blend(out / "manifest.json")
+        assert arrive.wait(TIMEOUT)  # the new version is complete, the pointer not yet moved
+        assert len(list((out / "versions").iterdir())) == 2
+        meanwhile = open_blend(out / "manifest.json")
+        assert meanwhile.version == old.version
+        np.testing.assert_array_equal(meanwhile.get_batch(np.arange(50)), before)
     finally:
         release.set()
         builder.join(TIMEOUT)
+    new = open_blend(out / "manifest.json")
+    assert new.version != old.version
+    assert not np.array_equal(new.get_batch(np.arange(50)), before)
     np.testing.assert_array_equal(
-        open_blend(out / "manifest.json").get_batch(np.arange(50)), before
+        open_blend(out / "manifest.json", version=old.version).get_batch(np.arange(50)), before
     )

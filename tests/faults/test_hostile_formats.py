@@ -46,6 +46,7 @@ from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError, TokenmillError
 from tokenmill.loader import _manifest as blend_reader
 from tokenmill.loader import open_blend, open_nanoset
+from tokenmill.loader._manifest import seal
 from tokenmill.nanoset import build_or_load
 from tokenmill.pull import pull
 
@@ -157,14 +158,19 @@ def _corrupt(world: World, name: str) -> Path:
 
 
 def _rehash_blend(world: World) -> None:
-    """Make the blend manifest record the damaged files (a tampered or buggy manifest)."""
+    """Make the blend manifest record the damaged files (a tampered or buggy manifest, sealed
+    with its own hash again so that the readers look past it)."""
     mpath = world.root / BLEND
     manifest = json.loads(mpath.read_text())
     entry = next(ds for ds in manifest["datasets"] if ds["name"] == "code")
     for kind in ("bin", "idx"):
         path = Path(f"{world.code}.{kind}")
-        entry["files"][kind].update(bytes=path.stat().st_size, sha256=file_sha256(path))
-    mpath.write_text(json.dumps(manifest))
+        entry["files"][kind] = {
+            "path": entry["files"][kind]["path"],
+            "bytes": path.stat().st_size,
+            "sha256": file_sha256(path),
+        }
+    mpath.write_text(json.dumps(seal(manifest)))
 
 
 def _inspect(world: World, capsys: pytest.CaptureFixture[str]) -> str:
@@ -187,15 +193,25 @@ def _merge(world: World, capsys: pytest.CaptureFixture[str]) -> str:
 
 def _open_nanoset(world: World, capsys: pytest.CaptureFixture[str]) -> str:
     Path(f"{world.code}.manifest.json").unlink()  # a hand-made Megatron pair: no manifest
-    with pytest.raises(FormatError) as err:
+    try:  # fast: the pair's header, counts and sizes (O(1) in the index sizes)
         open_nanoset(world.code, index=world.description)
+    except FormatError as exc:
+        return str(exc)
+    with pytest.raises(FormatError) as err:  # every pointer: only the full check reads them all
+        open_nanoset(world.code, index=world.description, verify="full")
+    assert "sequence_pointers" in str(err.value)
     return str(err.value)
 
 
 def _open_blend(world: World, capsys: pytest.CaptureFixture[str]) -> str:
     _rehash_blend(world)
-    with pytest.raises(FormatError) as err:
+    try:  # fast: the pair's header, counts and sizes (O(1) in the index sizes)
         open_blend(world.root / BLEND, "train")
+    except FormatError as exc:
+        return str(exc)
+    with pytest.raises(FormatError) as err:  # every pointer: only the full check reads them all
+        open_blend(world.root / BLEND, "train", verify="full")
+    assert "sequence_pointers" in str(err.value)
     return str(err.value)
 
 
@@ -374,6 +390,13 @@ BLEND_TAMPERING: dict[str, tuple[BlendMutation, type[Exception], str]] = {
     "sequence_length a string": (_top(sequence_length="16"), C, "says sequence_length '16', its"),
     "add_extra_token edited": (_top(add_extra_token=False), C, "says add_extra_token False, its"),
     "sha256 edited": (_entry(sha256="f" * 64), C, f"{ARRAY}: sha256 differs from the recorded"),
+    "cache record edited": (
+        lambda m, w: m["splits"]["train"]["datasets"][0]["index"]["files"]["sample"].update(
+            sha256="0" * 64
+        ),
+        C,
+        "index cache (sample): the manifest records",
+    ),
     "size a string": (
         lambda m, w: _array(m).update(bytes=str(_array(m)["bytes"])),
         C,
@@ -391,6 +414,25 @@ BLEND_TAMPERING: dict[str, tuple[BlendMutation, type[Exception], str]] = {
 }
 
 
+FULL_ONLY = {"sha256 edited"}
+
+
+def test_unsealed_edit_of_a_blend_manifest_is_refused_without_hashing_files(
+    world: World, monkeypatch: Any
+) -> None:
+    """An edit that does not recompute ``manifest_sha256`` (a damaged or hand-edited file) is
+    refused by the O(1) fast open: nothing is hashed but the manifest itself."""
+    mpath = world.root / BLEND
+    manifest = json.loads(mpath.read_text())
+    _array(manifest).update(sha256="f" * 64)
+    mpath.write_text(json.dumps(manifest))
+    hashed: list[Path] = []
+    monkeypatch.setattr(blend_reader, "file_sha256", lambda p, *a: hashed.append(Path(p)))
+    with pytest.raises(FormatError, match=r"manifest_sha256: .* edited or damaged"):
+        open_blend(mpath, "train")
+    assert hashed == []
+
+
 @pytest.mark.parametrize("tampering", BLEND_TAMPERING)
 def test_tampered_blend_manifest_is_refused(
     world: World, tampering: str, capsys: pytest.CaptureFixture[str], monkeypatch: Any
@@ -399,13 +441,18 @@ def test_tampered_blend_manifest_is_refused(
     manifest = json.loads(mpath.read_text())
     mutate, error, text = BLEND_TAMPERING[tampering]
     mutate(manifest, world)
-    mpath.write_text(json.dumps(manifest))
+    mpath.write_text(json.dumps(seal(manifest)))  # sealed again: a buggy or deliberate writer
     hashed: list[Path] = []
     real = blend_reader.file_sha256
-    monkeypatch.setattr(blend_reader, "file_sha256", lambda p: hashed.append(Path(p)) or real(p))
+    monkeypatch.setattr(
+        blend_reader, "file_sha256", lambda p, *a: hashed.append(Path(p)) or real(p, *a)
+    )
     before = snapshot(world.outer, skip=world.outer / "dest")
+    if tampering in FULL_ONLY:  # a consistent manifest with a false hash: the fast open's
+        open_blend(mpath, "train")  # O(1) checks cannot see it, the full one must
+        assert hashed == []
     with pytest.raises(error) as err:
-        open_blend(mpath, "train")
+        open_blend(mpath, "train", verify="full" if tampering in FULL_ONLY else "fast")
     assert text in str(err.value) and str(mpath) in str(err.value)
     assert main(["verify", str(mpath)]) == 1
     captured = capsys.readouterr()

@@ -210,40 +210,56 @@ def test_index_killed(
 
 
 @pytest.mark.parametrize(
-    ("hook", "call", "orphans"),
+    ("hook", "call", "staged"),
     [
-        ("tokenmill.blend_manifest:_build_split", 2, "train-*.npy"),
-        ("tokenmill.blend_manifest:write_json", 1, "*.npy"),
+        ("tokenmill.blend_manifest:_build_split", 2, 2),  # train arrays in the temp folder
+        ("tokenmill.blend_manifest:write_json", 1, 6),  # every array, no version manifest
+        ("tokenmill.blend_manifest:write_json", 2, 0),  # version renamed, pointer not written
     ],
-    ids=["after-train-split", "before-manifest"],
+    ids=["after-train-split", "before-version-manifest", "before-pointer"],
 )
 def test_blend_killed(
-    src: Path, clean: dict, tmp_path: Path, hook: str, call: int, orphans: str
+    src: Path, clean: dict, tmp_path: Path, hook: str, call: int, staged: int
 ) -> None:
     out = tmp_path / "out"
     kill_parked(blend_args(src, out), hook, tmp_path / "k", call=call)
     state = audit(out)
-    expected = sorted(f"mix/{p.name}" for p in (out / "mix").glob(orphans))
-    assert len(expected) == (2 if "train" in orphans else 6)
-    assert (state.orphans, state.problems) == (expected, [])
-    assert state.manifests and all(m.startswith("mix/cache/") for m in state.manifests)
+    staging = sorted(
+        f"mix/{p.relative_to(out / 'mix')}" for p in out.glob("mix/versions/*.tmp-*/*")
+    )
+    assert len(staging) == staged and all(s.endswith(".npy") for s in staging)
+    assert (state.orphans, state.problems) == (staging, [])  # only the temp folder's files
+    assert "mix/manifest.json" not in state.manifests
     with pytest.raises(FormatError, match="missing: the blend was never completed"):
         verify_blend(out / "mix")
+    if not staged:  # the complete version opens by name; the re-run reuses it
+        (version,) = [p.name for p in (out / "mix/versions").iterdir()]
+        assert len(open_blend(out / "mix" / "manifest.json", version=version)) == 300
     rerun_matches("blend", src, out, clean)
 
 
-def test_blend_rebuild_killed_leaves_no_stale_manifest(
+def test_blend_rebuild_killed_keeps_the_previous_version(
     src: Path, clean: dict, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
     assert main(blend_args(src, out, docs_weight="0.2", cache=tmp_path / "old-cache")) == 0
-    kill_parked(blend_args(src, out), "tokenmill.blend_manifest:_build_split", tmp_path / "k")
+    pointer = (out / "mix/manifest.json").read_bytes()
+    old = open_blend(out / "mix")
+    (old_version,) = [p.name for p in (out / "mix/versions").iterdir()]
+    hook = "tokenmill.blend_manifest:_build_split"
+    kill_parked(blend_args(src, out), hook, tmp_path / "k", call=2)  # train arrays written
     state = audit(out)
-    assert state.problems == [] and "mix/manifest.json" not in state.manifests
-    assert len(state.orphans) == 6  # the old blend's arrays: no manifest claims them any more
-    with pytest.raises(FormatError, match="missing: the blend was never completed"):
-        open_blend(out / "mix" / "manifest.json", split="train")
-    rerun_matches("blend", src, out, clean)
+    assert state.problems == [] and (out / "mix/manifest.json").read_bytes() == pointer
+    assert all(".tmp-" in orphan for orphan in state.orphans) and len(state.orphans) == 2
+    reopened = open_blend(out / "mix" / "manifest.json", split="train")
+    assert reopened.version == old.version
+    assert (reopened.get_batch(range(len(old))) == old.get_batch(range(len(old)))).all()
+    assert main(blend_args(src, out)) == 0  # the interrupted refresh, undisturbed
+    state = audit(out)
+    assert (state.temps, state.orphans, state.problems) == ([], [], [])
+    digest = tree_digest(out)
+    assert {k: v for k, v in digest.items() if f"/{old_version}/" not in k} == clean["blend"]
+    assert len(digest) - len(clean["blend"]) == 7  # the previous version stays until gc
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,7 @@ from tokenmill.recipe import Recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = "blends/mix/manifest.json"
+TRAIN_INDEX = r"blends/mix/versions/[0-9a-f]{16}/train-dataset_index\.npy$"
 DOCS_BIN = r"merged/docs_text_document\.bin$"
 BOTO_ATTEMPTS = 9  # per request in pull and the pipeline: botocore's first try + 8 retries
 PART = 5 << 20  # S3's smallest multipart part size
@@ -106,7 +107,7 @@ def test_pull_rides_out_transient_faults(
         # more failures than botocore's own attempts: tokenmill's retry takes over
         proxy.add("GET", DOCS_BIN, "503", times=BOTO_ATTEMPTS + 2),
         proxy.add("GET", r"merged/code_text_document\.bin$", "cut", times=2, keep=100),
-        proxy.add("GET", r"blends/mix/train-dataset_index\.npy$", "drop", times=BOTO_ATTEMPTS + 1),
+        proxy.add("GET", TRAIN_INDEX, "drop", times=BOTO_ATTEMPTS + 1),
     ]
     dest = tmp_path / "dest"
     uri = f"s3://{s3.bucket}/v1/{MANIFEST}"

@@ -26,6 +26,7 @@ from tokenmill.cli import main
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.loader import open_blend, open_nanoset
+from tokenmill.loader._manifest import seal
 from tokenmill.manifest import write_dataset_manifest
 from tokenmill.nanoset import build_or_load
 from tokenmill.recipe import load_recipe
@@ -263,15 +264,16 @@ def test_pickled_blend_array_is_refused_even_when_its_hashes_match(
     mpath = built["blend"]
     manifest = json.loads(mpath.read_text())
     for array in ("dataset_index", "dataset_sample_index"):
-        path = mpath.parent / f"train-{array}.npy"
+        path = mpath.parent / manifest["splits"]["train"]["files"][array]["path"]
         _plant(path, marker, 4)
         _rehash(manifest["splits"]["train"]["files"][array], path)
-    mpath.write_text(json.dumps(manifest))
+    mpath.write_text(json.dumps(seal(manifest)))  # sealed again: hashes and sizes all match
     with pytest.raises(FormatError, match=r"dataset_index: unreadable \.npy"):
         open_blend(mpath, "train", verify="full")
     assert main(["inspect", str(mpath)]) == 1
     assert "unreadable .npy" in capsys.readouterr().err
-    assert main(["verify", str(mpath)]) == 0  # sizes and hashes match; loading is what refuses
+    assert main(["verify", str(mpath)]) == 1  # sizes and hashes match; loading refuses
+    assert "unreadable .npy" in capsys.readouterr().out
     assert not marker.exists()
 
 
@@ -310,7 +312,7 @@ def test_code_looking_strings_in_a_manifest_stay_data(
     manifest["weighting"]["weights"] = {
         "py/reduce": [{"py/function": "builtins.open"}, [expression]]
     }
-    mpath.write_text(json.dumps(manifest))
+    mpath.write_text(json.dumps(seal(manifest)))
     blend = open_blend(mpath, "train", verify="full")
     assert blend.manifest["name"] == expression and len(blend) > 0
     description = json.loads(built["index"].read_text())

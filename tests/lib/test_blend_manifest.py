@@ -19,6 +19,7 @@ from tokenmill.cli import main
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.loader import open_blend
+from tokenmill.loader._manifest import manifest_digest, seal
 from tokenmill.manifest import write_dataset_manifest
 from tokenmill.nanoset import NanosetIndex
 
@@ -69,12 +70,22 @@ def test_manifest_records_sizes_paths_and_is_read_back(root: Path) -> None:
     assert train["size"] == 52
     assert [d["num_samples"] for d in train["datasets"]] == [37, 17]
     assert [d["samples_used"] for d in train["datasets"]] == [36, 16]
-    assert train["files"]["dataset_index"]["path"] == "train-dataset_index.npy"
+    v16 = manifest["version"][:16]
+    assert len(manifest["version"]) == 64
+    assert manifest["manifest_sha256"] == manifest_digest(manifest)
+    assert train["files"]["dataset_index"]["path"] == f"versions/{v16}/train-dataset_index.npy"
     cache = train["datasets"][0]["index"]["files"]["shuffle"]["path"]
     assert cache.startswith("../../nanoset/") and cache.endswith("-Nanoset-train-shuffle_index.npy")
     assert manifest["splits"]["valid"]["mode"] == "exhaustive"
     assert manifest["splits"]["test"]["size"] == 10
     assert verify_blend(mpath) == [] and verify_blend(mpath, full=True) == []
+    # The version's own manifest: the same content, paths relative to its own folder.
+    own = read_blend_manifest(root / f"blends/mix/versions/{v16}/manifest.json")
+    assert own["version"] == manifest["version"] and own["splits"]["train"]["size"] == 52
+    assert own["splits"]["train"]["files"]["dataset_index"]["path"] == "train-dataset_index.npy"
+    assert own["datasets"][0]["prefix"] == "../../../../merged/docs_text_document"
+    assert sorted(p.name for p in (root / "blends/mix").iterdir()) == ["manifest.json", "versions"]
+    assert verify_blend(root / f"blends/mix/versions/{v16}", full=True) == []
 
 
 def test_open_blend_samples_come_from_the_named_datasets(root: Path) -> None:
@@ -193,22 +204,31 @@ def test_malformed_manifest_is_a_format_error(root: Path) -> None:
     manifest = json.loads(mpath.read_text())
     del manifest["splits"]["train"]["files"]
     mpath.write_text(json.dumps(manifest))
+    with pytest.raises(FormatError, match=r"manifest_sha256: .* edited or damaged"):
+        open_blend(mpath)
+    mpath.write_text(json.dumps(seal(manifest)))
     with pytest.raises(FormatError, match=r"manifest: malformed \(KeyError\('files'\)\)"):
         open_blend(mpath)
 
 
-def test_failed_rebuild_leaves_no_stale_manifest(root: Path) -> None:
+def snapshot(top: Path) -> dict[str, bytes]:
+    """Every file under ``top`` with its bytes."""
+    return {p.relative_to(top).as_posix(): p.read_bytes() for p in top.rglob("*") if p.is_file()}
+
+
+def test_failed_rebuild_leaves_the_previous_version_current(root: Path) -> None:
     build(root)
+    before = snapshot(root / "blends")
     (root / "merged/code_text_document.idx").unlink()
     with pytest.raises(FormatError, match=r"code_text_document\.idx: file: missing"):
-        build(root)
-    assert not (root / "blends/mix/manifest.json").exists()
+        build(root, seed=6)
+    assert snapshot(root / "blends") == before
 
 
 def test_tampered_object_array_is_refused_even_with_matching_hash(root: Path) -> None:
-    build(root)
+    manifest = build(root)
     blend_dir = root / "blends/mix"
-    npy = blend_dir / "train-dataset_sample_index.npy"
+    npy = blend_dir / "versions" / manifest["version"][:16] / "train-dataset_sample_index.npy"
     np.save(npy, np.array([{"x": 1}] * 52, dtype=object), allow_pickle=True)
     with pytest.raises(CacheError, match=r"train-dataset_sample_index\.npy"):
         open_blend(blend_dir)
@@ -217,7 +237,7 @@ def test_tampered_object_array_is_refused_even_with_matching_hash(root: Path) ->
     manifest["splits"]["train"]["files"]["dataset_sample_index"].update(
         bytes=npy.stat().st_size, sha256=file_sha256(npy)
     )
-    mpath.write_text(json.dumps(manifest))
+    mpath.write_text(json.dumps(seal(manifest)))  # a buggy writer: consistent, sealed, wrong
     with pytest.raises(FormatError, match=r"dataset_sample_index: unreadable \.npy"):
         open_blend(blend_dir)
 
@@ -296,6 +316,7 @@ def test_cli_blend_builds_and_prints_the_table(
     out = capsys.readouterr().out
     assert "blend 'cli'" in out and "train: 52 samples" in out
     cli_manifest = read_blend_manifest(root / "blends/cli")
+    assert f"version {cli_manifest['version']} (versions/{cli_manifest['version'][:16]}/)" in out
     assert (
         cli_manifest["splits"]["train"]["files"]["dataset_index"]["sha256"]
         == build(root)["splits"]["train"]["files"]["dataset_index"]["sha256"]

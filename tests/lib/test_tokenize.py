@@ -325,7 +325,7 @@ def test_nfkc_tokenizer_with_bos(tiny_dir: Path, tmp_path: Path) -> None:
         [write_jsonl(tmp_path / "in.jsonl", texts)], tmp_path / "o", tiny_dir, append_eod=True
     )
     expected, tok = expected_pair(tiny_dir, texts, eod=True)
-    assert res.engine == "hf"
+    assert res.engine == "gigatoken"  # unicodedata NFKC + the normalizer-free copy
     assert all(d[0] == tok.bos_token_id for d in expected)
     assert read_docs(res.prefix) == expected
     assert res.sequences == len(texts)
@@ -428,3 +428,11 @@ def test_ids_beyond_the_dtype_are_refused(tmp_path: Path) -> None:
     with pytest.raises(TokenmillError, match="id 70000 does not fit uint16"):
         tokenize_files([src], tmp_path / "o", tok_dir)
     assert not list(tmp_path.glob("o*"))
+
+
+def test_cli_throughput_never_rounds_a_small_input_to_zero() -> None:
+    from tokenmill.commands import throughput
+
+    assert throughput(30_000, 0.1) == "0.3 MB/s"
+    assert throughput(12_345_678, 1.0) == "12.3 MB/s"
+    assert throughput(2_500_000_000, 2.0) == "1250 MB/s"

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from prod_servers import S3
 
+from tokenmill.blend_manifest import build_blend
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError, InputError
 from tokenmill.loader import open_blend
@@ -50,12 +51,37 @@ def test_local_pull_copies_exactly_the_needed_files(storage_root: Path, tmp_path
     report = pull(str(storage_root / MANIFEST), dest)
     assert report.manifest == dest / MANIFEST
     assert files_under(dest) == expected_files(storage_root)
-    assert len(report.fetched) == len(expected_files(storage_root)) - 3  # manifests not counted
+    # not counted: the pointer, its version's manifest and the two dataset manifests
+    assert len(report.fetched) == len(expected_files(storage_root)) - 4
     assert report.skipped == []
     assert report.bytes_fetched == sum(
         len(v) for k, v in expected_files(storage_root).items() if not k.endswith("manifest.json")
     )
     assert_same_blend(storage_root / MANIFEST, report.manifest)
+
+
+def test_pull_a_named_version(storage_root: Path, tmp_path: Path) -> None:
+    """After a refresh, ``--version`` pulls the previous version (manifest and files), which
+    opens with the batches it had; the current pull carries the current version's manifest."""
+    old = open_blend(storage_root / MANIFEST)
+    before = old.get_batch(np.arange(len(old)))
+    settings = dict(weights={"docs": 0.5, "code": 0.5}, sequence_length=16, split_spec="90,10,0")
+    merged = {n: storage_root / f"merged/{n}_text_document" for n in ("docs", "code")}
+    build_blend("mix", merged, storage_root / "blends/mix", storage_root / "nanoset",
+                train_samples=300, **settings)  # fmt: skip
+    assert open_blend(storage_root / MANIFEST).version != old.version
+    dest = tmp_path / "dest"
+    assert main(["pull", str(storage_root / MANIFEST), str(dest), "--version", old.version]) == 0
+    short = f"blends/mix/versions/{old.version[:16]}/manifest.json"
+    assert not (dest / MANIFEST).exists() and (dest / short).is_file()
+    copy = open_blend(dest / MANIFEST, version=old.version[:16], verify="full")
+    assert copy.version == old.version
+    np.testing.assert_array_equal(copy.get_batch(np.arange(len(copy))), before)
+    report = pull(str(storage_root / MANIFEST), dest)  # the current one beside it
+    current = open_blend(report.manifest, verify="full")
+    assert current.version == open_blend(dest / MANIFEST, version=current.version).version
+    with pytest.raises(InputError, match=f"no version {'0' * 16} of the blend there"):
+        pull(str(storage_root / MANIFEST), dest, version="0" * 16)
 
 
 def test_second_pull_skips_everything(storage_root: Path, tmp_path: Path) -> None:
@@ -108,13 +134,14 @@ def test_a_different_manifest_in_dest_is_removed_before_pulling(
     [
         ("merged/docs_text_document.bin", "sha256 of part 1 "),  # merged: checked by parts
         ("merged/code_text_document.bin", "sha256 differs from the manifest"),
-        ("blends/mix/train-dataset_index.npy", "sha256 differs from the manifest"),
+        ("blends/mix/versions/*/train-dataset_index.npy", "sha256 differs from the manifest"),
     ],
 )
 def test_corrupted_source_is_refused(
     storage_root: Path, tmp_path: Path, relative: str, why: str
 ) -> None:
-    path = storage_root / relative
+    (path,) = storage_root.glob(relative)
+    relative = path.relative_to(storage_root).as_posix()
     data = bytearray(path.read_bytes())
     if relative.startswith("merged/docs"):  # a byte inside the second shard's range
         data[len(data) // 2] ^= 0xFF

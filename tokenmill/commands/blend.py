@@ -89,7 +89,7 @@ def _weights(values: list[str]) -> dict[str, float]:
 def run(args: argparse.Namespace) -> int:
     """Build the blend and print its proportions table."""
     output = Path(args.output)
-    build_blend(
+    manifest = build_blend(
         output.resolve().name,
         _pairs(args.dataset, "--dataset"),
         output,
@@ -105,4 +105,5 @@ def run(args: argparse.Namespace) -> int:
         semantics=args.semantics,
     )
     print(describe_blend(output))
+    print(f"\nversion {manifest['version']} (versions/{manifest['version'][:16]}/)")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from tokenmill.commands import throughput
 from tokenmill.merge import ORDERS, merge_datasets
 
 
@@ -29,10 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     """Merge and print a one-line summary."""
     res = merge_datasets(args.input, args.output_prefix, order=args.order)
-    mb_s = res.bytes / 1e6 / max(res.seconds, 1e-9)
     print(
         f"merged {len(res.inputs)} inputs -> {res.prefix}: {res.documents} documents, "
         f"{res.sequences} sequences, {res.tokens} tokens, {res.bytes} bytes "
-        f"in {res.seconds:.2f}s ({mb_s:.0f} MB/s)"
+        f"in {res.seconds:.2f}s ({throughput(res.bytes, res.seconds)})"
     )
     return 0

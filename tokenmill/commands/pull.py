@@ -21,6 +21,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "come from the environment only",
     )
     p.add_argument(
+        "--version",
+        metavar="V",
+        help="pull this version of the blend (its hash or first 16 hex digits, as recorded in "
+        "ds.version): versions/<v16>/manifest.json beside MANIFEST_URI, and its files",
+    )
+    p.add_argument(
         "--jobs",
         type=int,
         default=DEFAULT_JOBS,
@@ -31,7 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     """Pull, then print what was fetched and the manifest to open."""
-    report = pull(args.manifest, args.dest, endpoint_url=args.endpoint_url, jobs=args.jobs)
+    report = pull(
+        args.manifest,
+        args.dest,
+        endpoint_url=args.endpoint_url,
+        jobs=args.jobs,
+        version=args.version,
+    )
     print(
         f"pulled {len(report.fetched)} files ({report.bytes_fetched} bytes), "
         f"{len(report.skipped)} already complete"

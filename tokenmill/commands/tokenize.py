@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from tokenmill.commands import throughput
 from tokenmill.errors import ConfigError
 
 
@@ -24,8 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "tokenize",
         help="tokenize JSONL/Parquet into a .bin/.idx pair",
-        description="Write {P}_{text_key}_document.{bin,idx} + .manifest.json, byte-identical to "
-        "Megatron's preprocess_data.py --tokenizer-type HuggingFaceTokenizer.",
+        description="Write {P}_{text_key}_document.{bin,idx} + .manifest.json as Megatron's "
+        "preprocess_data.py --tokenizer-type HuggingFaceTokenizer does (a fast engine only "
+        "where verified; risky documents go to the reference; the manifest says what was "
+        "verified).",
     )
     p.add_argument("--input", nargs="+", required=True, metavar="FILE", type=Path)
     p.add_argument("--output-prefix", required=True, metavar="P")
@@ -59,11 +62,10 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         on_bad_record=args.on_bad_record,
     )
-    mb_s = res.bytes_read / 1e6 / max(res.seconds, 1e-9)
     fallback = f" (after {'; '.join(res.fallbacks)})" if res.fallbacks else ""
     print(
         f"tokenized {len(args.input)} inputs -> {res.prefix}: {res.documents} documents, "
         f"{res.tokens} tokens, {res.quarantined} quarantined, engine {res.engine}{fallback}, "
-        f"{res.seconds:.2f}s ({mb_s:.0f} MB/s)"
+        f"{res.seconds:.2f}s ({throughput(res.bytes_read, res.seconds)})"
     )
     return 0

@@ -18,7 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("target", metavar="PREFIX_OR_MANIFEST")
     p.add_argument(
-        "--fast", action="store_true", help="sizes and index hashes only; skip hashing .bin files"
+        "--fast",
+        action="store_true",
+        help="no hashing: sizes (and for a blend its manifest's own hash, schema and index "
+        "records, as open_blend's default check); without it every file is hashed and, for a "
+        "blend, every index value checked",
     )
     p.set_defaults(func=run)
 

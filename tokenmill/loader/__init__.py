@@ -1,7 +1,8 @@
 """The training-side loader: numpy only (no torch, Dagster, transformers or pyarrow imports).
 
     from tokenmill.loader import open_blend, BatchSampler
-    ds = open_blend("blends/mix/manifest.json", split="train")   # verifies files vs manifest
+    ds = open_blend("blends/mix/manifest.json", split="train")   # checks files vs manifest
+    version = ds.version                  # record it; open_blend(..., version=version) on resume
     sampler = BatchSampler(len(ds), global_batch_size=512, rank=r, world_size=w, start_step=b)
     for indices in sampler:
         tokens = ds.get_batch(indices)        # int64 [B, sequence_length + 1]
@@ -34,6 +35,7 @@ from tokenmill.loader._manifest import (
     resolve,
     schema_errors,
     verify_manifest,
+    version_manifest_path,
 )
 from tokenmill.loader._sampler import BatchSampler
 from tokenmill.manifest import check_dataset_files, dataset_content_hash, dataset_manifest_path
@@ -54,69 +56,103 @@ def open_blend(
     manifest: str | os.PathLike[str],
     split: str = "train",
     *,
+    version: str | None = None,
     verify: str = "fast",
     pad_id: int = PAD_ID,
 ) -> BlendedDataset:
     """Open one split of a blend after checking its files against the manifest.
 
-    ``verify="fast"`` checks every size and the sha256 of the index files; ``"full"`` also
-    hashes the token ``.bin`` files. A stale or partial blend raises CacheError saying what to
-    rebuild; a malformed file raises FormatError. ``pad_id`` fills short samples (default -1,
-    Megatron's when the tokenizer has no pad id).
+    ``manifest`` is ``blends/<name>/manifest.json`` (or its folder): the current version.
+    ``version`` (the full hash recorded in ``ds.version``, or its first 16 hex digits) opens
+    that version instead, ``versions/<v16>/manifest.json`` beside the pointer (ConfigError
+    listing the available versions when it was removed). The files of a version are never
+    rewritten, so a dataset keeps reading the same bytes while newer versions land.
+
+    ``verify="fast"`` (the default; O(1) in the size of the indices, run it on every rank):
+    the manifest's schema and its own sha256, every file's size, the index descriptions'
+    settings and records; index values are checked per batch when read. ``"full"``: also the
+    sha256 of every file (blend arrays, index caches, ``.idx``, ``.bin``) and every index value
+    and ``.idx`` pointer in bounds (what ``tokenmill verify`` runs; once, e.g. on rank 0). A
+    stale or partial blend raises CacheError saying what to rebuild; a malformed file raises
+    FormatError. ``pad_id`` fills short samples (default -1, Megatron's when the tokenizer has
+    no pad id).
     """
     if verify not in VERIFY_MODES:
         raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
     mpath = manifest_path(manifest)
+    if version is not None:
+        mpath = version_manifest_path(mpath, version)
     info = read_blend_manifest(mpath)
     if split not in info["splits"]:
         raise ConfigError(
             f"{mpath}: blend {info['name']!r} has no {split!r} split "
             f"(it has: {', '.join(info['splits']) or 'none'})"
         )
-    problems = verify_manifest(mpath, [split], full=verify == "full")
+    if version is not None and not str(info["version"]).startswith(version):
+        raise CacheError(f"{mpath}: records version {info['version']}, not {version}")
+    full = verify == "full"
+    problems = verify_manifest(mpath, [split], full=full)
     if problems:
         raise CacheError(
             f"{mpath}: blend is stale or incomplete; {rebuild_hint(info, mpath)}:\n  "
             + "\n  ".join(problems)
         )
     with schema_errors(mpath):
-        return _blend_split(info, mpath, split, pad_id)
+        return _blend_split(info, mpath, split, full=full, pad_id=pad_id)
 
 
-def _blend_split(info: dict[str, Any], mpath: Path, split: str, pad_id: int) -> BlendedDataset:
-    """Open the verified files of one split as a BlendedDataset."""
+def _blend_split(
+    info: dict[str, Any], mpath: Path, split: str, *, full: bool, pad_id: int = PAD_ID
+) -> BlendedDataset:
+    """Open the checked files of one split as a BlendedDataset (memory-mapped; ``full`` also
+    checks every index value)."""
     prefixes = {ds["name"]: resolve(mpath, ds["prefix"]) for ds in info["datasets"]}
     part = info["splits"][split]
     datasets = {}
     for ds in part["datasets"]:
         files = ds["index"]["files"]
+        paths = [resolve(mpath, files[kind]["path"]) for kind in INDEX_ARRAYS]
         arrays = [
             load_index_array(
-                resolve(mpath, files[kind]["path"]),
+                path,
                 ndim=2 if kind == "sample" else 1,
                 what=f"{kind}_index of dataset {ds['name']!r}",
             )
-            for kind in INDEX_ARRAYS
+            for kind, path in zip(INDEX_ARRAYS, paths, strict=True)
         ]
         datasets[ds["name"]] = NanosetDataset(
-            _open_data(prefixes[ds["name"]]),
+            _open_data(prefixes[ds["name"]], full=full),
             *arrays,
             sequence_length=info["sequence_length"],
             add_extra_token=info["add_extra_token"],
             pad_id=pad_id,
             name=ds["name"],
+            validate=full,
+            index_paths=(str(paths[0]), str(paths[1]), str(paths[2])),
+            version=ds["index"]["cache_hash"],
         )
+    array_paths = [resolve(mpath, part["files"][a]["path"]) for a in BLEND_ARRAYS]
     blend_arrays = [
-        load_index_array(resolve(mpath, part["files"][a]["path"]), ndim=1, what=a)
-        for a in BLEND_ARRAYS
+        load_index_array(path, ndim=1, what=a)
+        for a, path in zip(BLEND_ARRAYS, array_paths, strict=True)
     ]
-    return BlendedDataset(datasets, *blend_arrays, manifest=info, split=split)
+    return BlendedDataset(
+        datasets,
+        *blend_arrays,
+        manifest=info,
+        split=split,
+        validate=full,
+        array_paths=(str(array_paths[0]), str(array_paths[1])),
+        version=str(info["version"]),
+    )
 
 
-def _open_data(prefix: str | os.PathLike[str]) -> IndexedDataset:
-    """A ``.bin``/``.idx`` pair with its pointers checked (samples are read through them)."""
+def _open_data(prefix: str | os.PathLike[str], *, full: bool) -> IndexedDataset:
+    """A ``.bin``/``.idx`` pair (header, counts and sizes checked on open); ``full`` also checks
+    every pointer against the lengths (samples are read through them)."""
     data = IndexedDataset(prefix)
-    data.check_pointers()
+    if full:
+        data.check_pointers()
     return data
 
 
@@ -141,10 +177,11 @@ def open_nanoset(
     ``<hash>-Nanoset-<split>-description.json``; the sequence length and flags come from its
     description. Without ``index``, the entry in ``cache_dir`` is built or reused with
     ``tokenmill.nanoset.build_or_load`` and the remaining arguments. The entry is checked
-    against its description (``verify="fast"``: sizes, dtypes, shapes and sha256 of the arrays,
-    and the dataset's content hash when its manifest makes that cheap; ``"full"``: the
-    dataset's content hash always); a stale or damaged entry raises CacheError. ``pad_id``
-    fills short samples (default -1, Megatron's when the tokenizer has no pad id).
+    against its description (``verify="fast"``: sizes, dtypes and shapes of the arrays, and the
+    dataset's content hash when its manifest makes that cheap; ``"full"``: also the sha256 of
+    the arrays, every index value in bounds, and the dataset's content hash always); a stale or
+    damaged entry raises CacheError. The dataset's ``.version`` is the cache entry's hash.
+    ``pad_id`` fills short samples (default -1, Megatron's when the tokenizer has no pad id).
     """
     if verify not in VERIFY_MODES:
         raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
@@ -161,15 +198,20 @@ def open_nanoset(
             add_extra_token=add_extra_token,
         )
     path = Path(index) if isinstance(index, str | os.PathLike) else index.paths["description"]
-    key, arrays = _load_cache(path)
-    _check_dataset(path, key, dataset_prefix, full=verify == "full")
+    full = verify == "full"
+    key, arrays, paths = _load_cache(path, full=full)
+    data = _open_data(dataset_prefix, full=full)  # a malformed pair is named before hashing
+    _check_dataset(path, key, dataset_prefix, full=full)
     return NanosetDataset(
-        _open_data(dataset_prefix),
+        data,
         *arrays,
         sequence_length=int(key["sequence_length"]),
         add_extra_token=bool(key["add_extra_token"]),
         pad_id=pad_id,
         name=f"{dataset_prefix} ({key['split']})",
+        validate=full,
+        index_paths=paths,
+        version=path.name[: -len(DESCRIPTION_SUFFIX)].split("-", 1)[0],
     )
 
 
@@ -204,8 +246,11 @@ def _build_index(
     return built
 
 
-def _load_cache(description_path: Path) -> tuple[dict[str, Any], list[np.ndarray]]:
-    """The key and the verified arrays of a cache entry, given its description path."""
+def _load_cache(
+    description_path: Path, *, full: bool
+) -> tuple[dict[str, Any], list[np.ndarray], tuple[str, str, str]]:
+    """The key, the checked arrays and their paths of a cache entry, given its description
+    path (``full``: the arrays' sha256 too)."""
     if not description_path.name.endswith(DESCRIPTION_SUFFIX):
         raise ConfigError(
             f"index must be a '*{DESCRIPTION_SUFFIX}' cache file, got {description_path}"
@@ -219,11 +264,12 @@ def _load_cache(description_path: Path) -> tuple[dict[str, Any], list[np.ndarray
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise FormatError(description_path, "description", f"unreadable ({exc!r})") from exc
     stem = description_path.name[: -len(DESCRIPTION_SUFFIX)]
-    arrays = []
+    arrays, paths = [], []
     for kind in INDEX_ARRAYS:
         path = description_path.with_name(f"{stem}-{kind}_index.npy")
+        paths.append(str(path))
         record = files.get(kind, {})
-        problem = check_file(path, record, hash_it=True)
+        problem = check_file(path, record, hash_it=full)
         if problem:
             raise CacheError(f"{problem}; the cache entry is stale or damaged: {rebuild}")
         arr = load_index_array(path, ndim=2 if kind == "sample" else 1, what=f"{kind}_index")
@@ -233,7 +279,7 @@ def _load_cache(description_path: Path) -> tuple[dict[str, Any], list[np.ndarray
                 f"{record.get('dtype')} {record.get('shape')}; {rebuild}"
             )
         arrays.append(arr)
-    return key, arrays
+    return key, arrays, (paths[0], paths[1], paths[2])
 
 
 def _check_dataset(

@@ -59,8 +59,13 @@ class NanosetDataset:
         add_extra_token: bool = True,
         pad_id: int = PAD_ID,
         name: str = "",
+        validate: bool = True,
+        index_paths: tuple[str, str, str] | None = None,
+        version: str | None = None,
     ) -> None:
         self.data = data
+        self.index_paths = index_paths  # the arrays' .npy files: pickles send these, not data
+        self.version = version
         self.name = name or str(data.prefix)
         self.document_index = np.asarray(document_index)
         self.sample_index = np.asarray(sample_index)
@@ -71,7 +76,7 @@ class NanosetDataset:
         self.pad_id = int(pad_id)
         if data.dtype.kind not in "iu":
             raise FormatError(data.idx_path, "dtype code", f"{data.dtype} is not a token dtype")
-        self._check_arrays()
+        self._check_arrays(values=validate)
         self._tokens = np.asarray(data.tokens)
         self._bytes = self._tokens.view(np.uint8).data
         self._lengths = np.asarray(data.sequence_lengths)
@@ -79,8 +84,10 @@ class NanosetDataset:
         self._itemsize = data.dtype.itemsize
         self._eod_id: object = _UNREAD
 
-    def _check_arrays(self) -> None:
-        """Cheap structural checks (dtypes, shapes, value ranges) so reads stay in bounds."""
+    def _check_arrays(self, *, values: bool = True) -> None:
+        """Structural checks (dtypes, shapes: O(1)); with ``values`` also every value's range
+        (a scan of the whole index: ``verify="full"``). Without it, reads stay in bounds through
+        the per-batch checks of :meth:`pieces` and :meth:`assemble`."""
         n_seq, where = len(self.data), self.name
         checks: list[tuple[str, np.ndarray, int, int]] = [
             ("document_index", self.document_index, 1, n_seq),
@@ -96,41 +103,95 @@ class NanosetDataset:
                 )
             if ndim == 2 and arr.shape[1] != 2:
                 raise FormatError(where, field, f"shape {arr.shape} is not (num_samples + 1, 2)")
-            values = arr[:, 0] if ndim == 2 else arr
-            if values.size and (int(values.min()) < 0 or int(values.max()) >= bound):
+            found = arr[:, 0] if ndim == 2 else arr
+            if values and found.size and (int(found.min()) < 0 or int(found.max()) >= bound):
                 raise FormatError(
                     where,
                     field,
-                    f"values {int(values.min())}..{int(values.max())} are outside [0, {bound})",
+                    f"values {int(found.min())}..{int(found.max())} are outside [0, {bound})",
                 )
-        if self.sample_index.size and int(self.sample_index[:, 1].min()) < 0:
+        if values and self.sample_index.size and int(self.sample_index[:, 1].min()) < 0:
             raise FormatError(where, "sample_index", "has a negative token offset")
+
+    def validate(self) -> None:
+        """Full check: every index value in range (reads the whole index once)."""
+        self._check_arrays(values=True)
+
+    def _rows(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Shuffle rows of samples ``ks`` and their first and last sample-index rows, each value
+        checked against the array it indexes (O(batch): a damaged index raises FormatError
+        instead of reading out of bounds)."""
+        if ks.size and (int(ks.min()) < 0 or int(ks.max()) >= len(self.shuffle_index)):
+            raise IndexError(f"{self.name}: sample out of range [0, {len(self)})")
+        j = self.shuffle_index[ks].astype(np.int64)
+        if j.size and (int(j.min()) < 0 or int(j.max()) >= len(self.sample_index) - 1):
+            raise FormatError(
+                self.name, "shuffle_index", f"values outside [0, {len(self.sample_index) - 1})"
+            )
+        head = self.sample_index[j].astype(np.int64)
+        tail = self.sample_index[j + 1].astype(np.int64)
+        rows = np.concatenate([head, tail])
+        if rows.size and (
+            int(rows[:, 0].min()) < 0 or int(rows[:, 0].max()) >= len(self.document_index)
+        ):
+            raise FormatError(
+                self.name, "sample_index", f"positions outside [0, {len(self.document_index)})"
+            )
+        if rows.size and int(rows[:, 1].min()) < 0:
+            raise FormatError(self.name, "sample_index", "has a negative token offset")
+        return j, head, tail
+
+    def _documents(self, positions: np.ndarray) -> np.ndarray:
+        """``document_index[positions]`` with every sequence id checked (O(pieces))."""
+        seq = self.document_index[positions].astype(np.int64)
+        if seq.size and (int(seq.min()) < 0 or int(seq.max()) >= len(self.data)):
+            raise FormatError(self.name, "document_index", f"values outside [0, {len(self.data)})")
+        return seq
 
     def __len__(self) -> int:
         return len(self.shuffle_index)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle the prefix and index arrays; the receiver maps the token file again (so
-        DataLoader workers started with ``spawn`` get a working copy, not the tokens)."""
+        """Pickle file paths and small settings; the receiver memory-maps the ``.npy`` index
+        files and the token file again (DataLoader workers started with ``spawn`` get a working
+        copy of O(1) size). Arrays not read from files (built in memory) travel by value."""
         settings = {
             "sequence_length": self.sequence_length,
             "add_extra_token": bool(self.extra),
             "pad_id": self.pad_id,
             "name": self.name,
+            "version": self.version,
         }
-        arrays = (self.document_index, self.sample_index, self.shuffle_index)
+        arrays: tuple[Any, ...] = self.index_paths or (
+            self.document_index,
+            self.sample_index,
+            self.shuffle_index,
+        )
         return (_reopen, (str(self.data.prefix), *arrays, settings))
 
     def _read(self, seq: int, offset: int, length: int | None) -> np.ndarray:
+        size = int(self._lengths[seq])
+        stop_in_seq = size if length is None else offset + length
+        if not 0 <= offset <= stop_in_seq <= size:
+            raise FormatError(self.name, "sample_index", "a token offset lies outside its sequence")
         start = int(self._pointers[seq]) // self._itemsize + offset
-        stop = start + (int(self._lengths[seq]) - offset if length is None else length)
+        stop = start + stop_in_seq - offset
+        if start < 0 or stop > len(self._tokens):
+            raise FormatError(self.name, "sequence_pointers", f"sequence {seq} lies outside .bin")
         return self._tokens[start:stop]
 
     def assemble(self, j: int) -> np.ndarray:
         """Megatron's per-sample assembly (FORMATS §5.5) of sample-index row ``j``."""
+        if not 0 <= j < len(self.sample_index) - 1:
+            raise FormatError(
+                self.name, "shuffle_index", f"row {j} outside [0, {len(self.sample_index) - 1})"
+            )
         b, bo = (int(v) for v in self.sample_index[j])
         e, eo = (int(v) for v in self.sample_index[j + 1])
-        doc = self.document_index
+        if not (0 <= b <= e < len(self.document_index)) or min(bo, eo) < 0:
+            raise FormatError(self.name, "sample_index", f"rows {j}, {j + 1} are out of bounds")
+        doc = self._documents(np.arange(b, e + 1))
+        b, e = 0, e - b
         if b == e:
             parts = [self._read(int(doc[b]), bo, eo - bo + self.extra)]
         else:
@@ -161,16 +222,14 @@ class NanosetDataset:
     def pieces(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Where samples ``ks`` lie in the ``.bin``: the byte start and stop of each piece (a
         run of one sequence) in order, and how many pieces each sample has (array arithmetic)."""
-        j = self.shuffle_index[ks].astype(np.int64)
-        head = self.sample_index[j].astype(np.int64)
-        tail = self.sample_index[j + 1].astype(np.int64)
+        _, head, tail = self._rows(np.asarray(ks, dtype=np.int64))
         count = tail[:, 0] - head[:, 0] + 1
         if count.size and int(count.min()) < 1:
             raise FormatError(self.name, "sample_index", "positions decrease between rows")
         ends = np.cumsum(count)
         firsts = ends - count
         pos = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(firsts - head[:, 0], count)
-        seq = self.document_index[pos]
+        seq = self._documents(pos)
         seq_len = self._lengths[seq].astype(np.int64)
         start = np.zeros(len(pos), dtype=np.int64)
         start[firsts] = head[:, 1]
@@ -179,6 +238,10 @@ class NanosetDataset:
         if len(pos) and (bool(np.any(start > stop)) or bool(np.any(stop > seq_len))):
             raise FormatError(self.name, "sample_index", "a token offset lies outside its sequence")
         base = self._pointers[seq].astype(np.int64)
+        if len(pos) and (
+            int(base.min()) < 0 or int((base + stop * self._itemsize).max()) > len(self._bytes)
+        ):
+            raise FormatError(self.name, "sequence_pointers", "a sequence lies outside the .bin")
         return base + start * self._itemsize, base + stop * self._itemsize, count
 
     def read(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -240,14 +303,41 @@ class NanosetDataset:
 
 def _reopen(
     prefix: str,
-    document_index: np.ndarray,
-    sample_index: np.ndarray,
-    shuffle_index: np.ndarray,
+    document_index: np.ndarray | str,
+    sample_index: np.ndarray | str,
+    shuffle_index: np.ndarray | str,
     settings: dict[str, Any],
 ) -> NanosetDataset:
-    """Inverse of ``NanosetDataset.__reduce__``."""
+    """Inverse of ``NanosetDataset.__reduce__``: index files are memory-mapped again
+    (``allow_pickle=False``); the sender verified them, so only the O(1) checks run."""
+    arrays = [document_index, sample_index, shuffle_index]
+    paths = None
+    if all(isinstance(a, str) for a in arrays):
+        paths = tuple(str(a) for a in arrays)
+        arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
     data = IndexedDataset(prefix)
-    return NanosetDataset(data, document_index, sample_index, shuffle_index, **settings)
+    return NanosetDataset(
+        data,
+        *arrays,
+        validate=paths is None,
+        index_paths=paths,
+        **settings,  # type: ignore[arg-type]
+    )
+
+
+def _reopen_blend(
+    datasets: dict[str, NanosetDataset],
+    dataset_index: np.ndarray | str,
+    dataset_sample_index: np.ndarray | str,
+    settings: dict[str, Any],
+) -> BlendedDataset:
+    """Inverse of ``BlendedDataset.__reduce__`` (blend arrays memory-mapped from their files)."""
+    arrays = [dataset_index, dataset_sample_index]
+    paths = None
+    if all(isinstance(a, str) for a in arrays):
+        paths = (str(dataset_index), str(dataset_sample_index))
+        arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
+    return BlendedDataset(datasets, *arrays, validate=paths is None, array_paths=paths, **settings)
 
 
 def gather_batch(
@@ -343,8 +433,13 @@ class BlendedDataset:
         *,
         manifest: dict[str, Any] | None = None,
         split: str = "train",
+        validate: bool = True,
+        array_paths: tuple[str, str] | None = None,
+        version: str | None = None,
     ) -> None:
         self.datasets = dict(datasets)
+        self.array_paths = array_paths  # the blend arrays' .npy files: pickles send these
+        self.version = version
         self.names = list(self.datasets)
         self._parts = list(self.datasets.values())
         self.dataset_index = np.asarray(dataset_index)
@@ -356,9 +451,47 @@ class BlendedDataset:
             raise FormatError(split, "datasets", f"sample widths differ: {sorted(widths)}")
         self.width = widths.pop()
         self.sequence_length = self._parts[0].sequence_length
-        self._check_arrays()
+        self._check_arrays(values=validate)
 
-    def _check_arrays(self) -> None:
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle the datasets (paths, see NanosetDataset), the blend arrays' paths and small
+        settings; the receiver memory-maps the files again."""
+        settings = {"manifest": self.manifest, "split": self.split, "version": self.version}
+        arrays: tuple[Any, ...] = self.array_paths or (
+            self.dataset_index,
+            self.dataset_sample_index,
+        )
+        return (_reopen_blend, (self.datasets, *arrays, settings))
+
+    def validate(self) -> None:
+        """Full check: every blend value and every dataset's index values in range."""
+        self._check_arrays(values=True)
+        for part in self._parts:
+            part.validate()
+
+    def _route(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Dataset and sample of blend samples ``ids``, checked (O(batch)) against the number
+        of datasets and each dataset's length."""
+        which = self.dataset_index[ids].astype(np.int64)
+        local = self.dataset_sample_index[ids].astype(np.int64)
+        if which.size and (int(which.min()) < 0 or int(which.max()) >= len(self._parts)):
+            raise FormatError(
+                self.split, "dataset_index", f"values outside [0, {len(self._parts)})"
+            )
+        if local.size:
+            limits = np.array([len(ds) for ds in self._parts], dtype=np.int64)[which]
+            bad = (local < 0) | (local >= limits)
+            if bool(bad.any()):
+                d, k = int(which[bad][0]), int(local[bad][0])
+                raise FormatError(
+                    self.split,
+                    "dataset_sample_index",
+                    f"dataset {self.names[d]!r} is asked for sample {k} but has "
+                    f"{len(self._parts[d])}",
+                )
+        return which, local
+
+    def _check_arrays(self, *, values: bool = True) -> None:
         di, dsi = self.dataset_index, self.dataset_sample_index
         for field, arr in (("dataset_index", di), ("dataset_sample_index", dsi)):
             if arr.dtype.kind not in "iu" or arr.ndim != 1 or len(arr) != len(di):
@@ -368,7 +501,7 @@ class BlendedDataset:
                     "must be 1-D integer arrays of equal length, "
                     f"found {arr.ndim}-D {arr.dtype} of {len(arr)}",
                 )
-        if not len(di):
+        if not len(di) or not values:
             return
         if int(di.min()) < 0 or int(di.max()) >= len(self._parts):
             raise FormatError(
@@ -397,13 +530,14 @@ class BlendedDataset:
         return {name: float(c) / total for name, c in zip(self.names, counts, strict=True)}
 
     def __getitem__(self, i: int) -> np.ndarray:
-        (i,) = _sample_ids([i], len(self), f"blend split {self.split!r}")
-        return self._parts[int(self.dataset_index[i])][int(self.dataset_sample_index[i])]
+        ids = _sample_ids([i], len(self), f"blend split {self.split!r}")
+        which, local = self._route(ids)
+        return self._parts[int(which[0])][int(local[0])]
 
     def dataset_of(self, i: int) -> str:
         """Name of the dataset blend sample ``i`` comes from."""
-        (i,) = _sample_ids([i], len(self), f"blend split {self.split!r}")
-        return self.names[int(self.dataset_index[i])]
+        ids = _sample_ids([i], len(self), f"blend split {self.split!r}")
+        return self.names[int(self._route(ids)[0][0])]
 
     def get_batch(self, indices: npt.ArrayLike) -> np.ndarray:
         """Samples ``indices`` as one int64 ``[B, width]`` array (one concatenate in total)."""
@@ -415,8 +549,7 @@ class BlendedDataset:
     ) -> tuple[int, list[tuple[NanosetDataset, np.ndarray, np.ndarray]]]:
         """The batch size and, per dataset with samples in it, (dataset, rows, its sample ids)."""
         ids = _sample_ids(indices, len(self), f"blend split {self.split!r}")
-        which = self.dataset_index[ids]
-        local = self.dataset_sample_index[ids].astype(np.int64)
+        which, local = self._route(ids)
         requests = []
         for d, part in enumerate(self._parts):
             rows = np.flatnonzero(which == d)

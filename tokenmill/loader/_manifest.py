@@ -1,20 +1,28 @@
 """Blend manifest layout, reader and verifier (numpy + stdlib only, shared by writer and loader).
 
-A blend lives in one directory, ``blends/<name>/``::
+A blend lives in one directory, ``blends/<name>/``; every build writes an immutable version and
+then moves the pointer::
 
-    manifest.json                         written last; its presence means "complete"
-    <split>-dataset_index.npy             which dataset each blend sample comes from
-    <split>-dataset_sample_index.npy      which sample of that dataset's Nanoset
+    manifest.json                                   the current version's manifest (the pointer),
+                                                    written last (temp -> fsync -> rename)
+    versions/<version16>/manifest.json              one version, never rewritten
+    versions/<version16>/<split>-dataset_index.npy            which dataset each sample is from
+    versions/<version16>/<split>-dataset_sample_index.npy     which sample of that Nanoset
 
-Every path inside ``manifest.json`` is relative to this directory (``../../merged/x_text_document``
+Every path inside a manifest is relative to that manifest's own folder (the pointer's go through
+``versions/<version16>/...``; a version's own manifest says ``../../../../merged/x_text_document``
 ...), so copying the blend, its datasets and its index caches with the same relative layout gives
-a blend that opens elsewhere. Each file entry is ``{"path", "bytes", "sha256"}``. The writer is
-``tokenmill.blend_manifest.build_blend``; the schema is documented there.
+a blend that opens elsewhere. Each file entry is ``{"path", "bytes", "sha256"}`` (a merged
+``.bin`` recorded by parts: ``{"path", "bytes", "parts", "sha256_of_parts"}``). Both manifests
+carry ``"version"`` (the content hash of everything the samples depend on) and
+``"manifest_sha256"`` (sha256 of the manifest's canonical JSON without that field), checked on
+every read. The writer is ``tokenmill.blend_manifest.build_blend``; the schema is documented there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -24,10 +32,13 @@ from typing import Any
 import numpy as np
 
 from tokenmill._atomic import file_sha256
-from tokenmill.errors import FormatError
+from tokenmill.errors import ConfigError, FormatError
 
 MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: versioned blends (version, manifest_sha256, versions/<v>/ layout)
+VERSIONS_DIR = "versions"
+VERSION_CHARS = 16  # a version folder is named by the first 16 hex digits of its version
+SELF_HASH = "manifest_sha256"
 KIND = "blend"
 SPLITS = ("train", "valid", "test")
 BLEND_ARRAYS = ("dataset_index", "dataset_sample_index")
@@ -37,6 +48,57 @@ INDEX_ARRAYS = ("document", "sample", "shuffle")
 def blend_array_name(split: str, array: str) -> str:
     """File name of a blend array inside the blend directory, e.g. ``train-dataset_index.npy``."""
     return f"{split}-{array}.npy"
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """sha256 of a manifest's canonical JSON (sorted keys, compact) without its own hash."""
+    body = {k: v for k, v in manifest.items() if k != SELF_HASH}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def seal(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``manifest`` carrying its own hash (``manifest_sha256``)."""
+    body = {k: v for k, v in manifest.items() if k != SELF_HASH}
+    return {**body, SELF_HASH: manifest_digest(body)}
+
+
+def versions_root(mpath: Path) -> Path:
+    """The blend folder holding ``versions/`` for a pointer or a version manifest path."""
+    folder = mpath.parent
+    if folder.parent.name == VERSIONS_DIR and len(folder.name) == VERSION_CHARS:
+        return folder.parent.parent
+    return folder
+
+
+def available_versions(mpath: Path) -> list[str]:
+    """The version folders (16 hex digits) with a manifest beside a blend manifest, sorted."""
+    folder = versions_root(mpath) / VERSIONS_DIR
+    if not folder.is_dir():
+        return []
+    return sorted(p.parent.name for p in folder.glob(f"*/{MANIFEST_NAME}"))
+
+
+def version_manifest_path(mpath: Path, version: str) -> Path:
+    """``versions/<v16>/manifest.json`` beside the pointer ``mpath`` for a full version hash or
+    its 16-digit prefix; ConfigError listing the available versions when it is not there."""
+    if (
+        not isinstance(version, str)
+        or len(version) < VERSION_CHARS
+        or any(c not in "0123456789abcdef" for c in version)
+    ):
+        raise ConfigError(
+            f"version {version!r}: expected the blend version (>= {VERSION_CHARS} lowercase hex "
+            "digits, as recorded in ds.version or the manifest's 'version')"
+        )
+    path = versions_root(mpath) / VERSIONS_DIR / version[:VERSION_CHARS] / MANIFEST_NAME
+    if not path.is_file():
+        found = available_versions(mpath)
+        raise ConfigError(
+            f"{mpath}: blend version {version} is not there (removed by `tokenmill gc`, or "
+            f"never built here); available: {', '.join(found) or 'none'}"
+        )
+    return path
 
 
 def manifest_path(path: str | os.PathLike[str]) -> Path:
@@ -131,7 +193,16 @@ def read_blend_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"found {manifest.get('format_version')!r}, "
             f"expected {FORMAT_VERSION}; rebuild the blend",
         )
-    for key in ("name", "datasets", "splits", "sequence_length", "add_extra_token", "semantics"):
+    recorded = manifest.get(SELF_HASH)
+    if recorded != manifest_digest(manifest):
+        raise FormatError(
+            mpath,
+            SELF_HASH,
+            f"{recorded!r:.80} is not the hash of the manifest's content: it was edited or "
+            "damaged after it was written; rebuild the blend (or pull it again)",
+        )
+    keys = ("name", "version", "datasets", "splits", "sequence_length", "add_extra_token")
+    for key in (*keys, "semantics"):
         if key not in manifest:
             raise FormatError(mpath, key, "missing from the blend manifest")
     for key, kind in (("datasets", list), ("splits", dict)):
@@ -169,29 +240,51 @@ def load_index_array(path: str | os.PathLike[str], *, ndim: int, what: str) -> n
 
 
 def check_file(path: Path, entry: dict[str, Any], *, hash_it: bool) -> str | None:
-    """Why ``path`` does not match its recorded ``{bytes, sha256}`` (size, then hash), or None."""
+    """Why ``path`` does not match its recorded ``{bytes, sha256}`` or ``{bytes, parts,
+    sha256_of_parts}`` (size, then with ``hash_it`` the hash of the file or of each part)."""
     if not path.is_file():
         return f"{path}: missing"
     size = path.stat().st_size
     if size != entry.get("bytes"):
         return f"{path}: {size} bytes, recorded {entry.get('bytes')!r}"
-    if hash_it and file_sha256(path) != entry.get("sha256"):
+    if not hash_it:
+        return None
+    if "parts" in entry:
+        return _parts_problem(path, entry)
+    if file_sha256(path) != entry.get("sha256"):
         return f"{path}: sha256 differs from the recorded one"
     return None
 
 
-def split_problems(manifest: dict[str, Any], mpath: Path, split: str) -> list[str]:
-    """Mismatches between one split's files (blend arrays, index caches) and the manifest."""
+def _parts_problem(path: Path, entry: dict[str, Any]) -> str | None:
+    """Hash each recorded byte range of a file recorded by parts (a merged ``.bin``)."""
+    parts = entry["parts"]
+    digests = "".join(str(p["sha256"]) for p in parts)
+    if hashlib.sha256(digests.encode()).hexdigest() != entry.get("sha256_of_parts"):
+        return f"{path}: sha256_of_parts is not the hash of the recorded parts"
+    offset = 0
+    for i, part in enumerate(parts):
+        if file_sha256(path, offset, int(part["bytes"])) != part["sha256"]:
+            return f"{path}: sha256 of part {i} (bytes {offset}..) differs from the recorded one"
+        offset += int(part["bytes"])
+    return None
+
+
+def split_problems(
+    manifest: dict[str, Any], mpath: Path, split: str, *, full: bool = False
+) -> list[str]:
+    """Mismatches between one split's files (blend arrays, index caches) and the manifest:
+    sizes and the index descriptions' records (small JSON files); ``full`` also hashes."""
     info = manifest["splits"][split]
     problems = []
     for array, entry in info["files"].items():
-        why = check_file(resolve(mpath, entry["path"]), entry, hash_it=True)
+        why = check_file(resolve(mpath, entry["path"]), entry, hash_it=full)
         if why:
             problems.append(f"split {split!r} blend array {array}: {why}")
     for ds in info["datasets"]:
         failed = set()
         for kind, entry in ds["index"]["files"].items():
-            why = check_file(resolve(mpath, entry["path"]), entry, hash_it=True)
+            why = check_file(resolve(mpath, entry["path"]), entry, hash_it=full)
             if why:
                 failed.add(kind)
                 problems.append(
@@ -206,11 +299,13 @@ def split_problems(manifest: dict[str, Any], mpath: Path, split: str) -> list[st
 def _key_problems(
     manifest: dict[str, Any], mpath: Path, split: str, ds: dict[str, Any]
 ) -> list[str]:
-    """Sample settings of the manifest that its (hash-verified) index description contradicts,
-    so an edited manifest cannot make samples padded or cut differently."""
+    """Sample settings of the manifest that its index description contradicts, so an edited
+    manifest cannot make samples padded or cut differently; and array records (size, sha256)
+    that differ from the description's (a cheap check: no array is read)."""
     path = resolve(mpath, ds["index"]["files"]["description"]["path"])
     try:
-        key = json.loads(path.read_text(encoding="utf-8"))["key"]
+        description = json.loads(path.read_text(encoding="utf-8"))
+        key, records = description["key"], description["files"]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
         return [f"{path}: unreadable index description ({exc!r})"]
     wanted = {
@@ -218,18 +313,29 @@ def _key_problems(
         "add_extra_token": manifest["add_extra_token"],
         "split": split,
     }
-    return [
+    problems = [
         f"split {split!r} dataset {ds['name']!r}: the manifest says {setting} {value!r}, its "
         f"index {path.name} was built with {key.get(setting)!r}"
         for setting, value in wanted.items()
         if key.get(setting) != value or type(key.get(setting)) is not type(value)
     ]
+    for kind in INDEX_ARRAYS:
+        entry, record = ds["index"]["files"][kind], records.get(kind) or {}
+        if (entry.get("bytes"), entry.get("sha256")) != (record.get("bytes"), record.get("sha256")):
+            problems.append(
+                f"split {split!r} dataset {ds['name']!r} index cache ({kind}): the manifest "
+                f"records {entry.get('bytes')!r} bytes / sha256 {entry.get('sha256')!r:.20}, "
+                f"its description {path.name} {record.get('bytes')!r} / "
+                f"{record.get('sha256')!r:.20}"
+            )
+    return problems
 
 
 def dataset_problems(
     manifest: dict[str, Any], mpath: Path, names: set[str], *, full: bool
 ) -> list[str]:
-    """Mismatches of the datasets' ``.idx`` (sizes + sha256) and ``.bin`` (size; sha256 if full)."""
+    """Mismatches of the datasets' ``.idx``/``.bin`` files: sizes; ``full`` also the sha256 of
+    the ``.idx`` and of the ``.bin`` (or of each recorded part of a merged ``.bin``)."""
     problems = []
     unknown = names - {ds["name"] for ds in manifest["datasets"]}
     if unknown:
@@ -248,7 +354,7 @@ def dataset_problems(
                     f"{path} is not the {kind} file of the dataset's prefix {prefix}; "
                     "rebuild the blend",
                 )
-            why = check_file(path, entry, hash_it=full or kind != "bin")
+            why = check_file(path, entry, hash_it=full)
             if why:
                 problems.append(
                     f"dataset {ds['name']!r} {kind}: {why} (the dataset changed "
@@ -262,8 +368,9 @@ def verify_manifest(
 ) -> list[str]:
     """Problems of a blend (empty list = consistent) for ``splits`` (default: all of them).
 
-    Fast: every file's size, sha256 of the index-type files (blend arrays, Nanoset caches,
-    ``.idx``). Full: also sha256 of the ``.bin`` token files.
+    Always (O(1) in the size of the indices): the manifest's schema and its own hash, every
+    file's size, the index descriptions' settings and array records. ``full``: also the sha256
+    of every file (blend arrays, Nanoset caches, ``.idx``, ``.bin`` or its parts).
     """
     mpath = manifest_path(path)
     manifest = read_blend_manifest(mpath)
@@ -272,7 +379,7 @@ def verify_manifest(
     names: set[str] = set()
     with schema_errors(mpath):
         for split in chosen:
-            problems += split_problems(manifest, mpath, split)
+            problems += split_problems(manifest, mpath, split, full=full)
             names |= {ds["name"] for ds in manifest["splits"][split]["datasets"]}
         return dataset_problems(manifest, mpath, names, full=full) + problems
 

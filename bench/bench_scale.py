@@ -1,0 +1,291 @@
+"""Work per step at scale: does a shard step stay O(its shard), and a refresh O(what changed)?
+
+``python bench/bench_scale.py [--shards 1000] [--docs 8]`` builds ``--shards`` JSONL shards of
+real text (stdlib sources, ``--docs`` documents each) and runs every shard stage of each shard
+by invoking the assets as a run would (``build_asset_context``, a local storage root), in
+order, timing the CPU of each step. Then it refreshes (``dataset_info``, ``merged``,
+``pruned``, ``nanoset``, the blend), adds one shard and refreshes again.
+
+Reported per step: CPU seconds (``time.process_time``), bytes read through ``read`` calls
+(``rchar`` of ``/proc/self/io``; memory-mapped and kernel-copied bytes are not in it) and the
+files opened below the storage root with their total size (an audit hook sees every Python
+``open``; pyarrow's own I/O is not seen). The claim under test: the shard step's CPU for shard
+#N is within 1.2× of shard #10 (medians of 9-shard windows), and a refresh after one new shard
+opens that shard's files plus the merge's inputs (the copy), not every Parquet or raw file.
+Part 3 builds a blend over a ``--blend-gb`` GB merged dataset whose ``.bin`` is sparse and
+reports what was read: a blend must never open a merged ``.bin``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from _util import OUT_DIR, table, write_results  # noqa: E402
+from corpus import stdlib_texts  # noqa: E402
+
+SHARD_STAGES = ("raw_jsonl", "hf_dataset", "tokens")
+REFRESH = (("docs", "dataset_info"), ("docs", "merged"), ("docs", "pruned"), ("docs", "nanoset"))
+_OPENED: list[str] | None = None
+_LAST_OPENED: list[str] = []  # what the last measured block opened
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if _OPENED is not None and event == "open" and isinstance(args[0], str | bytes):
+        _OPENED.append(os.fsdecode(args[0]))
+
+
+def rchar() -> int:
+    """Bytes this process has read through read-like system calls so far."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+@contextmanager
+def measured(root: Path, into: dict[str, Any]) -> Iterator[None]:
+    """CPU, rchar and the files under ``root`` opened inside the block."""
+    global _OPENED
+    _OPENED = []
+    cpu, chars = time.process_time(), rchar()
+    try:
+        yield
+    finally:
+        into["cpu"] = time.process_time() - cpu
+        into["rchar"] = rchar() - chars
+        opened, _OPENED = sorted(set(_OPENED)), None
+        _LAST_OPENED[:] = opened
+        ours = [Path(p) for p in opened if p.startswith(str(root))]
+        files = [p for p in ours if p.is_file()]
+        into["files_opened"] = len(files)
+        into["bytes_of_files_opened"] = sum(p.stat().st_size for p in files)
+
+
+def write_shards(source: Path, count: int, docs: int, start: int = 0) -> None:
+    """``count`` shards of ``docs`` real documents each (stdlib sources, in path order)."""
+    source.mkdir(parents=True, exist_ok=True)
+    texts = [text for _, text in stdlib_texts() if 200 < len(text) < 20_000]
+    for i in range(start, start + count):
+        lines = [
+            json.dumps({"text": texts[(i * docs + j) % len(texts)]}) + "\n" for j in range(docs)
+        ]
+        (source / f"part-{i:05d}.jsonl").write_text("".join(lines), encoding="utf-8")
+
+
+def make_recipe(work: Path, tokenizer: Path) -> Path:
+    """A one-dataset recipe over ``work/sources/docs`` with one blend."""
+    import yaml
+
+    recipe = {
+        "storage": {"root": str(work / "data")},
+        "tokenizer": {"path": str(tokenizer), "append_eod": True},
+        "datasets": {"docs": {"source": str(work / "sources" / "docs")}},
+        "nanoset": {"sequence_length": 512, "split": "90,5,5", "train_samples": 2000},
+        "blends": {"all": {"weights": {"docs": 1.0}}},
+    }
+    path = work / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    return path
+
+
+class Runner:
+    """Invokes the recipe's assets one at a time, as a run would, on one ephemeral instance."""
+
+    def __init__(self, recipe_path: Path) -> None:
+        from dagster import DagsterInstance
+
+        from assets.factory import build_assets
+        from pipelines.build import resources_for
+        from tokenmill.recipe import load_recipe
+
+        self.recipe = load_recipe(recipe_path)
+        self.assets = {a.key: a for a in build_assets(self.recipe)[0]}
+        self.resources = resources_for(self.recipe)
+        self.instance = DagsterInstance.ephemeral()
+        self.root = Path(self.recipe.storage.root).resolve()
+
+    def add(self, keys: list[str]) -> None:
+        self.instance.add_dynamic_partitions("docs_shards", keys)
+
+    def run(self, key: tuple[str, ...], partition: str | None = None) -> dict[str, Any]:
+        from dagster import AssetKey, build_asset_context
+
+        result: dict[str, Any] = {"asset": "/".join(key), "partition": partition}
+        with (
+            build_asset_context(
+                resources=self.resources, instance=self.instance, partition_key=partition
+            ) as context,
+            measured(self.root, result),
+        ):
+            self.assets[AssetKey(list(key))](context)
+        return result
+
+
+def window(steps: list[dict[str, Any]], around: int) -> float:
+    """Median CPU of the shard steps (all stages summed) of the 9 shards ending at ``around``."""
+    per_shard: dict[str, float] = {}
+    for step in steps:
+        per_shard[step["partition"]] = per_shard.get(step["partition"], 0.0) + step["cpu"]
+    cpus = list(per_shard.values())[max(0, around - 9) : around]
+    return statistics.median(cpus)
+
+
+def local_scale(shards: int, docs: int, tokenizer: Path, work: Path) -> dict[str, Any]:
+    """Part 1: ``shards`` shards on a local root, a refresh, one more shard, a refresh."""
+    source = work / "sources" / "docs"
+    write_shards(source, shards, docs)
+    runner = Runner(make_recipe(work, tokenizer))
+    keys = [f"part-{i:05d}" for i in range(shards)]
+    runner.add(keys)
+    steps = []
+    started = time.perf_counter()
+    for n, key in enumerate(keys, 1):
+        for stage in SHARD_STAGES:
+            steps.append(runner.run(("docs", stage), key))
+        if n % 100 == 0:
+            print(f"  {n} shards in {time.perf_counter() - started:.0f} s", flush=True)
+    refresh = [runner.run(key) for key in (*REFRESH, ("blend", "all"))]
+    new = f"part-{shards:05d}"
+    write_shards(source, 1, docs, start=shards)
+    runner.add([new])
+    added = [runner.run(("docs", stage), new) for stage in SHARD_STAGES]
+    again = [runner.run(key) for key in (*REFRESH, ("blend", "all"))]
+    merged_bytes = sum(p.stat().st_size for p in (runner.root / "merged" / "docs").rglob("*.bin"))
+    shard_bytes = (source / f"{new}.jsonl").stat().st_size
+    return {
+        "shards": shards,
+        "docs_per_shard": docs,
+        "shard_bytes": shard_bytes,
+        "cpu_shard_10": window(steps, 10),
+        "cpu_shard_last": window(steps, shards),
+        "shard_steps": steps,
+        "refresh": refresh,
+        "added_shard": added,
+        "refresh_after_one_shard": again,
+        "merged_bin_bytes_all_versions": merged_bytes,
+    }
+
+
+def big_blend(gigabytes: float, work: Path) -> dict[str, Any]:
+    """Part 3: a blend over a merged dataset of ``gigabytes`` GB (uint16 tokens, documents of
+    1,000-3,000 tokens) whose ``.bin`` is a sparse file: building the blend must not read it
+    (a read would show in ``rchar`` and in the files opened)."""
+    import numpy as np
+
+    from tokenmill.blend_manifest import build_blend
+    from tokenmill.formats.indexed import encode_index
+    from tokenmill.manifest import write_dataset_manifest
+
+    root = work / "big"
+    prefix = root / "merged" / "big" / "0123456789abcdef" / "big_text_document"
+    prefix.parent.mkdir(parents=True)
+    tokens = int(gigabytes * 1e9) // 2
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1000, 3000, size=tokens // 2000 + 1, dtype=np.int64)
+    lengths = lengths[: int(np.searchsorted(np.cumsum(lengths), tokens))]
+    docs = np.arange(len(lengths) + 1, dtype=np.int64)
+    Path(f"{prefix}.idx").write_bytes(encode_index(np.uint16, lengths, docs))
+    size = int(lengths.sum()) * 2
+    with open(f"{prefix}.bin", "wb") as fh:
+        fh.truncate(size)  # sparse: no data written, none to read
+    write_dataset_manifest(
+        prefix,
+        kind="merged",
+        inputs=[],
+        config={"order": "given", "dtype": "uint16"},
+        counts={"documents": len(lengths), "sequences": len(lengths), "tokens": size // 2},
+        bin_parts=[{"bytes": size, "sha256": "0" * 64}],  # never checked by a blend build
+    )
+    result: dict[str, Any] = {"bin_bytes": size, "documents": len(lengths)}
+    with measured(root, result):
+        start = time.perf_counter()
+        build_blend(
+            "big",
+            {"big": prefix},
+            root / "blends" / "big",
+            root / "nanoset",
+            weights={"big": 1.0},
+            sequence_length=2048,
+            split_spec="100,0,0",
+            train_samples=100_000,
+        )
+        result["wall"] = time.perf_counter() - start
+    bin_opened = [p for p in _LAST_OPENED if p.endswith(".bin")]
+    result["bin_opened"] = bin_opened
+    return result
+
+
+def report(local: dict[str, Any]) -> str:
+    """The tables printed for part 1."""
+    ratio = local["cpu_shard_last"] / local["cpu_shard_10"]
+    lines = [
+        f"shard steps (raw_jsonl + hf_dataset + tokens), median CPU over 9 shards: "
+        f"#10 {local['cpu_shard_10']:.3f} s, #{local['shards']} {local['cpu_shard_last']:.3f} s "
+        f"-> {ratio:.2f}x (goal <= 1.2x)",
+        "",
+    ]
+    rows = [["step", "CPU s", "rchar MB", "files opened", "MB of files opened"]]
+    for title, part in (
+        ("new shard", local["added_shard"]),
+        ("refresh after it", local["refresh_after_one_shard"]),
+        ("first refresh", local["refresh"]),
+    ):
+        rows.append([f"[{title}]", "", "", "", ""])
+        for step in part:
+            rows.append(
+                [
+                    step["asset"],
+                    f"{step['cpu']:.3f}",
+                    f"{step['rchar'] / 1e6:.2f}",
+                    str(step["files_opened"]),
+                    f"{step['bytes_of_files_opened'] / 1e6:.2f}",
+                ]
+            )
+    lines.append(table(rows))
+    lines.append(f"\nthe new shard: {local['shard_bytes'] / 1e6:.3f} MB of JSONL")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shards", type=int, default=1000)
+    parser.add_argument("--docs", type=int, default=8, help="documents per shard")
+    parser.add_argument("--tokenizer", type=Path, default=ROOT / ".tokenizers" / "gpt2")
+    parser.add_argument("--work", type=Path, default=OUT_DIR / "scale")
+    parser.add_argument("--blend-gb", type=float, default=5.0, help="merged .bin size, GB")
+    args = parser.parse_args()
+    if args.work.exists():
+        import shutil
+
+        shutil.rmtree(args.work)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.addaudithook(_audit)
+    local = local_scale(args.shards, args.docs, args.tokenizer, args.work)
+    print(report(local))
+    big = big_blend(args.blend_gb, args.work)
+    print(
+        f"\nblend over a {big['bin_bytes'] / 1e9:.1f} GB merged .bin ({big['documents']:,} "
+        f"documents): {big['wall']:.1f} s wall, {big['cpu']:.1f} s CPU, rchar "
+        f"{big['rchar'] / 1e6:.1f} MB, {big['files_opened']} files opened, .bin opened: "
+        f"{big['bin_opened'] or 'never'}"
+    )
+    path = write_results("scale", {"local": local, "big_blend": big})
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""``tokenmill gc``: exactly the old, unreferenced versions and cache entries go; current,
+pinned and referenced ones stay; dry runs remove nothing; S3 roots work the same way."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from test_versions import make_merged
+
+from tokenmill.blend_manifest import build_blend
+from tokenmill.cli import main
+from tokenmill.gc import gc
+from tokenmill.loader import open_blend
+from tokenmill.manifest import read_dataset_manifest
+from tokenmill.pull import pull
+from tokenmill.versions import write_pointer
+
+DAY = 86400
+
+
+def merged_version(root: Path, ds: str, digit: str, seed: int) -> Path:
+    """``merged/<ds>/<v16>/<ds>_text_document`` made current through ``current.json``."""
+    version = digit * 64
+    prefix = root / f"merged/{ds}/{digit * 16}/{ds}_text_document"
+    make_merged(prefix, 60, seed)
+    write_pointer(root / f"merged/{ds}/current.json", version, f"{digit * 16}/{prefix.name}")
+    return prefix
+
+
+def blend(root: Path, docs: Path, code: Path) -> str:
+    manifest = build_blend(
+        "mix",
+        {"docs": docs, "code": code},
+        root / "blends/mix",
+        root / "nanoset",
+        weights={"docs": 0.5, "code": 0.5},
+        sequence_length=8,
+        split_spec="90,10,0",
+        train_samples=40,
+    )
+    return str(manifest["version"])
+
+
+def age(paths: list[Path], days: float) -> None:
+    when = time.time() - days * DAY
+    for path in paths:
+        for p in [path, *path.rglob("*")] if path.is_dir() else [path]:
+            os.utime(p, (when, when))
+
+
+def tree(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> dict:
+    """Three refreshes: docs v1 -> v2 -> v3 (code v1 throughout), one blend version each,
+    aged 30, 10 and 0 days; the caches of each blend version recorded."""
+    root = tmp_path / "root"
+    code = merged_version(root, "code", "c", 9)
+    versions, caches, docs = [], [], []
+    for digit, days, seed in (("1", 30, 1), ("2", 10, 2), ("3", 0, 3)):
+        before = tree(root / "nanoset") if (root / "nanoset").exists() else set()
+        docs.append(merged_version(root, "docs", digit, seed))
+        versions.append(blend(root, docs[-1], code))
+        caches.append(tree(root / "nanoset") - before)
+        age([root / f"blends/mix/versions/{versions[-1][:16]}", docs[-1].parent], days)
+        age([root / "nanoset" / name for name in caches[-1]], days)
+    return {"root": root, "versions": versions, "caches": caches, "docs": docs}
+
+
+def files_of(root: Path, folder: str) -> set[str]:
+    return {f"{folder}/{name}" for name in tree(root / folder)}
+
+
+def test_keep_one_removes_exactly_the_old_versions_and_their_caches(store: dict) -> None:
+    root, (v1, v2, v3) = store["root"], store["versions"]
+    current = open_blend(root / "blends/mix")
+    batch = current.get_batch(np.arange(len(current)))
+    before = tree(root)
+    expected = set()
+    for version, docs in zip((v1, v2), store["docs"], strict=False):
+        expected |= files_of(root, f"blends/mix/versions/{version[:16]}")
+        expected |= files_of(root, docs.parent.relative_to(root).as_posix())
+        content = read_dataset_manifest(docs)["content_hash"]
+        for description in (root / "nanoset").glob("*-description.json"):  # docs caches only
+            if json.loads(description.read_text())["key"]["dataset_content_hash"] == content:
+                stem = description.name.removesuffix("-description.json")
+                expected |= {f"nanoset/{p.name}" for p in (root / "nanoset").glob(f"{stem}-*")}
+    assert len([k for k in expected if k.startswith("nanoset/")]) == 2 * 2 * 4  # 2 splits
+    sizes = {k: (root / k).stat().st_size for k in expected}
+    dry = gc(root, keep=1, dry_run=True)
+    assert tree(root) == before  # a dry run removes nothing
+    assert {k for r in dry.removed for k in r.keys} == expected
+    report = gc(root, keep=1)
+    assert {k for r in report.removed for k in r.keys} == expected
+    assert tree(root) == before - expected
+    assert sorted((r.kind, r.version) for r in report.removed if r.kind != "nanoset") == [
+        ("blend", v1[:16]),
+        ("blend", v2[:16]),
+        ("merged", "1" * 16),
+        ("merged", "2" * 16),
+    ]
+    assert report.bytes == dry.bytes == sum(sizes.values())
+    survivor = open_blend(root / "blends/mix", verify="full")
+    assert survivor.version == v3
+    assert np.array_equal(survivor.get_batch(np.arange(len(batch))), batch)
+    assert not (root / "blends/mix/versions" / v1[:16]).exists()
+    assert gc(root, keep=1).removed == []  # nothing more to do
+
+
+def test_pinned_and_referenced_versions_stay(store: dict) -> None:
+    root, (v1, v2, v3) = store["root"], store["versions"]
+    pinned = open_blend(root / "blends/mix", version=v1)
+    batch = pinned.get_batch(np.arange(len(pinned)))
+    report = gc(root, keep=0, keep_versions=[v1])
+    removed = {(r.kind, r.version) for r in report.removed if r.kind != "nanoset"}
+    assert removed == {("blend", v2[:16]), ("merged", "2" * 16)}  # docs v1: v1 reads it
+    again = open_blend(root / "blends/mix", version=v1[:16], verify="full")
+    assert np.array_equal(again.get_batch(np.arange(len(again))), batch)
+    assert open_blend(root / "blends/mix").version == v3  # current, with --keep 0
+    assert (root / "merged/code/cccccccccccccccc").is_dir()
+
+
+def test_older_than_spares_recent_versions(store: dict) -> None:
+    root, (v1, v2, _) = store["root"], store["versions"]
+    report = gc(root, keep=0, older_than_days=20)
+    assert {(r.kind, r.version) for r in report.removed if r.kind != "nanoset"} == {
+        ("blend", v1[:16]),
+        ("merged", "1" * 16),
+    }
+    assert {r.keys[0].split("/")[0] for r in report.removed} == {"blends", "merged", "nanoset"}
+    assert (root / "blends/mix/versions" / v2[:16] / "manifest.json").is_file()
+
+
+def test_cli_prints_one_line_per_removal_and_totals(
+    store: dict, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, (v1, v2, _) = store["root"], store["versions"]
+    assert main(["gc", str(root), "--keep", "1", "--keep-version", v2[:16], "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith(f"would remove blend mix {v1[:16]}: ") for line in out)
+    assert not any(v2[:16] in line for line in out)
+    assert out[-1].startswith("total: would remove 2 versions and ")
+    assert (root / "blends/mix/versions" / v1[:16]).is_dir()
+    assert main(["gc", str(root), "--keep", "1", "--keep-version", "xyz"]) == 2
+
+
+def test_a_version_without_manifest_is_left_alone(store: dict) -> None:
+    """A build or an upload in progress (no manifest yet) is not a version gc may judge."""
+    root = store["root"]
+    partial = root / "blends/mix/versions/abcdefabcdefabcd"
+    partial.mkdir()
+    (partial / "train-dataset_index.npy").write_bytes(b"x")
+    age([partial], 100)
+    gc(root, keep=0)
+    assert (partial / "train-dataset_index.npy").is_file()
+
+
+def test_s3_root(store: dict, s3: Any, tmp_path: Path) -> None:
+    """The same selection on ``s3://bucket/prefix`` (all uploaded at once: ``--keep 0`` keeps
+    only what is current or referenced); the blend still pulls and opens afterwards."""
+    root, (v1, v2, v3) = store["root"], store["versions"]
+    s3.upload_tree(root, "data")
+    local = gc(root, keep=0, dry_run=True)
+    uri = f"s3://{s3.bucket}/data"
+    assert main(["gc", uri, "--keep", "0", "--dry-run", "--endpoint-url", s3.endpoint]) == 0
+    report = gc(uri, keep=0)
+    assert {(r.kind, r.version) for r in report.removed if r.kind != "nanoset"} == {
+        ("blend", v1[:16]),
+        ("blend", v2[:16]),
+        ("merged", "1" * 16),
+        ("merged", "2" * 16),
+    }
+    gone = {k for r in report.removed for k in r.keys}
+    assert gone == {k for r in local.removed for k in r.keys}
+    assert s3.keys("data/") == sorted(f"data/{k}" for k in tree(root) - gone)
+    pulled = pull(f"{uri}/blends/mix/manifest.json", tmp_path / "dest")
+    assert open_blend(pulled.manifest, verify="full").version == v3

@@ -1,0 +1,465 @@
+"""``tokenmill gc``: remove old blend versions, merged versions and unreferenced Nanoset caches.
+
+On a storage root (a local folder, or ``s3://bucket/prefix``) laid out as ``tokenmill.layout``
+describes::
+
+    blends/<name>/manifest.json                   pointer: the current version's manifest
+    blends/<name>/versions/<v16>/...              one blend version (manifest.json + arrays)
+    merged/<ds>/current.json                      pointer: {"version", "target"}
+    merged/<ds>/<v16>/...                         one merged version
+    nanoset/<hash>-Nanoset-<split>-*              index cache entries (description last)
+
+What stays:
+
+- every current version (the pointers' targets) and every version named by ``keep_versions``
+  (a full hash or a prefix of at least 16 hex digits);
+- per blend and per merged dataset, the ``keep`` newest versions (by modification time: local
+  mtime, S3 ``LastModified`` of the version's manifest), and with ``older_than_days`` every
+  version modified more recently than that;
+- every file a kept blend version references (its index caches, its merged datasets: such a
+  merged version is kept whatever its age);
+- every Nanoset cache entry referenced by a kept blend version or built for the content of a
+  kept merged version (its description records the dataset's content hash), or, with
+  ``older_than_days``, modified more recently than that.
+
+Anything that is not a complete version (no manifest yet: a build or an upload in progress, a
+temp folder) is left alone, and so are files outside these layouts (e.g. an unversioned
+``merged/<ds>_text_document.*`` pair, whose content hash also keeps its Nanoset caches). Before
+removing a blend or merged version the pointer is read again, so a version a concurrent build
+has just made current again is skipped. A version's manifest (an entry's description) is
+removed first, so a half-removed version never looks complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenmill.errors import ConfigError, FormatError
+from tokenmill.layout import POINTER_NAME, VERSION_CHARS
+from tokenmill.loader._manifest import MANIFEST_NAME, VERSIONS_DIR
+from tokenmill.s3 import retrying, split_uri
+from tokenmill.versions import read_pointer
+
+__all__ = ["GcReport", "Removal", "gc"]
+
+HEX16 = re.compile(r"^[0-9a-f]{16}$")
+NANOSET_ENTRY = re.compile(r"^([0-9a-f]{32}-Nanoset-(?:train|valid|test))-.+$")
+DESCRIPTION = "-description.json"
+DATASET_MANIFEST = ".manifest.json"
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class _File:
+    key: str  # relative to the storage root, posix
+    size: int
+    mtime: float
+
+
+@dataclass
+class Removal:
+    """One version (or cache entry) that gc removes (or would remove, in a dry run)."""
+
+    kind: str  # "blend", "merged" or "nanoset"
+    name: str  # blend or dataset name; for a cache entry its file stem
+    version: str  # version folder (16 hex digits); for a cache entry its hash
+    keys: list[str]  # the files, relative to the storage root
+    bytes: int
+    mtime: float
+    commit: str  # the key removed first (manifest or description)
+
+    def line(self, dry_run: bool) -> str:
+        verb = "would remove" if dry_run else "removed"
+        age = (time.time() - self.mtime) / DAY
+        return (
+            f"{verb} {self.kind} {self.name} {self.version}: {len(self.keys)} files, "
+            f"{self.bytes} bytes, modified {age:.1f} days ago"
+        )
+
+
+@dataclass
+class GcReport:
+    """What gc removed (or would remove), and what it kept."""
+
+    removed: list[Removal] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # "<kind> <name> <version> (why)"
+    dry_run: bool = False
+
+    @property
+    def bytes(self) -> int:
+        return sum(r.bytes for r in self.removed)
+
+    def lines(self) -> list[str]:
+        out = [r.line(self.dry_run) for r in self.removed]
+        verb = "would remove" if self.dry_run else "removed"
+        versions = sum(r.kind != "nanoset" for r in self.removed)
+        entries = len(self.removed) - versions
+        files = sum(len(r.keys) for r in self.removed)
+        out.append(
+            f"total: {verb} {versions} versions and {entries} index cache entries, "
+            f"{files} files, {self.bytes} bytes; kept {len(self.kept)}"
+        )
+        return out
+
+
+class _LocalStore:
+    """A storage root on the local filesystem."""
+
+    def __init__(self, root: Path) -> None:
+        if not root.is_dir():
+            raise ConfigError(f"{root}: not a directory")
+        self.root = root
+
+    def list(self, top: str) -> Iterator[_File]:
+        base = self.root / top
+        if not base.is_dir():
+            return
+        for dirpath, _dirs, names in os.walk(base):
+            for name in names:
+                path = Path(dirpath) / name
+                try:
+                    st = path.stat()
+                except FileNotFoundError:
+                    continue
+                yield _File(path.relative_to(self.root).as_posix(), st.st_size, st.st_mtime)
+
+    def read(self, key: str) -> bytes | None:
+        try:
+            return (self.root / key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def delete(self, keys: list[str]) -> None:
+        for key in keys:
+            (self.root / key).unlink(missing_ok=True)
+        for folder in sorted({posixpath.dirname(k) for k in keys}, key=len, reverse=True):
+            path = self.root / folder
+            while path != self.root and path.is_dir() and not any(path.iterdir()):
+                path.rmdir()
+                path = path.parent
+
+
+class _S3Store:
+    """A storage root under ``s3://bucket/prefix`` (boto3, imported lazily)."""
+
+    def __init__(self, uri: str, endpoint_url: str | None) -> None:
+        import boto3
+
+        self.bucket, self.prefix = split_uri(uri)
+        self.uri = uri
+        self.client = boto3.session.Session().client(
+            "s3", endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+        )
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def list(self, top: str) -> Iterator[_File]:
+        start = self._key(top) + "/"
+        cut = len(self.prefix) + 1 if self.prefix else 0
+
+        def pages() -> list[dict[str, Any]]:
+            paginator = self.client.get_paginator("list_objects_v2")
+            return list(paginator.paginate(Bucket=self.bucket, Prefix=start))
+
+        for page in retrying(f"listing s3://{self.bucket}/{start}", pages):
+            for obj in page.get("Contents", []):
+                yield _File(obj["Key"][cut:], int(obj["Size"]), obj["LastModified"].timestamp())
+
+    def read(self, key: str) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        def get() -> bytes | None:
+            try:
+                body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+                return bytes(body.read())
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                    return None
+                raise
+
+        return retrying(f"reading s3://{self.bucket}/{self._key(key)}", get)
+
+    def delete(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
+
+            def remove(batch: list[dict[str, str]] = batch) -> None:
+                answer = self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
+                )
+                if answer.get("Errors"):
+                    raise OSError(f"s3://{self.bucket}: could not delete {answer['Errors'][:3]}")
+
+            retrying(f"deleting from s3://{self.bucket}", remove)
+
+
+_Store = _LocalStore | _S3Store
+
+
+def _json(store: _Store, key: str) -> dict[str, Any] | None:
+    raw = store.read(key)
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _pointer(store: _Store, key: str) -> dict[str, Any] | None:
+    """A merged pointer through ``tokenmill.versions.read_pointer`` (checked the same way)."""
+    raw = store.read(key)
+    if raw is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / POINTER_NAME
+        path.write_bytes(raw)
+        return read_pointer(path)
+
+
+def _groups(files: list[_File], version_at: int) -> dict[tuple[str, str], list[_File]]:
+    """Files grouped by (name, version): ``parts[1]`` is the name, ``parts[version_at]`` a
+    version folder (16 hex digits; anything else, e.g. a temp folder, is not grouped)."""
+    out: dict[tuple[str, str], list[_File]] = {}
+    for f in files:
+        parts = f.key.split("/")
+        if len(parts) > version_at + 1 and HEX16.match(parts[version_at]):
+            out.setdefault((parts[1], parts[version_at]), []).append(f)
+    return out
+
+
+def _matches(version: str, keep: list[str]) -> bool:
+    return any(k[:VERSION_CHARS] == version for k in keep)
+
+
+def _referenced(manifest: dict[str, Any], folder: str) -> set[str]:
+    """Root-relative keys of every file a blend manifest in ``folder`` names."""
+    paths = [ds.get("prefix", "") for ds in manifest.get("datasets", [])]
+    for ds in manifest.get("datasets", []):
+        paths += [f.get("path", "") for f in ds.get("files", {}).values()]
+    for info in manifest.get("splits", {}).values():
+        paths += [f.get("path", "") for f in info.get("files", {}).values()]
+        for ds in info.get("datasets", []):
+            paths += [f.get("path", "") for f in ds.get("index", {}).get("files", {}).values()]
+    keys = set()
+    for path in paths:
+        if isinstance(path, str) and path:
+            key = posixpath.normpath(posixpath.join(folder, path))
+            if not key.startswith(".."):
+                keys.add(key)
+    prefixes = {k for k in keys if not posixpath.splitext(k)[1]}
+    keys |= {p + DATASET_MANIFEST for p in prefixes}
+    return keys
+
+
+def _newest(
+    versions: dict[str, list[_File]], commit: Callable[[str], str]
+) -> list[tuple[str, float]]:
+    """Versions with their modification time (of the commit file, else the newest file),
+    newest first."""
+    dated = []
+    for version, files in versions.items():
+        by_key = {f.key: f for f in files}
+        mark = by_key.get(commit(version))
+        dated.append((version, mark.mtime if mark else max(f.mtime for f in files)))
+    return sorted(dated, key=lambda item: (-item[1], item[0]))
+
+
+def gc(
+    root: str | os.PathLike[str],
+    *,
+    keep: int,
+    older_than_days: float | None = None,
+    keep_versions: list[str] | None = None,
+    dry_run: bool = False,
+    endpoint_url: str | None = None,
+) -> GcReport:
+    """Remove (or with ``dry_run`` list) what the module docstring says may go."""
+    if keep < 0:
+        raise ConfigError(f"--keep must be >= 0, got {keep}")
+    if older_than_days is not None and not older_than_days >= 0:
+        raise ConfigError(f"--older-than must be >= 0 days, got {older_than_days}")
+    pins = list(keep_versions or [])
+    for pin in pins:
+        if len(pin) < VERSION_CHARS or any(c not in "0123456789abcdef" for c in pin):
+            raise ConfigError(f"--keep-version {pin!r}: expected >= 16 lowercase hex digits")
+    uri = os.fspath(root)
+    store: _Store = (
+        _S3Store(uri, endpoint_url) if uri.startswith("s3://") else _LocalStore(Path(uri))
+    )
+    cutoff = None if older_than_days is None else time.time() - older_than_days * DAY
+    report = GcReport(dry_run=dry_run)
+
+    def recent(mtime: float) -> bool:
+        return cutoff is not None and mtime > cutoff
+
+    def choose(kind: str, name: str, dated: list[tuple[str, float]], current: set[str]) -> set[str]:
+        kept = set()
+        for rank, (version, mtime) in enumerate(dated):
+            why = (
+                "current"
+                if version in current
+                else "--keep-version"
+                if _matches(version, pins)
+                else f"among the {keep} newest"
+                if rank < keep
+                else "newer than --older-than"
+                if recent(mtime)
+                else None
+            )
+            if why:
+                kept.add(version)
+                report.kept.append(f"{kind} {name} {version} ({why})")
+        return kept
+
+    # Blends: versions with a manifest; keep, then collect what the kept ones reference.
+    blend_files = list(store.list("blends"))
+    blend_versions = _groups([f for f in blend_files if f.key.split("/")[2:3] == [VERSIONS_DIR]], 3)
+    by_blend: dict[str, dict[str, list[_File]]] = {}
+    for (name, version), files in blend_versions.items():
+        if any(f.key.endswith(f"/{version}/{MANIFEST_NAME}") for f in files):
+            by_blend.setdefault(name, {})[version] = files
+    protected: set[str] = set()
+    doomed: list[Removal] = []
+    for name, versions in sorted(by_blend.items()):
+        folder = f"blends/{name}"
+        pointer = _json(store, f"{folder}/{MANIFEST_NAME}")
+        current = {str(pointer.get("version", ""))[:VERSION_CHARS]} if pointer else set()
+        if pointer:
+            protected |= _referenced(pointer, folder)
+        dated = _newest(versions, lambda v, f=folder: f"{f}/{VERSIONS_DIR}/{v}/{MANIFEST_NAME}")
+        kept = choose("blend", name, dated, current)
+        for version, mtime in dated:
+            vdir = f"{folder}/{VERSIONS_DIR}/{version}"
+            if version in kept:
+                manifest = _json(store, f"{vdir}/{MANIFEST_NAME}") or {}
+                protected |= _referenced(manifest, vdir)
+                continue
+            files = versions[version]
+            doomed.append(
+                Removal(
+                    "blend",
+                    name,
+                    version,
+                    sorted(f.key for f in files),
+                    sum(f.size for f in files),
+                    mtime,
+                    f"{vdir}/{MANIFEST_NAME}",
+                )
+            )
+
+    # Merged datasets: versions under merged/<ds>/<v16>/ with a dataset manifest.
+    merged_files = list(store.list("merged"))
+    kept_content: set[str] = set()
+    for f in merged_files:  # unversioned pairs (merged/<ds>_..._document.*): never removed
+        if f.key.count("/") == 1 and f.key.endswith(DATASET_MANIFEST):
+            manifest = _json(store, f.key)
+            if manifest and isinstance(manifest.get("content_hash"), str):
+                kept_content.add(manifest["content_hash"])
+    by_dataset: dict[str, dict[str, list[_File]]] = {}
+    for (name, version), files in _groups(merged_files, 2).items():
+        if any(f.key.endswith(DATASET_MANIFEST) for f in files):
+            by_dataset.setdefault(name, {})[version] = files
+    for name, versions in sorted(by_dataset.items()):
+        folder = f"merged/{name}"
+        current = _merged_current(store, folder)
+        dated = _newest(versions, lambda v, vs=versions: _merged_manifest(vs[v]))
+        kept = choose("merged", name, dated, current)
+        for version, mtime in dated:
+            files = versions[version]
+            if version not in kept and protected & {f.key for f in files}:
+                kept.add(version)
+                report.kept.append(f"merged {name} {version} (a kept blend version reads it)")
+            if version in kept:
+                manifest = _json(store, _merged_manifest(files))
+                if manifest and isinstance(manifest.get("content_hash"), str):
+                    kept_content.add(manifest["content_hash"])
+                continue
+            doomed.append(
+                Removal(
+                    "merged",
+                    name,
+                    version,
+                    sorted(f.key for f in files),
+                    sum(f.size for f in files),
+                    mtime,
+                    _merged_manifest(files),
+                )
+            )
+
+    # Nanoset cache entries (complete ones: a description) nothing kept needs.
+    entries: dict[str, list[_File]] = {}
+    for f in store.list("nanoset"):
+        match = NANOSET_ENTRY.match(posixpath.basename(f.key))
+        if f.key.count("/") == 1 and match:
+            entries.setdefault(match.group(1), []).append(f)
+    for stem, files in sorted(entries.items()):
+        description_key = f"nanoset/{stem}{DESCRIPTION}"
+        keys = {f.key for f in files}
+        if description_key not in keys:
+            continue
+        description = _json(store, description_key) or {}
+        content = (description.get("key") or {}).get("dataset_content_hash")
+        mtime = max(f.mtime for f in files)
+        if keys & protected or content in kept_content or recent(mtime):
+            continue
+        doomed.append(
+            Removal(
+                "nanoset",
+                stem,
+                stem.split("-", 1)[0],
+                sorted(keys),
+                sum(f.size for f in files),
+                mtime,
+                description_key,
+            )
+        )
+
+    for removal in doomed:
+        if not dry_run:
+            if removal.kind == "blend" and _still_old(store, removal):
+                continue
+            if removal.kind == "merged" and removal.version in _merged_current(
+                store, f"merged/{removal.name}"
+            ):
+                continue
+            store.delete([removal.commit])
+            store.delete([k for k in removal.keys if k != removal.commit])
+        report.removed.append(removal)
+    return report
+
+
+def _still_old(store: _Store, removal: Removal) -> bool:
+    """True when a concurrent build made this blend version current again (then it stays)."""
+    pointer = _json(store, f"blends/{removal.name}/{MANIFEST_NAME}") or {}
+    return str(pointer.get("version", ""))[:VERSION_CHARS] == removal.version
+
+
+def _merged_current(store: _Store, folder: str) -> set[str]:
+    """The current merged version folder named by ``merged/<ds>/current.json``."""
+    try:
+        pointer = _pointer(store, f"{folder}/{POINTER_NAME}")
+    except (FormatError, ConfigError) as exc:
+        raise FormatError(f"{folder}/{POINTER_NAME}", "pointer", f"{exc}; gc stops") from exc
+    if pointer is None:
+        return set()
+    current = {pointer["version"][:VERSION_CHARS]}
+    target = posixpath.normpath(pointer["target"]).split("/")[0]
+    return current | ({target} if HEX16.match(target) else set())
+
+
+def _merged_manifest(files: list[_File]) -> str:
+    """The dataset manifest of a merged version (its commit file)."""
+    found = sorted(f.key for f in files if f.key.endswith(DATASET_MANIFEST))
+    return found[0] if found else files[0].key

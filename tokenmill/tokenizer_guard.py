@@ -1,0 +1,190 @@
+"""The per-document guard in front of the fast engines, and the study that sizes it.
+
+The fast engines are verified on a probe set and each run compares them with the reference on
+a sample (its inputs' first documents, cut short). The guard covers every other document: one
+pass over each text (C-speed ``re`` searches, skipped for pure ASCII) sends a document to the
+reference engine when it belongs to a class where the fast path is known to be able to differ:
+
+- ``special_token``: the text (or its normalized form) contains an added token's string. The
+  reference splits added tokens out of the raw text before normalizing the pieces in between,
+  so normalizing first can create one (``＜|endoftext|＞`` under NFKC) or break one
+  (``<|endoftext|>`` followed by U+0338 composes ``>`` into ``≯`` under NFC); the engines'
+  matching of overlapping or adjacent added tokens is only probed, not proven.
+- ``code_point``: the text holds a code point whose handling depends on a Unicode database:
+  unassigned (``Cn``) or surrogate (``Cs``) in Python's ``unicodedata`` (the Rust engines'
+  regex tables are newer or older: gigatoken and ``tokenizers`` split 13 such code points
+  differently for Tekken), or, for a tokenizer with a Unicode normalizer run in Python, one
+  of the code points where ``unicodedata`` and the ``tokenizers`` normalizer disagree (found by
+  ``normalization_differences`` at verification; 99 for NFC and 171 for NFKC between Python
+  3.11's Unicode 14.0 and ``tokenizers`` 0.23, all characters added after Unicode 9).
+
+Normalization is idempotent, so normalizing in Python and then encoding with the normalizer
+removed gives the reference ids wherever both Unicode databases agree, which is what the
+``code_point`` class guarantees per document.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, cast
+
+import numpy as np
+
+Form = Literal["NFC", "NFD", "NFKC", "NFKD"]
+FORMS = ("NFC", "NFD", "NFKC", "NFKD")
+_FEW_SPECIALS = 8  # up to this many added tokens, ``in`` per token beats one regex
+CLASSES = ("special_token", "code_point")
+# Marks that reorder against a neighbour with another combining class (ccc 1 and 240), and a
+# separator no normalization form touches or composes with.
+_LOW_MARK, _HIGH_MARK, _SEP = "\u0334", "\u0345", "\x00"
+
+
+def unicode_form(normalizer: dict | None) -> str | None:
+    """The Unicode form a ``tokenizer.json`` normalizer applies, when that is all it does."""
+    if not normalizer:
+        return None
+    if normalizer.get("type") == "Sequence":
+        steps = normalizer.get("normalizers") or []
+        return unicode_form(steps[0]) if len(steps) == 1 else None
+    kind = normalizer.get("type")
+    return kind if kind in FORMS else None
+
+
+def to_ranges(code_points: Iterable[int]) -> list[tuple[int, int]]:
+    """Sorted inclusive ``(first, last)`` runs of ``code_points``."""
+    out: list[tuple[int, int]] = []
+    for c in sorted(set(code_points)):
+        if out and out[-1][1] == c - 1:
+            out[-1] = (out[-1][0], c)
+        else:
+            out.append((c, c))
+    return out
+
+
+def unassigned_code_points() -> list[int]:
+    """Code points Python's ``unicodedata`` calls unassigned (``Cn``) or surrogate (``Cs``)."""
+    category = unicodedata.category
+    return [c for c in range(0x110000) if category(chr(c)) in ("Cn", "Cs")]
+
+
+def normalization_differences(form: str) -> list[int]:
+    """Assigned code points where ``unicodedata.normalize(form)`` and the ``tokenizers``
+    normalizer of that form disagree in some context.
+
+    Each assigned code point is normalized alone. One that takes part in normalization in
+    Python (a decomposition, a non-zero combining class, or a part of another's decomposition)
+    is also normalized before a combining mark of class 1 and after one of class 240 (a
+    combining class known to one database only reorders) and between a letter and a class-220
+    mark; each canonical decomposition is normalized as a sequence too (a composition known to
+    one database only), flagging the composite and its parts. (A code point that takes no part
+    in Python can take none in the other database either: Unicode keeps these properties of an
+    assigned character stable, and code points Python does not know are routed anyway.) All
+    contexts go through each normalizer as one string joined by NUL.
+    """
+    from tokenizers import normalizers
+
+    theirs = getattr(normalizers, form)()
+    category, combining = unicodedata.category, unicodedata.combining
+    normalize = unicodedata.normalize
+    assigned = [chr(c) for c in range(1, 0x110000) if category(chr(c)) not in ("Cn", "Cs")]
+    decomposed = {ch: normalize("NFKD", ch) for ch in assigned}
+    parts_of = {p for ch, d in decomposed.items() if d != ch for p in d}
+    contexts = list(assigned)
+    owners = list(assigned)
+    for ch in assigned:
+        if decomposed[ch] == ch and not combining(ch) and ch not in parts_of:
+            continue
+        for text in (ch + _LOW_MARK, _HIGH_MARK + ch, "a" + ch + "\u0316"):
+            contexts.append(text)
+            owners.append(ch)
+        parts = normalize("NFD", ch)
+        if parts != ch:
+            contexts.append(parts)
+            owners.append(ch + parts)
+    joined = _SEP.join(contexts)
+    ours = unicodedata.normalize(cast(Form, form), joined).split(_SEP)
+    other = theirs.normalize_str(joined).split(_SEP)
+    if not len(ours) == len(other) == len(contexts):
+        raise RuntimeError(f"{form}: a normalizer changed the NUL separators")
+    bad = {ord(ch) for a, b, who in zip(ours, other, owners, strict=True) if a != b for ch in who}
+    return sorted(bad)
+
+
+def _any_of(words: Iterable[str]) -> str:
+    """A regex that finds any of ``words``, as a trie (``<(?:s>|/s>|SPECIAL_(?:1|2...)...)``):
+    one alternation per shared prefix instead of one per word. A word ends the search there,
+    since a longer word that extends it contains it."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def emit(node: dict[str, Any]) -> str:
+        if "" in node:
+            return ""
+        alts = [re.escape(ch) + emit(child) for ch, child in sorted(node.items())]
+        return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+    return emit(trie)
+
+
+class Guard:
+    """Sends documents of a risky class to the reference; normalizes the others when asked.
+
+    Costs per text: a substring search per added token (one regex when there are many), and for
+    a text that is not pure ASCII (an O(1) test) its code points as UTF-32 looked up in a table
+    of all 0x110000 (a lone surrogate cannot be encoded: that is the class too).
+    """
+
+    def __init__(
+        self, specials: Iterable[str], ranges: Sequence[Sequence[int]], form: str | None
+    ) -> None:
+        words = sorted({s for s in specials if s}, key=len, reverse=True)
+        self.form = cast(Form | None, form)
+        self._special: Callable[[str], bool] | None = None
+        if len(words) > _FEW_SPECIALS:
+            search = re.compile(_any_of(words)).search
+            self._special = lambda text: search(text) is not None
+        elif words:
+            self._special = lambda text: any(word in text for word in words)
+        self._table: np.ndarray | None = None
+        if ranges:
+            self._table = np.zeros(0x110000, dtype=bool)
+            for first, last in ranges:
+                self._table[first : last + 1] = True
+
+    def risk(self, text: str) -> str | None:
+        """The class that sends ``text`` to the reference (checked on the raw text), or None."""
+        if self._special is not None and self._special(text):
+            return "special_token"
+        if self._table is not None and not text.isascii():
+            try:
+                code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+            except UnicodeEncodeError:  # a lone surrogate
+                return "code_point"
+            if self._table[code_points].any():
+                return "code_point"
+        return None
+
+    def split(self, texts: list[str]) -> tuple[list[str], list[int], Counter[str]]:
+        """``(prepared, routed, counts)``: each text as the fast engine should see it
+        (normalized), the indices of the texts for the reference, and their count by class."""
+        routed: list[int] = []
+        counts: Counter[str] = Counter()
+        form, special, normalize = self.form, self._special, unicodedata.normalize
+        prepared = list(texts)
+        for i, text in enumerate(texts):
+            why = self.risk(text)
+            if why is None and form is not None and not text.isascii():
+                done = prepared[i] = normalize(form, text)
+                if done != text and special is not None and special(done):
+                    why = "special_token"
+            if why is not None:
+                routed.append(i)
+                counts[why] += 1
+        return prepared, routed, counts
