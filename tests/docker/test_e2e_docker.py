@@ -87,6 +87,17 @@ def database(postgres: Postgres) -> Iterator[Postgres]:
         execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
+@pytest.fixture
+def recipe_dir() -> Iterator[Path]:
+    """A folder an unprivileged container user can read (pytest's tmp is 0700), removed after."""
+    path = Path(tempfile.mkdtemp(prefix="tm-e2e-recipe-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def backfill_shards(folder: Path, documents: list[dict[str, str]]) -> None:
     """32 more docs shards, each a different slice of the corpus plus a line naming it."""
     for i in range(BACKFILL_SHARDS):
@@ -257,6 +268,7 @@ def leaked(where: str, data: str | bytes) -> list[str]:
 def test_sensor_backfill_refresh_in_containers(
     image: Docker,
     database: Postgres,
+    recipe_dir: Path,
     s3: S3,
     make_recipe: Callable[..., Recipe],
     gpt2_dir: Path,
@@ -267,9 +279,6 @@ def test_sensor_backfill_refresh_in_containers(
     docker, timings = image, {}
     say(f"images: base {docker.base_image_seconds:.0f} s, make image {docker.image_seconds:.0f} s")
     dangling = set(docker.ids("images", "-q", "--filter", "dangling=true"))
-    # The recipe where an unprivileged container user can read it (pytest's tmp is 0700).
-    config = Path(tempfile.mkdtemp(prefix="tm-e2e-recipe-"))
-    config.chmod(0o755)
     local = make_recipe()
     s3.upload_tree(tmp_path / "sources", "sources")
     remote = make_recipe(
@@ -279,6 +288,7 @@ def test_sensor_backfill_refresh_in_containers(
             "code": {"source": f"s3://{s3.bucket}/sources/code/"},
         },
     )
+    config = recipe_dir
     recipe_file = config / "recipe.yaml"
     shutil.copy(remote.path, recipe_file)
     recipe_file.chmod(0o644)
@@ -415,7 +425,6 @@ def test_sensor_backfill_refresh_in_containers(
     finally:
         deployment.stop_daemon()
         docker.remove_labelled()
-        shutil.rmtree(config, ignore_errors=True)
         for name, seconds in timings.items():
             say(f"{name}: {seconds:.1f} s")
 
