@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install sysdeps test demo bench lint format tokenizers dev clean
+.PHONY: install sysdeps test demo bench lint format tokenizers dev clean image e2e-docker
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -51,6 +51,36 @@ dev: install tokenizers
 
 bench: install tokenizers
 	$(BIN)/python bench/run_all.py
+
+# The project image (infra/Dockerfile): code and a host-built wheelhouse staged in build/image/,
+# built with no network inside. The wheelhouse holds the versions installed on the host (what
+# the tests ran) and is rebuilt only when pyproject.toml changes.
+# `make install` first (or HOST_PY=<a python 3.11 with pip>).
+IMAGE ?= tokenmill:latest
+BASE_IMAGE ?= python:3.11-slim
+DOCKER ?= docker
+IMAGE_DIR := build/image
+HOST_PY ?= $(BIN)/python
+SOURCES := pyproject.toml README.md workspace.yaml tokenmill assets pipelines recipes infra
+
+$(IMAGE_DIR)/wheelhouse/requirements.txt: pyproject.toml
+	rm -rf $(IMAGE_DIR)/wheelhouse && mkdir -p $(IMAGE_DIR)/wheelhouse
+	$(HOST_PY) -m pip freeze --exclude-editable > $(IMAGE_DIR)/host-versions.txt
+	$(HOST_PY) -m pip wheel -q -w $(IMAGE_DIR)/wheelhouse -c $(IMAGE_DIR)/host-versions.txt \
+		'.[pipeline]' 'setuptools>=68' wheel
+	cd $(IMAGE_DIR)/wheelhouse && rm -f tokenmill-*.whl && ls *.whl | awk -F- '{print $$1 "==" $$2}' | sort -u > requirements.txt.new
+	mv $(IMAGE_DIR)/wheelhouse/requirements.txt.new $@
+
+image: $(IMAGE_DIR)/wheelhouse/requirements.txt
+	rm -rf $(IMAGE_DIR)/src && mkdir -p $(IMAGE_DIR)/src
+	cp -r $(SOURCES) $(IMAGE_DIR)/src/
+	find $(IMAGE_DIR)/src -name __pycache__ -prune -exec rm -rf {} +
+	DOCKER_BUILDKIT=0 $(DOCKER) build -q --force-rm --network none --build-arg BASE_IMAGE=$(BASE_IMAGE) \
+		-f infra/Dockerfile -t $(IMAGE) $(IMAGE_DIR)
+
+# The multi-host run in real containers (tests/docker): a private dockerd, Postgres, moto_server.
+e2e-docker: install sysdeps tokenizers
+	$(BIN)/python -m pytest -p no:cacheprovider tests/docker -v
 
 clean:
 	rm -rf data .tokenizers .dagster_home

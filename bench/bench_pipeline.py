@@ -6,17 +6,23 @@ For each concurrency C (order alternates over repeats): a fresh SQLite ``DAGSTER
 ``docs_shard_job`` per shard is submitted through Dagster's GraphQL launch mutation (what the UI
 and ``DagsterGraphQLClient`` send; the runs wait in the queue), then the queue daemon's own
 iteration dequeues them and ``DefaultRunLauncher`` starts each as its own process: real
-concurrent runs. Then one ``refresh_job`` run (merge, indices, blend). Last, a backfill of every
-shard at the highest C: the shard assets' ``BackfillPolicy`` makes ceil(P/16) range runs.
+concurrent runs. Then one ``refresh_job`` run (merge, indices, blend). Then a backfill of every
+shard at the highest C: the shard assets' ``BackfillPolicy`` makes ceil(P/16) range runs. Last,
+the sensor path: the shards appear as a burst of new files, the sensor daemon's own iteration
+evaluates ``docs_shard_sensor`` (in the code server) and requests ceil(P/16) range runs, which
+the queue launches; then the refresh. ``--docker-host`` adds the Docker variant's cost per run:
+a container of ``--image`` started on the host network against the same Python start on the
+host (tests/docker builds that image and runs the whole deployment in containers).
 
 Reported per mode: wall and CPU seconds (user+sys of the bench and every process under it; the
 bench is a child subreaper, so run processes are reaped into it), events per run (event log),
 and per-partition overhead = wall·C/P − the pure tokenize seconds of a shard (``tokenize_files``
 in this process, the baseline). An S3 phase runs one shard and the refresh on moto_server and
 counts requests and bytes by operation. Prints a table, writes ``bench/out/pipeline.json``.
-Run: ``.venv/bin/python bench/bench_pipeline.py [--quick] [--repeats 1]``. A run costs ≈ 7 CPU-s
-however small its shard, so the default (64 shards × 3 concurrencies + the backfill) takes
-15–25 minutes on 2 vCPUs; ``--quick`` (16 shards, 2 in the S3 phase) 4–6 minutes.
+Run: ``.venv/bin/python bench/bench_pipeline.py [--quick] [--repeats 1]``. A run costs ≈ 3–7
+CPU-s however small its shard, so the default (64 shards × 3 concurrencies + the backfill and
+the sensor burst) takes 15–25 minutes on 2 vCPUs; ``--quick`` (16 shards, 2 in the S3 phase)
+4–6 minutes; ``--skip-runs`` (only the backfill and the sensor burst) 1–2 minutes.
 """
 
 from __future__ import annotations
@@ -238,23 +244,44 @@ def backfill_daemon(instance: Any, context: Any, keys: list[str]) -> Any:
     return lambda ctx: execute_backfill_iteration(ctx, logger)
 
 
-def run_mode(work: Path, source: Path, tokenizer: Path, concurrency: int, backfill: bool) -> dict:
-    """One measured pass: shard runs (one per shard, or backfill ranges) then the refresh run.
+def sensor_daemon(instance: Any, context: Any) -> Any:
+    """The sensor daemon's iteration with only the shard sensor running (the automation sensor
+    is stopped, so the refresh stays one measured run)."""
+    from dagster._daemon.daemon import get_default_daemon_logger
+    from dagster._daemon.sensor import execute_sensor_iteration
+
+    repo = (
+        context.create_request_context()
+        .get_code_location(LOCATION)
+        .get_repository("__repository__")
+    )
+    automation = repo.get_sensor("tokenmill_automation")
+    instance.stop_sensor(automation.get_remote_origin_id(), automation.selector_id, automation)
+    logger = get_default_daemon_logger("SensorDaemon")
+    return lambda ctx: execute_sensor_iteration(ctx, logger, None, None)
+
+
+def run_mode(work: Path, source: Path, tokenizer: Path, concurrency: int, mode: str) -> dict:
+    """One measured pass: shard runs (``runs``: one per shard; ``backfill``: backfill ranges;
+    ``sensor``: the shard sensor's range runs for a burst of new shards) then the refresh run.
     Event bytes are the serialized events, as the event log stores them (Postgres: one row
     each)."""
     from dagster._serdes import serialize_value
 
-    tag = f"{'backfill' if backfill else 'runs'}-c{concurrency}-{time.monotonic_ns()}"
+    tag = f"{mode}-c{concurrency}-{time.monotonic_ns()}"
     recipe = write_recipe(work / f"{tag}.yaml", str(work / tag / "root"), str(source), tokenizer)
     keys = sorted(p.name.split(".")[0] for p in source.iterdir())
     cpu0, wall0 = cpu_seconds(), time.perf_counter()
     with queue_instance(work / tag / "home", recipe, concurrency) as (instance, context):
-        instance.add_dynamic_partitions("docs_shards", keys)
+        if mode != "sensor":  # the sensor registers the shards it finds
+            instance.add_dynamic_partitions("docs_shards", keys)
         start, cpu_start = time.perf_counter(), cpu_seconds()
         daemons = [queue_daemon()]
-        if backfill:
+        shard_ids: list[str] = []
+        if mode == "backfill":
             daemons.append(backfill_daemon(instance, context, keys))
-            shard_ids: list[str] = []
+        elif mode == "sensor":
+            daemons.append(sensor_daemon(instance, context))
         else:
             shard_ids = [submit(context, "docs_shard_job", {"dagster/partition": k}) for k in keys]
         drain(instance, context, shard_ids, daemons)
@@ -275,7 +302,7 @@ def run_mode(work: Path, source: Path, tokenizer: Path, concurrency: int, backfi
         )
     reap_descendants()
     return {
-        "mode": "backfill" if backfill else "runs",
+        "mode": mode,
         "concurrency": concurrency,
         "partitions": len(keys),
         "runs": len(shard_runs),
@@ -320,6 +347,37 @@ def report(baseline: dict[str, float], results: list[dict[str, Any]]) -> None:
     )
 
 
+def container_cost(docker_host: str, image: str, repeats: int = 5) -> dict[str, float]:
+    """Median seconds of: a container of ``image`` on the host network that exits at once; one
+    that imports the code location (what a run worker does first), and that import on the host.
+    The difference is what the Docker variant adds to each run."""
+    import statistics
+    import subprocess
+
+    env = {**os.environ, "DOCKER_HOST": docker_host}
+    probe = "import dagster, dagster_postgres, dagster_aws, pipelines.build"
+    docker = ["docker", "run", "--rm", "--network", "host", image]
+
+    def median(cmd: list[str], **kwargs: Any) -> float:
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            subprocess.run(cmd, check=False, capture_output=True, **kwargs)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    host = median(
+        [sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT
+    )
+    result = {
+        "container_true": median([*docker, "true"], env=env),
+        "container_python": median([*docker, "python", "-c", probe], env=env),
+        "host_python": host,
+    }
+    result["per_run"] = result["container_python"] - result["host_python"]
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark (see the module docstring); 0 on success."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -328,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--repeats", type=int, default=1, help="passes over the concurrencies")
     parser.add_argument("--s3-shards", type=int, default=4, help="shards in the S3 phase (0: skip)")
+    parser.add_argument("--skip-runs", action="store_true", help="only the backfill and sensor")
+    parser.add_argument("--docker-host", help="DOCKER_HOST of a daemon holding --image")
+    parser.add_argument("--image", default="tokenmill:e2e", help="the project image (make image)")
     args = parser.parse_args(argv)
     shards = 16 if args.quick else args.shards
     s3_shards = min(args.s3_shards, 2) if args.quick else args.s3_shards
@@ -343,17 +404,26 @@ def main(argv: list[str] | None = None) -> int:
         (work / "baseline").mkdir()
         baseline = tokenize_baseline(corpus, tokenizer, work / "baseline")
         results = []
-        for rep in range(args.repeats):
+        for rep in range(0 if args.skip_runs else args.repeats):
             for c in args.concurrency if rep % 2 == 0 else args.concurrency[::-1]:
-                results.append(run_mode(work, work / "sources", tokenizer, c, backfill=False))
+                results.append(run_mode(work, work / "sources", tokenizer, c, "runs"))
                 print(f"runs, C={c}: {results[-1]['wall']:.1f} s", flush=True)
         top = max(args.concurrency)
-        results.append(run_mode(work, work / "sources", tokenizer, top, backfill=True))
+        for mode in ("backfill", "sensor"):
+            results.append(run_mode(work, work / "sources", tokenizer, top, mode))
+            print(f"{mode}, C={top}: {results[-1]['wall']:.1f} s", flush=True)
+        docker = container_cost(args.docker_host, args.image) if args.docker_host else {}
         traffic = {}
         if s3_shards:
             traffic = s3_traffic(work / "s3", corpus[:s3_shards], tokenizer, write_recipe, QUIET)
     load["after"] = os.getloadavg()
     report(baseline, results)
+    if docker:
+        print(
+            f"Docker: container start+exit {docker['container_true']:.2f} s; a run's Python start "
+            f"(import the code location) {docker['container_python']:.2f} s in a container vs "
+            f"{docker['host_python']:.2f} s on the host: +{docker['per_run']:.2f} s wall per run"
+        )
     if traffic:
         print("S3 per run (moto_server):")
         for run in traffic["runs"]:
@@ -373,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             "results": results,
             "backfill_runs_expected": expected,
             "s3": traffic,
+            "docker": docker,
             "loadavg": load,
         },
     )

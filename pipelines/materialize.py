@@ -7,8 +7,10 @@ repo root) executes in process on the configured instance (``$DAGSTER_HOME``; SQ
    shards removed and reported).
 2. A shard is current when a successful run of its shard job carries its source fingerprint
    (shard sensors tag their runs the same way) and its tokens in the storage root match the
-   tokenizer and settings; every other shard gets one run of ``<ds>_shard_job`` (with its
-   blocking checks).
+   tokenizer and settings; the other shards run through ``<ds>_shard_job`` (with its blocking
+   checks) over ranges of up to 16 shards consecutive in the partition set, as sensor and
+   backfill runs do. A failing shard fails its whole range (none of its shards is recorded):
+   the failing shard is named, and the next call runs that range again.
 3. The unpartitioned assets whose inputs changed (each records an ``input_version`` of what it
    read), and everything after them, are rebuilt together in one run of ``refresh_job``.
    Datasets with a failed shard are left out of step 3 (and reported).
@@ -20,11 +22,13 @@ listings before each step (only objects whose ETag changed are fetched again).
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from dagster import AssetKey, DagsterInstance, Definitions
 
@@ -36,7 +40,7 @@ from pipelines.jobs import DOWNSTREAM_STAGES as DATASET_STAGES
 from pipelines.jobs import REFRESH_JOB, shard_job_name
 from pipelines.partitions import partitions_name, shard_keys
 from pipelines.resources import StorageResource, TokenizerResource
-from pipelines.sensors import shard_current, shard_tags
+from pipelines.sensors import current_shards, range_tags, shard_ranges
 from pipelines.sources import Listing, list_shards
 from pipelines.summary import DatasetOutcome, print_summary, shown
 from tokenmill import layout
@@ -151,24 +155,53 @@ def process_shards(
     outcome.removed = sync_partitions(instance, ds, listing)
     fingerprint = tokenizer.info().fingerprint
     job = defs.resolve_job_def(shard_job_name(ds.name))
-    for key in outcome.shards:
-        shard = listing.shards[key]
-        if shard_current(instance, ds, key, shard.fingerprint) and tokens_current(
-            view, tokenizer, fingerprint, ds, key
-        ):
-            continue
+    sources = {key: listing.shards[key].fingerprint for key in outcome.shards}
+    done = current_shards(instance, ds, sources)
+    stale = [
+        key
+        for key in outcome.shards
+        if key not in done or not tokens_current(view, tokenizer, fingerprint, ds, key)
+    ]
+    order = instance.get_dynamic_partitions(partitions_name(ds.name))
+    for shards in shard_ranges(list(order), stale):
         start = time.perf_counter()
+        tags = range_tags(ds.name, {key: sources[key] for key in shards})
         result = job.execute_in_process(
             run_config=QUIET,
             instance=instance,
-            partition_key=key,
-            tags=shard_tags(ds.name, key, shard.fingerprint),
+            partition_key=shards[0] if len(shards) == 1 else None,
+            tags=tags,
             raise_on_error=False,
         )
-        status = "ok" if result.success else "FAILED (see the run in the UI)"
-        print(f"  {ds.name}/{key}: {status} in {time.perf_counter() - start:.1f} s", flush=True)
-        (outcome.processed if result.success else outcome.failed).append(key)
+        name = f"{ds.name}/{shards[0]}"
+        if len(shards) > 1:
+            name += f"..{shards[-1]} ({len(shards)} shards)"
+        status = "ok"
+        if not result.success:
+            named = failing_shards(result, shards)
+            status = f"FAILED at {', '.join(named)}" if named else "FAILED"
+            status += " (see the run in the UI)"
+            if len(shards) > 1:
+                status += "; no shard of this range was recorded, the next run redoes the range"
+        print(f"  {name}: {status} in {time.perf_counter() - start:.1f} s", flush=True)
+        (outcome.processed if result.success else outcome.failed).extend(shards)
     return outcome
+
+
+def failing_shards(result: Any, shards: list[str]) -> list[str]:
+    """The shards a failed run's errors name (step failures carry the failing shard's file
+    name; range checks prefix each problem with its shard)."""
+    text = "\n".join(
+        event.event_specific_data.error.to_string()
+        for event in result.all_events
+        if event.is_step_failure and event.event_specific_data.error is not None
+    )
+    text += "\n".join(
+        str(evaluation.metadata.get("problems").value)
+        for evaluation in result.get_asset_check_evaluations()
+        if not evaluation.passed and evaluation.metadata.get("problems") is not None
+    )
+    return [key for key in shards if re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", text)]
 
 
 def _resources(defs: Definitions) -> tuple[StorageResource, TokenizerResource]:

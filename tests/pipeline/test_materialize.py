@@ -42,14 +42,16 @@ def test_whole_graph_then_incremental(
     assert "docs: 4 shards (4 processed, 0 up to date, 0 failed, 0 removed)" in out
     assert "40 documents" in out and "3 quarantined lines" in out
     assert "blend mix: train 120 ·" in out and 'open_blend("' in out
-    assert runs_by_job(instance) == {"docs_shard_job": 4, "code_shard_job": 2, "refresh_job": 1}
+    # one run per range of up to 16 new shards, as the sensors do
+    assert runs_by_job(instance) == {"docs_shard_job": 1, "code_shard_job": 1, "refresh_job": 1}
+    assert "docs/extra-00000..part-00002 (4 shards): ok" in out
     storage = Path(recipe.storage.root)
     blend = open_blend(storage / "blends" / "mix" / "manifest.json", split="train")
     assert len(blend) == 120 and blend.get_batch(np.arange(8)).shape == (8, 33)
 
     assert materialize_recipe(recipe, instance) == 0  # nothing changed: no runs at all
     assert "downstream rebuilt: nothing" in capsys.readouterr().out
-    assert sum(runs_by_job(instance).values()) == 7
+    assert sum(runs_by_job(instance).values()) == 3
 
     docs = Path(recipe.dataset("docs").source)
     shutil.copy(docs / "part-00000.jsonl", docs / "part-00003.jsonl")
@@ -60,7 +62,7 @@ def test_whole_graph_then_incremental(
         "downstream rebuilt: docs/dataset_info, docs/merged, docs/pruned, docs/nanoset, blend/mix"
         in out
     )
-    assert runs_by_job(instance) == {"docs_shard_job": 5, "code_shard_job": 2, "refresh_job": 2}
+    assert runs_by_job(instance) == {"docs_shard_job": 2, "code_shard_job": 1, "refresh_job": 2}
 
     (docs / "part-00003.jsonl").unlink()
     assert materialize_recipe(recipe, instance) == 0
@@ -89,7 +91,9 @@ def test_bad_record_in_fail_mode_fails_only_that_dataset(
     )
     assert materialize_recipe(recipe, instance) == 1
     out = capsys.readouterr().out
-    assert "docs/extra-00000: FAILED" in out and "failed: ['extra-00000']" in out
+    # the bad shard fails its range: it is named, and the whole range is left to run again
+    assert "docs/extra-00000..part-00002 (4 shards): FAILED at extra-00000 (see" in out
+    assert "failed: ['extra-00000', 'part-00000', 'part-00001', 'part-00002']" in out
     assert "downstream rebuilt: code/dataset_info, code/merged, code/pruned, code/nanoset" in out
 
 

@@ -1,4 +1,6 @@
-"""Shard sensors: new, changed and vanished shards, through the pure planner and the sensor."""
+"""Shard sensors: new, changed and vanished shards, through the pure planner and the sensor;
+runs over ranges of consecutive shards (one run per up to 16 shards), executed as Dagster
+executes a range run, recognized as done by the next tick."""
 
 from __future__ import annotations
 
@@ -6,10 +8,21 @@ import json
 import os
 from pathlib import Path
 
-from dagster import DagsterInstance, Definitions, SensorResult, build_sensor_context
+import pytest
+from dagster import DagsterInstance, Definitions, RunRequest, SensorResult, build_sensor_context
 
 from pipelines.partitions import partitions_name
-from pipelines.sensors import AUTOMATION_SENSOR, plan_tick
+from pipelines.sensors import (
+    AUTOMATION_SENSOR,
+    FINGERPRINTS_TAG,
+    MAX_SHARDS_PER_RUN,
+    RANGE_END,
+    RANGE_START,
+    current_shards,
+    plan_tick,
+    range_run_key,
+    shard_ranges,
+)
 from pipelines.sources import Listing, ShardFile, diff_listing, list_shards
 from tokenmill.recipe import Recipe
 
@@ -53,6 +66,47 @@ def test_diff_and_plan() -> None:
     assert broken.run == ["b"] and "unreadable cursor" in broken.messages[0]
 
 
+def execute(defs: Definitions, instance: DagsterInstance, request: RunRequest) -> bool:
+    """Run a sensor's request as the launched run would: its job, partition (or range) tags."""
+    job = defs.resolve_job_def(request.job_name)
+    result = job.execute_in_process(
+        instance=instance,
+        partition_key=request.partition_key,
+        tags=dict(request.tags),
+        raise_on_error=False,
+    )
+    return bool(result.success)
+
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
+    "ignore:Parameter `include_sources`:Warning",
+)
+
+
+def test_shard_ranges_follow_the_partition_order() -> None:
+    order = [f"s{i:03d}" for i in range(40)]
+    assert shard_ranges(order, order) == [order[:16], order[16:32], order[32:]]
+    assert shard_ranges(order, ["s005", "s001", "s002", "s009"]) == [
+        ["s001", "s002"],
+        ["s005"],
+        ["s009"],
+    ]
+    # a range spans every partition between its ends, so gaps in the order cut ranges
+    assert shard_ranges(["b", "a", "c"], ["a", "b", "c"]) == [["b", "a", "c"]]
+    assert shard_ranges(["b", "x", "a"], ["a", "b"]) == [["b"], ["a"]]
+    assert shard_ranges(order, order[:5], size=2) == [order[0:2], order[2:4], order[4:5]]
+    assert shard_ranges(order, []) == []
+
+
+def test_range_run_keys_are_deterministic() -> None:
+    one = range_run_key({"a": "1"})
+    assert one == "a:1"
+    key = range_run_key({"a": "1", "b": "2"})
+    assert key.startswith("a..b:") and key == range_run_key({"a": "1", "b": "2"})
+    assert key != range_run_key({"a": "1", "b": "3"})  # a changed shard is new work
+
+
 def test_sensor_new_changed_vanished(
     recipe: Recipe, defs: Definitions, instance: DagsterInstance
 ) -> None:
@@ -61,14 +115,19 @@ def test_sensor_new_changed_vanished(
     [add] = first.dynamic_partitions_requests
     assert add.partitions_def_name == partitions_name("docs") and list(add.partition_keys) == shards
     source = list_shards(recipe.dataset("docs")).shards
-    assert [(r.partition_key, r.run_key, r.job_name) for r in first.run_requests] == [
-        (k, f"{k}:{source[k].fingerprint}", "docs_shard_job") for k in shards
-    ]
-    assert (
-        first.run_requests[0].tags["tokenmill/source_fingerprint"] == source[shards[0]].fingerprint
-    )
+    fingerprints = {k: source[k].fingerprint for k in shards}
+    [run] = first.run_requests  # four new shards: one run over their range
+    assert (run.job_name, run.partition_key) == ("docs_shard_job", None)
+    assert run.run_key == range_run_key(fingerprints)
+    assert (run.tags[RANGE_START], run.tags[RANGE_END]) == (shards[0], shards[-1])
+    assert json.loads(run.tags[FINGERPRINTS_TAG]) == fingerprints
     apply(instance, first)
     assert tick(defs, instance, first.cursor).run_requests == []
+
+    assert execute(defs, instance, run)
+    assert current_shards(instance, recipe.dataset("docs"), fingerprints) == set(shards)
+    # a lost cursor: every shard looks new, but each is done at its fingerprint
+    assert tick(defs, instance, None).run_requests == []
 
     changed = source["part-00001"].path
     changed.write_bytes(changed.read_bytes() + b'{"text": "one more"}\n')
@@ -77,6 +136,10 @@ def test_sensor_new_changed_vanished(
     second = tick(defs, instance, first.cursor)
     runs = {(r.job_name, r.partition_key) for r in second.run_requests}
     assert runs == {("docs_shard_job", "part-00001"), ("docs_merge_job", None)}
+    single = next(r for r in second.run_requests if r.job_name == "docs_shard_job")
+    new_fp = list_shards(recipe.dataset("docs")).shards["part-00001"].fingerprint
+    assert single.run_key == f"part-00001:{new_fp}"
+    assert single.tags["tokenmill/source_fingerprint"] == new_fp
     merge = next(r for r in second.run_requests if r.job_name == "docs_merge_job")
     assert merge.run_key == f"vanished:part-00002@{source['part-00002'].fingerprint}"
     [delete] = second.dynamic_partitions_requests
@@ -84,6 +147,35 @@ def test_sensor_new_changed_vanished(
     apply(instance, second)
     assert instance.get_dynamic_partitions(partitions_name("docs")) == shards[:3]
     assert "part-00002" not in json.loads(second.cursor)
+    assert execute(defs, instance, single)
+    done = current_shards(instance, recipe.dataset("docs"), {"part-00001": new_fp})
+    assert done == {"part-00001"}
+
+
+def test_burst_of_new_shards_runs_in_ranges_of_sixteen(
+    recipe: Recipe, defs: Definitions, instance: DagsterInstance
+) -> None:
+    """40 new shards (4 already registered, 36 added): ceil(40/16) range runs covering every
+    shard once, in the partition order the tick leaves behind."""
+    source = Path(recipe.dataset("docs").source)
+    template = (source / "part-00000.jsonl").read_bytes()
+    for i in range(36):
+        (source / f"burst-{i:05d}.jsonl").write_bytes(template + f'{{"text": "{i}"}}\n'.encode())
+    instance.add_dynamic_partitions(partitions_name("docs"), ["part-00000", "extra-00000"])
+    result = tick(defs, instance, None)
+    apply(instance, result)
+    order = instance.get_dynamic_partitions(partitions_name("docs"))
+    assert order[:2] == ["part-00000", "extra-00000"] and len(order) == 40
+    covered = []
+    for run in result.run_requests:
+        start, end = order.index(run.tags[RANGE_START]), order.index(run.tags[RANGE_END])
+        assert end - start + 1 <= MAX_SHARDS_PER_RUN
+        assert list(json.loads(run.tags[FINGERPRINTS_TAG])) == order[start : end + 1]
+        covered += order[start : end + 1]
+    assert len(result.run_requests) == 3 and covered == order
+    assert len({r.run_key for r in result.run_requests}) == 3
+    again = tick(defs, instance, None)  # the same listing: the same run keys
+    assert [r.run_key for r in again.run_requests] == [r.run_key for r in result.run_requests]
 
 
 def test_automation_sensor_starts_running(defs: Definitions) -> None:

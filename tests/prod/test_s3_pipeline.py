@@ -22,6 +22,7 @@ from pipelines.build import build_definitions, resources_for
 from pipelines.materialize import materialize_recipe
 from pipelines.partitions import partitions_name
 from pipelines.resources import StorageResource
+from pipelines.sensors import range_run_key
 from pipelines.sources import diff_listing, list_shards
 from tokenmill.corpus import stdlib_documents, write_jsonl_shards
 from tokenmill.loader import open_blend
@@ -279,8 +280,9 @@ def test_shard_sensor_on_an_s3_source(s3: S3, gpt2_dir: Path, tmp_path: Path) ->
     with DagsterInstance.ephemeral() as instance:
         result = sensor(build_sensor_context(instance=instance))
     assert sorted(listing.shards) == ["part-00000", "part-00001"]
+    # both new shards in one range run, keyed by the range and their fingerprints
     assert [r.run_key for r in result.run_requests] == [
-        f"{k}:{s.fingerprint}" for k, s in sorted(listing.shards.items())
+        range_run_key({k: s.fingerprint for k, s in sorted(listing.shards.items())})
     ]
     assert json.loads(result.cursor) == listing.fingerprints()
 
