@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import functools
 import os
-import unicodedata
 
 from dagster import DagsterInstance, DynamicPartitionsDefinition
 
-from tokenmill.errors import ConfigError
 from tokenmill.ingest import shard_name
+from tokenmill.layout import check_name
 from tokenmill.merge import natural_key
 from tokenmill.recipe import DatasetConfig
 
@@ -36,21 +35,9 @@ def shard_keys(instance: DagsterInstance, ds: DatasetConfig) -> list[str]:
 
 
 def check_partition_key(key: str) -> str:
-    """Return ``key`` if it is a safe shard name; ConfigError naming the problem otherwise."""
-    problem = None
-    if not key:
-        problem = "it is empty"
-    elif ".." in key:
-        problem = "it contains '..'"
-    elif "/" in key or "\\" in key or os.path.isabs(key):
-        problem = "it contains a slash (absolute or nested paths are not shard names)"
-    elif key.startswith("."):
-        problem = "it starts with '.' (hidden and temporary files are not shards)"
-    elif any(unicodedata.category(c) in ("Cc", "Cf") for c in key):
-        problem = "it contains a control character"
-    if problem:
-        raise ConfigError(f"partition key {key!r} rejected: {problem}")
-    return key
+    """Return ``key`` if it is a safe shard name; ConfigError naming the problem otherwise
+    (the rule of every name part in the storage layout, ``tokenmill.layout.check_name``)."""
+    return check_name(key, "partition key")
 
 
 def partition_key_for(path: str | os.PathLike[str]) -> str:
