@@ -32,6 +32,7 @@ removed first, so a half-removed version never looks complete.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import posixpath
@@ -119,7 +120,7 @@ class _LocalStore:
             raise ConfigError(f"{root}: not a directory")
         self.root = root
 
-    def list(self, top: str) -> Iterator[_File]:
+    def files(self, top: str) -> Iterator[_File]:
         base = self.root / top
         if not base.is_dir():
             return
@@ -163,7 +164,7 @@ class _S3Store:
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def list(self, top: str) -> Iterator[_File]:
+    def files(self, top: str) -> Iterator[_File]:
         start = self._key(top) + "/"
         cut = len(self.prefix) + 1 if self.prefix else 0
 
@@ -263,6 +264,16 @@ def _referenced(manifest: dict[str, Any], folder: str) -> set[str]:
     return keys
 
 
+def _blend_version_manifest(folder: str, version: str) -> str:
+    """The manifest key of a blend version (its commit file)."""
+    return f"{folder}/{VERSIONS_DIR}/{version}/{MANIFEST_NAME}"
+
+
+def _merged_version_manifest(versions: dict[str, list[_File]], version: str) -> str:
+    """The dataset manifest key of a merged version (its commit file)."""
+    return _merged_manifest(versions[version])
+
+
 def _newest(
     versions: dict[str, list[_File]], commit: Callable[[str], str]
 ) -> list[tuple[str, float]]:
@@ -324,7 +335,7 @@ def gc(
         return kept
 
     # Blends: versions with a manifest; keep, then collect what the kept ones reference.
-    blend_files = list(store.list("blends"))
+    blend_files = list(store.files("blends"))
     blend_versions = _groups([f for f in blend_files if f.key.split("/")[2:3] == [VERSIONS_DIR]], 3)
     by_blend: dict[str, dict[str, list[_File]]] = {}
     for (name, version), files in blend_versions.items():
@@ -338,13 +349,13 @@ def gc(
         current = {str(pointer.get("version", ""))[:VERSION_CHARS]} if pointer else set()
         if pointer:
             protected |= _referenced(pointer, folder)
-        dated = _newest(versions, lambda v, f=folder: f"{f}/{VERSIONS_DIR}/{v}/{MANIFEST_NAME}")
+        dated = _newest(versions, functools.partial(_blend_version_manifest, folder))
         kept = choose("blend", name, dated, current)
         for version, mtime in dated:
             vdir = f"{folder}/{VERSIONS_DIR}/{version}"
             if version in kept:
-                manifest = _json(store, f"{vdir}/{MANIFEST_NAME}") or {}
-                protected |= _referenced(manifest, vdir)
+                kept_manifest = _json(store, f"{vdir}/{MANIFEST_NAME}") or {}
+                protected |= _referenced(kept_manifest, vdir)
                 continue
             files = versions[version]
             doomed.append(
@@ -360,7 +371,7 @@ def gc(
             )
 
     # Merged datasets: versions under merged/<ds>/<v16>/ with a dataset manifest.
-    merged_files = list(store.list("merged"))
+    merged_files = list(store.files("merged"))
     kept_content: set[str] = set()
     for f in merged_files:  # unversioned pairs (merged/<ds>_..._document.*): never removed
         if f.key.count("/") == 1 and f.key.endswith(DATASET_MANIFEST):
@@ -374,7 +385,7 @@ def gc(
     for name, versions in sorted(by_dataset.items()):
         folder = f"merged/{name}"
         current = _merged_current(store, folder)
-        dated = _newest(versions, lambda v, vs=versions: _merged_manifest(vs[v]))
+        dated = _newest(versions, functools.partial(_merged_version_manifest, versions))
         kept = choose("merged", name, dated, current)
         for version, mtime in dated:
             files = versions[version]
@@ -400,7 +411,7 @@ def gc(
 
     # Nanoset cache entries (complete ones: a description) nothing kept needs.
     entries: dict[str, list[_File]] = {}
-    for f in store.list("nanoset"):
+    for f in store.files("nanoset"):
         match = NANOSET_ENTRY.match(posixpath.basename(f.key))
         if f.key.count("/") == 1 and match:
             entries.setdefault(match.group(1), []).append(f)

@@ -311,9 +311,9 @@ def _reopen(
     """Inverse of ``NanosetDataset.__reduce__``: index files are memory-mapped again
     (``allow_pickle=False``); the sender verified them, so only the O(1) checks run."""
     arrays = [document_index, sample_index, shuffle_index]
-    paths = None
+    paths: tuple[str, str, str] | None = None
     if all(isinstance(a, str) for a in arrays):
-        paths = tuple(str(a) for a in arrays)
+        paths = (str(arrays[0]), str(arrays[1]), str(arrays[2]))
         arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
     data = IndexedDataset(prefix)
     return NanosetDataset(
