@@ -1,4 +1,5 @@
-"""The tree stays ruff-clean (lint and format), so CI catches what `make lint` would."""
+"""The tree stays ruff-clean (lint and format) and the library mypy-clean, so CI catches what
+`make lint` would."""
 
 from __future__ import annotations
 
@@ -15,4 +16,13 @@ RUFF = Path(sys.executable).with_name("ruff")
 @pytest.mark.parametrize("args", [["check", "."], ["format", "--check", "."]])
 def test_ruff(args: list[str]) -> None:
     proc = subprocess.run([str(RUFF), *args], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_mypy() -> None:
+    """The library type-checks (``make lint``'s mypy), so a type error fails CI too."""
+    mypy = Path(sys.executable).with_name("mypy")
+    proc = subprocess.run(
+        [str(mypy), "tokenmill"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
