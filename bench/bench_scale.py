@@ -12,8 +12,10 @@ files opened below the storage root with their total size (an audit hook sees ev
 ``open``; pyarrow's own I/O is not seen). The claim under test: the shard step's CPU for shard
 #N is within 1.2× of shard #10 (medians of 9-shard windows), and a refresh after one new shard
 opens that shard's files plus the merge's inputs (the copy), not every Parquet or raw file.
-Part 3 builds a blend over a ``--blend-gb`` GB merged dataset whose ``.bin`` is sparse and
-reports what was read: a blend must never open a merged ``.bin``.
+Part 2 runs ``--s3-shards`` shards on an S3 root (moto_server): each shard run's download
+against its source size (goal ≤ 1.5×), then a refresh and an unchanged refresh, which must
+upload no index array. Part 3 builds a blend over a ``--blend-gb`` GB merged dataset whose
+``.bin`` is sparse and reports what was read: a blend must never open a merged ``.bin``.
 """
 
 from __future__ import annotations
@@ -229,6 +231,91 @@ def big_blend(gigabytes: float, work: Path) -> dict[str, Any]:
     return result
 
 
+def s3_scale(shards: int, docs: int, tokenizer: Path, work: Path) -> dict[str, Any]:
+    """Part 2: ``shards`` shards on an S3 root (moto_server): bytes each shard run downloads
+    against its source's size, then a refresh and an unchanged refresh, counting the index
+    arrays (``.npy``) each uploads."""
+    import boto3
+    import yaml
+    from _pipeline_s3 import moto_server, request_kinds
+    from dagster import DagsterInstance
+
+    from pipelines import s3
+    from pipelines.build import build_definitions
+    from pipelines.jobs import REFRESH_JOB
+    from tokenmill.recipe import load_recipe
+
+    source = work / "s3-sources"
+    write_shards(source, shards, docs)
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "moto.log"
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    with moto_server(log) as url:
+        os.environ.update(
+            AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1"
+        )
+        client = boto3.client("s3", endpoint_url=url)
+        client.create_bucket(Bucket="bench")
+        for shard in sorted(source.iterdir()):
+            client.upload_file(str(shard), "bench", f"sources/docs/{shard.name}")
+        recipe = {
+            "storage": {"root": "s3://bench/root", "s3_endpoint_url": url},
+            "tokenizer": {"path": str(tokenizer), "append_eod": True},
+            "datasets": {"docs": {"source": "s3://bench/sources/docs/"}},
+            "nanoset": {"sequence_length": 512, "split": "90,5,5", "train_samples": 2000},
+            "blends": {"all": {"weights": {"docs": 1.0}}},
+        }
+        path = work / "s3-recipe.yaml"
+        path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+        defs = build_definitions(load_recipe(path))
+        moved: dict[str, int] = {"up": 0, "down": 0}
+        pipeline_client = s3.s3_client(url)
+
+        def sent(request: Any, **_: Any) -> None:
+            moved["up"] += int(request.headers.get("Content-Length") or 0)
+
+        def received(http_response: Any, model: Any, **_: Any) -> None:
+            if model.name == "GetObject":
+                moved["down"] += int(http_response.headers.get("content-length") or 0)
+
+        pipeline_client.meta.events.register("before-send.s3", sent)
+        pipeline_client.meta.events.register("after-call.s3", received)
+        keys = [f"part-{i:05d}" for i in range(shards)]
+        runs = []
+        with DagsterInstance.ephemeral() as instance:
+            instance.add_dynamic_partitions("docs_shards", keys)
+            jobs = [("docs_shard_job", k) for k in keys]
+            jobs += [(REFRESH_JOB, "refresh"), (REFRESH_JOB, "unchanged refresh")]
+            for job, key in jobs:
+                seen, before = len(log.read_text().splitlines()), dict(moved)
+                partition = key if job != REFRESH_JOB else None
+                result = defs.resolve_job_def(job).execute_in_process(
+                    run_config=quiet, instance=instance, partition_key=partition
+                )
+                lines = log.read_text().splitlines()[seen:]
+                npy_puts = sum(1 for line in lines if '"PUT ' in line and ".npy" in line)
+                runs.append(
+                    {
+                        "job": job,
+                        "what": key,
+                        "ok": bool(result.success),
+                        "requests": dict(request_kinds(lines)),
+                        "bytes_down": moved["down"] - before["down"],
+                        "bytes_up": moved["up"] - before["up"],
+                        "npy_puts": npy_puts,
+                        "input_bytes": (source / f"{key}.jsonl").stat().st_size
+                        if job != REFRESH_JOB
+                        else None,
+                    }
+                )
+    shard_runs = [r for r in runs if r["input_bytes"]]
+    return {
+        "shards": shards,
+        "runs": runs,
+        "max_download_ratio": max(r["bytes_down"] / r["input_bytes"] for r in shard_runs),
+    }
+
+
 def report(local: dict[str, Any]) -> str:
     """The tables printed for part 1."""
     ratio = local["cpu_shard_last"] / local["cpu_shard_10"]
@@ -267,6 +354,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, default=ROOT / ".tokenizers" / "gpt2")
     parser.add_argument("--work", type=Path, default=OUT_DIR / "scale")
     parser.add_argument("--blend-gb", type=float, default=5.0, help="merged .bin size, GB")
+    parser.add_argument("--s3-shards", type=int, default=50, help="shards on the S3 root")
     args = parser.parse_args()
     if args.work.exists():
         import shutil
@@ -283,7 +371,25 @@ def main() -> None:
         f"{big['rchar'] / 1e6:.1f} MB, {big['files_opened']} files opened, .bin opened: "
         f"{big['bin_opened'] or 'never'}"
     )
-    path = write_results("scale", {"local": local, "big_blend": big})
+    remote = s3_scale(args.s3_shards, args.docs, args.tokenizer, args.work / "s3")
+    rows = [["S3 run", "ok", "MB down", "MB up", "index arrays put", "requests"]]
+    for run in remote["runs"][:3] + remote["runs"][-2:]:
+        rows.append(
+            [
+                str(run["what"]),
+                str(run["ok"]),
+                f"{run['bytes_down'] / 1e6:.3f}",
+                f"{run['bytes_up'] / 1e6:.3f}",
+                str(run["npy_puts"]),
+                " ".join(f"{k} {v}" for k, v in sorted(run["requests"].items())),
+            ]
+        )
+    print("\n" + table(rows))
+    print(
+        f"largest download of a shard run / its source: {remote['max_download_ratio']:.2f}x "
+        "(goal <= 1.5x)"
+    )
+    path = write_results("scale", {"local": local, "big_blend": big, "s3": remote})
     print(f"\nwrote {path}")
 
 

@@ -94,6 +94,7 @@ from tokenmill.loader._manifest import (
     SPLITS,
     VERSIONS_DIR,
     blend_array_name,
+    check_file,
     load_index_array,
     manifest_path,
     read_blend_manifest,
@@ -551,16 +552,22 @@ def _remove_stale_builds(versions: Path) -> None:
 
 
 def _complete_version(vdir: Path, version: str) -> dict[str, Any] | None:
-    """The manifest of an existing, complete version folder (its own hash, version and every
-    file's size check out), or None when there is none to reuse."""
+    """The manifest of an existing, complete version folder (its own hash and version check
+    out, and every file of the folder has its recorded size), or None when there is none to
+    reuse. Only the folder's own files are looked at: the datasets and index caches it reads
+    are fixed by the version hash, and a remote step need not stage a merged ``.bin``."""
     mpath = vdir / MANIFEST_NAME
     if not mpath.is_file():
         return None
     try:
         manifest = read_blend_manifest(mpath)
-        if manifest.get("version") != version or verify_manifest(mpath):
+        if manifest.get("version") != version:
             return None
-    except FormatError:
+        for info in manifest["splits"].values():
+            for entry in info["files"].values():
+                if check_file(resolve(mpath, entry["path"]), entry, hash_it=False):
+                    return None
+    except (FormatError, KeyError, TypeError, AttributeError):
         return None
     return manifest
 

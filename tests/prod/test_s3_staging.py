@@ -284,3 +284,28 @@ def test_abandoned_run_caches_are_removed_by_age(tmp_path: Path) -> None:
     assert sorted(p.name for p in base.iterdir()) == [current.root.name, recent.root.name]
     current.remove()
     assert not current.root.exists()
+
+
+def test_unchanged_blend_refresh_uploads_no_array(
+    s3: S3, requests: Requests, gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The blend step on an S3 root: a second run with nothing changed stages its existing
+    version and the index entries it reads, builds nothing and uploads no ``.npy`` (only the
+    pointer, rewritten with the same bytes), and never downloads a merged ``.bin``."""
+    recipe = s3_recipe(tmp_path, s3, gpt2_dir, s3.bucket)
+    work = tmp_path / "work"
+    everything = [f"{ds}/{stage}" for ds in ("docs", "code") for stage in ("merged", "nanoset")] + [
+        "blend/mix"
+    ]
+    with DagsterInstance.ephemeral() as instance:
+        run_shards(recipe, instance, work)
+        downstream_run(recipe, instance, work, everything)
+        assert requests.count("PutObject", "versions/") > 0  # the first run wrote a version
+        built = []
+        monkeypatch.setattr(tokenmill.nanoset, "_build_entry", lambda *a: built.append(a))
+        requests.clear()
+        result = downstream_run(recipe, instance, work, ["blend/mix"], checks=False)
+    assert result.success and built == []
+    assert requests.count("PutObject", ".npy") == 0
+    assert requests.count("PutObject", "versions/") == 0
+    assert requests.count("GetObject", ".bin") == 0
