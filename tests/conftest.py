@@ -16,11 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from pipeline_project import ROOT, make_project, tiny_documents
 from servers import moto_endpoint, postgres, s3, storage_root  # noqa: F401 (fixtures)
 
 from tokenmill.bundled import build_bundled_tokenizer
 from tokenmill.recipe import Recipe
+
+# Property tests draw the same examples on every run: the suite is deterministic, and an
+# example that fails once fails again where it can be studied.
+settings.register_profile("tokenmill", derandomize=True, deadline=None)
+settings.load_profile("tokenmill")
 
 if str(ROOT) not in sys.path:  # the code location (assets/, pipelines/) lives at the repo root
     sys.path.insert(0, str(ROOT))
