@@ -186,7 +186,10 @@ def nanotron_sampler(
     dataset, num_replicas=dp_size, rank=dp_rank, seed=seed, drop_last=drop_last)`` (shuffle
     left at its default, True; nanotron passes ``seed_worker=config.data.seed`` and
     ``dataloader_drop_last=True``), wrapped to skip ``consumed_train_samples // dp_size``
-    indices when resuming.
+    indices when resuming (its ``SkipBatchSampler``). Source: index-era nanotron's
+    ``get_sampler`` (src/nanotron/dataloader.py, src/nanotron/data/dataloader_builder.py);
+    nanotron's later main (src/nanotron/data/samplers.py) passes ``shuffle=False`` for its
+    Nanoset instead.
 
     Its order is not tokenmill's ``BatchSampler`` order: the dataset is shuffled once more
     with ``torch.randperm`` (generator seeded ``seed + epoch``) and dealt round-robin to the
