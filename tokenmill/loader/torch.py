@@ -19,16 +19,28 @@ Megatron-style training inputs (FORMATS §11: loss mask, position ids, attention
     ds = TrainingDataset(open_blend(...), inter_document_masking=True)
     loader = DataLoader(ds, batch_sampler=sampler, collate_fn=packed_collate)
     # {"input_ids", "labels" (-100 where the loss mask is 0), "position_ids"}
+
+nanotron's trainer takes per-sample ``{"input_ids": S + 1 tokens}`` dicts and a torch
+``DistributedSampler`` over data-parallel ranks; ``NanotronDataset`` and ``nanotron_sampler``
+give both, so its collator and its training order work unchanged::
+
+    ds = NanotronDataset(open_blend(...))
+    sampler = nanotron_sampler(ds, dp_rank, dp_size, seed=42, consumed_train_samples=c)
+    loader = DataLoader(ds, batch_size=micro_batch_size, sampler=sampler,
+                        collate_fn=data_collator, drop_last=True)  # nanotron's DataCollatorForCLM
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Iterator, Mapping, Sequence, Sized
 from typing import Any, Protocol
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, DistributedSampler, Sampler
+
+from tokenmill.errors import ConfigError
 
 
 class _Samples(Protocol):
@@ -113,3 +125,94 @@ def packed_collate(
         "position_ids": batch["position_ids"],
     }
     return {key: value.reshape(1, -1) for key, value in out.items()} if flatten else out
+
+
+class NanotronDataset(Dataset):  # type: ignore[type-arg]
+    """Items as nanotron's collators take them: ``{"input_ids": int64 tensor [S + 1]}``.
+
+    Source: index-era ``src/nanotron/data/nanoset.py`` (the unmerged Nanoset PR,
+    huggingface/nanotron#102): the revision whose indices tokenmill's ``nanotron`` semantics
+    follow (one shuffled epoch, uint32 shuffle index tiled ``int(N / M) + 1`` times, ``None``
+    samples for valid/test) returns ``{"input_ids": numpy int64 [S + 1]}`` from ``__getitem__``;
+    earlier revisions (huggingface/nanotron 07afee92, TJ-Solergibert/nanotron a63ff105)
+    returned ``{"text": ...}``. nanotron's ``DataCollatorForCLM`` asserts ``input_ids`` is the
+    only key and ``np.vstack``-s the samples; later main collators ``torch.vstack`` them. A CPU
+    ``torch.LongTensor`` works with both.
+    """
+
+    def __init__(self, samples: _Samples) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": torch.from_numpy(self.samples[int(k)])}
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, torch.Tensor]]:
+        """The samples of one batch, read at once (DataLoader calls this per batch)."""
+        tokens = torch.from_numpy(self.samples.get_batch(np.asarray(indices, dtype=np.int64)))
+        return [{"input_ids": row} for row in tokens]
+
+
+class NanotronSkipSampler(Sampler[int]):
+    """nanotron's ``SkipBatchSampler`` over a per-rank sampler: drops the first
+    ``consumed_train_samples // dp_size`` indices of this rank (its resume rule)."""
+
+    def __init__(self, sampler: DistributedSampler[int], skip: int) -> None:
+        self.sampler = sampler
+        self.skip = skip
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.islice(iter(self.sampler), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.sampler) - self.skip)
+
+
+def nanotron_sampler(
+    dataset: Sized,
+    dp_rank: int,
+    dp_size: int,
+    *,
+    seed: int = 42,
+    consumed_train_samples: int = 0,
+    drop_last: bool = True,
+) -> DistributedSampler[int] | NanotronSkipSampler:
+    """The sampler nanotron's ``get_sampler`` builds for a Nanoset: ``DistributedSampler(
+    dataset, num_replicas=dp_size, rank=dp_rank, seed=seed, drop_last=drop_last)`` (shuffle
+    left at its default, True; nanotron passes ``seed_worker=config.data.seed`` and
+    ``dataloader_drop_last=True``), wrapped to skip ``consumed_train_samples // dp_size``
+    indices when resuming (its ``SkipBatchSampler``). Source: index-era nanotron's
+    ``get_sampler`` (src/nanotron/dataloader.py, src/nanotron/data/dataloader_builder.py);
+    nanotron's later main (src/nanotron/data/samplers.py) passes ``shuffle=False`` for its
+    Nanoset instead.
+
+    Its order is not tokenmill's ``BatchSampler`` order: the dataset is shuffled once more
+    with ``torch.randperm`` (generator seeded ``seed + epoch``) and dealt round-robin to the
+    ranks, so which rank and step read a sample depends on ``dp_size``, and a resume must keep
+    the same ``dp_size``. Use it to reproduce a nanotron run; ``BatchSampler`` for tokenmill's
+    world-size-independent order.
+    """
+    for name, value, low in (
+        ("dp_size", dp_size, 1),
+        ("consumed_train_samples", consumed_train_samples, 0),
+    ):
+        if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"nanotron_sampler {name} must be an integer >= {low}, got {value!r}")
+    if not isinstance(dp_rank, int | np.integer) or not 0 <= dp_rank < dp_size:
+        raise ConfigError(f"nanotron_sampler dp_rank must be in [0, {dp_size}), got {dp_rank!r}")
+    sampler: DistributedSampler[int] = DistributedSampler(
+        dataset,  # type: ignore[arg-type]
+        num_replicas=int(dp_size),
+        rank=int(dp_rank),
+        shuffle=True,
+        seed=seed,
+        drop_last=drop_last,
+    )
+    if consumed_train_samples > 0:
+        return NanotronSkipSampler(sampler, int(consumed_train_samples) // int(dp_size))
+    return sampler
