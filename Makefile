@@ -80,7 +80,7 @@ image: $(IMAGE_DIR)/wheelhouse/requirements.txt
 
 # The multi-host run in real containers (tests/docker): a private dockerd, Postgres, moto_server.
 e2e-docker: install sysdeps tokenizers
-	$(BIN)/python -m pytest -p no:cacheprovider tests/docker -v
+	TOKENMILL_E2E_DOCKER=1 $(BIN)/python -m pytest -p no:cacheprovider tests/docker -v
 
 clean:
 	rm -rf data .tokenizers .dagster_home
