@@ -61,6 +61,23 @@ def request_kinds(lines: list[str]) -> Counter[str]:
     return kinds
 
 
+def count_transfers(client: Any) -> dict[str, int]:
+    """Live counts of the bytes a boto3 S3 client sends (``up``: request bodies) and receives
+    (``down``: GetObject bodies), updated by botocore event hooks as requests go."""
+    moved = {"up": 0, "down": 0}
+
+    def sent(request: Any, **_: Any) -> None:
+        moved["up"] += int(request.headers.get("Content-Length") or 0)
+
+    def received(http_response: Any, model: Any, **_: Any) -> None:
+        if model.name == "GetObject":
+            moved["down"] += int(http_response.headers.get("content-length") or 0)
+
+    client.meta.events.register("before-send.s3", sent)
+    client.meta.events.register("after-call.s3", received)
+    return moved
+
+
 def s3_traffic(
     work: Path,
     shards: list[Path],
@@ -92,18 +109,7 @@ def s3_traffic(
             work / "s3.yaml", "s3://bench/root", "s3://bench/sources/docs/", tokenizer, url
         )
         recipe = load_recipe(path)
-        moved = Counter()
-        pipeline_client = s3.s3_client(url)
-
-        def sent(request: Any, **_: Any) -> None:
-            moved["up"] += int(request.headers.get("Content-Length") or 0)
-
-        def received(http_response: Any, model: Any, **_: Any) -> None:
-            if model.name == "GetObject":
-                moved["down"] += int(http_response.headers.get("content-length") or 0)
-
-        pipeline_client.meta.events.register("before-send.s3", sent)
-        pipeline_client.meta.events.register("after-call.s3", received)
+        moved = count_transfers(s3.s3_client(url))
         defs = build_definitions(recipe)
         keys = sorted(p.name.split(".")[0] for p in shards)
         per_run = []

@@ -63,6 +63,12 @@ BENCHES = (
     Bench("loader", "bench_loader.py", ("--tokens", "4000000", "--iters", "3", "--repeat", "2")),
     Bench("open", "bench_open.py", ("--samples", "2000000", "--repeat", "3")),
     Bench("pipeline", "bench_pipeline.py", ("--quick",)),
+    Bench(
+        "scale",
+        "bench_scale.py",
+        ("--shards", "20", "--blend-gb", "0.2", "--s3-shards", "3"),
+        ("--shards", "1000", "--blend-gb", "5", "--s3-shards", "50"),
+    ),
 )
 
 
