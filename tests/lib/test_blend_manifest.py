@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_pairs import random_pair
 
 from tokenmill import blend_manifest
 from tokenmill._atomic import file_sha256
@@ -29,10 +30,7 @@ S = 8
 
 
 def make_dataset(prefix: Path, n_docs: int, seed: int, dtype: type = np.uint16) -> Path:
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 30, n_docs)
-    with IndexedDatasetWriter(prefix, dtype) as writer:
-        writer.add_documents(rng.integers(0, 60000, int(lengths.sum())), lengths)
+    random_pair(prefix, n_docs, seed, dtype)
     write_dataset_manifest(prefix, kind="merged", inputs=[], config={}, counts={})
     return prefix
 

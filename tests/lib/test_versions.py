@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_pairs import random_pair
 
 from tokenmill import blend_manifest
 from tokenmill._atomic import file_sha256
@@ -26,11 +27,7 @@ S = 8
 
 def make_pair(prefix: Path, n_docs: int, seed: int, dtype: type = np.uint16) -> Path:
     """A random pair; ``prefix.parent`` may be a version folder of a merged dataset."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 30, n_docs)
-    with IndexedDatasetWriter(prefix, dtype) as writer:
-        writer.add_documents(rng.integers(0, 60000, int(lengths.sum())), lengths)
-    return prefix
+    return random_pair(prefix, n_docs, seed, dtype)
 
 
 def make_merged(prefix: Path, n_docs: int, seed: int, dtype: type = np.uint16) -> Path:
