@@ -298,13 +298,11 @@ class StorageResource(ConfigurableResource):
 
     def tokens_output_prefix(self, dataset: str, shard: str) -> Path:
         """``tokens/<ds>/<shard>``; the files are ``<that>_<text_key>_document.{bin,idx}``."""
-        return (
-            self.local_root() / "tokens" / layout.check_name(dataset) / check_partition_key(shard)
-        )
+        return self.path(layout.tokens_dir(dataset)) / check_partition_key(shard)
 
     def tokens_prefix(self, dataset: str, shard: str, text_key: str) -> Path:
         """``tokens/<ds>/<shard>_<text_key>_document``: one shard's ``.bin``/``.idx`` prefix."""
-        return self.path(layout.tokens_prefix(dataset, check_partition_key(shard), text_key))
+        return self.path(layout.tokens_prefix(dataset, shard, text_key))
 
     def merged_pointer_path(self, dataset: str) -> Path:
         """``merged/<ds>/current.json``: names the dataset's current merged version."""
