@@ -20,7 +20,7 @@ from dagster import (
 )
 
 from assets.metadata import path_value
-from pipelines.resources import StorageResource
+from assets.support.resources import StorageResource
 from tokenmill import layout
 from tokenmill.blend_manifest import (
     Share,

@@ -34,8 +34,8 @@ from dagster import (
 
 from assets.hf_export import read_export_record
 from assets.shards import each_shard
-from pipelines.partitions import shard_partitions
-from pipelines.resources import StorageResource, display_path
+from assets.support.partitions import shard_partitions
+from assets.support.resources import StorageResource, display_path
 from tokenmill import layout
 from tokenmill.blend_manifest import realized_shares, verify_blend
 from tokenmill.errors import TokenmillError

@@ -31,9 +31,9 @@ from dagster import (
 from assets.metadata import path_value
 from assets.raw import stamp, stats_record
 from assets.shards import shard_asset, source_shards, step_result
-from pipelines.partitions import shard_keys, shard_partitions
-from pipelines.resources import StorageResource, Workspace, display_path
-from pipelines.sources import ShardFile
+from assets.support.partitions import shard_keys, shard_partitions
+from assets.support.resources import StorageResource, Workspace, display_path
+from assets.support.sources import ShardFile
 from tokenmill import layout
 from tokenmill._atomic import file_sha256
 from tokenmill.errors import InputError

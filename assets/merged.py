@@ -24,8 +24,8 @@ from dagster import (
 )
 
 from assets.metadata import token_dataset_metadata
-from pipelines.partitions import shard_keys
-from pipelines.resources import StorageResource, display_path
+from assets.support.partitions import shard_keys
+from assets.support.resources import StorageResource, display_path
 from tokenmill import layout
 from tokenmill.manifest import (
     FORMAT_VERSION,

@@ -13,7 +13,7 @@ from typing import Any
 import numpy.typing as npt
 from dagster import MetadataValue
 
-from pipelines.resources import display_path
+from assets.support.resources import display_path
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.manifest import read_dataset_manifest
 from tokenmill.png import bar_chart_png, markdown_image, short_number

@@ -32,7 +32,7 @@ from dagster import (
 )
 
 from assets.metadata import path_value
-from pipelines.resources import StorageResource, Workspace
+from assets.support.resources import StorageResource, Workspace
 from tokenmill import layout
 from tokenmill.errors import ConfigError
 from tokenmill.formats.indexed import IndexedDataset

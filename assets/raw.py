@@ -24,9 +24,9 @@ from dagster import (
 
 from assets.metadata import histogram_md, path_value
 from assets.shards import shard_asset, source_shards, step_result
-from pipelines.partitions import shard_partitions
-from pipelines.resources import StorageResource
-from pipelines.sources import ShardFile
+from assets.support.partitions import shard_partitions
+from assets.support.resources import StorageResource
+from assets.support.sources import ShardFile
 from tokenmill.errors import InputError
 from tokenmill.formats.shard_records import raw_stats_record, shard_config, write_record
 from tokenmill.ingest import IngestStats, Quarantine, read_jsonl_batches

@@ -26,7 +26,7 @@ from dagster import (
     asset,
 )
 
-from pipelines.sources import ShardFile, find_shard, list_shards
+from assets.support.sources import ShardFile, find_shard, list_shards
 from tokenmill.recipe import DatasetConfig
 
 # Pools bound how many steps of a kind run at once across all runs. Reading and validating a

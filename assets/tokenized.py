@@ -10,8 +10,8 @@ from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, Materiali
 
 from assets.metadata import token_dataset_metadata
 from assets.shards import shard_asset, step_result
-from pipelines.partitions import shard_partitions
-from pipelines.resources import StorageResource, TokenizerResource, display_path
+from assets.support.partitions import shard_partitions
+from assets.support.resources import StorageResource, TokenizerResource, display_path
 from tokenmill import layout
 from tokenmill.recipe import DatasetConfig
 from tokenmill.tokenize import tokenize_files

@@ -90,7 +90,7 @@ def s3_traffic(
     import boto3
     from dagster import DagsterInstance
 
-    from pipelines import s3
+    from assets.support import s3
     from pipelines.build import build_definitions
     from pipelines.jobs import REFRESH_JOB
     from tokenmill.recipe import load_recipe

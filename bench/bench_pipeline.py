@@ -266,7 +266,7 @@ def run_mode(work: Path, source: Path, tokenizer: Path, concurrency: int, mode: 
     ``sensor``: the shard sensor's range runs for a burst of new shards) then the refresh run.
     Event bytes are the serialized events, as the event log stores them (Postgres: one row
     each)."""
-    from dagster._serdes import serialize_value
+    from dagster import serialize_value
 
     tag = f"{mode}-c{concurrency}-{time.monotonic_ns()}"
     recipe = write_recipe(work / f"{tag}.yaml", str(work / tag / "root"), str(source), tokenizer)

@@ -240,7 +240,7 @@ def s3_scale(shards: int, docs: int, tokenizer: Path, work: Path) -> dict[str, A
     from _pipeline_s3 import count_transfers, moto_server, request_kinds
     from dagster import DagsterInstance
 
-    from pipelines import s3
+    from assets.support import s3
     from pipelines.build import build_definitions
     from pipelines.jobs import REFRESH_JOB
     from tokenmill.recipe import load_recipe

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dagster import Definitions, SensorDefinition, in_process_executor
 
 from assets.factory import build_assets
+from assets.support.resources import StorageResource, TokenizerResource
 from pipelines.jobs import merge_job, refresh_job, shard_job
-from pipelines.resources import StorageResource, TokenizerResource
 from pipelines.schedules import build_refresh_schedule, build_reprocess_schedule
 from pipelines.sensors import automation_sensor, build_shard_sensor
 from tokenmill.recipe import Recipe

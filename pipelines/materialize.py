@@ -33,15 +33,15 @@ from typing import Any
 from dagster import AssetKey, DagsterInstance, Definitions
 
 from assets import blends, merged, nanoset
-from pipelines import s3
+from assets.support import s3
+from assets.support.partitions import partitions_name, shard_keys
+from assets.support.resources import StorageResource, TokenizerResource
+from assets.support.sources import Listing, list_shards
 from pipelines.build import build_definitions
 from pipelines.instance import ensure_dagster_home
 from pipelines.jobs import DOWNSTREAM_STAGES as DATASET_STAGES
 from pipelines.jobs import REFRESH_JOB, shard_job_name
-from pipelines.partitions import partitions_name, shard_keys
-from pipelines.resources import StorageResource, TokenizerResource
 from pipelines.sensors import current_shards, range_tags, shard_ranges
-from pipelines.sources import Listing, list_shards
 from pipelines.summary import DatasetOutcome, print_summary, shown
 from tokenmill import layout
 from tokenmill._atomic import TMP_MARK

@@ -12,10 +12,10 @@ from dagster import (
     schedule,
 )
 
+from assets.support.partitions import partitions_name
+from assets.support.sources import list_shards
 from pipelines.jobs import AssetJob
-from pipelines.partitions import partitions_name
 from pipelines.sensors import shard_tags
-from pipelines.sources import list_shards
 from tokenmill.recipe import DatasetConfig
 
 

@@ -40,9 +40,9 @@ from dagster import (
 )
 
 from assets.shards import PARTITIONS_PER_BACKFILL_RUN
+from assets.support.partitions import partitions_name, shard_partitions
+from assets.support.sources import Listing, diff_listing, list_shards
 from pipelines.jobs import AssetJob, merge_job_name, shard_job_name
-from pipelines.partitions import partitions_name, shard_partitions
-from pipelines.sources import Listing, diff_listing, list_shards
 from tokenmill.recipe import DatasetConfig
 
 SENSOR_INTERVAL_SECONDS = 30

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from dagster import AssetKey, DagsterInstance
 
-from pipelines.partitions import shard_keys
-from pipelines.resources import StorageResource
+from assets.support.partitions import shard_keys
+from assets.support.resources import StorageResource
 from tokenmill.errors import ConfigError
 from tokenmill.formats.shard_records import read_record
 from tokenmill.manifest import dataset_manifest_path, read_dataset_manifest

@@ -37,8 +37,8 @@ from pipeline_project import write_shard
 from prod_servers import S3, Postgres
 from servers import free_port
 
+from assets.support.partitions import partitions_name
 from pipelines.materialize import materialize_recipe
-from pipelines.partitions import partitions_name
 from tokenmill.layout import merged_pointer
 from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe

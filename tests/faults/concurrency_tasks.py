@@ -143,9 +143,9 @@ def _meet(role: str) -> None:
 def _execute(spec: RunSpec) -> RunOutcome:
     from dagster import AssetKey, DagsterInstance, DagsterRunStatus
 
+    from assets.support.sources import list_shards
     from pipelines.build import build_definitions
     from pipelines.sensors import shard_tags
-    from pipelines.sources import list_shards
     from tokenmill.recipe import load_recipe
 
     recipe = load_recipe(Path(spec.recipe))

@@ -32,9 +32,9 @@ from dagster import AssetKey, DagsterInstance, ExecuteInProcessResult, materiali
 from prod_servers import S3
 
 from assets.factory import build_assets
+from assets.support.partitions import partitions_name
+from assets.support.resources import StorageResource
 from pipelines.build import resources_for
-from pipelines.partitions import partitions_name
-from pipelines.resources import StorageResource
 from tokenmill.recipe import Recipe
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te"}

@@ -78,8 +78,8 @@ def new_project(recipe: Recipe, home: Path, keep: list[str]) -> Project:
     opens it) with those shards registered."""
     from dagster import DagsterInstance
 
+    from assets.support.partitions import partitions_name
     from pipelines.instance import ensure_dagster_home
-    from pipelines.partitions import partitions_name
 
     source = Path(recipe.dataset("docs").source)
     for path in source.iterdir():
@@ -270,7 +270,7 @@ class Ticker:
 
 def fingerprints(project: Project) -> dict[str, str]:
     """``{shard: fingerprint}`` of the docs source now."""
-    from pipelines.sources import list_shards
+    from assets.support.sources import list_shards
 
     return list_shards(project.recipe.dataset("docs")).fingerprints()
 
@@ -289,7 +289,7 @@ def test_sensor_ticks_during_a_backfill(
     content) is requested once, the cursor follows the source, the backfill is unaffected."""
     from dagster import DagsterInstance
 
-    from pipelines.partitions import partitions_name
+    from assets.support.partitions import partitions_name
     from pipelines.sensors import range_run_key
 
     shards = [SHARD, "part-00000"]

@@ -55,12 +55,12 @@ from dagster import AssetKey, DagsterInstance, build_asset_context
 from prod_servers import S3
 
 from assets.factory import build_assets
-from pipelines import s3 as pipeline_s3
+from assets.support import s3 as pipeline_s3
+from assets.support.partitions import partitions_name
+from assets.support.resources import StorageResource
+from assets.support.sources import list_shards
 from pipelines.build import resources_for
 from pipelines.materialize import RootView
-from pipelines.partitions import partitions_name
-from pipelines.resources import StorageResource
-from pipelines.sources import list_shards
 from tokenmill import layout
 from tokenmill.blend_manifest import build_blend
 from tokenmill.cli import main

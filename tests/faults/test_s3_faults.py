@@ -32,7 +32,7 @@ from s3faults import (
     unvouched,
 )
 
-from pipelines import s3 as s3_stage
+from assets.support import s3 as s3_stage
 from tokenmill import s3 as tm_s3
 from tokenmill.cli import main
 from tokenmill.errors import InputError
@@ -51,7 +51,7 @@ PART_2 = r"\.bin\?uploadId=[^&]+&partNumber=2$"  # UploadPart of the second part
 UPLOADER = """
 import sys
 from pathlib import Path
-from pipelines import s3
+from assets.support import s3
 s3.MULTIPART_BYTES = 5 << 20
 endpoint, bucket, prefix, local = sys.argv[1:]
 s3.S3Stage(s3.s3_client(endpoint), bucket, prefix, Path(local)).push()

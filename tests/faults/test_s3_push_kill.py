@@ -31,7 +31,7 @@ from s3faults import (
     unvouched,
 )
 
-from pipelines import s3 as s3_stage
+from assets.support import s3 as s3_stage
 from tokenmill import layout
 from tokenmill._atomic import write_json
 from tokenmill.blend_manifest import build_blend
@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 UPLOADER = """
 import sys
 from pathlib import Path
-from pipelines import s3
+from assets.support import s3
 endpoint, bucket, prefix, local = sys.argv[1:]
 s3.S3Stage(s3.s3_client(endpoint), bucket, prefix, Path(local)).push()
 """

@@ -26,7 +26,7 @@ from s3faults import (
     step_errors,
 )
 
-from pipelines import s3 as s3_stage
+from assets.support import s3 as s3_stage
 from tokenmill.cli import main
 from tokenmill.recipe import Recipe
 

@@ -18,9 +18,9 @@ from dagster import (
 )
 
 from assets.factory import build_assets
+from assets.support.partitions import check_partition_key, partitions_name
+from assets.support.resources import StorageResource
 from pipelines.build import resources_for
-from pipelines.partitions import check_partition_key, partitions_name
-from pipelines.resources import StorageResource
 from tokenmill import layout
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter

@@ -10,7 +10,7 @@ from dagster import (
     evaluate_automation_conditions,
 )
 
-from pipelines.partitions import partitions_name
+from assets.support.partitions import partitions_name
 
 DOWNSTREAM = {
     AssetKey(["code", "merged"]),

@@ -14,8 +14,8 @@ from dagster import DagsterInstance, Definitions, evaluate_automation_conditions
 import assets.raw
 import assets.tokenized
 from assets.checks import index_problems
+from assets.support.partitions import partitions_name
 from pipelines.materialize import materialize_recipe
-from pipelines.partitions import partitions_name
 from tokenmill.nanoset import NanosetIndex
 from tokenmill.recipe import Recipe
 

@@ -23,11 +23,11 @@ from dagster import (
 from transformers import AutoTokenizer
 
 from assets.factory import build_assets
+from assets.support.partitions import partitions_name
+from assets.support.resources import StorageResource
+from assets.support.sources import list_shards
 from pipelines.build import build_definitions, resources_for
 from pipelines.materialize import materialize_recipe
-from pipelines.partitions import partitions_name
-from pipelines.resources import StorageResource
-from pipelines.sources import list_shards
 from tokenmill._atomic import file_sha256
 from tokenmill.errors import BadRecordError, ConfigError, InputError
 from tokenmill.formats.indexed import IndexedDataset

@@ -18,9 +18,9 @@ from dagster import (
 )
 
 from assets.factory import build_assets
+from assets.support.partitions import partitions_name
 from pipelines.build import build_definitions, resources_for
 from pipelines.materialize import materialize_recipe
-from pipelines.partitions import partitions_name
 from tokenmill.commands.materialize import find_code_location
 from tokenmill.errors import ConfigError
 from tokenmill.loader import open_blend

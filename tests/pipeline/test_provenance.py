@@ -15,9 +15,9 @@ import pytest
 from dagster import AssetKey, AssetsDefinition, DagsterInstance, build_asset_context
 
 from assets.factory import build_assets
+from assets.support.partitions import partitions_name
+from assets.support.resources import StorageResource
 from pipelines.build import resources_for
-from pipelines.partitions import partitions_name
-from pipelines.resources import StorageResource
 from tokenmill._atomic import file_sha256
 from tokenmill.errors import InputError
 from tokenmill.manifest import FORMAT_VERSION

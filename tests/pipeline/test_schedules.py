@@ -15,8 +15,8 @@ from dagster import (
     instance_for_test,
 )
 
+from assets.support.partitions import partitions_name
 from pipelines.build import build_definitions
-from pipelines.partitions import partitions_name
 from tokenmill.recipe import Recipe
 
 WHEN = dt.datetime(2026, 1, 4, 2, 0, tzinfo=dt.UTC)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, Definitions, RunRequest, SensorResult, build_sensor_context
 
-from pipelines.partitions import partitions_name
+from assets.support.partitions import partitions_name
+from assets.support.sources import Listing, ShardFile, diff_listing, list_shards
 from pipelines.sensors import (
     AUTOMATION_SENSOR,
     FINGERPRINTS_TAG,
@@ -23,7 +24,6 @@ from pipelines.sensors import (
     range_run_key,
     shard_ranges,
 )
-from pipelines.sources import Listing, ShardFile, diff_listing, list_shards
 from tokenmill.recipe import Recipe
 
 

@@ -15,7 +15,7 @@ from dagster import (
     multiprocess_executor,
 )
 
-from pipelines.resources import StorageResource
+from assets.support.resources import StorageResource
 
 
 def _stage(storage: StorageResource, name: str) -> None:

@@ -28,8 +28,8 @@ from prod_servers import S3, Postgres
 
 from assets.factory import build_assets
 from assets.shards import PARTITIONS_PER_BACKFILL_RUN, POOLS, each_shard
+from assets.support.partitions import partitions_name
 from pipelines.build import build_definitions, resources_for
-from pipelines.partitions import partitions_name
 from tokenmill.merge import natural_key
 from tokenmill.recipe import Recipe
 

@@ -17,13 +17,13 @@ from pipeline_project import BAD_LINES, write_shard
 from prod_servers import S3
 
 from assets.factory import build_assets
-from pipelines import s3 as s3_stage
+from assets.support import s3 as s3_stage
+from assets.support.partitions import partitions_name
+from assets.support.resources import StorageResource
+from assets.support.sources import diff_listing, list_shards
 from pipelines.build import build_definitions, resources_for
 from pipelines.materialize import materialize_recipe
-from pipelines.partitions import partitions_name
-from pipelines.resources import StorageResource
 from pipelines.sensors import range_run_key
-from pipelines.sources import diff_listing, list_shards
 from tokenmill.corpus import stdlib_documents, write_jsonl_shards
 from tokenmill.loader import open_blend
 from tokenmill.pull import pull

@@ -12,7 +12,7 @@ import pytest
 from dagster import DagsterInstance, execute_job, reconstructable
 from prod_servers import S3
 
-from pipelines import s3 as s3_stage
+from assets.support import s3 as s3_stage
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,11 +20,11 @@ from test_s3_pipeline import s3_recipe
 
 import tokenmill.nanoset
 from assets.factory import build_assets
-from pipelines import s3 as s3_stage
+from assets.support import s3 as s3_stage
+from assets.support.partitions import partitions_name
+from assets.support.resources import StorageResource
+from assets.support.sources import list_shards
 from pipelines.build import resources_for
-from pipelines.partitions import partitions_name
-from pipelines.resources import StorageResource
-from pipelines.sources import list_shards
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.manifest import write_dataset_manifest
 from tokenmill.nanoset import build_or_load, cache_paths
@@ -56,7 +56,7 @@ class Requests:
 
 @pytest.fixture
 def requests(s3: S3, monkeypatch: pytest.MonkeyPatch) -> Iterator[Requests]:
-    """Every request of ``pipelines.s3``'s clients (built during the test) is counted."""
+    """Every request of ``assets.support.s3``'s clients (built during the test) is counted."""
     seen = Requests()
     hooked: list[Any] = []
 

@@ -14,7 +14,7 @@ downloads a ``.bin``).
 
 Within one run an object is downloaded at most once per host: the resource learns the run id
 when Dagster sets it up (``setup_for_execution``) and every workspace of the run fetches
-through ``<work_dir>/tokenmill-run-<run id>/`` (``pipelines.s3.RunCache``: entries keyed by
+through ``<work_dir>/tokenmill-run-<run id>/`` (``assets.support.s3.RunCache``: entries keyed by
 ETag and size, hard-linked into work directories). The in-process executor removes the cache
 when the run ends (``teardown_after_execution``); step processes of the multiprocess executor
 share it and leave it, and any run cache unused for ``run_cache_hours`` is removed by the next
@@ -38,9 +38,9 @@ from typing import Any
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import PrivateAttr
 
-from pipelines import s3
-from pipelines.partitions import check_partition_key
-from pipelines.sources import ShardFile
+from assets.support import s3
+from assets.support.partitions import check_partition_key
+from assets.support.sources import ShardFile
 from tokenmill import layout
 from tokenmill.errors import ConfigError
 from tokenmill.s3 import split_uri

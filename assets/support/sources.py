@@ -2,7 +2,7 @@
 
 Plain functions, shared by the shard sensors and ``tokenmill materialize``. A shard's
 fingerprint is ``<size>:<mtime_ns>`` for a local file and ``<size>:<ETag>`` for an object under
-an ``s3://bucket/prefix/`` source (listed through ``pipelines.s3``; the endpoint is the
+an ``s3://bucket/prefix/`` source (listed through ``assets.support.s3``; the endpoint is the
 ``endpoint_url`` given, else ``$AWS_ENDPOINT_URL``).
 """
 
@@ -13,8 +13,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipelines import s3
-from pipelines.partitions import check_partition_key, partition_key_for
+from assets.support import s3
+from assets.support.partitions import check_partition_key, partition_key_for
 from tokenmill._atomic import TMP_MARK
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.recipe import DatasetConfig

@@ -1,0 +1,97 @@
+"""The Dagster side is layered one way, and uses Dagster's public API.
+
+``pipelines`` may import ``assets``; ``assets`` (and its ``support`` package below both) never
+imports ``pipelines``; ``assets.support`` imports no asset stage. ``dagster._…`` modules are
+private: only the imports listed in ``PRIVATE_KEPT`` (no public API does what they do) may
+use them.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# (file, private module) -> why no public API replaces it.
+PRIVATE_KEPT = {
+    # Driving the daemons in process (backfill, sensor, run queue) has no public API.
+    ("tests/prod/test_backfill.py", "dagster._core.execution.backfill"): "daemon in process",
+    ("tests/prod/test_backfill.py", "dagster._core.utils"): "backfill ids, daemon in process",
+    ("tests/prod/test_backfill.py", "dagster._core.test_utils"): "daemon workspace context",
+    ("tests/prod/test_backfill.py", "dagster._core.workspace.load_target"): "daemon workspace",
+    ("tests/prod/test_backfill.py", "dagster._daemon.backfill"): "backfill daemon iteration",
+    ("tests/prod/test_backfill.py", "dagster._daemon.daemon"): "daemon logger",
+    ("tests/docker/test_e2e_docker.py", "dagster._core.execution.backfill"): "daemon backfill",
+    ("tests/docker/test_e2e_docker.py", "dagster._core.utils"): "backfill ids",
+    ("bench/bench_pipeline.py", "dagster._core.test_utils"): "daemon workspace context",
+    ("bench/bench_pipeline.py", "dagster._core.workspace.load_target"): "daemon workspace",
+    ("bench/bench_pipeline.py", "dagster._daemon.run_coordinator.queued_run_coordinator_daemon"): (
+        "run queue daemon iteration"
+    ),
+    ("bench/bench_pipeline.py", "dagster._core.execution.backfill"): "daemon backfill",
+    ("bench/bench_pipeline.py", "dagster._core.utils"): "backfill ids",
+    ("bench/bench_pipeline.py", "dagster._daemon.backfill"): "backfill daemon iteration",
+    ("bench/bench_pipeline.py", "dagster._daemon.daemon"): "daemon logger",
+    ("bench/bench_pipeline.py", "dagster._daemon.sensor"): "sensor daemon iteration",
+    # Validating dagster.yaml files against Dagster's own schema has no public API.
+    ("tests/prod/test_backfill.py", "dagster._core.instance.config"): "dagster.yaml schema",
+    ("tests/prod/test_instance.py", "dagster._core.instance.config"): "dagster.yaml schema",
+    ("tests/prod/test_instance.py", "dagster._config"): "dagster.yaml schema",
+    ("tests/prod/test_instance.py", "dagster._serdes.config_class"): "dagster.yaml classes",
+    ("tests/docker/test_config.py", "dagster._core.instance.config"): "dagster.yaml schema",
+    ("tests/docker/test_config.py", "dagster._config"): "dagster.yaml schema",
+}
+
+
+def imports(path: Path) -> list[str]:
+    """Every module a file imports (``from x import y`` gives ``x``), at any depth."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.append(node.module)
+    return found
+
+
+def files(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+
+
+def test_assets_never_import_pipelines() -> None:
+    bad = [
+        f"{p.relative_to(ROOT)}: {m}"
+        for p in files("assets")
+        for m in imports(p)
+        if m == "pipelines" or m.startswith("pipelines.")
+    ]
+    assert not bad, bad
+
+
+def test_support_imports_no_asset_stage() -> None:
+    bad = [
+        f"{p.relative_to(ROOT)}: {m}"
+        for p in files("assets/support")
+        for m in imports(p)
+        if m.startswith("assets.") and not m.startswith("assets.support")
+    ]
+    assert not bad, bad
+
+
+def test_no_private_dagster_imports() -> None:
+    used = {
+        (p.relative_to(ROOT).as_posix(), m)
+        for p in files("assets", "pipelines", "tests", "bench")
+        for m in imports(p)
+        if m.startswith("dagster._")
+    }
+    assert used - set(PRIVATE_KEPT) == set()
+    # The allow-list names only imports that are still there.
+    assert set(PRIVATE_KEPT) - used == set()
+
+
+@pytest.mark.parametrize("source", ["from pipelines import jobs", "import pipelines.sensors"])
+def test_the_import_scan_sees_both_forms(tmp_path: Path, source: str) -> None:
+    path = tmp_path / "m.py"
+    path.write_text(f"def f():\n    {source}\n", encoding="utf-8")
+    assert any(m.startswith("pipelines") for m in imports(path))
