@@ -4,9 +4,7 @@
 metadata compares each dataset's requested share with the realized share of every split.
 """
 
-import dataclasses
 import hashlib
-import json
 from typing import Any
 
 from dagster import (
@@ -14,13 +12,16 @@ from dagster import (
     AssetKey,
     AssetsDefinition,
     AutomationCondition,
+    DataVersion,
     MaterializeResult,
     MetadataValue,
     asset,
 )
 
 from assets.metadata import path_value
+from assets.nanoset import merged_version
 from assets.support.resources import StorageResource
+from assets.support.staleness import blend_data_version, nanoset_data_version
 from tokenmill import layout
 from tokenmill.blend_manifest import (
     Share,
@@ -30,7 +31,6 @@ from tokenmill.blend_manifest import (
     skipped_warnings,
 )
 from tokenmill.errors import ConfigError
-from tokenmill.manifest import dataset_content_hash
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 
 # What a blend stages of a merged dataset: its index and manifest, never the .bin.
@@ -48,23 +48,6 @@ def shares_markdown(shares: list[Share]) -> str:
     return "\n".join(rows)
 
 
-def input_version(
-    storage: StorageResource, blend: BlendConfig, cfg: NanosetConfig, datasets: list[DatasetConfig]
-) -> str:
-    """Hash of the blend's settings and the content of every merged dataset's current version
-    (its ``.idx`` and manifest are enough; None for a dataset never merged)."""
-    contents = []
-    for ds in datasets:
-        try:
-            prefix = storage.merged_prefix(ds.name, ds.text_key)
-        except ConfigError:
-            contents.append([ds.name, None])
-            continue
-        contents.append([ds.name, dataset_content_hash(prefix, index_only=True)])
-    key = [dataclasses.asdict(blend), dataclasses.asdict(cfg), contents]
-    return hashlib.sha256(json.dumps(key).encode()).hexdigest()
-
-
 def build_blend_asset(
     blend: BlendConfig,
     cfg: NanosetConfig,
@@ -77,7 +60,7 @@ def build_blend_asset(
         key=AssetKey(["blend", blend.name]),
         deps=[AssetKey([ds.name, "nanoset"]) for ds in datasets],
         group_name="blends",
-        kinds={"numpy"},
+        kinds={"numpy", "json"},
         automation_condition=automation_condition,
         description=f"Blend {blend.name} of {', '.join(blend.datasets)} ({cfg.semantics}).",
     )
@@ -89,7 +72,11 @@ def build_blend_asset(
             keys = {ds.name: ws.storage.merged_key(ds.name, ds.text_key) for ds in datasets}
             ws.fetch([f"{key}{suffix}" for key in keys.values() for suffix in INDEX_FILES])
             prefixes = {name: ws.storage.path(key) for name, key in keys.items()}
-            version = input_version(ws.storage, blend, cfg, datasets)
+            members = [
+                (ds.name, nanoset_data_version(merged_version(ws.storage, ds), cfg))
+                for ds in datasets
+            ]
+            version = blend_data_version(blend, cfg, members)
             settings: dict[str, Any] = {
                 "weights": blend.weight_map(),
                 "temperature": blend.temperature,
@@ -121,7 +108,6 @@ def build_blend_asset(
                 weights=MetadataValue.json(manifest["weighting"]),
                 content_hash=hashlib.sha256(mpath.read_bytes()).hexdigest(),
                 path=path_value(mpath),
-                input_version=version,
             )
             skipped = skipped_warnings(manifest)
             for warning in skipped:
@@ -130,6 +116,6 @@ def build_blend_asset(
                 metadata["skipped"] = MetadataValue.json(skipped)
             sizes = {split: info["size"] for split, info in manifest["splits"].items()}
             context.log.info(f"blend {blend.name}: samples per split {sizes}")
-            return MaterializeResult(metadata=metadata)
+            return MaterializeResult(metadata=metadata, data_version=DataVersion(version))
 
     return blend_asset

@@ -34,6 +34,7 @@ from assets.shards import shard_asset, source_shards, step_result
 from assets.support.partitions import shard_keys, shard_partitions
 from assets.support.resources import StorageResource, Workspace, display_path
 from assets.support.sources import ShardFile
+from assets.support.staleness import SOURCE_FINGERPRINT
 from tokenmill import layout
 from tokenmill._atomic import file_sha256
 from tokenmill.errors import InputError
@@ -188,6 +189,7 @@ def export_one(
         "bytes": result.bytes,
         "content_hash": file_sha256(result.parquet_path),
         "source_sha256": raw["input"]["sha256"],
+        SOURCE_FINGERPRINT: shard.fingerprint,
         "path": path_value(result.parquet_path),
     }
 
@@ -214,7 +216,9 @@ def build_hf_dataset(ds: DatasetConfig) -> AssetsDefinition:
         stats = [layout.raw_stats(ds.name, key) for key in keys] if ds.has_raw_stage else []
         with storage.workspace(stats) as ws:
             return step_result(
-                {key: export_one(context, ws, ds, shard) for key, shard in shards.items()}
+                context,
+                {key: export_one(context, ws, ds, shard) for key, shard in shards.items()},
+                recorded=(SOURCE_FINGERPRINT, "documents", "quarantined"),
             )
 
     return hf_dataset

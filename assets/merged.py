@@ -17,6 +17,7 @@ from dagster import (
     AssetKey,
     AssetsDefinition,
     AutomationCondition,
+    DataVersion,
     Failure,
     MaterializeResult,
     MetadataValue,
@@ -26,39 +27,28 @@ from dagster import (
 from assets.metadata import token_dataset_metadata
 from assets.support.partitions import shard_keys
 from assets.support.resources import StorageResource, display_path
+from assets.support.staleness import merged_data_version
 from tokenmill import layout
 from tokenmill.manifest import (
-    FORMAT_VERSION,
     check_dataset_files,
     dataset_manifest_path,
     read_dataset_manifest,
 )
 from tokenmill.merge import merge_datasets, natural_key
 from tokenmill.recipe import DatasetConfig
-from tokenmill.versions import read_pointer, version_hash, write_pointer
-
-
-def merged_version(ds: DatasetConfig, inputs: list[tuple[str, str | None]]) -> str:
-    """The merged version of ``(shard, content hash)`` inputs in merge order."""
-    return version_hash(
-        {
-            "kind": "merged",
-            "format_version": FORMAT_VERSION,
-            "text_key": ds.text_key,
-            "inputs": [list(i) for i in inputs],
-        }
-    )
+from tokenmill.versions import read_pointer, write_pointer
 
 
 def input_version(storage: StorageResource, ds: DatasetConfig, keys: list[str]) -> str:
     """The version a merge of ``keys`` would write now, from the shards' token manifests alone
-    (a shard not tokenized yet counts as None)."""
+    (a shard not tokenized yet counts as None); equal to the data version the staleness model
+    expects from the shards' records (``merged_data_version``)."""
     inputs = []
     for key in keys:
         prefix = storage.tokens_prefix(ds.name, key, ds.text_key)
         done = dataset_manifest_path(prefix).is_file()
         inputs.append((key, str(read_dataset_manifest(prefix)["content_hash"]) if done else None))
-    return merged_version(ds, inputs)
+    return merged_data_version(ds, inputs)
 
 
 def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -> AssetsDefinition:
@@ -68,7 +58,7 @@ def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -
         key=AssetKey([ds.name, "merged"]),
         deps=[AssetKey([ds.name, "tokens"])],
         group_name=ds.name,
-        kinds={"numpy"},
+        kinds={"megatron"},
         automation_condition=automation_condition,
         description=f"All current shards of {ds.name} merged into one immutable .bin/.idx "
         "version; merged/<ds>/current.json names it.",
@@ -116,14 +106,13 @@ def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -
                 version=version,
                 previous_version=str(before),
                 reused_version=reused,
-                input_version=version,
             )
             context.log.info(
                 f"{ds.name}: version {version[:16]} "
                 f"({'unchanged inputs, reused' if reused else 'merged'}); pointer moved from "
                 f"{before and before[:16]}"
             )
-            return MaterializeResult(metadata=metadata)
+            return MaterializeResult(metadata=metadata, data_version=DataVersion(version))
 
     return merged
 

@@ -14,9 +14,6 @@ is neither rebuilt, downloaded nor uploaded again; a missing one is built in the
 and uploaded, arrays first, description last.
 """
 
-import dataclasses
-import hashlib
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +23,7 @@ from dagster import (
     AssetKey,
     AssetsDefinition,
     AutomationCondition,
+    DataVersion,
     MaterializeResult,
     MetadataValue,
     asset,
@@ -33,12 +31,14 @@ from dagster import (
 
 from assets.metadata import path_value
 from assets.support.resources import StorageResource, Workspace
+from assets.support.staleness import nanoset_data_version
 from tokenmill import layout
 from tokenmill.errors import ConfigError
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
 from tokenmill.nanoset import SPLITS, build_or_load_lengths, cache_paths, entry_key
 from tokenmill.recipe import DatasetConfig, NanosetConfig
+from tokenmill.versions import read_pointer
 
 
 def merged_lengths(prefix: Path) -> tuple[np.ndarray, str]:
@@ -63,16 +63,12 @@ def split_settings(cfg: NanosetConfig, split: str) -> dict[str, Any]:
     }
 
 
-def input_version(storage: StorageResource, ds: DatasetConfig, cfg: NanosetConfig) -> str:
-    """Hash of the current merged version's content (None when never merged) and the index
-    settings; the merged ``.idx`` and manifest are enough."""
-    try:
-        prefix = storage.merged_prefix(ds.name, ds.text_key)
-    except ConfigError:  # never merged
-        prefix = None
-    done = prefix is not None and dataset_manifest_path(prefix).is_file()
-    content = dataset_content_hash(prefix, index_only=True) if done else None
-    return hashlib.sha256(json.dumps([content, dataclasses.asdict(cfg)]).encode()).hexdigest()
+def merged_version(storage: StorageResource, ds: DatasetConfig) -> str:
+    """The current merged version of a dataset, as its pointer names it."""
+    pointer = read_pointer(storage.path(layout.merged_pointer(ds.name)))
+    if pointer is None:
+        raise ConfigError(f"{ds.name}: never merged ({layout.merged_pointer(ds.name)} missing)")
+    return str(pointer["version"])
 
 
 def build_nanoset(
@@ -94,7 +90,8 @@ def build_nanoset(
             ws.fetch([f"{rel}.idx", f"{rel}.manifest.json"])
             lengths, content = merged_lengths(ws.storage.path(rel))
             rows = ["| split | samples | cache hash | entry |", "|---|---:|---|---|"]
-            metadata: dict[str, Any] = {"input_version": input_version(ws.storage, ds, cfg)}
+            version = nanoset_data_version(merged_version(ws.storage, ds), cfg)
+            metadata: dict[str, Any] = {"version": version}
             for split in SPLITS:
                 samples, digest, how = split_entry(ws, lengths, content, cfg, split)
                 rows.append(f"| {split} | {samples} | {digest or '(empty split)'} | {how} |")
@@ -107,7 +104,7 @@ def build_nanoset(
                 splits=MetadataValue.md("\n".join(rows)),
                 path=path_value(ws.storage.nanoset_dir()),
             )
-            return MaterializeResult(metadata=metadata)
+            return MaterializeResult(metadata=metadata, data_version=DataVersion(version))
 
     return nanoset
 

@@ -137,7 +137,9 @@ def build_raw_jsonl(ds: DatasetConfig) -> AssetsDefinition:
     def raw_jsonl(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         shards = source_shards(ds, context.partition_keys, storage.s3_endpoint_url)
         return step_result(
-            {key: shard_metadata(context, ds, storage, shard) for key, shard in shards.items()}
+            context,
+            {key: shard_metadata(context, ds, storage, shard) for key, shard in shards.items()},
+            recorded=("documents", "quarantined"),
         )
 
     return raw_jsonl

@@ -3,21 +3,23 @@ result for a step that processed one shard (a sensor run) or several (a backfill
 
 A backfill of K shards launches ``ceil(K / PARTITIONS_PER_BACKFILL_RUN)`` runs, each over a
 range of shards, instead of K runs: a run's start-up (process, code location, resources,
-Postgres bookkeeping) is paid once per range. Sensor and ``tokenmill materialize`` runs stay
-single-shard. In a range run each shard asset and each shard check handles every key of
+Postgres bookkeeping) is paid once per range. Sensor and ``tokenmill materialize`` runs use the
+same ranges. In a range run each shard asset and each shard check handles every key of
 ``context.partition_keys``; Dagster records one materialization per shard, all carrying the
-step's metadata (totals, and a per-shard table), and one check evaluation for the range.
+step's metadata (totals, and a per-shard table) plus the shard's own recorded entries, and one
+check evaluation for the range.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
+    AssetExecutionContext,
     AssetsDefinition,
     BackfillPolicy,
     BetaWarning,
@@ -26,7 +28,8 @@ from dagster import (
     asset,
 )
 
-from assets.support.sources import ShardFile, find_shard, list_shards
+from assets.support.sources import ShardFile, find_shard
+from assets.support.staleness import range_data_version
 from tokenmill.recipe import DatasetConfig
 
 # Pools bound how many steps of a kind run at once across all runs. Reading and validating a
@@ -69,22 +72,35 @@ def shard_asset(stage: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Ass
 def source_shards(
     ds: DatasetConfig, keys: list[str], endpoint_url: str | None
 ) -> dict[str, ShardFile]:
-    """The source files of ``keys`` from one listing of the source (a range run lists once,
-    not once per shard); a key no longer there fails as ``find_shard`` words it."""
-    listed = list_shards(ds, endpoint_url).shards
-    return {key: listed.get(key) or find_shard(ds, key, endpoint_url) for key in keys}
+    """The source file of each of ``keys``, each looked up alone (work per shard, never a
+    listing of the whole source); a key no longer there fails as ``find_shard`` words it."""
+    return {key: find_shard(ds, key, endpoint_url) for key in keys}
 
 
 def _summable(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def step_result(per_shard: Mapping[str, Mapping[str, Any]]) -> MaterializeResult:
+def step_result(
+    context: AssetExecutionContext,
+    per_shard: Mapping[str, Mapping[str, Any]],
+    *,
+    recorded: Sequence[str] = (),
+    data_versions: Mapping[str, str] | None = None,
+) -> MaterializeResult:
     """One shard: its metadata as is. Several: the ``ADDITIVE`` counts summed and a ``shards``
-    table of every shard's numeric entries (per-file entries such as paths are left out)."""
+    table of every shard's numeric entries (per-file entries such as paths are left out), and
+    each shard's own ``recorded`` entries on its own materialization (what the staleness model,
+    ``assets/support/staleness.py``, reads back). ``data_versions`` (shard -> content hash)
+    gives the step its ``DataVersion``."""
+    version = range_data_version(data_versions) if data_versions else None
     first = next(iter(per_shard.values()))
     if len(per_shard) == 1:
-        return MaterializeResult(metadata=dict(first))
+        return MaterializeResult(metadata=dict(first), data_version=version)
+    for key, meta in per_shard.items():
+        own = {name: meta[name] for name in recorded if name in meta}
+        if own:
+            context.add_asset_metadata(own, partition_key=key)
     names = [n for n, v in first.items() if _summable(v)]
     totals = {n: sum(meta[n] for meta in per_shard.values()) for n in names if n in ADDITIVE}
     rows = [f"| shard | {' | '.join(names)} |", "|---|" + "---:|" * len(names)]
@@ -95,7 +111,8 @@ def step_result(per_shard: Mapping[str, Mapping[str, Any]]) -> MaterializeResult
             **totals,
             "shards_in_run": len(per_shard),
             "shards": MetadataValue.md("\n".join(rows)),
-        }
+        },
+        data_version=version,
     )
 
 

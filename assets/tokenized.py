@@ -12,6 +12,7 @@ from assets.metadata import token_dataset_metadata
 from assets.shards import shard_asset, step_result
 from assets.support.partitions import shard_partitions
 from assets.support.resources import StorageResource, TokenizerResource, display_path
+from assets.support.staleness import CONTENT_HASH, SETTINGS, tokens_settings
 from tokenmill import layout
 from tokenmill.recipe import DatasetConfig
 from tokenmill.tokenize import tokenize_files
@@ -26,7 +27,7 @@ def build_tokens(ds: DatasetConfig) -> AssetsDefinition:
         deps=[AssetKey([ds.name, "hf_dataset"])],
         partitions_def=shard_partitions(ds.name),
         group_name=ds.name,
-        kinds={"numpy"},
+        kinds={"megatron"},
         description=f"{ds.name} shards tokenized (Megatron .bin/.idx, one sequence per document).",
     )
     def tokens(
@@ -48,12 +49,15 @@ def build_tokens(ds: DatasetConfig) -> AssetsDefinition:
                     input_uri=display_path,
                 )
                 context.log.info(f"{key}: {result.tokens} tokens with engine {result.engine}")
+                fingerprint = str(result.manifest["config"]["tokenizer_fingerprint"])
                 metadata = token_dataset_metadata(
-                    result.prefix,
-                    seconds=result.seconds,
-                    tokenizer=str(result.manifest["config"]["tokenizer_fingerprint"]),
+                    result.prefix, seconds=result.seconds, tokenizer=fingerprint
                 )
-                per_shard[key] = {**metadata, "engine": result.engine}
-            return step_result(per_shard)
+                settings = tokens_settings(fingerprint, tokenizer.append_eod, ds)
+                per_shard[key] = {**metadata, "engine": result.engine, SETTINGS: settings}
+            versions = {key: str(meta[CONTENT_HASH]) for key, meta in per_shard.items()}
+            return step_result(
+                context, per_shard, recorded=(CONTENT_HASH, SETTINGS), data_versions=versions
+            )
 
     return tokens

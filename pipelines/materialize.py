@@ -5,110 +5,50 @@ repo root) executes in process on the configured instance (``$DAGSTER_HOME``; SQ
 
 1. Per dataset, the source listing is synced into the partition set (new shards added, vanished
    shards removed and reported).
-2. A shard is current when a successful run of its shard job carries its source fingerprint
-   (shard sensors tag their runs the same way) and its tokens in the storage root match the
-   tokenizer and settings; the other shards run through ``<ds>_shard_job`` (with its blocking
-   checks) over ranges of up to 16 shards consecutive in the partition set, as sensor and
-   backfill runs do. A failing shard fails its whole range (none of its shards is recorded):
-   the failing shard is named, and the next call runs that range again.
-3. The unpartitioned assets whose inputs changed (each records an ``input_version`` of what it
-   read), and everything after them, are rebuilt together in one run of ``refresh_job``.
-   Datasets with a failed shard are left out of step 3 (and reported).
+2. A shard is current when the Dagster instance records its tokens as made from the source
+   fingerprint listed now, with the current tokenizer and settings, by a successful run
+   (``assets/support/staleness.py``: the model the sensors and the UI read too); the other
+   shards run through ``<ds>_shard_job`` (with its blocking checks) over ranges of up to 16
+   shards consecutive in the partition set, as sensor and backfill runs do. A failing shard
+   fails its whole range (none of its shards is recorded): the failing shard is named, and
+   the next call runs that range again.
+3. The unpartitioned assets whose recorded data version differs from the one their inputs'
+   records give now, and everything after them, are rebuilt together in one run of
+   ``refresh_job``. Datasets with a failed shard are left out of step 3 (and reported).
 
-The comparisons read manifests and stats files. For an ``s3://`` storage root they read a
-:class:`RootView`: a temporary local mirror of the root's bookkeeping, refreshed from S3
-listings before each step (only objects whose ETag changed are fetched again).
+Nothing here reads the storage root: the comparisons and the summary read the instance's
+records, so an ``s3://`` root costs no listing or download.
 """
 
 import argparse
 import os
 import re
 import sys
-import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 from dagster import AssetKey, DagsterInstance, Definitions
 
-from assets import blends, merged, nanoset
-from assets.support import s3
 from assets.support.partitions import partitions_name, shard_keys
 from assets.support.resources import StorageResource, TokenizerResource
 from assets.support.sources import Listing, list_shards
+from assets.support.staleness import (
+    current_shards,
+    expected_versions,
+    recorded_version,
+    tokens_settings,
+)
 from pipelines.build import build_definitions
 from pipelines.instance import ensure_dagster_home
 from pipelines.jobs import DOWNSTREAM_STAGES as DATASET_STAGES
 from pipelines.jobs import REFRESH_JOB, shard_job_name
-from pipelines.sensors import current_shards, range_tags, shard_ranges
-from pipelines.summary import DatasetOutcome, print_summary, shown
-from tokenmill import layout
-from tokenmill._atomic import TMP_MARK
+from pipelines.sensors import range_tags, shard_ranges
+from pipelines.summary import DatasetOutcome, print_summary
 from tokenmill.errors import ConfigError, TokenmillError
-from tokenmill.manifest import check_dataset_files, dataset_manifest_path, read_dataset_manifest
 from tokenmill.merge import natural_key
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe, recipe_path
-from tokenmill.s3 import split_uri
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-MIRROR_JOBS = 8  # parallel GETs when mirroring an S3 root's manifests and stats
-
-
-class RootView:
-    """The storage root as ``materialize`` reads it: a local root as it is; an S3 root as a
-    mirror under ``local`` of the prefixes the comparisons read, where every ``.json`` object
-    (stats, manifests) is copied and every other object is a sparse placeholder of its listed
-    size, so a manifest's size check compares against S3 without downloading data."""
-
-    def __init__(self, storage: StorageResource, recipe: Recipe, local: Path) -> None:
-        self.storage = storage
-        self.local = local
-        self.prefixes = [
-            f"{folder(ds.name)}/"
-            for ds in recipe.datasets
-            for folder in (layout.raw_dir, layout.tokens_dir)
-        ]
-        self.prefixes += [f"{layout.MERGED}/"]
-        self.prefixes += [f"{layout.blend_dir(b.name)}/" for b in recipe.blends]
-        self.etags: dict[str, str] = {}
-
-    def sync(self) -> StorageResource:
-        """Bring the mirror up to date with the root; a storage rooted where paths resolve.
-        A key that would land outside the mirror is refused (InputError) before any change."""
-        if not self.storage.is_s3:
-            return self.storage
-        bucket, prefix = split_uri(self.storage.root)
-        base = f"{prefix}/" if prefix else ""
-        client = s3.s3_client(self.storage.s3_endpoint_url)
-        listed: dict[str, s3.S3Object] = {}
-        for rel in self.prefixes:
-            for obj in s3.list_objects(client, bucket, base + rel, recursive=True):
-                if TMP_MARK not in obj.key:
-                    listed[s3.local_name(bucket, obj.key, base)] = obj
-        for name in set(self.etags) - set(listed):
-            (self.local / name).unlink(missing_ok=True)
-
-        def copy(name: str) -> None:
-            path, obj = self.local / name, listed[name]
-            if name.endswith(".json"):
-                s3.download(client, bucket, obj.key, path)
-                return
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "wb") as placeholder:
-                placeholder.truncate(obj.size)
-
-        changed = sorted(n for n, obj in listed.items() if self.etags.get(n) != obj.etag)
-        with ThreadPoolExecutor(MIRROR_JOBS) as pool:
-            list(pool.map(copy, changed))
-        self.etags = {name: obj.etag for name, obj in listed.items()}
-        return StorageResource(root=str(self.local), s3_endpoint_url=self.storage.s3_endpoint_url)
-
-    def where(self, path: Path) -> str:
-        """Where a path of the view really is: its ``s3://`` URI, or the path for the user."""
-        if not self.storage.is_s3:
-            return shown(path)
-        return f"{self.storage.root.rstrip('/')}/{path.relative_to(self.local).as_posix()}"
 
 
 def sync_partitions(instance: DagsterInstance, ds: DatasetConfig, listing: Listing) -> list[str]:
@@ -124,44 +64,20 @@ def sync_partitions(instance: DagsterInstance, ds: DatasetConfig, listing: Listi
     return gone
 
 
-def tokens_current(
-    storage: StorageResource,
-    tokenizer: TokenizerResource,
-    fingerprint: str,
-    ds: DatasetConfig,
-    key: str,
-) -> bool:
-    """The shard's tokens exist, match their manifest's sizes, and used these settings."""
-    prefix = storage.tokens_prefix(ds.name, key, ds.text_key)
-    if not dataset_manifest_path(prefix).is_file() or check_dataset_files(prefix):
-        return False
-    config = read_dataset_manifest(prefix)["config"]
-    return (
-        config.get("tokenizer_fingerprint") == fingerprint
-        and config.get("append_eod") == tokenizer.append_eod
-        and config.get("text_key") == ds.text_key
-    )
-
-
 def process_shards(
-    defs: Definitions, instance: DagsterInstance, ds: DatasetConfig, view: StorageResource
+    defs: Definitions, instance: DagsterInstance, ds: DatasetConfig
 ) -> DatasetOutcome:
-    """Sync the partitions of one dataset and run the shard job for every stale shard;
-    ``view`` is the storage root as :meth:`RootView.sync` returns it."""
+    """Sync the partitions of one dataset and run the shard job for every stale shard."""
     storage, tokenizer = _resources(defs)
     listing = list_shards(ds, storage.s3_endpoint_url)
     outcome = DatasetOutcome(ds.name, sorted(listing.shards, key=natural_key))
     outcome.rejected = list(listing.rejected)
     outcome.removed = sync_partitions(instance, ds, listing)
-    fingerprint = tokenizer.info().fingerprint
+    settings = tokens_settings(tokenizer.info().fingerprint, tokenizer.append_eod, ds)
     job = defs.resolve_job_def(shard_job_name(ds.name))
     sources = {key: listing.shards[key].fingerprint for key in outcome.shards}
-    done = current_shards(instance, ds, sources)
-    stale = [
-        key
-        for key in outcome.shards
-        if key not in done or not tokens_current(view, tokenizer, fingerprint, ds, key)
-    ]
+    done = current_shards(instance, ds, sources, settings)
+    stale = [key for key in outcome.shards if key not in done]
     order = instance.get_dynamic_partitions(partitions_name(ds.name))
     for shards in shard_ranges(list(order), stale):
         start = time.perf_counter()
@@ -209,43 +125,26 @@ def _resources(defs: Definitions) -> tuple[StorageResource, TokenizerResource]:
     return resources["storage"], resources["tokenizer"]  # type: ignore[return-value]
 
 
-def _recorded_version(instance: DagsterInstance, key: AssetKey) -> str | None:
-    event = instance.get_latest_materialization_event(key)
-    materialization = event.asset_materialization if event else None
-    value = materialization.metadata.get("input_version") if materialization else None
-    return None if value is None else str(value.value)
-
-
-def stale_downstream(
-    instance: DagsterInstance, recipe: Recipe, storage: StorageResource, skip: set[str]
-) -> list[AssetKey]:
-    """Unpartitioned assets whose inputs changed since they were built, plus what follows them.
+def stale_downstream(instance: DagsterInstance, recipe: Recipe, skip: set[str]) -> list[AssetKey]:
+    """Unpartitioned assets whose recorded data version differs from the one their inputs'
+    records give now, plus what follows them (a changed merge rebuilds its dataset's stages).
 
     Datasets in ``skip`` (a shard failed) and blends using them are left as they are.
     """
+    keys = {ds.name: shard_keys(instance, ds) for ds in recipe.datasets}
+    expected = expected_versions(instance, recipe, keys)
     stale: list[AssetKey] = []
-    remade: set[str] = set()
     for ds in recipe.datasets:
         if ds.name in skip:
             continue
-        instance_keys = shard_keys(instance, ds)
         merged_key, nanoset_key = AssetKey([ds.name, "merged"]), AssetKey([ds.name, "nanoset"])
-        if _recorded_version(instance, merged_key) != merged.input_version(
-            storage, ds, instance_keys
-        ):
+        if recorded_version(instance, merged_key) != expected[merged_key]:
             stale += [AssetKey([ds.name, stage]) for stage in DATASET_STAGES]
-            remade.add(ds.name)
-        elif _recorded_version(instance, nanoset_key) != nanoset.input_version(
-            storage, ds, recipe.nanoset
-        ):
+        elif recorded_version(instance, nanoset_key) != expected[nanoset_key]:
             stale.append(nanoset_key)
     for blend in recipe.blends:
-        if skip & set(blend.datasets):
-            continue
-        members = [recipe.dataset(n) for n in blend.datasets]
         key = AssetKey(["blend", blend.name])
-        expected = blends.input_version(storage, blend, recipe.nanoset, members)
-        if remade & set(blend.datasets) or _recorded_version(instance, key) != expected:
+        if not skip & set(blend.datasets) and recorded_version(instance, key) != expected[key]:
             stale.append(key)
     return stale
 
@@ -253,19 +152,15 @@ def stale_downstream(
 def materialize_recipe(recipe: Recipe, instance: DagsterInstance) -> int:
     """Steps 1–3 for every dataset and blend of ``recipe``; prints progress and a summary."""
     defs = build_definitions(recipe)
-    storage, _ = _resources(defs)
-    with tempfile.TemporaryDirectory(prefix="tokenmill-view-") as scratch:
-        view = RootView(storage, recipe, Path(scratch))
-        before = view.sync()
-        outcomes = []
-        for ds in recipe.datasets:
-            print(f"{ds.name}: scanning {ds.source}", flush=True)
-            outcomes.append(process_shards(defs, instance, ds, before))
-        failed = {o.name for o in outcomes if o.failed}
-        stale = stale_downstream(instance, recipe, view.sync(), failed)
-        downstream_ok = run_downstream(defs, instance, stale)
-        rebuilt = stale if downstream_ok else []
-        print_summary(recipe, view.sync(), outcomes, rebuilt, instance, view.where)
+    outcomes = []
+    for ds in recipe.datasets:
+        print(f"{ds.name}: scanning {ds.source}", flush=True)
+        outcomes.append(process_shards(defs, instance, ds))
+    failed = {o.name for o in outcomes if o.failed}
+    stale = stale_downstream(instance, recipe, failed)
+    downstream_ok = run_downstream(defs, instance, stale)
+    rebuilt = stale if downstream_ok else []
+    print_summary(recipe, outcomes, rebuilt, instance)
     return 0 if downstream_ok and not failed else 1
 
 

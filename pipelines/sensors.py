@@ -23,13 +23,9 @@ from dataclasses import dataclass, field
 
 from dagster import (
     AddDynamicPartitionsRequest,
-    AssetKey,
-    AssetRecordsFilter,
     AssetSelection,
     AutomationConditionSensorDefinition,
-    DagsterEventType,
     DagsterInstance,
-    DagsterRunStatus,
     DefaultSensorStatus,
     DeleteDynamicPartitionsRequest,
     RunRequest,
@@ -42,6 +38,7 @@ from dagster import (
 from assets.shards import PARTITIONS_PER_BACKFILL_RUN
 from assets.support.partitions import partitions_name, shard_partitions
 from assets.support.sources import Listing, diff_listing, list_shards
+from assets.support.staleness import current_shards
 from pipelines.jobs import AssetJob, merge_job_name, shard_job_name
 from tokenmill.recipe import DatasetConfig
 
@@ -52,13 +49,11 @@ AUTOMATION_SENSOR = "tokenmill_automation"
 MAX_SHARDS_PER_RUN = PARTITIONS_PER_BACKFILL_RUN
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
-FINGERPRINTS_TAG = "tokenmill/source_fingerprints"
-# The last stage of every shard job (an ``hf`` dataset has no ``raw_jsonl``, all have tokens).
-LAST_SHARD_STAGE = "tokens"
 
 
 def shard_tags(dataset: str, key: str, fingerprint: str) -> dict[str, str]:
-    """Tags of a single-shard run; ``tokenmill materialize`` and the sensors read them back."""
+    """Tags of a single-shard run: labels to find runs by in the UI. Nothing reads them back;
+    whether a shard is current is the staleness model's answer (``assets/support/staleness``)."""
     return {
         "tokenmill/dataset": dataset,
         "tokenmill/shard": key,
@@ -68,17 +63,11 @@ def shard_tags(dataset: str, key: str, fingerprint: str) -> dict[str, str]:
 
 def range_tags(dataset: str, fingerprints: Mapping[str, str]) -> dict[str, str]:
     """Tags of a run over ``fingerprints`` (shard -> source fingerprint, in partition order):
-    one shard gets :func:`shard_tags`; several get Dagster's partition range tags and the
-    fingerprints of every shard as one JSON tag."""
+    one shard gets :func:`shard_tags`; several get Dagster's partition range tags."""
     keys = list(fingerprints)
     if len(keys) == 1:
         return shard_tags(dataset, keys[0], fingerprints[keys[0]])
-    return {
-        "tokenmill/dataset": dataset,
-        RANGE_START: keys[0],
-        RANGE_END: keys[-1],
-        FINGERPRINTS_TAG: json.dumps(dict(fingerprints), separators=(",", ":")),
-    }
+    return {"tokenmill/dataset": dataset, RANGE_START: keys[0], RANGE_END: keys[-1]}
 
 
 def range_run_key(fingerprints: Mapping[str, str]) -> str:
@@ -89,48 +78,6 @@ def range_run_key(fingerprints: Mapping[str, str]) -> str:
         return f"{keys[0]}:{fingerprints[keys[0]]}"
     digest = hashlib.sha256(json.dumps(list(fingerprints.items())).encode()).hexdigest()[:16]
     return f"{keys[0]}..{keys[-1]}:{digest}"
-
-
-def run_fingerprint(tags: Mapping[str, str], key: str) -> str | None:
-    """The source fingerprint a run recorded for shard ``key`` (single or range run)."""
-    if FINGERPRINTS_TAG in tags:
-        try:
-            value = json.loads(tags[FINGERPRINTS_TAG]).get(key)
-        except (json.JSONDecodeError, AttributeError):
-            return None
-        return value if isinstance(value, str) else None
-    return tags.get("tokenmill/source_fingerprint") if tags.get("tokenmill/shard") == key else None
-
-
-def current_shards(
-    instance: DagsterInstance, ds: DatasetConfig, fingerprints: Mapping[str, str]
-) -> set[str]:
-    """The shards of ``fingerprints`` whose last shard stage was materialized by a successful
-    run that recorded this source fingerprint (a sensor run, a ``materialize`` run, or their
-    retry). One query finds the shards ever materialized, so a burst of new shards costs one
-    query; each materialized shard costs two more (its latest record, its run)."""
-    asset_key = AssetKey([ds.name, LAST_SHARD_STAGE])
-    seen = instance.get_latest_storage_id_by_partition(
-        asset_key, DagsterEventType.ASSET_MATERIALIZATION, set(fingerprints)
-    )
-    current = set()
-    for key in sorted(set(seen) & set(fingerprints)):  # storages may answer for more
-        records = instance.fetch_materializations(
-            AssetRecordsFilter(asset_key=asset_key, asset_partitions=[key]), limit=1
-        ).records
-        run = instance.get_run_by_id(records[0].run_id) if records else None
-        if (
-            run is not None
-            and run.status == DagsterRunStatus.SUCCESS
-            and run_fingerprint(run.tags, key) == fingerprints[key]
-        ):
-            current.add(key)
-    return current
-
-
-def shard_current(instance: DagsterInstance, ds: DatasetConfig, key: str, source_fp: str) -> bool:
-    """A successful shard-job run (single or range) produced this shard at this fingerprint."""
-    return key in current_shards(instance, ds, {key: source_fp})
 
 
 def shard_ranges(
@@ -174,8 +121,9 @@ def shard_run_requests(
     order: list[str],
 ) -> list[RunRequest]:
     """Shard-job runs over ranges of ``keys`` (consecutive in the partition order ``order``,
-    at most ``MAX_SHARDS_PER_RUN`` each), leaving out shards already done at this fingerprint
-    (e.g. by ``tokenmill materialize``); ``run_key`` and tags carry the shards' fingerprints."""
+    at most ``MAX_SHARDS_PER_RUN`` each), leaving out shards the staleness model finds current
+    at this fingerprint (made by any run: sensor, backfill, ``tokenmill materialize``, UI);
+    ``run_key`` carries the shards' fingerprints."""
     wanted = {key: listing.shards[key].fingerprint for key in keys}
     done = current_shards(instance, ds, wanted)
     requests = []

@@ -1,23 +1,21 @@
-"""The closing summary of ``tokenmill materialize``: counts from the artifacts (on disk, or the
-mirror of an S3 root), where the blends are, how to open one (after ``tokenmill pull`` for an
-S3 root), and how to start the UI."""
+"""The closing summary of ``tokenmill materialize``: counts from the records the steps left in
+the Dagster instance (the same records the staleness model reads; no artifact is opened, so an
+S3 root costs nothing here), where the blends are, how to open one (after ``tokenmill pull``
+for an S3 root), and how to start the UI."""
 
-import contextlib
-import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from dagster import AssetKey, DagsterInstance
+from dagster import AssetKey, DagsterInstance, EventLogRecord
 
 from assets.support.partitions import shard_keys
-from assets.support.resources import StorageResource
-from tokenmill.errors import ConfigError
-from tokenmill.formats.shard_records import read_record
-from tokenmill.manifest import dataset_manifest_path, read_dataset_manifest
+from assets.support.staleness import latest_records
+from pipelines.jobs import shard_stages
 from tokenmill.nanoset import SPLITS
-from tokenmill.recipe import DatasetConfig, Recipe
+from tokenmill.recipe import DatasetConfig, NanosetConfig, Recipe
 
 
 @dataclass
@@ -32,38 +30,35 @@ class DatasetOutcome:
     rejected: list[str] = field(default_factory=list)
 
 
-def shown(path: Path) -> str:
+def shown(path: str | os.PathLike[str]) -> str:
     """``path`` relative to the caller's directory (``tokenmill materialize`` passes it in
     ``$TOKENMILL_DISPLAY_DIR``; default the current one) when it is below it."""
     base = Path(os.environ.get("TOKENMILL_DISPLAY_DIR") or Path.cwd())
     try:
-        return str(path.resolve().relative_to(base.resolve()))
+        return str(Path(path).resolve().relative_to(base.resolve()))
     except ValueError:
         return str(path)
 
 
-def dataset_line(
-    recipe_ds: DatasetConfig,
-    storage: StorageResource,
-    outcome: DatasetOutcome,
-    instance: DagsterInstance,
-) -> str:
+def _metadata(record: EventLogRecord | None) -> dict[str, Any]:
+    materialization = record.asset_materialization if record else None
+    return {k: v.value for k, v in materialization.metadata.items()} if materialization else {}
+
+
+def dataset_line(ds: DatasetConfig, outcome: DatasetOutcome, instance: DagsterInstance) -> str:
     """One line per dataset: shards, documents, quarantined lines and tokens."""
+    keys = shard_keys(instance, ds)
+    first = AssetKey([ds.name, shard_stages(ds)[0]])
     documents = quarantined = 0
-    for key in shard_keys(instance, recipe_ds):
-        stats_path = storage.raw_stats_path(recipe_ds.name, key)
-        if stats_path.is_file():
-            stats = read_record(stats_path)
-            documents += int(stats["documents"])
-            quarantined += int(stats["quarantined"])
-    tokens = "not merged"
-    with contextlib.suppress(ConfigError):  # no pointer yet: never merged
-        prefix = storage.merged_prefix(recipe_ds.name, recipe_ds.text_key)
-        if dataset_manifest_path(prefix).is_file():
-            tokens = f"{read_dataset_manifest(prefix)['counts']['tokens']:,} tokens"
+    for record in latest_records(instance, first, keys).values():
+        meta = _metadata(record)
+        documents += int(meta.get("documents", 0))
+        quarantined += int(meta.get("quarantined", 0))
+    merged = _metadata(instance.get_latest_data_version_record(AssetKey([ds.name, "merged"])))
+    tokens = f"{merged['tokens']:,} tokens" if "tokens" in merged else "not merged"
     fresh = len(outcome.shards) - len(outcome.processed) - len(outcome.failed)
     text = (
-        f"  {recipe_ds.name}: {len(outcome.shards)} shards ({len(outcome.processed)} processed, "
+        f"  {ds.name}: {len(outcome.shards)} shards ({len(outcome.processed)} processed, "
         f"{fresh} up to date, {len(outcome.failed)} failed, {len(outcome.removed)} removed) · "
         f"{documents:,} documents · {tokens} · {quarantined:,} quarantined lines"
     )
@@ -73,24 +68,26 @@ def dataset_line(
     return "\n".join([text, *notes])
 
 
-def blend_line(name: str, storage: StorageResource, where: Callable[[Path], str]) -> str | None:
-    """One line per blend: samples per split and where its manifest is (None: not built)."""
-    mpath = storage.blend_dir(name) / "manifest.json"
-    if not mpath.is_file():
+def blend_line(name: str, cfg: NanosetConfig, instance: DagsterInstance) -> tuple[str, str] | None:
+    """One line per blend (samples per split, where its manifest is) and that place; None when
+    the blend was never built."""
+    meta = _metadata(instance.get_latest_data_version_record(AssetKey(["blend", name])))
+    if "path" not in meta:
         return None
-    manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    splits = manifest["splits"]
-    sizes = " · ".join(f"{s} {splits[s]['size']:,}" for s in SPLITS if s in splits)
-    length = manifest["sequence_length"]
-    extra = " (+1 for the labels)" if manifest["add_extra_token"] else ""
-    return f"  blend {name}: {sizes} samples, sequence length {length}{extra} -> {where(mpath)}"
+    where = str(meta["path"]) if str(meta["path"]).startswith("s3://") else shown(meta["path"])
+    sizes = " · ".join(f"{s} {meta[f'{s}_samples']:,}" for s in SPLITS if f"{s}_samples" in meta)
+    extra = " (+1 for the labels)" if cfg.add_extra_token else ""
+    line = f"  blend {name}: {sizes} samples, sequence length {cfg.sequence_length}{extra}"
+    return f"{line} -> {where}", where
 
 
-def open_hint(manifest: str, name: str) -> list[str]:
-    """How training code opens a blend: directly, or after pulling it from S3."""
+def open_hint(manifest: str, name: str, endpoint_url: str | None = None) -> list[str]:
+    """How training code opens a blend: directly, or after pulling it from S3 (through
+    ``endpoint_url`` when the recipe's storage names one)."""
     lines = ["", "Open a blend from training code:"]
     if manifest.startswith("s3://"):
-        lines.append(f"    tokenmill pull {manifest} blend-{name}")
+        endpoint = f" --endpoint-url {endpoint_url}" if endpoint_url else ""
+        lines.append(f"    tokenmill pull {manifest} blend-{name}{endpoint}")
         manifest = f"blend-{name}/blends/{name}/manifest.json"
     lines += [
         "    from tokenmill.loader import open_blend",
@@ -101,24 +98,22 @@ def open_hint(manifest: str, name: str) -> list[str]:
 
 def print_summary(
     recipe: Recipe,
-    storage: StorageResource,
     outcomes: Sequence[DatasetOutcome],
     rebuilt: Sequence[AssetKey],
     instance: DagsterInstance,
-    where: Callable[[Path], str] = shown,
 ) -> None:
-    """Print the summary block; ``where`` says where a path under ``storage`` really is."""
+    """Print the summary block."""
     print("\nSummary")
     for ds, outcome in zip(recipe.datasets, outcomes, strict=True):
-        print(dataset_line(ds, storage, outcome, instance))
+        print(dataset_line(ds, outcome, instance))
     print(f"  downstream rebuilt: {', '.join(k.to_user_string() for k in rebuilt) or 'nothing'}")
     built = []
     for blend in recipe.blends:
-        line = blend_line(blend.name, storage, where)
-        print(line or f"  blend {blend.name}: not built")
-        if line is not None:
-            built.append(blend.name)
+        found = blend_line(blend.name, recipe.nanoset, instance)
+        print(found[0] if found else f"  blend {blend.name}: not built")
+        if found:
+            built.append((blend.name, found[1]))
     if built:
-        mpath = storage.blend_dir(built[0]) / "manifest.json"
-        print("\n".join(open_hint(where(mpath), built[0])))
+        name, where = built[0]
+        print("\n".join(open_hint(where, name, recipe.storage.s3_endpoint_url)))
     print("\nBrowse assets, runs, checks and metadata: make dev  (then http://127.0.0.1:3000)")

@@ -9,7 +9,7 @@ an ``s3://bucket/prefix/`` source (listed through ``assets.support.s3``; the end
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,20 +61,29 @@ class ListingDiff:
         return bool(self.new or self.changed or self.vanished)
 
 
-def _candidates(ds: DatasetConfig, endpoint_url: str | None) -> Iterator[ShardFile]:
-    """Every file directly in the source as a ShardFile keyed by its file name (unchecked)."""
+def _candidates(
+    ds: DatasetConfig, endpoint_url: str | None, key: str | None = None
+) -> Iterator[ShardFile]:
+    """Files directly in the source as ShardFiles keyed by their file names (unchecked): every
+    file, or with ``key`` only those that can be that shard's file (``<key><suffix>``), found
+    without listing the whole source (a stat per suffix; an S3 listing under the key)."""
     if ds.is_s3:
         bucket, prefix = split_uri(ds.source)
         folder = f"{prefix}/" if prefix else ""
         client = s3.s3_client(endpoint_url)
-        for obj in s3.list_objects(client, bucket, folder, recursive=False):
+        for obj in s3.list_objects(client, bucket, folder + (key or ""), recursive=False):
             name = obj.key[len(folder) :]
             yield ShardFile(name, None, f"{obj.size}:{obj.etag}", f"s3://{bucket}/{obj.key}")
         return
     source = Path(ds.source)
     if not source.is_dir():
         raise InputError(f"datasets.{ds.name}.source {source}: no such directory")
-    for path in sorted(source.iterdir()):
+    paths = (
+        sorted(source / f"{key}{suffix}" for suffix in ds.shard_suffixes)
+        if key is not None
+        else sorted(source.iterdir())
+    )
+    for path in paths:
         if path.is_file():
             st = path.stat()
             yield ShardFile(path.name, path, f"{st.st_size}:{st.st_mtime_ns}")
@@ -83,24 +92,29 @@ def _candidates(ds: DatasetConfig, endpoint_url: str | None) -> Iterator[ShardFi
 def list_shards(ds: DatasetConfig, endpoint_url: str | None = None) -> Listing:
     """Every shard file directly in ``ds.source`` (a directory or an ``s3://`` prefix) matching
     ``ds.glob`` and a suffix of its format (``.jsonl*``, or ``.parquet``/``.arrow`` for ``hf``)."""
+    return _select(ds, _candidates(ds, endpoint_url))
+
+
+def _select(ds: DatasetConfig, found: Iterable[ShardFile]) -> Listing:
+    """The shards among ``found`` (in order; the first file of a shard name wins)."""
     shards: dict[str, ShardFile] = {}
     rejected: list[str] = []
-    for found in _candidates(ds, endpoint_url):
-        name = found.key
+    for candidate in found:
+        name = candidate.key
         if TMP_MARK in name or not name.endswith(ds.shard_suffixes):
             continue
         if not fnmatch.fnmatchcase(name, ds.glob):
             continue
         try:
-            key = partition_key_for(found.path or check_partition_key(name))
+            key = partition_key_for(candidate.path or check_partition_key(name))
         except ConfigError as exc:
-            rejected.append(f"{found.location}: {exc}")
+            rejected.append(f"{candidate.location}: {exc}")
             continue
         if key in shards:
             taken = shards[key].location.rsplit("/", 1)[-1]
-            rejected.append(f"{found.location}: shard name {key!r} is taken by {taken}")
+            rejected.append(f"{candidate.location}: shard name {key!r} is taken by {taken}")
             continue
-        shards[key] = ShardFile(key, found.path, found.fingerprint, found.uri)
+        shards[key] = ShardFile(key, candidate.path, candidate.fingerprint, candidate.uri)
     return Listing(shards, rejected)
 
 
@@ -114,9 +128,10 @@ def diff_listing(previous: Mapping[str, str], current: Mapping[str, str]) -> Lis
 
 
 def find_shard(ds: DatasetConfig, key: str, endpoint_url: str | None = None) -> ShardFile:
-    """The shard file behind a partition key; ConfigError for an unsafe key, InputError if the
-    source no longer has it."""
-    shard = list_shards(ds, endpoint_url).shards.get(check_partition_key(key))
+    """The shard file behind a partition key, looked up alone (a shard step never lists the
+    whole source); ConfigError for an unsafe key, InputError if the source no longer has it."""
+    check_partition_key(key)
+    shard = _select(ds, _candidates(ds, endpoint_url, key)).shards.get(key)
     if shard is None:
         raise InputError(
             f"dataset {ds.name}: shard {key!r} is not in {ds.source} any more; the shard sensor "

@@ -60,7 +60,6 @@ from assets.support.partitions import partitions_name
 from assets.support.resources import StorageResource
 from assets.support.sources import list_shards
 from pipelines.build import resources_for
-from pipelines.materialize import RootView
 from tokenmill import layout
 from tokenmill.blend_manifest import build_blend
 from tokenmill.cli import main
@@ -499,28 +498,6 @@ def test_hostile_s3_keys_never_reach_a_work_directory(s3: S3, tmp_path: Path, na
         stage.fetch(["tokens/"])
     assert str(err.value) == refused_key(s3.bucket, name)
     assert snapshot(tmp_path) == before and not stage.fetched
-
-
-def test_hostile_s3_keys_never_reach_the_materialize_mirror(
-    make_recipe: Callable[..., Recipe], s3: S3, tmp_path: Path
-) -> None:
-    """``materialize`` on an S3 root mirrors its JSON files: each such key fails the sync with
-    the same error before the mirror changes; without it the sync succeeds again."""
-    recipe = make_recipe(storage={"root": f"s3://{s3.bucket}/root", "s3_endpoint_url": s3.endpoint})
-    good = "tokens/docs/a_text_document.manifest.json"
-    s3.client.put_object(Bucket=s3.bucket, Key=f"root/{good}", Body=b'{"m": 1}')
-    view = RootView(resources_for(recipe)["storage"], recipe, tmp_path / "view")
-    local = Path(view.sync().root)
-    for name in HOSTILE_ROOT_KEYS:
-        s3.client.put_object(Bucket=s3.bucket, Key=f"root/{name}", Body=b'{"m": 2}')
-        before = snapshot(tmp_path)
-        with pytest.raises(InputError) as err:
-            view.sync()
-        assert str(err.value) == refused_key(s3.bucket, name)
-        assert snapshot(tmp_path) == before
-        s3.client.delete_object(Bucket=s3.bucket, Key=f"root/{name}")
-    view.sync()
-    assert sorted(p.relative_to(local).as_posix() for p in local.rglob("*.json")) == [good]
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dagster import AssetKey
 
+from assets.factory import build_assets
 from pipelines.build import build_definitions
 from tokenmill.recipe import load_recipe
 
@@ -137,3 +138,12 @@ def test_library_never_imports_dagster() -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_asset_kinds_name_the_file_formats() -> None:
+    """``.bin``/``.idx`` pairs are Megatron data, ``.npy`` indices NumPy (not the reverse)."""
+    assets, _ = build_assets(load_recipe(ROOT / "recipes" / "demo.yaml"))
+    kinds = {spec.key.to_user_string(): spec.kinds for a in assets for spec in a.specs}
+    assert kinds["docs/tokens"] == kinds["docs/merged"] == {"megatron"}
+    assert kinds["docs/nanoset"] == {"numpy"} and kinds["blend/demo"] == {"numpy", "json"}
+    assert kinds["docs/raw_jsonl"] == {"jsonl"} and kinds["docs/hf_dataset"] == {"parquet"}

@@ -18,9 +18,18 @@ from dagster import (
 )
 
 from assets.factory import build_assets
-from assets.support.partitions import partitions_name
+from assets.support.partitions import partitions_name, shard_keys
+from assets.support.sources import list_shards
+from assets.support.staleness import (
+    current_shards,
+    expected_versions,
+    recorded_version,
+    tokens_settings,
+)
 from pipelines.build import build_definitions, resources_for
 from pipelines.materialize import materialize_recipe
+from pipelines.sensors import RANGE_END, RANGE_START
+from pipelines.summary import open_hint
 from tokenmill.commands.materialize import find_code_location
 from tokenmill.errors import ConfigError
 from tokenmill.loader import open_blend
@@ -141,3 +150,48 @@ def test_cli_finds_the_code_location(tmp_path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("TOKENMILL_CODE_LOCATION", str(root))
     monkeypatch.chdir(tmp_path)
     assert find_code_location() == root
+
+
+def test_backfilled_shards_are_not_run_again(
+    recipe: Recipe, instance: DagsterInstance, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A backfill range run (no tokenmill tags at all) leaves records ``materialize`` reads."""
+    defs = build_definitions(recipe)
+    for ds in recipe.datasets:
+        keys = sorted(p.name.split(".")[0] for p in Path(ds.source).iterdir())
+        instance.add_dynamic_partitions(partitions_name(ds.name), keys)
+        backfill = defs.resolve_job_def(f"{ds.name}_shard_job").execute_in_process(
+            instance=instance, tags={RANGE_START: keys[0], RANGE_END: keys[-1]}
+        )
+        assert backfill.success
+    assert materialize_recipe(recipe, instance) == 0
+    out = capsys.readouterr().out
+    assert "docs: 4 shards (0 processed, 4 up to date" in out
+    assert "code: 2 shards (0 processed, 2 up to date" in out
+    assert runs_by_job(instance) == {"docs_shard_job": 1, "code_shard_job": 1, "refresh_job": 1}
+
+
+def test_shards_made_with_other_settings_are_stale(
+    recipe: Recipe, instance: DagsterInstance
+) -> None:
+    assert materialize_recipe(recipe, instance) == 0
+    ds = recipe.dataset("code")
+    fingerprints = {k: s.fingerprint for k, s in list_shards(ds).shards.items()}
+    tokenizer = resources_for(recipe)["tokenizer"]
+    settings = tokens_settings(tokenizer.info().fingerprint, tokenizer.append_eod, ds)  # type: ignore[attr-defined]
+    assert current_shards(instance, ds, fingerprints, settings) == set(fingerprints)
+    other = tokens_settings(tokenizer.info().fingerprint, not tokenizer.append_eod, ds)  # type: ignore[attr-defined]
+    assert current_shards(instance, ds, fingerprints, other) == set()
+    # the recorded data versions are the ones the shard records give
+    keys = {d.name: shard_keys(instance, d) for d in recipe.datasets}
+    for key, version in expected_versions(instance, recipe, keys).items():
+        assert recorded_version(instance, key) == version, key
+
+
+def test_pull_hint_names_the_s3_endpoint() -> None:
+    hint = "\n".join(open_hint("s3://b/root/blends/mix/manifest.json", "mix", "http://s3:9000"))
+    assert "tokenmill pull s3://b/root/blends/mix/manifest.json blend-mix --endpoint-url " in hint
+    assert hint.count("http://s3:9000") == 1
+    assert "--endpoint-url" not in "\n".join(open_hint("s3://b/blends/mix/manifest.json", "mix"))
+    local = "\n".join(open_hint("data/blends/mix/manifest.json", "mix", "http://s3:9000"))
+    assert "pull" not in local and 'open_blend("data/blends/mix/manifest.json"' in local

@@ -1,0 +1,227 @@
+"""One staleness model: Dagster data versions computed from manifest content hashes.
+
+Every asset records, on its materialization in the Dagster instance, the identity of what it
+made; the UI, the shard sensors, ``tokenmill materialize`` and automation all read those
+records and nothing else (no run tags, no copy of the storage root):
+
+- ``<ds>/hf_dataset`` records per shard the ``source_fingerprint`` (``<size>:<mtime_ns>`` or
+  ``<size>:<ETag>``) of the source file it exported, as the step itself looked it up; a shard
+  run by a sensor, a backfill, ``materialize`` or the UI is recorded alike;
+- ``<ds>/tokens`` records per shard its token manifest's ``content_hash`` and the ``settings``
+  that made it (tokenizer fingerprint, ``append_eod``, ``text_key``, ``on_bad_record``), and
+  returns a ``DataVersion`` (the content hash; for a range step, one hash over the range,
+  since Dagster gives a step's output one data version for all its partitions);
+- ``merged``, ``nanoset`` and ``blend/*`` return the ``DataVersion`` of their inputs'
+  versions and settings (:func:`merged_data_version`, :func:`nanoset_data_version`,
+  :func:`blend_data_version`): the asset computes it from the manifests it read, and
+  :func:`expected_versions` computes the same value from the shard records, so "stale" is
+  "the recorded data version differs from the expected one".
+
+A shard is current (:func:`current_shards`) when its latest ``hf_dataset`` record carries the
+source fingerprint listed now, its latest ``tokens`` record is newer and made with the current
+settings (when given), and the run that made the tokens succeeded (so its blocking checks
+passed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from dagster import (
+    AssetKey,
+    AssetRecordsFilter,
+    DagsterEventType,
+    DagsterInstance,
+    DagsterRunStatus,
+    DataVersion,
+    EventLogRecord,
+    RunsFilter,
+)
+
+from tokenmill.manifest import FORMAT_VERSION
+from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig, Recipe
+from tokenmill.versions import version_hash
+
+# The tag under which Dagster stores the data version of a materialization (``DataVersion``);
+# the public record APIs hand back events, whose tags carry it.
+DATA_VERSION_TAG = "dagster/data_version"
+SOURCE_FINGERPRINT = "source_fingerprint"  # per-shard metadata of <ds>/hf_dataset
+CONTENT_HASH = "content_hash"  # per-shard metadata of <ds>/tokens
+SETTINGS = "settings"  # per-shard metadata of <ds>/tokens
+SOURCE_STAGE = "hf_dataset"  # every dataset has it; it exports exactly the validated file
+LAST_SHARD_STAGE = "tokens"
+QUERY_CHUNK = 500  # storage ids per records query
+
+
+def tokens_settings(tokenizer_fingerprint: str, append_eod: bool, ds: DatasetConfig) -> str:
+    """Hash of every setting a shard's tokens depend on besides the source itself."""
+    return version_hash(
+        {
+            "tokenizer_fingerprint": tokenizer_fingerprint,
+            "append_eod": append_eod,
+            "text_key": ds.text_key,
+            "on_bad_record": ds.on_bad_record,
+        }
+    )
+
+
+def merged_data_version(ds: DatasetConfig, inputs: Sequence[tuple[str, str | None]]) -> str:
+    """The merged version of ``(shard, tokens content hash)`` inputs in merge order (a shard
+    not tokenized yet counts as None); also the name of the merged version's folder."""
+    return version_hash(
+        {
+            "kind": "merged",
+            "format_version": FORMAT_VERSION,
+            "text_key": ds.text_key,
+            "inputs": [list(i) for i in inputs],
+        }
+    )
+
+
+def nanoset_data_version(merged_version: str | None, cfg: NanosetConfig) -> str:
+    """The indices' version: the merged version they index and every index setting."""
+    return version_hash({"kind": "nanoset", "merged": merged_version, **dataclasses.asdict(cfg)})
+
+
+def blend_data_version(
+    blend: BlendConfig, cfg: NanosetConfig, nanosets: Sequence[tuple[str, str | None]]
+) -> str:
+    """The blend's version: its settings and each member's ``(name, nanoset version)``."""
+    return version_hash(
+        {
+            "kind": "blend",
+            "blend": dataclasses.asdict(blend),
+            "nanoset": dataclasses.asdict(cfg),
+            "members": [list(n) for n in nanosets],
+        }
+    )
+
+
+def range_data_version(per_shard: Mapping[str, str]) -> DataVersion:
+    """A step's data version: the shard's own for one shard, one hash over a range."""
+    if len(per_shard) == 1:
+        return DataVersion(next(iter(per_shard.values())))
+    return DataVersion(version_hash(sorted(per_shard.items())))
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """What the instance records about one shard."""
+
+    source_fingerprint: str | None = None
+    content_hash: str | None = None
+    settings: str | None = None
+    tokens_after_source: bool = False
+    tokens_run_ok: bool = False
+
+
+def latest_records(
+    instance: DagsterInstance, key: AssetKey, partitions: Iterable[str]
+) -> dict[str, EventLogRecord]:
+    """The latest materialization record of each partition: one query for the storage ids,
+    then one per ``QUERY_CHUNK`` records."""
+    wanted = set(partitions)
+    ids = instance.get_latest_storage_id_by_partition(
+        key, DagsterEventType.ASSET_MATERIALIZATION, wanted
+    )
+    ids = {p: i for p, i in ids.items() if p in wanted}  # storages may answer for more
+    chosen = sorted(ids.values())
+    found: dict[str, EventLogRecord] = {}
+    for start in range(0, len(chosen), QUERY_CHUNK):
+        part = chosen[start : start + QUERY_CHUNK]
+        records = instance.fetch_materializations(
+            AssetRecordsFilter(asset_key=key, storage_ids=part), limit=len(part)
+        ).records
+        for record in records:
+            if record.partition_key is not None:
+                found[record.partition_key] = record
+    return found
+
+
+def _metadata(record: EventLogRecord | None, name: str) -> str | None:
+    materialization = record.asset_materialization if record else None
+    value = materialization.metadata.get(name) if materialization else None
+    return None if value is None else str(value.value)
+
+
+def shard_records(
+    instance: DagsterInstance, ds: DatasetConfig, keys: Iterable[str]
+) -> dict[str, ShardRecord]:
+    """The record of each shard of ``keys`` (an empty record for a shard never exported)."""
+    keys = list(keys)
+    source = latest_records(instance, AssetKey([ds.name, SOURCE_STAGE]), keys)
+    tokens = latest_records(instance, AssetKey([ds.name, LAST_SHARD_STAGE]), keys)
+    run_ids = sorted({r.run_id for r in tokens.values() if r.run_id})
+    ok = {
+        run.run_id
+        for start in range(0, len(run_ids), QUERY_CHUNK)
+        for run in instance.get_runs(
+            RunsFilter(
+                run_ids=run_ids[start : start + QUERY_CHUNK], statuses=[DagsterRunStatus.SUCCESS]
+            )
+        )
+    }
+    records = {}
+    for key in keys:
+        src, tok = source.get(key), tokens.get(key)
+        records[key] = ShardRecord(
+            source_fingerprint=_metadata(src, SOURCE_FINGERPRINT),
+            content_hash=_metadata(tok, CONTENT_HASH),
+            settings=_metadata(tok, SETTINGS),
+            tokens_after_source=src is not None
+            and tok is not None
+            and tok.storage_id > src.storage_id,
+            tokens_run_ok=tok is not None and tok.run_id in ok,
+        )
+    return records
+
+
+def current_shards(
+    instance: DagsterInstance,
+    ds: DatasetConfig,
+    fingerprints: Mapping[str, str],
+    settings: str | None = None,
+) -> set[str]:
+    """The shards of ``fingerprints`` (shard -> source fingerprint listed now) whose tokens
+    are current: made from that source, after its export, by a successful run, and (when
+    ``settings`` is given, see :func:`tokens_settings`) with these settings."""
+    records = shard_records(instance, ds, fingerprints)
+    return {
+        key
+        for key, record in records.items()
+        if record.source_fingerprint == fingerprints[key]
+        and record.tokens_after_source
+        and record.tokens_run_ok
+        and (settings is None or record.settings == settings)
+    }
+
+
+def recorded_version(instance: DagsterInstance, key: AssetKey) -> str | None:
+    """The data version of an unpartitioned asset's latest materialization (None: never)."""
+    record = instance.get_latest_data_version_record(key, is_source=False)
+    materialization = record.asset_materialization if record else None
+    tags = materialization.tags if materialization else None
+    return tags.get(DATA_VERSION_TAG) if tags else None
+
+
+def expected_versions(
+    instance: DagsterInstance, recipe: Recipe, keys: Mapping[str, list[str]]
+) -> dict[AssetKey, str]:
+    """The data version each merged, nanoset and blend asset would record if rebuilt now, from
+    the shard records of ``keys`` (dataset -> current shards in merge order) alone."""
+    expected: dict[AssetKey, str] = {}
+    nanosets: dict[str, str] = {}
+    for ds in recipe.datasets:
+        records = shard_records(instance, ds, keys[ds.name])
+        merged = merged_data_version(ds, [(k, records[k].content_hash) for k in keys[ds.name]])
+        nanosets[ds.name] = nanoset_data_version(merged, recipe.nanoset)
+        expected[AssetKey([ds.name, "merged"])] = merged
+        expected[AssetKey([ds.name, "nanoset"])] = nanosets[ds.name]
+    for blend in recipe.blends:
+        members = [(name, nanosets[name]) for name in blend.datasets]
+        expected[AssetKey(["blend", blend.name])] = blend_data_version(
+            blend, recipe.nanoset, members
+        )
+    return expected
