@@ -2,9 +2,9 @@
 
 Per dataset: ``<ds>/raw_jsonl`` (JSONL sources only), ``<ds>/hf_dataset``, ``<ds>/tokens``
 (partitioned by shard), ``<ds>/dataset_info``, ``<ds>/merged``, ``<ds>/pruned``,
-``<ds>/nanoset``; per blend: ``blend/<name>``. The
-unpartitioned stages follow their upstreams through Declarative Automation. The shard assets
-carry a concurrency pool and a ``BackfillPolicy`` that batches backfills into ranges of shards
+``<ds>/nanoset``; per blend: ``blend/<name>``. The unpartitioned stages follow their
+upstreams' data versions through Declarative Automation. The shard assets carry a concurrency
+pool and a ``BackfillPolicy`` that batches backfills into ranges of shards
 (``assets/shards.py``).
 """
 
@@ -30,17 +30,27 @@ from tokenmill.recipe import Recipe
 
 
 def downstream_condition() -> AutomationCondition:
-    """``eager()`` (update after upstreams update; wait while any is missing or in progress),
-    and not while an upstream's blocking check has failed: a bad shard stops at its checks.
+    """``eager()`` reading data versions (update after an upstream's data version changed; wait
+    while any is missing or in progress), and not while an upstream's blocking check has
+    failed: a bad shard stops at its checks.
 
-    Because a missing or running upstream partition holds the update back, a burst of new
-    shards registered together leads to one downstream rebuild once they are all done.
+    Data versions are the staleness model's (``assets/support/staleness.py``): a shard run
+    again to the same tokens, or a merge that reused its version, triggers nothing, as it
+    leaves ``tokenmill materialize`` nothing to do. Because a missing or running upstream
+    partition holds the update back, a burst of new shards registered together leads to one
+    downstream rebuild once they are all done.
     """
+    changed = AutomationCondition.any_deps_match(
+        AutomationCondition.data_version_changed() | AutomationCondition.will_be_requested()
+    )
+    eager = AutomationCondition.eager().replace(
+        "any_deps_updated", changed.with_label("any_deps_changed")
+    )
     failed = AutomationCondition.any_checks_match(
         AutomationCondition.check_failed(), blocking_only=True
     )
-    return (AutomationCondition.eager() & ~AutomationCondition.any_deps_match(failed)).with_label(
-        "eager, unless an upstream blocking check failed"
+    return (eager & ~AutomationCondition.any_deps_match(failed)).with_label(
+        "eager on data versions, unless an upstream blocking check failed"
     )
 
 

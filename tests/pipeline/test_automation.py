@@ -11,6 +11,7 @@ from dagster import (
 )
 
 from assets.support.partitions import partitions_name
+from assets.support.staleness import DATA_VERSION_TAG
 
 DOWNSTREAM = {
     AssetKey(["code", "merged"]),
@@ -20,9 +21,15 @@ DOWNSTREAM = {
 }
 
 
-def built(instance: DagsterInstance, key: list[str], partition: str | None = None) -> None:
-    """Record a materialization, as a finished run would."""
-    instance.report_runless_asset_event(AssetMaterialization(AssetKey(key), partition=partition))
+def built(
+    instance: DagsterInstance, key: list[str], partition: str | None = None, version: str = "v1"
+) -> None:
+    """Record a materialization with a data version, as a finished run would."""
+    instance.report_runless_asset_event(
+        AssetMaterialization(
+            AssetKey(key), partition=partition, tags={DATA_VERSION_TAG: f"{version}:{partition}"}
+        )
+    )
 
 
 def requested(result: object) -> dict[AssetKey, int]:
@@ -60,6 +67,9 @@ def test_burst_of_50_shards_leads_to_one_rebuild(
         built(instance, list(key.path))
     result = evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
     assert result.total_requested == 0  # the rebuild itself triggers nothing
-    built(instance, ["code", "tokens"], "part-00000")  # one changed shard later: one more
+    built(instance, ["code", "tokens"], "part-00000")  # run again to the same tokens: nothing
+    result = evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
+    assert result.total_requested == 0
+    built(instance, ["code", "tokens"], "part-00000", "v2")  # one changed shard: one more
     result = evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
     assert requested(result) == dict.fromkeys(DOWNSTREAM, 1)
