@@ -39,7 +39,7 @@ from tokenmill.recipe import DatasetConfig
 from tokenmill.versions import read_pointer, write_pointer
 
 
-def input_version(storage: StorageResource, ds: DatasetConfig, keys: list[str]) -> str:
+def version_from_manifests(storage: StorageResource, ds: DatasetConfig, keys: list[str]) -> str:
     """The version a merge of ``keys`` would write now, from the shards' token manifests alone
     (a shard not tokenized yet counts as None); equal to the data version the staleness model
     expects from the shards' records (``merged_data_version``)."""
@@ -78,7 +78,7 @@ def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -
             ]
             if missing:
                 raise Failure(f"{ds.name}: shards not tokenized yet: {missing}")
-            version = input_version(ws.storage, ds, keys)
+            version = version_from_manifests(ws.storage, ds, keys)
             out_key = layout.merged_prefix(ds.name, ds.text_key, version)
             ws.fetch([f"{out_key}.manifest.json"])
             out = ws.storage.path(out_key)
