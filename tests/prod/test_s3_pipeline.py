@@ -24,6 +24,7 @@ from pipelines.partitions import partitions_name
 from pipelines.resources import StorageResource
 from pipelines.sensors import range_run_key
 from pipelines.sources import diff_listing, list_shards
+from tokenmill import layout
 from tokenmill.corpus import stdlib_documents, write_jsonl_shards
 from tokenmill.loader import open_blend
 from tokenmill.pull import pull
@@ -141,11 +142,13 @@ def test_every_stage_on_s3_then_pull_and_open(
             ].read()
         )
         merged_key[ds] = f"root/merged/{ds}/{pointer['target']}"
-        for suffix in (".bin", ".idx", ".manifest.json"):
+        for suffix in (".bin", ".idx"):
             assert f"{merged_key[ds]}{suffix}" in keys
+        assert layout.dataset_manifest(merged_key[ds]) in keys
         assert f"root/hf/{ds}/dataset_info.json" in keys
         for shard in ("part-00000", "part-00001"):
-            assert f"root/tokens/{ds}/{shard}_text_document.manifest.json" in keys
+            assert f"root/tokens/{ds}/manifests/{shard}_text_document.manifest.json" in keys
+            assert f"root/tokens/{ds}/{shard}_text_document.manifest.json" not in keys
             assert f"root/raw/{ds}/{shard}.stats.json" in keys
     assert not [k for k in keys if ".tmp-" in k or k.endswith(".lock")]
     info = json.loads(
@@ -154,19 +157,20 @@ def test_every_stage_on_s3_then_pull_and_open(
     assert len(info["shards"]) == 2
     # Manifests name their inputs where they live (S3), never a removed work directory.
     for key in (
-        "root/tokens/docs/part-00000_text_document.manifest.json",
-        f"{merged_key['docs']}.manifest.json",
+        "root/tokens/docs/manifests/part-00000_text_document.manifest.json",
+        layout.dataset_manifest(merged_key["docs"]),
     ):
         text = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read().decode()
         assert str(work) not in text and "tokenmill-work-" not in text
     tokens = json.loads(
         s3.client.get_object(
-            Bucket=s3.bucket, Key="root/tokens/docs/part-00000_text_document.manifest.json"
+            Bucket=s3.bucket,
+            Key="root/tokens/docs/manifests/part-00000_text_document.manifest.json",
         )["Body"].read()
     )
     assert tokens["inputs"][0]["uri"] == f"s3://{s3.bucket}/root/hf/docs/data/part-00000.parquet"
     merged = json.loads(
-        s3.client.get_object(Bucket=s3.bucket, Key=f"{merged_key['docs']}.manifest.json")[
+        s3.client.get_object(Bucket=s3.bucket, Key=layout.dataset_manifest(merged_key["docs"]))[
             "Body"
         ].read()
     )
