@@ -2,9 +2,9 @@
 
 Each split's document/sample/shuffle index goes to the shared content-addressed cache
 ``nanoset/<hash>-Nanoset-<split>-*`` (the hash covers the merged content and every setting), so
-an unchanged dataset with unchanged settings costs a load, and a change never reuses stale
-arrays. Sample counts are the recipe's ``train_samples``/``valid_samples``/``test_samples``
-(null = one epoch of the split).
+an unchanged dataset with unchanged settings costs a lookup (a load on a local root, one LIST on
+S3), and a change never reuses stale arrays. Sample counts are the recipe's ``train_samples``/
+``valid_samples``/``test_samples`` (null = one epoch of the split).
 
 The step reads the current merged version (``merged/<ds>/current.json``) and of it only the
 ``.idx`` (sequence lengths) and manifest (content hash), never the ``.bin``. On an S3
