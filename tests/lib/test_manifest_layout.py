@@ -12,7 +12,9 @@ import pytest
 from tiny_pairs import random_pair
 
 from tokenmill import layout
+from tokenmill.blend_manifest import build_blend
 from tokenmill.cli import main
+from tokenmill.loader import open_blend
 from tokenmill.manifest import (
     dataset_manifest_path,
     legacy_manifest_path,
@@ -22,6 +24,7 @@ from tokenmill.manifest import (
     write_dataset_manifest,
 )
 from tokenmill.merge import merge_datasets
+from tokenmill.pull import pull
 from tokenmill.tokenize import tokenize_files
 from tokenmill.verify import verify_dataset
 
@@ -115,3 +118,30 @@ def test_manifest_paths_and_keys_agree(tmp_path: Path) -> None:
         prefix_of_manifest(tmp_path / "manifest.json")
     with pytest.raises(Exception, match="reserved for manifest folders"):
         layout.merged_dir("manifests")
+
+
+def test_pull_from_a_legacy_source_writes_sidecar_manifests(tmp_path: Path) -> None:
+    """A blend over 0.1.0-layout datasets is read where it is; its copy has the new layout
+    (a stale 0.1.0 manifest in the destination goes) and opens."""
+    src = tmp_path / "src"
+    sets = {}
+    for name, seed in (("docs", 1), ("code", 2)):
+        prefix = random_pair(src / "merged" / f"{name}_text_document", 60, seed)
+        write_dataset_manifest(prefix, kind="merged", inputs=[], config={}, counts={})
+        sidecar_manifest_path(prefix).rename(legacy_manifest_path(prefix))
+        sets[name] = prefix
+    build_blend("mix", sets, src / "blends/mix", src / "nanoset", weights={"docs": 1, "code": 1},
+                sequence_length=8, split_spec="80,10,10", train_samples=20)  # fmt: skip
+    dest = tmp_path / "dest"
+    (dest / "merged").mkdir(parents=True)
+    (dest / "merged/docs_text_document.manifest.json").write_text("{}")  # an earlier copy's
+    report = pull(str(src / "blends/mix"), dest, jobs=1)
+    assert sorted(p.name for p in (dest / "merged").iterdir()) == [
+        "code_text_document.bin", "code_text_document.idx",
+        "docs_text_document.bin", "docs_text_document.idx", "manifests",
+    ]  # fmt: skip
+    for name in sets:
+        copied = dest / "merged" / "manifests" / f"{name}_text_document.manifest.json"
+        assert copied.read_bytes() == legacy_manifest_path(sets[name]).read_bytes()
+    assert megatron_merge_scan(str(dest / "merged")) == ["code_text_document", "docs_text_document"]
+    assert len(open_blend(report.manifest, split="train")) >= 20
