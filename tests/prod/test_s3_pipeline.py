@@ -199,8 +199,8 @@ def test_persistent_s3_error_fails_cleanly(s3_secret: S3, gpt2_dir: Path, tmp_pa
         message = failure.event_specific_data.error.to_string()
         logged = everything_logged(instance)
     assert (
-        f"InputError: uploading part-00000.quarantine.jsonl to s3://{missing}/root/raw/docs/"
-        in message
+        # a clean shard writes no quarantine file: its stats record is the first upload
+        f"InputError: uploading part-00000.stats.json to s3://{missing}/root/raw/docs/" in message
         and "NoSuchBucket" in message
     )
     assert SECRET not in logged
@@ -399,4 +399,4 @@ def test_hf_format_source_on_s3(s3: S3, gpt2_dir: Path, tmp_path: Path) -> None:
     body = s3.client.get_object(Bucket=s3.bucket, Key="root/raw/wiki/w.quarantine.jsonl")["Body"]
     [bad] = [json.loads(line) for line in body.read().splitlines()]
     assert (bad["source"], bad["line"]) == (uri, 2)
-    assert "root/tokens/wiki/w_text_document.manifest.json" in s3.keys("root/")
+    assert "root/tokens/wiki/manifests/w_text_document.manifest.json" in s3.keys("root/")
