@@ -45,9 +45,11 @@ demo: install tokenizers
 	$(BIN)/python -m pipelines.demo_corpus
 	$(BIN)/tokenmill materialize
 
+# pipelines.dev runs `dagster dev` in a process group of its own: SIGINT/SIGTERM/SIGHUP stop it and
+# every process it started, also when make runs as a script's background job (SIGINT ignored).
 dev: install tokenizers
 	$(BIN)/python -m pipelines.instance
-	$(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(DEV_PORT)
+	exec $(BIN)/python -m pipelines.dev $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(DEV_PORT)
 
 bench: install tokenizers
 	$(BIN)/python bench/run_all.py

@@ -34,7 +34,6 @@ from tokenmill.errors import ConfigError
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 
 # What a blend stages of a merged dataset: its index and manifest, never the .bin.
-INDEX_FILES = (".idx", ".manifest.json")
 
 
 def shares_markdown(shares: list[Share]) -> str:
@@ -70,7 +69,7 @@ def build_blend_asset(
         pointers = [layout.merged_pointer(ds.name) for ds in datasets]
         with storage.workspace(pointers) as ws:
             keys = {ds.name: ws.storage.merged_key(ds.name, ds.text_key) for ds in datasets}
-            ws.fetch([f"{key}{suffix}" for key in keys.values() for suffix in INDEX_FILES])
+            ws.fetch([f for k in keys.values() for f in (f"{k}.idx", *layout.dataset_manifests(k))])
             prefixes = {name: ws.storage.path(key) for name, key in keys.items()}
             members = [
                 (ds.name, nanoset_data_version(merged_version(ws.storage, ds), cfg))

@@ -154,7 +154,7 @@ def token_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
 
     def consistent(storage: StorageResource, key: str) -> AssetCheckResult:
         rel = layout.tokens_prefix(ds.name, key, ds.text_key)
-        with storage.workspace([rel], upload=False) as ws:
+        with storage.workspace(layout.dataset_files(rel), upload=False) as ws:
             prefix = ws.storage.tokens_prefix(ds.name, key, ds.text_key)
             return _result(verify_dataset(prefix, full=True), prefix=str(prefix))
 
@@ -191,7 +191,7 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         with storage.workspace([pointer], upload=False) as ws:
             rel = ws.storage.merged_key(ds.name, ds.text_key)
             prefix = ws.storage.path(rel)
-            ws.fetch([f"{rel}.idx", f"{rel}.manifest.json"])
+            ws.fetch([f"{rel}.idx", *layout.dataset_manifests(rel)])
             manifest = read_dataset_manifest(prefix)
             expected = dict.fromkeys(COUNTS, 0)
             for entry in manifest["inputs"]:
@@ -254,7 +254,7 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
         with storage.workspace([layout.merged_pointer(ds.name)], upload=False) as ws:
             rel = ws.storage.merged_key(ds.name, ds.text_key)
             prefix = ws.storage.path(rel)
-            ws.fetch([f"{rel}.idx", f"{rel}.manifest.json"])
+            ws.fetch([f"{rel}.idx", *layout.dataset_manifests(rel)])
             with IndexedDataset(prefix, index_only=True) as data:
                 lengths = np.asarray(data.sequence_lengths, dtype=np.int64).copy()
             ranges = split_ranges(cfg.split, len(lengths), cfg.semantics)

@@ -69,7 +69,8 @@ def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -
             raise Failure(f"{ds.name}: no shards at all")
         tokens = [layout.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
         pointer_key = layout.merged_pointer(ds.name)
-        with storage.workspace([f"{t}.manifest.json" for t in tokens] + [pointer_key]) as ws:
+        manifests = [m for t in tokens for m in layout.dataset_manifests(t)]
+        with storage.workspace([*manifests, pointer_key]) as ws:
             prefixes = [ws.storage.path(t) for t in tokens]
             missing = [
                 k
@@ -80,7 +81,7 @@ def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -
                 raise Failure(f"{ds.name}: shards not tokenized yet: {missing}")
             version = version_from_manifests(ws.storage, ds, keys)
             out_key = layout.merged_prefix(ds.name, ds.text_key, version)
-            ws.fetch([f"{out_key}.manifest.json"])
+            ws.fetch(layout.dataset_manifests(out_key))
             out = ws.storage.path(out_key)
             previous = read_pointer(ws.storage.path(pointer_key))
             reused = dataset_manifest_path(out).is_file()
@@ -127,6 +128,7 @@ def shard_files(ds: DatasetConfig) -> dict[str, tuple[str, ...]]:
         f"{layout.tokens_dir(ds.name)}/": tuple(
             document + s for s in (".bin", ".idx", ".manifest.json")
         ),
+        f"{layout.tokens_dir(ds.name)}/{layout.DATASET_MANIFESTS}/": (document + ".manifest.json",),
     }
 
 

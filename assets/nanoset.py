@@ -2,12 +2,12 @@
 
 Each split's document/sample/shuffle index goes to the shared content-addressed cache
 ``nanoset/<hash>-Nanoset-<split>-*`` (the hash covers the merged content and every setting), so
-an unchanged dataset with unchanged settings costs a load, and a change never reuses stale
-arrays. Sample counts are the recipe's ``train_samples``/``valid_samples``/``test_samples``
-(null = one epoch of the split).
+an unchanged dataset with unchanged settings costs a lookup (a load on a local root, one LIST on
+S3), and a change never reuses stale arrays. Sample counts are the recipe's ``train_samples``/
+``valid_samples``/``test_samples`` (null = one epoch of the split).
 
 The step reads the current merged version (``merged/<ds>/current.json``) and of it only the
-``.idx`` (sequence lengths) and ``.manifest.json`` (content hash), never the ``.bin``. On an S3
+``.idx`` (sequence lengths) and manifest (content hash), never the ``.bin``. On an S3
 root it names each split's entry (``tokenmill.nanoset.entry_key``) and asks S3 for it
 (``Workspace.stored_index_entry``: one LIST and the small description): an entry already there
 is neither rebuilt, downloaded nor uploaded again; a missing one is built in the work directory
@@ -87,7 +87,7 @@ def build_nanoset(
     def nanoset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         with storage.workspace([layout.merged_pointer(ds.name)]) as ws:
             rel = ws.storage.merged_key(ds.name, ds.text_key)
-            ws.fetch([f"{rel}.idx", f"{rel}.manifest.json"])
+            ws.fetch([f"{rel}.idx", *layout.dataset_manifests(rel)])
             lengths, content = merged_lengths(ws.storage.path(rel))
             rows = ["| split | samples | cache hash | entry |", "|---|---:|---|---|"]
             version = nanoset_data_version(merged_version(ws.storage, ds), cfg)

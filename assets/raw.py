@@ -1,11 +1,11 @@
 """``<ds>/raw_jsonl``: validate one raw JSONL shard, quarantine its bad lines, record its counts.
 
-Writes, in quarantine mode, ``raw/<ds>/<shard>.quarantine.jsonl`` (even when empty, so "no bad
-lines" is explicit; this step is its only writer), then ``raw/<ds>/<shard>.stats.json`` last:
-format version, the input (where it lives, size, sha256), config, counts and the quarantine
-file's size and sha256. With ``on_bad_record: fail`` the first bad line fails the run with
-``FILE:LINE: reason``. A backfill run validates a range of shards in one step
-(``assets/shards.py``).
+Writes, in quarantine mode, ``raw/<ds>/<shard>.quarantine.jsonl`` when a line was quarantined
+(none for a clean shard: its counts say 0; this step is its only writer), then
+``raw/<ds>/<shard>.stats.json`` last: format version, the input (where it lives, size, sha256),
+config, counts and the quarantine file's size and sha256 (null without one). With
+``on_bad_record: fail`` the first bad line fails the run with ``FILE:LINE: reason``. A backfill
+run validates a range of shards in one step (``assets/shards.py``).
 """
 
 import contextlib

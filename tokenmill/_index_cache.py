@@ -5,7 +5,8 @@ description's ``key`` holds every input that changes the arrays; its md5 names t
 changed setting never finds a stale entry. Arrays are written temp → fsync → rename, loaded
 with ``allow_pickle=False`` and ``mmap_mode="r"``, and checked against the sizes, dtypes and
 shapes the description records. Builders take an exclusive ``fcntl.flock`` on a lock file so
-that N processes starting at once build one entry and the others wait and load it.
+that N processes starting at once build one entry and the others wait and load it; the lock
+file is removed when released (readers never create one), so none stays in the cache.
 """
 
 from __future__ import annotations
@@ -32,13 +33,32 @@ def key_hash(key: dict[str, Any]) -> str:
 
 @contextlib.contextmanager
 def exclusive_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (created if missing, never deleted)."""
+    """Hold an exclusive ``flock`` on the lock file ``path``, removed again on release.
+
+    The holder unlinks the file before unlocking, so a waiter may wake holding a lock on a
+    removed file: it then retries on the file now at ``path`` (the usual lock-and-unlink
+    protocol), and two holders never overlap.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held = os.fstat(fd)
+            current = os.stat(path)
+            if (held.st_dev, held.st_ino) == (current.st_dev, current.st_ino):
+                break
+        except FileNotFoundError:  # removed by the holder we waited for: lock the next one
+            pass
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 

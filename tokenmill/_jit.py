@@ -1,7 +1,9 @@
-"""numba compilation of the index and blend kernels, when numba (pipeline extra) is installed.
+"""numba compilation of the index and blend kernels, when numba (a dependency of the
+``pipeline`` extra, not of the base install) is importable.
 
-Kernels are plain Python functions in numba's subset; every caller keeps an exact numpy path
-for when numba is missing. ``tokenmill.loader`` never imports this module.
+Kernels are plain Python functions in numba's subset. ``_sample_index`` and ``_shuffle`` compile
+theirs on first use, ``_blend_kernels`` when it is imported; each keeps a numpy path giving the
+same result for when numba is missing. ``tokenmill.loader`` never imports this module.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ def available() -> bool:
 
 
 def compile_kernel(kernel: Callable[..., Any], *, inline: bool = False) -> Callable[..., Any]:
-    """Machine code for ``kernel`` that releases the GIL; cached on disk when possible.
+    """A numba dispatcher for ``kernel``: compiled to machine code that releases the GIL on its
+    first call with each argument types, the code cached on disk when numba finds a writable
+    cache folder (else compiled again in each process).
 
     ``inline`` kernels are helpers compiled into their callers instead.
     """

@@ -138,11 +138,13 @@ def _file_entry(path: Path, base: Path, sha256: str | None = None) -> dict[str, 
 
 
 def _dataset_entry(name: str, prefix: Path, base: Path) -> dict[str, Any]:
-    """A dataset's identity: relative prefix, content hash, counts and file digests.
+    """A dataset's identity: relative prefix, content hash, dtype, counts and file digests.
 
-    With a dataset manifest whose sizes match the files, the digests (``{bytes, sha256}`` or,
-    for a merge, ``{bytes, parts, sha256_of_parts}``) and the content hash are copied from it:
-    the ``.bin`` is never read. Only a hand-made pair without a manifest is hashed here.
+    With a dataset manifest, the digests (``{bytes, sha256}`` or, for a merge, ``{bytes, parts,
+    sha256_of_parts}``) and the content hash are copied from it after a size check (a file of
+    another size is a FormatError, never hashed instead): the ``.bin`` is never read and need
+    not be present (then the ``.idx`` size is checked). Only a hand-made pair without a manifest
+    is hashed here.
     """
     has_manifest = dataset_manifest_path(prefix).is_file()
     # The .idx header and counts; with a manifest the .bin need not even be there (an S3 step

@@ -10,6 +10,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from tokenmill import __version__
+from tokenmill.commands import DefaultsHelpFormatter
 from tokenmill.errors import ConfigError, TokenmillError
 
 # Each module exposes ``register(subparsers)`` which adds its parser with ``func=run``.
@@ -32,10 +34,21 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tokenmill", description="LLM pretraining data preparation."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"tokenmill {__version__}")
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_SubcommandParser
+    )
     for name in COMMANDS if only is None else [only]:
         importlib.import_module(f"tokenmill.commands.{name}").register(sub)
     return parser
+
+
+class _SubcommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: its help shows every option's default."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -235,7 +235,7 @@ def export_shard(
     """Write ``output_dir/data/<shard>.parquet`` atomically from one input shard.
 
     Bad lines raise ``BadRecordError`` (``fail``) or go to ``quarantine_path`` (default
-    ``output_dir/<shard>.quarantine.jsonl``) which is written, even empty, in ``quarantine`` mode.
+    ``output_dir/<shard>.quarantine.jsonl``), written only when a line was quarantined.
     With ``write_quarantine=False`` they are only counted and skipped: a validation step that
     read the same shard owns its quarantine file. ``source_name`` (default: the input path) is
     how bad records name their file, e.g. the URI a downloaded shard came from. Nothing is left
@@ -285,7 +285,8 @@ def export_shard(
     if quarantine is not None:
         quarantine.commit()
     size = final.stat().st_size
-    return ExportResult(final, stats, stats.documents, size, qpath)
+    written = qpath if qpath is not None and qpath.is_file() else None
+    return ExportResult(final, stats, stats.documents, size, written)
 
 
 def _write_with_fallback(

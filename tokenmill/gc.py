@@ -6,7 +6,7 @@ describes::
     blends/<name>/manifest.json                   pointer: the current version's manifest
     blends/<name>/versions/<v16>/...              one blend version (manifest.json + arrays)
     merged/<ds>/current.json                      pointer: {"version", "target"}
-    merged/<ds>/<v16>/...                         one merged version
+    merged/<ds>/<v16>/...                         one merged version (pair + manifests/)
     nanoset/<hash>-Nanoset-<split>-*              index cache entries (description last)
 
 What stays:
@@ -45,7 +45,13 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill.errors import ConfigError, FormatError
-from tokenmill.layout import POINTER_NAME, VERSION_CHARS
+from tokenmill.layout import (
+    DATASET_MANIFEST_SUFFIX,
+    DATASET_MANIFESTS,
+    POINTER_NAME,
+    VERSION_CHARS,
+    dataset_manifests,
+)
 from tokenmill.loader._manifest import MANIFEST_NAME, VERSIONS_DIR
 from tokenmill.s3 import retrying, split_uri
 from tokenmill.versions import read_pointer
@@ -55,7 +61,6 @@ __all__ = ["GcReport", "Removal", "gc"]
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
 NANOSET_ENTRY = re.compile(r"^([0-9a-f]{32}-Nanoset-(?:train|valid|test))-.+$")
 DESCRIPTION = "-description.json"
-DATASET_MANIFEST = ".manifest.json"
 DAY = 86400.0
 
 
@@ -260,7 +265,7 @@ def _referenced(manifest: dict[str, Any], folder: str) -> set[str]:
             if not key.startswith(".."):
                 keys.add(key)
     prefixes = {k for k in keys if not posixpath.splitext(k)[1]}
-    keys |= {p + DATASET_MANIFEST for p in prefixes}
+    keys |= {m for p in prefixes for m in dataset_manifests(p)}
     return keys
 
 
@@ -374,13 +379,15 @@ def gc(
     merged_files = list(store.files("merged"))
     kept_content: set[str] = set()
     for f in merged_files:  # unversioned pairs (merged/<ds>_..._document.*): never removed
-        if f.key.count("/") == 1 and f.key.endswith(DATASET_MANIFEST):
+        parts = f.key.split("/")
+        unversioned = len(parts) == 2 or (len(parts) == 3 and parts[1] == DATASET_MANIFESTS)
+        if unversioned and f.key.endswith(DATASET_MANIFEST_SUFFIX):
             manifest = _json(store, f.key)
             if manifest and isinstance(manifest.get("content_hash"), str):
                 kept_content.add(manifest["content_hash"])
     by_dataset: dict[str, dict[str, list[_File]]] = {}
     for (name, version), files in _groups(merged_files, 2).items():
-        if any(f.key.endswith(DATASET_MANIFEST) for f in files):
+        if any(f.key.endswith(DATASET_MANIFEST_SUFFIX) for f in files):
             by_dataset.setdefault(name, {})[version] = files
     for name, versions in sorted(by_dataset.items()):
         folder = f"merged/{name}"
@@ -472,5 +479,5 @@ def _merged_current(store: _Store, folder: str) -> set[str]:
 
 def _merged_manifest(files: list[_File]) -> str:
     """The dataset manifest of a merged version (its commit file)."""
-    found = sorted(f.key for f in files if f.key.endswith(DATASET_MANIFEST))
+    found = sorted(f.key for f in files if f.key.endswith(DATASET_MANIFEST_SUFFIX))
     return found[0] if found else files[0].key

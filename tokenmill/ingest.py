@@ -93,7 +93,12 @@ class Quarantine:
         return self._count
 
     def commit(self) -> None:
-        """Write ``path`` atomically, even when empty, so "0 bad lines" is explicit."""
+        """Write ``path`` atomically when a line was quarantined. With none, nothing is written
+        and a previous run's file is removed: no file means no bad lines (the counts say 0)."""
+        if self._count == 0:
+            self.discard()
+            self.path.unlink(missing_ok=True)
+            return
         fh = self._fh if self._fh is not None else self._open()
         with name_os_errors(self.path):
             fh.flush()

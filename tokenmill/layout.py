@@ -10,19 +10,28 @@ Immutable, versioned artifacts (merged datasets and blends) live under a folder 
 version; a small pointer names the current version and is the only thing a refresh moves::
 
     merged/<ds>/current.json                                  pointer: {"version", "prefix"}
-    merged/<ds>/<version>/<ds>_<text_key>_document.{bin,idx,manifest.json}
+    merged/<ds>/<version>/<ds>_<text_key>_document.{bin,idx}
+    merged/<ds>/<version>/manifests/<ds>_<text_key>_document.manifest.json
     blends/<name>/manifest.json                               pointer: the current manifest
     blends/<name>/versions/<version>/manifest.json            + <split>-*.npy
     nanoset/<hash>-Nanoset-<split>-*                          content-addressed, never rewritten
+
+A pair's manifest lives in a ``manifests/`` folder beside the pair, never beside the pair itself:
+Megatron's and nanotron's ``tools/merge_datasets.py`` take every regular file of a folder as half
+of a ``.bin``/``.idx`` pair and skip folders. A manifest written by tokenmill 0.1.0 sits at
+``<prefix>.manifest.json`` (:func:`legacy_dataset_manifest`); readers still accept it.
 """
 
 from __future__ import annotations
 
 import os
+import posixpath
 import unicodedata
 
 from tokenmill.errors import ConfigError
 from tokenmill.loader._manifest import name_problem
+from tokenmill.manifest import DATASET_MANIFEST_SUFFIX as DATASET_MANIFEST_SUFFIX
+from tokenmill.manifest import DATASET_MANIFESTS as DATASET_MANIFESTS
 
 POINTER_NAME = "current.json"
 BLEND_MANIFEST = "manifest.json"
@@ -65,6 +74,30 @@ def document_name(name: str, text_key: str) -> str:
             "<prefix>_<text_key>_document.*, so it must be one file-name part"
         )
     return f"{check_name(name)}_{text_key}_document"
+
+
+def dataset_manifest(prefix: str) -> str:
+    """``<dir>/manifests/<name>.manifest.json``: the manifest of the pair at ``<dir>/<name>``
+    (a posix key or path; the sidecar folder keeps the pair's folder Megatron-scannable)."""
+    head, name = posixpath.split(prefix)
+    return posixpath.join(head, DATASET_MANIFESTS, name + DATASET_MANIFEST_SUFFIX)
+
+
+def legacy_dataset_manifest(prefix: str) -> str:
+    """``<prefix>.manifest.json``: where tokenmill 0.1.0 wrote a pair's manifest (read only)."""
+    return prefix + DATASET_MANIFEST_SUFFIX
+
+
+def dataset_manifests(prefix: str) -> list[str]:
+    """Both places a pair's manifest may be, current first: what a step stages to read it (a
+    missing key stages nothing)."""
+    return [dataset_manifest(prefix), legacy_dataset_manifest(prefix)]
+
+
+def dataset_files(prefix: str) -> list[str]:
+    """Staging inputs for a whole pair: the prefix (``.bin``, ``.idx`` and a legacy manifest
+    beside them) and its sidecar manifest."""
+    return [prefix, dataset_manifest(prefix)]
 
 
 def raw_dir(ds: str) -> str:
@@ -118,8 +151,11 @@ BLENDS = "blends"
 
 
 def merged_dir(ds: str) -> str:
-    """``merged/<ds>``: a dataset's merged versions and its pointer."""
-    return f"{MERGED}/{check_name(ds, 'dataset')}"
+    """``merged/<ds>``: a dataset's merged versions and its pointer (``manifests`` is not a
+    dataset name there: it is the sidecar folder of unversioned ``merged/<prefix>`` pairs)."""
+    if check_name(ds, "dataset") == DATASET_MANIFESTS:
+        raise ConfigError(f"dataset {ds!r} rejected: the name is reserved for manifest folders")
+    return f"{MERGED}/{ds}"
 
 
 def merged_pointer(ds: str) -> str:

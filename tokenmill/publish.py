@@ -1,12 +1,12 @@
 """The commit order of a storage tree: data first, commit markers after, pointers last.
 
-Every artifact has a small file whose presence says "the files I name are complete": a
-dataset's ``P.manifest.json``, a shard's ``.stats.json``, a Nanoset cache entry's
-``-description.json``, an HF dataset's ``dataset_info.json``, a blend version's
-``manifest.json``; and the pointers that name the current version (``current.json``, a blend's
-``blends/<name>/manifest.json``). A copy that is cut short at any file must never leave a
-marker without the files it names, nor a pointer without the version it points to. So
-whoever copies a tree (the pipeline uploading a step's work directory to S3, ``tokenmill pull``
+Every artifact has a small file whose presence says "the files I name are complete": a dataset's
+``manifests/<name>.manifest.json`` (0.1.0: ``P.manifest.json``), a shard's ``.stats.json``, a
+Nanoset cache entry's ``-description.json``, an HF dataset's ``dataset_info.json``, a blend
+version's ``manifest.json``; and the pointers that name the current version (``current.json``, a
+blend's ``blends/<name>/manifest.json``). A copy that is cut short at any file must never leave
+a marker without the files it names, nor a pointer without the version it points to. So whoever
+copies a tree (the pipeline uploading a step's work directory to S3, ``tokenmill pull``
 downloading a blend) goes through :func:`publish`, which transfers the files rank by rank
 (:func:`commit_rank`): a rank starts only after every file of the ranks before it is done.
 

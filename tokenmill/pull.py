@@ -2,7 +2,9 @@
 
 The blend manifest lists every file a blend reads (blend arrays, Nanoset index caches with their
 descriptions, each dataset's ``.bin``/``.idx``), each as ``{path relative to the manifest's
-directory, bytes, sha256}``; the datasets' own ``P.manifest.json`` files are copied too, and a
+directory, bytes, sha256}``; the datasets' own manifests are copied too (to the sidecar
+``manifests/<name>.manifest.json`` beside each pair, also from a 0.1.0 source that has them at
+``P.manifest.json``), and a
 ``.bin`` they record by parts (a merge) is also verified part by part. The relative layout is
 kept under the destination, rooted at the deepest folder holding all of them (the storage root
 for a pipeline blend), so ``open_blend(<dest>/blends/<name>/manifest.json)`` works. A pointer's
@@ -42,7 +44,7 @@ from tokenmill._atomic import (
     write_bytes,
 )
 from tokenmill.errors import CacheError, ConfigError, FormatError, InputError
-from tokenmill.layout import version_dir_name
+from tokenmill.layout import dataset_manifest, legacy_dataset_manifest, version_dir_name
 from tokenmill.loader._manifest import (
     MANIFEST_NAME,
     VERSIONS_DIR,
@@ -51,6 +53,7 @@ from tokenmill.loader._manifest import (
     read_blend_manifest,
     verify_manifest,
 )
+from tokenmill.manifest import legacy_manifest_path, prefix_of_manifest
 from tokenmill.publish import publish
 from tokenmill.s3 import ATTEMPTS, BACKOFF_SECONDS, is_transient, retrying, split_uri
 
@@ -58,7 +61,6 @@ __all__ = ["PullReport", "pull"]
 
 CHUNK = 1 << 22
 DEFAULT_JOBS = 8
-DATASET_MANIFEST_SUFFIX = ".manifest.json"
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,7 @@ class _Plan:
 
     wanted: list[Wanted]  # the blend's files, deduplicated
     manifest_rel: str  # the blend manifest
-    dataset_manifests: dict[str, bytes]  # the datasets' ``P.manifest.json`` (exact source bytes)
+    dataset_manifests: dict[str, bytes]  # the datasets' manifests (sidecar keys, source bytes)
     version_manifest: tuple[str, bytes] | None = None  # a pointer's versions/<v>/manifest.json
 
 
@@ -234,11 +236,12 @@ def _plan(manifest: dict[str, Any], manifest_key: str, source: _Source, uri: str
         raise FormatError(uri, "manifest", f"malformed ({exc!r})") from exc
     dataset_manifests = {}
     for prefix in prefixes:
-        key = prefix + DATASET_MANIFEST_SUFFIX
-        raw = source.read(key)
-        if raw is not None:
-            dataset_manifests[key] = raw
-            _attach_parts(files, posixpath.dirname(prefix), raw, source.uri(key))
+        for key in (dataset_manifest(prefix), legacy_dataset_manifest(prefix)):
+            raw = source.read(key)
+            if raw is not None:  # the copy gets it at the sidecar place whatever the source's
+                dataset_manifests[dataset_manifest(prefix)] = raw
+                _attach_parts(files, posixpath.dirname(prefix), raw, source.uri(key))
+                break
     version = _version_manifest(manifest, manifest_key, source)
     base = _common_dir([mdir, *(posixpath.dirname(k) for k in (*files, *dataset_manifests))])
     cut = len(base) + 1 if base else 0
@@ -485,6 +488,8 @@ def pull(
         path, data = root / rel, plan.dataset_manifests[rel]
         if not (path.is_file() and path.read_bytes() == data):
             write_bytes(path, data)
+        # A 0.1.0 copy's manifest beside the pair would trip Megatron's folder scan.
+        legacy_manifest_path(prefix_of_manifest(path)).unlink(missing_ok=True)
         return None
 
     try:

@@ -314,7 +314,7 @@ class _Run:
             fallbacks=list(fallbacks),
             bytes_read=sum(s.bytes_read for s in stats),
             seconds=time.perf_counter() - self.start,
-            quarantine_path=self.qpath,
+            quarantine_path=self.qpath if self.qpath and self.qpath.is_file() else None,
             manifest=manifest,
             **counts,
         )

@@ -1,10 +1,13 @@
-"""Consistency checks of a ``.bin``/``.idx`` dataset and, when present, its manifest."""
+"""Consistency checks of a ``.bin``/``.idx`` dataset and, when present, its manifest; and of an
+HF export's ``dataset_info.json`` against its Parquet shards."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+from tokenmill._atomic import file_sha256
 from tokenmill.errors import FormatError
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.manifest import dataset_manifest_path, file_problems, read_dataset_manifest
@@ -38,3 +41,47 @@ def verify_dataset(prefix: str | os.PathLike[str], *, full: bool = True) -> list
                 f"{dataset_manifest_path(prefix)}: counts.{key} is {recorded}, files have {value}"
             )
     return problems
+
+
+def verify_dataset_info(path: str | os.PathLike[str], *, full: bool = True) -> list[str]:
+    """Problems between an HF export's ``dataset_info.json`` and the Parquet shards it lists
+    (empty list = consistent): each file present with its recorded size, the split's example
+    count the sum of the shards' rows, and with ``full`` each file's sha256 and row count."""
+    path = Path(path)
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+        shards = info["shards"]
+        examples = int(info["splits"]["train"]["num_examples"])
+        records = [
+            (str(s["file"]), int(s["size"]), str(s["sha256"]), int(s["num_rows"])) for s in shards
+        ]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        return [f"{path}: not a tokenmill dataset_info.json ({exc!r})"]
+    problems = []
+    if sum(rows for *_, rows in records) != examples:
+        problems.append(
+            f"{path}: splits.train.num_examples is {examples}, the shards list "
+            f"{sum(rows for *_, rows in records)} rows"
+        )
+    for name, size, sha256, rows in records:
+        rel = Path(name)
+        if rel.is_absolute() or ".." in rel.parts:
+            problems.append(f"{path}: shards: {name!r} is not a path inside {path.parent}")
+            continue
+        shard = path.parent / rel
+        if not shard.is_file():
+            problems.append(f"{shard}: missing")
+        elif shard.stat().st_size != size:
+            problems.append(f"{shard}: {shard.stat().st_size} bytes, dataset_info says {size}")
+        elif full and file_sha256(shard) != sha256:
+            problems.append(f"{shard}: sha256 differs from dataset_info.json")
+        elif full and (found := _parquet_rows(shard)) != rows:
+            problems.append(f"{shard}: {found} rows, dataset_info says {rows}")
+    return problems
+
+
+def _parquet_rows(path: Path) -> int:
+    """The row count in a Parquet file's footer (pyarrow imported only here)."""
+    import pyarrow.parquet as pq
+
+    return int(pq.read_metadata(path).num_rows)

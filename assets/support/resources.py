@@ -1,16 +1,17 @@
 """Resources: where artifacts live (``StorageResource``) and the tokenizer (``TokenizerResource``).
 
-Assets resolve every path through ``StorageResource`` so the artifact layout (DESIGN §1) is
-written down once. Steps work inside ``with storage.workspace(inputs) as ws:`` and resolve paths
-through ``ws.storage``: for a local root that is the root itself; for an ``s3://bucket/prefix``
-root it is a fresh local work directory with the same layout, filled with the inputs before the
-step and uploaded (in ``tokenmill.publish`` commit order) after it succeeds, and removed on exit,
-also on failure.
+Assets resolve every path through ``StorageResource``, which spells keys only through
+``tokenmill.layout`` (the one place the storage layout is written down). Steps work inside
+``with storage.workspace(inputs) as ws:`` and resolve paths through ``ws.storage``: for a local
+root that is the root itself; for an ``s3://bucket/prefix`` root it is a fresh local work
+directory with the same layout, filled with the inputs before the step and uploaded (in
+``tokenmill.publish`` commit order) after it succeeds, and removed on exit, also on failure.
 
 Inputs are exact: ``dir/`` is a folder (recursively), any other path is that file and its
-``path.*`` siblings, so ``P`` stages a dataset's ``.bin``, ``.idx`` and manifest while
-``P.idx`` and ``P.manifest.json`` stage just those two (a check that reads no tokens never
-downloads a ``.bin``).
+``path.*`` siblings, so ``P`` stages a dataset's ``.bin`` and ``.idx`` (and a 0.1.0 manifest
+beside them), ``layout.dataset_files(P)`` adds its manifest from ``manifests/``, and ``P.idx``
+plus ``layout.dataset_manifests(P)`` stage just the index and manifest (a check that reads no
+tokens never downloads a ``.bin``).
 
 Within one run an object is downloaded at most once per host: the resource learns the run id
 when Dagster sets it up (``setup_for_execution``) and every workspace of the run fetches

@@ -44,6 +44,7 @@ from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, inde
 from tokenmill.loader._manifest import read_blend_manifest, resolve
 from tokenmill.manifest import (
     check_dataset_files,
+    prefix_of_manifest,
     read_dataset_manifest,
     write_dataset_manifest,
 )
@@ -166,7 +167,7 @@ def _dataset(path: Path) -> tuple[list[str], list[Path]]:
     """A dataset manifest covers its pair and, for a tokenize run that quarantined, the
     ``<output prefix>.quarantine.jsonl`` beside it (checked by its line count: the manifest
     records no hash of it)."""
-    prefix = Path(str(path)[: -len(DATASET_MANIFEST)])
+    prefix = prefix_of_manifest(path)
     try:
         problems = check_dataset_files(prefix, full=True)
         manifest = read_dataset_manifest(prefix)

@@ -35,6 +35,7 @@ from assets.factory import build_assets
 from assets.support.partitions import partitions_name
 from assets.support.resources import StorageResource
 from pipelines.build import resources_for
+from tokenmill.layout import DATASET_MANIFESTS
 from tokenmill.recipe import Recipe
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te"}
@@ -313,6 +314,8 @@ def unvouched(objects: dict[str, bytes]) -> list[str]:
         if not key.endswith(".manifest.json"):
             continue
         folder = key.rsplit("/", 1)[0]
+        if folder.endswith(f"/{DATASET_MANIFESTS}"):  # the sidecar folder beside the pair
+            folder = folder.rsplit("/", 1)[0]
         for name, entry in json.loads(raw)["files"].items():
             data = objects.get(f"{folder}/{name}")
             if data is None or len(data) != entry["bytes"]:

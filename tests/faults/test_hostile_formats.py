@@ -192,7 +192,9 @@ def _merge(world: World, capsys: pytest.CaptureFixture[str]) -> str:
 
 
 def _open_nanoset(world: World, capsys: pytest.CaptureFixture[str]) -> str:
-    Path(f"{world.code}.manifest.json").unlink()  # a hand-made Megatron pair: no manifest
+    dataset_manifest.dataset_manifest_path(
+        world.code
+    ).unlink()  # a hand-made Megatron pair: no manifest
     try:  # fast: the pair's header, counts and sizes (O(1) in the index sizes)
         open_nanoset(world.code, index=world.description)
     except FormatError as exc:
@@ -237,7 +239,10 @@ def test_corrupt_pair_is_refused_by_every_reader(
     after = snapshot(world.outer, skip=world.root / "remerged")
     if reader in ("open_nanoset", "open_blend"):  # the reader's own preparation, done above
         changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
-        assert changed <= {f"root/{CODE}.manifest.json", f"root/{BLEND}"}
+        assert changed <= {
+            f"root/{CODE.parent}/manifests/{CODE.name}.manifest.json",
+            f"root/{BLEND}",
+        }
     else:
         assert after == before
 
@@ -294,7 +299,7 @@ def test_tampered_dataset_manifest_is_refused(
     world: World, tampering: str, capsys: pytest.CaptureFixture[str], monkeypatch: Any
 ) -> None:
     (world.outer / "outside.bin").write_bytes(b"\0" * 64)
-    mpath = Path(f"{world.code}.manifest.json")
+    mpath = dataset_manifest.dataset_manifest_path(world.code)
     manifest = json.loads(mpath.read_text())
     mutate, field = DATASET_TAMPERING[tampering]
     mutate(manifest, world.outer)
@@ -313,7 +318,7 @@ def test_tampered_dataset_manifest_is_refused(
 
 
 def test_not_json_dataset_manifest(world: World, capsys: pytest.CaptureFixture[str]) -> None:
-    mpath = Path(f"{world.code}.manifest.json")
+    mpath = dataset_manifest.dataset_manifest_path(world.code)
     mpath.write_bytes(b'{"format_version": 1, "files": ')
     for message in _dataset_entry_points(world, capsys):
         assert f"{mpath}: manifest: not valid JSON" in message
@@ -323,7 +328,7 @@ def test_edited_hash_or_size_is_caught(world: World, capsys: pytest.CaptureFixtu
     """Well-formed but false records: verify names them; open_nanoset(full) refuses; a merge
     (which trusts recorded hashes for speed) carries the false hash into a manifest that its own
     verification then fails, so the lie is never silently accepted."""
-    mpath = Path(f"{world.code}.manifest.json")
+    mpath = dataset_manifest.dataset_manifest_path(world.code)
     manifest = json.loads(mpath.read_text())
     manifest["files"][BIN]["sha256"] = "0" * 64
     manifest["files"][IDX]["bytes"] += 8

@@ -33,6 +33,7 @@ from s3faults import (
 )
 
 from assets.support import s3 as s3_stage
+from tokenmill import layout
 from tokenmill import s3 as tm_s3
 from tokenmill.cli import main
 from tokenmill.errors import InputError
@@ -256,7 +257,7 @@ def test_pipeline_run_on_s3_rides_out_transient_faults_and_fails_cleanly_on_pers
             BOTO_ATTEMPTS + 2,
         ]
         clean = s3_tree(s3, "root/")
-        assert f"{tokens}.manifest.json" in clean and unvouched(clean) == []
+        assert layout.dataset_manifest(tokens) in clean and unvouched(clean) == []
 
         proxy.clear()
         persistent = proxy.add("PUT", r"tokens/docs/.*\.idx$", "503")
@@ -278,7 +279,7 @@ def test_pipeline_run_on_s3_rides_out_transient_faults_and_fails_cleanly_on_pers
         # after the faults above: tokenmill's own attempts always happen
         assert tm_s3.ATTEMPTS <= persistent.matched <= tm_s3.ATTEMPTS * BOTO_ATTEMPTS
         after_failure = s3_tree(s3, "root/")
-        assert f"{tokens}.manifest.json" not in after_failure  # nothing vouches for the pair
+        assert layout.dataset_manifest(tokens) not in after_failure  # nothing vouches for the pair
         assert unvouched(after_failure) == []
         assert list(work.iterdir()) == []
 
@@ -354,7 +355,10 @@ def test_server_dying_mid_multipart_upload(
         f'EndpointConnectionError: Could not connect to the endpoint URL: "{proxy.endpoint}/'
     )
     after = s3_tree(s3, "root/")
-    assert "root/merged/big_text_document.manifest.json" not in after and unvouched(after) == []
+    assert (
+        "root/merged/manifests/big_text_document.manifest.json" not in after
+        and unvouched(after) == []
+    )
     assert after["root/merged/big_text_document.bin"] == old["root/merged/big_text_document.bin"]
 
     proxy.clear()
@@ -380,7 +384,10 @@ def test_sigkilled_upload_leaves_no_lying_manifest(
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     after = s3_tree(s3, "root/")
-    assert "root/merged/big_text_document.manifest.json" not in after and unvouched(after) == []
+    assert (
+        "root/merged/manifests/big_text_document.manifest.json" not in after
+        and unvouched(after) == []
+    )
 
     proxy.clear()
     stage(s3, proxy.endpoint, replacement).push()

@@ -117,7 +117,7 @@ def lies(objects: dict[str, bytes]) -> list[str]:
                 check(key, f"{folder}/{record['file']}", record["bytes"], record["sha256"])
         elif key.endswith("/current.json"):
             target = json.loads(raw)["target"]
-            if f"{folder}/{target}.manifest.json" not in objects:
+            if layout.dataset_manifest(f"{folder}/{target}") not in objects:
                 problems.append(f"{key}: points at {target}, whose manifest is not there")
         elif key.endswith("/manifest.json"):
             for e in file_entries(json.loads(raw)):

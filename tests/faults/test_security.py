@@ -285,7 +285,7 @@ def test_pickle_or_python_in_place_of_a_manifest_is_never_run(
     built["blend"].write_bytes(blob)
     with pytest.raises(FormatError, match="manifest: not valid JSON"):
         open_blend(built["blend"])
-    dataset_manifest = built["root"] / "merged/a.manifest.json"
+    dataset_manifest = built["root"] / "merged/manifests/a.manifest.json"
     dataset_manifest.write_bytes(blob)
     assert main(["verify", str(built["root"] / "merged/a")]) == 1
     assert "manifest: not valid JSON" in capsys.readouterr().out

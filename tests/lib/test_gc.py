@@ -17,7 +17,8 @@ from tokenmill.blend_manifest import build_blend
 from tokenmill.cli import main
 from tokenmill.gc import gc
 from tokenmill.loader import open_blend
-from tokenmill.manifest import read_dataset_manifest
+from tokenmill.manifest import legacy_manifest_path, read_dataset_manifest, sidecar_manifest_path
+from tokenmill.nanoset import build_or_load
 from tokenmill.pull import pull
 from tokenmill.versions import write_pointer
 
@@ -183,3 +184,26 @@ def test_s3_root(store: dict, s3: Any, tmp_path: Path) -> None:
     assert s3.keys("data/") == sorted(f"data/{k}" for k in tree(root) - gone)
     pulled = pull(f"{uri}/blends/mix/manifest.json", tmp_path / "dest")
     assert open_blend(pulled.manifest, verify="full").version == v3
+
+
+@pytest.mark.parametrize("layout_of", ["sidecar", "0.1.0"])
+def test_an_unversioned_pair_and_its_caches_stay(store: dict, layout_of: str) -> None:
+    """``merged/<prefix>`` pairs outside any version are never removed, nor the cache entries
+    built for their content, whichever place their manifest is in (``merged/manifests/`` is
+    not taken for a dataset)."""
+    root = store["root"]
+    flat = make_merged(root / "merged/flat_text_document", 60, 7)
+    if layout_of == "0.1.0":
+        sidecar_manifest_path(flat).rename(legacy_manifest_path(flat))
+    build_or_load(flat, root / "nanoset", split="train", sequence_length=8)
+    ours = {k for k in tree(root) if "flat" in k}
+    entry = {f"nanoset/{p.name}" for p in (root / "nanoset").iterdir()} - {
+        k for c in store["caches"] for k in (f"nanoset/{n}" for n in c)
+    }
+    assert entry and ours
+    age([root / k for k in ours | entry], 30)
+    report = gc(root, keep=1)
+    removed = {k for r in report.removed for k in r.keys}
+    assert not removed & (ours | entry)
+    assert {r.name for r in report.removed if r.kind == "merged"} == {"docs"}
+    assert (ours | entry) <= tree(root)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 from tokenmill import _index_cache, nanoset
+from tokenmill._index_cache import exclusive_lock
 from tokenmill.cli import main
 from tokenmill.errors import CacheError
 from tokenmill.formats.indexed import IndexedDatasetWriter
@@ -62,8 +65,8 @@ def test_build_names_files_by_the_key_hash(dataset, tmp_path, builds):
     base = f"{index.cache_hash}-Nanoset-train"
     assert sorted(p.name for p in cache_dir.iterdir()) == sorted(
         [f"{base}-{n}_index.npy" for n in ("document", "sample", "shuffle")]
-        + [f"{base}-description.json", f"{base}.lock"]
-    )
+        + [f"{base}-description.json"]
+    )  # no lock file stays
     assert {k: p.name for k, p in index.paths.items()}["description"] == f"{base}-description.json"
     lengths = np.load(index.paths["sample"])  # plain .npy files
     assert lengths.dtype == np.int32
@@ -231,3 +234,28 @@ def _lengths(prefix: Path) -> np.ndarray:
     from tokenmill.formats.indexed import IndexedDataset
 
     return np.array(IndexedDataset(prefix).sequence_lengths)
+
+
+def test_lock_file_is_removed_on_release_and_holders_never_overlap(tmp_path):
+    """Each holder unlinks the lock file before unlocking; waiters that locked the removed file
+    retry on the new one, so no two hold it at once and nothing stays behind."""
+    path = tmp_path / "entry.lock"
+    inside: list[int] = []
+    overlaps: list[list[int]] = []
+
+    def work(i: int) -> None:
+        for _ in range(40):
+            with exclusive_lock(path):
+                inside.append(i)
+                if len(inside) > 1:
+                    overlaps.append(list(inside))
+                time.sleep(0.0005)
+                inside.remove(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=RANK_TIMEOUT)
+    assert overlaps == [] and inside == []
+    assert list(tmp_path.iterdir()) == []

@@ -289,8 +289,11 @@ def test_custom_text_key(tmp_path: Path) -> None:
 
 def test_quarantine_commit_discard_and_spooling(tmp_path: Path) -> None:
     empty = Quarantine(tmp_path / "sub" / "empty.quarantine.jsonl")
-    empty.commit()
-    assert empty.path.read_bytes() == b"" and empty.count == 0
+    empty.path.parent.mkdir()
+    empty.path.write_bytes(b"a previous run's bad line\n")
+    empty.commit()  # nothing quarantined: no file, and the previous run's file is gone
+    assert not empty.path.exists() and empty.count == 0
+    assert list(empty.path.parent.iterdir()) == []
     spooled = Quarantine(tmp_path / "s.quarantine.jsonl")
     spooled.add("src.jsonl", 7, "why", b"\x00\xff")
     temps = list(tmp_path.glob("s.quarantine.jsonl.tmp-*"))

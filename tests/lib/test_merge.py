@@ -76,7 +76,7 @@ def test_merge_refuses_inputs_of_different_tokenizers(tmp_path):
     _tokens_manifest(tmp_path / "b", "b" * 64, 0)
     with pytest.raises(InputError, match=r"tokenizer_fingerprint 'b+', but .*a has 'a+'"):
         merge_datasets([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
-    assert not list(tmp_path.glob("m*"))
+    assert not list(tmp_path.glob("m.*"))
 
 
 def test_merge_equals_single_write_with_empty_documents(tmp_path):
@@ -156,7 +156,7 @@ def test_cli_merge_and_verify(tmp_path, capsys):
     raw = bytearray((tmp_path / "m.bin").read_bytes())
     raw[0] ^= 1
     (tmp_path / "m.bin").write_bytes(bytes(raw))
-    assert main(["verify", str(tmp_path / "m.manifest.json")]) == 1
+    assert main(["verify", str(tmp_path / "manifests" / "m.manifest.json")]) == 1
     assert "differs from the manifest" in capsys.readouterr().out
     assert main(["merge", "--input", str(tmp_path / "nope"), "--output-prefix", "x"]) == 1
     assert main(["inspect", str(tmp_path / "a")]) == 0

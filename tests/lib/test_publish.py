@@ -46,6 +46,7 @@ def test_ranks_put_data_first_and_the_blend_pointer_last() -> None:
         ["blends/mix/manifest.json"],
     ]
     assert commit_rank("merged/docs_text_document.manifest.json") == 1  # the flat layout too
+    assert commit_rank("tokens/docs/manifests/a_text_document.manifest.json") == 1  # sidecar
     assert [rel for rel in TREE if is_pointer(rel)] == [
         "blends/mix/manifest.json",
         "merged/docs/current.json",

@@ -408,6 +408,7 @@ def test_sigkill_leaves_nothing_final_and_rerun_is_identical(
         "p_text_document.idx",
         "p_text_document.manifest.json",
     }
+    assert not (out / "manifests" / "p_text_document.manifest.json").exists()
     assert any(".tmp-" in n for n in names)
     assert _run_cli([*args, "--output-prefix", str(out / "p")]).returncode == 0
     assert _run_cli([*args, "--output-prefix", str(tmp_path / "clean")]).returncode == 0

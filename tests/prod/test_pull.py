@@ -161,7 +161,7 @@ def test_corrupted_source_is_refused(
 def test_dataset_manifest_disagreeing_with_the_blend_is_refused(
     storage_root: Path, tmp_path: Path
 ) -> None:
-    path = storage_root / "merged" / "code_text_document.manifest.json"
+    path = storage_root / "merged" / "manifests" / "code_text_document.manifest.json"
     recorded = json.loads(path.read_text())
     recorded["files"]["code_text_document.idx"]["sha256"] = "0" * 64
     path.write_text(json.dumps(recorded))

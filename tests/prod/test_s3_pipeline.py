@@ -24,6 +24,7 @@ from assets.support.sources import diff_listing, list_shards
 from pipelines.build import build_definitions, resources_for
 from pipelines.materialize import materialize_recipe
 from pipelines.sensors import range_run_key
+from tokenmill import layout
 from tokenmill.corpus import stdlib_documents, write_jsonl_shards
 from tokenmill.loader import open_blend
 from tokenmill.pull import pull
@@ -141,11 +142,13 @@ def test_every_stage_on_s3_then_pull_and_open(
             ].read()
         )
         merged_key[ds] = f"root/merged/{ds}/{pointer['target']}"
-        for suffix in (".bin", ".idx", ".manifest.json"):
+        for suffix in (".bin", ".idx"):
             assert f"{merged_key[ds]}{suffix}" in keys
+        assert layout.dataset_manifest(merged_key[ds]) in keys
         assert f"root/hf/{ds}/dataset_info.json" in keys
         for shard in ("part-00000", "part-00001"):
-            assert f"root/tokens/{ds}/{shard}_text_document.manifest.json" in keys
+            assert f"root/tokens/{ds}/manifests/{shard}_text_document.manifest.json" in keys
+            assert f"root/tokens/{ds}/{shard}_text_document.manifest.json" not in keys
             assert f"root/raw/{ds}/{shard}.stats.json" in keys
     assert not [k for k in keys if ".tmp-" in k or k.endswith(".lock")]
     info = json.loads(
@@ -154,19 +157,20 @@ def test_every_stage_on_s3_then_pull_and_open(
     assert len(info["shards"]) == 2
     # Manifests name their inputs where they live (S3), never a removed work directory.
     for key in (
-        "root/tokens/docs/part-00000_text_document.manifest.json",
-        f"{merged_key['docs']}.manifest.json",
+        "root/tokens/docs/manifests/part-00000_text_document.manifest.json",
+        layout.dataset_manifest(merged_key["docs"]),
     ):
         text = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read().decode()
         assert str(work) not in text and "tokenmill-work-" not in text
     tokens = json.loads(
         s3.client.get_object(
-            Bucket=s3.bucket, Key="root/tokens/docs/part-00000_text_document.manifest.json"
+            Bucket=s3.bucket,
+            Key="root/tokens/docs/manifests/part-00000_text_document.manifest.json",
         )["Body"].read()
     )
     assert tokens["inputs"][0]["uri"] == f"s3://{s3.bucket}/root/hf/docs/data/part-00000.parquet"
     merged = json.loads(
-        s3.client.get_object(Bucket=s3.bucket, Key=f"{merged_key['docs']}.manifest.json")[
+        s3.client.get_object(Bucket=s3.bucket, Key=layout.dataset_manifest(merged_key["docs"]))[
             "Body"
         ].read()
     )
@@ -195,8 +199,8 @@ def test_persistent_s3_error_fails_cleanly(s3_secret: S3, gpt2_dir: Path, tmp_pa
         message = failure.event_specific_data.error.to_string()
         logged = everything_logged(instance)
     assert (
-        f"InputError: uploading part-00000.quarantine.jsonl to s3://{missing}/root/raw/docs/"
-        in message
+        # a clean shard writes no quarantine file: its stats record is the first upload
+        f"InputError: uploading part-00000.stats.json to s3://{missing}/root/raw/docs/" in message
         and "NoSuchBucket" in message
     )
     assert SECRET not in logged
@@ -395,4 +399,4 @@ def test_hf_format_source_on_s3(s3: S3, gpt2_dir: Path, tmp_path: Path) -> None:
     body = s3.client.get_object(Bucket=s3.bucket, Key="root/raw/wiki/w.quarantine.jsonl")["Body"]
     [bad] = [json.loads(line) for line in body.read().splitlines()]
     assert (bad["source"], bad["line"]) == (uri, 2)
-    assert "root/tokens/wiki/w_text_document.manifest.json" in s3.keys("root/")
+    assert "root/tokens/wiki/manifests/w_text_document.manifest.json" in s3.keys("root/")

@@ -1,5 +1,26 @@
 """CLI subcommands; each module has ``register(subparsers)`` and a ``run(args) -> int``."""
 
+import argparse
+
+# Why the one-off commands fail on a bad line while recipes quarantine by default (shown in help).
+BAD_RECORD_HELP = (
+    "fail: exit 1 naming FILE:LINE (the default, as Megatron's preprocess_data.py, so a one-off "
+    "run never drops data unnoticed); quarantine: bad lines go to a .quarantine.jsonl file with "
+    "their original bytes (the pipeline's default, where one bad line must not stop a run over "
+    "thousands of shards)"
+)
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends ``(default: X)`` to an option's help unless the help already states its default
+    or there is none worth stating (None, off, empty)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
 
 def throughput(nbytes: int, seconds: float) -> str:
     """``"<rate> MB/s"``: whole MB/s from 100 up, else three significant digits (so a small

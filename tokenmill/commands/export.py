@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from tokenmill.commands import BAD_RECORD_HELP
 from tokenmill.errors import ConfigError
 from tokenmill.export import export_input, export_shard, tokenmill_info, write_dataset_info
 from tokenmill.ingest import ON_BAD_RECORD, shard_name
@@ -27,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--on-bad-record",
         choices=ON_BAD_RECORD,
         default="fail",
-        help="fail (default: exit 1 naming FILE:LINE) or quarantine (bad lines go to "
-        "DIR/<shard>.quarantine.jsonl with their original bytes)",
+        help=BAD_RECORD_HELP + " (here DIR/<shard>.quarantine.jsonl, written only when a "
+        "line was quarantined)",
     )
     p.set_defaults(func=run)
 

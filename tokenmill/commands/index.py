@@ -21,9 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--cache-dir", required=True, metavar="DIR")
     p.add_argument("--sequence-length", required=True, type=int, metavar="S")
     p.add_argument("--split", default="949,50,1", help="train,valid,test weights")
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--seed", type=int, default=1234, help="index shuffle seed")
     p.add_argument("--train-samples", type=int, metavar="N", help="default: one epoch")
-    p.add_argument("--semantics", choices=SEMANTICS, default="megatron")
+    p.add_argument("--semantics", choices=SEMANTICS, default="megatron", help="index rules")
     p.add_argument(
         "--no-extra-token",
         action="store_true",

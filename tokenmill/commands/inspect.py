@@ -1,71 +1,116 @@
 """``tokenmill inspect``: counts, dtype, length histogram and decoded samples of a dataset;
-for a blend ``manifest.json``, realized proportions against the weights."""
+for a blend, realized proportions against the weights and decoded samples of a split."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
+from tokenmill.commands.verify import classify
 from tokenmill.errors import ConfigError
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.stats import histogram_text, length_histogram, summarize
 
+SPLITS = ("train", "valid", "test")
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``inspect`` subcommand."""
-    p = sub.add_parser("inspect", help="describe a .bin/.idx dataset or a blend manifest")
-    p.add_argument("target", metavar="PREFIX_OR_MANIFEST")
+    p = sub.add_parser(
+        "inspect",
+        help="describe a .bin/.idx dataset or a blend",
+        description="For a dataset (a .bin/.idx prefix or file, its manifest, a merged "
+        "dataset's current.json or folder): documents, sequences, tokens, dtype and a sequence "
+        "length histogram; --decode K prints sequence K as text. For a blend (its manifest.json "
+        "or folder): each split's realized proportions against the weights; --decode K prints "
+        "sample K of --split as text.",
+    )
+    p.add_argument("target", metavar="TARGET")
     p.add_argument(
         "--decode",
         type=int,
         action="append",
         default=[],
         metavar="K",
-        help="decode sequence K (repeatable; needs --tokenizer)",
+        help="decode sequence K of a dataset, or sample K of a blend's --split (repeatable; "
+        "needs --tokenizer)",
     )
-    p.add_argument("--tokenizer", metavar="DIR_OR_FILE")
+    p.add_argument("--tokenizer", metavar="DIR_OR_FILE", help="tokenizer for --decode")
+    p.add_argument("--split", choices=SPLITS, default="train", help="blend split for --decode")
     p.set_defaults(func=run)
 
 
-def _prefix(target: str) -> Path:
-    p = Path(target)
-    return p.with_suffix("") if p.suffix in (".bin", ".idx") else p
+def _decoder(path: str) -> Any:
+    """A ``tokenizers.Tokenizer`` from a tokenizer folder or ``tokenizer.json``."""
+    from tokenizers import Tokenizer
+
+    from tokenmill.tokenizer import resolve_tokenizer_path
+
+    return Tokenizer.from_file(str(resolve_tokenizer_path(path)[1]))
 
 
-def run(args: argparse.Namespace) -> int:
-    """Print the description."""
-    if args.target.endswith(".json"):
-        from tokenmill.blend_manifest import describe_blend
+def _check_index(k: int, n: int, what: str) -> None:
+    """ConfigError unless ``0 <= k < n``; ``what`` names the ``n`` items (``the dataset has
+    sequences``)."""
+    if not 0 <= k < n:
+        raise ConfigError(f"--decode {k}: {what} " + (f"0..{n - 1}" if n else "none"))
 
-        print(describe_blend(args.target))
-        return 0
-    if args.decode and not args.tokenizer:
-        raise ConfigError("--decode needs --tokenizer DIR_OR_FILE")
-    with IndexedDataset(_prefix(args.target)) as ds:
+
+def _blend(mpath: Path, args: argparse.Namespace) -> None:
+    """Print the proportions table, then the decoded samples of ``--split``."""
+    from tokenmill.blend_manifest import describe_blend
+
+    print(describe_blend(mpath))
+    if not args.decode:
+        return
+    from tokenmill.loader import open_blend
+
+    ds = open_blend(mpath, split=args.split)
+    tok = _decoder(args.tokenizer)
+    for k in args.decode:
+        _check_index(k, len(ds), f"the blend's {args.split} split has samples")
+        ids = ds[k].tolist()
+        print(f"--- {args.split} sample {k} ({len(ids)} tokens) ---")
+        print(tok.decode(ids, skip_special_tokens=False))
+
+
+def _dataset(prefix: Path, args: argparse.Namespace) -> None:
+    """Print counts, dtype and the length histogram, then the decoded sequences."""
+    with IndexedDataset(prefix) as ds:
         ds.check_pointers()
         info = summarize(ds)
         width = max(len(k) for k in info)
         print(f"{ds.prefix}")
         for key, value in info.items():
-            print(
-                f"  {key:<{width}}  {value:.1f}"
-                if isinstance(value, float)
-                else f"  {key:<{width}}  {value}"
-            )
+            shown = f"{value:.1f}" if isinstance(value, float) else f"{value}"
+            print(f"  {key:<{width}}  {shown}")
         print("  sequence length histogram:")
         print(
             "    " + histogram_text(length_histogram(ds.sequence_lengths)).replace("\n", "\n    ")
         )
         if args.decode:
-            from tokenizers import Tokenizer
-
-            from tokenmill.tokenizer import resolve_tokenizer_path
-
-            tok = Tokenizer.from_file(str(resolve_tokenizer_path(args.tokenizer)[1]))
+            tok = _decoder(args.tokenizer)
             for k in args.decode:
-                if not 0 <= k < len(ds):
-                    raise ConfigError(f"--decode {k}: the dataset has sequences 0..{len(ds) - 1}")
+                _check_index(k, len(ds), "the dataset has sequences")
                 ids = ds.get(k).tolist()
                 print(f"--- sequence {k} ({len(ids)} tokens) ---")
                 print(tok.decode(ids, skip_special_tokens=False))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the description."""
+    if args.decode and not args.tokenizer:
+        raise ConfigError("--decode needs --tokenizer DIR_OR_FILE")
+    kind, path = classify(args.target)
+    if kind == "hf":
+        raise ConfigError(
+            f"{args.target}: an HF export; inspect takes a .bin/.idx dataset or a blend "
+            "(load the export with datasets.load_dataset('parquet', ...), check it with "
+            "tokenmill verify)"
+        )
+    if kind == "blend":
+        _blend(path, args)
+    else:
+        _dataset(path, args)
     return 0

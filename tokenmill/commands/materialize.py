@@ -56,9 +56,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "materialize",
         help="register new shards and materialize every stale asset through Dagster",
+        description="Register the shards found in the recipe's sources as partitions, then "
+        "materialize every stale asset (raw -> hf -> tokens -> merged -> nanoset -> blends) in "
+        "process on the configured Dagster instance (DAGSTER_HOME, default "
+        "<code location>/.dagster_home); a second run after adding a shard processes only that "
+        "shard and rebuilds what depends on it. Prints the counts and how to open each blend.",
     )
     p.add_argument("--recipe", help="recipe YAML (default $TOKENMILL_RECIPE or recipes/demo.yaml)")
-    p.add_argument("--code-location", help="folder with workspace.yaml and pipelines/")
+    p.add_argument(
+        "--code-location",
+        help="folder with workspace.yaml and pipelines/ (default: $TOKENMILL_CODE_LOCATION, "
+        "the current folder or a parent, or the checkout tokenmill was installed from)",
+    )
     p.set_defaults(func=run)
 
 

@@ -12,6 +12,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "pull",
         help="copy the files a blend manifest needs into a local folder, verified and resumable",
+        description="Copy exactly the files the blend at MANIFEST_URI reads (blend arrays, index "
+        "caches, each dataset's .bin/.idx and manifest), hashed while streaming, into DIR with "
+        "the source layout; files already complete are skipped, and the blend manifest is "
+        "written last. Then open it with tokenmill.loader.open_blend(<printed path>).",
     )
     p.add_argument("manifest", metavar="MANIFEST_URI", help="manifest.json (or its folder), s3://")
     p.add_argument("dest", metavar="DIR", help="local folder; the source layout is kept under it")

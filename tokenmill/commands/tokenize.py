@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from tokenmill.commands import throughput
+from tokenmill.commands import BAD_RECORD_HELP, throughput
 from tokenmill.errors import ConfigError
 
 
@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "tokenize",
         help="tokenize JSONL/Parquet into a .bin/.idx pair",
-        description="Write {P}_{text_key}_document.{bin,idx} + .manifest.json as Megatron's "
+        description="Write {P}_{text_key}_document.{bin,idx} (+ manifests/{P}_{text_key}_"
+        "document.manifest.json) as Megatron's "
         "preprocess_data.py --tokenizer-type HuggingFaceTokenizer does (a fast engine only "
         "where verified; risky documents go to the reference; the manifest says what was "
         "verified).",
@@ -33,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--input", nargs="+", required=True, metavar="FILE", type=Path)
     p.add_argument("--output-prefix", required=True, metavar="P")
     p.add_argument("--tokenizer", required=True, metavar="DIR_OR_FILE")
-    p.add_argument("--text-key", default="text")
+    p.add_argument("--text-key", default="text", help="JSON field (Parquet column) of the text")
     p.add_argument("--append-eod", action="store_true", help="end each document with eos")
     p.add_argument(
         "--workers",
@@ -41,7 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=min(os.cpu_count() or 1, 8),
         help="encoder processes (default: CPU count, at most 8); output is the same for any N",
     )
-    p.add_argument("--on-bad-record", choices=["fail", "quarantine"], default="fail")
+    p.add_argument(
+        "--on-bad-record", choices=["fail", "quarantine"], default="fail", help=BAD_RECORD_HELP
+    )
     p.set_defaults(func=run)
 
 

@@ -1,22 +1,31 @@
-"""``tokenmill verify``: check a dataset (prefix or ``P.manifest.json``) or a blend manifest."""
+"""``tokenmill verify``: check a dataset, a blend or an HF export, named by any path a user holds
+(a prefix, a ``.bin``/``.idx``, a manifest, a pointer, a folder)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from tokenmill.verify import verify_dataset
+from tokenmill.errors import ConfigError
+from tokenmill.layout import BLEND_MANIFEST, DATASET_MANIFEST_SUFFIX, POINTER_NAME
+from tokenmill.manifest import prefix_of_manifest
+from tokenmill.verify import verify_dataset, verify_dataset_info
+from tokenmill.versions import pointer_target
 
-_DATASET_MANIFEST = ".manifest.json"
+DATASET_INFO = "dataset_info.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``verify`` subcommand."""
     p = sub.add_parser(
         "verify",
-        help="check a dataset or blend for consistency (exit 1 on any problem)",
+        help="check a dataset, blend or HF export for consistency (exit 1 on any problem)",
+        description="TARGET is a .bin/.idx prefix (or either file, or its manifests/"
+        "<name>.manifest.json); a merged dataset's current.json or folder (its current "
+        "version); a blend's manifest.json or folder (blends/<name>, as open_blend and pull "
+        "take it); or an HF export's dataset_info.json or folder.",
     )
-    p.add_argument("target", metavar="PREFIX_OR_MANIFEST")
+    p.add_argument("target", metavar="TARGET")
     p.add_argument(
         "--fast",
         action="store_true",
@@ -27,22 +36,53 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
+def _pointed(pointer: Path) -> Path:
+    """The prefix a merged dataset's pointer names; ConfigError when there is none."""
+    prefix = pointer_target(pointer)
+    if prefix is None:
+        raise ConfigError(f"{pointer}: no such pointer (materialize the merged dataset first)")
+    return prefix
+
+
+def classify(target: str) -> tuple[str, Path]:
+    """What ``target`` names: ``("dataset", prefix)``, ``("blend", manifest)`` or
+    ``("hf", dataset_info.json)``; ConfigError for a folder that holds none of them."""
+    path = Path(target)
+    if path.is_dir():
+        for name, kind in ((BLEND_MANIFEST, "blend"), (DATASET_INFO, "hf")):
+            if (path / name).is_file():
+                return kind, path / name
+        if (path / POINTER_NAME).is_file():
+            return "dataset", _pointed(path / POINTER_NAME)
+        raise ConfigError(
+            f"{target}: a folder without {BLEND_MANIFEST} (a blend), {POINTER_NAME} (a merged "
+            f"dataset) or {DATASET_INFO} (an HF export); for a .bin/.idx pair give its prefix"
+        )
+    if path.name == DATASET_INFO:
+        return "hf", path
+    if path.name == POINTER_NAME:
+        return "dataset", _pointed(path)
+    if path.name.endswith(DATASET_MANIFEST_SUFFIX):
+        return "dataset", prefix_of_manifest(path)
+    if path.suffix == ".json":
+        return "blend", path
+    return "dataset", path.with_suffix("") if path.suffix in (".bin", ".idx") else path
+
+
 def run(args: argparse.Namespace) -> int:
     """Print each problem; exit 1 if there is any."""
-    target = args.target
-    if target.endswith(_DATASET_MANIFEST):
-        problems = verify_dataset(target[: -len(_DATASET_MANIFEST)], full=not args.fast)
-    elif target.endswith(".json"):
+    kind, path = classify(args.target)
+    if kind == "blend":
         from tokenmill.blend_manifest import verify_blend
 
-        problems = verify_blend(target, full=not args.fast)
+        problems = verify_blend(path, full=not args.fast)
+    elif kind == "hf":
+        problems = verify_dataset_info(path, full=not args.fast)
     else:
-        p = Path(target)
-        prefix = p.with_suffix("") if p.suffix in (".bin", ".idx") else p
-        problems = verify_dataset(prefix, full=not args.fast)
+        problems = verify_dataset(path, full=not args.fast)
     for problem in problems:
         print(f"FAIL {problem}")
     if problems:
         return 1
-    print(f"OK {target}")
+    print(f"OK {args.target}")
     return 0

@@ -44,7 +44,8 @@ def raw_stats_record(
     quarantine_path: Path | None,
 ) -> dict[str, Any]:
     """A shard's raw stats: format version, the input (``{uri, bytes, sha256}``), config, the
-    ingest counts and the committed quarantine file's size and sha256 (None in fail mode)."""
+    ingest counts and the committed quarantine file's size and sha256 (None in fail mode and when
+    nothing was quarantined: then no file is written)."""
     counts = stats.to_dict()
     del counts["path"]  # the input's uri says where it lives
     record: dict[str, Any] = {
@@ -55,7 +56,7 @@ def raw_stats_record(
         **counts,
         "quarantine": None,
     }
-    if quarantine_path is not None:
+    if quarantine_path is not None and quarantine_path.is_file():
         record["quarantine"] = {
             "file": quarantine_path.name,
             "bytes": quarantine_path.stat().st_size,

@@ -1,0 +1,106 @@
+"""Every ``tokenmill`` command of README.md and the user guide runs as written, from a folder laid
+out as ``make demo`` leaves the repo root (its corpus, GPT-2 tokenizer and merged datasets)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tokenmill import layout
+from tokenmill.cli import main
+from tokenmill.corpus import stdlib_documents
+from tokenmill.merge import merge_datasets
+from tokenmill.tokenize import tokenize_files
+from tokenmill.versions import version_hash, write_pointer
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = (ROOT / "README.md", ROOT / "docs" / "user-guide.md")
+# Runs every stage through Dagster: what `make demo` itself runs, tested in
+# tests/pipeline/test_materialize.py; its user-guide line is a synopsis ([--recipe R] ...).
+NOT_HERE = {"materialize"}
+
+
+def documented_commands(path: Path) -> list[list[str]]:
+    """The ``tokenmill`` lines of the ```bash blocks of ``path`` (continuations joined,
+    comments dropped), as argument lists without the leading ``tokenmill``."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", path.read_text(encoding="utf-8"), re.S):
+        lines = iter(block.splitlines())
+        for line in lines:
+            command = line
+            while command.rstrip().endswith("\\"):
+                command = command.rstrip()[:-1] + " " + next(lines).strip()
+            words = shlex.split(command, comments=True)
+            if words[:1] == ["tokenmill"]:
+                commands.append(words[1:])
+    return commands
+
+
+def _write_jsonl(path: Path, docs: list[dict[str, str]], bad: list[bytes] = ()) -> Path:
+    lines = [json.dumps(d, ensure_ascii=False).encode() for d in docs] + list(bad)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def demo_root(tmp_path_factory: pytest.TempPathFactory, gpt2_dir: Path) -> Path:
+    """``make demo``'s outputs, small: ``data/sources/{docs,code}`` (one docs shard with bad
+    lines), ``.tokenizers/gpt2``, and ``data/merged/<ds>/<v16>/`` + ``current.json`` tokenized
+    and merged by the library the pipeline runs."""
+    root = tmp_path_factory.mktemp("demo")
+    (root / ".tokenizers").mkdir()
+    (root / ".tokenizers" / "gpt2").symlink_to(gpt2_dir)
+    docs = list(itertools.islice(stdlib_documents(kind="docs"), 90))
+    code = list(itertools.islice(stdlib_documents(kind="code"), 12))
+    sources = root / "data" / "sources"
+    shards = {
+        "docs": [
+            _write_jsonl(sources / "docs/part-00000.jsonl", docs[:40]),
+            _write_jsonl(sources / "docs/part-00001.jsonl", docs[40:80]),
+            _write_jsonl(sources / "docs/extra-00000.jsonl", docs[80:], [b'{"text": 42}', b"[1]"]),
+        ],
+        "code": [_write_jsonl(sources / "code/part-00000.jsonl", code)],
+    }
+    for ds, paths in shards.items():
+        prefixes = []
+        for path in paths:
+            out = root / "data" / layout.tokens_dir(ds) / path.name.removesuffix(".jsonl")
+            result = tokenize_files(
+                [path], out, gpt2_dir, append_eod=True, on_bad_record="quarantine"
+            )
+            prefixes.append(result.prefix)
+        version = version_hash({"demo": ds})
+        merged = root / "data" / layout.merged_prefix(ds, "text", version)
+        merge_datasets(prefixes, merged, order="natural")
+        target = merged.relative_to(root / "data" / layout.merged_dir(ds)).as_posix()
+        write_pointer(root / "data" / layout.merged_pointer(ds), version, target)
+    return root
+
+
+def test_every_documented_command_runs_as_written(
+    demo_root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    commands = [c for path in DOCS for c in documented_commands(path)]
+    run = [c for c in commands if c[0] not in NOT_HERE]
+    assert len(run) >= 13 and {c[0] for c in run} >= {
+        "tokenize", "merge", "index", "blend", "export", "inspect", "verify", "pull", "gc",
+    }  # fmt: skip
+    monkeypatch.chdir(demo_root)
+    for argv in run:
+        rc = main(argv)
+        out, err = capsys.readouterr()
+        assert rc == 0, f"tokenmill {shlex.join(argv)}: exit {rc}\n{out}\n{err}"
+    # What the README says the lines leave behind.
+    assert (demo_root / "out/docs/manifests/extra_text_document.manifest.json").is_file()
+    assert len((demo_root / "out/docs/extra.quarantine.jsonl").read_text().splitlines()) == 2
+    assert not (demo_root / "out/docs/part-00000.quarantine.jsonl").exists()
+    pulled = demo_root / "out/copy"
+    assert (pulled / "blends/mix/manifest.json").is_file()
+    assert list(pulled.glob("merged/*/*/manifests/*_text_document.manifest.json"))
+    assert main(["verify", str(pulled / "blends/mix")]) == 0
