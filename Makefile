@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 .tokenizers/gpt2/tokenizer.json: $(STAMP)
-	$(BIN)/python -m tokenmill.bundled gpt2 .tokenizers/gpt2
+	$(BIN)/python -m tokenmill_dev.bundled gpt2 .tokenizers/gpt2
 
 tokenizers: .tokenizers/gpt2/tokenizer.json
 

@@ -22,16 +22,16 @@ from assets.metadata import path_value
 from assets.nanoset import merged_version
 from assets.support.resources import StorageResource
 from assets.support.staleness import blend_data_version, nanoset_data_version
-from tokenmill import layout
-from tokenmill.blend_manifest import (
+from tokenmill.errors import ConfigError
+from tokenmill.indices.blend_build import (
     Share,
     blend_version,
     build_blend,
     realized_shares,
     skipped_warnings,
 )
-from tokenmill.errors import ConfigError
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
+from tokenmill.storage import layout
 
 # What a blend stages of a merged dataset: its index and manifest, never the .bin.
 

@@ -36,14 +36,20 @@ from assets.hf_export import read_export_record
 from assets.shards import each_shard
 from assets.support.partitions import shard_partitions
 from assets.support.resources import StorageResource, display_path
-from tokenmill import layout
-from tokenmill.blend_manifest import realized_shares, verify_blend
 from tokenmill.errors import TokenmillError
+from tokenmill.formats.dataset_manifest import read_dataset_manifest
 from tokenmill.formats.indexed import IndexedDataset, index_file_path
 from tokenmill.formats.shard_records import read_record
-from tokenmill.manifest import read_dataset_manifest
-from tokenmill.nanoset import SPLITS, NanosetIndex, build_or_load, split_ranges, verify_index
+from tokenmill.indices.blend_build import realized_shares, verify_blend
+from tokenmill.indices.nanoset import (
+    SPLITS,
+    NanosetIndex,
+    build_or_load,
+    split_ranges,
+    verify_index,
+)
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
+from tokenmill.storage import layout
 from tokenmill.verify import verify_dataset
 
 # A shard's checks must run per partition; Dagster 1.13 supports that (``partitions_def`` on a

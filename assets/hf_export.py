@@ -35,16 +35,9 @@ from assets.support.partitions import shard_keys, shard_partitions
 from assets.support.resources import StorageResource, Workspace, display_path
 from assets.support.sources import ShardFile
 from assets.support.staleness import SOURCE_FINGERPRINT
-from tokenmill import layout
-from tokenmill._atomic import file_sha256
+from tokenmill.atomic import file_sha256
 from tokenmill.errors import InputError
-from tokenmill.export import (
-    ExportResult,
-    dataset_info_from_records,
-    export_shard,
-    parquet_record,
-    tokenmill_info,
-)
+from tokenmill.formats.dataset_manifest import FORMAT_VERSION, input_sha256
 from tokenmill.formats.shard_records import (
     export_record,
     is_current,
@@ -52,8 +45,15 @@ from tokenmill.formats.shard_records import (
     shard_config,
     write_record,
 )
-from tokenmill.manifest import FORMAT_VERSION, input_sha256
+from tokenmill.ingest.export import (
+    ExportResult,
+    dataset_info_from_records,
+    export_shard,
+    parquet_record,
+    tokenmill_info,
+)
 from tokenmill.recipe import DatasetConfig
+from tokenmill.storage import layout
 
 
 def read_raw_stats(storage: StorageResource, ds: DatasetConfig, key: str) -> dict[str, Any] | None:

@@ -28,15 +28,15 @@ from assets.metadata import token_dataset_metadata
 from assets.support.partitions import shard_keys
 from assets.support.resources import StorageResource, display_path
 from assets.support.staleness import merged_data_version
-from tokenmill import layout
-from tokenmill.manifest import (
+from tokenmill.formats.dataset_manifest import (
     check_dataset_files,
     dataset_manifest_path,
     read_dataset_manifest,
 )
-from tokenmill.merge import merge_datasets, natural_key
 from tokenmill.recipe import DatasetConfig
-from tokenmill.versions import read_pointer, write_pointer
+from tokenmill.storage import layout
+from tokenmill.storage.versions import read_pointer, write_pointer
+from tokenmill.tokenize.merge import merge_datasets, natural_key
 
 
 def version_from_manifests(storage: StorageResource, ds: DatasetConfig, keys: list[str]) -> str:

@@ -1,6 +1,6 @@
 """Metadata shown on an asset's page: counts, sizes, hashes, paths and a length histogram.
 
-The histogram is a markdown cell holding an inline PNG (``tokenmill.png``) and a table, which
+The histogram is a markdown cell holding an inline PNG (``assets.png``) and a table, which
 the Dagster UI renders without any plugin.
 """
 
@@ -13,11 +13,11 @@ from typing import Any
 import numpy.typing as npt
 from dagster import MetadataValue
 
+from assets.png import bar_chart_png, markdown_image, short_number
 from assets.support.resources import display_path
+from tokenmill.formats.dataset_manifest import read_dataset_manifest
 from tokenmill.formats.indexed import IndexedDataset
-from tokenmill.manifest import read_dataset_manifest
-from tokenmill.png import bar_chart_png, markdown_image, short_number
-from tokenmill.stats import histogram_markdown, length_histogram
+from tokenmill.tokenize.stats import histogram_markdown, length_histogram
 
 
 def histogram_md(lengths: npt.ArrayLike, what: str = "document length (tokens)") -> MetadataValue:

@@ -8,7 +8,7 @@ S3), and a change never reuses stale arrays. Sample counts are the recipe's ``tr
 
 The step reads the current merged version (``merged/<ds>/current.json``) and of it only the
 ``.idx`` (sequence lengths) and manifest (content hash), never the ``.bin``. On an S3
-root it names each split's entry (``tokenmill.nanoset.entry_key``) and asks S3 for it
+root it names each split's entry (``tokenmill.indices.nanoset.entry_key``) and asks S3 for it
 (``Workspace.stored_index_entry``: one LIST and the small description): an entry already there
 is neither rebuilt, downloaded nor uploaded again; a missing one is built in the work directory
 and uploaded, arrays first, description last.
@@ -32,13 +32,13 @@ from dagster import (
 from assets.metadata import path_value
 from assets.support.resources import StorageResource, Workspace
 from assets.support.staleness import nanoset_data_version
-from tokenmill import layout
 from tokenmill.errors import ConfigError
+from tokenmill.formats.dataset_manifest import dataset_content_hash, dataset_manifest_path
 from tokenmill.formats.indexed import IndexedDataset
-from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
-from tokenmill.nanoset import SPLITS, build_or_load_lengths, cache_paths, entry_key
+from tokenmill.indices.nanoset import SPLITS, build_or_load_lengths, cache_paths, entry_key
 from tokenmill.recipe import DatasetConfig, NanosetConfig
-from tokenmill.versions import read_pointer
+from tokenmill.storage import layout
+from tokenmill.storage.versions import read_pointer
 
 
 def merged_lengths(prefix: Path) -> tuple[np.ndarray, str]:

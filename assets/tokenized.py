@@ -13,9 +13,9 @@ from assets.shards import shard_asset, step_result
 from assets.support.partitions import shard_partitions
 from assets.support.resources import StorageResource, TokenizerResource, display_path
 from assets.support.staleness import CONTENT_HASH, SETTINGS, tokens_settings
-from tokenmill import layout
 from tokenmill.recipe import DatasetConfig
-from tokenmill.tokenize import tokenize_files
+from tokenmill.storage import layout
+from tokenmill.tokenize.run import tokenize_files
 
 
 def build_tokens(ds: DatasetConfig) -> AssetsDefinition:

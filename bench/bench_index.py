@@ -32,9 +32,9 @@ from typing import Any
 import numpy as np
 from _util import OUT_DIR
 
-from tokenmill import _blend_kernels, _jit
-from tokenmill.blend import build_blend_indices, normalize_weights
-from tokenmill.nanoset import build_nanoset_indices
+from tokenmill.indices import _blend_kernels, _jit
+from tokenmill.indices.blend import build_blend_indices, normalize_weights
+from tokenmill.indices.nanoset import build_nanoset_indices
 
 OUT = OUT_DIR / "index.json"
 TARGETS = {"nanoset_megatron_3_epochs": 0.5, "blend_megatron_8x20M": 0.35}

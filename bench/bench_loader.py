@@ -62,8 +62,8 @@ from _megatron_getitem import MegatronGetitem
 from _util import table, write_results
 
 from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
+from tokenmill.indices.nanoset import build_nanoset_indices
 from tokenmill.loader import NanosetDataset
-from tokenmill.nanoset import build_nanoset_indices
 
 BLOCK = 64  # tokens per block of the floor gather
 FLOOR_BATCHES = 32

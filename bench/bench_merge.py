@@ -20,8 +20,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _util import run_timed, table, write_results
 
+from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
-from tokenmill.manifest import write_dataset_manifest
 
 
 def make_shards(root: Path, total_mb: int, shards: int) -> list[Path]:

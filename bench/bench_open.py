@@ -6,7 +6,7 @@ index builders (only its size matters here): two small merged datasets whose seq
 shuffle index of ``samples / 2`` samples each, shuffle = an affine permutation) with its
 description, and a version folder holding the blend arrays (``int16`` dataset index, ``int64``
 sample index) and the sealed manifest, behind the ``manifest.json`` pointer — written with
-``tokenmill.blend_manifest``'s own helpers, so ``open_blend`` checks exactly what it checks on a
+``tokenmill.indices.blend_build``'s own helpers, so ``open_blend`` checks exactly what it checks on a
 pipeline blend. About 2.6 GB of arrays at the default size.
 
 Measured per mode, on a warm page cache (one untimed open first): wall time (median of
@@ -35,15 +35,15 @@ from typing import Any
 import numpy as np
 from _util import table, write_results
 
-from tokenmill import _index_cache
-from tokenmill._atomic import write_json
-from tokenmill.blend_manifest import _dataset_entry, _file_entry, _rebased
+from tokenmill.atomic import write_json
+from tokenmill.formats import nanoset_cache as _index_cache
+from tokenmill.formats.blend_manifest import FORMAT_VERSION, seal
+from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
+from tokenmill.indices.blend_build import _dataset_entry, _file_entry, _rebased
+from tokenmill.indices.nanoset import cache_key
 from tokenmill.loader import open_blend
-from tokenmill.loader._manifest import FORMAT_VERSION, seal
-from tokenmill.manifest import write_dataset_manifest
-from tokenmill.nanoset import cache_key
-from tokenmill.versions import version_hash
+from tokenmill.storage.versions import version_hash
 
 S = 64  # sequence length
 DOCS = 4096  # sequences per dataset

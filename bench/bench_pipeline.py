@@ -69,7 +69,7 @@ mutation Submit($executionParams: ExecutionParams!) {
 
 def make_corpus(out: Path, shards: int) -> list[Path]:
     """``shards`` JSONL files of real text (stdlib sources cut to 2,000 characters), ~32 KB each."""
-    from tokenmill.corpus import stdlib_documents, write_jsonl_shards
+    from tokenmill_dev.corpus import stdlib_documents, write_jsonl_shards
 
     docs = ({"text": d["text"][:2000]} for d in stdlib_documents(kind="all"))
     return write_jsonl_shards(docs, out, shards=shards, max_bytes=shards * 32_000)
@@ -78,7 +78,7 @@ def make_corpus(out: Path, shards: int) -> list[Path]:
 def tokenize_baseline(shards: list[Path], tokenizer: Path, out: Path) -> dict[str, float]:
     """Pure tokenize seconds per shard: ``tokenize_files`` on each shard in this process (the
     first one also warms the tokenizer and is left out)."""
-    from tokenmill.tokenize import tokenize_files
+    from tokenmill.tokenize.run import tokenize_files
 
     walls, cpus = [], []
     for i, shard in enumerate(shards):
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     shards = 16 if args.quick else args.shards
     s3_shards = min(args.s3_shards, 2) if args.quick else args.s3_shards
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    from tokenmill.bundled import build_bundled_tokenizer
+    from tokenmill_dev.bundled import build_bundled_tokenizer
 
     tokenizer = build_bundled_tokenizer("gpt2", ROOT / ".tokenizers" / "gpt2")
     load = {"before": os.getloadavg()}

@@ -188,9 +188,9 @@ def big_blend(gigabytes: float, work: Path) -> dict[str, Any]:
     (a read would show in ``rchar`` and in the files opened)."""
     import numpy as np
 
-    from tokenmill.blend_manifest import build_blend
+    from tokenmill.formats.dataset_manifest import write_dataset_manifest
     from tokenmill.formats.indexed import encode_index
-    from tokenmill.manifest import write_dataset_manifest
+    from tokenmill.indices.blend_build import build_blend
 
     root = work / "big"
     prefix = root / "merged" / "big" / "0123456789abcdef" / "big_text_document"

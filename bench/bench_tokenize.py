@@ -64,15 +64,15 @@ sys.path.insert(0, str(BENCH))
 from _util import OUT_DIR, table, write_results  # noqa: E402
 from corpus import MB, ensure_corpus  # noqa: E402
 
-from tokenmill.bundled import build_bundled_tokenizer  # noqa: E402
-from tokenmill.tokenize import tokenize_files  # noqa: E402
-from tokenmill.tokenizer import (  # noqa: E402
+from tokenmill.tokenize.run import tokenize_files  # noqa: E402
+from tokenmill.tokenize.tokenizer import (  # noqa: E402
     TiktokenEncoder,
     TokenizerInfo,
     inspect_tokenizer,
     load_encoder,
     load_tokenizer,
 )
+from tokenmill_dev.bundled import build_bundled_tokenizer  # noqa: E402
 
 TOKENIZERS = ("gpt2", "tekken")
 # The CLI runs as after a normal install: with Python's bytecode cache (this sandbox disables it).
@@ -271,7 +271,7 @@ def lower_bound(res: dict[str, Any], cores: int) -> dict[str, Any]:
 def first_use_seconds(tok_dir: Path) -> float:
     """Wall time of the one-off verification against transformers (fresh cache)."""
     with tempfile.TemporaryDirectory() as cache:
-        code = "import sys; from tokenmill.tokenizer import inspect_tokenizer as i; i(sys.argv[1])"
+        code = "import sys; from tokenmill.tokenize.tokenizer import inspect_tokenizer as i; i(sys.argv[1])"
         start = time.perf_counter()
         subprocess.run(
             [sys.executable, "-c", code, str(tok_dir)],
@@ -362,7 +362,7 @@ def gpt2_nfkc(gpt2_dir: Path) -> Path:
 def multilingual_texts(chars: int) -> list[str]:
     """Documents of 2,000 characters of the probe set's scripts, emoji and NFKC-sensitive text
     (nothing ASCII-only), ``chars`` characters in all: the guard's and normalizer's worst case."""
-    from tokenmill.tokenizer_verify import _PROBES
+    from tokenmill.tokenize.tokenizer_verify import _PROBES
 
     unit = " ".join(_PROBES[6:11])
     doc = (unit * (2000 // len(unit) + 1))[:2000]
@@ -372,7 +372,7 @@ def multilingual_texts(chars: int) -> list[str]:
 def first_use(tok_dir: Path) -> dict[str, float]:
     """Wall and CPU seconds of the one-off verification (fresh cache, a subprocess)."""
     with tempfile.TemporaryDirectory() as cache:
-        code = "import sys; from tokenmill.tokenizer import inspect_tokenizer as i; i(sys.argv[1])"
+        code = "import sys; from tokenmill.tokenize.tokenizer import inspect_tokenizer as i; i(sys.argv[1])"
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         subprocess.run(

@@ -12,9 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-from tokenmill._atomic import write_bytes
-from tokenmill.corpus import stdlib_documents, write_jsonl_shards
+from tokenmill.atomic import write_bytes
 from tokenmill.recipe import load_recipe, recipe_path
+from tokenmill_dev.corpus import stdlib_documents, write_jsonl_shards
 
 CODE_BYTES = 4 << 20
 SHARDS = 3

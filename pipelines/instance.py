@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from tokenmill._atomic import write_bytes
+from tokenmill.atomic import write_bytes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HOME = REPO_ROOT / ".dagster_home"

@@ -45,8 +45,8 @@ from pipelines.jobs import REFRESH_JOB, shard_job_name
 from pipelines.sensors import range_tags, shard_ranges
 from pipelines.summary import DatasetOutcome, print_summary
 from tokenmill.errors import ConfigError, TokenmillError
-from tokenmill.merge import natural_key
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe, recipe_path
+from tokenmill.tokenize.merge import natural_key
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 

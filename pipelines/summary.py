@@ -14,7 +14,7 @@ from dagster import AssetKey, DagsterInstance, EventLogRecord
 from assets.support.partitions import shard_keys
 from assets.support.staleness import latest_records
 from pipelines.jobs import shard_stages
-from tokenmill.nanoset import SPLITS
+from tokenmill.indices.nanoset import SPLITS
 from tokenmill.recipe import DatasetConfig, NanosetConfig, Recipe
 
 

@@ -20,8 +20,8 @@ from hypothesis import settings
 from pipeline_project import ROOT, make_project, tiny_documents
 from servers import moto_endpoint, postgres, s3, storage_root  # noqa: F401 (fixtures)
 
-from tokenmill.bundled import build_bundled_tokenizer
 from tokenmill.recipe import Recipe
+from tokenmill_dev.bundled import build_bundled_tokenizer
 
 # Property tests draw the same examples on every run: the suite is deterministic, and an
 # example that fails once fails again where it can be studied.

@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from tokenmill.corpus import stdlib_documents, write_jsonl_shards
 from tokenmill.recipe import Recipe, load_recipe
+from tokenmill_dev.corpus import stdlib_documents, write_jsonl_shards
 
 ROOT = Path(__file__).resolve().parents[1]
 

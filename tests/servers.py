@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 from prod_servers import S3, Postgres
 
-from tokenmill.blend_manifest import build_blend
+from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
-from tokenmill.manifest import write_dataset_manifest
-from tokenmill.merge import merge_datasets
+from tokenmill.indices.blend_build import build_blend
+from tokenmill.tokenize.merge import merge_datasets
 
 SERVER_START_SECONDS = 60
 

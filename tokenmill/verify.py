@@ -7,10 +7,14 @@ import json
 import os
 from pathlib import Path
 
-from tokenmill._atomic import file_sha256
+from tokenmill.atomic import file_sha256
 from tokenmill.errors import FormatError
+from tokenmill.formats.dataset_manifest import (
+    dataset_manifest_path,
+    file_problems,
+    read_dataset_manifest,
+)
 from tokenmill.formats.indexed import IndexedDataset
-from tokenmill.manifest import dataset_manifest_path, file_problems, read_dataset_manifest
 
 
 def verify_dataset(prefix: str | os.PathLike[str], *, full: bool = True) -> list[str]:

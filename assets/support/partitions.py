@@ -12,10 +12,10 @@ import os
 
 from dagster import DagsterInstance, DynamicPartitionsDefinition
 
-from tokenmill.ingest import shard_name
-from tokenmill.layout import check_name
-from tokenmill.merge import natural_key
+from tokenmill.ingest.records import shard_name
 from tokenmill.recipe import DatasetConfig
+from tokenmill.storage.layout import check_name
+from tokenmill.tokenize.merge import natural_key
 
 
 def partitions_name(dataset: str) -> str:
@@ -36,7 +36,7 @@ def shard_keys(instance: DagsterInstance, ds: DatasetConfig) -> list[str]:
 
 def check_partition_key(key: str) -> str:
     """Return ``key`` if it is a safe shard name; ConfigError naming the problem otherwise
-    (the rule of every name part in the storage layout, ``tokenmill.layout.check_name``)."""
+    (the rule of every name part in the storage layout, ``tokenmill.storage.layout.check_name``)."""
     return check_name(key, "partition key")
 
 

@@ -1,11 +1,11 @@
 """Resources: where artifacts live (``StorageResource``) and the tokenizer (``TokenizerResource``).
 
 Assets resolve every path through ``StorageResource``, which spells keys only through
-``tokenmill.layout`` (the one place the storage layout is written down). Steps work inside
+``tokenmill.storage.layout`` (the one place the storage layout is written down). Steps work inside
 ``with storage.workspace(inputs) as ws:`` and resolve paths through ``ws.storage``: for a local
 root that is the root itself; for an ``s3://bucket/prefix`` root it is a fresh local work
 directory with the same layout, filled with the inputs before the step and uploaded (in
-``tokenmill.publish`` commit order) after it succeeds, and removed on exit, also on failure.
+``tokenmill.storage.publish`` commit order) after it succeeds, and removed on exit, also on failure.
 
 Inputs are exact: ``dir/`` is a folder (recursively), any other path is that file and its
 ``path.*`` siblings, so ``P`` stages a dataset's ``.bin`` and ``.idx`` (and a 0.1.0 manifest
@@ -42,11 +42,11 @@ from pydantic import PrivateAttr
 from assets.support import s3
 from assets.support.partitions import check_partition_key
 from assets.support.sources import ShardFile
-from tokenmill import layout
 from tokenmill.errors import ConfigError
-from tokenmill.s3 import split_uri
-from tokenmill.tokenizer import TokenizerInfo, inspect_tokenizer
-from tokenmill.versions import read_pointer
+from tokenmill.storage import layout
+from tokenmill.storage.s3 import split_uri
+from tokenmill.storage.versions import read_pointer
+from tokenmill.tokenize.tokenizer import TokenizerInfo, inspect_tokenizer
 
 # Work directories of the steps running now and the S3 root each stands for (for metadata).
 _STAGED: contextvars.ContextVar[tuple[tuple[Path, str], ...]] = contextvars.ContextVar(
@@ -88,7 +88,7 @@ class Workspace:
         return ShardFile(shard.key, path, shard.fingerprint, shard.uri)
 
     def fetch_index_entry(self, paths: Mapping[str, Path]) -> bool:
-        """The ``fetch`` hook of ``tokenmill.nanoset.build_or_load`` (and of builders that
+        """The ``fetch`` hook of ``tokenmill.indices.nanoset.build_or_load`` (and of builders that
         pass it on): bring an index-cache entry's files (``paths``, its ``cache_paths`` in this
         workspace) from S3 when all of them are there, arrays first, description last, through
         the run cache; True if it did. Nothing for a local root (the cache is the root's)."""
@@ -107,7 +107,7 @@ class Workspace:
         self, paths: Mapping[str, Path], key: dict[str, Any], digest: str
     ) -> dict[str, Any] | None:
         """The description of an index-cache entry stored on S3 (``paths``: its
-        ``cache_paths`` in this workspace; ``key``, ``digest``: ``tokenmill.nanoset.entry_key``)
+        ``cache_paths`` in this workspace; ``key``, ``digest``: ``tokenmill.indices.nanoset.entry_key``)
         when it describes exactly that key and every array is there at its recorded size; None
         otherwise, and always for a local root. Costs one LIST and one small GET (the
         description is staged, through the run cache): the arrays are neither downloaded nor,
@@ -152,7 +152,7 @@ class Workspace:
         local = self.storage.blend_dir(blend) / "manifest.json"
         if self.stage is None:
             return local
-        from tokenmill.pull import pull
+        from tokenmill.storage.pull import pull
 
         uri = self.stage.uri(layout.blend_manifest(blend))
         return pull(uri, self.stage.local, endpoint_url=self.storage.s3_endpoint_url).manifest
@@ -274,7 +274,7 @@ class StorageResource(ConfigurableResource):
             s3.delete(client, bucket, f"{prefix}/{key}" if prefix else key)
 
     def path(self, key: str) -> Path:
-        """A layout key (``tokenmill.layout``) under the local root."""
+        """A layout key (``tokenmill.storage.layout``) under the local root."""
         return self.local_root() / key
 
     def raw_stats_path(self, dataset: str, shard: str) -> Path:

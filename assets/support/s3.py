@@ -8,7 +8,7 @@ connections) are retried with the backoff of ``tokenmill pull``; anything else r
 
 :class:`S3Stage` mirrors parts of an S3 root in a local directory: ``fetch`` downloads the
 inputs a step reads, ``push`` uploads what the step wrote in the commit order of
-:mod:`tokenmill.publish` (data first, then dataset manifests, index-cache descriptions and
+:mod:`tokenmill.storage.publish` (data first, then dataset manifests, index-cache descriptions and
 stats, then ``current.json`` pointers, a blend's ``manifest.json`` last; a marker that really
 replaces an existing object is deleted before its data is overwritten, a pointer is simply
 overwritten: a PUT is atomic) and deletes the fetched files the step removed, so a failed or
@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenmill._atomic import TMP_MARK, commit, temp_path_for
+from tokenmill.atomic import TMP_MARK, commit, temp_path_for
 from tokenmill.errors import InputError
-from tokenmill.loader._manifest import relative_path_problem
-from tokenmill.publish import delete_first, publish
-from tokenmill.s3 import retrying
+from tokenmill.formats.blend_manifest import relative_path_problem
+from tokenmill.storage.publish import delete_first, publish
+from tokenmill.storage.s3 import retrying
 
 MULTIPART_BYTES = 64 << 20  # larger files go up (and down) in parts of this size
 MAX_ATTEMPTS = 8  # botocore's own retries per request, below ours per transfer
@@ -340,7 +340,7 @@ class S3Stage:
         return retrying(f"looking up {self.uri(rel)}", head)
 
     def push(self) -> list[str]:
-        """Upload new and changed files in commit order (``tokenmill.publish``) and delete
+        """Upload new and changed files in commit order (``tokenmill.storage.publish``) and delete
         fetched files the step removed; the relative paths uploaded, in upload order."""
         written = list(self._written())
         for rel in sorted(written):

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from assets.support import s3
 from assets.support.partitions import check_partition_key, partition_key_for
-from tokenmill._atomic import TMP_MARK
+from tokenmill.atomic import TMP_MARK
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.recipe import DatasetConfig
-from tokenmill.s3 import split_uri
+from tokenmill.storage.s3 import split_uri
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,9 @@ from dagster import (
     RunsFilter,
 )
 
-from tokenmill.manifest import FORMAT_VERSION
+from tokenmill.formats.dataset_manifest import FORMAT_VERSION
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig, Recipe
-from tokenmill.versions import version_hash
+from tokenmill.storage.versions import version_hash
 
 # The tag under which Dagster stores the data version of a materialization (``DataVersion``);
 # the public record APIs hand back events, whose tags carry it.

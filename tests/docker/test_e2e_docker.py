@@ -39,10 +39,10 @@ from servers import free_port
 
 from assets.support.partitions import partitions_name
 from pipelines.materialize import materialize_recipe
-from tokenmill.layout import merged_pointer
 from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe
-from tokenmill.versions import pointer_target
+from tokenmill.storage.layout import merged_pointer
+from tokenmill.storage.versions import pointer_target
 
 # Opt-in (``make e2e-docker`` sets it): in one run of six, under heavy load, Dagster's retry
 # daemon never launched the retry of the killed run within the 240 s phase limit, and a red CI

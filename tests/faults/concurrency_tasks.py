@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
-from tokenmill.manifest import write_dataset_manifest
 
 WAIT_SECONDS = 120.0  # far above any run here: a timeout means a deadlock, reported as such
 TIMEOUT = 2 * WAIT_SECONDS  # for the test process waiting on a worker's result
@@ -83,7 +83,7 @@ class RunOutcome:
 def gated_commits(suffix: str, on_gate: Callable[[], None]) -> Iterator[list[bool]]:
     """Within the block, the first ``commit`` of a path ending in ``suffix`` calls ``on_gate``
     before renaming; the yielded list gets True once that happened."""
-    from tokenmill import _atomic
+    from tokenmill import atomic as _atomic
 
     real = _atomic.commit
     hit: list[bool] = []
@@ -195,7 +195,7 @@ def open_rank(kind: str, target: str, cache_dir: str, settings: dict[str, Any]) 
     """One training rank: wait for every rank, then open ``target`` through the loader, building
     the cold cache if it gets there first. ``kind`` is ``nanoset`` (``open_nanoset``) or
     ``blend`` (``build_blend`` of the blend manifest ``target``, then ``open_blend``)."""
-    from tokenmill import nanoset
+    from tokenmill.indices import nanoset
 
     real = nanoset.compute_indices
     builds: list[int] = []
@@ -235,7 +235,7 @@ def blend_digests(
 ) -> dict[str, str]:
     """Every rank builds the blend (index caches built once, under their locks), waits for all
     (``wait``), then opens it: a rebuild hides the manifest, so nobody opens during one."""
-    from tokenmill.blend_manifest import build_blend
+    from tokenmill.indices.blend_build import build_blend
     from tokenmill.loader import open_blend
 
     build_blend(output_dir=Path(manifest).parent, cache_dir=cache_dir, **settings)

@@ -35,19 +35,19 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from tokenmill._atomic import TMP_MARK, file_sha256
-from tokenmill._index_cache import load_array, read_description
-from tokenmill.blend_manifest import verify_blend
-from tokenmill.corpus import stdlib_documents
+from tokenmill.atomic import TMP_MARK, file_sha256
 from tokenmill.errors import CacheError, TokenmillError
-from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, index_file_path
-from tokenmill.loader._manifest import read_blend_manifest, resolve
-from tokenmill.manifest import (
+from tokenmill.formats.blend_manifest import read_blend_manifest, resolve
+from tokenmill.formats.dataset_manifest import (
     check_dataset_files,
     prefix_of_manifest,
     read_dataset_manifest,
     write_dataset_manifest,
 )
+from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, index_file_path
+from tokenmill.formats.nanoset_cache import load_array, read_description
+from tokenmill.indices.blend_build import verify_blend
+from tokenmill_dev.corpus import stdlib_documents
 
 PARK_SECONDS = 60  # how long a child may take to reach its parking point
 DATASET_MANIFEST = ".manifest.json"

@@ -35,8 +35,8 @@ from assets.factory import build_assets
 from assets.support.partitions import partitions_name
 from assets.support.resources import StorageResource
 from pipelines.build import resources_for
-from tokenmill.layout import DATASET_MANIFESTS
 from tokenmill.recipe import Recipe
+from tokenmill.storage.layout import DATASET_MANIFESTS
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te"}
 ERROR_XML = (
@@ -281,11 +281,11 @@ def fast_retries_fixture(monkeypatch: pytest.MonkeyPatch) -> None:
     backoff, and botocore's per-request backoff, which otherwise sleeps up to seconds."""
     from botocore.retries.standard import ExponentialBackoff
 
-    import tokenmill.pull
-    import tokenmill.s3
+    import tokenmill.storage.pull
+    import tokenmill.storage.s3
 
-    monkeypatch.setattr(tokenmill.s3, "BACKOFF_SECONDS", 0.01)
-    monkeypatch.setattr(tokenmill.pull, "BACKOFF_SECONDS", 0.01)
+    monkeypatch.setattr(tokenmill.storage.s3, "BACKOFF_SECONDS", 0.01)
+    monkeypatch.setattr(tokenmill.storage.pull, "BACKOFF_SECONDS", 0.01)
     monkeypatch.setattr(ExponentialBackoff, "delay_amount", lambda self, context: 0.001)
 
 

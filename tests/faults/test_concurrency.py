@@ -39,14 +39,14 @@ from concurrency_tasks import (
 )
 from pipeline_project import make_project
 
-from tokenmill._atomic import TMP_MARK, remove_stale_temps, writer_alive
+from tokenmill.atomic import TMP_MARK, remove_stale_temps, writer_alive
+from tokenmill.formats.dataset_manifest import check_dataset_files
 from tokenmill.formats.indexed import IndexedDatasetWriter
-from tokenmill.manifest import check_dataset_files
 from tokenmill.recipe import Recipe
-from tokenmill.versions import pointer_target
+from tokenmill.storage.versions import pointer_target
 
-PIPELINE = ("dagster", "pipelines.build", "tokenmill.tokenize", "tokenmill.merge")
-LOADER = ("tokenmill.loader", "tokenmill.nanoset", "tokenmill.blend_manifest")
+PIPELINE = ("dagster", "pipelines.build", "tokenmill.tokenize.run", "tokenmill.tokenize.merge")
+LOADER = ("tokenmill.loader", "tokenmill.indices.nanoset", "tokenmill.indices.blend_build")
 RANKS = 16
 SHARD = "extra-00000"  # the shard with bad lines: stats, quarantine, Parquet and tokens
 MERGED = (("docs", "merged"), ("docs", "nanoset"))
@@ -356,8 +356,8 @@ def open_everywhere(workers: Workers, *args: Any) -> list[RankReport]:
 def test_sixteen_ranks_open_one_cold_nanoset(ranks: Workers, tmp_path: Path) -> None:
     """``open_nanoset`` in 16 processes at once on an empty cache: one build, the reference
     arrays, read identically everywhere."""
+    from tokenmill.indices.nanoset import build_nanoset_indices, split_ranges
     from tokenmill.loader import open_nanoset
-    from tokenmill.nanoset import build_nanoset_indices, split_ranges
 
     prefix = make_dataset(tmp_path / "data" / "docs_text_document", seed=1)
     cache = tmp_path / "cache"
@@ -386,7 +386,7 @@ def test_sixteen_ranks_open_one_cold_nanoset(ranks: Workers, tmp_path: Path) -> 
 def test_sixteen_ranks_build_and_open_one_cold_blend(ranks: Workers, tmp_path: Path) -> None:
     """``build_blend`` then ``open_blend`` in 16 processes at once on an empty cache: each
     dataset split's index is built once, and every rank reads what one process alone builds."""
-    from tokenmill.blend_manifest import verify_blend
+    from tokenmill.indices.blend_build import verify_blend
 
     manifest = tmp_path / "blends" / "mix" / "manifest.json"
     cache = tmp_path / "nanoset"
@@ -412,7 +412,7 @@ def test_opening_a_blend_while_it_is_refreshed_gives_the_previous_version(
     """A refresh writes its new version first and moves the pointer last: a reader meanwhile
     opens the previous version whole (its batches, its version), never a mix; afterwards the
     new one, and the previous one still opens by its version."""
-    from tokenmill.blend_manifest import build_blend
+    from tokenmill.indices.blend_build import build_blend
     from tokenmill.loader import open_blend
 
     settings = blend_settings(tmp_path)

@@ -21,15 +21,15 @@ from pathlib import Path
 import pytest
 from faultlib import WriteFault, audit, build_sources, failing_writes, tree_digest
 
-from tokenmill._atomic import TMP_MARK
-from tokenmill.blend_manifest import build_blend
+from tokenmill.atomic import TMP_MARK
 from tokenmill.cli import main
 from tokenmill.errors import TokenmillError
-from tokenmill.export import export_shard, write_dataset_info
-from tokenmill.merge import merge_datasets
-from tokenmill.nanoset import SPLITS, build_or_load
-from tokenmill.pull import pull
-from tokenmill.tokenize import tokenize_files
+from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.nanoset import SPLITS, build_or_load
+from tokenmill.ingest.export import export_shard, write_dataset_info
+from tokenmill.storage.pull import pull
+from tokenmill.tokenize.merge import merge_datasets
+from tokenmill.tokenize.run import tokenize_files
 
 ENOSPC, EIO = errno.ENOSPC, errno.EIO
 PAGE = 4096

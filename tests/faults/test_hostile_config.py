@@ -60,16 +60,16 @@ from assets.support.partitions import partitions_name
 from assets.support.resources import StorageResource
 from assets.support.sources import list_shards
 from pipelines.build import resources_for
-from tokenmill import layout
-from tokenmill.blend_manifest import build_blend
 from tokenmill.cli import main
 from tokenmill.errors import ConfigError, FormatError, InputError, TokenmillError
+from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
+from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.nanoset import build_or_load
 from tokenmill.loader import open_nanoset
-from tokenmill.manifest import write_dataset_manifest
-from tokenmill.nanoset import build_or_load
-from tokenmill.pull import pull
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe
+from tokenmill.storage import layout
+from tokenmill.storage.pull import pull
 
 NAN, INF = float("nan"), float("inf")
 

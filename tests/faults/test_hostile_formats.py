@@ -40,15 +40,15 @@ from typing import Any
 import pytest
 from servers import build_storage_root
 
-from tokenmill import manifest as dataset_manifest
-from tokenmill._atomic import file_sha256
+from tokenmill.atomic import file_sha256
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError, TokenmillError
-from tokenmill.loader import _manifest as blend_reader
+from tokenmill.formats import blend_manifest as blend_reader
+from tokenmill.formats import dataset_manifest
+from tokenmill.formats.blend_manifest import seal
+from tokenmill.indices.nanoset import build_or_load
 from tokenmill.loader import open_blend, open_nanoset
-from tokenmill.loader._manifest import seal
-from tokenmill.nanoset import build_or_load
-from tokenmill.pull import pull
+from tokenmill.storage.pull import pull
 
 CODE = Path("merged/code_text_document")
 DOCS = Path("merged/docs_text_document")

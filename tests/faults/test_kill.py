@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from faultlib import audit, build_sources, kill_parked, tree_digest
 
-from tokenmill.blend_manifest import verify_blend
 from tokenmill.cli import main
 from tokenmill.errors import FormatError
+from tokenmill.formats.dataset_manifest import check_dataset_files
+from tokenmill.indices.blend_build import verify_blend
 from tokenmill.loader import open_blend
-from tokenmill.manifest import check_dataset_files
-from tokenmill.pull import pull
+from tokenmill.storage.pull import pull
 
 IDX_WRITER = "tokenmill.formats.indexed"
 TOKENIZER = Path(__file__).resolve().parents[2] / ".tokenizers" / "gpt2"  # the gpt2_dir fixture
@@ -121,7 +121,7 @@ def test_tokenize_killed_mid_write(src: Path, clean: dict, tmp_path: Path, worke
     ("hook", "after", "orphans"),
     [
         (f"{IDX_WRITER}:commit", True, ["p_text_document.bin"]),  # .bin renamed, .idx not yet
-        ("tokenmill._atomic:commit", False, ["p_text_document.bin", "p_text_document.idx"]),
+        ("tokenmill.atomic:commit", False, ["p_text_document.bin", "p_text_document.idx"]),
     ],
     ids=["between-bin-and-idx", "manifest-written-not-renamed"],
 )
@@ -153,7 +153,7 @@ def test_tokenize_killed_over_a_previous_result(src: Path, clean: dict, tmp_path
     [
         (f"{IDX_WRITER}:IndexedDatasetWriter.add_index", 2, []),  # one input copied
         (f"{IDX_WRITER}:_copy_file", 3, []),
-        ("tokenmill.merge:write_dataset_manifest", 1, ["m.bin", "m.idx"]),
+        ("tokenmill.tokenize.merge:write_dataset_manifest", 1, ["m.bin", "m.idx"]),
     ],
     ids=["between-inputs", "copying-the-last-input", "before-manifest"],
 )
@@ -174,7 +174,9 @@ def test_merge_killed_over_a_previous_result(src: Path, clean: dict, tmp_path: P
     the old manifest must be gone before the new pair is renamed into place."""
     out = tmp_path / "out"
     assert main(merge_args(src, out, order="102")) == 0
-    kill_parked(merge_args(src, out), "tokenmill.merge:write_dataset_manifest", tmp_path / "k")
+    kill_parked(
+        merge_args(src, out), "tokenmill.tokenize.merge:write_dataset_manifest", tmp_path / "k"
+    )
     state = audit(out)
     assert (state.orphans, state.manifests, state.problems) == (["m.bin", "m.idx"], [], [])
     never_completed(out / "m")
@@ -188,9 +190,9 @@ def _index_names(out: Path, pattern: str) -> list[str]:
 @pytest.mark.parametrize(
     ("hook", "call", "orphans"),
     [
-        ("tokenmill._atomic:commit", 1, ""),  # train document index written, not renamed
-        ("tokenmill._index_cache:save_array", 2, "*-train-document_index.npy"),
-        ("tokenmill._index_cache:write_description", 2, "*-valid-*_index.npy"),
+        ("tokenmill.atomic:commit", 1, ""),  # train document index written, not renamed
+        ("tokenmill.formats.nanoset_cache:save_array", 2, "*-train-document_index.npy"),
+        ("tokenmill.formats.nanoset_cache:write_description", 2, "*-valid-*_index.npy"),
     ],
     ids=["first-array-renaming", "between-arrays", "before-valid-description"],
 )
@@ -212,9 +214,9 @@ def test_index_killed(
 @pytest.mark.parametrize(
     ("hook", "call", "staged"),
     [
-        ("tokenmill.blend_manifest:_build_split", 2, 2),  # train arrays in the temp folder
-        ("tokenmill.blend_manifest:write_json", 1, 6),  # every array, no version manifest
-        ("tokenmill.blend_manifest:write_json", 2, 0),  # version renamed, pointer not written
+        ("tokenmill.indices.blend_build:_build_split", 2, 2),  # train arrays in the temp folder
+        ("tokenmill.indices.blend_build:write_json", 1, 6),  # every array, no version manifest
+        ("tokenmill.indices.blend_build:write_json", 2, 0),  # version renamed, pointer not written
     ],
     ids=["after-train-split", "before-version-manifest", "before-pointer"],
 )
@@ -246,7 +248,7 @@ def test_blend_rebuild_killed_keeps_the_previous_version(
     pointer = (out / "mix/manifest.json").read_bytes()
     old = open_blend(out / "mix")
     (old_version,) = [p.name for p in (out / "mix/versions").iterdir()]
-    hook = "tokenmill.blend_manifest:_build_split"
+    hook = "tokenmill.indices.blend_build:_build_split"
     kill_parked(blend_args(src, out), hook, tmp_path / "k", call=2)  # train arrays written
     state = audit(out)
     assert state.problems == [] and (out / "mix/manifest.json").read_bytes() == pointer
@@ -265,10 +267,10 @@ def test_blend_rebuild_killed_keeps_the_previous_version(
 @pytest.mark.parametrize(
     ("hook", "call", "after", "jobs"),
     [
-        ("tokenmill.pull:_Hasher.update", 1, True, 1),  # first file half-way (temp)
-        ("tokenmill.pull:commit", 3, True, 1),  # three files complete
-        ("tokenmill.pull:_commit_manifest", 1, False, 1),  # all files, no manifest
-        ("tokenmill.pull:_Hasher.update", 4, True, 8),  # eight transfers at once
+        ("tokenmill.storage.pull:_Hasher.update", 1, True, 1),  # first file half-way (temp)
+        ("tokenmill.storage.pull:commit", 3, True, 1),  # three files complete
+        ("tokenmill.storage.pull:_commit_manifest", 1, False, 1),  # all files, no manifest
+        ("tokenmill.storage.pull:_Hasher.update", 4, True, 8),  # eight transfers at once
     ],
     ids=["mid-file", "after-three-files", "before-manifest", "parallel"],
 )

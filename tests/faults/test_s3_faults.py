@@ -33,14 +33,14 @@ from s3faults import (
 )
 
 from assets.support import s3 as s3_stage
-from tokenmill import layout
-from tokenmill import s3 as tm_s3
 from tokenmill.cli import main
 from tokenmill.errors import InputError
+from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
-from tokenmill.manifest import write_dataset_manifest
-from tokenmill.pull import pull
 from tokenmill.recipe import Recipe
+from tokenmill.storage import layout
+from tokenmill.storage import s3 as tm_s3
+from tokenmill.storage.pull import pull
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = "blends/mix/manifest.json"

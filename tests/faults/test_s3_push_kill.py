@@ -3,7 +3,7 @@ commit marker (dataset manifest, Nanoset cache description, ``current.json`` poi
 manifest) is ever on S3 without all the files it names, a pointer is never removed while its
 replacement is uploaded, and the next push completes the tree.
 
-The tree is the versioned layout (``tokenmill.layout``): version A is on S3, version B (new
+The tree is the versioned layout (``tokenmill.storage.layout``): version A is on S3, version B (new
 merged version folder, new index-cache entries, the same two pointers) is pushed and killed
 while its upload waits at the fault proxy."""
 
@@ -32,12 +32,12 @@ from s3faults import (
 )
 
 from assets.support import s3 as s3_stage
-from tokenmill import layout
-from tokenmill._atomic import write_json
-from tokenmill.blend_manifest import build_blend
+from tokenmill.atomic import write_json
+from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
-from tokenmill.manifest import write_dataset_manifest
-from tokenmill.versions import read_pointer, version_hash, write_pointer
+from tokenmill.indices.blend_build import build_blend
+from tokenmill.storage import layout
+from tokenmill.storage.versions import read_pointer, version_hash, write_pointer
 
 ROOT = Path(__file__).resolve().parents[2]
 UPLOADER = """

@@ -20,15 +20,15 @@ import numpy as np
 import pytest
 import yaml
 
-from tokenmill._atomic import file_sha256
-from tokenmill.blend_manifest import build_blend
+from tokenmill.atomic import file_sha256
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, ConfigError, FormatError
+from tokenmill.formats.blend_manifest import seal
+from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
+from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.nanoset import build_or_load
 from tokenmill.loader import open_blend, open_nanoset
-from tokenmill.loader._manifest import seal
-from tokenmill.manifest import write_dataset_manifest
-from tokenmill.nanoset import build_or_load
 from tokenmill.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""``tokenmill._batching``: batches encoded through padded and one-by-one calls give exactly the
+"""``tokenmill.tokenize._batching``: batches encoded through padded and one-by-one calls give exactly the
 per-text ids in order; gigatoken's paths (text by text, padded, its thread pool) agree with the
 reference engine, and the text-by-text path imports no awkward."""
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenmill import _batching
+from tokenmill.tokenize import _batching
 
 
 class FakeEngine:
@@ -71,8 +71,8 @@ def test_gigatoken_paths_match_hf(gpt2_dir: Path, mode: str, awkward_imported: b
     first text, or gigatoken's thread pool, all equal to the reference engine's ids."""
     code = (
         "import sys, numpy as np\n"
-        "from tokenmill import _batching\n"
-        "from tokenmill.tokenizer import load_tokenizer\n"
+        "from tokenmill.tokenize import _batching\n"
+        "from tokenmill.tokenize.tokenizer import load_tokenizer\n"
         "mode = sys.argv[2]\n"
         "if mode == 'padded':\n"
         "    _batching.PADDED_AFTER = 0\n"

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenmill import _blend_kernels as kernels
-from tokenmill import _jit
-from tokenmill.blend import (
+from tokenmill.errors import ConfigError
+from tokenmill.indices import _blend_kernels as kernels
+from tokenmill.indices import _jit
+from tokenmill.indices.blend import (
     blend_sample_counts,
     blend_size,
     build_blend_indices,
@@ -21,7 +22,6 @@ from tokenmill.blend import (
     normalize_weights,
     temperature_weights,
 )
-from tokenmill.errors import ConfigError
 
 ENGINES = ["numpy", "numba"] if _jit.available() else ["numpy"]
 

@@ -14,17 +14,22 @@ import numpy as np
 import pytest
 from tiny_pairs import random_pair
 
-from tokenmill import blend_manifest
-from tokenmill._atomic import file_sha256
-from tokenmill.blend_manifest import build_blend, describe_blend, read_blend_manifest, verify_blend
+from tokenmill.atomic import file_sha256
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, ConfigError, FormatError
+from tokenmill.formats.blend_manifest import manifest_digest, seal
+from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
+from tokenmill.indices import blend_build as blend_manifest
+from tokenmill.indices.blend_build import (
+    build_blend,
+    describe_blend,
+    read_blend_manifest,
+    verify_blend,
+)
+from tokenmill.indices.nanoset import NanosetIndex
 from tokenmill.loader import open_blend
-from tokenmill.loader._manifest import manifest_digest, seal
-from tokenmill.manifest import write_dataset_manifest
-from tokenmill.nanoset import NanosetIndex
-from tokenmill.versions import write_pointer
+from tokenmill.storage.versions import write_pointer
 
 S = 8
 

@@ -13,9 +13,9 @@ from tokenizers import Tokenizer
 
 from tokenmill import __version__
 from tokenmill.cli import COMMANDS, build_parser, main
+from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
-from tokenmill.manifest import write_dataset_manifest
-from tokenmill.versions import write_pointer
+from tokenmill.storage.versions import write_pointer
 
 
 def _subparsers() -> dict[str, argparse.ArgumentParser]:

@@ -12,10 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tokenmill._atomic import file_sha256
+from tokenmill.atomic import file_sha256
 from tokenmill.cli import main
 from tokenmill.errors import BadRecordError, ConfigError, InputError
-from tokenmill.export import (
+from tokenmill.formats.dataset_manifest import FORMAT_VERSION
+from tokenmill.ingest.export import (
     JSON_FIELDS_KEY,
     export_input,
     export_shard,
@@ -23,8 +24,7 @@ from tokenmill.export import (
     tokenmill_info,
     write_dataset_info,
 )
-from tokenmill.ingest import read_input_batches
-from tokenmill.manifest import FORMAT_VERSION
+from tokenmill.ingest.records import read_input_batches
 
 RECORDS: list[dict[str, Any]] = [
     {"text": "first", "id": 1, "score": 0.5, "meta": {"lang": "en", "tags": ["a", "b"]}},

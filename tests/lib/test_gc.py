@@ -13,14 +13,18 @@ import numpy as np
 import pytest
 from test_versions import make_merged
 
-from tokenmill.blend_manifest import build_blend
 from tokenmill.cli import main
-from tokenmill.gc import gc
+from tokenmill.formats.dataset_manifest import (
+    legacy_manifest_path,
+    read_dataset_manifest,
+    sidecar_manifest_path,
+)
+from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.nanoset import build_or_load
 from tokenmill.loader import open_blend
-from tokenmill.manifest import legacy_manifest_path, read_dataset_manifest, sidecar_manifest_path
-from tokenmill.nanoset import build_or_load
-from tokenmill.pull import pull
-from tokenmill.versions import write_pointer
+from tokenmill.storage.gc import gc
+from tokenmill.storage.pull import pull
+from tokenmill.storage.versions import write_pointer
 
 DAY = 86400
 

@@ -14,12 +14,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokenmill import _index_cache, nanoset
-from tokenmill._index_cache import exclusive_lock
 from tokenmill.cli import main
 from tokenmill.errors import CacheError
+from tokenmill.formats import nanoset_cache as _index_cache
 from tokenmill.formats.indexed import IndexedDatasetWriter
-from tokenmill.nanoset import build_nanoset_indices, build_or_load, split_ranges, verify_index
+from tokenmill.formats.nanoset_cache import exclusive_lock
+from tokenmill.indices import nanoset
+from tokenmill.indices.nanoset import (
+    build_nanoset_indices,
+    build_or_load,
+    split_ranges,
+    verify_index,
+)
 
 NUM_SEQUENCES = 200
 

@@ -14,7 +14,7 @@ import pytest
 import zstandard
 
 from tokenmill.errors import BadRecordError, ConfigError, FormatError, InputError
-from tokenmill.ingest import (
+from tokenmill.ingest.records import (
     Batch,
     IngestStats,
     Quarantine,
@@ -22,7 +22,7 @@ from tokenmill.ingest import (
     read_jsonl_batches,
     shard_name,
 )
-from tokenmill.tables import read_table_batches
+from tokenmill.ingest.tables import read_table_batches
 
 SURROGATE = "text contains a lone surrogate (cannot be encoded as UTF-8)"
 # (line bytes, exact reason; a reason ending in ": " is a prefix, the parser's detail follows)

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import assume, given, reject, settings
 from hypothesis import strategies as st
 
-from tokenmill._atomic import file_sha256
+from tokenmill.atomic import file_sha256
 from tokenmill.errors import CacheError, ConfigError, FormatError
+from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
+from tokenmill.indices.nanoset import build_nanoset_indices, build_or_load
 from tokenmill.loader import BlendedDataset, NanosetDataset, open_nanoset
-from tokenmill.manifest import write_dataset_manifest
-from tokenmill.nanoset import build_nanoset_indices, build_or_load
 
 LENGTHS = [5, 3, 7, 4]
 
@@ -314,8 +314,8 @@ def test_description_path_must_be_a_cache_file(tmp_path: Path, four: IndexedData
 def test_importing_the_loader_pulls_no_heavy_modules() -> None:
     code = (
         "import sys, tokenmill.loader\n"
-        "heavy = ['torch', 'dagster', 'transformers', 'pyarrow', 'pandas', 'tokenmill.nanoset',"
-        " 'tokenmill.blend', 'tokenmill.blend_manifest']\n"
+        "heavy = ['torch', 'dagster', 'transformers', 'pyarrow', 'pandas', 'tokenmill.indices.nanoset',"
+        " 'tokenmill.indices.blend', 'tokenmill.indices.blend_build']\n"
         "print([m for m in heavy if m in sys.modules])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -11,11 +11,8 @@ from pathlib import Path
 import pytest
 from tiny_pairs import random_pair
 
-from tokenmill import layout
-from tokenmill.blend_manifest import build_blend
 from tokenmill.cli import main
-from tokenmill.loader import open_blend
-from tokenmill.manifest import (
+from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     legacy_manifest_path,
     prefix_of_manifest,
@@ -23,9 +20,12 @@ from tokenmill.manifest import (
     sidecar_manifest_path,
     write_dataset_manifest,
 )
-from tokenmill.merge import merge_datasets
-from tokenmill.pull import pull
-from tokenmill.tokenize import tokenize_files
+from tokenmill.indices.blend_build import build_blend
+from tokenmill.loader import open_blend
+from tokenmill.storage import layout
+from tokenmill.storage.pull import pull
+from tokenmill.tokenize.merge import merge_datasets
+from tokenmill.tokenize.run import tokenize_files
 from tokenmill.verify import verify_dataset
 
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tokenmill import _jit, _sample_index
-from tokenmill._nanoset_indices import parse_split, shuffle_index_dtype
-from tokenmill._sample_index import build_sample_index, count_samples, sample_index_dtype
 from tokenmill.errors import ConfigError
-from tokenmill.nanoset import build_nanoset_indices, split_ranges
+from tokenmill.indices import _jit, _sample_index
+from tokenmill.indices._nanoset_indices import parse_split, shuffle_index_dtype
+from tokenmill.indices._sample_index import build_sample_index, count_samples, sample_index_dtype
+from tokenmill.indices.nanoset import build_nanoset_indices, split_ranges
 
 LENGTHS = [5, 3, 7, 4]
 SAMPLE_ENGINES = ["numpy", "numba"] if _jit.available() else ["numpy"]

@@ -1,4 +1,4 @@
-"""``tokenmill.publish``: the one commit order of the pipeline's uploads and of ``pull``."""
+"""``tokenmill.storage.publish``: the one commit order of the pipeline's uploads and of ``pull``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,13 @@ import time
 
 import pytest
 
-from tokenmill.publish import commit_rank, delete_first, is_pointer, publish, publish_batches
+from tokenmill.storage.publish import (
+    commit_rank,
+    delete_first,
+    is_pointer,
+    publish,
+    publish_batches,
+)
 
 TREE = [
     "blends/mix/manifest.json",

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill import layout
 from tokenmill.cli import main
-from tokenmill.corpus import stdlib_documents
-from tokenmill.merge import merge_datasets
-from tokenmill.tokenize import tokenize_files
-from tokenmill.versions import version_hash, write_pointer
+from tokenmill.storage import layout
+from tokenmill.storage.versions import version_hash, write_pointer
+from tokenmill.tokenize.merge import merge_datasets
+from tokenmill.tokenize.run import tokenize_files
+from tokenmill_dev.corpus import stdlib_documents
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = (ROOT / "README.md", ROOT / "docs" / "user-guide.md")

@@ -1,4 +1,4 @@
-"""Which S3 errors ``tokenmill.s3.retrying`` tries again: the network's, never the local disk's."""
+"""Which S3 errors ``tokenmill.storage.s3.retrying`` tries again: the network's, never the local disk's."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import errno
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
 
-from tokenmill import s3
 from tokenmill.errors import InputError
+from tokenmill.storage import s3
 
 
 def client_error(status: int, code: str) -> ClientError:

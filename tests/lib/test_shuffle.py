@@ -1,4 +1,4 @@
-"""``tokenmill._shuffle``: the compiled Fisher-Yates gives numpy's ``RandomState.shuffle``
+"""``tokenmill.indices._shuffle``: the compiled Fisher-Yates gives numpy's ``RandomState.shuffle``
 permutation and leaves the generator in the same state, for every length and dtype."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenmill import _jit, _shuffle
+from tokenmill.indices import _jit, _shuffle
 
 ENGINES = ["numpy", "numba"] if _jit.available() else ["numpy"]
 DTYPES = [np.int32, np.uint32, np.int64, np.intp]

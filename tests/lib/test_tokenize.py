@@ -21,20 +21,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tokenmill._atomic import file_sha256
+from tokenmill.atomic import file_sha256
 from tokenmill.cli import main
-from tokenmill.corpus import stdlib_documents
 from tokenmill.errors import BadRecordError, ConfigError, TokenmillError
-from tokenmill.formats.indexed import IndexedDataset, encode_index
-from tokenmill.manifest import (
+from tokenmill.formats.dataset_manifest import (
     check_dataset_files,
     dataset_manifest_path,
     input_sha256,
     read_dataset_manifest,
 )
-from tokenmill.tokenize import dataset_prefix, tokenize_files
-from tokenmill.tokenize_procs import SAMPLE_CHARS
-from tokenmill.tokenizer import GigatokenEncoder
+from tokenmill.formats.indexed import IndexedDataset, encode_index
+from tokenmill.tokenize.procs import SAMPLE_CHARS
+from tokenmill.tokenize.run import dataset_prefix, tokenize_files
+from tokenmill.tokenize.tokenizer import GigatokenEncoder
+from tokenmill_dev.corpus import stdlib_documents
 
 EDGE_TEXTS = [
     "",

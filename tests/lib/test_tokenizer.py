@@ -12,10 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tokenmill import tokenizer_verify
-from tokenmill.bundled import build_bundled_tokenizer
 from tokenmill.errors import ConfigError
-from tokenmill.tokenizer import (
+from tokenmill.tokenize import tokenizer_verify
+from tokenmill.tokenize.tokenizer import (
     ENGINES,
     _assemble,
     inspect_tokenizer,
@@ -24,12 +23,13 @@ from tokenmill.tokenizer import (
     pack_flat,
     record_mismatch,
 )
-from tokenmill.tokenizer_verify import (
+from tokenmill.tokenize.tokenizer_verify import (
     passthrough_problem,
     probe_texts,
     template_ids,
     tiktoken_parts,
 )
+from tokenmill_dev.bundled import build_bundled_tokenizer
 
 REAL_TEXTS = [
     "Hello world",
@@ -245,7 +245,7 @@ def test_gigatoken_batches_agree_with_per_text_and_hf(gpt2_dir: Path) -> None:
 
     code = (
         "import sys, numpy as np\n"
-        "from tokenmill.tokenizer import load_tokenizer\n"
+        "from tokenmill.tokenize.tokenizer import load_tokenizer\n"
         "enc = load_tokenizer(sys.argv[1], engine='gigatoken')\n"
         "texts = ['Hello world', '', 'a<|endoftext|>b'] * 50\n"
         "flat, lengths = enc.pack(texts, 50256, np.uint16, threads=True)\n"

@@ -15,10 +15,15 @@ import pytest
 from pipeline_project import ROOT
 from tokenizers import normalizers
 
-from tokenmill.bundled import build_bundled_tokenizer
-from tokenmill.tokenize import tokenize_files
-from tokenmill.tokenizer import inspect_tokenizer, load_encoder, load_tokenizer
-from tokenmill.tokenizer_guard import Guard, to_ranges, unassigned_code_points, unicode_form
+from tokenmill.tokenize.run import tokenize_files
+from tokenmill.tokenize.tokenizer import inspect_tokenizer, load_encoder, load_tokenizer
+from tokenmill.tokenize.tokenizer_guard import (
+    Guard,
+    to_ranges,
+    unassigned_code_points,
+    unicode_form,
+)
+from tokenmill_dev.bundled import build_bundled_tokenizer
 
 ORDINARY = [
     Path(json.__file__).read_text(encoding="utf-8")[k * 400 : (k + 1) * 400] for k in range(100)

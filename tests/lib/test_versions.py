@@ -12,15 +12,19 @@ import numpy as np
 import pytest
 from tiny_pairs import random_pair
 
-from tokenmill import blend_manifest
-from tokenmill._atomic import file_sha256
-from tokenmill.blend_manifest import build_blend, read_blend_manifest
+from tokenmill.atomic import file_sha256
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, ConfigError, FormatError
+from tokenmill.formats import blend_manifest as blend_reader
+from tokenmill.formats.dataset_manifest import (
+    bin_parts,
+    read_dataset_manifest,
+    write_dataset_manifest,
+)
 from tokenmill.formats.indexed import IndexedDatasetWriter
-from tokenmill.loader import _manifest as blend_reader
+from tokenmill.indices import blend_build as blend_manifest
+from tokenmill.indices.blend_build import build_blend, read_blend_manifest
 from tokenmill.loader import open_blend, open_nanoset
-from tokenmill.manifest import bin_parts, read_dataset_manifest, write_dataset_manifest
 
 S = 8
 
@@ -212,7 +216,11 @@ def test_merged_datasets_are_recorded_by_their_parts_and_never_read(
     data[3] ^= 0xFF  # the recorded parts no longer hash to these bytes
     path.write_bytes(bytes(data))
     hashed: list[str] = []
-    for module in (blend_manifest, blend_reader, __import__("tokenmill.manifest").manifest):
+    for module in (
+        blend_manifest,
+        blend_reader,
+        __import__("tokenmill.formats.dataset_manifest").manifest,
+    ):
         real = module.file_sha256
         monkeypatch.setattr(
             module,

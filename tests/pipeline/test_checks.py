@@ -16,7 +16,7 @@ import assets.tokenized
 from assets.checks import index_problems
 from assets.support.partitions import partitions_name
 from pipelines.materialize import materialize_recipe
-from tokenmill.nanoset import NanosetIndex
+from tokenmill.indices.nanoset import NanosetIndex
 from tokenmill.recipe import Recipe
 
 SHARD = "part-00000"

@@ -28,7 +28,7 @@ from assets.support.resources import StorageResource
 from assets.support.sources import list_shards
 from pipelines.build import build_definitions, resources_for
 from pipelines.materialize import materialize_recipe
-from tokenmill._atomic import file_sha256
+from tokenmill.atomic import file_sha256
 from tokenmill.errors import BadRecordError, ConfigError, InputError
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.loader import open_blend

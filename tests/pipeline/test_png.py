@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 
-from tokenmill.png import bar_chart_png, encode_png, markdown_image, short_number
+from assets.png import bar_chart_png, encode_png, markdown_image, short_number
 
 
 def decode(png: bytes) -> np.ndarray:

@@ -18,9 +18,9 @@ from assets.factory import build_assets
 from assets.support.partitions import partitions_name
 from assets.support.resources import StorageResource
 from pipelines.build import resources_for
-from tokenmill._atomic import file_sha256
+from tokenmill.atomic import file_sha256
 from tokenmill.errors import InputError
-from tokenmill.manifest import FORMAT_VERSION
+from tokenmill.formats.dataset_manifest import FORMAT_VERSION
 from tokenmill.recipe import Recipe
 
 SHARD = "extra-00000"  # docs: 10 documents and 3 bad lines (pipeline_project.BAD_LINES)
@@ -234,7 +234,7 @@ def write_dataset_info_by_reading_parquet(
     storage: StorageResource, path: Path, block: dict[str, object]
 ) -> dict[str, object]:
     """What reading every Parquet file gives (the old way): the records must say the same."""
-    from tokenmill.export import write_dataset_info
+    from tokenmill.ingest.export import write_dataset_info
 
     copy = path.parent / "reread"
     (copy / "data").mkdir(parents=True)

@@ -30,8 +30,8 @@ from assets.factory import build_assets
 from assets.shards import PARTITIONS_PER_BACKFILL_RUN, POOLS, each_shard
 from assets.support.partitions import partitions_name
 from pipelines.build import build_definitions, resources_for
-from tokenmill.merge import natural_key
 from tokenmill.recipe import Recipe
+from tokenmill.tokenize.merge import natural_key
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from prod_servers import S3
 
-from tokenmill.blend_manifest import build_blend
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError, InputError
+from tokenmill.indices.blend_build import build_blend
 from tokenmill.loader import open_blend
-from tokenmill.pull import pull
+from tokenmill.storage.pull import pull
 
 MANIFEST = Path("blends/mix/manifest.json")
 

@@ -24,11 +24,11 @@ from assets.support.sources import diff_listing, list_shards
 from pipelines.build import build_definitions, resources_for
 from pipelines.materialize import materialize_recipe
 from pipelines.sensors import range_run_key
-from tokenmill import layout
-from tokenmill.corpus import stdlib_documents, write_jsonl_shards
 from tokenmill.loader import open_blend
-from tokenmill.pull import pull
 from tokenmill.recipe import Recipe, load_recipe
+from tokenmill.storage import layout
+from tokenmill.storage.pull import pull
+from tokenmill_dev.corpus import stdlib_documents, write_jsonl_shards
 
 SECRET = "tm-secret-access-key-4f1c"  # the fake secret key: must never show up in a run
 SHARD_STAGES = ("raw_jsonl", "hf_dataset", "tokens")

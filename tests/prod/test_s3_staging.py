@@ -18,16 +18,16 @@ from dagster import AssetKey, DagsterInstance, materialize
 from prod_servers import S3
 from test_s3_pipeline import s3_recipe
 
-import tokenmill.nanoset
+import tokenmill.indices.nanoset
 from assets.factory import build_assets
 from assets.support import s3 as s3_stage
 from assets.support.partitions import partitions_name
 from assets.support.resources import StorageResource
 from assets.support.sources import list_shards
 from pipelines.build import resources_for
+from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
-from tokenmill.manifest import write_dataset_manifest
-from tokenmill.nanoset import build_or_load, cache_paths
+from tokenmill.indices.nanoset import build_or_load, cache_paths
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
@@ -167,7 +167,7 @@ def test_one_run_downloads_each_object_once_and_refreshes_find_indices_by_key(
 
         # A refresh with nothing changed: the index entries are found on S3 by key.
         built = []
-        monkeypatch.setattr(tokenmill.nanoset, "_build_entry", lambda *a: built.append(a))
+        monkeypatch.setattr(tokenmill.indices.nanoset, "_build_entry", lambda *a: built.append(a))
         requests.clear()
         result = downstream_run(recipe, instance, work, ["docs/nanoset"], checks=False)
     assert built == []
@@ -218,7 +218,9 @@ def test_fetch_hook_brings_a_stored_index_entry(
     assert first is not None
     s3.upload_tree(src, "root")
     storage = StorageResource(root=f"s3://{s3.bucket}/root", work_dir=str(tmp_path / "work"))
-    monkeypatch.setattr(tokenmill.nanoset, "_build_entry", lambda *a: pytest.fail("rebuilt"))
+    monkeypatch.setattr(
+        tokenmill.indices.nanoset, "_build_entry", lambda *a: pytest.fail("rebuilt")
+    )
     with storage.workspace(["merged/d_text_document"]) as ws:
         local = ws.storage.path("merged/d_text_document")
         index = build_or_load(
@@ -302,7 +304,7 @@ def test_unchanged_blend_refresh_uploads_no_array(
         downstream_run(recipe, instance, work, everything)
         assert requests.count("PutObject", "versions/") > 0  # the first run wrote a version
         built = []
-        monkeypatch.setattr(tokenmill.nanoset, "_build_entry", lambda *a: built.append(a))
+        monkeypatch.setattr(tokenmill.indices.nanoset, "_build_entry", lambda *a: built.append(a))
         requests.clear()
         result = downstream_run(recipe, instance, work, ["blend/mix"], checks=False)
     assert result.success and built == []

@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from tokenmill.blend_manifest import SEMANTICS, build_blend, describe_blend, skipped_warnings
 from tokenmill.errors import ConfigError
-from tokenmill.layout import POINTER_NAME
-from tokenmill.versions import pointer_target
+from tokenmill.indices.blend_build import SEMANTICS, build_blend, describe_blend, skipped_warnings
+from tokenmill.storage.layout import POINTER_NAME
+from tokenmill.storage.versions import pointer_target
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

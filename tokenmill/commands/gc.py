@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tokenmill.gc import gc
+from tokenmill.storage.gc import gc
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

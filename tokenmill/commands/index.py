@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from tokenmill.errors import ConfigError
-from tokenmill.nanoset import SEMANTICS, SPLITS, build_or_load
+from tokenmill.indices.nanoset import SEMANTICS, SPLITS, build_or_load
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -10,7 +10,7 @@ from typing import Any
 from tokenmill.commands.verify import classify
 from tokenmill.errors import ConfigError
 from tokenmill.formats.indexed import IndexedDataset
-from tokenmill.stats import histogram_text, length_histogram, summarize
+from tokenmill.tokenize.stats import histogram_text, length_histogram, summarize
 
 SPLITS = ("train", "valid", "test")
 
@@ -45,7 +45,7 @@ def _decoder(path: str) -> Any:
     """A ``tokenizers.Tokenizer`` from a tokenizer folder or ``tokenizer.json``."""
     from tokenizers import Tokenizer
 
-    from tokenmill.tokenizer import resolve_tokenizer_path
+    from tokenmill.tokenize.tokenizer import resolve_tokenizer_path
 
     return Tokenizer.from_file(str(resolve_tokenizer_path(path)[1]))
 
@@ -59,7 +59,7 @@ def _check_index(k: int, n: int, what: str) -> None:
 
 def _blend(mpath: Path, args: argparse.Namespace) -> None:
     """Print the proportions table, then the decoded samples of ``--split``."""
-    from tokenmill.blend_manifest import describe_blend
+    from tokenmill.indices.blend_build import describe_blend
 
     print(describe_blend(mpath))
     if not args.decode:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from tokenmill.pull import DEFAULT_JOBS, pull
+from tokenmill.storage.pull import DEFAULT_JOBS, pull
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     """Tokenize and print a one-line summary."""
     # Tokenizing never calls BLAS: one OpenBLAS thread makes numpy's import ~0.1 CPU-s cheaper.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from tokenmill.tokenize import tokenize_files
+    from tokenmill.tokenize.run import tokenize_files
 
     if not args.text_key:
         raise ConfigError("--text-key must not be empty")

@@ -7,10 +7,10 @@ import argparse
 from pathlib import Path
 
 from tokenmill.errors import ConfigError
-from tokenmill.layout import BLEND_MANIFEST, DATASET_MANIFEST_SUFFIX, POINTER_NAME
-from tokenmill.manifest import prefix_of_manifest
+from tokenmill.formats.dataset_manifest import prefix_of_manifest
+from tokenmill.storage.layout import BLEND_MANIFEST, DATASET_MANIFEST_SUFFIX, POINTER_NAME
+from tokenmill.storage.versions import pointer_target
 from tokenmill.verify import verify_dataset, verify_dataset_info
-from tokenmill.versions import pointer_target
 
 DATASET_INFO = "dataset_info.json"
 
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     """Print each problem; exit 1 if there is any."""
     kind, path = classify(args.target)
     if kind == "blend":
-        from tokenmill.blend_manifest import verify_blend
+        from tokenmill.indices.blend_build import verify_blend
 
         problems = verify_blend(path, full=not args.fast)
     elif kind == "hf":

@@ -33,7 +33,7 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill._atomic import commit, name_os_errors, remove_stale_temps, temp_path_for
+from tokenmill.atomic import commit, name_os_errors, remove_stale_temps, temp_path_for
 from tokenmill.errors import FormatError
 
 MAGIC = b"MMIDIDX\x00\x00"

@@ -23,10 +23,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tokenmill._atomic import file_sha256, write_json
+from tokenmill.atomic import file_sha256, write_json
 from tokenmill.errors import FormatError
-from tokenmill.ingest import IngestStats
-from tokenmill.manifest import FORMAT_VERSION
+from tokenmill.formats.dataset_manifest import FORMAT_VERSION
+from tokenmill.ingest.records import IngestStats
 
 INFO_COUNTS = ("lines", "documents", "blank", "quarantined")
 

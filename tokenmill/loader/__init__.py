@@ -22,9 +22,7 @@ from typing import Any
 import numpy as np
 
 from tokenmill.errors import CacheError, ConfigError, FormatError
-from tokenmill.formats.indexed import IndexedDataset
-from tokenmill.loader._datasets import PAD_ID, BlendedDataset, NanosetDataset
-from tokenmill.loader._manifest import (
+from tokenmill.formats.blend_manifest import (
     BLEND_ARRAYS,
     INDEX_ARRAYS,
     check_file,
@@ -37,8 +35,14 @@ from tokenmill.loader._manifest import (
     verify_manifest,
     version_manifest_path,
 )
+from tokenmill.formats.dataset_manifest import (
+    check_dataset_files,
+    dataset_content_hash,
+    dataset_manifest_path,
+)
+from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.loader._datasets import PAD_ID, BlendedDataset, NanosetDataset
 from tokenmill.loader._sampler import BatchSampler
-from tokenmill.manifest import check_dataset_files, dataset_content_hash, dataset_manifest_path
 
 __all__ = [
     "BatchSampler",
@@ -173,10 +177,10 @@ def open_nanoset(
 ) -> NanosetDataset:
     """One dataset's split as a NanosetDataset.
 
-    ``index`` is a ``tokenmill.nanoset.NanosetIndex`` or the path of a cache entry's
+    ``index`` is a ``tokenmill.indices.nanoset.NanosetIndex`` or the path of a cache entry's
     ``<hash>-Nanoset-<split>-description.json``; the sequence length and flags come from its
     description. Without ``index``, the entry in ``cache_dir`` is built or reused with
-    ``tokenmill.nanoset.build_or_load`` and the remaining arguments. The entry is checked
+    ``tokenmill.indices.nanoset.build_or_load`` and the remaining arguments. The entry is checked
     against its description (``verify="fast"``: sizes, dtypes and shapes of the arrays, and the
     dataset's content hash when its manifest makes that cheap; ``"full"``: also the sha256 of
     the arrays, every index value in bounds, and the dataset's content hash always); a stale or
@@ -229,7 +233,7 @@ def _build_index(
             "open_nanoset needs either index=... or both cache_dir and "
             "sequence_length to build the index"
         )
-    from tokenmill.nanoset import build_or_load
+    from tokenmill.indices.nanoset import build_or_load
 
     built = build_or_load(
         Path(dataset_prefix),
@@ -255,7 +259,7 @@ def _load_cache(
         raise ConfigError(
             f"index must be a '*{DESCRIPTION_SUFFIX}' cache file, got {description_path}"
         )
-    rebuild = "rebuild it with tokenmill.nanoset.build_or_load (same settings)"
+    rebuild = "rebuild it with tokenmill.indices.nanoset.build_or_load (same settings)"
     if not description_path.is_file():
         raise CacheError(f"{description_path}: missing (never completed); {rebuild}")
     try:
@@ -301,5 +305,5 @@ def _check_dataset(
         raise CacheError(
             f"{description_path}: built for dataset content {key.get('dataset_content_hash')}, "
             f"but {prefix} now hashes to {actual}: the dataset changed; rebuild the index with "
-            "tokenmill.nanoset.build_or_load"
+            "tokenmill.indices.nanoset.build_or_load"
         )

@@ -25,9 +25,9 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill.errors import ConfigError, FormatError
+from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.loader._training import resolve_eod, training_inputs
-from tokenmill.manifest import dataset_manifest_path, read_dataset_manifest
 
 PAD_ID = -1  # Megatron's _PAD_TOKEN_ID, used when the tokenizer has no pad id
 _UNREAD = object()

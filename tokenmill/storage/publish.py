@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from tokenmill.layout import BLEND_MANIFEST, POINTER_NAME
+from tokenmill.storage.layout import BLEND_MANIFEST, POINTER_NAME
 
 __all__ = ["commit_rank", "delete_first", "is_pointer", "publish", "publish_batches"]
 

@@ -10,7 +10,7 @@ Two recipes, bit-exact to their references (FORMATS.md §4–§6, vectors in §9
 
 All randomness is one fresh ``numpy.random.RandomState(seed)`` per (dataset, split), drawn in
 the references' order: document shuffle(s), then sample shuffle(s). The public API and the
-on-disk cache are in ``tokenmill.nanoset``.
+on-disk cache are in ``tokenmill.indices.nanoset``.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill import _shuffle
-from tokenmill._sample_index import build_sample_index, count_samples
 from tokenmill.errors import ConfigError
+from tokenmill.indices import _shuffle
+from tokenmill.indices._sample_index import build_sample_index, count_samples
 
 SEMANTICS = ("megatron", "nanotron")
 SPLITS = ("train", "valid", "test")
@@ -108,7 +108,7 @@ def compute_indices(
     add_extra_token: bool,
     drop_last_partial: bool,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, IndexPlan]:
-    """``tokenmill.nanoset.build_nanoset_indices`` plus the :class:`IndexPlan` it followed."""
+    """``tokenmill.indices.nanoset.build_nanoset_indices`` plus the :class:`IndexPlan` it followed."""
     _check_semantics(semantics)
     sizes = _check_lengths(sequence_lengths)
     lo, hi = _check_range(split_range, len(sizes))

@@ -13,7 +13,7 @@ version=...)`` works on the copy too; ``version=`` pulls a named version instead
 
 Files are fetched in parallel threads into temp names, hashed while streaming, then renamed;
 files already complete and verified are skipped, anything else is fetched again. They arrive in
-the commit order the pipeline uploads in (``tokenmill.publish``: data, then index-cache
+the commit order the pipeline uploads in (``tokenmill.storage.publish``: data, then index-cache
 descriptions and dataset manifests once all data is complete), and the blend manifest is
 written last (and a different one already in the destination is removed first), so
 its presence means "complete". Sources: a local path, or ``s3://bucket/key`` through boto3
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenmill._atomic import (
+from tokenmill.atomic import (
     commit,
     name_os_errors,
     remove_stale_temps,
@@ -44,8 +44,7 @@ from tokenmill._atomic import (
     write_bytes,
 )
 from tokenmill.errors import CacheError, ConfigError, FormatError, InputError
-from tokenmill.layout import dataset_manifest, legacy_dataset_manifest, version_dir_name
-from tokenmill.loader._manifest import (
+from tokenmill.formats.blend_manifest import (
     MANIFEST_NAME,
     VERSIONS_DIR,
     has_control_character,
@@ -53,9 +52,10 @@ from tokenmill.loader._manifest import (
     read_blend_manifest,
     verify_manifest,
 )
-from tokenmill.manifest import legacy_manifest_path, prefix_of_manifest
-from tokenmill.publish import publish
-from tokenmill.s3 import ATTEMPTS, BACKOFF_SECONDS, is_transient, retrying, split_uri
+from tokenmill.formats.dataset_manifest import legacy_manifest_path, prefix_of_manifest
+from tokenmill.storage.layout import dataset_manifest, legacy_dataset_manifest, version_dir_name
+from tokenmill.storage.publish import publish
+from tokenmill.storage.s3 import ATTEMPTS, BACKOFF_SECONDS, is_transient, retrying, split_uri
 
 __all__ = ["PullReport", "pull"]
 
@@ -493,7 +493,7 @@ def pull(
         return None
 
     try:
-        # Commit order (tokenmill.publish): data, then index descriptions and dataset
+        # Commit order (tokenmill.storage.publish): data, then index descriptions and dataset
         # manifests, each rank only once the one before is complete; the blend manifest last.
         results = publish([*by_rel, *plan.dataset_manifests], sync, jobs=jobs)
     finally:

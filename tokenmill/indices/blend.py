@@ -9,7 +9,7 @@ BlendedNanoset: one normalization, ``int(N·w·1.005)`` samples per dataset, ble
 sample positions wrapped modulo each dataset's length, dtypes uint64/int64.
 Beyond the references: :func:`temperature_weights` (fairseq-style multilingual sampling) and
 :func:`exhaustive_blend_indices` (Megatron's weights-as-counts blending, FORMATS.md §7.4).
-The greedy loop itself is in ``tokenmill._blend_kernels`` (bit-exact, vectorized/compiled).
+The greedy loop itself is in ``tokenmill.indices._blend_kernels`` (bit-exact, vectorized/compiled).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tokenmill._blend_kernels import greedy_blend
 from tokenmill.errors import ConfigError
+from tokenmill.indices._blend_kernels import greedy_blend
 
 MEGATRON_SURPLUS = 0.005  # megatron-core mid_level_dataset_surplus default
 NANOTRON_MARGIN = 1.005

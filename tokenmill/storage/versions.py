@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tokenmill._atomic import write_json
+from tokenmill.atomic import write_json
 from tokenmill.errors import FormatError
-from tokenmill.layout import version_dir_name
+from tokenmill.storage.layout import version_dir_name
 
 POINTER_FORMAT = 1
 

@@ -13,7 +13,7 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-from tokenmill._atomic import atomic_open
+from tokenmill.atomic import atomic_open
 
 
 def stdlib_documents(*, min_chars: int = 200, kind: str = "all") -> Iterator[dict[str, str]]:

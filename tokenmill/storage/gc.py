@@ -1,6 +1,6 @@
 """``tokenmill gc``: remove old blend versions, merged versions and unreferenced Nanoset caches.
 
-On a storage root (a local folder, or ``s3://bucket/prefix``) laid out as ``tokenmill.layout``
+On a storage root (a local folder, or ``s3://bucket/prefix``) laid out as ``tokenmill.storage.layout``
 describes::
 
     blends/<name>/manifest.json                   pointer: the current version's manifest
@@ -45,16 +45,16 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill.errors import ConfigError, FormatError
-from tokenmill.layout import (
+from tokenmill.formats.blend_manifest import MANIFEST_NAME, VERSIONS_DIR
+from tokenmill.storage.layout import (
     DATASET_MANIFEST_SUFFIX,
     DATASET_MANIFESTS,
     POINTER_NAME,
     VERSION_CHARS,
     dataset_manifests,
 )
-from tokenmill.loader._manifest import MANIFEST_NAME, VERSIONS_DIR
-from tokenmill.s3 import retrying, split_uri
-from tokenmill.versions import read_pointer
+from tokenmill.storage.s3 import retrying, split_uri
+from tokenmill.storage.versions import read_pointer
 
 __all__ = ["GcReport", "Removal", "gc"]
 
@@ -224,7 +224,7 @@ def _json(store: _Store, key: str) -> dict[str, Any] | None:
 
 
 def _pointer(store: _Store, key: str) -> dict[str, Any] | None:
-    """A merged pointer through ``tokenmill.versions.read_pointer`` (checked the same way)."""
+    """A merged pointer through ``tokenmill.storage.versions.read_pointer`` (checked the same way)."""
     raw = store.read(key)
     if raw is None:
         return None

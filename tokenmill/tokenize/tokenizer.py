@@ -13,11 +13,11 @@ runs every engine on a fixed probe set (unicode, whitespace, CRLF, emoji, NFKC-s
 digits, code, long words, every added token written literally, a sweep of code points). The
 verdicts are cached under ``$TOKENMILL_CACHE_DIR`` (default ``~/.cache/tokenmill``), so later runs
 never import transformers (seconds); runs still compare the engine on their own first documents
-(``tokenmill.tokenize``) and record a disagreement here, which demotes the engine for good.
+(``tokenmill.tokenize.run``) and record a disagreement here, which demotes the engine for good.
 
 A tokenizer whose only normalizer is a Unicode form (NFC, NFKC, ...) runs on the fast engines
 through a copy without the normalizer, its texts normalized by Python's ``unicodedata`` first.
-The fast engines are guarded (``tokenmill.tokenizer_guard``): every document of a class where
+The fast engines are guarded (``tokenmill.tokenize.tokenizer_guard``): every document of a class where
 they could differ from the reference (an added token's string in the text, a code point whose
 handling depends on the Unicode version) is encoded by the reference engine instead, counted
 in ``Encoder.routed``.
@@ -38,11 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill import _batching
-from tokenmill._atomic import write_json
+from tokenmill.atomic import write_json
 from tokenmill.errors import ConfigError, TokenmillError
 from tokenmill.formats.indexed import optimal_dtype
-from tokenmill.tokenizer_guard import CLASSES, Guard
+from tokenmill.tokenize import _batching
+from tokenmill.tokenize.tokenizer_guard import CLASSES, Guard
 
 ENGINES = ("gigatoken", "tiktoken", "hf", "transformers")
 CACHE_VERSION = 4  # bump when the probes or the record layout change
@@ -176,7 +176,7 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
     )
     record = _read_record(record_path, fingerprint)
     if record is None:
-        from tokenmill.tokenizer_verify import run_verification
+        from tokenmill.tokenize.tokenizer_verify import run_verification
 
         run_verification(source, definition, fingerprint, record_path)
         record = _read_record(record_path, fingerprint)
@@ -442,7 +442,7 @@ class GigatokenEncoder(Encoder):
         With ``threads`` the batch call spreads texts over gigatoken's pool and returns an
         awkward array, whose two buffers are read directly; awkward costs ~0.5 s to import, so
         ``tokenize`` asks for threads only on large inputs. On one thread texts go through
-        ``tokenmill._batching`` (one by one; short ones padded together once many were seen).
+        ``tokenmill.tokenize._batching`` (one by one; short ones padded together once many were seen).
         """
         if threads and texts:
             out = self._tok.encode_batch(texts, parallel=None)
@@ -541,7 +541,7 @@ class TransformersEncoder(Encoder):
 
     def __init__(self, info: TokenizerInfo) -> None:
         super().__init__(info)
-        from tokenmill.tokenizer_verify import load_reference
+        from tokenmill.tokenize.tokenizer_verify import load_reference
 
         self._tok = load_reference(info.source)
 

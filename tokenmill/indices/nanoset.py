@@ -2,7 +2,7 @@
 
 ``semantics="megatron"`` follows megatron-core GPTDataset and ``semantics="nanotron"`` the
 index-era nanotron Nanoset, both bit-exact (FORMATS.md §4–§6; the algorithms are in
-``tokenmill._nanoset_indices``). :func:`build_or_load` caches one split's arrays as
+``tokenmill.indices._nanoset_indices``). :func:`build_or_load` caches one split's arrays as
 ``<hash>-Nanoset-<split>-{document,sample,shuffle}_index.npy`` plus
 ``<hash>-Nanoset-<split>-description.json`` (written last). The hash is the md5 of an ordered
 JSON key holding everything that changes the arrays: the dataset's content hash, semantics,
@@ -24,17 +24,17 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill import _index_cache as cache
-from tokenmill._nanoset_indices import (
+from tokenmill.errors import CacheError, ConfigError
+from tokenmill.formats import nanoset_cache as cache
+from tokenmill.formats.dataset_manifest import dataset_content_hash, dataset_manifest_path
+from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.indices._nanoset_indices import (
     SEMANTICS,
     SPLITS,
     check_int,
     compute_indices,
     split_ranges,
 )
-from tokenmill.errors import CacheError, ConfigError
-from tokenmill.formats.indexed import IndexedDataset
-from tokenmill.manifest import dataset_content_hash, dataset_manifest_path
 
 __all__ = [
     "SEMANTICS",

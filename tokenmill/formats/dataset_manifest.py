@@ -16,12 +16,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tokenmill._atomic import file_sha256, write_json
+from tokenmill.atomic import file_sha256, write_json
 from tokenmill.errors import FormatError
 from tokenmill.formats.indexed import data_file_path, index_file_path
 
 FORMAT_VERSION = 1
-DATASET_MANIFESTS = "manifests"  # the sidecar folder of the pairs' manifests (tokenmill.layout)
+DATASET_MANIFESTS = (
+    "manifests"  # the sidecar folder of the pairs' manifests (tokenmill.storage.layout)
+)
 DATASET_MANIFEST_SUFFIX = ".manifest.json"
 
 

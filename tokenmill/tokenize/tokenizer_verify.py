@@ -1,13 +1,13 @@
 """First-use verification of a tokenizer against transformers (runs in a child process).
 
-``python -m tokenmill.tokenizer_verify SOURCE DEFINITION FINGERPRINT RECORD`` loads the reference
+``python -m tokenmill.tokenize.tokenizer_verify SOURCE DEFINITION FINGERPRINT RECORD`` loads the reference
 (``AutoTokenizer.from_pretrained(SOURCE)``), checks that its class passes text straight to its
 ``tokenizers`` backend, takes the effective backend definition (transformers may rewrite the
 post-processor or add special tokens on load), encodes the probe set with the reference and with
 every engine, and writes the verdicts to RECORD. A tokenizer whose normalizer is one Unicode
 form gets a copy without it (``*.fast.json``) for the fast engines, which are probed as they run:
 texts normalized by Python, behind the guard whose ranges (``unicodedata``'s unassigned code
-points and ``tokenmill.tokenizer_guard.normalization_differences``) are computed here. A child
+points and ``tokenmill.tokenize.tokenizer_guard.normalization_differences``) are computed here. A child
 keeps transformers (seconds to import, hundreds of MB) and any thread pools out of the
 tokenizing process.
 """
@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from tokenmill._atomic import write_bytes, write_json
+from tokenmill.atomic import write_bytes, write_json
 from tokenmill.errors import ConfigError, TokenmillError
-from tokenmill.tokenizer import (
+from tokenmill.tokenize.tokenizer import (
     CACHE_VERSION,
     ENCODERS,
     Encoder,
@@ -40,7 +40,7 @@ from tokenmill.tokenizer import (
     _library_versions,
     first_mismatch,
 )
-from tokenmill.tokenizer_guard import (
+from tokenmill.tokenize.tokenizer_guard import (
     normalization_differences,
     to_ranges,
     unassigned_code_points,
@@ -418,7 +418,7 @@ def _is_isolated_split(step: dict[str, Any]) -> bool:
 
 def run_verification(source: Path, definition: Path, fingerprint: str, record_path: Path) -> None:
     """Verify in a child interpreter and wait; TokenmillError with its stderr if it fails."""
-    cmd = [sys.executable, "-m", "tokenmill.tokenizer_verify"]
+    cmd = [sys.executable, "-m", "tokenmill.tokenize.tokenizer_verify"]
     cmd += [str(source), str(definition), fingerprint, str(record_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill.errors import BadRecordError, ConfigError, FormatError, InputError
-from tokenmill.ingest import (
+from tokenmill.ingest.records import (
     TABLE_SUFFIXES,
     Batch,
     IngestStats,

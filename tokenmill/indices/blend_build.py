@@ -1,7 +1,7 @@
 """Blend manifests: build every split of a named blend as an immutable version, then point
 ``manifest.json`` at it.
 
-Layout of ``blends/<name>/`` (reader and constants: ``tokenmill.loader._manifest``)::
+Layout of ``blends/<name>/`` (reader and constants: ``tokenmill.formats.blend_manifest``)::
 
     manifest.json                                 the current version's manifest (the pointer),
                                                   written last (temp -> fsync -> rename)
@@ -70,9 +70,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill import _index_cache
-from tokenmill import blend as blending
-from tokenmill._atomic import (
+from tokenmill.atomic import (
     TMP_MARK,
     atomic_open,
     file_sha256,
@@ -82,11 +80,9 @@ from tokenmill._atomic import (
     write_json,
     writer_alive,
 )
-from tokenmill._nanoset_indices import parse_split
-from tokenmill._sample_index import count_samples
 from tokenmill.errors import CacheError, ConfigError, FormatError
-from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file_path
-from tokenmill.loader._manifest import (
+from tokenmill.formats import nanoset_cache as _index_cache
+from tokenmill.formats.blend_manifest import (
     BLEND_ARRAYS,
     FORMAT_VERSION,
     KIND,
@@ -103,14 +99,24 @@ from tokenmill.loader._manifest import (
     seal,
     verify_manifest,
 )
-from tokenmill.manifest import (
+from tokenmill.formats.dataset_manifest import (
     dataset_content_hash,
     dataset_manifest_path,
     file_problems,
     read_dataset_manifest,
 )
-from tokenmill.nanoset import FetchEntry, NanosetIndex, build_or_load, cache_key, split_ranges
-from tokenmill.versions import version_hash
+from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file_path
+from tokenmill.indices import blend as blending
+from tokenmill.indices._nanoset_indices import parse_split
+from tokenmill.indices._sample_index import count_samples
+from tokenmill.indices.nanoset import (
+    FetchEntry,
+    NanosetIndex,
+    build_or_load,
+    cache_key,
+    split_ranges,
+)
+from tokenmill.storage.versions import version_hash
 
 __all__ = [
     "blend_version",
@@ -349,7 +355,7 @@ def _version_of(
     weights: Mapping[str, float] | None,
     temperature: float | None,
 ) -> str:
-    """The version of a blend: sha256 (``tokenmill.versions.version_hash``) of everything its
+    """The version of a blend: sha256 (``tokenmill.storage.versions.version_hash``) of everything its
     samples and manifest depend on: format version, semantics, sequence length, flags, split,
     seed, configured weighting, requested sizes, each dataset's name, path and content hash, and
     each Nanoset cache hash with the cache's path."""

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill._atomic import atomic_open, file_sha256, remove_stale_temps, write_bytes
+from tokenmill.atomic import atomic_open, file_sha256, remove_stale_temps, write_bytes
 from tokenmill.errors import CacheError
 
 

@@ -24,7 +24,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tokenmill._atomic import (
+from tokenmill.atomic import (
     commit,
     file_sha256,
     name_os_errors,
@@ -33,8 +33,9 @@ from tokenmill._atomic import (
     write_bytes,
 )
 from tokenmill.errors import ConfigError, FormatError, InputError
+from tokenmill.formats.dataset_manifest import FORMAT_VERSION, input_sha256
 from tokenmill.formats.shard_records import INFO_COUNTS
-from tokenmill.ingest import (
+from tokenmill.ingest.records import (
     ON_BAD_RECORD,
     Batch,
     IngestStats,
@@ -42,7 +43,6 @@ from tokenmill.ingest import (
     read_input_batches,
     shard_name,
 )
-from tokenmill.manifest import FORMAT_VERSION, input_sha256
 
 DEFAULT_ROW_GROUP_ROWS = 1000
 PARQUET_COMPRESSION = "zstd"

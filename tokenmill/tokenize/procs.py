@@ -1,4 +1,4 @@
-"""Processes and threads behind ``tokenmill.tokenize``: forked encoder workers, the reference
+"""Processes and threads behind ``tokenmill.tokenize.run``: forked encoder workers, the reference
 checker, and ``Background`` stages that overlap reading, encoding and writing in one process.
 
 Children are forked after the tokenizer is loaded (no reload, shared pages), close the parent's
@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from tokenmill.errors import TokenmillError
-from tokenmill.tokenizer import Encoder, TokenizerInfo, first_mismatch, reference_encoder
+from tokenmill.tokenize.tokenizer import Encoder, TokenizerInfo, first_mismatch, reference_encoder
 
 IN_FLIGHT = 2  # batches queued per worker process
 T = TypeVar("T")

@@ -16,18 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill.errors import ConfigError, InputError
-from tokenmill.formats.indexed import (
-    IndexedDataset,
-    IndexedDatasetWriter,
-    data_file_path,
-    index_file_path,
-)
-from tokenmill.manifest import (
+from tokenmill.formats.dataset_manifest import (
     bin_parts,
     dataset_content_hash,
     dataset_manifest_path,
     read_dataset_manifest,
     write_dataset_manifest,
+)
+from tokenmill.formats.indexed import (
+    IndexedDataset,
+    IndexedDatasetWriter,
+    data_file_path,
+    index_file_path,
 )
 
 ORDERS = ("given", "lexicographic", "natural")

@@ -4,7 +4,7 @@ The bytes equal Megatron-LM ``tools/preprocess_data.py --tokenizer-type HuggingF
 (one sequence per document, ``{prefix}_{text_key}_document``): ids are
 ``tokenizer(text).input_ids``; with ``append_eod`` the eos id ends every non-empty document; an
 empty document adds no sequence but repeats its boundary. The engine is the fastest one
-``tokenmill.tokenizer`` verified; a forked checker also compares it with the reference on the
+``tokenmill.tokenize.tokenizer`` verified; a forked checker also compares it with the reference on the
 run's first documents, and on a disagreement the run is redone with the next engine.
 
 Streaming: batches of texts flow from the reader to the encoder to the writer, so memory does
@@ -17,7 +17,7 @@ gigatoken encodes on its own thread pool when ``workers > 1`` and the input hold
 ``THREADED_ENCODE_BYTES`` or more (its batch call imports awkward, ~0.5 s of CPU, which only a
 large input earns back), text by text otherwise. Other engines with ``workers > 1`` use forked
 processes fed by a reader thread, results taken back in input order (see
-``tokenmill.tokenize_procs``). Outputs are written under temporary names and renamed at the
+``tokenmill.tokenize.procs``). Outputs are written under temporary names and renamed at the
 end (manifest last, its sha256s taken while writing); a killed run leaves no final-named file,
 and the next run removes its leftovers.
 """
@@ -36,14 +36,18 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill._atomic import remove_stale_temps
+from tokenmill.atomic import remove_stale_temps
 from tokenmill.errors import ConfigError, TokenmillError
+from tokenmill.formats.blend_manifest import name_problem
+from tokenmill.formats.dataset_manifest import (
+    dataset_manifest_path,
+    input_sha256,
+    write_dataset_manifest,
+)
 from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, index_file_path
-from tokenmill.ingest import ON_BAD_RECORD, IngestStats, Quarantine, read_input_batches
-from tokenmill.loader._manifest import name_problem
-from tokenmill.manifest import dataset_manifest_path, input_sha256, write_dataset_manifest
-from tokenmill.tokenize_procs import SAMPLE_CHARS, Background, Checker, EngineMismatch, Pool
-from tokenmill.tokenizer import (
+from tokenmill.ingest.records import ON_BAD_RECORD, IngestStats, Quarantine, read_input_batches
+from tokenmill.tokenize.procs import SAMPLE_CHARS, Background, Checker, EngineMismatch, Pool
+from tokenmill.tokenize.tokenizer import (
     Encoder,
     inspect_tokenizer,
     load_encoder,

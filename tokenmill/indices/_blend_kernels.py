@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from tokenmill import _jit
+from tokenmill.indices import _jit
 
 PARALLEL_MIN_SIZE = 1 << 20
 

@@ -92,7 +92,7 @@ def _shuffle_kernel(values, key, pos, draws):  # type: ignore[no-untyped-def]
 def _compiled() -> Callable[..., int] | None:
     """The shuffle kernel compiled with numba (imported here, on first use), or None."""
     global _twist, _fill_draws
-    from tokenmill import _jit
+    from tokenmill.indices import _jit
 
     if not _jit.available():
         return None

@@ -120,7 +120,7 @@ def _fill_rows(lengths, seq, extra, out):  # type: ignore[no-untyped-def]
 @functools.cache
 def _compiled_fill_rows() -> Callable[..., int] | None:
     """:func:`_fill_rows` compiled with numba (imported only here, on first use), or None."""
-    from tokenmill import _jit
+    from tokenmill.indices import _jit
 
     return _jit.compile_kernel(_fill_rows) if _jit.available() else None
 
