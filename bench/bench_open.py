@@ -6,8 +6,8 @@ index builders (only its size matters here): two small merged datasets whose seq
 shuffle index of ``samples / 2`` samples each, shuffle = an affine permutation) with its
 description, and a version folder holding the blend arrays (``int16`` dataset index, ``int64``
 sample index) and the sealed manifest, behind the ``manifest.json`` pointer — written with
-``tokenmill.indices.blend_build``'s own helpers, so ``open_blend`` checks exactly what it checks on a
-pipeline blend. About 2.6 GB of arrays at the default size.
+``tokenmill.indices.blend_build``'s own helpers, so ``open_blend`` checks exactly what it checks on
+a pipeline blend. About 2.6 GB of arrays at the default size.
 
 Measured per mode, on a warm page cache (one untimed open first): wall time (median of
 ``--repeat`` opens; full: one open) and bytes read, as ``rchar`` of ``/proc/self/io`` (every

@@ -271,7 +271,10 @@ def lower_bound(res: dict[str, Any], cores: int) -> dict[str, Any]:
 def first_use_seconds(tok_dir: Path) -> float:
     """Wall time of the one-off verification against transformers (fresh cache)."""
     with tempfile.TemporaryDirectory() as cache:
-        code = "import sys; from tokenmill.tokenize.tokenizer import inspect_tokenizer as i; i(sys.argv[1])"
+        code = (
+            "import sys; from tokenmill.tokenize.tokenizer import inspect_tokenizer as i; "
+            "i(sys.argv[1])"
+        )
         start = time.perf_counter()
         subprocess.run(
             [sys.executable, "-c", code, str(tok_dir)],
@@ -372,7 +375,10 @@ def multilingual_texts(chars: int) -> list[str]:
 def first_use(tok_dir: Path) -> dict[str, float]:
     """Wall and CPU seconds of the one-off verification (fresh cache, a subprocess)."""
     with tempfile.TemporaryDirectory() as cache:
-        code = "import sys; from tokenmill.tokenize.tokenizer import inspect_tokenizer as i; i(sys.argv[1])"
+        code = (
+            "import sys; from tokenmill.tokenize.tokenizer import inspect_tokenizer as i; "
+            "i(sys.argv[1])"
+        )
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         subprocess.run(

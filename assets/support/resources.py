@@ -107,7 +107,8 @@ class Workspace:
         self, paths: Mapping[str, Path], key: dict[str, Any], digest: str
     ) -> dict[str, Any] | None:
         """The description of an index-cache entry stored on S3 (``paths``: its
-        ``cache_paths`` in this workspace; ``key``, ``digest``: ``tokenmill.indices.nanoset.entry_key``)
+        ``cache_paths`` in this workspace; ``key``, ``digest``:
+        ``tokenmill.indices.nanoset.entry_key``)
         when it describes exactly that key and every array is there at its recorded size; None
         otherwise, and always for a local root. Costs one LIST and one small GET (the
         description is staged, through the run cache): the arrays are neither downloaded nor,

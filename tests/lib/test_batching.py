@@ -1,6 +1,6 @@
-"""``tokenmill.tokenize._batching``: batches encoded through padded and one-by-one calls give exactly the
-per-text ids in order; gigatoken's paths (text by text, padded, its thread pool) agree with the
-reference engine, and the text-by-text path imports no awkward."""
+"""``tokenmill.tokenize._batching``: batches encoded through padded and one-by-one calls give
+exactly the per-text ids in order; gigatoken's paths (text by text, padded, its thread pool)
+agree with the reference engine, and the text-by-text path imports no awkward."""
 
 from __future__ import annotations
 

@@ -314,8 +314,9 @@ def test_description_path_must_be_a_cache_file(tmp_path: Path, four: IndexedData
 def test_importing_the_loader_pulls_no_heavy_modules() -> None:
     code = (
         "import sys, tokenmill.loader\n"
-        "heavy = ['torch', 'dagster', 'transformers', 'pyarrow', 'pandas', 'tokenmill.indices.nanoset',"
-        " 'tokenmill.indices.blend', 'tokenmill.indices.blend_build']\n"
+        "heavy = ['torch', 'dagster', 'transformers', 'pyarrow', 'pandas',"
+        " 'tokenmill.indices.nanoset', 'tokenmill.indices.blend',"
+        " 'tokenmill.indices.blend_build']\n"
         "print([m for m in heavy if m in sys.modules])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,4 +1,5 @@
-"""Which S3 errors ``tokenmill.storage.s3.retrying`` tries again: the network's, never the local disk's."""
+"""Which S3 errors ``tokenmill.storage.s3.retrying`` tries again: the network's, never the local
+disk's."""
 
 from __future__ import annotations
 

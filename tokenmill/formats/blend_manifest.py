@@ -16,7 +16,8 @@ a blend that opens elsewhere. Each file entry is ``{"path", "bytes", "sha256"}``
 ``.bin`` recorded by parts: ``{"path", "bytes", "parts", "sha256_of_parts"}``). Both manifests
 carry ``"version"`` (the content hash of everything the samples depend on) and
 ``"manifest_sha256"`` (sha256 of the manifest's canonical JSON without that field), checked on
-every read. The writer is ``tokenmill.indices.blend_build.build_blend``; the schema is documented there.
+every read. The writer is ``tokenmill.indices.blend_build.build_blend``; the schema is documented
+there.
 """
 
 from __future__ import annotations

@@ -108,7 +108,8 @@ def compute_indices(
     add_extra_token: bool,
     drop_last_partial: bool,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, IndexPlan]:
-    """``tokenmill.indices.nanoset.build_nanoset_indices`` plus the :class:`IndexPlan` it followed."""
+    """``tokenmill.indices.nanoset.build_nanoset_indices`` plus the :class:`IndexPlan` it
+    followed."""
     _check_semantics(semantics)
     sizes = _check_lengths(sequence_lengths)
     lo, hi = _check_range(split_range, len(sizes))

@@ -355,8 +355,8 @@ def _version_of(
     weights: Mapping[str, float] | None,
     temperature: float | None,
 ) -> str:
-    """The version of a blend: sha256 (``tokenmill.storage.versions.version_hash``) of everything its
-    samples and manifest depend on: format version, semantics, sequence length, flags, split,
+    """The version of a blend: sha256 (``tokenmill.storage.versions.version_hash``) of everything
+    its samples and manifest depend on: format version, semantics, sequence length, flags, split,
     seed, configured weighting, requested sizes, each dataset's name, path and content hash, and
     each Nanoset cache hash with the cache's path."""
     description = {

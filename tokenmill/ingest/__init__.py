@@ -1,2 +1,2 @@
-"""Ingest stage: read raw inputs (JSONL, Parquet/Arrow) into record batches with quarantine and stats,
-and export them as an HF Parquet dataset."""
+"""Ingest stage: read raw inputs (JSONL, Parquet/Arrow) into record batches with quarantine and
+stats, and export them as an HF Parquet dataset."""

@@ -1,6 +1,7 @@
 """``tokenmill gc``: remove old blend versions, merged versions and unreferenced Nanoset caches.
 
-On a storage root (a local folder, or ``s3://bucket/prefix``) laid out as ``tokenmill.storage.layout``
+On a storage root (a local folder, or ``s3://bucket/prefix``) laid out as
+``tokenmill.storage.layout``
 describes::
 
     blends/<name>/manifest.json                   pointer: the current version's manifest
@@ -224,7 +225,8 @@ def _json(store: _Store, key: str) -> dict[str, Any] | None:
 
 
 def _pointer(store: _Store, key: str) -> dict[str, Any] | None:
-    """A merged pointer through ``tokenmill.storage.versions.read_pointer`` (checked the same way)."""
+    """A merged pointer through ``tokenmill.storage.versions.read_pointer`` (checked the same
+    way)."""
     raw = store.read(key)
     if raw is None:
         return None

@@ -4,8 +4,8 @@ The bytes equal Megatron-LM ``tools/preprocess_data.py --tokenizer-type HuggingF
 (one sequence per document, ``{prefix}_{text_key}_document``): ids are
 ``tokenizer(text).input_ids``; with ``append_eod`` the eos id ends every non-empty document; an
 empty document adds no sequence but repeats its boundary. The engine is the fastest one
-``tokenmill.tokenize.tokenizer`` verified; a forked checker also compares it with the reference on the
-run's first documents, and on a disagreement the run is redone with the next engine.
+``tokenmill.tokenize.tokenizer`` verified; a forked checker also compares it with the reference on
+the run's first documents, and on a disagreement the run is redone with the next engine.
 
 Streaming: batches of texts flow from the reader to the encoder to the writer, so memory does
 not grow with the input, and the output is the same for any ``workers``. gigatoken (and any

@@ -17,8 +17,8 @@ never import transformers (seconds); runs still compare the engine on their own 
 
 A tokenizer whose only normalizer is a Unicode form (NFC, NFKC, ...) runs on the fast engines
 through a copy without the normalizer, its texts normalized by Python's ``unicodedata`` first.
-The fast engines are guarded (``tokenmill.tokenize.tokenizer_guard``): every document of a class where
-they could differ from the reference (an added token's string in the text, a code point whose
+The fast engines are guarded (``tokenmill.tokenize.tokenizer_guard``): every document of a class
+where they could differ from the reference (an added token's string in the text, a code point whose
 handling depends on the Unicode version) is encoded by the reference engine instead, counted
 in ``Encoder.routed``.
 """
@@ -442,7 +442,8 @@ class GigatokenEncoder(Encoder):
         With ``threads`` the batch call spreads texts over gigatoken's pool and returns an
         awkward array, whose two buffers are read directly; awkward costs ~0.5 s to import, so
         ``tokenize`` asks for threads only on large inputs. On one thread texts go through
-        ``tokenmill.tokenize._batching`` (one by one; short ones padded together once many were seen).
+        ``tokenmill.tokenize._batching`` (one by one; short ones padded together once many were
+        seen).
         """
         if threads and texts:
             out = self._tok.encode_batch(texts, parallel=None)

@@ -1,15 +1,14 @@
 """First-use verification of a tokenizer against transformers (runs in a child process).
 
-``python -m tokenmill.tokenize.tokenizer_verify SOURCE DEFINITION FINGERPRINT RECORD`` loads the reference
-(``AutoTokenizer.from_pretrained(SOURCE)``), checks that its class passes text straight to its
-``tokenizers`` backend, takes the effective backend definition (transformers may rewrite the
+``python -m tokenmill.tokenize.tokenizer_verify SOURCE DEFINITION FINGERPRINT RECORD`` loads the
+reference (``AutoTokenizer.from_pretrained(SOURCE)``), checks that its class passes text straight to
+its ``tokenizers`` backend, takes the effective backend definition (transformers may rewrite the
 post-processor or add special tokens on load), encodes the probe set with the reference and with
-every engine, and writes the verdicts to RECORD. A tokenizer whose normalizer is one Unicode
-form gets a copy without it (``*.fast.json``) for the fast engines, which are probed as they run:
-texts normalized by Python, behind the guard whose ranges (``unicodedata``'s unassigned code
-points and ``tokenmill.tokenize.tokenizer_guard.normalization_differences``) are computed here. A child
-keeps transformers (seconds to import, hundreds of MB) and any thread pools out of the
-tokenizing process.
+every engine, and writes the verdicts to RECORD. A tokenizer whose normalizer is one Unicode form
+gets a copy without it (``*.fast.json``) for the fast engines, which are probed as they run: texts
+normalized by Python, behind the guard whose ranges (``unicodedata``'s unassigned code points and
+``tokenmill.tokenize.tokenizer_guard.normalization_differences``) are computed here. A child keeps
+transformers (seconds to import, hundreds of MB) and any thread pools out of the tokenizing process.
 """
 
 from __future__ import annotations
