@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 import yaml
 
 from tokenmill.errors import ConfigError
-from tokenmill.formats.blend_manifest import name_problem
+from tokenmill.paths import name_problem
 
 DEFAULT_RECIPE = "recipes/demo.yaml"
 RECIPE_ENV = "TOKENMILL_RECIPE"

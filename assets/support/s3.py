@@ -40,7 +40,7 @@ from typing import Any
 
 from tokenmill.atomic import TMP_MARK, commit, temp_path_for
 from tokenmill.errors import InputError
-from tokenmill.formats.blend_manifest import relative_path_problem
+from tokenmill.paths import relative_path_problem
 from tokenmill.storage.publish import delete_first, publish
 from tokenmill.storage.s3 import retrying
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from tokenmill.atomic import file_sha256
 from tokenmill.errors import ConfigError, FormatError
+from tokenmill.paths import has_control_character, leading_parents
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 2  # 2: versioned blends (version, manifest_sha256, versions/<v>/ layout)
@@ -106,43 +107,6 @@ def manifest_path(path: str | os.PathLike[str]) -> Path:
     """The manifest file for a blend directory or a manifest path."""
     p = Path(path)
     return p / MANIFEST_NAME if p.is_dir() else p
-
-
-def has_control_character(text: str) -> bool:
-    """True when ``text`` holds an ASCII control character (C0 or DEL)."""
-    return any(ord(c) < 32 or ord(c) == 127 for c in text)
-
-
-def leading_parents(relative: str) -> int | None:
-    """How many ``..`` lead the ``/``-separated path, or None when a ``..`` follows a folder
-    name (``os.path.relpath`` never writes that; only a tampered manifest does)."""
-    parts = relative.split("/")
-    leading = next((i for i, part in enumerate(parts) if part != ".."), len(parts))
-    return None if ".." in parts[leading:] else leading
-
-
-def name_problem(name: str) -> str | None:
-    """Why ``name`` cannot be one file-name part inside a folder (empty, ``.`` or ``..``, a
-    slash or backslash, a control character), or None when it can."""
-    if not name:
-        return "is empty"
-    if name in (".", ".."):
-        return f"is {name!r}"
-    if "/" in name or "\\" in name:
-        return "contains a slash or backslash"
-    return "contains a control character" if has_control_character(name) else None
-
-
-def relative_path_problem(relative: str) -> str | None:
-    """Why a ``/``-separated path cannot be joined under a folder and stay there, one file per
-    name (absolute, or a part that :func:`name_problem` refuses), or None when it can."""
-    if relative.startswith("/"):
-        return "is absolute"
-    for part in relative.split("/"):
-        problem = name_problem(part)
-        if problem:
-            return f"has a part that {problem}" if relative else problem
-    return None
 
 
 def resolve(manifest: str | os.PathLike[str], relative: object) -> Path:

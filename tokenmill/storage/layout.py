@@ -29,9 +29,9 @@ import posixpath
 import unicodedata
 
 from tokenmill.errors import ConfigError
-from tokenmill.formats.blend_manifest import name_problem
 from tokenmill.formats.dataset_manifest import DATASET_MANIFEST_SUFFIX as DATASET_MANIFEST_SUFFIX
 from tokenmill.formats.dataset_manifest import DATASET_MANIFESTS as DATASET_MANIFESTS
+from tokenmill.paths import name_problem
 
 POINTER_NAME = "current.json"
 BLEND_MANIFEST = "manifest.json"

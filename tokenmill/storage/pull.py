@@ -47,12 +47,11 @@ from tokenmill.errors import CacheError, ConfigError, FormatError, InputError
 from tokenmill.formats.blend_manifest import (
     MANIFEST_NAME,
     VERSIONS_DIR,
-    has_control_character,
-    leading_parents,
     read_blend_manifest,
     verify_manifest,
 )
 from tokenmill.formats.dataset_manifest import legacy_manifest_path, prefix_of_manifest
+from tokenmill.paths import has_control_character, leading_parents
 from tokenmill.storage.layout import dataset_manifest, legacy_dataset_manifest, version_dir_name
 from tokenmill.storage.publish import publish
 from tokenmill.storage.s3 import ATTEMPTS, BACKOFF_SECONDS, is_transient, retrying, split_uri

@@ -38,7 +38,6 @@ import numpy as np
 
 from tokenmill.atomic import remove_stale_temps
 from tokenmill.errors import ConfigError, TokenmillError
-from tokenmill.formats.blend_manifest import name_problem
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     input_sha256,
@@ -46,6 +45,7 @@ from tokenmill.formats.dataset_manifest import (
 )
 from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, index_file_path
 from tokenmill.ingest.records import ON_BAD_RECORD, IngestStats, Quarantine, read_input_batches
+from tokenmill.paths import name_problem
 from tokenmill.tokenize.procs import SAMPLE_CHARS, Background, Checker, EngineMismatch, Pool
 from tokenmill.tokenize.tokenizer import (
     Encoder,

@@ -1,0 +1,45 @@
+"""Path-safety rules for names and relative paths read from recipes, manifests and keys.
+
+One home for the checks every stage applies before joining a name under a folder (a dataset, a
+shard, a manifest entry), so a tampered or mistyped value can never name a file outside it.
+Stdlib only: the loader and the producers both import it.
+"""
+
+from __future__ import annotations
+
+
+def has_control_character(text: str) -> bool:
+    """True when ``text`` holds an ASCII control character (C0 or DEL)."""
+    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+
+
+def leading_parents(relative: str) -> int | None:
+    """How many ``..`` lead the ``/``-separated path, or None when a ``..`` follows a folder
+    name (``os.path.relpath`` never writes that; only a tampered manifest does)."""
+    parts = relative.split("/")
+    leading = next((i for i, part in enumerate(parts) if part != ".."), len(parts))
+    return None if ".." in parts[leading:] else leading
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be one file-name part inside a folder (empty, ``.`` or ``..``, a
+    slash or backslash, a control character), or None when it can."""
+    if not name:
+        return "is empty"
+    if name in (".", ".."):
+        return f"is {name!r}"
+    if "/" in name or "\\" in name:
+        return "contains a slash or backslash"
+    return "contains a control character" if has_control_character(name) else None
+
+
+def relative_path_problem(relative: str) -> str | None:
+    """Why a ``/``-separated path cannot be joined under a folder and stay there, one file per
+    name (absolute, or a part that :func:`name_problem` refuses), or None when it can."""
+    if relative.startswith("/"):
+        return "is absolute"
+    for part in relative.split("/"):
+        problem = name_problem(part)
+        if problem:
+            return f"has a part that {problem}" if relative else problem
+    return None
