@@ -29,8 +29,13 @@ from assets.support.resources import StorageResource
 from assets.support.sources import ShardFile
 from tokenmill.errors import InputError
 from tokenmill.formats.dataset_manifest import input_sha256
-from tokenmill.formats.shard_records import raw_stats_record, shard_config, write_record
-from tokenmill.ingest.records import IngestStats, Quarantine, read_jsonl_batches
+from tokenmill.formats.shard_records import (
+    IngestStats,
+    raw_stats_record,
+    shard_config,
+    write_record,
+)
+from tokenmill.ingest.records import Quarantine, read_jsonl_batches
 from tokenmill.recipe import DatasetConfig
 
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from tokenmill.errors import BadRecordError, FormatError
 from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
-from tokenmill.ingest.records import IngestStats, Quarantine, read_jsonl_batches
+from tokenmill.formats.shard_records import IngestStats
+from tokenmill.ingest.records import Quarantine, read_jsonl_batches
 
 FUZZ = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -24,7 +24,7 @@ from tokenmill.ingest.export import (
     tokenmill_info,
     write_dataset_info,
 )
-from tokenmill.ingest.records import read_input_batches
+from tokenmill.ingest.sources import read_input_batches
 
 RECORDS: list[dict[str, Any]] = [
     {"text": "first", "id": 1, "score": 0.5, "meta": {"lang": "en", "tags": ["a", "b"]}},

@@ -14,14 +14,9 @@ import pytest
 import zstandard
 
 from tokenmill.errors import BadRecordError, ConfigError, FormatError, InputError
-from tokenmill.ingest.records import (
-    Batch,
-    IngestStats,
-    Quarantine,
-    read_input_batches,
-    read_jsonl_batches,
-    shard_name,
-)
+from tokenmill.formats.shard_records import IngestStats
+from tokenmill.ingest.records import Batch, Quarantine, read_jsonl_batches, shard_name
+from tokenmill.ingest.sources import read_input_batches
 from tokenmill.ingest.tables import read_table_batches
 
 SURROGATE = "text contains a lone surrogate (cannot be encoded as UTF-8)"

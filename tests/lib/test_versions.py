@@ -16,6 +16,7 @@ from tokenmill.atomic import file_sha256
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats import blend_manifest as blend_reader
+from tokenmill.formats import dataset_manifest
 from tokenmill.formats.dataset_manifest import (
     bin_parts,
     read_dataset_manifest,
@@ -219,7 +220,7 @@ def test_merged_datasets_are_recorded_by_their_parts_and_never_read(
     for module in (
         blend_manifest,
         blend_reader,
-        __import__("tokenmill.formats.dataset_manifest").manifest,
+        dataset_manifest,
     ):
         real = module.file_sha256
         monkeypatch.setattr(

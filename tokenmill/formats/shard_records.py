@@ -18,17 +18,38 @@ the same bytes. Writers are atomic (temp → fsync → rename); readers name the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tokenmill.atomic import file_sha256, write_json
 from tokenmill.errors import FormatError
 from tokenmill.formats.dataset_manifest import FORMAT_VERSION
-from tokenmill.ingest.records import IngestStats
 
 INFO_COUNTS = ("lines", "documents", "blank", "quarantined")
+
+
+@dataclass
+class IngestStats:
+    """Counts for one input file; invariant: ``lines == documents + quarantined + blank``."""
+
+    path: str
+    lines: int = 0
+    documents: int = 0
+    empty_documents: int = 0
+    blank: int = 0
+    quarantined: int = 0
+    bytes_read: int = 0
+    bom: bool = False
+    crlf_lines: int = 0
+    missing_final_newline: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form for manifests, metadata and stats files."""
+        return dataclasses.asdict(self)
 
 
 def shard_config(text_key: str, on_bad_record: str) -> dict[str, str]:

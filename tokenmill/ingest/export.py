@@ -34,15 +34,9 @@ from tokenmill.atomic import (
 )
 from tokenmill.errors import ConfigError, FormatError, InputError
 from tokenmill.formats.dataset_manifest import FORMAT_VERSION, input_sha256
-from tokenmill.formats.shard_records import INFO_COUNTS
-from tokenmill.ingest.records import (
-    ON_BAD_RECORD,
-    Batch,
-    IngestStats,
-    Quarantine,
-    read_input_batches,
-    shard_name,
-)
+from tokenmill.formats.shard_records import INFO_COUNTS, IngestStats
+from tokenmill.ingest.records import ON_BAD_RECORD, Batch, Quarantine, shard_name
+from tokenmill.ingest.sources import read_input_batches
 
 DEFAULT_ROW_GROUP_ROWS = 1000
 PARQUET_COMPRESSION = "zstd"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import dataclasses
 import gzip
 import json
 import os
@@ -29,6 +28,7 @@ import zstandard
 
 from tokenmill.atomic import commit, name_os_errors, temp_path_for
 from tokenmill.errors import BadRecordError, ConfigError, InputError
+from tokenmill.formats.shard_records import IngestStats
 
 ON_BAD_RECORD = ("fail", "quarantine")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
@@ -36,26 +36,6 @@ TABLE_SUFFIXES = (".parquet", ".arrow")
 BOM = b"\xef\xbb\xbf"
 _ZSTD_READ = 1 << 20
 _JSON_TYPE_NAMES = {dict: "object", list: "list", str: "string", type(None): "null"}
-
-
-@dataclass
-class IngestStats:
-    """Counts for one input file; invariant: ``lines == documents + quarantined + blank``."""
-
-    path: str
-    lines: int = 0
-    documents: int = 0
-    empty_documents: int = 0
-    blank: int = 0
-    quarantined: int = 0
-    bytes_read: int = 0
-    bom: bool = False
-    crlf_lines: int = 0
-    missing_final_newline: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-JSON form for manifests, metadata and stats files."""
-        return dataclasses.asdict(self)
 
 
 class Quarantine:
@@ -163,10 +143,10 @@ def shard_name(path: str | os.PathLike[str]) -> str:
             return name[: -len(suffix)]
     if os.path.isdir(path) and name:
         return name
-    raise ConfigError(f"{path}: cannot name a shard: expected a name ending in {_SUPPORTED}")
+    raise ConfigError(f"{path}: cannot name a shard: expected a name ending in {SUPPORTED_INPUTS}")
 
 
-_SUPPORTED = ", ".join((*JSONL_SUFFIXES, *TABLE_SUFFIXES)) + " (or a dataset folder)"
+SUPPORTED_INPUTS = ", ".join((*JSONL_SUFFIXES, *TABLE_SUFFIXES)) + " (or a dataset folder)"
 
 
 def _blocks(path: str | os.PathLike[str], block: int) -> Iterator[bytes]:
@@ -404,33 +384,3 @@ def _handle_bad(
     raw = BOM + line if line_no == 1 and stats.bom else line
     quarantine.add(name, line_no, reason, raw)
     stats.quarantined += 1
-
-
-def read_input_batches(
-    path: str | os.PathLike[str],
-    *,
-    text_key: str = "text",
-    on_bad_record: str = "fail",
-    quarantine: Quarantine | None = None,
-    stats: IngestStats | None = None,
-    keep_records: bool = False,
-    source_name: str | None = None,
-) -> Iterator[Batch]:
-    """Batches from any supported input: JSONL shards, or Parquet/Arrow files and folders;
-    ``source_name`` (default: ``path``) is how bad records name their file."""
-    name = os.fspath(path)
-    options: dict[str, Any] = {
-        "text_key": text_key,
-        "on_bad_record": on_bad_record,
-        "quarantine": quarantine,
-        "stats": stats,
-        "keep_records": keep_records,
-        "source_name": source_name,
-    }
-    if name.endswith(JSONL_SUFFIXES):
-        return read_jsonl_batches(name, **options)
-    if name.endswith(TABLE_SUFFIXES) or os.path.isdir(name):
-        from tokenmill.ingest.tables import read_table_batches
-
-        return read_table_batches(name, **options)
-    raise ConfigError(f"{name}: unsupported input; expected a name ending in {_SUPPORTED}")

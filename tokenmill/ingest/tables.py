@@ -10,13 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill.errors import BadRecordError, ConfigError, FormatError, InputError
-from tokenmill.ingest.records import (
-    TABLE_SUFFIXES,
-    Batch,
-    IngestStats,
-    Quarantine,
-    check_bad_record_mode,
-)
+from tokenmill.formats.shard_records import IngestStats
+from tokenmill.ingest.records import TABLE_SUFFIXES, Batch, Quarantine, check_bad_record_mode
 
 
 def _table_files(path: str) -> list[Path]:

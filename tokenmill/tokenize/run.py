@@ -44,7 +44,9 @@ from tokenmill.formats.dataset_manifest import (
     write_dataset_manifest,
 )
 from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, index_file_path
-from tokenmill.ingest.records import ON_BAD_RECORD, IngestStats, Quarantine, read_input_batches
+from tokenmill.formats.shard_records import IngestStats
+from tokenmill.ingest.records import ON_BAD_RECORD, Quarantine
+from tokenmill.ingest.sources import read_input_batches
 from tokenmill.paths import name_problem
 from tokenmill.tokenize.procs import SAMPLE_CHARS, Background, Checker, EngineMismatch, Pool
 from tokenmill.tokenize.tokenizer import (
