@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tokenmill.errors import ConfigError
-from tokenmill.tokenize import tokenizer_verify
+from tokenmill.tokenize import tokenizer
 from tokenmill.tokenize.tokenizer import (
     ENGINES,
     _assemble,
@@ -113,7 +113,7 @@ def test_verification_is_cached(gpt2_dir: Path, monkeypatch: pytest.MonkeyPatch)
     def fail(*args: object) -> None:
         raise AssertionError("verification ran again")
 
-    monkeypatch.setattr(tokenizer_verify, "run_verification", fail)
+    monkeypatch.setattr(tokenizer, "run_verification", fail)
     assert inspect_tokenizer(gpt2_dir / "tokenizer.json") == first
 
 

@@ -30,6 +30,8 @@ import importlib
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
@@ -176,8 +178,6 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
     )
     record = _read_record(record_path, fingerprint)
     if record is None:
-        from tokenmill.tokenize.tokenizer_verify import run_verification
-
         run_verification(source, definition, fingerprint, record_path)
         record = _read_record(record_path, fingerprint)
         if record is None:
@@ -214,6 +214,30 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
         specials=tuple(guard.get("specials", ())),
         guard_ranges=tuple((int(a), int(b)) for a, b in guard.get("ranges", ())),
     )
+
+
+def load_reference(source: Path) -> Any:
+    """The tokenizer exactly as Megatron's HuggingFaceTokenizer loads it (offline)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if source.is_dir():
+        return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    return PreTrainedTokenizerFast(tokenizer_file=str(source))
+
+
+def run_verification(source: Path, definition: Path, fingerprint: str, record_path: Path) -> None:
+    """Verify in a child interpreter and wait; TokenmillError with its stderr if it fails."""
+    cmd = [sys.executable, "-m", "tokenmill.tokenize.tokenizer_verify"]
+    cmd += [str(source), str(definition), fingerprint, str(record_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-5:]
+        raise TokenmillError(
+            f"tokenizer {source}: verification against transformers failed "
+            f"(exit {proc.returncode}): {' | '.join(tail)}"
+        )
 
 
 def _read_record(path: Path, fingerprint: str) -> dict[str, Any] | None:
@@ -542,8 +566,6 @@ class TransformersEncoder(Encoder):
 
     def __init__(self, info: TokenizerInfo) -> None:
         super().__init__(info)
-        from tokenmill.tokenize.tokenizer_verify import load_reference
-
         self._tok = load_reference(info.source)
 
     def _encode_each(self, texts: list[str]) -> list[np.ndarray]:

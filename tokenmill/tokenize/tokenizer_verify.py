@@ -17,8 +17,6 @@ import base64
 import hashlib
 import io
 import itertools
-import os
-import subprocess
 import sys
 import unicodedata
 from pathlib import Path
@@ -28,7 +26,7 @@ import numpy as np
 import orjson
 
 from tokenmill.atomic import write_bytes, write_json
-from tokenmill.errors import ConfigError, TokenmillError
+from tokenmill.errors import ConfigError
 from tokenmill.tokenize.tokenizer import (
     CACHE_VERSION,
     ENCODERS,
@@ -38,6 +36,7 @@ from tokenmill.tokenize.tokenizer import (
     _assemble,
     _library_versions,
     first_mismatch,
+    load_reference,
 )
 from tokenmill.tokenize.tokenizer_guard import (
     normalization_differences,
@@ -107,17 +106,6 @@ def probe_texts(added_tokens: list[str]) -> list[str]:
     if added_tokens:
         texts.append(" ".join(f"x{t}y {t}{t}\n{t}" for t in sorted(added_tokens)))
     return texts
-
-
-def load_reference(source: Path) -> Any:
-    """The tokenizer exactly as Megatron's HuggingFaceTokenizer loads it (offline)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    if source.is_dir():
-        return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
-    return PreTrainedTokenizerFast(tokenizer_file=str(source))
 
 
 def passthrough_problem(tok: Any) -> str | None:
@@ -413,19 +401,6 @@ def _is_isolated_split(step: dict[str, Any]) -> bool:
         and step.get("behavior") == "Isolated"
         and not step.get("invert")
     )
-
-
-def run_verification(source: Path, definition: Path, fingerprint: str, record_path: Path) -> None:
-    """Verify in a child interpreter and wait; TokenmillError with its stderr if it fails."""
-    cmd = [sys.executable, "-m", "tokenmill.tokenize.tokenizer_verify"]
-    cmd += [str(source), str(definition), fingerprint, str(record_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-5:]
-        raise TokenmillError(
-            f"tokenizer {source}: verification against transformers failed "
-            f"(exit {proc.returncode}): {' | '.join(tail)}"
-        )
 
 
 def main(argv: list[str]) -> int:
