@@ -791,14 +791,14 @@ def verify_blend(path: str | os.PathLike[str], *, full: bool = False) -> list[st
     """
     problems = verify_manifest(path, full=full)
     if full and not problems:  # the files hash right: now every index value and pointer
-        from tokenmill.loader import _blend_split
+        from tokenmill.loader import open_blend_split
 
         mpath = manifest_path(path)
         manifest = read_blend_manifest(mpath)
         for split in manifest["splits"]:
             try:
                 with schema_errors(mpath):
-                    _blend_split(manifest, mpath, split, full=True)
+                    open_blend_split(manifest, mpath, split, full=True)
             except (FormatError, CacheError) as exc:
                 problems.append(f"split {split!r}: {exc}")
     return problems

@@ -49,6 +49,7 @@ __all__ = [
     "BlendedDataset",
     "NanosetDataset",
     "open_blend",
+    "open_blend_split",
     "open_nanoset",
 ]
 
@@ -102,14 +103,15 @@ def open_blend(
             + "\n  ".join(problems)
         )
     with schema_errors(mpath):
-        return _blend_split(info, mpath, split, full=full, pad_id=pad_id)
+        return open_blend_split(info, mpath, split, full=full, pad_id=pad_id)
 
 
-def _blend_split(
+def open_blend_split(
     info: dict[str, Any], mpath: Path, split: str, *, full: bool, pad_id: int = PAD_ID
 ) -> BlendedDataset:
     """Open the checked files of one split as a BlendedDataset (memory-mapped; ``full`` also
-    checks every index value)."""
+    checks every index value). ``info`` and ``mpath``: a manifest already read and verified
+    (``open_blend`` does both; ``tokenmill verify`` reuses this for its value checks)."""
     prefixes = {ds["name"]: resolve(mpath, ds["prefix"]) for ds in info["datasets"]}
     part = info["splits"][split]
     datasets = {}
