@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tokenmill.atomic import TMP_MARK, file_sha256
-from tokenmill.errors import CacheError, TokenmillError
+from tokenmill.errors import CacheError, FormatError, TokenmillError
 from tokenmill.formats.blend_manifest import read_blend_manifest, resolve
 from tokenmill.formats.dataset_manifest import (
     check_dataset_files,
@@ -209,7 +209,7 @@ def _index_entry(path: Path) -> tuple[list[str], list[Path]]:
         paths.append(array)
         try:
             load_array(array, record, full=True)
-        except CacheError as exc:
+        except (CacheError, FormatError) as exc:
             problems.append(str(exc))
     return problems, paths
 

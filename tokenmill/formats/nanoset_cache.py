@@ -1,12 +1,15 @@
-"""Content-addressed ``.npy`` caches shared by the Nanoset and blend stages.
+"""Nanoset index cache format: content-addressed ``.npy`` entries, writer and the one reader.
 
-A cache entry is a set of ``.npy`` files plus a JSON description written last. The
-description's ``key`` holds every input that changes the arrays; its md5 names the files, so a
-changed setting never finds a stale entry. Arrays are written temp → fsync → rename, loaded
-with ``allow_pickle=False`` and ``mmap_mode="r"``, and checked against the sizes, dtypes and
-shapes the description records. Builders take an exclusive ``fcntl.flock`` on a lock file so
-that N processes starting at once build one entry and the others wait and load it; the lock
+An entry is ``<hash>-Nanoset-<split>-{document,sample,shuffle}_index.npy`` plus
+``<hash>-Nanoset-<split>-description.json`` written last. The description's ``key`` holds every
+input that changes the arrays; its md5 names the files, so a changed setting never finds a stale
+entry; ``files`` records each array's ``{file, dtype, shape, bytes, sha256}``. Arrays are written
+temp → fsync → rename, loaded with ``allow_pickle=False`` and ``mmap_mode="r"``, and checked
+against the sizes, dtypes and shapes the description records (:func:`load_entry_arrays`, used by
+the index builder and by the loader alike). Builders take an exclusive ``fcntl.flock`` on a lock
+file so that N processes starting at once build one entry and the others wait and load it; the lock
 file is removed when released (readers never create one), so none stays in the cache.
+numpy + stdlib only: the loader imports it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from typing import Any
 import numpy as np
 
 from tokenmill.atomic import atomic_open, file_sha256, remove_stale_temps, write_bytes
-from tokenmill.errors import CacheError
+from tokenmill.errors import CacheError, FormatError
+
+ARRAYS = ("document", "sample", "shuffle")
+DESCRIPTION_SUFFIX = "-description.json"
 
 
 def key_hash(key: dict[str, Any]) -> str:
@@ -78,11 +84,14 @@ def save_array(path: Path, array: np.ndarray) -> dict[str, Any]:
     }
 
 
-def load_array(path: Path, record: dict[str, Any], *, full: bool = False) -> np.ndarray:
+def load_array(
+    path: Path, record: dict[str, Any], *, full: bool = False, what: str = "array"
+) -> np.ndarray:
     """Memory-map an array written by :func:`save_array`, refusing any mismatch.
 
     Always checks the byte size, dtype and shape (cheap); ``full`` also re-hashes the file.
-    Raises CacheError naming the file and the field that differs.
+    Raises CacheError naming the file and the field that differs from the record, FormatError
+    (naming ``what``) when the file is not a plain numeric ``.npy`` (never unpickled).
     """
     if not path.is_file():
         raise CacheError(f"{path}: missing (the cache entry is incomplete)")
@@ -91,9 +100,13 @@ def load_array(path: Path, record: dict[str, Any], *, full: bool = False) -> np.
         raise CacheError(f"{path}: {size} bytes, the description records {record.get('bytes')}")
     try:
         array = np.load(path, allow_pickle=False, mmap_mode="r")
-    except (ValueError, OSError) as exc:
-        raise CacheError(f"{path}: not a plain numeric .npy array ({exc})") from exc
-    if array.dtype.hasobject or array.dtype.str != record.get("dtype"):
+    except (ValueError, OSError, EOFError) as exc:
+        raise FormatError(
+            path, what, f"unreadable .npy, not a plain numeric array ({exc}); rebuild it"
+        ) from exc
+    if array.dtype.hasobject:
+        raise FormatError(path, what, "unreadable .npy: an object array; rebuild it")
+    if array.dtype.str != record.get("dtype"):
         raise CacheError(
             f"{path}: dtype {array.dtype.str}, the description records {record.get('dtype')}"
         )
@@ -128,3 +141,46 @@ def remove_entry(paths: list[Path]) -> None:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         remove_stale_temps(path)
+
+
+def entry_paths(cache_dir: str | Path, digest: str, split: str) -> dict[str, Path]:
+    """The four files of one entry, keyed "document", "sample", "shuffle", "description"."""
+    return _named(Path(cache_dir) / f"{digest}-Nanoset-{split}")
+
+
+def entry_paths_from_description(description_path: Path) -> dict[str, Path]:
+    """The four files of the entry whose description is ``description_path``."""
+    return _named(description_path.with_name(description_path.name[: -len(DESCRIPTION_SUFFIX)]))
+
+
+def _named(base: Path) -> dict[str, Path]:
+    """An entry's file paths from ``<cache_dir>/<hash>-Nanoset-<split>``."""
+    paths = {name: Path(f"{base}-{name}_index.npy") for name in ARRAYS}
+    paths["description"] = Path(f"{base}{DESCRIPTION_SUFFIX}")
+    return paths
+
+
+def load_entry_arrays(
+    paths: dict[str, Path], description: dict[str, Any], *, full: bool = False
+) -> dict[str, np.ndarray]:
+    """An entry's three arrays, memory-mapped and each checked against its record (file name,
+    size, dtype, shape; ``full``: sha256) and its rank (``sample`` 2-D, the others 1-D,
+    integers). CacheError naming the file and what differs; FormatError for a file that is no
+    plain numeric ``.npy``."""
+    files = description.get("files")
+    if not isinstance(files, dict):
+        raise CacheError(f"{paths['description']}: no 'files' record")
+    arrays = {}
+    for name in ARRAYS:
+        record = files.get(name)
+        if not isinstance(record, dict) or record.get("file") != paths[name].name:
+            found = record.get("file") if isinstance(record, dict) else record
+            raise CacheError(f"{paths['description']}: {name} file is {found!r}")
+        array = load_array(paths[name], record, full=full, what=f"{name}_index")
+        ndim = 2 if name == "sample" else 1
+        if array.dtype.kind not in "iu" or array.ndim != ndim:
+            raise CacheError(
+                f"{paths[name]}: {array.ndim}-D {array.dtype}, expected a {ndim}-D integer array"
+            )
+        arrays[name] = array
+    return arrays

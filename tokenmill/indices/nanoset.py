@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.errors import CacheError, ConfigError
+from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats import nanoset_cache as cache
 from tokenmill.formats.dataset_manifest import dataset_content_hash, dataset_manifest_path
 from tokenmill.formats.indexed import IndexedDataset
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
-ARRAYS = ("document", "sample", "shuffle")
+ARRAYS = cache.ARRAYS
 
 
 def build_nanoset_indices(
@@ -279,16 +279,12 @@ def cache_key(
 
 def cache_paths(cache_dir: str | Path, digest: str, split: str) -> dict[str, Path]:
     """The four files of one cache entry, keyed "document", "sample", "shuffle", "description"."""
-    base = Path(cache_dir) / f"{digest}-Nanoset-{split}"
-    paths = {name: Path(f"{base}-{name}_index.npy") for name in ARRAYS}
-    paths["description"] = Path(f"{base}-description.json")
-    return paths
+    return cache.entry_paths(cache_dir, digest, split)
 
 
 def verify_index(index: NanosetIndex) -> None:
     """Full check of a loaded index: re-hash every array file against its description."""
-    for name in ARRAYS:
-        cache.load_array(index.paths[name], index.description["files"][name], full=True)
+    cache.load_entry_arrays(index.paths, index.description, full=True)
 
 
 def _load_entry(
@@ -306,14 +302,9 @@ def _load_entry(
             f"{paths['description']}: describes {description.get('key')!r}, not the requested "
             f"{key!r}; remove the entry's files to rebuild it"
         )
-    arrays = {}
     try:
-        for name in ARRAYS:
-            record = description["files"][name]
-            if record.get("file") != paths[name].name:
-                raise CacheError(f"{paths['description']}: {name} file is {record.get('file')}")
-            arrays[name] = cache.load_array(paths[name], record)
-    except (CacheError, KeyError, TypeError, AttributeError) as exc:
+        arrays = cache.load_entry_arrays(paths, description)
+    except (CacheError, FormatError, KeyError, TypeError, AttributeError) as exc:
         if partial_ok:
             return None
         raise CacheError(f"{paths['description']}: incomplete or damaged entry ({exc})") from exc

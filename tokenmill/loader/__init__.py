@@ -25,7 +25,6 @@ from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.blend_manifest import (
     BLEND_ARRAYS,
     INDEX_ARRAYS,
-    check_file,
     load_index_array,
     manifest_path,
     read_blend_manifest,
@@ -41,6 +40,12 @@ from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
 )
 from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.formats.nanoset_cache import (
+    ARRAYS,
+    DESCRIPTION_SUFFIX,
+    entry_paths_from_description,
+    load_entry_arrays,
+)
 from tokenmill.loader._datasets import PAD_ID, BlendedDataset, NanosetDataset
 from tokenmill.loader._sampler import BatchSampler
 
@@ -54,7 +59,6 @@ __all__ = [
 ]
 
 VERIFY_MODES = ("fast", "full")
-DESCRIPTION_SUFFIX = "-description.json"
 
 
 def open_blend(
@@ -266,26 +270,19 @@ def _load_cache(
         raise CacheError(f"{description_path}: missing (never completed); {rebuild}")
     try:
         description = json.loads(description_path.read_text(encoding="utf-8"))
-        key, files = description["key"], description["files"]
+        key = description["key"]
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise FormatError(description_path, "description", f"unreadable ({exc!r})") from exc
-    stem = description_path.name[: -len(DESCRIPTION_SUFFIX)]
-    arrays, paths = [], []
-    for kind in INDEX_ARRAYS:
-        path = description_path.with_name(f"{stem}-{kind}_index.npy")
-        paths.append(str(path))
-        record = files.get(kind, {})
-        problem = check_file(path, record, hash_it=full)
-        if problem:
-            raise CacheError(f"{problem}; the cache entry is stale or damaged: {rebuild}")
-        arr = load_index_array(path, ndim=2 if kind == "sample" else 1, what=f"{kind}_index")
-        if arr.dtype.str != record.get("dtype") or list(arr.shape) != record.get("shape"):
-            raise CacheError(
-                f"{path}: {arr.dtype.str} {list(arr.shape)}, the description records "
-                f"{record.get('dtype')} {record.get('shape')}; {rebuild}"
-            )
-        arrays.append(arr)
-    return key, arrays, (paths[0], paths[1], paths[2])
+    paths = entry_paths_from_description(description_path)
+    try:
+        arrays = load_entry_arrays(paths, description, full=full)
+    except CacheError as exc:
+        raise CacheError(f"{exc}; the cache entry is stale or damaged: {rebuild}") from exc
+    return (
+        key,
+        [arrays[kind] for kind in ARRAYS],
+        (str(paths["document"]), str(paths["sample"]), str(paths["shuffle"])),
+    )
 
 
 def _check_dataset(
