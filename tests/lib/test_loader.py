@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -309,18 +307,6 @@ def test_description_path_must_be_a_cache_file(tmp_path: Path, four: IndexedData
     bogus.write_text(json.dumps({}))
     with pytest.raises(ValueError, match=r"-description\.json"):
         open_nanoset(four.prefix, index=bogus)
-
-
-def test_importing_the_loader_pulls_no_heavy_modules() -> None:
-    code = (
-        "import sys, tokenmill.loader\n"
-        "heavy = ['torch', 'dagster', 'transformers', 'pyarrow', 'pandas',"
-        " 'tokenmill.indices.nanoset', 'tokenmill.indices.blend',"
-        " 'tokenmill.indices.blend_build']\n"
-        "print([m for m in heavy if m in sys.modules])\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
 
 
 def test_torch_adapter(four: IndexedDataset) -> None:
