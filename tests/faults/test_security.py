@@ -32,7 +32,7 @@ from tokenmill.loader import open_blend, open_nanoset
 from tokenmill.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
-LIBRARY_DIRS = ("tokenmill", "assets", "pipelines", "bench")
+LIBRARY_DIRS = ("tokenmill", "tokenmill_dev", "assets", "pipelines", "bench")
 
 
 # -- network exposure -----------------------------------------------------------------------------
