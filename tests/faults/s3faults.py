@@ -7,9 +7,9 @@ its retries and ``tokenmill``'s own retries run unmodified. ``kill()`` closes th
 socket and every open connection at once (what clients see when the S3 server dies); ``start()``
 brings it back on the same port. moto keeps its state behind it, like S3 after an outage.
 
-Also here: ``fast_retries`` (botocore's retry sleeps shrunk, attempt counts kept), helpers reading the
-bucket (``s3_tree``, ``unvouched``: manifests that vouch for missing or different files), and
-``materialize_shard``, one shard partition of the pipeline on an S3 root.
+Also here: ``fast_retries`` (botocore's retry sleeps shrunk, attempt counts kept), helpers
+reading the bucket (``s3_tree``, ``unvouched``: manifests that vouch for missing or different
+files), and ``materialize_shard``, one shard partition of the pipeline on an S3 root.
 """
 
 from __future__ import annotations

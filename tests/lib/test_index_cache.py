@@ -11,22 +11,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_pairs import random_pair
 
 from tokenmill import _index_cache, nanoset
 from tokenmill.cli import main
 from tokenmill.errors import CacheError
-from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.nanoset import build_nanoset_indices, build_or_load, split_ranges, verify_index
 
 NUM_SEQUENCES = 200
 
 
-def make_dataset(prefix: Path, seed: int = 0, n: int = NUM_SEQUENCES) -> Path:
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 60, size=n)
-    with IndexedDatasetWriter(prefix, dtype=np.uint16) as writer:
-        writer.add_documents(rng.integers(0, 50000, size=int(lengths.sum())), lengths)
-    return prefix
+def make_dataset(prefix: Path, seed: int = 0) -> Path:
+    """``NUM_SEQUENCES`` random documents (no manifest)."""
+    return random_pair(prefix, NUM_SEQUENCES, seed, lengths=(1, 60), vocab=50000)
 
 
 @pytest.fixture
