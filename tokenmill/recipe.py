@@ -316,7 +316,9 @@ class _Section(BaseModel):
 
 class _StorageModel(_Section):
     root: Text = "data"
-    s3_endpoint_url: Annotated[str | None, BeforeValidator(lambda v: v and _text(v))] = None
+    s3_endpoint_url: Annotated[
+        str | None, BeforeValidator(lambda v: v if v is None else _text(v))
+    ] = None
 
     @classmethod
     def _check_raw(cls, raw: Mapping[str, Any]) -> None:
@@ -427,7 +429,7 @@ def _problem(path: Path, error: Mapping[str, Any]) -> str:
         loc.append(ctx["field"])
     where = ".".join(loc).encode("unicode_escape").decode("ascii") or "recipe"
     value = ctx.get("value", error.get("input"))
-    expected = ctx.get("expected", error["msg"])
+    expected = ctx.get("expected", str(error["msg"]).removeprefix("Input should be "))
     return f"{path}: {where}: {ctx.get('kind', 'bad value')} {value!r}; expected {expected}"
 
 

@@ -215,6 +215,14 @@ def test_recipe_path_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             "datasets.web.glob: bad value 'a/*.jsonl'; expected a file-name pattern without",
         ),
         (
+            {**GOOD, "storage": {"root": "out", "s3_endpoint_url": ""}},
+            "storage.s3_endpoint_url: bad value ''; expected a non-empty string",
+        ),
+        (  # pydantic's own checks read the same way
+            {**GOOD, "blends": {"mix": {"temperature": 1, "datasets": ["web", 7]}}},
+            "blends.mix.datasets.1: bad value 7; expected a valid string",
+        ),
+        (
             {**GOOD, "storage": {"root": "s3://"}},
             "storage.root: bad value 's3://'; expected s3://bucket[/prefix] or a local directory",
         ),
