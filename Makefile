@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install sysdeps test demo bench lint format tokenizers dev clean image e2e-docker
+.PHONY: install sysdeps test test-fast demo bench lint format tokenizers dev clean image e2e-docker
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,6 +28,11 @@ sysdeps:
 test: install sysdeps
 	$(BIN)/python -m pytest -p no:cacheprovider
 
+# The inner loop (under a minute): every test but the slow, servers, browser and docker tiers
+# (markers and --fast in tests/conftest.py). `make test` runs everything; CI runs `make test`.
+test-fast: install
+	$(BIN)/python -m pytest -p no:cacheprovider --fast
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -47,6 +52,11 @@ demo: install tokenizers
 
 # pipelines.dev runs `dagster dev` in a process group of its own: SIGINT/SIGTERM/SIGHUP stop it and
 # every process it started, also when make runs as a script's background job (SIGINT ignored).
+# `dagster dev` prints on every start that it is superseded by `dg dev` (dagster-dg-cli). dg
+# expects a dg project ([tool.dg] in pyproject, a defs/ package) and adds a CLI with its own
+# release train, for nothing we use: the code location is workspace.yaml → pipelines.definitions.
+# So the hint is silenced, for this command only (a message filter: other warnings still show).
+dev: export PYTHONWARNINGS := ignore:Function `dev_command` is superseded:FutureWarning
 dev: install tokenizers
 	$(BIN)/python -m pipelines.instance
 	exec $(BIN)/python -m pipelines.dev $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(DEV_PORT)

@@ -1,11 +1,17 @@
 """Schedules (cron from the recipe): re-process every shard of a dataset, refresh everything
 downstream. ``build_schedule_from_partitioned_job`` rejects dynamic partitions, so the
 reprocess schedule is a plain ``@schedule`` that asks for one run per current shard.
+
+The weekly reprocess and the nightly refresh never overlap: each skips its tick, with a reason
+naming the other, while a run of the other is queued or in progress (a tag concurrency limit
+cannot say "not beside the other kind" without also serializing the per-shard reprocess runs).
 """
 
 from dagster import (
+    DagsterRunStatus,
     DefaultScheduleStatus,
     RunRequest,
+    RunsFilter,
     ScheduleDefinition,
     ScheduleEvaluationContext,
     SkipReason,
@@ -14,9 +20,21 @@ from dagster import (
 
 from assets.support.partitions import partitions_name
 from assets.support.sources import list_shards
-from pipelines.jobs import AssetJob
+from pipelines.jobs import REFRESH_JOB, AssetJob
 from pipelines.sensors import shard_tags
 from tokenmill.recipe import DatasetConfig
+
+REPROCESS_TAG = "tokenmill/reprocess"
+# Runs that hold their slot: waiting in the queue, being launched, or executing.
+ACTIVE = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
+REPROCESS_RUNS = RunsFilter(tags={REPROCESS_TAG: "1"}, statuses=ACTIVE)
+REFRESH_RUNS = RunsFilter(job_name=REFRESH_JOB, statuses=ACTIVE)
 
 
 def build_reprocess_schedule(
@@ -34,6 +52,12 @@ def build_reprocess_schedule(
         description=f"Re-validate and re-tokenize every shard of {ds.name}.",
     )
     def reprocess(context: ScheduleEvaluationContext) -> list[RunRequest] | SkipReason:
+        busy = context.instance.get_runs_count(REFRESH_RUNS)
+        if busy:
+            return SkipReason(
+                f"{ds.name}: {busy} {REFRESH_JOB} run(s) queued or in progress; the reprocess "
+                "waits for its next tick so the two never overlap"
+            )
         registered = set(context.instance.get_dynamic_partitions(partitions_name(ds.name)))
         shards = list_shards(ds, endpoint_url).shards
         keys = sorted(registered & set(shards))
@@ -46,7 +70,7 @@ def build_reprocess_schedule(
                 partition_key=key,
                 tags={
                     **shard_tags(ds.name, key, shards[key].fingerprint),
-                    "tokenmill/reprocess": "1",
+                    REPROCESS_TAG: "1",
                 },
             )
             for key in keys
@@ -56,11 +80,23 @@ def build_reprocess_schedule(
 
 
 def build_refresh_schedule(cron: str, job: AssetJob) -> ScheduleDefinition:
-    """``nightly_refresh``: rebuild every merged dataset, index and blend in one run."""
-    return ScheduleDefinition(
+    """``nightly_refresh``: rebuild every merged dataset, index and blend in one run, unless
+    a reprocess run is queued or in progress (its shards would change under the refresh)."""
+
+    @schedule(
         name="nightly_refresh",
         cron_schedule=cron,
         job=job,
         default_status=DefaultScheduleStatus.RUNNING,
         description="Rebuild merged datasets, Nanoset indices and blends.",
     )
+    def refresh(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
+        busy = context.instance.get_runs_count(REPROCESS_RUNS)
+        if busy:
+            return SkipReason(
+                f"{busy} reprocess run(s) queued or in progress; the refresh waits for its next "
+                "tick so the two never overlap"
+            )
+        return RunRequest(run_key=f"refresh:{context.scheduled_execution_time.isoformat()}")
+
+    return refresh

@@ -2,6 +2,10 @@
 the pipeline's tiny recipe project (``pipeline_project.py``); and, from ``servers.py``,
 moto_server S3 and Postgres on loopback for any test that asks.
 
+Test tiers: every test gets the markers of what it needs (registered in pyproject.toml), from
+its directory, module or fixtures (``pytest_collection_modifyitems`` below); ``make test-fast``
+(``pytest --fast``) deselects them for the inner loop, ``make test`` runs everything.
+
 The bundled tokenizers are built once into the repo's git-ignored ``.tokenizers/`` (the same
 place ``make tokenizers`` uses) and reused by later sessions; engine verification results go to
 a per-session cache directory, so every session verifies from scratch.
@@ -35,6 +39,94 @@ TINY_TEXT = [
     "def tokenize(text):\n    return [t for t in text.split()]\n",
     "Numbers 12345 and 3.14159; unicode: naïve café, 日本語, emoji 😀.",
 ] * 20
+
+
+# Fixtures that start a server (moto_server S3, a Postgres cluster): their tests are "servers".
+SERVER_FIXTURES = frozenset({"moto_endpoint", "postgres"})
+# Paths (relative to tests/) whose tests need more than a library: a directory or a module.
+TIER_PATHS = {
+    "docker/": "docker",  # a private dockerd, images, containers
+    "pipeline/test_ui.py": "browser",  # dagster-webserver and headless Chromium
+    "faults/test_postgres_faults.py": "servers",  # its own Postgres cluster, restarted
+}
+# Modules whose tests take seconds each (real tokenizers, whole Dagster runs, subprocess fleets,
+# kills, fuzzing, instances): the fast tier skips them. Measured with ``--durations=0`` on the
+# shared 2-core machine (2026-11-25): each of these costs 5-110 s, everything else under 60 s.
+SLOW_MODULES = frozenset(
+    {
+        "test_lint.py",  # mypy without a cache: ~1 min on a fresh clone
+        "test_tooling.py",
+        "faults/test_concurrency.py",
+        "faults/test_disk_errors.py",
+        "faults/test_fuzz.py",
+        "faults/test_kill.py",
+        "lib/test_batching.py",
+        "lib/test_blend_manifest.py",
+        "lib/test_gc.py",
+        "lib/test_index_cache.py",
+        "lib/test_tokenize.py",
+        "lib/test_tokenizer.py",
+        "lib/test_tokenizer_normalized.py",
+        "pipeline/test_assets.py",
+        "pipeline/test_automation.py",
+        "pipeline/test_checks.py",
+        "pipeline/test_definitions.py",
+        "pipeline/test_hf_source.py",
+        "pipeline/test_materialize.py",
+        "pipeline/test_provenance.py",
+        "pipeline/test_schedules.py",
+        "pipeline/test_sensors.py",
+        "prod/test_backfill.py",
+    }
+)
+
+
+TESTS = Path(__file__).resolve().parent
+FAST = "not slow and not servers and not browser and not docker"
+
+
+def _tiers(rel: str) -> set[str]:
+    """The markers a test module at ``rel`` (relative to tests/) gets from its path."""
+    found = {"slow"} if rel in SLOW_MODULES else set()
+    for prefix, marker in TIER_PATHS.items():
+        if rel == prefix or (prefix.endswith("/") and rel.startswith(prefix)):
+            found.add(marker)
+    return found
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--fast``: the inner-loop tier (``make test-fast``)."""
+    parser.addoption(
+        "--fast",
+        action="store_true",
+        help=f"run only '{FAST}', without even importing the modules of the other tiers",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``--fast`` selects the fast tier (with any ``-m`` given too)."""
+    if config.getoption("fast"):
+        given = config.option.markexpr
+        config.option.markexpr = f"({given}) and {FAST}" if given else FAST
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With ``--fast``, modules and folders whose every test is in another tier are not even
+    imported (torch, dagster runs and fixtures cost seconds of collection)."""
+    if not config.getoption("fast") or TESTS not in collection_path.parents:
+        return None
+    rel = collection_path.relative_to(TESTS).as_posix() + ("/" if collection_path.is_dir() else "")
+    return True if _tiers(rel) else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by tier: ``servers`` from its fixtures, ``docker``/``browser`` from its
+    path, ``slow`` from its module."""
+    for item in items:
+        for marker in _tiers(item.path.resolve().relative_to(TESTS).as_posix()):
+            item.add_marker(marker)
+        if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker("servers")
 
 
 @pytest.fixture(scope="session", autouse=True)

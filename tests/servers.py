@@ -22,12 +22,10 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 from prod_servers import S3, Postgres
+from tiny_pairs import random_dataset
 
-from tokenmill.formats.dataset_manifest import write_dataset_manifest
-from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.tokenize.merge import merge_datasets
 
@@ -98,11 +96,7 @@ def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> S3:
 
 def _shard(prefix: Path, seed: int, docs: int) -> None:
     """A shard of ``docs`` random documents (uint16 tokens) with its manifest."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(5, 60, docs)
-    with IndexedDatasetWriter(prefix, np.uint16) as writer:
-        writer.add_documents(rng.integers(0, 50000, int(lengths.sum())), lengths)
-    write_dataset_manifest(prefix, kind="tokenized", inputs=[], config={}, counts={})
+    random_dataset(prefix, docs, seed, kind="tokenized", lengths=(5, 60), vocab=50000)
 
 
 def build_storage_root(root: Path) -> Path:

@@ -1,7 +1,8 @@
 """Crash-safe file writing: temp name in the same directory, fsync, rename, fsync the directory.
 
-A killed process leaves at worst a ``*.tmp-<pid>-<rand>`` file, never a final-named file
-that looks complete.
+A killed process leaves at worst a ``*.tmp-<host>-<pid>-<rand>`` file, never a final-named file
+that looks complete. The host part makes liveness checkable on a storage root shared by several
+machines (or containers, which have their own pid numbers): only this host's temps are judged.
 """
 
 from __future__ import annotations
@@ -10,18 +11,33 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 TMP_MARK = ".tmp-"
+_HOST_MAX = 40
+
+
+def host_tag() -> str:
+    """This machine's name as a temp-name part: letters, digits and ``.``/``_`` only (a ``-``
+    would be ambiguous with the ``-<pid>-<rand>`` that follows), at most 40 characters."""
+    name = re.sub(r"[^A-Za-z0-9._]", "_", socket.gethostname())[:_HOST_MAX]
+    return name or "_"
+
+
+def temp_suffix() -> str:
+    """``<host>-<pid>-<rand>``: who writes a temp, so only its own host judges it stale."""
+    return f"{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def temp_path_for(path: str | os.PathLike[str]) -> Path:
     """A unique temporary sibling of ``path`` (same directory, so rename is atomic)."""
     p = Path(path)
-    return p.with_name(f"{p.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    return p.with_name(f"{p.name}{TMP_MARK}{temp_suffix()}")
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -89,10 +105,24 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
 
 
 def writer_alive(suffix: str) -> bool:
-    """Whether the process named by a temp name's ``<pid>-<random>`` suffix still runs (a zombie
-    counts as dead): its temp file is being written, not left over."""
+    """Whether the writer named by a temp name's ``<host>-<pid>-<rand>`` suffix may still run:
+    a temp of another host is always taken as live (its pids mean nothing here); on this host
+    the pid must run and not be a zombie. A host-less ``<pid>-<rand>`` (written before temps
+    named their host) is judged by its pid alone."""
+    parts = suffix.rsplit("-", 2)
+    if len(parts) == 3:
+        host, pid_text = parts[0], parts[1]
+        if host != host_tag():
+            return True
+    else:
+        pid_text = suffix.split("-", 1)[0]
+    return _pid_alive(pid_text)
+
+
+def _pid_alive(pid_text: str) -> bool:
+    """True when ``pid_text`` is the pid of a process of this host that runs (not a zombie)."""
     try:
-        pid = int(suffix.split("-", 1)[0])
+        pid = int(pid_text)
         if pid <= 0:
             return False
         os.kill(pid, 0)
@@ -108,16 +138,24 @@ def writer_alive(suffix: str) -> bool:
 
 
 def remove_stale_temps(path: str | os.PathLike[str]) -> None:
-    """Delete temp siblings of ``path`` left by killed writers. Temps of live processes stay:
-    they belong to a concurrent writer of the same path (e.g. two runs of one partition)."""
+    """Delete temp siblings of ``path`` left by killed writers of this host. Temps of live
+    processes stay (a concurrent writer of the same path, e.g. two runs of one partition), and
+    so do other hosts' temps. The folder is read once, comparing names by prefix only; no
+    per-entry stat or path object for the (many) other files of a big output folder."""
     p = Path(path)
-    if not p.parent.is_dir():
+    prefix = f"{p.name}{TMP_MARK}"
+    try:
+        with os.scandir(p.parent) as entries:
+            stale = [
+                e.name
+                for e in entries
+                if e.name.startswith(prefix) and not writer_alive(e.name[len(prefix) :])
+            ]
+    except (FileNotFoundError, NotADirectoryError):
         return
-    for cand in p.parent.glob(f"{p.name}{TMP_MARK}*"):
-        if writer_alive(cand.name[len(p.name) + len(TMP_MARK) :]):
-            continue
+    for name in stale:
         with contextlib.suppress(FileNotFoundError):
-            cand.unlink()
+            os.unlink(p.parent / name)
 
 
 def file_sha256(

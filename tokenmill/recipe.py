@@ -2,9 +2,12 @@
 
 A recipe (``recipes/*.yaml``, chosen by ``TOKENMILL_RECIPE``) is loaded into frozen dataclasses;
 the Dagster code location turns each dataset and blend into assets, partitions, sensors and
-schedules named after it. Every bad field raises ``ConfigError`` naming the file, the field, the
-value found and what is allowed. Relative paths are resolved against ``base_dir`` (itself relative
-to the recipe file, default: the recipe's folder), so a recipe means the same from any cwd.
+schedules named after it. The YAML's shape is checked by pydantic models (``_RecipeModel``); every
+bad field raises ``ConfigError`` naming the file, the field, the value found and what is allowed
+(``file: field: bad value V; expected …``), one line per problem. Relative paths are resolved
+against ``base_dir`` (itself relative to the recipe file, default: the recipe's folder), so a
+recipe means the same from any cwd. Library code for the Dagster side: pydantic and PyYAML come
+with the ``pipeline`` extra; the loader never imports this module.
 
 ```yaml
 base_dir: ..                                   # optional
@@ -26,12 +29,23 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from tokenmill.errors import ConfigError
 from tokenmill.paths import name_problem
@@ -162,69 +176,268 @@ class Recipe:
         raise ConfigError(f"{self.path}: datasets.{name}: no such dataset")
 
 
-class _Fields:
-    """Reads one mapping of the YAML, turning every problem into a ConfigError with context."""
+# --- the YAML's shape: pydantic models whose every check says what it expected -------------------
 
-    def __init__(self, path: Path, where: str, raw: object, allowed: tuple[str, ...]) -> None:
-        self.path, self.where = path, where
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, Mapping):
-            self.fail("", raw, "a mapping of fields")
-        self.raw: Mapping[str, Any] = raw
-        for key in raw:
-            if key not in allowed:
-                known = f"one of {', '.join(allowed)}"
-                self.fail(str(key), raw[key], known, "unknown field, value")
 
-    def fail(self, field: str, value: object, allowed: str, what: str = "bad value") -> NoReturn:
-        name = f"{self.where}.{field}" if field and self.where else (field or self.where)
-        raise ConfigError(f"{self.path}: {name}: {what} {value!r}; expected {allowed}")
+def _expected(expected: str, *, kind: str = "bad value", **ctx: Any) -> PydanticCustomError:
+    """A validation error whose message says what was ``expected``; ``field`` (in ``ctx``) names
+    a field below the error's location, ``value`` replaces the input in the message."""
+    return PydanticCustomError(
+        "tokenmill", "{expected}", {"expected": expected, "kind": kind, **ctx}
+    )
 
-    def get(self, field: str, default: Any = None) -> Any:
-        return self.raw.get(field, default)
 
-    def string(
-        self, field: str, default: str | None = None, *, choices: tuple[str, ...] = ()
-    ) -> str:
-        value = self.raw.get(field, default)
-        if not isinstance(value, str) or not value:
-            self.fail(field, value, "a non-empty string")
-        if "\0" in value:
-            self.fail(field, value, "a string without NUL characters")
-        if choices and value not in choices:
-            self.fail(field, value, f"one of {', '.join(choices)}")
+def _rule(expected: str, ok: Callable[[Any], bool]) -> BeforeValidator:
+    """A check of the raw YAML value: ``ok(value)`` or a ConfigError saying ``expected``."""
+
+    def check(value: Any) -> Any:
+        if not ok(value):
+            raise _expected(expected)
         return value
 
-    def optional_string(self, field: str) -> str | None:
-        value = self.raw.get(field)
-        return None if value is None else self.string(field)
+    return BeforeValidator(check)
 
-    def integer(
-        self, field: str, default: int | None, *, minimum: int, optional: bool = False
-    ) -> Any:
-        value = self.raw.get(field, default)
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise _expected("a non-empty string")
+    if "\0" in value:
+        raise _expected("a string without NUL characters")
+    return value
+
+
+def _integer(minimum: int, *, optional: bool = False) -> BeforeValidator:
+    expected = f"an integer >= {minimum}" + (" or null" if optional else "")
+    return _rule(expected, lambda v: (v is None and optional) or (type(v) is int and v >= minimum))
+
+
+def _number(*, positive: bool, optional: bool = False) -> BeforeValidator:
+    def check(value: Any) -> float | None:
         if value is None and optional:
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.fail(field, value, f"an integer >= {minimum}" + (" or null" if optional else ""))
-        return value
+        if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+            raise _expected("a number")
+        if value < 0 or (positive and value == 0) or value == float("inf"):
+            raise _expected("a finite number > 0" if positive else "a finite number >= 0")
+        return float(value)
 
-    def boolean(self, field: str, default: bool) -> bool:
-        value = self.raw.get(field, default)
-        if not isinstance(value, bool):
-            self.fail(field, value, "true or false")
-        return value
+    return BeforeValidator(check)
 
 
-def _check_name(path: Path, where: str, name: object) -> str:
-    if not isinstance(name, str) or not _NAME.match(name) or name in _RESERVED_NAMES:
-        where = where.encode("unicode_escape").decode("ascii")  # no raw control characters
-        raise ConfigError(
-            f"{path}: {where}: bad name {name!r}; expected lower-case letters, digits and '_', "
-            f"starting with a letter, at most 63 characters, not {', '.join(_RESERVED_NAMES)}"
+def _choice(*choices: str) -> BeforeValidator:
+    return _rule(f"one of {', '.join(choices)}", lambda v: isinstance(v, str) and v in choices)
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not _NAME.match(value) or value in _RESERVED_NAMES:
+        raise _expected(
+            "lower-case letters, digits and '_', starting with a letter, at most 63 characters, "
+            f"not {', '.join(_RESERVED_NAMES)}",
+            kind="bad name",
         )
-    return name
+    return value
+
+
+def _split(value: Any) -> str:
+    parts = value.replace("/", ",").split(",") if isinstance(value, str) else []
+    try:
+        numbers = [float(p) for p in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) != 3 or any(n < 0 for n in numbers) or sum(numbers) <= 0:
+        raise _expected('three non-negative numbers "train,valid,test" with a positive sum')
+    return str(value)
+
+
+def _cron(value: Any) -> str | None:
+    if value is None:
+        return None
+    fields = _text(value).split()
+    if len(fields) != 5 or not all(_CRON_FIELD.match(x) for x in fields):
+        raise _expected('a 5-field cron string such as "0 3 * * *"')
+    return str(value)
+
+
+def _glob(value: Any) -> str | None:
+    if value is not None and ("/" in _text(value) or "\\" in value):
+        raise _expected("a file-name pattern without slashes (shards sit directly in source)")
+    return value
+
+
+def _text_key(value: str) -> str:
+    problem = name_problem(value)  # it names the files <prefix>_<text_key>_document.*
+    if problem:
+        raise _expected(f"a key usable in a file name (this one {problem})")
+    return value
+
+
+def _entries(expected: str, *, empty: bool) -> BeforeValidator:
+    """A mapping of named entries (None: none at all, where ``empty`` is allowed)."""
+
+    def check(value: Any) -> Any:
+        value = {} if value is None and empty else value
+        if not isinstance(value, Mapping) or not (value or empty):
+            raise _expected(expected)
+        return value
+
+    return BeforeValidator(check)
+
+
+Text = Annotated[str, BeforeValidator(_text)]
+Flag = Annotated[bool, _rule("true or false", lambda v: isinstance(v, bool))]
+Name = Annotated[str, BeforeValidator(_name)]
+Cron = Annotated[str | None, BeforeValidator(_cron)]
+Weight = Annotated[float, _number(positive=False)]
+
+
+class _Section(BaseModel):
+    """One mapping of the YAML: unknown fields and non-mappings are refused, naming the fields
+    the section has; a missing section is its defaults."""
+
+    model_config = ConfigDict(frozen=True, validate_default=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fields(cls, raw: Any) -> Any:
+        raw = {} if raw is None else raw
+        if not isinstance(raw, Mapping):
+            raise _expected("a mapping of fields")
+        allowed = f"one of {', '.join(cls.model_fields)}"
+        for key, value in raw.items():
+            if key not in cls.model_fields:
+                raise _expected(allowed, kind="unknown field, value", field=str(key), value=value)
+        cls._check_raw(raw)
+        return raw
+
+    @classmethod
+    def _check_raw(cls, raw: Mapping[str, Any]) -> None:
+        """Rules across the raw fields of one section (none by default)."""
+
+
+class _StorageModel(_Section):
+    root: Text = "data"
+    s3_endpoint_url: Annotated[
+        str | None, BeforeValidator(lambda v: v if v is None else _text(v))
+    ] = None
+
+    @classmethod
+    def _check_raw(cls, raw: Mapping[str, Any]) -> None:
+        if raw.get("root") == "s3://":
+            raise _expected(
+                "s3://bucket[/prefix] or a local directory", field="root", value="s3://"
+            )
+
+
+class _TokenizerModel(_Section):
+    path: Text = None  # type: ignore[assignment]  # required: None is refused, naming the field
+    append_eod: Flag = True
+    workers: Annotated[int, _integer(1)] = 1
+
+
+class _DatasetModel(_Section):
+    source: Text = None  # type: ignore[assignment]
+    format: Annotated[Literal["jsonl", "hf"], _choice(*SHARD_SUFFIXES)] = "jsonl"
+    text_key: Annotated[str, BeforeValidator(_text), AfterValidator(_text_key)] = "text"
+    on_bad_record: Annotated[Literal["fail", "quarantine"], _choice(*ON_BAD_RECORD)] = "quarantine"
+    glob: Annotated[str | None, BeforeValidator(_glob)] = None
+
+
+class _NanosetModel(_Section):
+    semantics: Annotated[Literal["megatron", "nanotron"], _choice(*SEMANTICS)] = "megatron"
+    sequence_length: Annotated[int, _integer(2)] = 2048
+    split: Annotated[str, BeforeValidator(_split)] = "949,50,1"
+    seed: Annotated[int, _integer(0)] = 1234
+    train_samples: Annotated[int | None, _integer(1, optional=True)] = None
+    valid_samples: Annotated[int | None, _integer(1, optional=True)] = None
+    test_samples: Annotated[int | None, _integer(1, optional=True)] = None
+    add_extra_token: Flag = True
+    drop_last_partial_validation: Flag = True
+
+    @model_validator(mode="after")
+    def _nanotron_flags(self) -> _NanosetModel:
+        for flag in ("add_extra_token", "drop_last_partial_validation"):
+            if self.semantics == "nanotron" and not getattr(self, flag):
+                raise _expected(
+                    "true with semantics nanotron (nanotron always uses it)",
+                    field=flag,
+                    value=False,
+                )
+        return self
+
+
+def _weights(value: Any, handler: ValidatorFunctionWrapHandler) -> dict[str, float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or not value:
+        raise _expected("a non-empty mapping {dataset: weight}")
+    weights: dict[str, float] = handler(value)
+    if sum(weights.values()) <= 0:
+        raise _expected("weights with a positive sum", value=dict(value))
+    return weights
+
+
+class _BlendModel(_Section):
+    weights: Annotated[dict[str, Weight] | None, WrapValidator(_weights)] = None
+    temperature: Annotated[float | None, _number(positive=True, optional=True)] = None
+    datasets: list[str] | None = None
+
+    @classmethod
+    def _check_raw(cls, raw: Mapping[str, Any]) -> None:
+        if (raw.get("weights") is None) == (raw.get("temperature") is None):
+            raise _expected("exactly one of 'weights' or 'temperature'", value=dict(raw))
+        if raw.get("weights") is not None and raw.get("datasets") is not None:
+            raise _expected(
+                "no 'datasets' beside 'weights' (they name them)",
+                field="datasets",
+                value=raw["datasets"],
+            )
+        listed = raw.get("datasets")
+        if listed is not None and (
+            not isinstance(listed, list) or not listed or len(set(map(str, listed))) != len(listed)
+        ):
+            raise _expected(
+                "a non-empty list of distinct dataset names", field="datasets", value=listed
+            )
+
+
+class _ScheduleModel(_Section):
+    reprocess: Cron = "0 2 * * 0"
+    refresh: Cron = "0 3 * * *"
+
+
+class _RecipeModel(_Section):
+    base_dir: Text = "."
+    storage: _StorageModel = None  # type: ignore[assignment]  # None: the section's defaults
+    tokenizer: _TokenizerModel = None  # type: ignore[assignment]
+    datasets: Annotated[
+        dict[Name, _DatasetModel],
+        _entries("a mapping {name: {source: ...}} with at least one entry", empty=False),
+    ] = None  # type: ignore[assignment]
+    nanoset: _NanosetModel = None  # type: ignore[assignment]
+    blends: Annotated[
+        dict[Name, _BlendModel], _entries("a mapping {name: {weights: ...}}", empty=True)
+    ] = None  # type: ignore[assignment]
+    schedules: _ScheduleModel = None  # type: ignore[assignment]
+
+
+def _problem(path: Path, error: Mapping[str, Any]) -> str:
+    """One pydantic error as ``file: field: bad value V; expected …`` (loc joined with dots,
+    without pydantic's ``[key]`` marks; control characters escaped)."""
+    ctx = error.get("ctx") or {}
+    loc = [str(part) for part in error["loc"] if part != "[key]"]
+    if "field" in ctx:
+        loc.append(ctx["field"])
+    where = ".".join(loc).encode("unicode_escape").decode("ascii") or "recipe"
+    value = ctx.get("value", error.get("input"))
+    expected = ctx.get("expected", str(error["msg"]).removeprefix("Input should be "))
+    return f"{path}: {where}: {ctx.get('kind', 'bad value')} {value!r}; expected {expected}"
+
+
+def _config_error(
+    path: Path, where: str, value: object, expected: str, kind: str = "bad value"
+) -> ConfigError:
+    """A ConfigError for a rule across sections, in the models' format."""
+    return ConfigError(f"{path}: {where}: {kind} {value!r}; expected {expected}")
 
 
 def _local(base: Path, value: str) -> str:
@@ -232,47 +445,6 @@ def _local(base: Path, value: str) -> str:
     if value.startswith("s3://"):
         return value
     return str((base / os.path.expanduser(value)).resolve())
-
-
-def _storage(path: Path, base: Path, raw: object) -> StorageConfig:
-    f = _Fields(path, "storage", raw, ("root", "s3_endpoint_url"))
-    root = f.string("root", "data")
-    if root.startswith("s3://") and len(root) <= len("s3://"):
-        f.fail("root", root, "s3://bucket[/prefix] or a local directory")
-    return StorageConfig(
-        root=_local(base, root), s3_endpoint_url=f.optional_string("s3_endpoint_url")
-    )
-
-
-def _tokenizer(path: Path, base: Path, raw: object) -> TokenizerConfig:
-    f = _Fields(path, "tokenizer", raw, ("path", "append_eod", "workers"))
-    return TokenizerConfig(
-        path=_local(base, f.string("path")),
-        append_eod=f.boolean("append_eod", True),
-        workers=f.integer("workers", 1, minimum=1),
-    )
-
-
-def _dataset(path: Path, base: Path, name: object, raw: object) -> DatasetConfig:
-    name = _check_name(path, f"datasets.{name}", name)
-    allowed = ("source", "format", "text_key", "on_bad_record", "glob")
-    f = _Fields(path, f"datasets.{name}", raw, allowed)
-    form = f.string("format", "jsonl", choices=tuple(SHARD_SUFFIXES))
-    glob = f.string("glob", DEFAULT_GLOB[form])
-    if "/" in glob or "\\" in glob:
-        f.fail("glob", glob, "a file-name pattern without slashes (shards sit directly in source)")
-    text_key = f.string("text_key", "text")
-    problem = name_problem(text_key)  # it names the files <prefix>_<text_key>_document.*
-    if problem:
-        f.fail("text_key", text_key, f"a key usable in a file name (this one {problem})")
-    return DatasetConfig(
-        name=name,
-        source=_local(base, f.string("source")),
-        text_key=text_key,
-        on_bad_record=f.string("on_bad_record", "quarantine", choices=ON_BAD_RECORD),
-        glob=glob,
-        format=form,
-    )
 
 
 def _check_source_apart(path: Path, ds: DatasetConfig, storage: StorageConfig) -> None:
@@ -290,124 +462,61 @@ def _check_source_apart(path: Path, ds: DatasetConfig, storage: StorageConfig) -
             )
 
 
-def _split(f: _Fields) -> str:
-    value = f.get("split", "949,50,1")
-    parts = str(value).replace("/", ",").split(",") if isinstance(value, str) else []
-    try:
-        numbers = [float(p) for p in parts]
-    except ValueError:
-        numbers = []
-    if len(numbers) != 3 or any(n < 0 for n in numbers) or sum(numbers) <= 0:
-        f.fail("split", value, 'three non-negative numbers "train,valid,test" with a positive sum')
-    return str(value)
-
-
-def _nanoset(path: Path, raw: object) -> NanosetConfig:
-    fields = ("semantics", "sequence_length", "split", "seed", "train_samples")
-    flags = ("add_extra_token", "drop_last_partial_validation")
-    f = _Fields(path, "nanoset", raw, (*fields, "valid_samples", "test_samples", *flags))
-    semantics = f.string("semantics", "megatron", choices=SEMANTICS)
-    chosen = {flag: f.boolean(flag, True) for flag in flags}
-    for flag, value in chosen.items():
-        if semantics == "nanotron" and not value:
-            f.fail(flag, value, "true with semantics nanotron (nanotron always uses it)")
-    return NanosetConfig(
-        semantics=semantics,
-        sequence_length=f.integer("sequence_length", 2048, minimum=2),
-        split=_split(f),
-        seed=f.integer("seed", 1234, minimum=0),
-        train_samples=f.integer("train_samples", None, minimum=1, optional=True),
-        valid_samples=f.integer("valid_samples", None, minimum=1, optional=True),
-        test_samples=f.integer("test_samples", None, minimum=1, optional=True),
-        **chosen,
-    )
-
-
-def _number(f: _Fields, field: str, value: object, *, positive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        f.fail(field, value, "a number")
-    if value < 0 or (positive and value == 0) or value == float("inf"):
-        f.fail(field, value, "a finite number > 0" if positive else "a finite number >= 0")
-    return float(value)
-
-
-def _weights(f: _Fields, raw: object) -> tuple[tuple[str, ...], tuple[float, ...]]:
-    if not isinstance(raw, Mapping) or not raw:
-        f.fail("weights", raw, "a non-empty mapping {dataset: weight}")
-    names = tuple(str(n) for n in raw)
-    wf = _Fields(f.path, f"{f.where}.weights", raw, names)
-    weights = tuple(_number(wf, n, raw[n], positive=False) for n in names)
-    if sum(weights) <= 0:
-        f.fail("weights", dict(raw), "weights with a positive sum")
-    return names, weights
-
-
-def _blend(path: Path, name: object, raw: object, known: tuple[str, ...]) -> BlendConfig:
-    name = _check_name(path, f"blends.{name}", name)
-    f = _Fields(path, f"blends.{name}", raw, ("weights", "temperature", "datasets"))
-    weights: tuple[float, ...] | None = None
-    temperature: float | None = None
-    if (f.get("weights") is None) == (f.get("temperature") is None):
-        f.fail("", dict(f.raw), "exactly one of 'weights' or 'temperature'")
-    if f.get("weights") is not None:
-        if f.get("datasets") is not None:
-            f.fail("datasets", f.get("datasets"), "no 'datasets' beside 'weights' (they name them)")
-        names, weights = _weights(f, f.get("weights"))
-        field = "weights"
+def _blend(path: Path, name: str, model: _BlendModel, known: tuple[str, ...]) -> BlendConfig:
+    """A validated blend whose datasets all exist (a temperature blend: all by default)."""
+    if model.weights is not None:
+        names, field = tuple(model.weights), "weights"
     else:
-        temperature = _number(f, "temperature", f.get("temperature"), positive=True)
-        listed = f.get("datasets", list(known))
-        if not isinstance(listed, list) or not listed or len(set(map(str, listed))) != len(listed):
-            f.fail("datasets", listed, "a non-empty list of distinct dataset names")
-        names, field = tuple(str(n) for n in listed), "datasets"
+        names, field = tuple(model.datasets or known), "datasets"
     for n in names:
         if n not in known:
-            f.fail(field, n, f"a dataset of this recipe ({', '.join(known)})", "unknown dataset")
-    return BlendConfig(name=name, datasets=names, weights=weights, temperature=temperature)
-
-
-def _cron(f: _Fields, field: str, default: str) -> str | None:
-    if field in f.raw and f.raw[field] is None:
-        return None
-    value = f.string(field, default)
-    fields = value.split()
-    if len(fields) != 5 or not all(_CRON_FIELD.match(x) for x in fields):
-        f.fail(field, value, 'a 5-field cron string such as "0 3 * * *"')
-    return value
+            expected = f"a dataset of this recipe ({', '.join(known)})"
+            raise _config_error(path, f"blends.{name}.{field}", n, expected, "unknown dataset")
+    weights = None if model.weights is None else tuple(model.weights.values())
+    return BlendConfig(name=name, datasets=names, weights=weights, temperature=model.temperature)
 
 
 def parse_recipe(data: object, path: str | os.PathLike[str]) -> Recipe:
     """Validate already-parsed YAML ``data`` for the recipe file at ``path``."""
     p = Path(path).resolve()
-    top = ("base_dir", "storage", "tokenizer", "datasets", "nanoset", "blends", "schedules")
-    f = _Fields(p, "", data, top)
-    base = (p.parent / f.string("base_dir", ".")).resolve()
-    raw_datasets = f.get("datasets")
-    if not isinstance(raw_datasets, Mapping) or not raw_datasets:
-        f.fail("datasets", raw_datasets, "a mapping {name: {source: ...}} with at least one entry")
-    datasets = tuple(_dataset(p, base, n, v) for n, v in raw_datasets.items())
-    storage = _storage(p, base, f.get("storage"))
+    try:
+        model = _RecipeModel.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(_problem(p, e) for e in exc.errors())) from None
+    base = (p.parent / model.base_dir).resolve()
+    storage = StorageConfig(
+        root=_local(base, model.storage.root), s3_endpoint_url=model.storage.s3_endpoint_url
+    )
+    datasets = tuple(
+        DatasetConfig(
+            name=name,
+            source=_local(base, ds.source),
+            text_key=ds.text_key,
+            on_bad_record=ds.on_bad_record,
+            glob=ds.glob or DEFAULT_GLOB[ds.format],
+            format=ds.format,
+        )
+        for name, ds in model.datasets.items()
+    )
     for ds in datasets:
         _check_source_apart(p, ds, storage)
+    if model.blends and model.nanoset.train_samples is None:
+        expected = "an integer >= 1 (a blend needs a train size)"
+        raise _config_error(p, "nanoset.train_samples", None, expected)
     names = tuple(ds.name for ds in datasets)
-    raw_blends = f.get("blends") or {}
-    if not isinstance(raw_blends, Mapping):
-        f.fail("blends", raw_blends, "a mapping {name: {weights: ...}}")
-    sf = _Fields(p, "schedules", f.get("schedules"), ("reprocess", "refresh"))
-    nanoset = _nanoset(p, f.get("nanoset"))
-    if raw_blends and nanoset.train_samples is None:
-        f.fail("nanoset.train_samples", None, "an integer >= 1 (a blend needs a train size)")
     return Recipe(
         path=p,
         base_dir=base,
         storage=storage,
-        tokenizer=_tokenizer(p, base, f.get("tokenizer")),
-        datasets=datasets,
-        nanoset=nanoset,
-        blends=tuple(_blend(p, n, v, names) for n, v in raw_blends.items()),
-        schedules=ScheduleConfig(
-            reprocess=_cron(sf, "reprocess", "0 2 * * 0"), refresh=_cron(sf, "refresh", "0 3 * * *")
+        tokenizer=TokenizerConfig(
+            path=_local(base, model.tokenizer.path),
+            append_eod=model.tokenizer.append_eod,
+            workers=model.tokenizer.workers,
         ),
+        datasets=datasets,
+        nanoset=NanosetConfig(**model.nanoset.model_dump()),
+        blends=tuple(_blend(p, n, b, names) for n, b in model.blends.items()),
+        schedules=ScheduleConfig(**model.schedules.model_dump()),
     )
 
 

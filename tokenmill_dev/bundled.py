@@ -29,14 +29,13 @@ import contextlib
 import importlib
 import json
 import os
-import secrets
 import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import TMP_MARK, fsync_dir, writer_alive
+from tokenmill.atomic import TMP_MARK, fsync_dir, temp_suffix, writer_alive
 from tokenmill.errors import ConfigError, TokenmillError
 
 # (text, ids) that each freshly built tokenizer must reproduce: a guard against a changed package.
@@ -170,7 +169,7 @@ def build_bundled_tokenizer(name: str, dest: str | os.PathLike[str]) -> Path:
     for stale in dest.parent.glob(f"{dest.name}{TMP_MARK}*"):
         if not writer_alive(stale.name[len(dest.name) + len(TMP_MARK) :]):
             shutil.rmtree(stale, ignore_errors=True)
-    tmp = dest.with_name(f"{dest.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}")
+    tmp = dest.with_name(f"{dest.name}{TMP_MARK}{temp_suffix()}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         BUILDERS[name](tmp)

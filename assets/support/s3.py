@@ -1,10 +1,11 @@
 """S3 for the pipeline: listing, transfers with retries, and a local stage for an ``s3://`` root.
 
 The client comes from dagster-aws ``S3Resource`` (endpoint from the recipe's
-``storage.s3_endpoint_url`` or ``$AWS_ENDPOINT_URL``; credentials only from the environment, so
-they never pass through config, logs or metadata). Transient errors (5xx, throttling, dropped
-connections) are retried with the backoff of ``tokenmill pull``; anything else raises
-``InputError`` naming the ``s3://`` URI, which fails the run.
+``storage.s3_endpoint_url`` or ``$AWS_ENDPOINT_URL``; credentials only from the environment, so they
+never pass through config, logs or metadata). Transient errors (5xx, throttling, dropped
+connections) are retried by botocore's standard retry mode (``tokenmill.storage.s3.MAX_ATTEMPTS``),
+and by s3transfer for a download cut mid-stream; what still fails raises ``InputError`` naming the
+``s3://`` URI (``tokenmill.storage.s3.call``), which fails the run.
 
 :class:`S3Stage` mirrors parts of an S3 root in a local directory: ``fetch`` downloads the
 inputs a step reads, ``push`` uploads what the step wrote in the commit order of
@@ -42,10 +43,9 @@ from tokenmill.atomic import TMP_MARK, commit, temp_path_for
 from tokenmill.errors import InputError
 from tokenmill.paths import relative_path_problem
 from tokenmill.storage.publish import delete_first, publish
-from tokenmill.storage.s3 import retrying
+from tokenmill.storage.s3 import MAX_ATTEMPTS, call
 
 MULTIPART_BYTES = 64 << 20  # larger files go up (and down) in parts of this size
-MAX_ATTEMPTS = 8  # botocore's own retries per request, below ours per transfer
 
 
 # Settings a client is built from besides the endpoint; a change means a new client.
@@ -77,6 +77,7 @@ def s3_client(endpoint_url: str | None) -> Any:
     key = hashlib.sha256("\0".join(settings).encode()).hexdigest()
     with _CLIENTS_LOCK:
         if key not in _CLIENTS:
+            # S3Resource builds botocore's standard retry mode with these retries per request.
             resource = S3Resource(endpoint_url=endpoint, max_attempts=MAX_ATTEMPTS)
             _CLIENTS[key] = resource.get_client()
         return _CLIENTS[key]
@@ -103,7 +104,7 @@ def list_objects(client: Any, bucket: str, prefix: str, *, recursive: bool) -> l
                 found.append(S3Object(obj["Key"], int(obj["Size"]), obj["ETag"].strip('"')))
         return sorted(found, key=lambda o: o.key)
 
-    return retrying(f"listing s3://{bucket}/{prefix}", run)
+    return call(f"listing s3://{bucket}/{prefix}", run)
 
 
 def _transfer_config() -> Any:
@@ -124,13 +125,13 @@ def download(client: Any, bucket: str, key: str, path: Path) -> None:
             tmp.unlink(missing_ok=True)
             raise
 
-    retrying(f"downloading s3://{bucket}/{key}", run)
+    call(f"downloading s3://{bucket}/{key}", run)
     commit(tmp, path)
 
 
 def upload(client: Any, path: Path, bucket: str, key: str) -> None:
     """``path`` → ``s3://bucket/key``, multipart above ``MULTIPART_BYTES``."""
-    retrying(
+    call(
         f"uploading {path.name} to s3://{bucket}/{key}",
         lambda: client.upload_file(str(path), bucket, key, Config=_transfer_config()),
     )
@@ -138,7 +139,7 @@ def upload(client: Any, path: Path, bucket: str, key: str) -> None:
 
 def delete(client: Any, bucket: str, key: str) -> None:
     """Remove ``s3://bucket/key`` (absent is fine)."""
-    retrying(f"deleting s3://{bucket}/{key}", lambda: client.delete_object(Bucket=bucket, Key=key))
+    call(f"deleting s3://{bucket}/{key}", lambda: client.delete_object(Bucket=bucket, Key=key))
 
 
 def local_name(bucket: str, key: str, base: str) -> str:
@@ -337,7 +338,7 @@ class S3Stage:
                 raise
             return True
 
-        return retrying(f"looking up {self.uri(rel)}", head)
+        return call(f"looking up {self.uri(rel)}", head)
 
     def push(self) -> list[str]:
         """Upload new and changed files in commit order (``tokenmill.storage.publish``) and delete

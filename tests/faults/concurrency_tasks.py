@@ -24,9 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from tokenmill.formats.dataset_manifest import write_dataset_manifest
-from tokenmill.formats.indexed import IndexedDatasetWriter
+from tiny_pairs import random_dataset
 
 WAIT_SECONDS = 120.0  # far above any run here: a timeout means a deadlock, reported as such
 TIMEOUT = 2 * WAIT_SECONDS  # for the test process waiting on a worker's result
@@ -292,17 +290,11 @@ def start_pool(size: int, warm: tuple[str, ...], method: str = "spawn") -> Worke
 
 
 # -- data for the ranks ---------------------------------------------------------------------
-def make_dataset(prefix: Path, seed: int, n: int = 300) -> Path:
-    """A random token dataset with its manifest (as a tokenize or merge run leaves it)."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 80, size=n)
-    with IndexedDatasetWriter(prefix, dtype=np.uint16) as writer:
-        writer.add_documents(rng.integers(0, 50000, size=int(lengths.sum())), lengths)
-    counts = {"documents": n, "sequences": n, "tokens": int(lengths.sum())}
-    write_dataset_manifest(
-        prefix, kind="tokens", inputs=[], config={}, counts=counts, digests=writer.file_digests
+def make_dataset(prefix: Path, seed: int) -> Path:
+    """A random token dataset of 300 documents with its manifest (as tokenize leaves it)."""
+    return random_dataset(
+        prefix, 300, seed, kind="tokens", lengths=(1, 80), vocab=50000, counted=True
     )
-    return prefix
 
 
 def blend_settings(root: Path) -> dict[str, Any]:

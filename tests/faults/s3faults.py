@@ -7,9 +7,9 @@ its retries and ``tokenmill``'s own retries run unmodified. ``kill()`` closes th
 socket and every open connection at once (what clients see when the S3 server dies); ``start()``
 brings it back on the same port. moto keeps its state behind it, like S3 after an outage.
 
-Also here: ``fast_retries`` (retry sleeps shrunk, attempt counts kept), helpers reading the
-bucket (``s3_tree``, ``unvouched``: manifests that vouch for missing or different files), and
-``materialize_shard``, one shard partition of the pipeline on an S3 root.
+Also here: ``fast_retries`` (botocore's retry sleeps shrunk, attempt counts kept), helpers
+reading the bucket (``s3_tree``, ``unvouched``: manifests that vouch for missing or different
+files), and ``materialize_shard``, one shard partition of the pipeline on an S3 root.
 """
 
 from __future__ import annotations
@@ -277,15 +277,10 @@ def proxy_fixture(moto_endpoint: str) -> Iterator[FaultProxy]:
 
 @pytest.fixture(name="fast_retries")
 def fast_retries_fixture(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Retry delays shrunk to milliseconds (the attempt counts stay as configured): tokenmill's
-    backoff, and botocore's per-request backoff, which otherwise sleeps up to seconds."""
+    """botocore's per-request backoff (the only retry delay, otherwise up to seconds) shrunk to
+    a millisecond; the attempt counts stay as configured."""
     from botocore.retries.standard import ExponentialBackoff
 
-    import tokenmill.storage.pull
-    import tokenmill.storage.s3
-
-    monkeypatch.setattr(tokenmill.storage.s3, "BACKOFF_SECONDS", 0.01)
-    monkeypatch.setattr(tokenmill.storage.pull, "BACKOFF_SECONDS", 0.01)
     monkeypatch.setattr(ExponentialBackoff, "delay_amount", lambda self, context: 0.001)
 
 

@@ -53,6 +53,7 @@ import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance, build_asset_context
 from prod_servers import S3
+from tiny_pairs import random_dataset
 
 from assets.factory import build_assets
 from assets.support import s3 as pipeline_s3
@@ -62,8 +63,6 @@ from assets.support.sources import list_shards
 from pipelines.build import resources_for
 from tokenmill.cli import main
 from tokenmill.errors import ConfigError, FormatError, InputError, TokenmillError
-from tokenmill.formats.dataset_manifest import write_dataset_manifest
-from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import build_or_load
 from tokenmill.loader import open_nanoset
@@ -82,21 +81,11 @@ def snapshot(top: Path) -> dict[str, bytes | None]:
     }
 
 
-def make_dataset(prefix: Path, seed: int) -> Path:
-    """A small uint16 dataset with its manifest."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 30, 60)
-    with IndexedDatasetWriter(prefix, np.uint16) as writer:
-        writer.add_documents(rng.integers(0, 50000, int(lengths.sum())), lengths)
-    write_dataset_manifest(prefix, kind="merged", inputs=[], config={}, counts={})
-    return prefix
-
-
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     """``tmp_path/root/merged/{a,b}``: two datasets; ``tmp_path`` is the parent to watch."""
-    make_dataset(tmp_path / "root" / "merged" / "a", 1)
-    make_dataset(tmp_path / "root" / "merged" / "b", 2)
+    random_dataset(tmp_path / "root" / "merged" / "a", 60, 1, vocab=50000)
+    random_dataset(tmp_path / "root" / "merged" / "b", 60, 2, vocab=50000)
     return tmp_path / "root"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_pairs import random_pair
+from tiny_pairs import random_dataset
 
 from tokenmill.atomic import file_sha256
 from tokenmill.cli import main
@@ -34,16 +34,10 @@ from tokenmill.storage.versions import write_pointer
 S = 8
 
 
-def make_dataset(prefix: Path, n_docs: int, seed: int, dtype: type = np.uint16) -> Path:
-    random_pair(prefix, n_docs, seed, dtype)
-    write_dataset_manifest(prefix, kind="merged", inputs=[], config={}, counts={})
-    return prefix
-
-
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    make_dataset(tmp_path / "merged" / "docs_text_document", 120, 1)
-    make_dataset(tmp_path / "merged" / "code_text_document", 80, 2, np.int32)
+    random_dataset(tmp_path / "merged" / "docs_text_document", 120, 1)
+    random_dataset(tmp_path / "merged" / "code_text_document", 80, 2, np.int32)
     return tmp_path
 
 
@@ -338,8 +332,8 @@ def small_and_large(tmp_path: Path) -> dict[str, Path]:
     """docs: 1200 sequences (test range [1199, 1200) with "949,50,1"); code: 80 sequences
     (test range [80, 80): empty)."""
     return {
-        "docs": make_dataset(tmp_path / "merged/docs_text_document", 1200, 1),
-        "code": make_dataset(tmp_path / "merged/code_text_document", 80, 2),
+        "docs": random_dataset(tmp_path / "merged/docs_text_document", 1200, 1),
+        "code": random_dataset(tmp_path / "merged/code_text_document", 80, 2),
     }
 
 
@@ -411,7 +405,7 @@ def test_a_split_too_short_for_one_sample_is_left_out(tmp_path: Path) -> None:
     with IndexedDatasetWriter(short, np.uint16) as writer:
         writer.add_documents(np.arange(100), np.ones(100, dtype=np.int64))
     write_dataset_manifest(short, kind="merged", inputs=[], config={}, counts={})
-    sets = {"docs": make_dataset(tmp_path / "merged/docs_text_document", 400, 1), "short": short}
+    sets = {"docs": random_dataset(tmp_path / "merged/docs_text_document", 400, 1), "short": short}
     manifest = build_blend(
         "mix", sets, tmp_path / "blends/mix", tmp_path / "nanoset", weights={"docs": 1, "short": 1},
         sequence_length=16, split_spec="80,10,10", train_samples=20,
@@ -557,7 +551,9 @@ def test_readme_blend_example_runs_on_the_demo_layout(
     sequences with the default split: that split is left out, not an error)."""
     for ds, n_docs, seed in (("docs", 300, 1), ("code", 200, 2)):
         version = f"{seed}" * 64
-        make_dataset(tmp_path / f"data/merged/{ds}/{version[:16]}/{ds}_text_document", n_docs, seed)
+        random_dataset(
+            tmp_path / f"data/merged/{ds}/{version[:16]}/{ds}_text_document", n_docs, seed
+        )
         write_pointer(
             tmp_path / f"data/merged/{ds}/current.json",
             version,

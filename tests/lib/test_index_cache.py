@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_pairs import random_pair
 
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError
 from tokenmill.formats import nanoset_cache as _index_cache
-from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.formats.nanoset_cache import exclusive_lock
 from tokenmill.indices import nanoset
 from tokenmill.indices.nanoset import (
@@ -30,12 +30,9 @@ from tokenmill.indices.nanoset import (
 NUM_SEQUENCES = 200
 
 
-def make_dataset(prefix: Path, seed: int = 0, n: int = NUM_SEQUENCES) -> Path:
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 60, size=n)
-    with IndexedDatasetWriter(prefix, dtype=np.uint16) as writer:
-        writer.add_documents(rng.integers(0, 50000, size=int(lengths.sum())), lengths)
-    return prefix
+def make_dataset(prefix: Path, seed: int = 0) -> Path:
+    """``NUM_SEQUENCES`` random documents (no manifest)."""
+    return random_pair(prefix, NUM_SEQUENCES, seed, lengths=(1, 60), vocab=50000)
 
 
 @pytest.fixture

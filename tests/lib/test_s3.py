@@ -1,76 +1,145 @@
-"""Which S3 errors ``tokenmill.storage.s3.retrying`` tries again: the network's, never the local
-disk's."""
+"""One retry layer for S3: botocore's standard mode retries each request; ``tokenmill.storage.s3``
+only maps S3 failures to ``InputError`` naming the URI, repeats a body cut mid-read, and lets a
+programming error through as itself. Stubbed clients and a dead loopback port, no server."""
 
 from __future__ import annotations
 
-import errno
+import socket
+from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+from botocore.exceptions import ClientError, ResponseStreamingError
+from botocore.retries.standard import ExponentialBackoff
+from botocore.stub import Stubber
 
 from tokenmill.errors import InputError
 from tokenmill.storage import s3
 
-
-def client_error(status: int, code: str) -> ClientError:
-    """A botocore ClientError as a server answering ``status`` produces it."""
-    response = {"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}
-    return ClientError(response, "GetObject")  # type: ignore[arg-type]
+BUCKET = "bkt"
 
 
-@pytest.mark.parametrize(
-    ("exc", "transient"),
-    [
-        (client_error(503, "SlowDown"), True),
-        (client_error(500, "InternalError"), True),
-        (client_error(400, "ThrottlingException"), True),
-        (client_error(404, "NoSuchKey"), False),
-        (client_error(403, "AccessDenied"), False),
-        (EndpointConnectionError(endpoint_url="http://127.0.0.1:1"), True),
-        (ConnectionResetError(errno.ECONNRESET, "reset by peer"), True),
-        (NoCredentialsError(), False),
-        (OSError(errno.ENOSPC, "No space left on device"), False),
-        (OSError(errno.EIO, "Input/output error"), False),
-        (OSError(errno.ENOENT, "No such file", "/data/x.bin"), False),
-        (ValueError("not an I/O problem"), False),
-    ],
-)
-def test_is_transient(exc: BaseException, transient: bool) -> None:
-    assert s3.is_transient(exc) is transient
+@pytest.fixture(autouse=True)
+def _credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake credentials and a region, so requests are signed and sent."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
 
 
-def test_wrapped_cause_decides() -> None:
-    try:
-        try:
-            raise client_error(503, "SlowDown")
-        except ClientError as inner:
-            raise RuntimeError("upload failed") from inner
-    except RuntimeError as outer:
-        assert s3.is_transient(outer)
+class _Body:
+    """A response body whose ``read`` returns ``data`` or raises ``error``."""
+
+    def __init__(self, data: bytes, error: Exception | None = None) -> None:
+        self.data, self.error, self.closed = data, error, False
+
+    def read(self, *_: Any) -> bytes:
+        if self.error is not None:
+            raise self.error
+        return self.data
+
+    def close(self) -> None:
+        self.closed = True
 
 
-def test_retrying_gives_up_at_once_on_a_full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+def _client() -> Any:
+    """A real S3 client that never reaches the network (answers come from a Stubber)."""
+    return s3.make_client("http://127.0.0.1:9")
+
+
+def _cut() -> ResponseStreamingError:
+    return ResponseStreamingError(error="Connection broken: IncompleteRead(10 bytes read)")
+
+
+def test_clients_use_botocores_standard_retries() -> None:
+    client = s3.make_client("http://127.0.0.1:9", max_pool_connections=5)
+    retries = {"mode": "standard", "total_max_attempts": 1 + s3.MAX_ATTEMPTS}
+    assert client.meta.config.retries == retries
+    assert client.meta.config.max_pool_connections == 5
+
+
+def test_a_dead_endpoint_is_tried_by_botocore_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every retry is botocore's (1 + MAX_ATTEMPTS sends); the wrapper adds none and names
+    the URI."""
+    monkeypatch.setattr(ExponentialBackoff, "delay_amount", lambda self, context: 0.0)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        client = s3.make_client(f"http://127.0.0.1:{port}")  # bound, never listening
+        sends: list[str] = []
+        client.meta.events.register("before-send.s3.GetObject", lambda **kw: sends.append("x"))
+        with pytest.raises(InputError) as info:
+            s3.call(
+                f"reading s3://{BUCKET}/a.json",
+                lambda: client.get_object(Bucket=BUCKET, Key="a.json"),
+            )
+    assert str(info.value).startswith(
+        f"reading s3://{BUCKET}/a.json: EndpointConnectionError: Could not connect"
+    )
+    assert len(sends) == 1 + s3.MAX_ATTEMPTS
+
+
+def test_s3_answers_become_input_errors_naming_the_uri() -> None:
+    client = _client()
+    with Stubber(client) as stub:
+        stub.add_client_error("list_objects_v2", "AccessDenied", "Access Denied", 403)
+        with pytest.raises(InputError) as info:
+            s3.call(f"listing s3://{BUCKET}/p", lambda: client.list_objects_v2(Bucket=BUCKET))
+    assert str(info.value) == (
+        f"listing s3://{BUCKET}/p: AccessDenied: An error occurred (AccessDenied) when calling "
+        "the ListObjectsV2 operation: Access Denied"
+    )
+    assert isinstance(info.value.__cause__, ClientError)
+
+
+@pytest.mark.parametrize("error", [TypeError("bad argument"), KeyError("Contents")])
+def test_programming_errors_are_not_input_errors(error: Exception) -> None:
     calls: list[int] = []
-    monkeypatch.setattr(s3, "BACKOFF_SECONDS", 0.0)
 
-    def full() -> None:
+    def broken() -> None:
         calls.append(1)
-        raise OSError(errno.ENOSPC, "No space left on device")
+        raise error
 
-    with pytest.raises(InputError, match=r"^downloading x: OSError: .*No space left on device"):
-        s3.retrying("downloading x", full)
-    assert len(calls) == 1
+    with pytest.raises(type(error)) as info:
+        s3.call(f"listing s3://{BUCKET}/p", broken)
+    assert info.value is error and calls == [1]
 
 
-def test_retrying_retries_transient_errors_up_to_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    monkeypatch.setattr(s3, "BACKOFF_SECONDS", 0.0)
+def test_read_object_missing_is_none() -> None:
+    client = _client()
+    with Stubber(client) as stub:
+        stub.add_client_error("get_object", "NoSuchKey", "gone", 404)
+        assert s3.read_object(client, BUCKET, "absent.json") is None
+        stub.assert_no_pending_responses()
 
-    def flaky() -> str:
-        calls.append(1)
-        if len(calls) < s3.ATTEMPTS:
-            raise client_error(503, "SlowDown")
-        return "ok"
 
-    assert s3.retrying("reading y", flaky) == "ok"
-    assert len(calls) == s3.ATTEMPTS
+def test_read_object_fetches_a_cut_body_again() -> None:
+    client = _client()
+    bodies = [_Body(b"", _cut()), _Body(b"{}")]
+    with Stubber(client) as stub:
+        for body in bodies:
+            stub.add_response("get_object", {"Body": body}, {"Bucket": BUCKET, "Key": "m.json"})
+        assert s3.read_object(client, BUCKET, "m.json") == b"{}"
+        stub.assert_no_pending_responses()
+    assert all(body.closed for body in bodies)
+
+
+def test_read_object_gives_up_after_body_attempts() -> None:
+    client = _client()
+    with Stubber(client) as stub:
+        for _ in range(s3.BODY_ATTEMPTS):
+            stub.add_response("get_object", {"Body": _Body(b"", _cut())})
+        with pytest.raises(InputError, match=rf"^reading s3://{BUCKET}/m\.json: Response"):
+            s3.read_object(client, BUCKET, "m.json")
+        stub.assert_no_pending_responses()
+
+
+def test_read_object_does_not_repeat_a_programming_error() -> None:
+    client = _client()
+    with Stubber(client) as stub:
+        stub.add_response("get_object", {"Body": _Body(b"", TypeError("read() takes 1 arg"))})
+        stub.add_response("get_object", {"Body": _Body(b"{}")})
+        with pytest.raises(TypeError, match="takes 1 arg"):
+            s3.read_object(client, BUCKET, "m.json")
+        # The second answer was never asked for: it is still there for the next read.
+        assert s3.read_object(client, BUCKET, "m.json") == b"{}"

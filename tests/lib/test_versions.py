@@ -30,15 +30,10 @@ from tokenmill.loader import open_blend, open_nanoset
 S = 8
 
 
-def make_pair(prefix: Path, n_docs: int, seed: int, dtype: type = np.uint16) -> Path:
-    """A random pair; ``prefix.parent`` may be a version folder of a merged dataset."""
-    return random_pair(prefix, n_docs, seed, dtype)
-
-
 def make_merged(prefix: Path, n_docs: int, seed: int, dtype: type = np.uint16) -> Path:
     """A merged dataset whose manifest records the ``.bin`` by parts (two shards)."""
-    first = make_pair(prefix.parent / "shards" / "a", n_docs // 2, seed, dtype)
-    second = make_pair(prefix.parent / "shards" / "b", n_docs - n_docs // 2, seed + 1, dtype)
+    first = random_pair(prefix.parent / "shards" / "a", n_docs // 2, seed, dtype)
+    second = random_pair(prefix.parent / "shards" / "b", n_docs - n_docs // 2, seed + 1, dtype)
     with IndexedDatasetWriter(prefix, dtype) as writer:
         writer.add_index(first)
         writer.add_index(second)

@@ -10,7 +10,15 @@ import pytest
 import yaml
 
 from tokenmill.errors import ConfigError
-from tokenmill.recipe import DatasetConfig, load_recipe, parse_recipe, recipe_path
+from tokenmill.recipe import (
+    DatasetConfig,
+    NanosetConfig,
+    ScheduleConfig,
+    TokenizerConfig,
+    load_recipe,
+    parse_recipe,
+    recipe_path,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD: dict[str, Any] = {
@@ -174,3 +182,78 @@ def test_recipe_path_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("TOKENMILL_RECIPE", "other.yaml")
     assert recipe_path(root=tmp_path) == tmp_path / "other.yaml"
     assert recipe_path("/abs/x.yaml", root=tmp_path) == Path("/abs/x.yaml")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (["datasets"], "recipe: bad value ['datasets']; expected a mapping of fields"),
+        ({**GOOD, "blend": {}}, "blend: unknown field, value {}; expected one of base_dir,"),
+        ({**GOOD, "nanoset": [1]}, "nanoset: bad value [1]; expected a mapping of fields"),
+        (
+            {**GOOD, "datasets": {"web": "raw/web"}},
+            "datasets.web: bad value 'raw/web'; expected a mapping of fields",
+        ),
+        (
+            {**GOOD, "datasets": {"web": {"text_key": "t"}}},
+            "datasets.web.source: bad value None; expected a non-empty string",
+        ),
+        (
+            {**GOOD, "tokenizer": {"path": "tok", "workers": True}},
+            "tokenizer.workers: bad value True; expected an integer >= 1",
+        ),
+        (
+            {**GOOD, "blends": {"mix": {"temperature": 1, "datasets": ["web", "web"]}}},
+            "blends.mix.datasets: bad value ['web', 'web']; expected a non-empty list of distinct",
+        ),
+        (
+            {**GOOD, "blends": {"mix": {"weights": {"web": 1}, "datasets": ["web"]}}},
+            "blends.mix.datasets: bad value ['web']; expected no 'datasets' beside 'weights'",
+        ),
+        (
+            {**GOOD, "datasets": {"web": {"source": "x", "glob": "a/*.jsonl"}}},
+            "datasets.web.glob: bad value 'a/*.jsonl'; expected a file-name pattern without",
+        ),
+        (
+            {**GOOD, "storage": {"root": "out", "s3_endpoint_url": ""}},
+            "storage.s3_endpoint_url: bad value ''; expected a non-empty string",
+        ),
+        (  # pydantic's own checks read the same way
+            {**GOOD, "blends": {"mix": {"temperature": 1, "datasets": ["web", 7]}}},
+            "blends.mix.datasets.1: bad value 7; expected a valid string",
+        ),
+        (
+            {**GOOD, "storage": {"root": "s3://"}},
+            "storage.root: bad value 's3://'; expected s3://bucket[/prefix] or a local directory",
+        ),
+    ],
+)
+def test_shape_errors_name_the_field(tmp_path: Path, data: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_recipe(data, tmp_path / "r.yaml")
+    assert str(info.value).startswith(f"{tmp_path / 'r.yaml'}: {message}"), str(info.value)
+
+
+def test_every_problem_is_reported_one_per_line(tmp_path: Path) -> None:
+    """Unlike a first-error-only reader, all independent problems come at once."""
+    nanoset = {"train_samples": 10, "sequence_length": 1, "seed": -1, "split": "1,1"}
+    text = bad(tmp_path, nanoset=nanoset, tokenizer={"path": "tok", "append_eod": "yes"})
+    path = tmp_path / "r.yaml"
+    assert text.splitlines() == [
+        f"{path}: tokenizer.append_eod: bad value 'yes'; expected true or false",
+        f"{path}: nanoset.sequence_length: bad value 1; expected an integer >= 2",
+        f"{path}: nanoset.split: bad value '1,1'; expected three non-negative numbers "
+        '"train,valid,test" with a positive sum',
+        f"{path}: nanoset.seed: bad value -1; expected an integer >= 0",
+    ]
+
+
+def test_defaults_match_the_config_classes(tmp_path: Path) -> None:
+    """A recipe that says nothing optional gets exactly the dataclasses' defaults."""
+    minimal = {"tokenizer": {"path": "tok"}, "datasets": {"web": {"source": "raw"}}}
+    recipe = parse_recipe(minimal, tmp_path / "r.yaml")
+    assert recipe.nanoset == NanosetConfig() and recipe.schedules == ScheduleConfig()
+    assert recipe.storage.root == str(tmp_path / "data") and recipe.blends == ()
+    assert recipe.tokenizer == TokenizerConfig(path=str(tmp_path / "tok"))
+    hf = parse_recipe({**minimal, "datasets": {"w": {"source": "r", "format": "hf"}}}, "r.yaml")
+    assert hf.datasets[0].glob == "*" and hf.datasets[0].shard_suffixes == (".parquet", ".arrow")

@@ -13,9 +13,9 @@ Layout of ``blends/<name>/`` (reader and constants: ``tokenmill.formats.blend_ma
 A build computes the version first (:func:`blend_version`: sha256 of the canonical JSON of every
 setting, each dataset's content hash and path, and each Nanoset cache hash), so rebuilding an
 unchanged blend finds the complete version folder and reuses it (same bytes, nothing rewritten).
-A new version is written into a temp folder ``versions/<version16>.tmp-<pid>-<rand>`` and renamed
-into place when complete; only then is the pointer replaced. A failed build (any exception, a
-full disk, a kill) leaves the previous pointer and version untouched.
+A new version is written into a temp folder ``versions/<version16>.tmp-<host>-<pid>-<rand>``
+and renamed into place when complete; only then is the pointer replaced. A failed build (any
+exception, a full disk, a kill) leaves the previous pointer and version untouched.
 
 ``manifest.json`` (keys sorted; lists keep the blend's dataset order, which the indices use)::
 

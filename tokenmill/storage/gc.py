@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenmill.errors import ConfigError, FormatError
+from tokenmill.errors import ConfigError, FormatError, InputError
 from tokenmill.formats.blend_manifest import MANIFEST_NAME, VERSIONS_DIR
 from tokenmill.storage.layout import (
     DATASET_MANIFEST_SUFFIX,
@@ -54,7 +54,7 @@ from tokenmill.storage.layout import (
     VERSION_CHARS,
     dataset_manifests,
 )
-from tokenmill.storage.s3 import retrying, split_uri
+from tokenmill.storage.s3 import call, make_client, read_object, split_uri
 from tokenmill.storage.versions import read_pointer
 
 __all__ = ["GcReport", "Removal", "gc"]
@@ -159,13 +159,9 @@ class _S3Store:
     """A storage root under ``s3://bucket/prefix`` (boto3, imported lazily)."""
 
     def __init__(self, uri: str, endpoint_url: str | None) -> None:
-        import boto3
-
         self.bucket, self.prefix = split_uri(uri)
         self.uri = uri
-        self.client = boto3.session.Session().client(
-            "s3", endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
-        )
+        self.client = make_client(endpoint_url)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -178,23 +174,12 @@ class _S3Store:
             paginator = self.client.get_paginator("list_objects_v2")
             return list(paginator.paginate(Bucket=self.bucket, Prefix=start))
 
-        for page in retrying(f"listing s3://{self.bucket}/{start}", pages):
+        for page in call(f"listing s3://{self.bucket}/{start}", pages):
             for obj in page.get("Contents", []):
                 yield _File(obj["Key"][cut:], int(obj["Size"]), obj["LastModified"].timestamp())
 
     def read(self, key: str) -> bytes | None:
-        from botocore.exceptions import ClientError
-
-        def get() -> bytes | None:
-            try:
-                body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
-                return bytes(body.read())
-            except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                    return None
-                raise
-
-        return retrying(f"reading s3://{self.bucket}/{self._key(key)}", get)
+        return read_object(self.client, self.bucket, self._key(key))
 
     def delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):
@@ -204,10 +189,11 @@ class _S3Store:
                 answer = self.client.delete_objects(
                     Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
                 )
-                if answer.get("Errors"):
-                    raise OSError(f"s3://{self.bucket}: could not delete {answer['Errors'][:3]}")
+                if answer.get("Errors"):  # per-key refusals (e.g. AccessDenied): no retry helps
+                    problems = answer["Errors"][:3]
+                    raise InputError(f"s3://{self.bucket}: could not delete {problems}")
 
-            retrying(f"deleting from s3://{self.bucket}", remove)
+            call(f"deleting from s3://{self.bucket}", remove)
 
 
 _Store = _LocalStore | _S3Store

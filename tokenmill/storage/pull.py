@@ -30,7 +30,6 @@ import os
 import posixpath
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +53,15 @@ from tokenmill.formats.dataset_manifest import legacy_manifest_path, prefix_of_m
 from tokenmill.paths import has_control_character, leading_parents
 from tokenmill.storage.layout import dataset_manifest, legacy_dataset_manifest, version_dir_name
 from tokenmill.storage.publish import publish
-from tokenmill.storage.s3 import ATTEMPTS, BACKOFF_SECONDS, is_transient, retrying, split_uri
+from tokenmill.storage.s3 import (
+    BODY_ATTEMPTS,
+    is_cut_body,
+    is_missing,
+    is_s3_error,
+    make_client,
+    read_object,
+    split_uri,
+)
 
 __all__ = ["PullReport", "pull"]
 
@@ -101,7 +108,7 @@ class _LocalSource:
         with open(self.uri(key), "rb") as fh:
             yield iter(lambda: fh.read(CHUNK), b"")
 
-    def transient(self, exc: BaseException) -> bool:
+    def cut(self, exc: BaseException) -> bool:
         return False
 
     def missing(self, exc: BaseException) -> bool:
@@ -112,33 +119,14 @@ class _S3Source:
     """Objects of one bucket through a shared (thread-safe) boto3 client."""
 
     def __init__(self, bucket: str, endpoint_url: str | None, jobs: int) -> None:
-        import boto3
-        from botocore.config import Config
-
         self.bucket = bucket
-        self.client = boto3.session.Session().client(
-            "s3",
-            endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
-            config=Config(
-                retries={"max_attempts": 8, "mode": "standard"}, max_pool_connections=jobs + 2
-            ),
-        )
+        self.client = make_client(endpoint_url, max_pool_connections=jobs + 2)
 
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
 
     def read(self, key: str) -> bytes | None:
-        from botocore.exceptions import ClientError
-
-        def get() -> bytes | None:
-            try:
-                return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
-            except ClientError as exc:
-                if self.missing(exc):
-                    return None
-                raise
-
-        return retrying(f"reading {self.uri(key)}", get)
+        return read_object(self.client, self.bucket, key)
 
     @contextlib.contextmanager
     def chunks(self, key: str) -> Iterator[Iterator[bytes]]:
@@ -149,13 +137,10 @@ class _S3Source:
             body.close()
 
     def missing(self, exc: BaseException) -> bool:
-        from botocore.exceptions import ClientError
+        return is_missing(exc)
 
-        code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
-        return code in ("NoSuchKey", "404")
-
-    def transient(self, exc: BaseException) -> bool:
-        return is_transient(exc)
+    def cut(self, exc: BaseException) -> bool:
+        return is_cut_body(exc)
 
 
 _Source = _LocalSource | _S3Source
@@ -377,13 +362,17 @@ def _local_problem(path: Path, want: Wanted, advance: Callable[[int], None]) -> 
 
 
 def _fetch(source: _Source, want: Wanted, path: Path, advance: Callable[[int], None]) -> None:
-    """Stream one file to a temp sibling while hashing; rename only when it verifies."""
-    for attempt in range(1, ATTEMPTS + 1):
+    """Stream one file to a temp sibling while hashing; rename only when it verifies. The
+    request is retried by botocore; a body cut mid-stream (which it cannot retry) is fetched
+    again from the start, up to ``BODY_ATTEMPTS`` tries."""
+    for attempt in range(1, BODY_ATTEMPTS + 1):
         tmp = temp_path_for(path)
         hasher = _Hasher(want)
+        streaming = False
         try:
             # Unbuffered: nothing is left to flush (and fail again) when the file is closed.
             with source.chunks(want.key) as chunks, open(tmp, "wb", buffering=0) as out:
+                streaming = True
                 for chunk in chunks:
                     with name_os_errors(path):  # a full disk here is the destination's
                         _write_all(out, chunk)
@@ -394,13 +383,14 @@ def _fetch(source: _Source, want: Wanted, path: Path, advance: Callable[[int], N
         except Exception as exc:
             tmp.unlink(missing_ok=True)
             advance(-hasher.size)
-            if attempt < ATTEMPTS and source.transient(exc):
-                time.sleep(BACKOFF_SECONDS * 2 ** (attempt - 1))
+            if streaming and attempt < BODY_ATTEMPTS and source.cut(exc):
                 continue
             if source.missing(exc):
                 raise InputError(
                     f"{source.uri(want.key)} ({want.what}): missing at the source"
                 ) from None
+            if not (is_s3_error(exc) or isinstance(exc, OSError)):
+                raise  # a programming error, not a problem of the source or the disk
             raise InputError(f"{source.uri(want.key)} ({want.what}): {exc}") from exc
         problem = hasher.problem()
         if problem:

@@ -1,0 +1,83 @@
+"""Developer tooling: the test tiers that ``make test-fast`` deselects, and ``make dev``'s
+silenced ``dg`` hint."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DAGSTER = Path(sys.executable).with_name("dagster")
+
+
+def _make_variable(text: str, pattern: str) -> str:
+    """The value captured by ``pattern`` on the one Makefile line it matches."""
+    [value] = re.findall(pattern, text, flags=re.MULTILINE)
+    return str(value)
+
+
+def _collected(*args: str) -> set[str]:
+    """Node ids pytest selects with ``args`` (collection only; the ``-q`` of pyproject's addopts
+    makes it list ids)."""
+    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only"]
+    proc = subprocess.run(
+        [*pytest, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode in (0, 5), proc.stdout + proc.stderr  # 5: nothing selected
+    return {line for line in proc.stdout.splitlines() if "::" in line}
+
+
+def test_fast_tier_deselects_servers_browser_docker_and_slow() -> None:
+    recipe = (ROOT / "Makefile").read_text().split("\ntest-fast:", 1)[1].split("\n\n", 1)[0]
+    assert "pytest -p no:cacheprovider --fast" in recipe
+    paths = (
+        "tests/lib/test_s3.py",  # stubbed clients: fast
+        "tests/prod/test_pull.py",  # local pulls (fast) and moto_server pulls (servers)
+        "tests/faults/test_kill.py",  # slow module
+        "tests/pipeline/test_ui.py",  # browser
+        "tests/docker",  # docker
+    )
+    fast = _collected("--fast", *paths)
+    assert {node.split("::")[0] for node in fast} == {
+        "tests/lib/test_s3.py",
+        "tests/prod/test_pull.py",
+    }
+    servers = _collected("-m", "servers", "tests/prod/test_pull.py")
+    assert servers and not servers & fast
+    assert all("s3" in node for node in servers)  # the moto_server tests, by their fixtures
+    marked = _collected("-m", "slow or browser or docker", *paths[2:])
+    assert {node.split("::")[0].split("/")[1] for node in marked} == {
+        "faults",
+        "pipeline",
+        "docker",
+    }
+    assert len(_collected(*paths)) == len(fast | servers | marked)  # every test is in one tier
+
+
+def test_make_dev_silences_only_the_dg_hint() -> None:
+    """``dagster dev`` warns that it is superseded by ``dg dev``; the Makefile's filter hides
+    exactly that warning. A missing DAGSTER_HOME stops the command right after the hint."""
+    makefile = (ROOT / "Makefile").read_text()
+    value = _make_variable(makefile, r"^dev: export PYTHONWARNINGS := (.+)$")
+    command = [str(DAGSTER), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", "1"]
+    env = {**os.environ, "DAGSTER_HOME": str(ROOT / "no-such-dagster-home")}
+    env.pop("PYTHONWARNINGS", None)
+
+    def stderr(**extra: str) -> str:
+        proc = subprocess.run(
+            command, cwd=ROOT, env={**env, **extra}, capture_output=True, text=True, timeout=120
+        )
+        assert "is not a directory or does not exist" in proc.stderr, proc.stderr
+        return proc.stderr
+
+    assert "Use 'dg dev' instead." in stderr()
+    quiet = stderr(PYTHONWARNINGS=value)
+    assert "superseded" not in quiet and "Invalid -W option" not in quiet
