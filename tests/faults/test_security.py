@@ -37,14 +37,18 @@ LIBRARY_DIRS = ("tokenmill", "tokenmill_dev", "assets", "pipelines", "bench")
 
 # -- network exposure -----------------------------------------------------------------------------
 def test_make_dev_serves_the_ui_on_loopback_only() -> None:
-    """``make dev`` runs ``dagster dev -h 127.0.0.1`` (dry run: nothing is executed)."""
+    """``make dev`` runs ``dagster dev -h 127.0.0.1`` (under the ``pipelines.dev`` supervisor; dry
+    run: nothing is executed)."""
     out = subprocess.run(
         ["make", "-n", "dev"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
     commands = [shlex.split(line) for line in out.splitlines() if " dev -w " in line]
     assert len(commands) == 1, out
-    words = commands[0]
-    assert Path(words[0]).name == "dagster" and words[1] == "dev"
+    line = commands[0]
+    start = next(i for i, w in enumerate(line) if Path(w).name == "dagster")
+    assert line[start - 2 : start] == ["-m", "pipelines.dev"], out
+    words = line[start:]
+    assert words[1] == "dev"
     hosts = [words[i + 1] for i, w in enumerate(words) if w in ("-h", "--host")]
     assert hosts == ["127.0.0.1"]
     assert "0.0.0.0" not in (ROOT / "Makefile").read_text()
