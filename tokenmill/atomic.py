@@ -1,8 +1,18 @@
-"""Crash-safe file writing: temp name in the same directory, fsync, rename, fsync the directory.
+"""Crash-safe file writing: temp in the folder's ``.tmp/``, fsync, rename, fsync the folder.
 
-A killed process leaves at worst a ``*.tmp-<host>-<pid>-<rand>`` file, never a final-named file
-that looks complete. The host part makes liveness checkable on a storage root shared by several
-machines (or containers, which have their own pid numbers): only this host's temps are judged.
+A temp of ``<dir>/<name>`` is ``<dir>/.tmp/<name>.tmp-<host>-<pid>-<rand>``: the same file
+system, so the rename into ``<dir>`` is atomic, and a folder of its own, so finding the temps a
+killed writer left lists only the temps in flight, never the (many) finished files beside them.
+A killed process leaves at worst such a temp, never a final-named file that looks complete. The
+host part makes liveness checkable on a storage root shared by several machines (or containers,
+which have their own pid numbers): only this host's temps are judged.
+
+``.tmp/`` is made by the first temp of a folder and stays (empty between writes): writers never
+remove it, so one writer cannot pull it from under another. Only an owner of the whole folder
+removes it (``remove_temp_dir``: a failed write removing the folders it created, a private
+staging folder, gc removing a version); creators retry when that happens between naming a temp
+and creating it (``create_temp``). Temps written beside the file by older releases
+(``<dir>/<name>.tmp-…``) are swept once, by the call that creates ``<dir>/.tmp/``.
 """
 
 from __future__ import annotations
@@ -13,13 +23,20 @@ import json
 import os
 import re
 import secrets
+import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 TMP_MARK = ".tmp-"
+TMP_DIR = ".tmp"
 _HOST_MAX = 40
+_CREATE_TRIES = 5
+_T = TypeVar("_T")
+# The end of a temp's name: ``.tmp-[<host>-]<pid>-<rand>``, and the extension a transfer
+# library may add to its own partial file of that temp (e.g. boto3's ``.1a2B3c4D``).
+_TEMP_END = re.compile(r"\.tmp-(?:([A-Za-z0-9._]{1,40})-)?(\d+)-([0-9a-f]+)(?:\.[A-Za-z0-9]+)?$")
 
 
 def host_tag() -> str:
@@ -34,10 +51,77 @@ def temp_suffix() -> str:
     return f"{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
+def temp_dir(folder: str | os.PathLike[str]) -> Path:
+    """``<folder>/.tmp``, made (with ``folder``) when absent. The call that makes it also
+    removes the dead temps older releases wrote beside the files (one listing of ``folder``,
+    once: later calls find ``.tmp/`` and list nothing)."""
+    tdir = Path(folder) / TMP_DIR
+    try:
+        os.mkdir(tdir)
+    except FileExistsError:
+        return tdir
+    except FileNotFoundError:
+        os.makedirs(folder, exist_ok=True)
+        try:
+            os.mkdir(tdir)
+        except FileExistsError:
+            return tdir
+    _remove_dead(Path(folder), [e for e in _entries(Path(folder)) if TMP_MARK in e])
+    return tdir
+
+
 def temp_path_for(path: str | os.PathLike[str]) -> Path:
-    """A unique temporary sibling of ``path`` (same directory, so rename is atomic)."""
+    """A unique temp name for ``path`` in ``<its folder>/.tmp/`` (made if absent; same file
+    system, so renaming the temp to ``path`` is atomic). A temp of a temp stays in its
+    ``.tmp/``. The caller creates it, through ``create_temp`` where ``.tmp/`` may be removed."""
     p = Path(path)
-    return p.with_name(f"{p.name}{TMP_MARK}{temp_suffix()}")
+    folder = p.parent.parent if p.parent.name == TMP_DIR else p.parent
+    return temp_dir(folder) / f"{p.name}{TMP_MARK}{temp_suffix()}"
+
+
+def is_temp(rel: str) -> bool:
+    """Whether a (posix) path names a temp or lies in a ``.tmp/`` folder: never uploaded,
+    listed as a shard or fetched."""
+    return TMP_MARK in rel or TMP_DIR in rel.split("/")
+
+
+def create_temp(path: str | os.PathLike[str], make: Callable[[Path], _T]) -> tuple[Path, _T]:
+    """Name a temp for ``path`` and create it with ``make(temp)`` (open, mkdir, link, ...).
+    When an owner of the folder removed the empty ``.tmp/`` in between (ENOENT), it is made
+    again and the temp renamed, a few times; a folder that is gone for good raises."""
+    attempt = 1
+    while True:
+        tmp = temp_path_for(path)
+        try:
+            return tmp, make(tmp)
+        except FileNotFoundError:
+            if attempt >= _CREATE_TRIES or tmp.parent.is_dir():
+                raise
+            attempt += 1
+
+
+def remove_temp_dir(folder: str | os.PathLike[str]) -> None:
+    """Remove ``<folder>/.tmp`` when it is empty (a temp in flight keeps it). For an owner of
+    the whole folder only; a concurrent writer re-creates it (``create_temp``)."""
+    with contextlib.suppress(OSError):  # absent, or not empty
+        os.rmdir(Path(folder) / TMP_DIR)
+
+
+def remove_empty_dir(folder: str | os.PathLike[str]) -> bool:
+    """Remove ``folder`` when nothing but an empty ``.tmp/`` is left in it (e.g. a version
+    folder whose files were just deleted); True when it is gone."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    if names not in ([], [TMP_DIR]):
+        return False
+    remove_temp_dir(folder)
+    try:
+        os.rmdir(folder)
+    except OSError:  # a writer put something there meanwhile
+        return False
+    return True
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -74,15 +158,15 @@ def name_os_errors(
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
-    """Open a temp sibling for writing; on clean exit fsync and rename it to ``path``.
+    """Open a temp of ``path`` for writing; on clean exit fsync and rename it to ``path``.
 
     On an exception the temp file is removed and ``path`` is left untouched.
     """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path_for(final)
+    tmp, opened = create_temp(final, lambda t: open(t, mode))  # noqa: SIM115 - closed below
     try:
-        with name_os_errors(final), open(tmp, mode) as fh:
+        with name_os_errors(final), opened as fh:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
@@ -138,24 +222,39 @@ def _pid_alive(pid_text: str) -> bool:
 
 
 def remove_stale_temps(path: str | os.PathLike[str]) -> None:
-    """Delete temp siblings of ``path`` left by killed writers of this host. Temps of live
+    """Delete the temps killed writers of this host left in ``path``'s folder's ``.tmp/`` (files
+    or staging folders, of any name there: judging them all costs nothing more). Temps of live
     processes stay (a concurrent writer of the same path, e.g. two runs of one partition), and
-    so do other hosts' temps. The folder is read once, comparing names by prefix only; no
-    per-entry stat or path object for the (many) other files of a big output folder."""
-    p = Path(path)
-    prefix = f"{p.name}{TMP_MARK}"
+    so do other hosts' temps. Lists ``.tmp/`` only (the temps in flight), never the folder of
+    finished files, and creates nothing."""
+    tdir = Path(path).parent / TMP_DIR
+    _remove_dead(tdir, _entries(tdir))
+
+
+def _entries(folder: Path) -> list[str]:
+    """The names in ``folder`` (none when it does not exist)."""
     try:
-        with os.scandir(p.parent) as entries:
-            stale = [
-                e.name
-                for e in entries
-                if e.name.startswith(prefix) and not writer_alive(e.name[len(prefix) :])
-            ]
+        return os.listdir(folder)
     except (FileNotFoundError, NotADirectoryError):
-        return
-    for name in stale:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(p.parent / name)
+        return []
+
+
+def _remove_dead(folder: Path, names: list[str]) -> None:
+    """Delete each temp among ``names`` (in ``folder``) whose writer is dead (``writer_alive``);
+    a name that does not end like a temp is never touched."""
+    for name in names:
+        end = _TEMP_END.search(name)
+        if end is None:
+            continue
+        host, pid, rand = end.groups()
+        if writer_alive(f"{pid}-{rand}" if host is None else f"{host}-{pid}-{rand}"):
+            continue
+        target = folder / name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(target)
 
 
 def file_sha256(

@@ -29,6 +29,7 @@ download.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import TMP_MARK, commit, temp_path_for
+from tokenmill.atomic import commit, create_temp, is_temp, temp_path_for
 from tokenmill.errors import InputError
 from tokenmill.paths import relative_path_problem
 from tokenmill.storage.publish import delete_first, publish
@@ -114,9 +115,9 @@ def _transfer_config() -> Any:
 
 
 def download(client: Any, bucket: str, key: str, path: Path) -> None:
-    """``s3://bucket/key`` → ``path`` through a temp sibling (a failed transfer leaves nothing)."""
+    """``s3://bucket/key`` → ``path`` through a temp (a failed transfer leaves nothing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path_for(path)
+    tmp, _ = create_temp(path, Path.touch)  # boto3 replaces the reserved name
 
     def run() -> None:
         try:
@@ -217,11 +218,10 @@ class RunCache:
             if obj.size != path.stat().st_size or self.holds(entry, obj.size):
                 return
             entry.parent.mkdir(parents=True, exist_ok=True)
-            incoming = temp_path_for(entry)
             try:
-                os.link(path, incoming)
+                incoming, _ = create_temp(entry, functools.partial(os.link, path))
             except OSError:
-                shutil.copyfile(path, incoming)
+                incoming, _ = create_temp(entry, functools.partial(shutil.copyfile, path))
             os.chmod(incoming, 0o444)
             os.utime(incoming, ns=(CACHE_MTIME_NS, CACHE_MTIME_NS))
             os.replace(incoming, entry)
@@ -233,12 +233,13 @@ class RunCache:
         hold the object (then True). Falls back to a plain download when the cache cannot be
         used (e.g. removed meanwhile); an object that changed since it was listed is not kept."""
         entry = self.entry(bucket, obj)
-        incoming = temp_path_for(entry)
+        incoming: Path | None = None
         downloaded = False
         try:
             if not self.holds(entry, obj.size):
                 entry.parent.mkdir(parents=True, exist_ok=True)
                 downloaded = True
+                incoming = temp_path_for(entry)  # download() creates it (through its own temp)
                 download(client, bucket, obj.key, incoming)
                 if incoming.stat().st_size != obj.size:  # rewritten after the listing
                     path.parent.mkdir(parents=True, exist_ok=True)
@@ -254,7 +255,8 @@ class RunCache:
             except OSError:  # another file system, or no hard links there
                 shutil.copyfile(entry, path)
         except OSError:
-            incoming.unlink(missing_ok=True)
+            if incoming is not None:
+                incoming.unlink(missing_ok=True)
             download(client, bucket, obj.key, path)
             return True
         return downloaded
@@ -296,7 +298,7 @@ class S3Stage:
                 name = obj.key[len(base) :]
                 if not (folder or name == rel or name.startswith(rel + ".")):
                     continue
-                if TMP_MARK not in name and name not in self.fetched:
+                if not is_temp(name) and name not in self.fetched:
                     wanted[local_name(self.bucket, obj.key, base)] = obj
         for name, obj in wanted.items():
             self.get(obj, name)
@@ -306,7 +308,7 @@ class S3Stage:
         ``rel_prefix`` (one LIST request), temp names left out."""
         base = f"{self.prefix}/" if self.prefix else ""
         found = list_objects(self.client, self.bucket, self.key(rel_prefix), recursive=True)
-        return {o.key[len(base) :]: o for o in found if TMP_MARK not in o.key[len(base) :]}
+        return {o.key[len(base) :]: o for o in found if not is_temp(o.key[len(base) :])}
 
     def get(self, obj: S3Object, rel: str) -> None:
         """One listed object to ``rel`` in the stage (through the run cache), as fetched."""
@@ -320,7 +322,7 @@ class S3Stage:
     def _written(self) -> Iterator[str]:
         for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
             rel = path.relative_to(self.local).as_posix()
-            if TMP_MARK in rel or rel.endswith(".lock"):
+            if is_temp(rel) or rel.endswith(".lock"):
                 continue
             if self.fetched.get(rel) != _stamp(path):
                 yield rel

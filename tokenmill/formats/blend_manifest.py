@@ -364,16 +364,21 @@ def dataset_problems(
 
 
 def verify_manifest(
-    path: str | os.PathLike[str], splits: list[str] | None = None, *, full: bool = False
+    path: str | os.PathLike[str],
+    splits: list[str] | None = None,
+    *,
+    full: bool = False,
+    at: str | os.PathLike[str] | None = None,
 ) -> list[str]:
     """Problems of a blend (empty list = consistent) for ``splits`` (default: all of them).
 
     Always (O(1) in the size of the indices): the manifest's schema and its own hash, every
     file's size, the index descriptions' settings and array records. ``full``: also the sha256
-    of every file (blend arrays, Nanoset caches, ``.idx``, ``.bin`` or its parts).
+    of every file (blend arrays, Nanoset caches, ``.idx``, ``.bin`` or its parts). ``at``: the
+    manifest path its recorded paths resolve against, when ``path`` is a temp of it elsewhere.
     """
-    mpath = manifest_path(path)
-    manifest = read_blend_manifest(mpath)
+    manifest = read_blend_manifest(path)
+    mpath = manifest_path(path) if at is None else Path(at)
     chosen = list(manifest["splits"]) if splits is None else splits
     problems: list[str] = []
     names: set[str] = set()

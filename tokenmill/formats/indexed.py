@@ -33,7 +33,7 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.atomic import commit, name_os_errors, remove_stale_temps, temp_path_for
+from tokenmill.atomic import commit, create_temp, name_os_errors, remove_stale_temps
 from tokenmill.errors import FormatError
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -137,9 +137,12 @@ class IndexedDatasetWriter:
         self.prefix.parent.mkdir(parents=True, exist_ok=True)
         for final in (data_file_path(prefix), index_file_path(prefix)):
             remove_stale_temps(final)
-        self._bin_tmp = temp_path_for(data_file_path(prefix))
         # Held open across add_* calls until finalize/abort, so no context manager here.
-        self._bin: IO[bytes] | None = open(self._bin_tmp, "wb")  # noqa: SIM115
+        self._bin_tmp, opened = create_temp(
+            data_file_path(prefix),
+            lambda t: open(t, "wb"),  # noqa: SIM115
+        )
+        self._bin: IO[bytes] | None = opened
         self._lengths = _Growable(np.int32)
         self._docs = _Growable(np.int64)
         self._docs.append(0)
@@ -270,11 +273,11 @@ class IndexedDatasetWriter:
             self._bin.close()
         self._bin = None
         idx_final = index_file_path(self.prefix)
-        idx_tmp = temp_path_for(idx_final)
+        idx_tmp, opened = create_temp(idx_final, lambda t: open(t, "wb"))  # noqa: SIM115
         try:
             index = encode_index(self.dtype, self._lengths.view(), self._docs.view())
             self._idx_digest = {"bytes": len(index), "sha256": hashlib.sha256(index).hexdigest()}
-            with name_os_errors(idx_final), open(idx_tmp, "wb") as fh:
+            with name_os_errors(idx_final), opened as fh:
                 fh.write(index)
                 fh.flush()
                 os.fsync(fh.fileno())

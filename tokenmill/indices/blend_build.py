@@ -13,7 +13,7 @@ Layout of ``blends/<name>/`` (reader and constants: ``tokenmill.formats.blend_ma
 A build computes the version first (:func:`blend_version`: sha256 of the canonical JSON of every
 setting, each dataset's content hash and path, and each Nanoset cache hash), so rebuilding an
 unchanged blend finds the complete version folder and reuses it (same bytes, nothing rewritten).
-A new version is written into a temp folder ``versions/<version16>.tmp-<host>-<pid>-<rand>``
+A new version is written into a temp folder ``versions/.tmp/<version16>.tmp-<host>-<pid>-<rand>``
 and renamed into place when complete; only then is the pointer replaced. A failed build (any
 exception, a full disk, a kill) leaves the previous pointer and version untouched.
 
@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import math
 import os
 import posixpath
@@ -71,14 +72,13 @@ from typing import Any
 import numpy as np
 
 from tokenmill.atomic import (
-    TMP_MARK,
     atomic_open,
+    create_temp,
     file_sha256,
     fsync_dir,
     remove_stale_temps,
-    temp_path_for,
+    remove_temp_dir,
     write_json,
-    writer_alive,
 )
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats import nanoset_cache as _index_cache
@@ -494,7 +494,7 @@ def build_blend(
     configured, prefixes = plan.weights, plan.prefixes
     vdir = root / VERSIONS_DIR / version[:16]
     plan = _Plan(**{**plan.__dict__, "base": vdir, "fetch": fetch})
-    _remove_stale_builds(root / VERSIONS_DIR)
+    remove_stale_temps(vdir)  # temp version folders of killed builds (versions/.tmp/ only)
     predicted = plan.cache_hashes()
     caches = {}
     for split in SPLITS:
@@ -550,15 +550,6 @@ def _versions_locked(versions: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _remove_stale_builds(versions: Path) -> None:
-    """Delete temp version folders left by killed builds (a live writer's folder stays)."""
-    if not versions.is_dir():
-        return
-    for cand in versions.glob(f"*{TMP_MARK}*"):
-        if not writer_alive(cand.name.split(TMP_MARK, 1)[1]):
-            shutil.rmtree(cand, ignore_errors=True)
-
-
 def _complete_version(vdir: Path, version: str) -> dict[str, Any] | None:
     """The manifest of an existing, complete version folder (its own hash and version check
     out, and every file of the folder has its recorded size), or None when there is none to
@@ -591,8 +582,7 @@ def _write_version(
     On any error the temp folder is removed; a folder of this version without a valid manifest
     (a partial copy, never a readable version) is replaced."""
     vdir.parent.mkdir(parents=True, exist_ok=True)
-    staging = temp_path_for(vdir)
-    staging.mkdir()
+    staging, _ = create_temp(vdir, Path.mkdir)
     try:
         splits = {}
         for position, split in enumerate(SPLITS):
@@ -601,9 +591,9 @@ def _write_version(
                 splits[split] = _build_split(plan, staging, split, ranges, caches[split])
         manifest = seal({**header, "splits": splits})
         write_json(staging / MANIFEST_NAME, manifest)
+        remove_temp_dir(staging)  # a private folder: a version holds no .tmp/
         if vdir.exists():  # no valid manifest there (checked under the lock): leftovers
-            aside = temp_path_for(vdir)
-            os.rename(vdir, aside)
+            aside, _ = create_temp(vdir, functools.partial(os.rename, vdir))
             shutil.rmtree(aside)
         os.rename(staging, vdir)
         fsync_dir(vdir.parent)

@@ -26,10 +26,11 @@ import pyarrow.parquet as pq
 
 from tokenmill.atomic import (
     commit,
+    create_temp,
     file_sha256,
     name_os_errors,
     remove_stale_temps,
-    temp_path_for,
+    remove_temp_dir,
     write_bytes,
 )
 from tokenmill.errors import ConfigError, FormatError, InputError
@@ -256,23 +257,25 @@ def export_shard(
         sink = _AlreadyQuarantined(os.devnull)
     stats = IngestStats(path=os.fspath(input_path))
     created = [d for d in (final.parent, *final.parent.parents) if not d.exists()]
-    tmp = temp_path_for(final)
+    tmp: Path | None = None
     try:
         plan = _Plan(text_key)
         for batch in _read(input_path, text_key, on_bad_record, sink, stats, source_name):
             _learn(plan, batch.records or [])
         final.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(final)
+        tmp, _ = create_temp(final, Path.touch)  # pyarrow writes the reserved name
         with name_os_errors(final):  # pyarrow's and fsync's disk errors name no file
             second = _write_with_fallback(input_path, tmp, plan, on_bad_record, row_group_rows)
         _check_same(input_path, stats, second)
         commit(tmp, final)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
         if quarantine is not None:
             quarantine.discard()
-        for folder in created:
+        for folder in created:  # this call made them: it owns their .tmp/ too
+            remove_temp_dir(folder)
             with contextlib.suppress(OSError):
                 folder.rmdir()
         raise

@@ -26,7 +26,7 @@ from typing import IO, Any
 import orjson
 import zstandard
 
-from tokenmill.atomic import commit, name_os_errors, temp_path_for
+from tokenmill.atomic import commit, create_temp, name_os_errors
 from tokenmill.errors import BadRecordError, ConfigError, InputError
 from tokenmill.formats.shard_records import IngestStats
 
@@ -121,9 +121,9 @@ class Quarantine:
         if self._finished:
             raise ValueError(f"{self.path}: quarantine already committed or discarded")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = temp_path_for(self.path)
-        self._fh = open(self._tmp, "wb")  # noqa: SIM115 - closed by commit/discard
-        return self._fh
+        tmp, fh = create_temp(self.path, lambda t: open(t, "wb"))  # noqa: SIM115 - commit/discard close it
+        self._tmp, self._fh = tmp, fh
+        return fh
 
 
 @dataclass

@@ -24,7 +24,8 @@ What stays:
   ``older_than_days``, modified more recently than that.
 
 Anything that is not a complete version (no manifest yet: a build or an upload in progress, a
-temp folder) is left alone, and so are files outside these layouts (e.g. an unversioned
+temp folder, a ``.tmp/`` folder) is left alone (a removed version's folder goes, with its empty
+``.tmp/``), and so are files outside these layouts (e.g. an unversioned
 ``merged/<ds>_text_document.*`` pair, whose content hash also keeps its Nanoset caches). Before
 removing a blend or merged version the pointer is read again, so a version a concurrent build
 has just made current again is skipped. A version's manifest (an entry's description) is
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tokenmill.atomic import remove_empty_dir
 from tokenmill.errors import ConfigError, FormatError, InputError
 from tokenmill.formats.blend_manifest import MANIFEST_NAME, VERSIONS_DIR
 from tokenmill.storage.layout import (
@@ -150,8 +152,7 @@ class _LocalStore:
             (self.root / key).unlink(missing_ok=True)
         for folder in sorted({posixpath.dirname(k) for k in keys}, key=len, reverse=True):
             path = self.root / folder
-            while path != self.root and path.is_dir() and not any(path.iterdir()):
-                path.rmdir()
+            while path != self.root and remove_empty_dir(path):  # an empty .tmp/ goes too
                 path = path.parent
 
 

@@ -362,7 +362,7 @@ def _local_problem(path: Path, want: Wanted, advance: Callable[[int], None]) -> 
 
 
 def _fetch(source: _Source, want: Wanted, path: Path, advance: Callable[[int], None]) -> None:
-    """Stream one file to a temp sibling while hashing; rename only when it verifies. The
+    """Stream one file to a temp while hashing; rename only when it verifies. The
     request is retried by botocore; a body cut mid-stream (which it cannot retry) is fetched
     again from the start, up to ``BODY_ATTEMPTS`` tries."""
     for attempt in range(1, BODY_ATTEMPTS + 1):
@@ -541,7 +541,7 @@ def _commit_manifest(final: Path, raw: bytes) -> None:
                 fh.flush()
                 os.fsync(fh.fileno())
         read_blend_manifest(tmp)
-        problems = verify_manifest(tmp)
+        problems = verify_manifest(tmp, at=final)  # its paths are relative to final's folder
         if problems:
             raise CacheError(f"{final}: pulled files do not match:\n  " + "\n  ".join(problems))
         if not in_place:
