@@ -66,7 +66,7 @@ def temp_dir(folder: str | os.PathLike[str]) -> Path:
             os.mkdir(tdir)
         except FileExistsError:
             return tdir
-    _remove_dead(Path(folder), [e for e in _entries(Path(folder)) if TMP_MARK in e])
+    _remove_dead(Path(folder), [e for e in _entries(Path(folder)) if TMP_MARK in e], strict=True)
     return tdir
 
 
@@ -228,7 +228,7 @@ def remove_stale_temps(path: str | os.PathLike[str]) -> None:
     so do other hosts' temps. Lists ``.tmp/`` only (the temps in flight), never the folder of
     finished files, and creates nothing."""
     tdir = Path(path).parent / TMP_DIR
-    _remove_dead(tdir, _entries(tdir))
+    _remove_dead(tdir, _entries(tdir), strict=False)
 
 
 def _entries(folder: Path) -> list[str]:
@@ -239,15 +239,21 @@ def _entries(folder: Path) -> list[str]:
         return []
 
 
-def _remove_dead(folder: Path, names: list[str]) -> None:
-    """Delete each temp among ``names`` (in ``folder``) whose writer is dead (``writer_alive``);
-    a name that does not end like a temp is never touched."""
+def _remove_dead(folder: Path, names: list[str], *, strict: bool) -> None:
+    """Delete each temp among ``names`` (in ``folder``) whose writer is dead (``writer_alive``).
+    ``strict`` (a folder of finished files): only a name that ends like a temp is judged. In
+    ``.tmp/`` (everything there is a temp) another name is judged by what follows its first
+    ``.tmp-``, as ``writer_alive`` reads it (a garbled suffix counts as dead)."""
     for name in names:
         end = _TEMP_END.search(name)
-        if end is None:
+        if end is not None:
+            host, pid, rand = end.groups()
+            suffix = f"{pid}-{rand}" if host is None else f"{host}-{pid}-{rand}"
+        elif strict or TMP_MARK not in name:
             continue
-        host, pid, rand = end.groups()
-        if writer_alive(f"{pid}-{rand}" if host is None else f"{host}-{pid}-{rand}"):
+        else:
+            suffix = name.partition(TMP_MARK)[2]
+        if writer_alive(suffix):
             continue
         target = folder / name
         if target.is_dir() and not target.is_symlink():

@@ -35,7 +35,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from tokenmill.atomic import TMP_MARK, file_sha256
+from tokenmill.atomic import TMP_MARK, file_sha256, is_temp
 from tokenmill.errors import CacheError, FormatError, TokenmillError
 from tokenmill.formats.blend_manifest import read_blend_manifest, resolve
 from tokenmill.formats.dataset_manifest import (
@@ -127,7 +127,7 @@ def kill_parked(
 class Audit:
     """The state of an output tree (paths relative to its root)."""
 
-    temps: list[str]  # files with the temp mark: left by a killed writer
+    temps: list[str]  # temps (in a .tmp/ folder, or with the temp mark): left by a killed writer
     orphans: list[str]  # final-named files that no valid manifest or description covers
     problems: list[str]  # manifests/descriptions present but not matching their files
     manifests: list[str]  # manifests/descriptions present
@@ -136,12 +136,12 @@ class Audit:
 def audit(root: Path) -> Audit:
     """Check every manifest, blend manifest and index description under ``root`` in full."""
     files = sorted(p for p in root.rglob("*") if p.is_file())
-    temps = [p for p in files if TMP_MARK in p.name]
-    covered: set[Path] = set()
+    temps = [p for p in files if is_temp(p.relative_to(root).as_posix())]
+    covered: set[Path] = set(temps)
     problems: list[str] = []
     manifests = []
     for path in files:
-        if TMP_MARK in path.name:
+        if path in covered:
             continue
         if path.name.endswith(DATASET_MANIFEST):
             found, paths = _dataset(path)
@@ -156,9 +156,7 @@ def audit(root: Path) -> Audit:
         manifests.append(path)
         problems += found
         covered |= {path, *paths}
-    orphans = [
-        p for p in files if p not in covered and TMP_MARK not in p.name and p.suffix != ".lock"
-    ]
+    orphans = [p for p in files if p not in covered and p.suffix != ".lock"]
     rel = lambda paths: sorted(p.relative_to(root).as_posix() for p in paths)  # noqa: E731
     return Audit(rel(temps), rel(orphans), problems, rel(manifests))
 

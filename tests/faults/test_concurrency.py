@@ -39,7 +39,7 @@ from concurrency_tasks import (
 )
 from pipeline_project import make_project
 
-from tokenmill.atomic import TMP_MARK, remove_stale_temps, writer_alive
+from tokenmill.atomic import TMP_DIR, TMP_MARK, remove_stale_temps, writer_alive
 from tokenmill.formats.dataset_manifest import check_dataset_files
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.recipe import Recipe
@@ -83,7 +83,7 @@ def new_project(recipe: Recipe, home: Path, keep: list[str]) -> Project:
 
     source = Path(recipe.dataset("docs").source)
     for path in source.iterdir():
-        if path.name.split(".")[0] not in keep:
+        if path.is_file() and path.name.split(".")[0] not in keep:  # .tmp/: the writer's
             path.unlink()
     ensure_dagster_home(home)
     with DagsterInstance.from_config(str(home)) as instance:
@@ -175,7 +175,8 @@ def test_a_second_writer_leaves_a_live_writers_temp_alone(tmp_path: Path) -> Non
     with IndexedDatasetWriter(prefix, np.uint16) as second:
         second.add_document(np.arange(10))
     first.finalize()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        TMP_DIR,
         f"{prefix.name}.bin",
         f"{prefix.name}.idx",
     ]
@@ -192,13 +193,15 @@ def test_only_temps_of_dead_writers_are_stale(tmp_path: Path) -> None:
         "impossible": f"{2**22 + 1}-0c0c",  # above any pid_max
         "garbage": "x-0d0d",
     }
+    tdir = tmp_path / TMP_DIR
+    tdir.mkdir()
     for suffix in names.values():
-        (tmp_path / f"x.bin{TMP_MARK}{suffix}").write_bytes(b"partial")
+        (tdir / f"x.bin{TMP_MARK}{suffix}").write_bytes(b"partial")
     assert {k: writer_alive(v) for k, v in names.items()} == {
         "mine": True, "zombie": False, "impossible": False, "garbage": False
     }  # fmt: skip
     remove_stale_temps(final)
-    assert [p.name for p in tmp_path.iterdir()] == [f"x.bin{TMP_MARK}{names['mine']}"]
+    assert [p.name for p in tdir.iterdir()] == [f"x.bin{TMP_MARK}{names['mine']}"]
     child.wait()
 
 
@@ -430,7 +433,7 @@ def test_opening_a_blend_while_it_is_refreshed_gives_the_previous_version(
     builder.start()
     try:
         assert arrive.wait(TIMEOUT)  # the new version is complete, the pointer not yet moved
-        assert len(list((out / "versions").iterdir())) == 2
+        assert len([p for p in (out / "versions").iterdir() if p.name != TMP_DIR]) == 2
         meanwhile = open_blend(out / "manifest.json")
         assert meanwhile.version == old.version
         np.testing.assert_array_equal(meanwhile.get_batch(np.arange(50)), before)

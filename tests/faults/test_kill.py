@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from faultlib import audit, build_sources, kill_parked, tree_digest
 
+from tokenmill.atomic import TMP_DIR
 from tokenmill.cli import main
 from tokenmill.errors import FormatError
 from tokenmill.formats.dataset_manifest import check_dataset_files
@@ -112,7 +113,7 @@ def test_tokenize_killed_mid_write(src: Path, clean: dict, tmp_path: Path, worke
         args, f"{IDX_WRITER}:IndexedDatasetWriter.add_documents", tmp_path / "k", after=True
     )
     state = audit(out)
-    assert len(state.temps) == 1 and state.temps[0].startswith("p_text_document.bin.tmp-")
+    assert len(state.temps) == 1 and state.temps[0].startswith(".tmp/p_text_document.bin.tmp-")
     assert (state.orphans, state.manifests) == ([], [])
     rerun_matches("tokenize", src, out, clean)
 
@@ -227,15 +228,17 @@ def test_blend_killed(
     kill_parked(blend_args(src, out), hook, tmp_path / "k", call=call)
     state = audit(out)
     staging = sorted(
-        f"mix/{p.relative_to(out / 'mix')}" for p in out.glob("mix/versions/*.tmp-*/*")
+        f"mix/{p.relative_to(out / 'mix')}"
+        for p in out.glob("mix/versions/.tmp/*.tmp-*/*")
+        if p.is_file()
     )
     assert len(staging) == staged and all(s.endswith(".npy") for s in staging)
-    assert (state.orphans, state.problems) == (staging, [])  # only the temp folder's files
+    assert (state.temps, state.orphans, state.problems) == (staging, [], [])  # temp folder only
     assert "mix/manifest.json" not in state.manifests
     with pytest.raises(FormatError, match="missing: the blend was never completed"):
         verify_blend(out / "mix")
     if not staged:  # the complete version opens by name; the re-run reuses it
-        (version,) = [p.name for p in (out / "mix/versions").iterdir()]
+        (version,) = [p.name for p in (out / "mix/versions").iterdir() if p.name != TMP_DIR]
         assert len(open_blend(out / "mix" / "manifest.json", version=version)) == 300
     rerun_matches("blend", src, out, clean)
 
@@ -247,12 +250,13 @@ def test_blend_rebuild_killed_keeps_the_previous_version(
     assert main(blend_args(src, out, docs_weight="0.2", cache=tmp_path / "old-cache")) == 0
     pointer = (out / "mix/manifest.json").read_bytes()
     old = open_blend(out / "mix")
-    (old_version,) = [p.name for p in (out / "mix/versions").iterdir()]
+    (old_version,) = [p.name for p in (out / "mix/versions").iterdir() if p.name != TMP_DIR]
     hook = "tokenmill.indices.blend_build:_build_split"
     kill_parked(blend_args(src, out), hook, tmp_path / "k", call=2)  # train arrays written
     state = audit(out)
     assert state.problems == [] and (out / "mix/manifest.json").read_bytes() == pointer
-    assert all(".tmp-" in orphan for orphan in state.orphans) and len(state.orphans) == 2
+    assert state.orphans == [] and len(state.temps) == 2  # the killed build's staging folder
+    assert all(t.startswith("mix/versions/.tmp/") for t in state.temps)
     reopened = open_blend(out / "mix" / "manifest.json", split="train")
     assert reopened.version == old.version
     assert (reopened.get_batch(range(len(old))) == old.get_batch(range(len(old)))).all()

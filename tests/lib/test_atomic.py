@@ -82,7 +82,7 @@ def test_shared_root_keeps_other_hosts_temps(
         "legacy_dead": f"x.bin{TMP_MARK}{DEAD_PID}-0d0d",
         "other_file_dead": f"y.bin{TMP_MARK}beta-{dead}-0e0e",
         "boto_partial_dead": f"y.bin{TMP_MARK}beta-{dead}-0f0f.1a2B3c4D",
-        "not_a_temp": f"notes{TMP_MARK}final.txt",
+        "alpha_host_with_mark": f"y.bin{TMP_MARK}alpha.tmp-{dead}-1b1b",
     }
     tdir = tmp_path / TMP_DIR
     tdir.mkdir()
@@ -96,7 +96,7 @@ def test_shared_root_keeps_other_hosts_temps(
         remove_stale_temps(tmp_path / "x.bin")
         fh.write(b"done")
     assert sorted(p.name for p in tmp_path.iterdir()) == [TMP_DIR, "x.bin"]
-    kept = [names[k] for k in ("alpha_writing", "beta_live", "not_a_temp")]
+    kept = [names[k] for k in ("alpha_writing", "beta_live", "alpha_host_with_mark")]
     assert sorted(p.name for p in tdir.iterdir()) == sorted(kept)
     assert (tmp_path / "x.bin").read_bytes() == b"done"
 

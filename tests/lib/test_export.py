@@ -341,7 +341,9 @@ def test_write_quarantine_false_counts_and_skips_bad_lines(tmp_path: Path) -> No
         1,
         None,
     )
-    assert sorted(p.name for p in (tmp_path / "hf").rglob("*")) == ["data", "q.parquet"]
+    hf = tmp_path / "hf"
+    written = sorted(p.relative_to(hf).as_posix() for p in hf.rglob("*"))
+    assert written == ["data", "data/.tmp", "data/q.parquet"]  # .tmp/ stays, empty
     after = owned.stat()
     assert (after.st_ino, after.st_mtime_ns, owned.read_bytes()) == (
         before.st_ino,

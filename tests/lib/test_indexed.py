@@ -113,13 +113,16 @@ def test_exception_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError), IndexedDatasetWriter(tmp_path / "x", np.uint16) as w:
         w.add_document(np.arange(10))
         raise RuntimeError("boom")
-    assert list(tmp_path.iterdir()) == []
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")] == [".tmp"]
 
 
 def test_stale_temp_files_removed(tmp_path):
-    (tmp_path / "x.bin.tmp-4194305-abcd").write_bytes(b"junk")  # no pid is above 2**22
+    (tmp_path / "x.bin.tmp-4194305-abcd").write_bytes(b"junk")  # beside: an older release's
     _write(tmp_path / "x", [[1]])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.bin", "x.idx"]
+    (tmp_path / ".tmp" / "x.idx.tmp-4194305-abce").write_bytes(b"junk")  # no pid is above 2**22
+    _write(tmp_path / "x", [[2]])
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    assert files == [".tmp", "x.bin", "x.idx"]
 
 
 def _corrupt(tmp_path, offset, data):

@@ -291,11 +291,12 @@ def test_quarantine_commit_discard_and_spooling(tmp_path: Path) -> None:
     assert list(empty.path.parent.iterdir()) == []
     spooled = Quarantine(tmp_path / "s.quarantine.jsonl")
     spooled.add("src.jsonl", 7, "why", b"\x00\xff")
-    temps = list(tmp_path.glob("s.quarantine.jsonl.tmp-*"))
+    temps = list(tmp_path.glob(".tmp/s.quarantine.jsonl.tmp-*"))
     assert len(temps) == 1
     assert not spooled.path.exists()
     spooled.discard()
     assert list(tmp_path.glob("s.quarantine.jsonl*")) == []
+    assert list(tmp_path.glob(".tmp/s.quarantine.jsonl*")) == []
     with pytest.raises(RuntimeError), Quarantine(tmp_path / "ctx.jsonl") as q:
         q.add("s", 1, "r", b"x")
         raise RuntimeError
