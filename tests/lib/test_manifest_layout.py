@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from tiny_pairs import random_pair
 
+from tokenmill.atomic import TMP_DIR
 from tokenmill.cli import main
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
@@ -76,8 +77,9 @@ def test_megatron_scan_pairs_every_file_of_tokens_and_merged_folders(
         (tokens, ["part-00000_text_document", "part-00001_text_document"]),
         (merged.parent, ["docs_text_document"]),
     ):
+        assert (folder / TMP_DIR).is_dir()  # the writers' temp folder: the scan skips it
         assert megatron_merge_scan(str(folder)) == expected
-        assert sorted(p.name for p in (folder / "manifests").iterdir()) == [
+        assert sorted(p.name for p in (folder / "manifests").iterdir() if p.is_file()) == [
             f"{name}.manifest.json" for name in expected
         ]
     assert sidecar_manifest_path(merged).is_file() and verify_dataset(merged) == []
@@ -137,9 +139,10 @@ def test_pull_from_a_legacy_source_writes_sidecar_manifests(tmp_path: Path) -> N
     (dest / "merged/docs_text_document.manifest.json").write_text("{}")  # an earlier copy's
     report = pull(str(src / "blends/mix"), dest, jobs=1)
     assert sorted(p.name for p in (dest / "merged").iterdir()) == [
-        "code_text_document.bin", "code_text_document.idx",
+        TMP_DIR, "code_text_document.bin", "code_text_document.idx",
         "docs_text_document.bin", "docs_text_document.idx", "manifests",
     ]  # fmt: skip
+    assert list((dest / "merged" / TMP_DIR).iterdir()) == []
     for name in sets:
         copied = dest / "merged" / "manifests" / f"{name}_text_document.manifest.json"
         assert copied.read_bytes() == legacy_manifest_path(sets[name]).read_bytes()

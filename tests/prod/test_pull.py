@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from prod_servers import S3
 
+from tokenmill.atomic import TMP_DIR
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError, InputError
 from tokenmill.indices.blend_build import build_blend
@@ -100,8 +101,8 @@ def test_resume_refetches_only_partial_files(storage_root: Path, tmp_path: Path)
     with open(merged_bin, "r+b") as fh:  # an interrupted copy: the first half only
         fh.truncate(merged_bin.stat().st_size // 2)
     (dest / MANIFEST).unlink()
-    stale = dest / "merged" / "code_text_document.idx.tmp-4194305-abcd"
-    stale.write_bytes(b"left by a killed pull")
+    stale = dest / "merged" / TMP_DIR / "code_text_document.idx.tmp-4194305-abcd"
+    stale.write_bytes(b"left by a killed pull")  # no pid is above 2**22
     untouched = dest / "merged" / "code_text_document.bin"
     before = untouched.stat().st_mtime_ns
 
