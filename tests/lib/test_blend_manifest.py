@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from tiny_pairs import random_dataset
 
-from tokenmill.atomic import file_sha256
+from tokenmill.atomic import TMP_DIR, file_sha256
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.blend_manifest import manifest_digest, seal
@@ -83,7 +83,9 @@ def test_manifest_records_sizes_paths_and_is_read_back(root: Path) -> None:
     assert own["version"] == manifest["version"] and own["splits"]["train"]["size"] == 52
     assert own["splits"]["train"]["files"]["dataset_index"]["path"] == "train-dataset_index.npy"
     assert own["datasets"][0]["prefix"] == "../../../../merged/docs_text_document"
-    assert sorted(p.name for p in (root / "blends/mix").iterdir()) == ["manifest.json", "versions"]
+    names = sorted(p.name for p in (root / "blends/mix").iterdir())
+    assert names == [TMP_DIR, "manifest.json", "versions"]  # .tmp/: the writers' (empty)
+    assert list((root / "blends/mix" / TMP_DIR).iterdir()) == []
     assert verify_blend(root / f"blends/mix/versions/{v16}", full=True) == []
 
 

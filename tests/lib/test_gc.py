@@ -201,7 +201,7 @@ def test_an_unversioned_pair_and_its_caches_stay(store: dict, layout_of: str) ->
         sidecar_manifest_path(flat).rename(legacy_manifest_path(flat))
     build_or_load(flat, root / "nanoset", split="train", sequence_length=8)
     ours = {k for k in tree(root) if "flat" in k}
-    entry = {f"nanoset/{p.name}" for p in (root / "nanoset").iterdir()} - {
+    entry = {f"nanoset/{p.name}" for p in (root / "nanoset").iterdir() if p.is_file()} - {
         k for c in store["caches"] for k in (f"nanoset/{n}" for n in c)
     }
     assert entry and ours

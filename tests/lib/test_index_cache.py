@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from tiny_pairs import random_pair
 
+from tokenmill.atomic import TMP_DIR
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError
 from tokenmill.formats import nanoset_cache as _index_cache
@@ -68,8 +69,9 @@ def test_build_names_files_by_the_key_hash(dataset, tmp_path, builds):
     base = f"{index.cache_hash}-Nanoset-train"
     assert sorted(p.name for p in cache_dir.iterdir()) == sorted(
         [f"{base}-{n}_index.npy" for n in ("document", "sample", "shuffle")]
-        + [f"{base}-description.json"]
+        + [f"{base}-description.json", TMP_DIR]
     )  # no lock file stays
+    assert list((cache_dir / TMP_DIR).iterdir()) == []  # nor a temp
     assert {k: p.name for k, p in index.paths.items()}["description"] == f"{base}-description.json"
     lengths = np.load(index.paths["sample"])  # plain .npy files
     assert lengths.dtype == np.int32
