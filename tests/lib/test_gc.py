@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from test_versions import make_merged
 
+from tokenmill.atomic import TMP_DIR
 from tokenmill.cli import main
 from tokenmill.formats.dataset_manifest import (
     legacy_manifest_path,
@@ -100,6 +101,8 @@ def test_keep_one_removes_exactly_the_old_versions_and_their_caches(store: dict)
                 expected |= {f"nanoset/{p.name}" for p in (root / "nanoset").glob(f"{stem}-*")}
     assert len([k for k in expected if k.startswith("nanoset/")]) == 2 * 2 * 4  # 2 splits
     sizes = {k: (root / k).stat().st_size for k in expected}
+    old_docs = [d.parent for d in store["docs"][:2]]
+    assert all((folder / TMP_DIR).is_dir() for folder in old_docs)  # its writers' (empty)
     dry = gc(root, keep=1, dry_run=True)
     assert tree(root) == before  # a dry run removes nothing
     assert {k for r in dry.removed for k in r.keys} == expected
@@ -117,6 +120,7 @@ def test_keep_one_removes_exactly_the_old_versions_and_their_caches(store: dict)
     assert survivor.version == v3
     assert np.array_equal(survivor.get_batch(np.arange(len(batch))), batch)
     assert not (root / "blends/mix/versions" / v1[:16]).exists()
+    assert not [folder for folder in old_docs if folder.exists()]  # .tmp/ did not keep them
     assert gc(root, keep=1).removed == []  # nothing more to do
 
 
