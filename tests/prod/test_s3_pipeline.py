@@ -258,7 +258,9 @@ def test_stage_uploads_multipart_manifests_last_and_propagates_deletions(
     (local / "tokens/x.bin").unlink()
     (local / "nanoset").mkdir()
     (local / "nanoset/h-Nanoset-train.lock").write_bytes(b"")
-    (local / "nanoset/h-Nanoset-train-doc.npy.tmp-123").write_bytes(b"partial")
+    (local / "nanoset/h-Nanoset-train-doc.npy.tmp-123").write_bytes(b"partial")  # legacy
+    (local / "nanoset/.tmp/v.tmp-h-1-ab").mkdir(parents=True)  # a staging folder in flight
+    (local / "nanoset/.tmp/v.tmp-h-1-ab/train-doc.npy").write_bytes(b"partial")
     (local / "nanoset/h-Nanoset-train-doc.npy").write_bytes(b"index")
 
     assert stage.push() == [
