@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from tokenmill.atomic import write_bytes
+from tokenmill.atomic import remove_temp_dir, write_bytes
 from tokenmill.recipe import load_recipe, recipe_path
 from tokenmill_dev.corpus import stdlib_documents, write_jsonl_shards
 
@@ -39,6 +39,7 @@ def write_docs(source: Path) -> list[Path]:
         lines.insert(1 + i * (len(lines) // len(BAD_LINES)), bad)
     extra = source / "extra-00000.jsonl"
     write_bytes(extra, b"\n".join(lines) + b"\n")
+    remove_temp_dir(source)  # shards only, as in a real source
     return [*paths, extra]
 
 

@@ -13,7 +13,7 @@ import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
-from tokenmill.atomic import atomic_open
+from tokenmill.atomic import atomic_open, remove_temp_dir
 
 
 def stdlib_documents(*, min_chars: int = 200, kind: str = "all") -> Iterator[dict[str, str]]:
@@ -83,4 +83,5 @@ def write_jsonl_shards(
         with atomic_open(path) as fh:
             fh.write(gzip.compress(data, mtime=0) if gz else data)
         paths.append(path)
+    remove_temp_dir(out)  # a source folder of shards only, as a sensor lists it
     return paths
