@@ -187,7 +187,7 @@ def _merge(world: World, capsys: pytest.CaptureFixture[str]) -> str:
     out = world.root / "remerged" / "all"
     argv = ["merge", "--input", str(world.root / DOCS), str(world.code), "--output-prefix"]
     assert main([*argv, str(out)]) == 1
-    assert not out.parent.exists() or list(out.parent.iterdir()) == []
+    assert not out.parent.exists() or not [p for p in out.parent.rglob("*") if p.is_file()]
     return capsys.readouterr().err
 
 
