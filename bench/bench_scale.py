@@ -305,6 +305,39 @@ def s3_scale(shards: int, docs: int, tokenizer: Path, work: Path) -> dict[str, A
     }
 
 
+def stale_temp_scan(work: Path, names: int = 50_000) -> dict[str, Any]:
+    """CPU per ``remove_stale_temps`` call in a folder of ``names`` finished files (a
+    10,000-shard ``tokens/<ds>/``), against the scan it replaced (list the whole folder, keep
+    the names with the path's temp prefix), measured here on the same folder."""
+    from tokenmill.atomic import TMP_MARK, remove_stale_temps, temp_path_for, writer_alive
+
+    folder = work / "stale-temps"
+    folder.mkdir(parents=True)
+    for i in range(names):
+        (folder / f"part-{i:05d}_text_document.bin").touch()
+    path = folder / "part-00007_text_document.bin"
+    temp_path_for(path)  # the folder's .tmp/, made once as by any first write
+
+    def whole_folder() -> None:  # the scan before temps moved into .tmp/
+        prefix = f"{path.name}{TMP_MARK}"
+        with os.scandir(folder) as entries:
+            for e in entries:
+                if e.name.startswith(prefix):
+                    writer_alive(e.name[len(prefix) :])
+
+    out: dict[str, Any] = {"names": names}
+
+    def own_temps() -> None:
+        remove_stale_temps(path)
+
+    for key, scan, calls in (("before", whole_folder, 30), ("after", own_temps, 3000)):
+        start = time.process_time()
+        for _ in range(calls):
+            scan()
+        out[f"cpu_per_call_{key}"] = (time.process_time() - start) / calls
+    return out
+
+
 def report(local: dict[str, Any]) -> str:
     """The tables printed for part 1."""
     ratio = local["cpu_shard_last"] / local["cpu_shard_10"]
@@ -360,6 +393,12 @@ def main() -> None:
         f"{big['rchar'] / 1e6:.1f} MB, {big['files_opened']} files opened, .bin opened: "
         f"{big['bin_opened'] or 'never'}"
     )
+    temps = stale_temp_scan(args.work)
+    print(
+        f"\nstale-temp scan in a folder of {temps['names']:,} files: "
+        f"{temps['cpu_per_call_after'] * 1e6:.1f} µs CPU per call (.tmp/ only), was "
+        f"{temps['cpu_per_call_before'] * 1e3:.1f} ms (the whole folder)"
+    )
     remote = s3_scale(args.s3_shards, args.docs, args.tokenizer, args.work / "s3")
     rows = [["S3 run", "ok", "MB down", "MB up", "index arrays put", "requests"]]
     for run in remote["runs"][:3] + remote["runs"][-2:]:
@@ -409,8 +448,23 @@ def main() -> None:
             "target": ".bin never read",
             "met": not big["bin_opened"],
         },
+        {
+            "benchmark": f"scale: stale-temp scan, {temps['names']:,} names in the folder",
+            "measure": "CPU per remove_stale_temps call",
+            "ours": f"{temps['cpu_per_call_after'] * 1e6:.1f} µs",
+            "baseline": f"whole-folder scan {temps['cpu_per_call_before'] * 1e3:.1f} ms",
+            "ratio": f"{temps['cpu_per_call_before'] / temps['cpu_per_call_after']:.0f}× less",
+            "target": "O(temps in flight)",
+            "met": temps["cpu_per_call_after"] * 100 <= temps["cpu_per_call_before"],
+        },
     ]
-    results = {"local": local, "big_blend": big, "s3": remote, "report_rows": rows}
+    results = {
+        "local": local,
+        "big_blend": big,
+        "stale_temps": temps,
+        "s3": remote,
+        "report_rows": rows,
+    }
     path = write_results("scale", results)
     print(f"\nwrote {path}")
 
