@@ -134,7 +134,7 @@ def shard_files(ds: DatasetConfig) -> dict[str, tuple[str, ...]]:
 
 def shard_of(rel: str, folders: dict[str, tuple[str, ...]]) -> str | None:
     """The shard key of a per-shard artifact (a path relative to the root), or None for any
-    other file (temp files included: their names end in the temp mark)."""
+    other file (temps included: they sit in a ``.tmp/`` subfolder, and end in the temp mark)."""
     for base, suffixes in folders.items():
         name = rel.removeprefix(base)
         if name == rel or "/" in name:
