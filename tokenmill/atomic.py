@@ -10,9 +10,10 @@ which have their own pid numbers): only this host's temps are judged.
 ``.tmp/`` is made by the first temp of a folder and stays (empty between writes): writers never
 remove it, so one writer cannot pull it from under another. Only an owner of the whole folder
 removes it (``remove_temp_dir``: a failed write removing the folders it created, a private
-staging folder, gc removing a version); creators retry when that happens between naming a temp
-and creating it (``create_temp``). Temps written beside the file by older releases
-(``<dir>/<name>.tmp-…``) are swept once, by the call that creates ``<dir>/.tmp/``.
+staging folder, gc removing a version, a generated corpus's source folder); creators retry
+when that happens between naming a temp and creating it (``create_temp``). Temps written
+beside the file by older releases (``<dir>/<name>.tmp-…``) are swept once, by the call that
+creates ``<dir>/.tmp/``.
 """
 
 from __future__ import annotations
