@@ -10,10 +10,11 @@ monitoring reports a killed container's failure from the daemon process itself, 
 from that reader, which is how ``tests/docker/test_e2e_docker.py`` met it.
 
 ``RetrySafeInstance`` writes the retry decision and then the failed status before the event, so
-whoever sees the event sees a failed run with its decision. ``infra/docker/dagster.yaml``
-selects it with ``instance_class``; it reaches into Dagster's retry bookkeeping (the tag name,
-``_should_retry_run``), which is why dagster is pinned and ``tests/docker/test_retry_order.py``
-checks the ordering against the installed version.
+whoever sees the event sees a failed run with its decision; Dagster's second decision, made after
+the event is stored, keeps "true" for a run whose retry the daemon has already created.
+``infra/docker/dagster.yaml`` selects it with ``instance_class``. It reaches into Dagster's retry
+bookkeeping (the tag names, ``_should_retry_run``): dagster is pinned, and
+``tests/docker/test_retry_order.py`` checks the ordering against the installed version.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from dagster import DagsterInstance, DagsterRunStatus
 from dagster._core.instance.ref import InstanceRef
-from dagster._core.storage.tags import WILL_RETRY_TAG
+from dagster._core.storage.tags import AUTO_RETRY_RUN_ID_TAG, WILL_RETRY_TAG
 
 FINISHED = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
 
@@ -48,6 +49,13 @@ class RetrySafeInstance(DagsterInstance):
         if dagster_event is not None and dagster_event.is_run_failure and event.run_id:
             self._fail_before_event(event.run_id, dagster_event, event.timestamp)
         super().handle_new_event(event, batch_metadata=batch_metadata)
+
+    def _should_retry_run(self, run: Any, run_failure_reason: Any) -> bool:
+        """Dagster's decision, but "true" once a retry exists: counted after the retry joined the
+        run group, Dagster's rule would say no more retries."""
+        if run.tags.get(AUTO_RETRY_RUN_ID_TAG):
+            return True
+        return bool(super()._should_retry_run(run, run_failure_reason))
 
     def _fail_before_event(self, run_id: str, dagster_event: Any, timestamp: float) -> None:
         """``will_retry`` (decided as Dagster would for the failed run), then the status."""
