@@ -21,7 +21,10 @@ from dagster._core.events import DagsterEvent, JobFailureData, RunFailureReason
 from dagster._core.storage.tags import (
     AUTO_RETRY_RUN_ID_TAG,
     MAX_RETRIES_TAG,
+    PARENT_RUN_ID_TAG,
+    RETRY_NUMBER_TAG,
     RETRY_ON_ASSET_OR_OP_FAILURE_TAG,
+    ROOT_RUN_ID_TAG,
     RUN_FAILURE_REASON_TAG,
     WILL_RETRY_TAG,
 )
@@ -44,8 +47,9 @@ def one_step_job() -> None:
 
 class Poll:
     """The retry daemon's event reader; records, per poll, each run it was handed: (status at
-    the read, whether it decided to retry it). Launching the retry itself needs a code server,
-    so the decision is where this stops."""
+    the read, whether it decided to retry it). For a run it retries it writes what the daemon's
+    launch writes to the run group (a child run, tagged as the retry); starting that run would
+    need a code server."""
 
     def __init__(self, instance: DagsterInstance):
         self.instance = instance
@@ -59,6 +63,18 @@ class Poll:
                     runs = [r.dagster_run for r in records]
                     retry = {r.run_id for r in filter_runs_to_should_retry(runs, context.instance)}
                     outer.seen += [(r.status, r.run_id in retry) for r in runs]
+                    for run_id in retry:
+                        child = context.instance.create_run_for_job(
+                            one_step_job,
+                            parent_run_id=run_id,
+                            root_run_id=run_id,
+                            tags={
+                                PARENT_RUN_ID_TAG: run_id,
+                                ROOT_RUN_ID_TAG: run_id,  # what Dagster's run group goes by
+                                RETRY_NUMBER_TAG: "1",
+                            },
+                        )
+                        context.instance.add_run_tags(run_id, {AUTO_RETRY_RUN_ID_TAG: child.run_id})
                     yield
 
                 return [record]
@@ -142,7 +158,8 @@ def test_retry_safe_instance_fails_the_run_before_its_event(
     retry: bool,
 ) -> None:
     """The poll sees the run failed with Dagster's retry decision (max retries and the failure
-    reason count as Dagster counts them), and the event is stored as usual."""
+    reason count as Dagster counts them) and retries it if so; the decision stays what it was
+    after the event is stored, and the event is stored as usual."""
     with instance_at(tmp_path, RETRY_SAFE) as instance:
         assert type(instance).__name__ == "RetrySafeInstance"
         poll, run = fail_with_poll_after_the_event(instance, monkeypatch, tags, reason)
@@ -150,6 +167,7 @@ def test_retry_safe_instance_fails_the_run_before_its_event(
     assert poll.seen == [(DagsterRunStatus.FAILURE, retry)]
     assert run.status == DagsterRunStatus.FAILURE
     assert run.tags[WILL_RETRY_TAG] == str(retry).lower()
+    assert (AUTO_RETRY_RUN_ID_TAG in run.tags) == retry
     assert run.tags.get(RUN_FAILURE_REASON_TAG) == (reason.value if reason else None)
     assert failure.message == "Container status is exited."
 
