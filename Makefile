@@ -25,8 +25,9 @@ tokenizers: .tokenizers/gpt2/tokenizer.json
 sysdeps:
 	bash .ci/sysdeps
 
+# -rs: every skip with its reason (e.g. why tests/docker could not start a dockerd).
 test: install sysdeps
-	$(BIN)/python -m pytest -p no:cacheprovider
+	$(BIN)/python -m pytest -p no:cacheprovider -rs
 
 lint: install
 	$(BIN)/ruff check .
@@ -82,7 +83,7 @@ image: $(IMAGE_DIR)/wheelhouse/requirements.txt
 # Postgres, moto_server. `make test` runs it too (skipped, with the reason printed, when dockerd
 # cannot start).
 e2e-docker: install sysdeps tokenizers
-	$(BIN)/python -m pytest -p no:cacheprovider tests/docker -v
+	$(BIN)/python -m pytest -p no:cacheprovider -rs tests/docker -v
 
 clean:
 	rm -rf data .tokenizers .dagster_home
