@@ -525,19 +525,21 @@ def retry_of(instance: DagsterInstance, run_id: str) -> str | None:
     """The id of the failed run's automatic retry once the retry daemon has created it. Fails at
     once, naming the cause, if the daemon has read past the run's failure event without creating
     one (it never returns to an event; a backfill would wait for that retry forever)."""
+    cursor = instance.daemon_cursor_storage.get_cursor_values({FAILURE_CURSOR}).get(FAILURE_CURSOR)
+    # The run is read after the cursor: the daemon tags a run with its retry before it moves on.
     run = instance.get_run_by_id(run_id)
     assert run is not None and run.status == DagsterRunStatus.FAILURE, run
     retry = run.tags.get(AUTO_RETRY_RUN_ID_TAG)
     if retry:
         return str(retry)
-    [failure] = instance.get_records_for_run(run_id, of_type=DagsterEventType.RUN_FAILURE).records
-    cursor = instance.daemon_cursor_storage.get_cursor_values({FAILURE_CURSOR}).get(FAILURE_CURSOR)
-    if cursor is not None and int(cursor) >= failure.storage_id:
+    # RetrySafeInstance fails the run just before it stores the event: it may not be there yet.
+    failure = instance.get_records_for_run(run_id, of_type=DagsterEventType.RUN_FAILURE).records
+    if failure and cursor is not None and int(cursor) >= failure[0].storage_id:
         engine = [
             e.message for e in instance.all_logs(run_id, of_type=DagsterEventType.ENGINE_EVENT)
         ]
         raise AssertionError(
-            f"the retry daemon read the failure of run {run_id} (event {failure.storage_id}, "
+            f"the retry daemon read the failure of run {run_id} (event {failure[0].storage_id}, "
             f"cursor {cursor}) and launched no retry; tags {dict(run.tags)}; engine events "
             f"{engine[-5:]}"
         )
