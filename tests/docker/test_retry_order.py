@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus, job, op
-from dagster._core.events import DagsterEvent, JobFailureData, RunFailureReason
+from dagster import DagsterEvent, DagsterEventType, DagsterInstance, DagsterRunStatus, job, op
+from dagster._core.events import JobFailureData, RunFailureReason
 from dagster._core.storage.tags import (
     AUTO_RETRY_RUN_ID_TAG,
     MAX_RETRIES_TAG,
