@@ -44,6 +44,8 @@ RECIPE_ENV = "TOKENMILL_RECIPE"
 # output), which enter the pipeline at ``<ds>/hf_dataset`` (there is no raw_jsonl stage).
 SHARD_SUFFIXES = {"jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst"), "hf": (".parquet", ".arrow")}
 DEFAULT_GLOB = {"jsonl": "*.jsonl*", "hf": "*"}
+_GLOB = "a file-name pattern without slashes (shards sit directly in source)"
+_DISTINCT = "a non-empty list of distinct dataset names"
 _SPLIT = 'three non-negative numbers "train,valid,test" with a positive sum'
 _CRON = r"^\s*[0-9A-Za-z*/,\-?]+(\s+[0-9A-Za-z*/,\-?]+){4}\s*$"  # five fields
 
@@ -75,18 +77,25 @@ def _resolve(value: str, info: ValidationInfo) -> str:
 
 
 def _file_name_part(key: str) -> str:
-    problem = name_problem(key)  # it names the files <prefix>_<text_key>_document.*
+    """A text key names files (``<prefix>_<text_key>_document.*``): one file-name part."""
+    problem = name_problem(key)
     if problem:
         raise _expected(f"a key usable in a file name (this one {problem})")
     return key
 
 
 def _split_ok(split: str) -> bool:
+    """True for three non-negative numbers with a positive sum (``,`` or ``/`` between)."""
     try:
         numbers = [float(part) for part in split.replace("/", ",").split(",")]
     except ValueError:
         return False
     return len(numbers) == 3 and min(numbers) >= 0 and sum(numbers) > 0
+
+
+def _distinct(names: Any) -> bool:
+    """True for a non-empty YAML list without repeats."""
+    return isinstance(names, list) and bool(names) and len(set(map(str, names))) == len(names)
 
 
 def _named(*, empty: bool) -> BeforeValidator:
@@ -127,6 +136,7 @@ Name = Annotated[
 _CRON_TEXT = 'a 5-field cron string such as "0 3 * * *"'
 Cron = Annotated[str | None, Field(strict=True, pattern=_CRON, description=_CRON_TEXT)]
 Weight = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+_BASE = Field(description="a folder, relative to the recipe file")
 Positive = Field(strict=True, gt=0, allow_inf_nan=False, description="a finite number > 0")
 
 
@@ -169,13 +179,7 @@ class DatasetConfig(_Config):
     source: Local
     text_key: Annotated[Text, AfterValidator(_file_name_part)] = "text"
     on_bad_record: Literal["fail", "quarantine"] = "quarantine"
-    glob: Annotated[
-        Text,
-        _rule(
-            lambda v: "/" not in v and "\\" not in v,
-            "a file-name pattern without slashes (shards sit directly in source)",
-        ),
-    ] = DEFAULT_GLOB["jsonl"]
+    glob: Annotated[Text, _rule(lambda v: "/" not in v and "\\" not in v, _GLOB)] = "*.jsonl*"
     format: Literal["jsonl", "hf"] = "jsonl"
 
     @model_validator(mode="before")
@@ -220,6 +224,7 @@ class NanosetConfig(_Config):
 
     @model_validator(mode="after")
     def _nanotron_flags(self) -> NanosetConfig:
+        """nanotron always adds the extra token and drops the last partial valid sample."""
         for flag in ("add_extra_token", "drop_last_partial_validation"):
             if self.semantics == "nanotron" and not getattr(self, flag):
                 wanted = "true with semantics nanotron (nanotron always uses it)"
@@ -233,14 +238,7 @@ class BlendConfig(_Config):
 
     _implied = "name"
     name: Name
-    datasets: Annotated[
-        tuple[str, ...],
-        _rule(
-            lambda v: isinstance(v, list) and v and len(set(map(str, v))) == len(v),
-            "a non-empty list of distinct dataset names",
-            before=True,
-        ),
-    ] = ()
+    datasets: Annotated[tuple[str, ...], _rule(_distinct, _DISTINCT, before=True)] = ()
     weights: Annotated[tuple[Weight, ...] | None, Field(description="a finite number >= 0")] = None
     temperature: Annotated[float | None, Positive] = None
 
@@ -288,7 +286,7 @@ class Recipe(_Config):
 
     _implied = "path"
     path: Path
-    base_dir: Annotated[Path, Field(description="a folder, relative to the recipe file")]
+    base_dir: Annotated[Path, _rule(lambda v: isinstance(v, str) and v, before=True), _BASE]
     storage: StorageConfig
     tokenizer: TokenizerConfig
     datasets: Annotated[
@@ -381,6 +379,7 @@ class Recipe(_Config):
 
 # --- one pydantic error → one ``file: field: bad value V; expected …`` line ----------------------
 def _is_config(annotation: Any) -> bool:
+    """True for a recipe section's class."""
     return isinstance(annotation, type) and issubclass(annotation, _Config)
 
 
@@ -400,11 +399,11 @@ def _locate(data: Any, loc: Sequence[str | int]) -> tuple[str, type[_Config], Fi
         elif part == "name" and parts and isinstance(node, Mapping) and "name" not in node:
             field = section.model_fields["name"]  # the entry's key, already in ``parts``
             continue
-        parts.append(str(part))
-        if isinstance(part, str) and part in section.model_fields:
+        elif isinstance(part, str) and part in section.model_fields:
             field = section.model_fields[part]
             inner = [t for t in (field.annotation, *get_args(field.annotation)) if _is_config(t)]
             section = inner[0] if inner else section
+        parts.append(str(part))
         node = node.get(part) if isinstance(node, Mapping) else None
     return ".".join(parts).encode("unicode_escape").decode("ascii") or "recipe", section, field
 

@@ -196,6 +196,10 @@ def test_recipe_path_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             {**GOOD, "datasets": {"web": "raw/web"}},
             "datasets.web: bad value 'raw/web'; expected a mapping of fields",
         ),
+        (  # an entry named like a field is still an entry
+            {**GOOD, "datasets": {"text_key": "raw/web"}},
+            "datasets.text_key: bad value 'raw/web'; expected a mapping of fields",
+        ),
         (
             {**GOOD, "datasets": {"web": {"text_key": "t"}}},
             "datasets.web.source: bad value None; expected a non-empty string",
