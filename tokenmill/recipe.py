@@ -15,6 +15,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
+from itertools import product
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
@@ -137,7 +138,7 @@ _CRON_TEXT = 'a 5-field cron string such as "0 3 * * *"'
 Cron = Annotated[str | None, Field(strict=True, pattern=_CRON, description=_CRON_TEXT)]
 Weight = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 _BASE = Field(description="a folder, relative to the recipe file")
-Positive = Field(strict=True, gt=0, allow_inf_nan=False, description="a finite number > 0")
+_POSITIVE = Field(strict=True, gt=0, allow_inf_nan=False, description="a finite number > 0")
 
 
 class _Config(BaseModel):
@@ -240,7 +241,7 @@ class BlendConfig(_Config):
     name: Name
     datasets: Annotated[tuple[str, ...], _rule(_distinct, _DISTINCT, before=True)] = ()
     weights: Annotated[tuple[Weight, ...] | None, Field(description="a finite number >= 0")] = None
-    temperature: Annotated[float | None, Positive] = None
+    temperature: Annotated[float | None, _POSITIVE] = None
 
     @model_validator(mode="wrap")
     @classmethod
@@ -278,6 +279,7 @@ class ScheduleConfig(_Config):
     refresh: Cron = "0 3 * * *"
 
 
+_STAGES = ("raw", "hf", "tokens", "merged", "nanoset", "blends")  # storage folders written
 _SECTIONS = ("storage", "tokenizer", "nanoset", "blends", "schedules")  # absent: the defaults
 
 
@@ -324,41 +326,28 @@ class Recipe(_Config):
 
     @field_validator("datasets")
     @classmethod
-    def _sources_apart(
-        cls, datasets: tuple[DatasetConfig, ...], info: ValidationInfo
-    ) -> tuple[DatasetConfig, ...]:
+    def _sources_apart(cls, datasets: tuple[DatasetConfig, ...], info: ValidationInfo) -> Any:
         """A source must not be a folder tokenmill writes to (its files would become shards)."""
-        storage = info.data.get("storage")
-        if storage is None or storage.is_s3:
-            return datasets
-        for ds in datasets:
-            for stage in ("raw", "hf", "tokens", "merged", "nanoset", "blends"):
-                written = Path(storage.root) / stage
-                if not ds.is_s3 and written in (Path(ds.source), *Path(ds.source).parents):
-                    wanted = (
-                        f"a folder outside {written}, where tokenmill writes artifacts "
-                        f"(e.g. {written.parent / 'sources' / ds.name})"
-                    )
-                    raise _expected(wanted, at=(ds.name, "source"), value=ds.source)
+        storage = info.data.get("storage")  # None: refused already
+        local = storage is not None and not storage.is_s3
+        stages = [Path(info.data["storage"].root) / s for s in _STAGES] if local else []
+        for ds, stage in product(datasets, stages):
+            if not ds.is_s3 and stage in (Path(ds.source), *Path(ds.source).parents):
+                wanted = f"a folder outside {stage}, where tokenmill writes artifacts"
+                example, at = stage.parent / "sources" / ds.name, (ds.name, "source")
+                raise _expected(f"{wanted} (e.g. {example})", at=at, value=ds.source)
         return datasets
 
     @field_validator("blends")
     @classmethod
-    def _blend_datasets(
-        cls, blends: tuple[BlendConfig, ...], info: ValidationInfo
-    ) -> tuple[BlendConfig, ...]:
+    def _blend_datasets(cls, blends: tuple[BlendConfig, ...], info: ValidationInfo) -> Any:
         """A temperature blend without datasets takes all; every dataset named must exist."""
-        if "datasets" not in info.data:  # already refused
-            return blends
-        known = tuple(ds.name for ds in info.data["datasets"])
-        for blend in blends:
-            for name in blend.datasets:
-                if name not in known:
-                    field = "datasets" if blend.weights is None else "weights"
-                    wanted = f"a dataset of this recipe ({', '.join(known)})"
-                    raise _expected(
-                        wanted, kind="unknown dataset", at=(blend.name, field), value=name
-                    )
+        known = tuple(ds.name for ds in info.data.get("datasets", ()))  # none: already refused
+        for blend in blends if known else ():
+            for name in (n for n in blend.datasets if n not in known):
+                at = (blend.name, "datasets" if blend.weights is None else "weights")
+                wanted = f"a dataset of this recipe ({', '.join(known)})"
+                raise _expected(wanted, kind="unknown dataset", at=at, value=name)
         return tuple(b.model_copy(update={"datasets": b.datasets or known}) for b in blends)
 
     @model_validator(mode="after")
