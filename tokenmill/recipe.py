@@ -99,12 +99,12 @@ def _distinct(names: Any) -> bool:
     return isinstance(names, list) and bool(names) and len(set(map(str, names))) == len(names)
 
 
-def _named(*, empty: bool) -> BeforeValidator:
+def _named(expected: str, *, empty: bool) -> BeforeValidator:
     """``{name: {field: …}}`` → its entries in order, each carrying its key as ``name``."""
 
     def entries(value: Any) -> Any:
         if not isinstance(value, Mapping) or not (value or empty):
-            raise ValueError(value)
+            raise _expected(expected)
         for key, entry in value.items():
             if isinstance(entry, Mapping) and "name" in entry:  # the key is the name
                 raise _expected("", kind="unknown field", at=(key, "name"), value=entry["name"])
@@ -281,6 +281,7 @@ class ScheduleConfig(_Config):
 
 _STAGES = ("raw", "hf", "tokens", "merged", "nanoset", "blends")  # storage folders written
 _SECTIONS = ("storage", "tokenizer", "nanoset", "blends", "schedules")  # absent: the defaults
+_DATASETS = "a mapping {name: {source: ...}} with at least one entry"
 
 
 class Recipe(_Config):
@@ -291,16 +292,10 @@ class Recipe(_Config):
     base_dir: Annotated[Path, _rule(lambda v: isinstance(v, str) and v, before=True), _BASE]
     storage: StorageConfig
     tokenizer: TokenizerConfig
-    datasets: Annotated[
-        tuple[DatasetConfig, ...],
-        _named(empty=False),
-        Field(description="a mapping {name: {source: ...}} with at least one entry"),
-    ]
+    datasets: Annotated[tuple[DatasetConfig, ...], _named(_DATASETS, empty=False)]
     nanoset: NanosetConfig
     blends: Annotated[
-        tuple[BlendConfig, ...],
-        _named(empty=True),
-        Field(description="a mapping {name: {weights: ...}}"),
+        tuple[BlendConfig, ...], _named("a mapping {name: {weights: ...}}", empty=True)
     ]
     schedules: ScheduleConfig
 
@@ -313,7 +308,8 @@ class Recipe(_Config):
         if "path" in raw:
             raise _expected("", kind="unknown field", at=("path",), value=raw["path"])
         sections: dict[str, Any] = {name: {} for name in _SECTIONS if raw.get(name) is None}
-        return {"base_dir": ".", **raw, **sections, "path": (info.context or {})["recipe"]}
+        file = (info.context or {})["recipe"]
+        return {"base_dir": ".", "datasets": None, **raw, **sections, "path": file}
 
     @field_validator("base_dir")
     @classmethod
@@ -367,11 +363,6 @@ class Recipe(_Config):
 
 
 # --- one pydantic error → one ``file: field: bad value V; expected …`` line ----------------------
-def _is_config(annotation: Any) -> bool:
-    """True for a recipe section's class."""
-    return isinstance(annotation, type) and issubclass(annotation, _Config)
-
-
 def _locate(data: Any, loc: Sequence[str | int]) -> tuple[str, type[_Config], FieldInfo | None]:
     """Where ``loc`` points in the YAML ``data``: its dotted name (an entry's position becomes
     its key, and an entry's name is that key), the section it is in and the field it is at (or
@@ -380,17 +371,18 @@ def _locate(data: Any, loc: Sequence[str | int]) -> tuple[str, type[_Config], Fi
     node: Any = data
     section: type[_Config] = Recipe
     field: FieldInfo | None = None
+    configs = _Config.__subclasses__()
     for part in loc:
         if isinstance(part, int) and isinstance(node, Mapping) and part < len(node):
             part = list(node)[part]  # entries are validated in key order
-            if field is not None and any(map(_is_config, get_args(field.annotation))):
+            if field is not None and set(get_args(field.annotation)) & set(configs):
                 field = None
         elif part == "name" and parts and isinstance(node, Mapping) and "name" not in node:
             field = section.model_fields["name"]  # the entry's key, already in ``parts``
             continue
         elif isinstance(part, str) and part in section.model_fields:
             field = section.model_fields[part]
-            inner = [t for t in (field.annotation, *get_args(field.annotation)) if _is_config(t)]
+            inner = [t for t in (field.annotation, *get_args(field.annotation)) if t in configs]
             section = inner[0] if inner else section
         parts.append(str(part))
         node = node.get(part) if isinstance(node, Mapping) else None
