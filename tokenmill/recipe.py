@@ -45,6 +45,7 @@ RECIPE_ENV = "TOKENMILL_RECIPE"
 # output), which enter the pipeline at ``<ds>/hf_dataset`` (there is no raw_jsonl stage).
 SHARD_SUFFIXES = {"jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst"), "hf": (".parquet", ".arrow")}
 DEFAULT_GLOB = {"jsonl": "*.jsonl*", "hf": "*"}
+_ROOT = "s3://bucket[/prefix] or a local directory"
 _GLOB = "a file-name pattern without slashes (shards sit directly in source)"
 _DISTINCT = "a non-empty list of distinct dataset names"
 _SPLIT = 'three non-negative numbers "train,valid,test" with a positive sum'
@@ -152,9 +153,7 @@ class StorageConfig(_Config):
     """Where artifacts go: a local directory (absolute after loading) or ``s3://bucket/prefix``."""
 
     model_config = ConfigDict(validate_default=True)  # the default root is resolved too
-    root: Annotated[
-        Local, _rule(lambda v: v != "s3://", "s3://bucket[/prefix] or a local directory")
-    ] = "data"
+    root: Annotated[Local, _rule(lambda v: v != "s3://", _ROOT)] = "data"
     s3_endpoint_url: Annotated[Text | None, Field(description="a non-empty string")] = None
 
     @property

@@ -9,6 +9,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from assets.support.staleness import blend_data_version, nanoset_data_version
 from tokenmill.errors import ConfigError
 from tokenmill.recipe import (
     DatasetConfig,
@@ -260,7 +261,7 @@ def test_every_problem_is_reported_one_per_line(tmp_path: Path) -> None:
 
 
 def test_defaults_match_the_config_classes(tmp_path: Path) -> None:
-    """A recipe that says nothing optional gets exactly the dataclasses' defaults."""
+    """A recipe that says nothing optional gets exactly the config classes' defaults."""
     minimal = {"tokenizer": {"path": "tok"}, "datasets": {"web": {"source": "raw"}}}
     recipe = parse_recipe(minimal, tmp_path / "r.yaml")
     assert recipe.nanoset == NanosetConfig() and recipe.schedules == ScheduleConfig()
@@ -274,8 +275,6 @@ def test_data_versions_match_the_dataclass_era() -> None:
     """Nanoset and blend data versions hash the config models' dump; the values are those the
     frozen dataclasses' ``asdict`` gave (commit 3631968), so no blend looks stale after an
     upgrade."""
-    from assets.support.staleness import blend_data_version, nanoset_data_version
-
     expected = {
         "demo.yaml": (
             "baad12ef7dc6f18ae0343139d932d03d6f4eafd46fd74bafff7687c43c18ca55",
