@@ -25,8 +25,9 @@ tokenizers: .tokenizers/gpt2/tokenizer.json
 sysdeps:
 	bash .ci/sysdeps
 
+# -rs: every skip with its reason (e.g. why tests/docker could not start a dockerd).
 test: install sysdeps
-	$(BIN)/python -m pytest -p no:cacheprovider
+	$(BIN)/python -m pytest -p no:cacheprovider -rs
 
 # The inner loop (under a minute): every test but the slow, servers, browser and docker tiers
 # (markers and --fast in tests/conftest.py). `make test` runs everything; CI runs `make test`.
@@ -90,9 +91,11 @@ image: $(IMAGE_DIR)/wheelhouse/requirements.txt
 	DOCKER_BUILDKIT=0 $(DOCKER) build -q --force-rm --network none --build-arg BASE_IMAGE=$(BASE_IMAGE) \
 		-f infra/Dockerfile -t $(IMAGE) $(IMAGE_DIR)
 
-# The multi-host run in real containers (tests/docker): a private dockerd, Postgres, moto_server.
+# The multi-host run in real containers (tests/docker) alone, verbose: a private dockerd,
+# Postgres, moto_server. `make test` runs it too (skipped, with the reason printed, when dockerd
+# cannot start).
 e2e-docker: install sysdeps tokenizers
-	TOKENMILL_E2E_DOCKER=1 $(BIN)/python -m pytest -p no:cacheprovider tests/docker -v
+	$(BIN)/python -m pytest -p no:cacheprovider -rs tests/docker -v
 
 clean:
 	rm -rf data .tokenizers .dagster_home

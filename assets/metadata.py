@@ -1,7 +1,7 @@
 """Metadata shown on an asset's page: counts, sizes, hashes, paths and a length histogram.
 
-The histogram is a markdown cell holding an inline PNG (``assets.png``) and a table, which
-the Dagster UI renders without any plugin.
+The histogram is a short markdown table with a text bar per power-of-two bucket (empty buckets
+included): under 1,000 characters, so the Dagster UI draws it inline on the asset page.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Any
 import numpy.typing as npt
 from dagster import MetadataValue
 
-from assets.png import bar_chart_png, markdown_image, short_number
 from assets.support.resources import display_path
 from tokenmill.formats.dataset_manifest import read_dataset_manifest
 from tokenmill.formats.indexed import IndexedDataset
@@ -21,12 +20,11 @@ from tokenmill.tokenize.stats import histogram_markdown, length_histogram
 
 
 def histogram_md(lengths: npt.ArrayLike, what: str = "document length (tokens)") -> MetadataValue:
-    """Markdown with a bar chart PNG and the table of a power-of-two length histogram."""
-    buckets = length_histogram(lengths)
-    png = bar_chart_png([b.count for b in buckets], [short_number(b.lo) for b in buckets])
+    """The power-of-two length histogram as an inline markdown bar table."""
+    unit = what.rsplit("(", 1)[-1].rstrip(")") if "(" in what else "length"
+    head = f"**{what}**, buckets [lo, 2·lo)\n\n"
     return MetadataValue.md(
-        f"**{what}**, buckets [lo, 2·lo)\n\n{markdown_image(png, 'length histogram')}\n\n"
-        + histogram_markdown(buckets)
+        head + histogram_markdown(length_histogram(lengths), unit=unit, limit=1000 - len(head))
     )
 
 

@@ -1,38 +1,23 @@
 """Recipes: the YAML file that says which datasets and blends exist and how to build them.
 
-A recipe (``recipes/*.yaml``, chosen by ``TOKENMILL_RECIPE``) is loaded into frozen dataclasses;
-the Dagster code location turns each dataset and blend into assets, partitions, sensors and
-schedules named after it. The YAML's shape is checked by pydantic models (``_RecipeModel``); every
-bad field raises ``ConfigError`` naming the file, the field, the value found and what is allowed
-(``file: field: bad value V; expected …``), one line per problem. Relative paths are resolved
-against ``base_dir`` (itself relative to the recipe file, default: the recipe's folder), so a
-recipe means the same from any cwd. Library code for the Dagster side: pydantic and PyYAML come
-with the ``pipeline`` extra; the loader never imports this module.
-
-```yaml
-base_dir: ..                                   # optional
-storage: {root: data, s3_endpoint_url: null}
-tokenizer: {path: .tokenizers/gpt2, append_eod: true, workers: 1}
-datasets:
-  docs: {source: data/sources/docs, glob: "*.jsonl*", text_key: text, on_bad_record: quarantine}
-  wiki: {source: data/hf/wiki/data, format: hf}  # an HF dataset on disk: .parquet/.arrow shards
-nanoset: {semantics: megatron, sequence_length: 2048, split: "949,50,1", seed: 1234,
-          train_samples: 100000, valid_samples: null, test_samples: null,
-          add_extra_token: true, drop_last_partial_validation: true}   # Megatron's flags
-blends:
-  mix: {weights: {docs: 1.0}}                  # or {temperature: 2.0, datasets: [docs]}
-schedules: {reprocess: "0 2 * * 0", refresh: "0 3 * * *"}   # null = no such schedule
-```
+A recipe (``recipes/*.yaml``, chosen by ``TOKENMILL_RECIPE``; every field in docs/user-guide.md
+§3) is validated into the frozen pydantic models below; the Dagster code location turns each
+dataset and blend into assets, partitions, sensors and schedules named after it. Every bad field
+raises one ``ConfigError`` line naming the file, the field, the value found and what is allowed
+(``file: field: bad value V; expected …``). Relative paths are resolved against ``base_dir``
+(itself relative to the recipe file, default: its folder), so a recipe means the same from any
+cwd. pydantic and PyYAML come with the ``pipeline`` extra; the loader never imports this module.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from itertools import product
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -40,37 +25,136 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
     ValidationError,
-    ValidatorFunctionWrapHandler,
-    WrapValidator,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from tokenmill.errors import ConfigError
 from tokenmill.paths import name_problem
 
 DEFAULT_RECIPE = "recipes/demo.yaml"
 RECIPE_ENV = "TOKENMILL_RECIPE"
-SEMANTICS = ("megatron", "nanotron")
-ON_BAD_RECORD = ("fail", "quarantine")
 # A dataset's source format and the file suffixes that make a shard in it. ``hf``: Parquet or
 # Arrow files of a Hugging Face dataset on disk (its ``data/`` folder, or ``save_to_disk``
 # output), which enter the pipeline at ``<ds>/hf_dataset`` (there is no raw_jsonl stage).
 SHARD_SUFFIXES = {"jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst"), "hf": (".parquet", ".arrow")}
 DEFAULT_GLOB = {"jsonl": "*.jsonl*", "hf": "*"}
-# Dataset and blend names become Dagster asset-key parts, job and partition-set names.
-_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-_CRON_FIELD = re.compile(r"^[0-9A-Za-z*/,\-?]+$")
-_RESERVED_NAMES = ("blend",)
+_ROOT = "s3://bucket[/prefix] or a local directory"
+_GLOB = "a file-name pattern without slashes (shards sit directly in source)"
+_DISTINCT = "a non-empty list of distinct dataset names"
+_SPLIT = 'three non-negative numbers "train,valid,test" with a positive sum'
+_CRON = r"^\s*[0-9A-Za-z*/,\-?]+(\s+[0-9A-Za-z*/,\-?]+){4}\s*$"  # five fields
 
 
-@dataclass(frozen=True)
-class StorageConfig:
+def _expected(expected: str, *, kind: str = "bad value", **ctx: Any) -> PydanticCustomError:
+    """An error saying what was ``expected``; ``at`` (in ``ctx``) names fields below the
+    error's location, ``value`` replaces the input in the message."""
+    return PydanticCustomError("recipe", "{expected}", {"expected": expected, "kind": kind, **ctx})
+
+
+def _rule(ok: Callable[[Any], object], expected: str = "", *, before: bool = False) -> Any:
+    """A check pydantic has no keyword for: ``ok(value)``, else an error saying ``expected``
+    (default: the field's description); ``before``: on the raw YAML value."""
+
+    def check(value: Any) -> Any:
+        if not ok(value):
+            raise _expected(expected) if expected else ValueError(value)
+        return value
+
+    return BeforeValidator(check) if before else AfterValidator(check)
+
+
+def _resolve(value: str, info: ValidationInfo) -> str:
+    """Absolute form of a local path against the recipe's base_dir (S3 URIs pass through)."""
+    base = (info.context or {}).get("base")
+    if base is None or value.startswith("s3://"):
+        return value
+    return str((base / os.path.expanduser(value)).resolve())
+
+
+def _file_name_part(key: str) -> str:
+    """A text key names files (``<prefix>_<text_key>_document.*``): one file-name part."""
+    problem = name_problem(key)
+    if problem:
+        raise _expected(f"a key usable in a file name (this one {problem})")
+    return key
+
+
+def _split_ok(split: str) -> bool:
+    """True for three non-negative numbers with a positive sum (``,`` or ``/`` between)."""
+    try:
+        numbers = [float(part) for part in split.replace("/", ",").split(",")]
+    except ValueError:
+        return False
+    return len(numbers) == 3 and min(numbers) >= 0 and sum(numbers) > 0
+
+
+def _distinct(names: Any) -> bool:
+    """True for a non-empty YAML list without repeats."""
+    return isinstance(names, list) and bool(names) and len(set(map(str, names))) == len(names)
+
+
+def _named(expected: str, *, empty: bool) -> BeforeValidator:
+    """``{name: {field: …}}`` → its entries in order, each carrying its key as ``name``."""
+
+    def entries(value: Any) -> Any:
+        if not isinstance(value, Mapping) or not (value or empty):
+            raise _expected(expected)
+        for key, entry in value.items():
+            if isinstance(entry, Mapping) and "name" in entry:  # the key is the name
+                raise _expected("", kind="unknown field", at=(key, "name"), value=entry["name"])
+        return [{**e, "name": k} if isinstance(e, Mapping) else e for k, e in value.items()]
+
+    return BeforeValidator(entries)
+
+
+def _int(minimum: int, *, null: bool = False) -> Any:
+    """An integer field ``>= minimum`` (true, false and 2.0 refused)."""
+    wanted = f"an integer >= {minimum}" + (" or null" if null else "")
+    return Field(strict=True, ge=minimum, description=wanted)
+
+
+# A field's description is what the error message expects of a bad value at it (or at one of its
+# scalar items) when the error does not say so itself.
+_TEXT = Field(strict=True, min_length=1, description="a non-empty string")
+Text = Annotated[str, _TEXT, _rule(lambda v: "\0" not in v, "a string without NUL characters")]
+Local = Annotated[Text, AfterValidator(_resolve)]
+Flag = Annotated[bool, Field(strict=True, description="true or false")]
+_NAME = (
+    "lower-case letters, digits and '_', starting with a letter, at most 63 characters, not blend"
+)
+# Dataset and blend names become Dagster asset-key parts and job names; "blend" is a key prefix.
+Name = Annotated[
+    str,
+    Field(strict=True, pattern=r"^[a-z][a-z0-9_]{0,62}$", description=_NAME),
+    _rule(lambda v: v != "blend"),
+]
+_CRON_TEXT = 'a 5-field cron string such as "0 3 * * *"'
+Cron = Annotated[str | None, Field(strict=True, pattern=_CRON, description=_CRON_TEXT)]
+Weight = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+_BASE = Field(description="a folder, relative to the recipe file")
+_POSITIVE = Field(strict=True, gt=0, allow_inf_nan=False, description="a finite number > 0")
+
+
+class _Config(BaseModel):
+    """One mapping of the recipe: frozen, unknown fields refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    _implied: ClassVar[str] = ""  # a field filled from the file or entry key, not in the YAML
+
+
+class StorageConfig(_Config):
     """Where artifacts go: a local directory (absolute after loading) or ``s3://bucket/prefix``."""
 
-    root: str
-    s3_endpoint_url: str | None = None
+    model_config = ConfigDict(validate_default=True)  # the default root is resolved too
+    root: Annotated[Local, _rule(lambda v: v != "s3://", _ROOT)] = "data"
+    s3_endpoint_url: Annotated[Text | None, Field(description="a non-empty string")] = None
 
     @property
     def is_s3(self) -> bool:
@@ -78,26 +162,33 @@ class StorageConfig:
         return self.root.startswith("s3://")
 
 
-@dataclass(frozen=True)
-class TokenizerConfig:
+class TokenizerConfig(_Config):
     """A local tokenizer directory or ``tokenizer.json`` (nothing is downloaded)."""
 
-    path: str
-    append_eod: bool = True
-    workers: int = 1
+    path: Local
+    append_eod: Flag = True
+    workers: Annotated[int, _int(1)] = 1
 
 
-@dataclass(frozen=True)
-class DatasetConfig:
+class DatasetConfig(_Config):
     """One dataset: every file matching ``glob`` and a suffix of ``format`` directly in
     ``source`` is one shard."""
 
-    name: str
-    source: str
-    text_key: str = "text"
-    on_bad_record: str = "quarantine"
-    glob: str = "*.jsonl*"
-    format: str = "jsonl"
+    _implied = "name"
+    name: Name
+    source: Local
+    text_key: Annotated[Text, AfterValidator(_file_name_part)] = "text"
+    on_bad_record: Literal["fail", "quarantine"] = "quarantine"
+    glob: Annotated[Text, _rule(lambda v: "/" not in v and "\\" not in v, _GLOB)] = "*.jsonl*"
+    format: Literal["jsonl", "hf"] = "jsonl"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_glob(cls, raw: Any) -> Any:
+        """A missing or null ``glob`` is the default of the dataset's format."""
+        if isinstance(raw, Mapping) and raw.get("glob") is None:
+            return {**raw, "glob": DEFAULT_GLOB["hf" if raw.get("format") == "hf" else "jsonl"]}
+        return raw
 
     @property
     def has_raw_stage(self) -> bool:
@@ -116,57 +207,151 @@ class DatasetConfig:
         return self.source.startswith("s3://")
 
 
-@dataclass(frozen=True)
-class NanosetConfig:
+class NanosetConfig(_Config):
     """Index settings shared by every dataset and blend of the recipe."""
 
-    semantics: str = "megatron"
-    sequence_length: int = 2048
-    split: str = "949,50,1"
-    seed: int = 1234
-    train_samples: int | None = None
-    valid_samples: int | None = None
-    test_samples: int | None = None
+    semantics: Literal["megatron", "nanotron"] = "megatron"
+    sequence_length: Annotated[int, _int(2)] = 2048
+    split: Annotated[str, Field(strict=True, description=_SPLIT), _rule(_split_ok)] = "949,50,1"
+    seed: Annotated[int, _int(0)] = 1234
+    train_samples: Annotated[int | None, _int(1, null=True)] = None
+    valid_samples: Annotated[int | None, _int(1, null=True)] = None
+    test_samples: Annotated[int | None, _int(1, null=True)] = None
     # Megatron's add_extra_token_to_sequence and drop_last_partial_validation_sequence (the
     # latter for the valid split only; train and test always drop). nanotron: both true.
-    add_extra_token: bool = True
-    drop_last_partial_validation: bool = True
+    add_extra_token: Flag = True
+    drop_last_partial_validation: Flag = True
+
+    @model_validator(mode="after")
+    def _nanotron_flags(self) -> NanosetConfig:
+        """nanotron always adds the extra token and drops the last partial valid sample."""
+        for flag in ("add_extra_token", "drop_last_partial_validation"):
+            if self.semantics == "nanotron" and not getattr(self, flag):
+                wanted = "true with semantics nanotron (nanotron always uses it)"
+                raise _expected(wanted, at=(flag,), value=False)
+        return self
 
 
-@dataclass(frozen=True)
-class BlendConfig:
-    """A blend: explicit ``{dataset: weight}`` or a temperature over ``datasets`` (token counts)."""
+class BlendConfig(_Config):
+    """A blend: explicit weights (given as ``{dataset: weight}``) or a temperature over
+    ``datasets`` (token counts; none listed in a recipe: all of its datasets)."""
 
-    name: str
-    datasets: tuple[str, ...]
-    weights: tuple[float, ...] | None = None
-    temperature: float | None = None
+    _implied = "name"
+    name: Name
+    datasets: Annotated[tuple[str, ...], _rule(_distinct, _DISTINCT, before=True)] = ()
+    weights: Annotated[tuple[Weight, ...] | None, Field(description="a finite number >= 0")] = None
+    temperature: Annotated[float | None, _POSITIVE] = None
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _weights(cls, raw: Any, handler: ModelWrapValidatorHandler[BlendConfig]) -> BlendConfig:
+        """Exactly one of ``weights`` and ``temperature``; weights name their datasets and have
+        a positive sum."""
+        if not isinstance(raw, Mapping):
+            return handler(raw)
+        shown = {k: v for k, v in raw.items() if k != cls._implied}
+        weights = raw.get("weights")
+        if (weights is None) == (raw.get("temperature") is None):
+            raise _expected("exactly one of 'weights' or 'temperature'", value=shown)
+        if weights is not None:
+            if not isinstance(weights, Mapping) or not weights:
+                wanted = "a non-empty mapping {dataset: weight}"
+                raise _expected(wanted, at=("weights",), value=weights)
+            if raw.get("datasets") is not None:
+                wanted = "no 'datasets' beside 'weights' (they name them)"
+                raise _expected(wanted, at=("datasets",), value=raw["datasets"])
+            raw = {**raw, "datasets": list(weights), "weights": list(weights.values())}
+        blend = handler(raw)
+        if blend.weights is not None and sum(blend.weights) <= 0:
+            raise _expected("weights with a positive sum", at=("weights",), value=shown["weights"])
+        return blend
 
     def weight_map(self) -> dict[str, float] | None:
         """``{dataset: weight}`` as configured, or None for a temperature blend."""
         return None if self.weights is None else dict(zip(self.datasets, self.weights, strict=True))
 
 
-@dataclass(frozen=True)
-class ScheduleConfig:
+class ScheduleConfig(_Config):
     """Cron strings (None = no schedule): re-tokenize every shard, rebuild indices and blends."""
 
-    reprocess: str | None = "0 2 * * 0"
-    refresh: str | None = "0 3 * * *"
+    reprocess: Cron = "0 2 * * 0"
+    refresh: Cron = "0 3 * * *"
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """A whole recipe, validated, with absolute local paths."""
+_STAGES = ("raw", "hf", "tokens", "merged", "nanoset", "blends")  # storage folders written
+_SECTIONS = ("storage", "tokenizer", "nanoset", "blends", "schedules")  # absent: the defaults
+_DATASETS = "a mapping {name: {source: ...}} with at least one entry"
 
+
+class Recipe(_Config):
+    """A whole recipe, validated, with absolute local paths (see :func:`parse_recipe`)."""
+
+    _implied = "path"
     path: Path
-    base_dir: Path
+    base_dir: Annotated[Path, _rule(lambda v: isinstance(v, str) and v, before=True), _BASE]
     storage: StorageConfig
     tokenizer: TokenizerConfig
-    datasets: tuple[DatasetConfig, ...]
+    datasets: Annotated[tuple[DatasetConfig, ...], _named(_DATASETS, empty=False)]
     nanoset: NanosetConfig
-    blends: tuple[BlendConfig, ...]
+    blends: Annotated[
+        tuple[BlendConfig, ...], _named("a mapping {name: {weights: ...}}", empty=True)
+    ]
     schedules: ScheduleConfig
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_file(cls, raw: Any, info: ValidationInfo) -> Any:
+        """The file is the context's; an absent or null section is validated as ``{}``."""
+        if not isinstance(raw, Mapping):
+            return raw
+        if "path" in raw:
+            raise _expected("", kind="unknown field", at=("path",), value=raw["path"])
+        sections: dict[str, Any] = {name: {} for name in _SECTIONS if raw.get(name) is None}
+        file = (info.context or {})["recipe"]
+        return {"base_dir": ".", "datasets": None, **raw, **sections, "path": file}
+
+    @field_validator("base_dir")
+    @classmethod
+    def _resolve_base(cls, base_dir: Path, info: ValidationInfo) -> Path:
+        """Absolute ``base_dir``; fields are validated in order, so every section below
+        resolves its paths against it (through the context)."""
+        context: dict[str, Any] = info.context or {}
+        context["base"] = (info.data["path"].parent / base_dir).resolve()
+        return Path(context["base"])
+
+    @field_validator("datasets")
+    @classmethod
+    def _sources_apart(cls, datasets: tuple[DatasetConfig, ...], info: ValidationInfo) -> Any:
+        """A source must not be a folder tokenmill writes to (its files would become shards)."""
+        storage = info.data.get("storage")  # None: refused already
+        local = storage is not None and not storage.is_s3
+        stages = [Path(info.data["storage"].root) / s for s in _STAGES] if local else []
+        for ds, stage in product(datasets, stages):
+            if not ds.is_s3 and stage in (Path(ds.source), *Path(ds.source).parents):
+                wanted = f"a folder outside {stage}, where tokenmill writes artifacts"
+                example, at = stage.parent / "sources" / ds.name, (ds.name, "source")
+                raise _expected(f"{wanted} (e.g. {example})", at=at, value=ds.source)
+        return datasets
+
+    @field_validator("blends")
+    @classmethod
+    def _blend_datasets(cls, blends: tuple[BlendConfig, ...], info: ValidationInfo) -> Any:
+        """A temperature blend without datasets takes all; every dataset named must exist."""
+        known = tuple(ds.name for ds in info.data.get("datasets", ()))  # none: already refused
+        for blend in blends if known else ():
+            for name in (n for n in blend.datasets if n not in known):
+                at = (blend.name, "datasets" if blend.weights is None else "weights")
+                wanted = f"a dataset of this recipe ({', '.join(known)})"
+                raise _expected(wanted, kind="unknown dataset", at=at, value=name)
+        return tuple(b.model_copy(update={"datasets": b.datasets or known}) for b in blends)
+
+    @model_validator(mode="after")
+    def _train_size(self) -> Recipe:
+        """A blend needs a train size."""
+        if self.blends and self.nanoset.train_samples is None:
+            wanted = "an integer >= 1 (a blend needs a train size)"
+            raise _expected(wanted, at=("nanoset", "train_samples"), value=None)
+        return self
 
     def dataset(self, name: str) -> DatasetConfig:
         """The dataset called ``name``; ConfigError naming the recipe if there is none."""
@@ -176,348 +361,65 @@ class Recipe:
         raise ConfigError(f"{self.path}: datasets.{name}: no such dataset")
 
 
-# --- the YAML's shape: pydantic models whose every check says what it expected -------------------
-
-
-def _expected(expected: str, *, kind: str = "bad value", **ctx: Any) -> PydanticCustomError:
-    """A validation error whose message says what was ``expected``; ``field`` (in ``ctx``) names
-    a field below the error's location, ``value`` replaces the input in the message."""
-    return PydanticCustomError(
-        "tokenmill", "{expected}", {"expected": expected, "kind": kind, **ctx}
-    )
-
-
-def _rule(expected: str, ok: Callable[[Any], bool]) -> BeforeValidator:
-    """A check of the raw YAML value: ``ok(value)`` or a ConfigError saying ``expected``."""
-
-    def check(value: Any) -> Any:
-        if not ok(value):
-            raise _expected(expected)
-        return value
-
-    return BeforeValidator(check)
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise _expected("a non-empty string")
-    if "\0" in value:
-        raise _expected("a string without NUL characters")
-    return value
-
-
-def _integer(minimum: int, *, optional: bool = False) -> BeforeValidator:
-    expected = f"an integer >= {minimum}" + (" or null" if optional else "")
-    return _rule(expected, lambda v: (v is None and optional) or (type(v) is int and v >= minimum))
-
-
-def _number(*, positive: bool, optional: bool = False) -> BeforeValidator:
-    def check(value: Any) -> float | None:
-        if value is None and optional:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-            raise _expected("a number")
-        if value < 0 or (positive and value == 0) or value == float("inf"):
-            raise _expected("a finite number > 0" if positive else "a finite number >= 0")
-        return float(value)
-
-    return BeforeValidator(check)
-
-
-def _choice(*choices: str) -> BeforeValidator:
-    return _rule(f"one of {', '.join(choices)}", lambda v: isinstance(v, str) and v in choices)
-
-
-def _name(value: Any) -> str:
-    if not isinstance(value, str) or not _NAME.match(value) or value in _RESERVED_NAMES:
-        raise _expected(
-            "lower-case letters, digits and '_', starting with a letter, at most 63 characters, "
-            f"not {', '.join(_RESERVED_NAMES)}",
-            kind="bad name",
-        )
-    return value
-
-
-def _split(value: Any) -> str:
-    parts = value.replace("/", ",").split(",") if isinstance(value, str) else []
-    try:
-        numbers = [float(p) for p in parts]
-    except ValueError:
-        numbers = []
-    if len(numbers) != 3 or any(n < 0 for n in numbers) or sum(numbers) <= 0:
-        raise _expected('three non-negative numbers "train,valid,test" with a positive sum')
-    return str(value)
-
-
-def _cron(value: Any) -> str | None:
-    if value is None:
-        return None
-    fields = _text(value).split()
-    if len(fields) != 5 or not all(_CRON_FIELD.match(x) for x in fields):
-        raise _expected('a 5-field cron string such as "0 3 * * *"')
-    return str(value)
-
-
-def _glob(value: Any) -> str | None:
-    if value is not None and ("/" in _text(value) or "\\" in value):
-        raise _expected("a file-name pattern without slashes (shards sit directly in source)")
-    return value
-
-
-def _text_key(value: str) -> str:
-    problem = name_problem(value)  # it names the files <prefix>_<text_key>_document.*
-    if problem:
-        raise _expected(f"a key usable in a file name (this one {problem})")
-    return value
-
-
-def _entries(expected: str, *, empty: bool) -> BeforeValidator:
-    """A mapping of named entries (None: none at all, where ``empty`` is allowed)."""
-
-    def check(value: Any) -> Any:
-        value = {} if value is None and empty else value
-        if not isinstance(value, Mapping) or not (value or empty):
-            raise _expected(expected)
-        return value
-
-    return BeforeValidator(check)
-
-
-Text = Annotated[str, BeforeValidator(_text)]
-Flag = Annotated[bool, _rule("true or false", lambda v: isinstance(v, bool))]
-Name = Annotated[str, BeforeValidator(_name)]
-Cron = Annotated[str | None, BeforeValidator(_cron)]
-Weight = Annotated[float, _number(positive=False)]
-
-
-class _Section(BaseModel):
-    """One mapping of the YAML: unknown fields and non-mappings are refused, naming the fields
-    the section has; a missing section is its defaults."""
-
-    model_config = ConfigDict(frozen=True, validate_default=True, extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _fields(cls, raw: Any) -> Any:
-        raw = {} if raw is None else raw
-        if not isinstance(raw, Mapping):
-            raise _expected("a mapping of fields")
-        allowed = f"one of {', '.join(cls.model_fields)}"
-        for key, value in raw.items():
-            if key not in cls.model_fields:
-                raise _expected(allowed, kind="unknown field, value", field=str(key), value=value)
-        cls._check_raw(raw)
-        return raw
-
-    @classmethod
-    def _check_raw(cls, raw: Mapping[str, Any]) -> None:
-        """Rules across the raw fields of one section (none by default)."""
-
-
-class _StorageModel(_Section):
-    root: Text = "data"
-    s3_endpoint_url: Annotated[
-        str | None, BeforeValidator(lambda v: v if v is None else _text(v))
-    ] = None
-
-    @classmethod
-    def _check_raw(cls, raw: Mapping[str, Any]) -> None:
-        if raw.get("root") == "s3://":
-            raise _expected(
-                "s3://bucket[/prefix] or a local directory", field="root", value="s3://"
-            )
-
-
-class _TokenizerModel(_Section):
-    path: Text = None  # type: ignore[assignment]  # required: None is refused, naming the field
-    append_eod: Flag = True
-    workers: Annotated[int, _integer(1)] = 1
-
-
-class _DatasetModel(_Section):
-    source: Text = None  # type: ignore[assignment]
-    format: Annotated[Literal["jsonl", "hf"], _choice(*SHARD_SUFFIXES)] = "jsonl"
-    text_key: Annotated[str, BeforeValidator(_text), AfterValidator(_text_key)] = "text"
-    on_bad_record: Annotated[Literal["fail", "quarantine"], _choice(*ON_BAD_RECORD)] = "quarantine"
-    glob: Annotated[str | None, BeforeValidator(_glob)] = None
-
-
-class _NanosetModel(_Section):
-    semantics: Annotated[Literal["megatron", "nanotron"], _choice(*SEMANTICS)] = "megatron"
-    sequence_length: Annotated[int, _integer(2)] = 2048
-    split: Annotated[str, BeforeValidator(_split)] = "949,50,1"
-    seed: Annotated[int, _integer(0)] = 1234
-    train_samples: Annotated[int | None, _integer(1, optional=True)] = None
-    valid_samples: Annotated[int | None, _integer(1, optional=True)] = None
-    test_samples: Annotated[int | None, _integer(1, optional=True)] = None
-    add_extra_token: Flag = True
-    drop_last_partial_validation: Flag = True
-
-    @model_validator(mode="after")
-    def _nanotron_flags(self) -> _NanosetModel:
-        for flag in ("add_extra_token", "drop_last_partial_validation"):
-            if self.semantics == "nanotron" and not getattr(self, flag):
-                raise _expected(
-                    "true with semantics nanotron (nanotron always uses it)",
-                    field=flag,
-                    value=False,
-                )
-        return self
-
-
-def _weights(value: Any, handler: ValidatorFunctionWrapHandler) -> dict[str, float] | None:
-    if value is None:
-        return None
-    if not isinstance(value, Mapping) or not value:
-        raise _expected("a non-empty mapping {dataset: weight}")
-    weights: dict[str, float] = handler(value)
-    if sum(weights.values()) <= 0:
-        raise _expected("weights with a positive sum", value=dict(value))
-    return weights
-
-
-class _BlendModel(_Section):
-    weights: Annotated[dict[str, Weight] | None, WrapValidator(_weights)] = None
-    temperature: Annotated[float | None, _number(positive=True, optional=True)] = None
-    datasets: list[str] | None = None
-
-    @classmethod
-    def _check_raw(cls, raw: Mapping[str, Any]) -> None:
-        if (raw.get("weights") is None) == (raw.get("temperature") is None):
-            raise _expected("exactly one of 'weights' or 'temperature'", value=dict(raw))
-        if raw.get("weights") is not None and raw.get("datasets") is not None:
-            raise _expected(
-                "no 'datasets' beside 'weights' (they name them)",
-                field="datasets",
-                value=raw["datasets"],
-            )
-        listed = raw.get("datasets")
-        if listed is not None and (
-            not isinstance(listed, list) or not listed or len(set(map(str, listed))) != len(listed)
-        ):
-            raise _expected(
-                "a non-empty list of distinct dataset names", field="datasets", value=listed
-            )
-
-
-class _ScheduleModel(_Section):
-    reprocess: Cron = "0 2 * * 0"
-    refresh: Cron = "0 3 * * *"
-
-
-class _RecipeModel(_Section):
-    base_dir: Text = "."
-    storage: _StorageModel = None  # type: ignore[assignment]  # None: the section's defaults
-    tokenizer: _TokenizerModel = None  # type: ignore[assignment]
-    datasets: Annotated[
-        dict[Name, _DatasetModel],
-        _entries("a mapping {name: {source: ...}} with at least one entry", empty=False),
-    ] = None  # type: ignore[assignment]
-    nanoset: _NanosetModel = None  # type: ignore[assignment]
-    blends: Annotated[
-        dict[Name, _BlendModel], _entries("a mapping {name: {weights: ...}}", empty=True)
-    ] = None  # type: ignore[assignment]
-    schedules: _ScheduleModel = None  # type: ignore[assignment]
-
-
-def _problem(path: Path, error: Mapping[str, Any]) -> str:
-    """One pydantic error as ``file: field: bad value V; expected …`` (loc joined with dots,
-    without pydantic's ``[key]`` marks; control characters escaped)."""
-    ctx = error.get("ctx") or {}
-    loc = [str(part) for part in error["loc"] if part != "[key]"]
-    if "field" in ctx:
-        loc.append(ctx["field"])
-    where = ".".join(loc).encode("unicode_escape").decode("ascii") or "recipe"
-    value = ctx.get("value", error.get("input"))
-    expected = ctx.get("expected", str(error["msg"]).removeprefix("Input should be "))
-    return f"{path}: {where}: {ctx.get('kind', 'bad value')} {value!r}; expected {expected}"
-
-
-def _config_error(
-    path: Path, where: str, value: object, expected: str, kind: str = "bad value"
-) -> ConfigError:
-    """A ConfigError for a rule across sections, in the models' format."""
-    return ConfigError(f"{path}: {where}: {kind} {value!r}; expected {expected}")
-
-
-def _local(base: Path, value: str) -> str:
-    """Absolute form of a local path (S3 URIs pass through)."""
-    if value.startswith("s3://"):
-        return value
-    return str((base / os.path.expanduser(value)).resolve())
-
-
-def _check_source_apart(path: Path, ds: DatasetConfig, storage: StorageConfig) -> None:
-    """A source must not be a folder tokenmill writes to (its files would become shards)."""
-    if ds.is_s3 or storage.is_s3:
-        return
-    source, root = Path(ds.source), Path(storage.root)
-    for stage in ("raw", "hf", "tokens", "merged", "nanoset", "blends"):
-        written = root / stage
-        if source == written or written in source.parents:
-            raise ConfigError(
-                f"{path}: datasets.{ds.name}.source: {ds.source} is inside {written}, where "
-                f"tokenmill writes artifacts; keep raw shards outside the storage stages "
-                f"(e.g. {root / 'sources' / ds.name})"
-            )
-
-
-def _blend(path: Path, name: str, model: _BlendModel, known: tuple[str, ...]) -> BlendConfig:
-    """A validated blend whose datasets all exist (a temperature blend: all by default)."""
-    if model.weights is not None:
-        names, field = tuple(model.weights), "weights"
+# --- one pydantic error → one ``file: field: bad value V; expected …`` line ----------------------
+def _locate(data: Any, loc: Sequence[str | int]) -> tuple[str, type[_Config], FieldInfo | None]:
+    """Where ``loc`` points in the YAML ``data``: its dotted name (an entry's position becomes
+    its key, and an entry's name is that key), the section it is in and the field it is at (or
+    at a scalar item of)."""
+    parts: list[str] = []
+    node: Any = data
+    section: type[_Config] = Recipe
+    field: FieldInfo | None = None
+    configs = _Config.__subclasses__()
+    for part in loc:
+        if isinstance(part, int) and isinstance(node, Mapping) and part < len(node):
+            part = list(node)[part]  # entries are validated in key order
+            if field is not None and set(get_args(field.annotation)) & set(configs):
+                field = None
+        elif part == "name" and parts and isinstance(node, Mapping) and "name" not in node:
+            field = section.model_fields["name"]  # the entry's key, already in ``parts``
+            continue
+        elif isinstance(part, str) and part in section.model_fields:
+            field = section.model_fields[part]
+            inner = [t for t in (field.annotation, *get_args(field.annotation)) if t in configs]
+            section = inner[0] if inner else section
+        parts.append(str(part))
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return ".".join(parts).encode("unicode_escape").decode("ascii") or "recipe", section, field
+
+
+def _problem(path: Path, data: Any, error: ErrorDetails) -> str:
+    """One pydantic error as ``file: field: bad value V; expected …``: the error's own words
+    (ours), else the field's description, else words for pydantic's error type."""
+    kind, ctx = error["type"], error.get("ctx") or {}
+    where, section, field = _locate(data, (*error["loc"], *ctx.get("at", ())))
+    value = ctx.get("value", None if kind == "missing" else error["input"])
+    named = field is not None and field is section.model_fields.get(section._implied)
+    shown = "bad name" if named else "bad value"
+    if kind == "extra_forbidden" or ctx.get("kind") == "unknown field":
+        written = [name for name in section.model_fields if name != section._implied]
+        shown, expected = "unknown field, value", f"one of {', '.join(written)}"
+    elif kind == "recipe":
+        shown, expected = ctx["kind"], ctx["expected"]
+    elif isinstance(value, float) and math.isnan(value):
+        expected = "a number"
+    elif field is not None and field.description:
+        expected = field.description
+    elif kind == "literal_error":
+        expected = "one of " + ", ".join(re.findall(r"'([^']*)'", ctx["expected"]))
     else:
-        names, field = tuple(model.datasets or known), "datasets"
-    for n in names:
-        if n not in known:
-            expected = f"a dataset of this recipe ({', '.join(known)})"
-            raise _config_error(path, f"blends.{name}.{field}", n, expected, "unknown dataset")
-    weights = None if model.weights is None else tuple(model.weights.values())
-    return BlendConfig(name=name, datasets=names, weights=weights, temperature=model.temperature)
+        expected = "a mapping of fields" if kind == "model_type" else str(error["msg"])
+        expected = expected.removeprefix("Input should be ")
+    return f"{path}: {where}: {shown} {value!r}; expected {expected}"
 
 
 def parse_recipe(data: object, path: str | os.PathLike[str]) -> Recipe:
     """Validate already-parsed YAML ``data`` for the recipe file at ``path``."""
     p = Path(path).resolve()
     try:
-        model = _RecipeModel.model_validate(data)
+        return Recipe.model_validate(data, context={"recipe": p})
     except ValidationError as exc:
-        raise ConfigError("\n".join(_problem(p, e) for e in exc.errors())) from None
-    base = (p.parent / model.base_dir).resolve()
-    storage = StorageConfig(
-        root=_local(base, model.storage.root), s3_endpoint_url=model.storage.s3_endpoint_url
-    )
-    datasets = tuple(
-        DatasetConfig(
-            name=name,
-            source=_local(base, ds.source),
-            text_key=ds.text_key,
-            on_bad_record=ds.on_bad_record,
-            glob=ds.glob or DEFAULT_GLOB[ds.format],
-            format=ds.format,
-        )
-        for name, ds in model.datasets.items()
-    )
-    for ds in datasets:
-        _check_source_apart(p, ds, storage)
-    if model.blends and model.nanoset.train_samples is None:
-        expected = "an integer >= 1 (a blend needs a train size)"
-        raise _config_error(p, "nanoset.train_samples", None, expected)
-    names = tuple(ds.name for ds in datasets)
-    return Recipe(
-        path=p,
-        base_dir=base,
-        storage=storage,
-        tokenizer=TokenizerConfig(
-            path=_local(base, model.tokenizer.path),
-            append_eod=model.tokenizer.append_eod,
-            workers=model.tokenizer.workers,
-        ),
-        datasets=datasets,
-        nanoset=NanosetConfig(**model.nanoset.model_dump()),
-        blends=tuple(_blend(p, n, b, names) for n, b in model.blends.items()),
-        schedules=ScheduleConfig(**model.schedules.model_dump()),
-    )
+        raise ConfigError("\n".join(_problem(p, data, e) for e in exc.errors())) from None
 
 
 def load_recipe(path: str | os.PathLike[str]) -> Recipe:

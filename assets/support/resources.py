@@ -45,6 +45,7 @@ from assets.support.sources import ShardFile
 from tokenmill.errors import ConfigError
 from tokenmill.storage import layout
 from tokenmill.storage.s3 import split_uri
+from tokenmill.storage.store import open_store
 from tokenmill.storage.versions import read_pointer
 from tokenmill.tokenize.tokenizer import TokenizerInfo, inspect_tokenizer
 
@@ -242,37 +243,14 @@ class StorageResource(ConfigurableResource):
             shutil.rmtree(scratch, ignore_errors=True)
 
     def list_keys(self, folders: Sequence[str]) -> list[str]:
-        """Every file under the ``folders`` (``dir/`` keys), as keys relative to the root, by
-        listing names only: nothing is read or downloaded."""
-        if not self.is_s3:
-            root = self.local_root()
-            found = []
-            for folder in folders:
-                base = root / folder
-                if base.is_dir():
-                    found += [
-                        p.relative_to(root).as_posix() for p in base.rglob("*") if p.is_file()
-                    ]
-            return sorted(found)
-        bucket, prefix = split_uri(self.root)
-        base = f"{prefix}/" if prefix else ""
-        client = s3.s3_client(self.s3_endpoint_url)
-        return sorted(
-            s3.local_name(bucket, obj.key, base)
-            for folder in folders
-            for obj in s3.list_objects(client, bucket, base + folder, recursive=True)
-        )
+        """Every file under the ``folders``, as keys relative to the root, by listing names
+        only (``tokenmill.storage.store``, as ``tokenmill gc`` lists): nothing is read."""
+        store = open_store(self.root, self.s3_endpoint_url)
+        return sorted(f.key for folder in folders for f in store.files(folder.rstrip("/")))
 
     def delete_keys(self, keys: Sequence[str]) -> None:
         """Remove files by key (absent ones are fine), locally or on S3."""
-        if not self.is_s3:
-            for key in keys:
-                self.path(key).unlink(missing_ok=True)
-            return
-        bucket, prefix = split_uri(self.root)
-        client = s3.s3_client(self.s3_endpoint_url)
-        for key in keys:
-            s3.delete(client, bucket, f"{prefix}/{key}" if prefix else key)
+        open_store(self.root, self.s3_endpoint_url).delete(keys)
 
     def path(self, key: str) -> Path:
         """A layout key (``tokenmill.storage.layout``) under the local root."""

@@ -25,7 +25,6 @@ passed).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -82,7 +81,7 @@ def merged_data_version(ds: DatasetConfig, inputs: Sequence[tuple[str, str | Non
 
 def nanoset_data_version(merged_version: str | None, cfg: NanosetConfig) -> str:
     """The indices' version: the merged version they index and every index setting."""
-    return version_hash({"kind": "nanoset", "merged": merged_version, **dataclasses.asdict(cfg)})
+    return version_hash({"kind": "nanoset", "merged": merged_version, **cfg.model_dump()})
 
 
 def blend_data_version(
@@ -92,8 +91,8 @@ def blend_data_version(
     return version_hash(
         {
             "kind": "blend",
-            "blend": dataclasses.asdict(blend),
-            "nanoset": dataclasses.asdict(cfg),
+            "blend": blend.model_dump(),
+            "nanoset": cfg.model_dump(),
             "members": [list(n) for n in nanosets],
         }
     )

@@ -1,13 +1,16 @@
 """A private Docker daemon and the project image for the container tests (fixtures).
 
-``dockerd`` runs as a child of the test session on loopback only (no bridge, no iptables), with
+``dockerd`` runs as a child of the test process on loopback only (no bridge, no iptables), with
 its own exec root, pidfile and socket; clients reach it through ``DOCKER_HOST``. Its data root
 persists in ``$TOKENMILL_DOCKER_CACHE`` (default ``/var/tmp/tokenmill-docker``) so the base and
 project images are built once and reused; a lock file keeps two sessions from sharing it at once.
-The session stops the daemon by its PID and unmounts what it left under its directories.
+Both fixtures are module-scoped: inside ``make test`` the daemon stops (by its PID, unmounting
+what it left under its directories) and the lock is released as soon as the container module is
+done, not when the whole suite ends.
 
 Without root, ``dockerd`` or ``debootstrap`` (``.ci/sysdeps`` installs them), or when the daemon
-cannot start, every test here is skipped and the reason printed.
+cannot start, every test that needs it is skipped with the reason (``make test`` lists skip
+reasons: ``pytest -rs``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ class Docker:
 
     host: str  # unix:///.../docker.sock
     image: str = IMAGE
-    base_image_seconds: float = 0.0  # what building the images took this session (0: cached)
+    base_image_seconds: float = 0.0  # what building the images took (0: cached)
     image_seconds: float = 0.0
 
     def env(self) -> dict[str, str]:
@@ -65,8 +68,7 @@ class Docker:
 
 
 def _skip(reason: str) -> None:
-    print(f"\ntests/docker skipped: {reason}", file=sys.__stderr__, flush=True)
-    pytest.skip(reason)
+    pytest.skip(f"tests/docker: {reason}")
 
 
 def _unmount_under(*dirs: Path) -> None:
@@ -90,9 +92,9 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dockerd() -> Iterator[Docker]:
-    """The private daemon, up for the session; stopped by PID and cleaned up afterwards."""
+    """The private daemon, up for the module; stopped by PID and cleaned up afterwards."""
     if os.geteuid() != 0:
         _skip("dockerd needs root here")
     for tool in ("dockerd", "docker"):
@@ -158,7 +160,7 @@ def _has_image(docker: Docker, name: str) -> bool:
     return bool(docker.run("images", "-q", name).strip())
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def image(dockerd: Docker) -> Docker:
     """``tokenmill:e2e`` built by ``make image`` on the local debootstrap base image (both
     cached in the daemon's data root; Docker's layer cache makes a rebuild with unchanged code

@@ -1,14 +1,15 @@
-"""Recipes: a good one loads into frozen dataclasses; every bad field names file, field, value."""
+"""Recipes: a good one loads into frozen models; every bad field names file, field, value."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
+from assets.support.staleness import blend_data_version, nanoset_data_version
 from tokenmill.errors import ConfigError
 from tokenmill.recipe import (
     DatasetConfig,
@@ -46,14 +47,16 @@ def test_good_recipe_resolves_paths_and_defaults(tmp_path: Path) -> None:
     assert recipe.storage.root == str(tmp_path / "out")
     assert recipe.tokenizer.path == str(tmp_path / "tok") and recipe.tokenizer.append_eod
     assert recipe.dataset("code") == DatasetConfig(
-        "code", str(tmp_path / "raw/code"), "content", "quarantine", "*.jsonl*"
+        name="code", source=str(tmp_path / "raw/code"), text_key="content"
     )
     assert recipe.nanoset.semantics == "megatron" and recipe.nanoset.split == "949,50,1"
     assert recipe.nanoset.add_extra_token and recipe.nanoset.drop_last_partial_validation
     assert recipe.blends[0].weight_map() == {"web": 3.0, "code": 1.0}
     assert recipe.blends[1].datasets == ("web", "code") and recipe.blends[1].temperature == 2.0
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(ValidationError, match="frozen"):
         recipe.nanoset.seed = 1  # type: ignore[misc]
+    again = parse_recipe(GOOD, tmp_path / "r.yaml")
+    assert again == recipe and hash(again) == hash(recipe)
 
 
 def test_megatron_flags_are_read(tmp_path: Path) -> None:
@@ -194,6 +197,10 @@ def test_recipe_path_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             {**GOOD, "datasets": {"web": "raw/web"}},
             "datasets.web: bad value 'raw/web'; expected a mapping of fields",
         ),
+        (  # an entry named like a field is still an entry
+            {**GOOD, "datasets": {"text_key": "raw/web"}},
+            "datasets.text_key: bad value 'raw/web'; expected a mapping of fields",
+        ),
         (
             {**GOOD, "datasets": {"web": {"text_key": "t"}}},
             "datasets.web.source: bad value None; expected a non-empty string",
@@ -222,6 +229,11 @@ def test_recipe_path_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             {**GOOD, "blends": {"mix": {"temperature": 1, "datasets": ["web", 7]}}},
             "blends.mix.datasets.1: bad value 7; expected a valid string",
         ),
+        (  # a name or the file's path come from the YAML key and the file, never a field
+            {**GOOD, "datasets": {"web": {"source": "x", "name": "y"}}},
+            "datasets.web.name: unknown field, value 'y'; expected one of source, text_key,",
+        ),
+        ({**GOOD, "path": "x"}, "path: unknown field, value 'x'; expected one of base_dir,"),
         (
             {**GOOD, "storage": {"root": "s3://"}},
             "storage.root: bad value 's3://'; expected s3://bucket[/prefix] or a local directory",
@@ -249,7 +261,7 @@ def test_every_problem_is_reported_one_per_line(tmp_path: Path) -> None:
 
 
 def test_defaults_match_the_config_classes(tmp_path: Path) -> None:
-    """A recipe that says nothing optional gets exactly the dataclasses' defaults."""
+    """A recipe that says nothing optional gets exactly the config classes' defaults."""
     minimal = {"tokenizer": {"path": "tok"}, "datasets": {"web": {"source": "raw"}}}
     recipe = parse_recipe(minimal, tmp_path / "r.yaml")
     assert recipe.nanoset == NanosetConfig() and recipe.schedules == ScheduleConfig()
@@ -257,3 +269,30 @@ def test_defaults_match_the_config_classes(tmp_path: Path) -> None:
     assert recipe.tokenizer == TokenizerConfig(path=str(tmp_path / "tok"))
     hf = parse_recipe({**minimal, "datasets": {"w": {"source": "r", "format": "hf"}}}, "r.yaml")
     assert hf.datasets[0].glob == "*" and hf.datasets[0].shard_suffixes == (".parquet", ".arrow")
+
+
+def test_data_versions_match_the_dataclass_era() -> None:
+    """Nanoset and blend data versions hash the config models' dump; the values are those the
+    frozen dataclasses' ``asdict`` gave (commit 3631968), so no blend looks stale after an
+    upgrade."""
+    expected = {
+        "demo.yaml": (
+            "baad12ef7dc6f18ae0343139d932d03d6f4eafd46fd74bafff7687c43c18ca55",
+            {"demo": "115fd1c8bfdd52c2bb79e9afb79b1aa2cdeb424d30e8c35de76d3c9cbf9a6864"},
+        ),
+        "example-temperature.yaml": (
+            "79532cebb166291bd9f5bc1eeab4c52030699a8dbc46dc23fa087e3ebc24fb7e",
+            {
+                "balanced": "659bbde1def2115242273356cb83155f834a641aaf59b97aa657d231a4547a4d",
+                "mostly_web": "f87524a1758230410a7b6d8a273f0e204559444f374e8f0361e956fd8919b7dd",
+            },
+        ),
+    }
+    for name, (nanoset_version, blend_versions) in expected.items():
+        recipe = load_recipe(ROOT / "recipes" / name)
+        assert nanoset_data_version("ab" * 32, recipe.nanoset) == nanoset_version
+        members = {b.name: [(d, "cd" * 32) for d in b.datasets] for b in recipe.blends}
+        got = {
+            b.name: blend_data_version(b, recipe.nanoset, members[b.name]) for b in recipe.blends
+        }
+        assert got == blend_versions

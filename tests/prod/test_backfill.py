@@ -105,13 +105,13 @@ def token_files(folder: Path) -> dict[str, Any]:
     """``.bin``/``.idx`` bytes and each manifest's content hash and counts (a manifest also
     records its input Parquet's mtime, which a rewrite changes)."""
     found: dict[str, Any] = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):  # a temp left: a difference
-        rel = path.relative_to(folder).as_posix()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        name = path.relative_to(folder).as_posix()  # manifests sit in manifests/
         if path.name.endswith(".manifest.json"):
             manifest = json.loads(path.read_text())
-            found[rel] = [manifest["content_hash"], manifest["counts"]]
+            found[name] = [manifest["content_hash"], manifest["counts"]]
         else:
-            found[rel] = path.read_bytes()
+            found[name] = path.read_bytes()
     return found
 
 

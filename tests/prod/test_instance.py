@@ -50,6 +50,10 @@ def test_every_configurable_class_validates(path: str, prod_env: dict[str, str])
     config, _ = dagster_instance_config(str((INFRA / path).parent), (INFRA / path).name)
     sections = configurable_sections(config)
     assert {"compute_logs", "run_coordinator"} <= set(sections)
+    instance_class = sections.pop("instance_class")  # not a ConfigurableClass: no config
+    assert issubclass(
+        class_from_code_pointer(instance_class["module"], instance_class["class"]), DagsterInstance
+    )
     for name, section in sections.items():
         cls = class_from_code_pointer(section["module"], section["class"])
         result = process_config(cls.config_type(), section.get("config", {}))

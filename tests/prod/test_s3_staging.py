@@ -28,6 +28,7 @@ from pipelines.build import resources_for
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices.nanoset import build_or_load, cache_paths
+from tokenmill.storage import layout
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
@@ -188,16 +189,17 @@ def test_a_workspace_stages_exact_files(s3: S3, requests: Requests, tmp_path: Pa
     s3.upload_tree(tmp_path / "src", "root")
     storage = StorageResource(root=f"s3://{s3.bucket}/root", work_dir=str(tmp_path / "work"))
     rel = "merged/d_text_document"
-    with storage.workspace([f"{rel}.idx", f"{rel}.manifest.json"], upload=False) as ws:
+    manifest = layout.dataset_manifest(rel)  # merged/manifests/d_text_document.manifest.json
+    with storage.workspace([f"{rel}.idx", *layout.dataset_manifests(rel)], upload=False) as ws:
         assert ws.stage is not None
-        assert sorted(ws.stage.fetched) == [f"{rel}.idx", f"{rel}.manifest.json"]
+        assert sorted(ws.stage.fetched) == sorted([f"{rel}.idx", manifest])
         assert not (ws.storage.local_root() / f"{rel}.bin").exists()
     got = [key.split("/root/", 1)[1] for key in requests.keys("GetObject")]
-    assert got == [f"{rel}.idx", f"{rel}.manifest.json"]
+    assert sorted(got) == sorted([f"{rel}.idx", manifest])
     requests.clear()
-    with storage.workspace([rel], upload=False) as ws:  # the prefix: the whole dataset
+    with storage.workspace(layout.dataset_files(rel), upload=False) as ws:  # the whole dataset
         assert ws.stage is not None
-        assert sorted(ws.stage.fetched) == [f"{rel}{s}" for s in (".bin", ".idx", ".manifest.json")]
+        assert sorted(ws.stage.fetched) == sorted([f"{rel}.bin", f"{rel}.idx", manifest])
     assert requests.count("GetObject", ".bin") == 1
 
 

@@ -41,13 +41,12 @@ import posixpath
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import remove_empty_dir
-from tokenmill.errors import ConfigError, FormatError, InputError
+from tokenmill.errors import ConfigError, FormatError
 from tokenmill.formats.blend_manifest import MANIFEST_NAME, VERSIONS_DIR
 from tokenmill.storage.layout import (
     DATASET_MANIFEST_SUFFIX,
@@ -56,7 +55,7 @@ from tokenmill.storage.layout import (
     VERSION_CHARS,
     dataset_manifests,
 )
-from tokenmill.storage.s3 import call, make_client, read_object, split_uri
+from tokenmill.storage.store import Store, StoredFile, open_store
 from tokenmill.storage.versions import read_pointer
 
 __all__ = ["GcReport", "Removal", "gc"]
@@ -65,13 +64,6 @@ HEX16 = re.compile(r"^[0-9a-f]{16}$")
 NANOSET_ENTRY = re.compile(r"^([0-9a-f]{32}-Nanoset-(?:train|valid|test))-.+$")
 DESCRIPTION = "-description.json"
 DAY = 86400.0
-
-
-@dataclass(frozen=True)
-class _File:
-    key: str  # relative to the storage root, posix
-    size: int
-    mtime: float
 
 
 @dataclass
@@ -120,87 +112,7 @@ class GcReport:
         return out
 
 
-class _LocalStore:
-    """A storage root on the local filesystem."""
-
-    def __init__(self, root: Path) -> None:
-        if not root.is_dir():
-            raise ConfigError(f"{root}: not a directory")
-        self.root = root
-
-    def files(self, top: str) -> Iterator[_File]:
-        base = self.root / top
-        if not base.is_dir():
-            return
-        for dirpath, _dirs, names in os.walk(base):
-            for name in names:
-                path = Path(dirpath) / name
-                try:
-                    st = path.stat()
-                except FileNotFoundError:
-                    continue
-                yield _File(path.relative_to(self.root).as_posix(), st.st_size, st.st_mtime)
-
-    def read(self, key: str) -> bytes | None:
-        try:
-            return (self.root / key).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def delete(self, keys: list[str]) -> None:
-        for key in keys:
-            (self.root / key).unlink(missing_ok=True)
-        for folder in sorted({posixpath.dirname(k) for k in keys}, key=len, reverse=True):
-            path = self.root / folder
-            while path != self.root and remove_empty_dir(path):  # an empty .tmp/ goes too
-                path = path.parent
-
-
-class _S3Store:
-    """A storage root under ``s3://bucket/prefix`` (boto3, imported lazily)."""
-
-    def __init__(self, uri: str, endpoint_url: str | None) -> None:
-        self.bucket, self.prefix = split_uri(uri)
-        self.uri = uri
-        self.client = make_client(endpoint_url)
-
-    def _key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def files(self, top: str) -> Iterator[_File]:
-        start = self._key(top) + "/"
-        cut = len(self.prefix) + 1 if self.prefix else 0
-
-        def pages() -> list[dict[str, Any]]:
-            paginator = self.client.get_paginator("list_objects_v2")
-            return list(paginator.paginate(Bucket=self.bucket, Prefix=start))
-
-        for page in call(f"listing s3://{self.bucket}/{start}", pages):
-            for obj in page.get("Contents", []):
-                yield _File(obj["Key"][cut:], int(obj["Size"]), obj["LastModified"].timestamp())
-
-    def read(self, key: str) -> bytes | None:
-        return read_object(self.client, self.bucket, self._key(key))
-
-    def delete(self, keys: list[str]) -> None:
-        for start in range(0, len(keys), 1000):
-            batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
-
-            def remove(batch: list[dict[str, str]] = batch) -> None:
-                answer = self.client.delete_objects(
-                    Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
-                )
-                if answer.get("Errors"):  # per-key refusals (e.g. AccessDenied): no retry helps
-                    problems = answer["Errors"][:3]
-                    raise InputError(f"s3://{self.bucket}: could not delete {problems}")
-
-            call(f"deleting from s3://{self.bucket}", remove)
-
-
-_Store = _LocalStore | _S3Store
-
-
-def _json(store: _Store, key: str) -> dict[str, Any] | None:
+def _json(store: Store, key: str) -> dict[str, Any] | None:
     raw = store.read(key)
     if raw is None:
         return None
@@ -211,7 +123,7 @@ def _json(store: _Store, key: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _pointer(store: _Store, key: str) -> dict[str, Any] | None:
+def _pointer(store: Store, key: str) -> dict[str, Any] | None:
     """A merged pointer through ``tokenmill.storage.versions.read_pointer`` (checked the same
     way)."""
     raw = store.read(key)
@@ -223,10 +135,10 @@ def _pointer(store: _Store, key: str) -> dict[str, Any] | None:
         return read_pointer(path)
 
 
-def _groups(files: list[_File], version_at: int) -> dict[tuple[str, str], list[_File]]:
+def _groups(files: list[StoredFile], version_at: int) -> dict[tuple[str, str], list[StoredFile]]:
     """Files grouped by (name, version): ``parts[1]`` is the name, ``parts[version_at]`` a
     version folder (16 hex digits; anything else, e.g. a temp folder, is not grouped)."""
-    out: dict[tuple[str, str], list[_File]] = {}
+    out: dict[tuple[str, str], list[StoredFile]] = {}
     for f in files:
         parts = f.key.split("/")
         if len(parts) > version_at + 1 and HEX16.match(parts[version_at]):
@@ -263,13 +175,13 @@ def _blend_version_manifest(folder: str, version: str) -> str:
     return f"{folder}/{VERSIONS_DIR}/{version}/{MANIFEST_NAME}"
 
 
-def _merged_version_manifest(versions: dict[str, list[_File]], version: str) -> str:
+def _merged_version_manifest(versions: dict[str, list[StoredFile]], version: str) -> str:
     """The dataset manifest key of a merged version (its commit file)."""
     return _merged_manifest(versions[version])
 
 
 def _newest(
-    versions: dict[str, list[_File]], commit: Callable[[str], str]
+    versions: dict[str, list[StoredFile]], commit: Callable[[str], str]
 ) -> list[tuple[str, float]]:
     """Versions with their modification time (of the commit file, else the newest file),
     newest first."""
@@ -299,10 +211,7 @@ def gc(
     for pin in pins:
         if len(pin) < VERSION_CHARS or any(c not in "0123456789abcdef" for c in pin):
             raise ConfigError(f"--keep-version {pin!r}: expected >= 16 lowercase hex digits")
-    uri = os.fspath(root)
-    store: _Store = (
-        _S3Store(uri, endpoint_url) if uri.startswith("s3://") else _LocalStore(Path(uri))
-    )
+    store = open_store(root, endpoint_url)
     cutoff = None if older_than_days is None else time.time() - older_than_days * DAY
     report = GcReport(dry_run=dry_run)
 
@@ -331,7 +240,7 @@ def gc(
     # Blends: versions with a manifest; keep, then collect what the kept ones reference.
     blend_files = list(store.files("blends"))
     blend_versions = _groups([f for f in blend_files if f.key.split("/")[2:3] == [VERSIONS_DIR]], 3)
-    by_blend: dict[str, dict[str, list[_File]]] = {}
+    by_blend: dict[str, dict[str, list[StoredFile]]] = {}
     for (name, version), files in blend_versions.items():
         if any(f.key.endswith(f"/{version}/{MANIFEST_NAME}") for f in files):
             by_blend.setdefault(name, {})[version] = files
@@ -374,7 +283,7 @@ def gc(
             manifest = _json(store, f.key)
             if manifest and isinstance(manifest.get("content_hash"), str):
                 kept_content.add(manifest["content_hash"])
-    by_dataset: dict[str, dict[str, list[_File]]] = {}
+    by_dataset: dict[str, dict[str, list[StoredFile]]] = {}
     for (name, version), files in _groups(merged_files, 2).items():
         if any(f.key.endswith(DATASET_MANIFEST_SUFFIX) for f in files):
             by_dataset.setdefault(name, {})[version] = files
@@ -406,7 +315,7 @@ def gc(
             )
 
     # Nanoset cache entries (complete ones: a description) nothing kept needs.
-    entries: dict[str, list[_File]] = {}
+    entries: dict[str, list[StoredFile]] = {}
     for f in store.files("nanoset"):
         match = NANOSET_ENTRY.match(posixpath.basename(f.key))
         if f.key.count("/") == 1 and match:
@@ -447,13 +356,13 @@ def gc(
     return report
 
 
-def _still_old(store: _Store, removal: Removal) -> bool:
+def _still_old(store: Store, removal: Removal) -> bool:
     """True when a concurrent build made this blend version current again (then it stays)."""
     pointer = _json(store, f"blends/{removal.name}/{MANIFEST_NAME}") or {}
     return str(pointer.get("version", ""))[:VERSION_CHARS] == removal.version
 
 
-def _merged_current(store: _Store, folder: str) -> set[str]:
+def _merged_current(store: Store, folder: str) -> set[str]:
     """The current merged version folder named by ``merged/<ds>/current.json``."""
     try:
         pointer = _pointer(store, f"{folder}/{POINTER_NAME}")
@@ -466,7 +375,7 @@ def _merged_current(store: _Store, folder: str) -> set[str]:
     return current | ({target} if HEX16.match(target) else set())
 
 
-def _merged_manifest(files: list[_File]) -> str:
+def _merged_manifest(files: list[StoredFile]) -> str:
     """The dataset manifest of a merged version (its commit file)."""
     found = sorted(f.key for f in files if f.key.endswith(DATASET_MANIFEST_SUFFIX))
     return found[0] if found else files[0].key

@@ -9,6 +9,9 @@ import numpy.typing as npt
 
 from tokenmill.formats.indexed import IndexedDataset
 
+MARKDOWN_INLINE_LIMIT = 1000  # Dagster UI: shorter markdown metadata renders inline
+BAR = "█"  # full block
+
 
 @dataclass(frozen=True)
 class Bucket:
@@ -20,7 +23,8 @@ class Bucket:
 
 
 def length_histogram(lengths: npt.ArrayLike) -> list[Bucket]:
-    """Power-of-two buckets ``[0,1) [1,2) [2,4) ...`` up to the longest length (empty dropped)."""
+    """Power-of-two buckets ``[0,1) [1,2) [2,4) ...`` from the first non-empty one up to the
+    longest length; empty buckets in between stay (a gap in lengths is information)."""
     arr = np.asarray(lengths, dtype=np.int64)
     if arr.size == 0:
         return []
@@ -29,25 +33,57 @@ def length_histogram(lengths: npt.ArrayLike) -> list[Bucket]:
     while edges[-1] <= top:
         edges.append(edges[-1] * 2)
     counts, _ = np.histogram(arr, bins=np.array(edges))
-    return [Bucket(edges[i], edges[i + 1], int(c)) for i, c in enumerate(counts.tolist()) if c]
+    first = int(np.flatnonzero(counts)[0])
+    return [Bucket(edges[i], edges[i + 1], int(counts[i])) for i in range(first, len(counts))]
 
 
-def histogram_markdown(buckets: list[Bucket]) -> str:
-    """A markdown table of a histogram (renders in the Dagster UI and in docs)."""
-    rows = ["| tokens | sequences |", "|---:|---:|"]
-    rows += [f"| {b.lo}–{b.hi - 1} | {b.count} |" for b in buckets]
-    return "\n".join(rows)
+def short_number(value: int) -> str:
+    """``1536`` -> ``1.5k``, ``2000000`` -> ``2M``: compact bucket labels."""
+    for unit, size in (("M", 1_000_000), ("k", 1_000)):
+        if value >= size:
+            text = f"{value / size:.1f}".rstrip("0").rstrip(".")
+            return f"{text}{unit}"
+    return str(value)
+
+
+def histogram_markdown(
+    buckets: list[Bucket], *, unit: str = "tokens", limit: int = MARKDOWN_INLINE_LIMIT
+) -> str:
+    """A markdown table of a histogram with a text bar per bucket, narrowed to stay under ``limit``
+    characters (whenever 1-block bars fit): the Dagster UI draws markdown metadata shorter than
+    1,000 characters inline on the asset page (longer markdown hides behind a "[Show Markdown]"
+    link). The table renders in docs too."""
+    rows = [f"| {unit} from | count | |", "|---:|---:|:---|"]
+    peak = max((b.count for b in buckets), default=0)
+    for width in (24, 16, 12, 8, 4, 1):
+        body = [
+            f"| {_label(b.lo)} | {b.count} | {BAR * _bar(b.count, peak, width)} |" for b in buckets
+        ]
+        text = "\n".join(rows + body)
+        if len(text) < limit:
+            return text
+    return text
+
+
+def _label(value: int) -> str:
+    """A bucket's lower edge: exact below 100,000 (powers of two read best whole), else short."""
+    return str(value) if value < 100_000 else short_number(value)
+
+
+def _bar(count: int, peak: int, width: int) -> int:
+    """Bar length: proportional to the peak, at least 1 for a non-empty bucket, 0 for empty."""
+    return max(1, round(width * count / peak)) if count else 0
 
 
 def histogram_text(buckets: list[Bucket], width: int = 40) -> str:
-    """A terminal bar chart of a histogram."""
+    """A terminal bar chart of a histogram (an empty bucket has no bar)."""
     if not buckets:
         return "(no sequences)"
     peak = max(b.count for b in buckets)
     lines = []
     for b in buckets:
-        bar = "#" * max(1, round(width * b.count / peak))
-        lines.append(f"{b.lo:>9}–{b.hi - 1:<9} {b.count:>10}  {bar}")
+        bar = "#" * _bar(b.count, peak, width)
+        lines.append(f"{b.lo:>9}–{b.hi - 1:<9} {b.count:>10}  {bar}".rstrip())
     return "\n".join(lines)
 
 

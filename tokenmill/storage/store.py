@@ -1,0 +1,125 @@
+"""A storage root seen as keys: list, read and delete files, locally or under ``s3://``.
+
+The one home of "which files are under this folder of the root" and "remove these keys", used by
+``tokenmill gc`` and by the pipeline's pruning step alike. Listing reads names and sizes only,
+never a file's content. Keys are posix paths relative to the root (``tokenmill.storage.layout``).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenmill.atomic import remove_empty_dir
+from tokenmill.errors import ConfigError, InputError
+from tokenmill.storage.s3 import call, make_client, read_object, split_uri
+
+__all__ = ["LocalStore", "S3Store", "Store", "StoredFile", "open_store"]
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """One file of a storage root, as a listing reports it."""
+
+    key: str  # relative to the storage root, posix
+    size: int
+    mtime: float  # local mtime, S3 LastModified
+
+
+class LocalStore:
+    """A storage root on the local filesystem."""
+
+    def __init__(self, root: Path) -> None:
+        if not root.is_dir():
+            raise ConfigError(f"{root}: not a directory")
+        self.root = root
+
+    def files(self, top: str) -> Iterator[StoredFile]:
+        """Every file under the folder ``top`` (recursively); a missing folder has none."""
+        base = self.root / top
+        if not base.is_dir():
+            return
+        for dirpath, _dirs, names in os.walk(base):
+            for name in names:
+                path = Path(dirpath) / name
+                try:
+                    st = path.stat()
+                except FileNotFoundError:
+                    continue
+                yield StoredFile(path.relative_to(self.root).as_posix(), st.st_size, st.st_mtime)
+
+    def read(self, key: str) -> bytes | None:
+        """The file's bytes, or None when it does not exist."""
+        try:
+            return (self.root / key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def delete(self, keys: Sequence[str]) -> None:
+        """Remove the files (absent ones are fine), then the folders that became empty."""
+        for key in keys:
+            (self.root / key).unlink(missing_ok=True)
+        for folder in sorted({posixpath.dirname(k) for k in keys}, key=len, reverse=True):
+            path = self.root / folder
+            while path != self.root and remove_empty_dir(path):  # an empty .tmp/ goes too
+                path = path.parent
+
+
+class S3Store:
+    """A storage root under ``s3://bucket/prefix`` (boto3 imported lazily, one retry policy)."""
+
+    def __init__(self, uri: str, endpoint_url: str | None) -> None:
+        self.bucket, self.prefix = split_uri(uri)
+        self.uri = uri
+        self.client = make_client(endpoint_url)
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def files(self, top: str) -> Iterator[StoredFile]:
+        """Every object under ``top/`` (one paginated listing; nothing is downloaded)."""
+        start = self._key(top) + "/"
+        cut = len(self.prefix) + 1 if self.prefix else 0
+
+        def pages() -> list[dict[str, Any]]:
+            paginator = self.client.get_paginator("list_objects_v2")
+            return list(paginator.paginate(Bucket=self.bucket, Prefix=start))
+
+        for page in call(f"listing s3://{self.bucket}/{start}", pages):
+            for obj in page.get("Contents", []):
+                yield StoredFile(
+                    obj["Key"][cut:], int(obj["Size"]), obj["LastModified"].timestamp()
+                )
+
+    def read(self, key: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+        return read_object(self.client, self.bucket, self._key(key))
+
+    def delete(self, keys: Sequence[str]) -> None:
+        """Remove the objects, 1,000 per request (absent ones are fine)."""
+        keys = list(keys)
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
+
+            def remove(batch: list[dict[str, str]] = batch) -> None:
+                answer = self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
+                )
+                if answer.get("Errors"):  # per-key refusals (e.g. AccessDenied): no retry helps
+                    problems = answer["Errors"][:3]
+                    raise InputError(f"s3://{self.bucket}: could not delete {problems}")
+
+            call(f"deleting from s3://{self.bucket}", remove)
+
+
+Store = LocalStore | S3Store
+
+
+def open_store(root: str | os.PathLike[str], endpoint_url: str | None = None) -> Store:
+    """The store of a storage root: ``s3://bucket/prefix`` or a local folder."""
+    uri = os.fspath(root)
+    return S3Store(uri, endpoint_url) if uri.startswith("s3://") else LocalStore(Path(uri))
