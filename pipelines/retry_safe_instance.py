@@ -12,7 +12,8 @@ from that reader, which is how ``tests/docker/test_e2e_docker.py`` met it.
 ``RetrySafeInstance`` writes the retry decision and then the failed status before the event, so
 whoever sees the event sees a failed run with its decision; Dagster's second decision, made after
 the event is stored, keeps "true" for a run whose retry the daemon has already created.
-``infra/docker/dagster.yaml`` selects it with ``instance_class``. It reaches into Dagster's retry
+``infra/docker/dagster.yaml``, ``infra/dagster.yaml`` and ``infra/ecs/dagster.yaml`` select it with
+``instance_class`` (the Helm chart cannot: docs/operations.md). It reaches into Dagster's retry
 bookkeeping (the tag names, ``_should_retry_run``): dagster is pinned, and
 ``tests/docker/test_retry_order.py`` checks the ordering against the installed version.
 """
