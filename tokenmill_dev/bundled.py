@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import TMP_MARK, fsync_dir, temp_suffix, writer_alive
+from tokenmill.atomic import create_temp, fsync_dir, remove_stale_temps
 from tokenmill.errors import ConfigError, TokenmillError
 
 # (text, ids) that each freshly built tokenizer must reproduce: a guard against a changed package.
@@ -166,10 +166,8 @@ def build_bundled_tokenizer(name: str, dest: str | os.PathLike[str]) -> Path:
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise ConfigError(f"{dest}: exists and is not a tokenizer directory; choose another DEST")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    for stale in dest.parent.glob(f"{dest.name}{TMP_MARK}*"):
-        if not writer_alive(stale.name[len(dest.name) + len(TMP_MARK) :]):
-            shutil.rmtree(stale, ignore_errors=True)
-    tmp = dest.with_name(f"{dest.name}{TMP_MARK}{temp_suffix()}")
+    remove_stale_temps(dest)  # temp folders of killed builds (in .tmp/, this host's only)
+    tmp, _ = create_temp(dest, Path.mkdir)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         BUILDERS[name](tmp)
