@@ -45,7 +45,7 @@ from assets.support.sources import ShardFile
 from tokenmill.errors import ConfigError
 from tokenmill.storage import layout
 from tokenmill.storage.s3 import split_uri
-from tokenmill.storage.store import open_store
+from tokenmill.storage.store import Store, open_store
 from tokenmill.storage.versions import read_pointer
 from tokenmill.tokenize.tokenizer import TokenizerInfo, inspect_tokenizer
 
@@ -245,12 +245,18 @@ class StorageResource(ConfigurableResource):
     def list_keys(self, folders: Sequence[str]) -> list[str]:
         """Every file under the ``folders``, as keys relative to the root, by listing names
         only (``tokenmill.storage.store``, as ``tokenmill gc`` lists): nothing is read."""
-        store = open_store(self.root, self.s3_endpoint_url)
+        store = self._store()
         return sorted(f.key for folder in folders for f in store.files(folder.rstrip("/")))
 
     def delete_keys(self, keys: Sequence[str]) -> None:
         """Remove files by key (absent ones are fine), locally or on S3."""
-        open_store(self.root, self.s3_endpoint_url).delete(keys)
+        self._store().delete(keys)
+
+    def _store(self) -> Store:
+        """The root as a ``tokenmill.storage.store`` view; on S3 through this process's cached
+        client (``s3.s3_client``), as every other S3 call of the pipeline."""
+        client = s3.s3_client(self.s3_endpoint_url) if self.is_s3 else None
+        return open_store(self.root, self.s3_endpoint_url, client=client)
 
     def path(self, key: str) -> Path:
         """A layout key (``tokenmill.storage.layout``) under the local root."""
