@@ -22,7 +22,13 @@ from typing import Any
 import pytest
 from hypothesis import settings
 from pipeline_project import ROOT, make_project, tiny_documents
-from servers import moto_endpoint, postgres, s3, storage_root  # noqa: F401 (fixtures)
+from servers import (  # noqa: F401 (fixtures)
+    moto_endpoint,
+    pg_database,
+    postgres,
+    s3,
+    storage_root,
+)
 
 from tokenmill.recipe import Recipe
 from tokenmill_dev.bundled import build_bundled_tokenizer

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
+from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe, load_recipe
 from tokenmill_dev.corpus import stdlib_documents, write_jsonl_shards
 
@@ -63,3 +66,42 @@ def make_project(
     path = root / "recipe.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return load_recipe(path)
+
+
+SPLITS = ("train", "valid", "test")
+
+
+def blend_batches(manifest: Path) -> dict[str, np.ndarray]:
+    """Every sample of every split of a blend, verified in full first."""
+    out = {}
+    for split in SPLITS:
+        blend = open_blend(manifest, split, verify="full")
+        out[split] = blend.get_batch(np.arange(len(blend)))
+    return out
+
+
+def add_shard_backfill(instance: Any, asset_graph: Any, keys: list[str], ds: str = "docs") -> str:
+    """An asset backfill of ``ds``'s shard stages over ``keys``, as the UI submits one (the
+    backfill daemon splits it into ranges by the shard assets' BackfillPolicy); its id.
+    Dagster is imported here, not at module level: every test session imports this module."""
+    from dagster import AssetKey
+    from dagster._core.execution.backfill import PartitionBackfill
+    from dagster._core.utils import make_new_backfill_id
+
+    from pipelines.jobs import SHARD_STAGES
+
+    backfill = PartitionBackfill.from_asset_partitions(
+        backfill_id=make_new_backfill_id(),
+        asset_graph=asset_graph,
+        partition_names=keys,
+        asset_selection=[AssetKey([ds, stage]) for stage in SHARD_STAGES],
+        backfill_timestamp=time.time(),
+        tags={},
+        dynamic_partitions_store=instance,
+        all_partitions=False,
+        title=None,
+        description=None,
+        run_config=None,
+    )
+    instance.add_backfill(backfill)
+    return backfill.backfill_id

@@ -22,6 +22,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg2
 import pytest
 from prod_servers import S3, Postgres
 from tiny_pairs import random_dataset
@@ -168,3 +169,26 @@ def postgres() -> Iterator[Postgres]:
     finally:
         run(pg_ctl, "-D", str(data), "-m", "fast", "-w", "stop")
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_database(postgres: Postgres) -> Iterator[Postgres]:
+    """A fresh database on the session's Postgres server, dropped after the test (dynamic
+    partitions and runs live in the instance, so tests must not see each other's)."""
+    name = f"dagster_{secrets.token_hex(4)}"
+    admin = f"host={postgres.host} port={postgres.port} user={postgres.user} dbname={postgres.db}"
+
+    def execute(sql: str) -> None:
+        conn = psycopg2.connect(admin)
+        conn.autocommit = True  # CREATE/DROP DATABASE cannot run in a transaction
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+        finally:
+            conn.close()
+
+    execute(f"CREATE DATABASE {name}")
+    try:
+        yield Postgres(postgres.host, postgres.port, postgres.user, name)
+    finally:
+        execute(f"DROP DATABASE {name} WITH (FORCE)")

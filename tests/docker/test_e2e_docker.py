@@ -36,26 +36,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psycopg2
 import pytest
 import yaml
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus
 from dagster._core.storage.tags import AUTO_RETRY_RUN_ID_TAG
 from docker_daemon import LABEL, ROOT, Docker
-from pipeline_project import write_shard
+from pipeline_project import SPLITS, add_shard_backfill, blend_batches, write_shard
 from prod_servers import S3, Postgres
 from servers import free_port
 
 from assets.support.partitions import partitions_name
 from pipelines.materialize import materialize_recipe
-from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe
 from tokenmill.storage.layout import merged_pointer
 from tokenmill.storage.versions import pointer_target
 
 BIN = Path(sys.executable).parent
 INFRA = ROOT / "infra"
-SPLITS = ("train", "valid", "test")
 # Distinctive fake credentials (moto and a trust-auth Postgres accept any): searched for below.
 KEY_ID = "AKIATMDOCKERE2E7Q3X9"
 SECRET = "tmDockerE2eSecret4f8a2c91ZqXv"
@@ -74,28 +71,6 @@ pytestmark = [
         "ignore:Parameter `include_sources`:Warning",
     ),
 ]
-
-
-@pytest.fixture
-def database(postgres: Postgres) -> Iterator[Postgres]:
-    """A fresh database on the session's Postgres server, dropped after the test."""
-    name = f"dagster_docker_{secrets.token_hex(4)}"
-    admin = f"host={postgres.host} port={postgres.port} user={postgres.user} dbname={postgres.db}"
-
-    def execute(sql: str) -> None:
-        conn = psycopg2.connect(admin)
-        conn.autocommit = True
-        try:
-            with conn.cursor() as cur:
-                cur.execute(sql)
-        finally:
-            conn.close()
-
-    execute(f"CREATE DATABASE {name}")
-    try:
-        yield Postgres(postgres.host, postgres.port, postgres.user, name)
-    finally:
-        execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 @pytest.fixture
@@ -242,14 +217,6 @@ def all_done(instance: DagsterInstance, job: str, count: int) -> list[Any] | Non
     return runs if len(runs) >= count and all(r.status in DONE for r in runs) else None
 
 
-def batches(manifest: Path) -> dict[str, np.ndarray]:
-    out = {}
-    for split in SPLITS:
-        blend = open_blend(manifest, split, verify="full")
-        out[split] = blend.get_batch(np.arange(len(blend)))
-    return out
-
-
 def merged_bytes_local(root: Path, ds: str) -> dict[str, bytes]:
     prefix = pointer_target(root / merged_pointer(ds))
     assert prefix is not None, f"{ds}: no merged pointer in {root}"
@@ -278,7 +245,7 @@ def leaked(where: str, data: str | bytes) -> list[str]:
 
 def test_sensor_backfill_refresh_in_containers(
     image: Docker,
-    database: Postgres,
+    pg_database: Postgres,
     recipe_dir: Path,
     s3: S3,
     make_recipe: Callable[..., Recipe],
@@ -311,7 +278,7 @@ def test_sensor_backfill_refresh_in_containers(
     home = tmp_path / "dagster_home"
     home.mkdir()
     env_vars = {
-        **database.env(),
+        **pg_database.env(),
         "DAGSTER_PG_PASSWORD": PG_PASSWORD,  # trust auth: any password is accepted
         "DAGSTER_HOME": str(home),
         "TOKENMILL_LOG_BUCKET": s3.bucket,
@@ -446,8 +413,8 @@ def test_sensor_backfill_refresh_in_containers(
             timeout=300,
         )
         assert done.returncode == 0, done.stderr
-        expected = batches(Path(local.storage.root) / "blends" / "mix" / "manifest.json")
-        got = batches(pulled / "blends" / "mix" / "manifest.json")
+        expected = blend_batches(Path(local.storage.root) / "blends" / "mix" / "manifest.json")
+        got = blend_batches(pulled / "blends" / "mix" / "manifest.json")
         for split in SPLITS:
             assert len(got[split]) > 0 and np.array_equal(got[split], expected[split]), split
         for ds in ("docs", "code"):
@@ -472,27 +439,9 @@ def test_sensor_backfill_refresh_in_containers(
 def launch_backfill(instance: DagsterInstance, recipe: Recipe, keys: list[str]) -> str:
     """An asset backfill of the docs shard stages over ``keys``, as the UI submits one; the
     backfill daemon splits it into ranges (the shard assets' BackfillPolicy)."""
-    from dagster._core.execution.backfill import PartitionBackfill
-    from dagster._core.utils import make_new_backfill_id
-
     from pipelines.build import build_definitions
 
-    graph = build_definitions(recipe).resolve_asset_graph()
-    backfill = PartitionBackfill.from_asset_partitions(
-        backfill_id=make_new_backfill_id(),
-        asset_graph=graph,
-        partition_names=keys,
-        asset_selection=[AssetKey(["docs", s]) for s in ("raw_jsonl", "hf_dataset", "tokens")],
-        backfill_timestamp=time.time(),
-        tags={},
-        dynamic_partitions_store=instance,
-        all_partitions=False,
-        title=None,
-        description=None,
-        run_config=None,
-    )
-    instance.add_backfill(backfill)
-    return backfill.backfill_id
+    return add_shard_backfill(instance, build_definitions(recipe).resolve_asset_graph(), keys)
 
 
 def kill_first_backfill_run_mid_step(

@@ -21,6 +21,7 @@ from assets.factory import build_assets
 from assets.support.partitions import check_partition_key, partitions_name
 from assets.support.resources import StorageResource
 from pipelines.build import resources_for
+from pipelines.jobs import SHARD_STAGES
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
@@ -29,7 +30,6 @@ from tokenmill.recipe import Recipe
 from tokenmill.storage import layout
 from tokenmill.storage.versions import write_pointer
 
-SHARD_STAGES = ("raw_jsonl", "hf_dataset", "tokens")
 Assets = dict[AssetKey, AssetsDefinition]
 
 

@@ -15,14 +15,12 @@ ROOT = Path(__file__).resolve().parents[2]
 # (file, private module) -> why no public API replaces it.
 PRIVATE_KEPT = {
     # Driving the daemons in process (backfill, sensor, run queue) has no public API.
-    ("tests/prod/test_backfill.py", "dagster._core.execution.backfill"): "daemon in process",
-    ("tests/prod/test_backfill.py", "dagster._core.utils"): "backfill ids, daemon in process",
+    ("tests/pipeline_project.py", "dagster._core.execution.backfill"): "a UI-style backfill",
+    ("tests/pipeline_project.py", "dagster._core.utils"): "backfill ids",
     ("tests/prod/test_backfill.py", "dagster._core.test_utils"): "daemon workspace context",
     ("tests/prod/test_backfill.py", "dagster._core.workspace.load_target"): "daemon workspace",
     ("tests/prod/test_backfill.py", "dagster._daemon.backfill"): "backfill daemon iteration",
     ("tests/prod/test_backfill.py", "dagster._daemon.daemon"): "daemon logger",
-    ("tests/docker/test_e2e_docker.py", "dagster._core.execution.backfill"): "daemon backfill",
-    ("tests/docker/test_e2e_docker.py", "dagster._core.utils"): "backfill ids",
     ("bench/bench_pipeline.py", "dagster._core.test_utils"): "daemon workspace context",
     ("bench/bench_pipeline.py", "dagster._core.workspace.load_target"): "daemon workspace",
     ("bench/bench_pipeline.py", "dagster._daemon.run_coordinator.queued_run_coordinator_daemon"): (

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,25 +16,24 @@ from typing import Any
 import pytest
 import yaml
 from dagster import AssetCheckResult, AssetKey, BackfillPolicy, DagsterInstance, materialize
-from dagster._core.execution.backfill import PartitionBackfill
 from dagster._core.instance.config import dagster_instance_config
 from dagster._core.test_utils import create_test_daemon_workspace_context
-from dagster._core.utils import make_new_backfill_id
 from dagster._core.workspace.load_target import ModuleTarget
 from dagster._daemon.backfill import execute_backfill_iteration
 from dagster._daemon.daemon import get_default_daemon_logger
+from pipeline_project import add_shard_backfill
 from prod_servers import S3, Postgres
 
 from assets.factory import build_assets
 from assets.shards import PARTITIONS_PER_BACKFILL_RUN, POOLS, each_shard
 from assets.support.partitions import partitions_name
 from pipelines.build import build_definitions, resources_for
+from pipelines.jobs import SHARD_STAGES
 from tokenmill.recipe import Recipe
 from tokenmill.tokenize.merge import natural_key
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
-SHARD_STAGES = ("raw_jsonl", "hf_dataset", "tokens")
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 pytestmark = pytest.mark.filterwarnings(
@@ -240,20 +238,9 @@ def test_backfill_of_k_shards_queues_ceil_k_over_n_runs(
         location_name="tokenmill",
     )
     with create_test_daemon_workspace_context(target, instance) as context:
-        backfill = PartitionBackfill.from_asset_partitions(
-            backfill_id=make_new_backfill_id(),
-            asset_graph=context.create_request_context().asset_graph,
-            partition_names=keys,
-            asset_selection=[AssetKey(["docs", stage]) for stage in SHARD_STAGES],
-            backfill_timestamp=time.time(),
-            tags={},
-            dynamic_partitions_store=instance,
-            all_partitions=False,
-            title=None,
-            description=None,
-            run_config=None,
+        backfill_id = add_shard_backfill(
+            instance, context.create_request_context().asset_graph, keys
         )
-        instance.add_backfill(backfill)
         logger = get_default_daemon_logger("BackfillDaemon")
         for _ in range(3):  # the first iteration requests every range; later ones add nothing
             list(execute_backfill_iteration(context, logger))
@@ -261,7 +248,7 @@ def test_backfill_of_k_shards_queues_ceil_k_over_n_runs(
     assert len(runs) == math.ceil(count / PARTITIONS_PER_BACKFILL_RUN) == 3
     covered = []
     for run in runs:
-        assert run.status.value == "QUEUED" and run.tags["dagster/backfill"] == backfill.backfill_id
+        assert run.status.value == "QUEUED" and run.tags["dagster/backfill"] == backfill_id
         start, end = keys.index(run.tags[RANGE_START]), keys.index(run.tags[RANGE_END])
         covered += keys[start : end + 1]
         assert end - start + 1 <= PARTITIONS_PER_BACKFILL_RUN

@@ -15,15 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from pipeline_project import SPLITS, blend_batches
 from prod_servers import S3, Postgres
 
 from pipelines.materialize import materialize_recipe
-from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 TOKENMILL = str(Path(sys.executable).with_name("tokenmill"))  # the console script users run
-SPLITS = ("train", "valid", "test")
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
@@ -43,15 +42,6 @@ def s3_project(make_recipe: Callable[..., Recipe], s3: S3) -> Recipe:
             "code": {"source": f"s3://{s3.bucket}/sources/code/"},
         },
     )
-
-
-def batches(manifest: Path) -> dict[str, np.ndarray]:
-    """Every sample of every split of a blend, verified in full first."""
-    out = {}
-    for split in SPLITS:
-        blend = open_blend(manifest, split, verify="full")
-        out[split] = blend.get_batch(np.arange(len(blend)))
-    return out
 
 
 def runs_by_job(instance: DagsterInstance) -> dict[str, int]:
@@ -91,7 +81,7 @@ def test_demo_shape_on_s3_and_postgres_through_the_cli(
     local = make_recipe()
     with DagsterInstance.ephemeral() as instance:
         assert materialize_recipe(local, instance) == 0
-    expected = batches(Path(local.storage.root) / "blends" / "mix" / "manifest.json")
+    expected = blend_batches(Path(local.storage.root) / "blends" / "mix" / "manifest.json")
 
     recipe = s3_project(make_recipe, s3)
     env = dict(os.environ)
@@ -122,7 +112,7 @@ def test_demo_shape_on_s3_and_postgres_through_the_cli(
     done = cli("pull", uri, str(pulled), env=env, cwd=tmp_path)
     manifest = pulled / "blends" / "mix" / "manifest.json"
     assert manifest.is_file() and "open with: tokenmill.loader.open_blend" in done.stdout
-    got = batches(manifest)
+    got = blend_batches(manifest)
     for split in SPLITS:
         assert got[split].shape == expected[split].shape and len(got[split]) > 0
         assert np.array_equal(got[split], expected[split]), split

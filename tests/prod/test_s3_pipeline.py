@@ -22,6 +22,7 @@ from assets.support.partitions import partitions_name
 from assets.support.resources import StorageResource
 from assets.support.sources import diff_listing, list_shards
 from pipelines.build import build_definitions, resources_for
+from pipelines.jobs import SHARD_STAGES
 from pipelines.materialize import materialize_recipe
 from pipelines.sensors import range_run_key
 from tokenmill.loader import open_blend
@@ -31,7 +32,6 @@ from tokenmill.storage.pull import pull
 from tokenmill_dev.corpus import stdlib_documents, write_jsonl_shards
 
 SECRET = "tm-secret-access-key-4f1c"  # the fake secret key: must never show up in a run
-SHARD_STAGES = ("raw_jsonl", "hf_dataset", "tokens")
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
