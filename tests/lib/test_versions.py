@@ -49,20 +49,28 @@ def root(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def build(root: Path, docs: str = "v1", **kw: object) -> dict:
-    settings: dict = {
-        "weights": {"docs": 0.7, "code": 0.3},
-        "sequence_length": S,
-        "split_spec": "80,10,10",
-        "seed": 5,
-        "train_samples": 51,
-    }
-    settings.update(kw)
-    datasets = {
+# The blend every test here builds (``build``) or names (``blend_version``).
+SETTINGS: dict = {
+    "weights": {"docs": 0.7, "code": 0.3},
+    "sequence_length": S,
+    "split_spec": "80,10,10",
+    "seed": 5,
+    "train_samples": 51,
+}
+
+
+def mix_datasets(root: Path, docs: str = "v1") -> dict[str, Path]:
+    return {
         "docs": root / f"merged/docs/{docs}/docs_text_document",
         "code": root / "merged/code/v1/code_text_document",
     }
-    return build_blend("mix", datasets, root / "blends/mix", root / "nanoset", **settings)
+
+
+def build(root: Path, docs: str = "v1", **kw: object) -> dict:
+    settings = {**SETTINGS, **kw}
+    return build_blend(
+        "mix", mix_datasets(root, docs), root / "blends/mix", root / "nanoset", **settings
+    )
 
 
 def files(top: Path) -> dict[str, tuple[bytes, int, int]]:
@@ -342,22 +350,12 @@ def test_manifest_self_hash_is_canonical(root: Path) -> None:
 def test_blend_version_is_known_before_building(root: Path) -> None:
     """``blend_version`` (same arguments as build_blend) builds nothing and names the version
     build_blend then writes: a caller can stage ``versions/<v16>/`` first."""
-    settings: dict = {
-        "weights": {"docs": 0.7, "code": 0.3},
-        "sequence_length": S,
-        "split_spec": "80,10,10",
-        "seed": 5,
-        "train_samples": 51,
-    }
-    datasets = {
-        "docs": root / "merged/docs/v1/docs_text_document",
-        "code": root / "merged/code/v1/code_text_document",
-    }
+    datasets = mix_datasets(root)
     out, cache = root / "blends/mix", root / "nanoset"
-    version = blend_manifest.blend_version("mix", datasets, out, cache, **settings)
+    version = blend_manifest.blend_version("mix", datasets, out, cache, **SETTINGS)
     assert not out.exists() and not cache.exists()
     assert build(root)["version"] == version
-    assert blend_manifest.blend_version("mix", datasets, out, cache, **settings) == version
+    assert blend_manifest.blend_version("mix", datasets, out, cache, **SETTINGS) == version
 
 
 def test_open_nanoset_fast_hashes_no_array_full_does(
