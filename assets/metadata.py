@@ -19,10 +19,10 @@ from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.tokenize.stats import histogram_markdown, length_histogram
 
 
-def histogram_md(lengths: npt.ArrayLike, what: str = "document length (tokens)") -> MetadataValue:
-    """The power-of-two length histogram as an inline markdown bar table."""
-    unit = what.rsplit("(", 1)[-1].rstrip(")") if "(" in what else "length"
-    head = f"**{what}**, buckets [lo, 2·lo)\n\n"
+def histogram_md(lengths: npt.ArrayLike, unit: str = "tokens") -> MetadataValue:
+    """The power-of-two histogram of document lengths in ``unit`` as an inline markdown bar
+    table."""
+    head = f"**document length ({unit})**, buckets [lo, 2·lo)\n\n"
     return MetadataValue.md(
         head + histogram_markdown(length_histogram(lengths), unit=unit, limit=1000 - len(head))
     )

@@ -119,7 +119,7 @@ def shard_metadata(
             source_fingerprint=shard.fingerprint,
             source_sha256=record["input"]["sha256"],
             path=path_value(stats_path),
-            length_histogram=histogram_md(lengths, "document length (characters)"),
+            length_histogram=histogram_md(lengths, "characters"),
             seconds=seconds,
         )
         if record["quarantine"]:
