@@ -12,9 +12,9 @@ from tokenmill.errors import FormatError
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     file_problems,
+    open_dataset,
     read_dataset_manifest,
 )
-from tokenmill.formats.indexed import IndexedDataset
 
 
 def verify_dataset(prefix: str | os.PathLike[str], *, full: bool = True) -> list[str]:
@@ -26,7 +26,7 @@ def verify_dataset(prefix: str | os.PathLike[str], *, full: bool = True) -> list
     prefix = Path(prefix)
     problems: list[str] = []
     try:
-        with IndexedDataset(prefix) as ds:
+        with open_dataset(prefix) as ds:
             ds.check_pointers()
             counts = {"documents": ds.num_documents, "sequences": len(ds), "tokens": ds.num_tokens}
     except FormatError as exc:

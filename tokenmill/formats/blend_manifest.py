@@ -34,6 +34,8 @@ import numpy as np
 
 from tokenmill.atomic import file_sha256
 from tokenmill.errors import ConfigError, FormatError
+from tokenmill.formats.dataset_manifest import read_dataset_manifest, sidecar_manifest_path
+from tokenmill.formats.virtual_merge import shard_problems
 from tokenmill.paths import has_control_character, leading_parents
 
 MANIFEST_NAME = "manifest.json"
@@ -344,6 +346,9 @@ def dataset_problems(
         if ds["name"] not in names:
             continue
         prefix = resolve(mpath, ds["prefix"])
+        if "manifest" in ds["files"]:
+            problems += _virtual_problems(mpath, ds, prefix, full=full)
+            continue
         for kind in ("bin", "idx"):
             entry = ds["files"][kind]
             path = resolve(mpath, entry["path"])
@@ -361,6 +366,27 @@ def dataset_problems(
                     "after the blend was built)"
                 )
     return problems
+
+
+def _virtual_problems(mpath: Path, ds: dict[str, Any], prefix: Path, *, full: bool) -> list[str]:
+    """Mismatches of a virtual merge's manifest (size; ``full``: sha256) and, through its
+    records, of every shard pair it names (sizes; ``full``: sha256)."""
+    entry = ds["files"]["manifest"]
+    path = resolve(mpath, entry["path"])
+    if path != sidecar_manifest_path(prefix):
+        raise FormatError(
+            mpath,
+            f"datasets.{ds['name']}.files.manifest",
+            f"{path} is not the manifest of the dataset's prefix {prefix}; rebuild the blend",
+        )
+    why = check_file(path, entry, hash_it=True)  # a few hundred bytes per shard: always hashed
+    if why:
+        return [f"dataset {ds['name']!r} manifest: {why} (the merge changed after the blend)"]
+    manifest = read_dataset_manifest(prefix)
+    return [
+        f"dataset {ds['name']!r}: {why}"
+        for why in shard_problems(prefix.parent, manifest, full=full)
+    ]
 
 
 def verify_manifest(

@@ -18,7 +18,13 @@ from typing import Any
 
 from tokenmill.atomic import file_sha256, write_json
 from tokenmill.errors import FormatError
-from tokenmill.formats.indexed import data_file_path, index_file_path
+from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file_path
+from tokenmill.formats.virtual_merge import (
+    VirtualDataset,
+    check_manifest,
+    is_virtual,
+    shard_problems,
+)
 
 FORMAT_VERSION = 1
 DATASET_MANIFESTS = (
@@ -193,8 +199,25 @@ def read_dataset_manifest(prefix: str | os.PathLike[str]) -> dict[str, Any]:
     for key in ("files", "counts", "content_hash"):
         if key not in manifest:
             raise FormatError(path, key, "missing from the manifest")
-    _check_schema(path, Path(prefix).name, manifest)
+    if is_virtual(manifest):
+        check_manifest(path, manifest)
+    else:
+        _check_schema(path, Path(prefix).name, manifest)
     return manifest
+
+
+def open_dataset(
+    prefix: str | os.PathLike[str], *, index_only: bool = False
+) -> IndexedDataset | VirtualDataset:
+    """The dataset at ``prefix``: a ``.bin``/``.idx`` pair, or a virtual merge (a manifest of
+    shard pairs, no pair of its own). Both offer the same reading surface."""
+    if not index_file_path(prefix).is_file():
+        path = sidecar_manifest_path(prefix)
+        if path.is_file():
+            manifest = read_dataset_manifest(prefix)
+            if is_virtual(manifest):
+                return VirtualDataset(prefix, manifest, path, index_only=index_only)
+    return IndexedDataset(prefix, index_only=index_only)
 
 
 def _is_digest(info: object) -> bool:
@@ -241,7 +264,10 @@ def check_dataset_files(prefix: str | os.PathLike[str], *, full: bool = False) -
 
 
 def file_problems(prefix: Path, manifest: dict[str, Any], *, full: bool) -> list[str]:
-    """Problems between an already loaded dataset manifest and the files beside ``prefix``."""
+    """Problems between an already loaded dataset manifest and the files beside ``prefix``
+    (for a virtual merge: its shards' pairs)."""
+    if is_virtual(manifest):
+        return shard_problems(prefix.parent, manifest, full=full)
     problems = []
     for name, info in manifest["files"].items():
         p = prefix.parent / name
@@ -279,6 +305,11 @@ def dataset_content_hash(prefix: str | os.PathLike[str], *, index_only: bool = F
     prefix = Path(prefix)
     if dataset_manifest_path(prefix).is_file():
         manifest = read_dataset_manifest(prefix)
+        if is_virtual(manifest):
+            problems = [] if index_only else file_problems(prefix, manifest, full=False)
+            if problems:
+                raise FormatError(prefix, "shards", "; ".join(problems))
+            return str(manifest["content_hash"])
         if index_only:
             idx = index_file_path(prefix)
             recorded = manifest["files"][idx.name]["bytes"]

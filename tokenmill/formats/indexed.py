@@ -492,8 +492,22 @@ class IndexedDataset:
             )
 
     # -- access --------------------------------------------------------------------------
+    num_parts = 1  # one .bin (a virtual merge has one per shard: formats.virtual_merge)
+
     def __len__(self) -> int:
         return len(self.sequence_lengths)
+
+    def lengths_of(self, seq: np.ndarray) -> np.ndarray:
+        """Lengths of sequences ``seq`` (int64)."""
+        return self.sequence_lengths[seq].astype(np.int64)
+
+    def locate(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(part, byte offset in that part's ``.bin``) of sequences ``seq``: part 0 here."""
+        return np.zeros(len(seq), dtype=np.int64), self.sequence_pointers[seq].astype(np.int64)
+
+    def buffer(self, part: int) -> memoryview:
+        """The ``.bin``'s bytes (``part`` is always 0 for a pair)."""
+        return memoryview(self.tokens.view(np.uint8))
 
     @property
     def num_documents(self) -> int:

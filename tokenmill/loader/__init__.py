@@ -38,6 +38,7 @@ from tokenmill.formats.dataset_manifest import (
     check_dataset_files,
     dataset_content_hash,
     dataset_manifest_path,
+    open_dataset,
 )
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.formats.nanoset_cache import (
@@ -46,6 +47,7 @@ from tokenmill.formats.nanoset_cache import (
     entry_paths_from_description,
     load_entry_arrays,
 )
+from tokenmill.formats.virtual_merge import VirtualDataset
 from tokenmill.loader._datasets import PAD_ID, BlendedDataset, NanosetDataset
 from tokenmill.loader._sampler import BatchSampler
 
@@ -157,10 +159,11 @@ def open_blend_split(
     )
 
 
-def _open_data(prefix: str | os.PathLike[str], *, full: bool) -> IndexedDataset:
-    """A ``.bin``/``.idx`` pair (header, counts and sizes checked on open); ``full`` also checks
-    every pointer against the lengths (samples are read through them)."""
-    data = IndexedDataset(prefix)
+def _open_data(prefix: str | os.PathLike[str], *, full: bool) -> IndexedDataset | VirtualDataset:
+    """A ``.bin``/``.idx`` pair (header, counts and sizes checked on open) or a virtual merge of
+    pairs (each checked when first read); ``full`` also checks every pointer against the lengths
+    (samples are read through them)."""
+    data = open_dataset(prefix)
     if full:
         data.check_pointers()
     return data
