@@ -507,7 +507,7 @@ class IndexedDataset:
 
     def buffer(self, part: int) -> memoryview:
         """The ``.bin``'s bytes (``part`` is always 0 for a pair)."""
-        return memoryview(self.tokens.view(np.uint8))
+        return self.tokens.view(np.uint8).data
 
     @property
     def num_documents(self) -> int:

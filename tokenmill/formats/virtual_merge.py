@@ -135,9 +135,11 @@ def check_manifest(path: Path, manifest: dict[str, Any]) -> None:
         if not all(_int(shard.get(c)) for c in SHARD_COUNTS):
             raise FormatError(path, where, f"counts {SHARD_COUNTS} must be integers >= 0")
         files = shard.get("files")
+        digests = list(files.values()) if isinstance(files, dict) else []
         ok = isinstance(files, dict) and sorted(files) == ["bin", "idx"]
         if not ok or not all(
-            _int(f.get("bytes")) and isinstance(f.get("sha256"), str) for f in files.values()
+            isinstance(f, dict) and _int(f.get("bytes")) and isinstance(f.get("sha256"), str)
+            for f in digests
         ):
             raise FormatError(path, f"{where}.files", f"expected bin/idx digests, found {files!r}")
         if not isinstance(shard.get("content_hash"), str) or not isinstance(shard.get("key"), str):
@@ -290,7 +292,7 @@ class VirtualDataset:
 
     def buffer(self, part: int) -> memoryview:
         """The bytes of shard ``part``'s ``.bin``."""
-        return memoryview(self.shard(part).tokens.view(np.uint8))
+        return self.shard(part).tokens.view(np.uint8).data
 
     def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Tokens of global sequence ``i`` from ``offset`` for ``length`` tokens."""
