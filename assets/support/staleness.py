@@ -39,9 +39,9 @@ from dagster import (
     RunsFilter,
 )
 
-from tokenmill.formats.dataset_manifest import FORMAT_VERSION
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig, Recipe
 from tokenmill.storage.versions import version_hash
+from tokenmill.tokenize.merged_versions import merged_version
 
 # The tag under which Dagster stores the data version of a materialization (``DataVersion``);
 # the public record APIs hand back events, whose tags carry it.
@@ -66,17 +66,12 @@ def tokens_settings(tokenizer_fingerprint: str, append_eod: bool, ds: DatasetCon
     )
 
 
-def merged_data_version(ds: DatasetConfig, inputs: Sequence[tuple[str, str | None]]) -> str:
+def merged_data_version(
+    ds: DatasetConfig, inputs: Sequence[tuple[str, str | None]], merge: str
+) -> str:
     """The merged version of ``(shard, tokens content hash)`` inputs in merge order (a shard
-    not tokenized yet counts as None); also the name of the merged version's folder."""
-    return version_hash(
-        {
-            "kind": "merged",
-            "format_version": FORMAT_VERSION,
-            "text_key": ds.text_key,
-            "inputs": [list(i) for i in inputs],
-        }
-    )
+    not tokenized yet counts as None); the library's own (``merged_version``)."""
+    return merged_version(ds.text_key, inputs, merge)
 
 
 def nanoset_data_version(merged_version: str | None, cfg: NanosetConfig) -> str:
@@ -214,7 +209,8 @@ def expected_versions(
     nanosets: dict[str, str] = {}
     for ds in recipe.datasets:
         records = shard_records(instance, ds, keys[ds.name])
-        merged = merged_data_version(ds, [(k, records[k].content_hash) for k in keys[ds.name]])
+        inputs = [(k, records[k].content_hash) for k in keys[ds.name]]
+        merged = merged_data_version(ds, inputs, recipe.merge)
         nanosets[ds.name] = nanoset_data_version(merged, recipe.nanoset)
         expected[AssetKey([ds.name, "merged"])] = merged
         expected[AssetKey([ds.name, "nanoset"])] = nanosets[ds.name]

@@ -190,3 +190,28 @@ def test_index_cache_over_a_virtual_merge_keys_on_its_content(tmp_path: Path) ->
     )
     assert np.array_equal(a.shuffle_index, b.shuffle_index)
     assert np.array_equal(a.sample_index, b.sample_index)
+
+
+def test_pull_copies_a_blend_of_virtual_merges_with_its_shards(tmp_path: Path) -> None:
+    from tokenmill.storage.pull import pull
+
+    root = tmp_path / "root"
+    _, virtual = _merges(root, "docs", [6, 10, 4], seed=13)
+    out = root / "blends" / "one"
+    build_blend(
+        "one",
+        {"docs": virtual},
+        out,
+        root / "nanoset",
+        weights={"docs": 1},
+        sequence_length=6,
+        train_samples=20,
+    )
+    dest = tmp_path / "copy"
+    pull(str(out / "manifest.json"), dest)
+    copies = list(dest.rglob("manifest.json"))
+    pointer = next(p for p in copies if p.parent.name == "one")
+    a, b = open_blend(out, "train", verify="full"), open_blend(pointer, "train", verify="full")
+    ids = np.arange(len(a))
+    assert np.array_equal(a.get_batch(ids), b.get_batch(ids))
+    assert len(list(dest.rglob("part-*_text_document.bin"))) == 3

@@ -23,8 +23,8 @@ from assets.support.resources import StorageResource
 from pipelines.build import resources_for
 from pipelines.jobs import SHARD_STAGES
 from tokenmill.errors import ConfigError, InputError
-from tokenmill.formats.dataset_manifest import write_dataset_manifest
-from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
+from tokenmill.formats.dataset_manifest import open_dataset, write_dataset_manifest
+from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe
 from tokenmill.storage import layout
@@ -99,7 +99,7 @@ def test_every_stage_of_one_recipe(
     assert value(merged, "reused_version") is False
     prefix = storage.merged_prefix("docs", "text")
     assert prefix.parent.name == version[:16]
-    with IndexedDataset(prefix) as data:
+    with open_dataset(prefix) as data:
         assert data.num_documents == 40
     again = run_asset(defs, ["docs", "merged"], resources, instance)
     assert value(again, "version") == version and value(again, "reused_version") is True

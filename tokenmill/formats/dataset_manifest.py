@@ -104,6 +104,7 @@ def write_dataset_manifest(
     counts: dict[str, int],
     bin_parts: list[dict[str, Any]] | None = None,
     digests: dict[str, dict[str, Any]] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Hash the pair's files and write the manifest atomically (call after the pair is final).
 
@@ -111,7 +112,8 @@ def write_dataset_manifest(
     file_digests``) are taken instead of re-reading the files, once their sizes are checked.
     ``bin_parts`` (``[{bytes, sha256}, ...]`` of consecutive byte ranges, e.g. the inputs of a
     merge) records the ``.bin`` by the hashes of its parts instead of re-reading it, so merging
-    runs at copy speed; a full verify hashes each range.
+    runs at copy speed; a full verify hashes each range. ``extra``: further fields (a merge's
+    ``shards`` and ``extends``).
     """
     prefix = Path(prefix)
     if digests is not None:
@@ -132,6 +134,7 @@ def write_dataset_manifest(
         "counts": counts,
         "files": files,
         "content_hash": _content_hash(files),
+        **(extra or {}),
     }
     # A 0.1.0 manifest beside the pair goes first (the pair is never vouched for by both).
     legacy_manifest_path(prefix).unlink(missing_ok=True)

@@ -145,18 +145,33 @@ def _counts(prefix: Path) -> dict[str, int]:
         return {"documents": data.num_documents, "sequences": len(data), "tokens": data.num_tokens}
 
 
+def _shard_records(keys: list[str], prefixes: list[Path], extends: str | None) -> dict[str, Any]:
+    """``shards`` (key, content hash, counts) and ``extends`` of a keyed physical merge."""
+    if len(keys) != len(prefixes):
+        raise ConfigError(f"{len(keys)} shard keys for {len(prefixes)} inputs")
+    shards = [
+        {"key": key, "content_hash": dataset_content_hash(q), **_counts(q)}
+        for key, q in zip(keys, prefixes, strict=True)
+    ]
+    return {"shards": shards, "extends": extends}
+
+
 def merge_datasets(
     inputs: list[str | os.PathLike[str]],
     output_prefix: str | os.PathLike[str],
     *,
     order: str = "given",
     input_uri: Callable[[Path], str] | None = None,
+    keys: list[str] | None = None,
+    extends: str | None = None,
 ) -> MergeResult:
     """Concatenate datasets with Megatron ``add_index`` semantics and write a manifest last.
 
     The output dtype is the first input's; any other dtype is an error naming the file. The
     manifest names each input prefix by ``input_uri(prefix)`` (default: its absolute path),
-    e.g. its URI when the inputs are local copies of objects.
+    e.g. its URI when the inputs are local copies of objects. ``keys`` (the inputs' shard keys,
+    in order) records the inputs as ``shards`` and the version it ``extends``, as a virtual
+    merge does, so document identities survive either merge mode.
     """
     start = time.perf_counter()
     prefixes = resolve_inputs(inputs, order)
@@ -194,6 +209,7 @@ def merge_datasets(
             config={"order": order, "dtype": str(dtype), **provenance},
             counts=counts,
             bin_parts=[part for q in prefixes for part in bin_parts(q)],
+            extra=None if keys is None else _shard_records(keys, prefixes, extends),
         )
     except BaseException:  # e.g. a full disk: no pair is left without its manifest
         for path in outputs:
