@@ -220,7 +220,9 @@ class VirtualDataset:
 
     def shard_prefix(self, k: int) -> Path:
         """The pair prefix of shard ``k``."""
-        return self.prefix.parent / str(self.manifest["shards"][k]["prefix"])
+        return Path(
+            os.path.normpath(self.prefix.parent / str(self.manifest["shards"][k]["prefix"]))
+        )
 
     def shard(self, k: int) -> IndexedDataset:
         """Shard ``k``'s pair, opened (and size-checked against the merge's record) once."""
