@@ -215,3 +215,20 @@ def test_pull_copies_a_blend_of_virtual_merges_with_its_shards(tmp_path: Path) -
     ids = np.arange(len(a))
     assert np.array_equal(a.get_batch(ids), b.get_batch(ids))
     assert len(list(dest.rglob("part-*_text_document.bin"))) == 3
+
+
+def test_inspect_and_verify_take_a_virtual_merge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    physical, virtual = _merges(tmp_path, "docs", [5, 7], seed=4)
+    assert main(["inspect", str(virtual)]) == 0
+    shown = capsys.readouterr().out
+    assert main(["inspect", str(physical)]) == 0
+    assert shown.split("\n", 1)[1] == capsys.readouterr().out.split("\n", 1)[1]
+    assert main(["verify", str(virtual)]) == 0
+    shard = tmp_path / "tokens" / "docs" / "part-00000_text_document.bin"
+    data = bytearray(shard.read_bytes())
+    data[0] ^= 1
+    shard.write_bytes(bytes(data))
+    assert main(["verify", str(virtual)]) == 1
+    assert "sha256" in capsys.readouterr().out
