@@ -255,9 +255,15 @@ def refresh_cost_s3(source_root: Path, shards: int, tokenizer: Path, work: Path)
         client.create_bucket(Bucket="bench")
         files = [p for p in source_root.rglob("*") if p.is_file() and ".tmp" not in p.parts]
         files = [p for p in files if p.relative_to(source_root).parts[0] in ("raw", "hf", "tokens")]
+        new = f"part-{shards:05d}"
+        late = [p for p in files if p.name.startswith(f"{new}.") or p.name.startswith(f"{new}_")]
         for merge in ("virtual", "physical"):
-            for p in files:
-                client.upload_file(str(p), "bench", f"{merge}/{p.relative_to(source_root)}")
+
+            def upload(paths: list[Path], merge: str = merge) -> None:
+                for p in paths:
+                    client.upload_file(str(p), "bench", f"{merge}/{p.relative_to(source_root)}")
+
+            upload([p for p in files if p not in late])
             recipe = {
                 "storage": {"root": f"s3://bench/{merge}", "s3_endpoint_url": url},
                 "tokenizer": {"path": str(tokenizer), "append_eod": True},
@@ -274,7 +280,8 @@ def refresh_cost_s3(source_root: Path, shards: int, tokenizer: Path, work: Path)
                 old = [f"part-{i:05d}" for i in range(shards)]
                 instance.add_dynamic_partitions("docs_shards", old)
                 job.execute_in_process(run_config=quiet, instance=instance)
-                instance.add_dynamic_partitions("docs_shards", [f"part-{shards:05d}"])
+                upload(late)  # after the first refresh: its pruned step would remove them
+                instance.add_dynamic_partitions("docs_shards", [new])
                 before, cpu = dict(moved), time.process_time()
                 result = job.execute_in_process(run_config=quiet, instance=instance)
                 out[merge] = {

@@ -232,3 +232,39 @@ def test_inspect_and_verify_take_a_virtual_merge(
     shard.write_bytes(bytes(data))
     assert main(["verify", str(virtual)]) == 1
     assert "sha256" in capsys.readouterr().out
+
+
+def test_gc_removes_an_old_virtual_version_and_keeps_the_current_readable(
+    tmp_path: Path,
+) -> None:
+    from tokenmill.storage.versions import write_pointer
+    from tokenmill.tokenize.merged_versions import extends, merged_version
+
+    shards = _shards(tmp_path / "tokens" / "docs", [5, 8, 6], seed=30)
+    keyed = [(p.name.removesuffix("_text_document"), p) for p in shards]
+    folder = tmp_path / "merged" / "docs"
+    made = []
+    for n in (2, 3):
+        ids = [(k, read_dataset_manifest(p)["content_hash"]) for k, p in keyed[:n]]
+        version = merged_version("text", ids, "virtual")
+        previous = made[-1] if made else None
+        base = extends(previous[0], read_dataset_manifest(previous[1]), ids) if previous else None
+        prefix = folder / version[:16] / "docs_text_document"
+        virtual_merge(keyed[:n], prefix, extends=base)
+        write_pointer(folder / "current.json", version, f"{version[:16]}/{prefix.name}")
+        made.append((version, prefix))
+    assert read_dataset_manifest(made[1][1])["extends"] == made[0][0]
+    out = tmp_path / "blends" / "mix"
+    build_blend(
+        "mix",
+        {"docs": made[1][1]},
+        out,
+        tmp_path / "nanoset",
+        weights={"docs": 1},
+        sequence_length=4,
+        train_samples=12,
+    )
+    assert main(["gc", str(tmp_path), "--keep", "1"]) == 0
+    assert not made[0][1].parent.exists() and made[1][1].parent.is_dir()
+    assert all(Path(f"{p}.bin").is_file() for p in shards)  # shards are read in place
+    assert len(open_blend(out, "train", verify="full")) == 12
