@@ -213,14 +213,17 @@ def open_dataset(
     prefix: str | os.PathLike[str], *, index_only: bool = False
 ) -> IndexedDataset | VirtualDataset:
     """The dataset at ``prefix``: a ``.bin``/``.idx`` pair, or a virtual merge (a manifest of
-    shard pairs, no pair of its own). Both offer the same reading surface."""
-    if not index_file_path(prefix).is_file():
-        path = sidecar_manifest_path(prefix)
-        if path.is_file():
-            manifest = read_dataset_manifest(prefix)
-            if is_virtual(manifest):
-                return VirtualDataset(prefix, manifest, path, index_only=index_only)
-    return IndexedDataset(prefix, index_only=index_only)
+    shard pairs, no pair of its own). Both offer the same reading surface; a pair whose manifest
+    records its token count opens in O(1) (``IndexedDataset(num_tokens=...)``)."""
+    path = dataset_manifest_path(prefix)
+    if not path.is_file():
+        return IndexedDataset(prefix, index_only=index_only)
+    manifest = read_dataset_manifest(prefix)
+    if is_virtual(manifest) and not index_file_path(prefix).is_file():
+        return VirtualDataset(prefix, manifest, path, index_only=index_only)
+    tokens = manifest["counts"].get("tokens")  # recorded: an O(1) open
+    recorded = tokens if type(tokens) is int and tokens >= 0 else None
+    return IndexedDataset(prefix, index_only=index_only, num_tokens=recorded)
 
 
 def _is_digest(info: object) -> bool:

@@ -391,24 +391,35 @@ class IndexedDataset:
     """Read-only view of a ``.bin``/``.idx`` pair through ``np.memmap``, validated on open."""
 
     def __init__(
-        self, prefix: str | os.PathLike[str], *, multimodal: bool = False, index_only: bool = False
+        self,
+        prefix: str | os.PathLike[str],
+        *,
+        multimodal: bool = False,
+        index_only: bool = False,
+        num_tokens: int | None = None,
     ) -> None:
         """``index_only``: read the ``.idx`` alone (lengths, counts; no tokens), so a step that
-        needs sequence lengths never opens or downloads the ``.bin``."""
+        needs sequence lengths never opens or downloads the ``.bin``. ``num_tokens``: the token
+        count a manifest records; given, the open is O(1) in the dataset's size (header, file
+        sizes, the ``.bin`` size against it) and the scans of every length and document
+        boundary wait for :meth:`check_pointers` (``verify="full"``); reads stay in bounds
+        through the loader's per-batch checks."""
         self.prefix = Path(prefix)
         self.idx_path = index_file_path(prefix)
         self.bin_path = data_file_path(prefix)
         for p in (self.idx_path,) if index_only else (self.idx_path, self.bin_path):
             if not p.is_file():
                 raise FormatError(p, "file", "missing (a .bin/.idx pair needs both files)")
-        self._read_index(multimodal)
-        self.num_tokens = int(self.sequence_lengths.sum(dtype=np.int64))
+        self._read_index(multimodal, scan=num_tokens is None)
+        if num_tokens is None:
+            num_tokens = int(self.sequence_lengths.sum(dtype=np.int64))
+        self.num_tokens = int(num_tokens)
         self._index_only = index_only
         self._bin: np.memmap | None = None
         if not index_only:
             self._check_bin()
 
-    def _read_index(self, multimodal: bool) -> None:
+    def _read_index(self, multimodal: bool, *, scan: bool = True) -> None:
         path = self.idx_path
         size = path.stat().st_size
         if size < HEADER_SIZE:
@@ -454,9 +465,15 @@ class IndexedDataset:
                 f"must start at 0 and end at sequence_count {n_seq}, "
                 f"found {int(docs[0])}..{int(docs[-1])}",
             )
-        if n_doc > 1 and bool(np.any(np.diff(docs) < 0)):
+        if scan:
+            self._scan_index()
+
+    def _scan_index(self) -> None:
+        """The O(size) checks of the index: boundaries non-decreasing, no negative length."""
+        docs, path = self.document_indices, self.idx_path
+        if len(docs) > 1 and bool(np.any(np.diff(docs) < 0)):
             raise FormatError(path, "document_indices", "are not non-decreasing")
-        if n_seq and int(self.sequence_lengths.min()) < 0:
+        if len(self.sequence_lengths) and int(self.sequence_lengths.min()) < 0:
             raise FormatError(path, "sequence_lengths", "contain a negative length")
 
     def _check_bin(self) -> None:
@@ -477,7 +494,16 @@ class IndexedDataset:
         self._bin = np.memmap(self.bin_path, dtype=self.dtype, mode="r") if size else None
 
     def check_pointers(self) -> None:
-        """Full check: every pointer equals the running byte sum of the lengths before it."""
+        """Full check: boundaries and lengths scanned, the lengths add up to the token count,
+        and every pointer equals the running byte sum of the lengths before it."""
+        self._scan_index()
+        total = int(self.sequence_lengths.sum(dtype=np.int64))
+        if total != self.num_tokens:
+            raise FormatError(
+                self.idx_path,
+                "sequence_lengths",
+                f"add up to {total} tokens, the manifest records {self.num_tokens}",
+            )
         expect = np.zeros(len(self), dtype=np.int64)
         if len(self) > 1:
             np.cumsum(self.sequence_lengths[:-1], dtype=np.int64, out=expect[1:])

@@ -233,8 +233,10 @@ class VirtualDataset:
             problems = shard_problems(base, self.manifest, full=False, shards=one, kinds=kinds)
             if problems:
                 raise FormatError(self.idx_path, f"shards[{k}]", "; ".join(problems))
-            data = IndexedDataset(self.shard_prefix(k), index_only=self._index_only)
             record = self.manifest["shards"][k]
+            data = IndexedDataset(
+                self.shard_prefix(k), index_only=self._index_only, num_tokens=record["tokens"]
+            )
             if len(data) != record["sequences"] or data.dtype != self.dtype:
                 raise FormatError(
                     data.idx_path,
