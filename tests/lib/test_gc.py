@@ -215,3 +215,59 @@ def test_an_unversioned_pair_and_its_caches_stay(store: dict, layout_of: str) ->
     assert not removed & (ours | entry)
     assert {r.name for r in report.removed if r.kind == "merged"} == {"docs"}
     assert (ours | entry) <= tree(root)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not JSON", "missing", "deep", "huge int"])
+def test_an_unreadable_blend_pointer_stops_gc(
+    store: dict, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The blend pointer names the current version: unreadable, gc cannot tell which version
+    must stay, so it removes nothing and exits 1 naming the pointer (as for a merged one)."""
+    root = store["root"]
+    pointer = root / "blends/mix/manifest.json"
+    raw = pointer.read_bytes()
+    if damage == "missing":
+        pointer.unlink()
+    else:
+        pointer.write_bytes(
+            {
+                "truncated": raw[: len(raw) // 2],
+                "not JSON": b"\x00garbage",
+                "deep": b"[" * 100_000,
+                "huge int": b'{"version": ' + b"7" * 5000 + b"}",
+            }[damage]
+        )
+    before = tree(root)
+    assert main(["gc", str(root), "--keep", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "blends/mix/manifest.json: pointer:" in err and "gc stops" in err
+    assert "Traceback" not in err
+    assert tree(root) == before
+
+
+@pytest.mark.parametrize("refresh", ["new version", "back to an old version"])
+def test_a_refresh_between_listings_keeps_what_it_made_current(
+    store: dict, refresh: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refresh lands after gc listed ``blends/`` and ``merged/`` but before ``nanoset/``: the
+    version it made current, its merged datasets and its index caches all stay."""
+    from tokenmill.storage.store import LocalStore
+
+    root = store["root"]
+    code = root / "merged/code/cccccccccccccccc/code_text_document"
+    listing = LocalStore.files
+    made: list[str] = []
+
+    def files(self: LocalStore, top: str) -> Any:
+        if top == "nanoset" and not made:
+            if refresh == "new version":
+                made.append(blend(root, merged_version(root, "docs", "4", 4), code))
+            else:  # a rebuild of the inputs of v2 (e.g. a reverted edit): v2 is current again
+                made.append(blend(root, store["docs"][1], code))
+        return listing(self, top)
+
+    monkeypatch.setattr(LocalStore, "files", files)
+    gc(root, keep=1)
+    assert made
+    survivor = open_blend(root / "blends/mix", verify="full")
+    assert survivor.version == made[0]
