@@ -168,8 +168,13 @@ def test_a_version_without_manifest_is_left_alone(store: dict) -> None:
     partial.mkdir()
     (partial / "train-dataset_index.npy").write_bytes(b"x")
     age([partial], 100)
-    gc(root, keep=0)
+    report = gc(root, keep=0)
     assert (partial / "train-dataset_index.npy").is_file()
+    assert [line.split(":")[0] for line in report.incomplete] == ["blend mix abcdefabcdefabcd"]
+    assert any(
+        line.startswith("left alone: blend mix abcdefabcdefabcd: no manifest")
+        for line in report.lines()
+    )
 
 
 def test_s3_root(store: dict, s3: Any, tmp_path: Path) -> None:
@@ -271,3 +276,33 @@ def test_a_refresh_between_listings_keeps_what_it_made_current(
     assert made
     survivor = open_blend(root / "blends/mix", verify="full")
     assert survivor.version == made[0]
+
+
+def test_a_gc_killed_mid_removal_is_finished_by_the_next(
+    store: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Killed after a version's manifest went but before its data: the next gc finds the
+    tombstone, removes the rest and says so; nothing is left behind forever."""
+    from tokenmill.storage.store import LocalStore
+
+    root, v2 = store["root"], store["versions"][1]  # the first to go (newest first)
+    folder = root / "blends/mix/versions" / v2[:16]
+    real = LocalStore.delete
+    calls: list[int] = []
+
+    def killed(self: LocalStore, keys: Any) -> None:
+        calls.append(len(keys))
+        if len(calls) == 2:  # the manifest went; the kill lands before the data
+            raise KeyboardInterrupt
+        real(self, keys)
+
+    monkeypatch.setattr(LocalStore, "delete", killed)
+    with pytest.raises(KeyboardInterrupt):
+        gc(root, keep=1)
+    monkeypatch.setattr(LocalStore, "delete", real)
+    assert not (folder / "manifest.json").exists() and any(folder.glob("*.npy"))
+    assert main(["gc", str(root), "--keep", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"finished removing blend mix {v2[:16]} (an interrupted gc left it half-removed)" in out
+    assert not folder.exists()
+    assert open_blend(root / "blends/mix", verify="full").version == store["versions"][2]

@@ -34,12 +34,16 @@ new pointers need stays), and once more before each version goes; anything modif
 started stays. A blend pointer that is missing beside versions, or damaged, stops gc before
 anything is removed (it names the version that must stay), as a damaged merged pointer does. A
 version's manifest (an entry's description) is removed first, so a half-removed version never
-looks complete.
+looks complete. A tombstone (``gc-removing.json`` in a version's folder,
+``<entry>-gc-removing.json`` beside a cache entry) is written before that and removed last, so
+the next gc finishes, and reports, a removal that was killed half-way. A version folder with
+neither manifest nor tombstone is reported as left alone.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import posixpath
 import re
@@ -69,6 +73,7 @@ HEX16 = re.compile(r"^[0-9a-f]{16}$")
 NANOSET_ENTRY = re.compile(r"^([0-9a-f]{32}-Nanoset-(?:train|valid|test))-.+$")
 DESCRIPTION = "-description.json"
 DAY = 86400.0
+TOMBSTONE = "gc-removing.json"  # written before a version's manifest goes; removed last
 
 
 @dataclass
@@ -99,13 +104,22 @@ class GcReport:
     removed: list[Removal] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # "<kind> <name> <version> (why)"
     dry_run: bool = False
+    finished: list[Removal] = field(default_factory=list)  # half-removed by an interrupted gc
+    incomplete: list[str] = field(default_factory=list)  # version folders without a manifest
 
     @property
     def bytes(self) -> int:
         return sum(r.bytes for r in self.removed)
 
     def lines(self) -> list[str]:
-        out = [r.line(self.dry_run) for r in self.removed]
+        verb = "would finish removing" if self.dry_run else "finished removing"
+        out = [
+            f"{verb} {r.kind} {r.name} {r.version} (an interrupted gc left it half-removed): "
+            f"{len(r.keys)} files, {r.bytes} bytes"
+            for r in self.finished
+        ]
+        out += [f"left alone: {line}" for line in self.incomplete]
+        out += [r.line(self.dry_run) for r in self.removed]
         verb = "would remove" if self.dry_run else "removed"
         versions = sum(r.kind != "nanoset" for r in self.removed)
         entries = len(self.removed) - versions
@@ -232,6 +246,8 @@ class _Listing:
     merged: dict[str, dict[str, list[StoredFile]]]  # dataset -> version -> files (with manifest)
     unversioned: list[str]  # manifests of pairs outside any version
     entries: dict[str, list[StoredFile]]  # Nanoset entry stem -> files (with description)
+    halves: list[Removal]  # left half-removed by an interrupted gc (a tombstone, no manifest)
+    incomplete: list[str]  # version folders without manifest nor tombstone, described
 
 
 @dataclass
@@ -258,9 +274,30 @@ def _list(store: Store) -> _Listing:
     }
     blend_versions = _groups([f for f in blend_files if f.key.split("/")[2:3] == [VERSIONS_DIR]], 3)
     by_blend: dict[str, dict[str, list[StoredFile]]] = {}
-    for (name, version), files in blend_versions.items():
-        if any(f.key.endswith(f"/{version}/{MANIFEST_NAME}") for f in files):
+    halves: list[Removal] = []
+    incomplete: list[str] = []
+
+    def half(kind: str, name: str, version: str, files: list[StoredFile], commit: str) -> None:
+        """A group without its commit file: half-removed (tombstone) or still being written."""
+        keys = sorted(f.key for f in files)
+        size, mtime = sum(f.size for f in files), max(f.mtime for f in files)
+        removal = Removal(kind, name, version, keys, size, mtime, commit)
+        if _tombstone(removal) in keys:
+            halves.append(removal)
+        elif kind != "nanoset":
+            age = (time.time() - mtime) / DAY
+            incomplete.append(
+                f"{kind} {name} {version}: no manifest (a build or upload in progress, or a "
+                f"removal interrupted before gc wrote tombstones), {len(keys)} files, "
+                f"modified {age:.1f} days ago"
+            )
+
+    for (name, version), files in sorted(blend_versions.items()):
+        commit = f"blends/{name}/{VERSIONS_DIR}/{version}/{MANIFEST_NAME}"
+        if any(f.key == commit for f in files):
             by_blend.setdefault(name, {})[version] = files
+        else:
+            half("blend", name, version, files, commit)
     merged_files = list(store.files("merged"))
     unversioned = []
     for f in merged_files:  # unversioned pairs (merged/<ds>_..._document.*): never removed
@@ -269,20 +306,42 @@ def _list(store: Store) -> _Listing:
         if flat and f.key.endswith(DATASET_MANIFEST_SUFFIX):
             unversioned.append(f.key)
     by_dataset: dict[str, dict[str, list[StoredFile]]] = {}
-    for (name, version), files in _groups(merged_files, 2).items():
+    for (name, version), files in sorted(_groups(merged_files, 2).items()):
         if any(f.key.endswith(DATASET_MANIFEST_SUFFIX) for f in files):
             by_dataset.setdefault(name, {})[version] = files
+        else:
+            half("merged", name, version, files, _merged_manifest(files))
     entries: dict[str, list[StoredFile]] = {}
     for f in store.files("nanoset"):
         match = NANOSET_ENTRY.match(posixpath.basename(f.key))
         if f.key.count("/") == 1 and match:
             entries.setdefault(match.group(1), []).append(f)
-    complete = {
-        stem: files
-        for stem, files in entries.items()
-        if f"nanoset/{stem}{DESCRIPTION}" in {f.key for f in files}
-    }
-    return _Listing(by_blend, pointers, by_dataset, unversioned, complete)
+    complete = {}
+    for stem, files in sorted(entries.items()):
+        description = f"nanoset/{stem}{DESCRIPTION}"
+        if description in {f.key for f in files}:
+            complete[stem] = files
+        else:
+            half("nanoset", stem, stem.split("-", 1)[0], files, description)
+    return _Listing(by_blend, pointers, by_dataset, unversioned, complete, halves, incomplete)
+
+
+def _tombstone(removal: Removal) -> str:
+    """The key of the tombstone of a version (in its folder) or a cache entry (beside it)."""
+    if removal.kind == "nanoset":
+        return f"nanoset/{removal.name}-{TOMBSTONE}"
+    return f"{posixpath.dirname(removal.commit)}/{TOMBSTONE}"
+
+
+def _remove(store: Store, removal: Removal) -> None:
+    """Tombstone, commit file (the version stops looking complete), the rest, tombstone: a gc
+    killed anywhere in between leaves a tombstone the next run finds and finishes."""
+    tombstone = _tombstone(removal)
+    record = {"kind": removal.kind, "name": removal.name, "version": removal.version}
+    store.write(tombstone, (json.dumps(record, sort_keys=True) + "\n").encode())
+    store.delete([removal.commit])
+    store.delete([k for k in removal.keys if k not in (removal.commit, tombstone)])
+    store.delete([tombstone])
 
 
 def _read_pointers(store: Store, listing: _Listing) -> _Pointers:
@@ -320,7 +379,14 @@ def gc(
     listing = _list(store)
     pointers = _read_pointers(store, listing)
     rules = _Rules(keep, None if older_than_days is None else started - older_than_days * DAY, pins)
-    report = GcReport(dry_run=dry_run)
+    report = GcReport(dry_run=dry_run, incomplete=listing.incomplete)
+    for removal in listing.halves:
+        if not dry_run:
+            if store.read(removal.commit) is not None:  # rebuilt meanwhile: complete again
+                continue
+            store.delete([k for k in removal.keys if k != _tombstone(removal)])
+            store.delete([_tombstone(removal)])
+        report.finished.append(removal)
     doomed, report.kept = _plan(store, listing, pointers, rules)
     if not dry_run:
         again = _read_pointers(store, listing)
@@ -339,8 +405,7 @@ def gc(
                 store, f"merged/{removal.name}"
             ):
                 continue
-            store.delete([removal.commit])
-            store.delete([k for k in removal.keys if k != removal.commit])
+            _remove(store, removal)
         report.removed.append(removal)
     return report
 
