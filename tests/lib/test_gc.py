@@ -306,3 +306,21 @@ def test_a_gc_killed_mid_removal_is_finished_by_the_next(
     assert f"finished removing blend mix {v2[:16]} (an interrupted gc left it half-removed)" in out
     assert not folder.exists()
     assert open_blend(root / "blends/mix", verify="full").version == store["versions"][2]
+
+
+def test_a_pin_matching_nothing_is_refused_unless_forced(
+    store: dict, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--keep-version`` with a typo would remove the version it meant to keep: refused (exit
+    2, the known versions listed, nothing removed) unless ``--force``."""
+    root, (v1, _, _) = store["root"], store["versions"]
+    typo = "f" + v1[1:16]
+    before = tree(root)
+    assert main(["gc", str(root), "--keep", "1", "--keep-version", typo]) == 2
+    err = capsys.readouterr().err
+    assert f"--keep-version {typo}: matches no blend or merged version" in err
+    assert f"blend mix {v1[:16]}" in err and "merged docs 1111111111111111" in err
+    assert "--force" in err
+    assert tree(root) == before
+    assert main(["gc", str(root), "--keep", "1", "--keep-version", typo, "--force"]) == 0
+    assert not (root / "blends/mix/versions" / v1[:16]).exists()

@@ -364,8 +364,11 @@ def gc(
     keep_versions: list[str] | None = None,
     dry_run: bool = False,
     endpoint_url: str | None = None,
+    force: bool = False,
 ) -> GcReport:
-    """Remove (or with ``dry_run`` list) what the module docstring says may go."""
+    """Remove (or with ``dry_run`` list) what the module docstring says may go. A pin
+    (``keep_versions``) that matches no version is a ConfigError unless ``force``: a typo would
+    otherwise remove the version it meant to keep."""
     if keep < 0:
         raise ConfigError(f"--keep must be >= 0, got {keep}")
     if older_than_days is not None and not older_than_days >= 0:
@@ -377,6 +380,8 @@ def gc(
     store = open_store(root, endpoint_url)
     started = time.time()
     listing = _list(store)
+    if not force:
+        _check_pins(pins, listing, os.fspath(root))
     pointers = _read_pointers(store, listing)
     rules = _Rules(keep, None if older_than_days is None else started - older_than_days * DAY, pins)
     report = GcReport(dry_run=dry_run, incomplete=listing.incomplete)
@@ -408,6 +413,25 @@ def gc(
             _remove(store, removal)
         report.removed.append(removal)
     return report
+
+
+def _check_pins(pins: list[str], listing: _Listing, root: str) -> None:
+    """ConfigError naming the known versions when a pin matches none of them."""
+    known = [
+        (kind, name, version)
+        for kind, groups in (("blend", listing.blends), ("merged", listing.merged))
+        for name, versions in sorted(groups.items())
+        for version in sorted(versions)
+    ]
+    missing = [pin for pin in pins if not any(_matches(v, [pin]) for _, _, v in known)]
+    if missing:
+        shown = "; ".join(f"{kind} {name} {version}" for kind, name, version in known[:30])
+        more = f"; and {len(known) - 30} more" if len(known) > 30 else ""
+        raise ConfigError(
+            f"--keep-version {', '.join(missing)}: matches no blend or merged version under "
+            f"{root} (known: {shown or 'none'}{more}); nothing was removed. Fix the version, or "
+            "pass --force to run gc anyway"
+        )
 
 
 @dataclass(frozen=True)
