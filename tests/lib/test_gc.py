@@ -324,3 +324,26 @@ def test_a_pin_matching_nothing_is_refused_unless_forced(
     assert tree(root) == before
     assert main(["gc", str(root), "--keep", "1", "--keep-version", typo, "--force"]) == 0
     assert not (root / "blends/mix/versions" / v1[:16]).exists()
+
+
+def test_a_worker_reopening_a_removed_version_gets_a_cache_error(store: dict) -> None:
+    """A DataLoader worker (re)started after gc removed the job's unpinned version unpickles
+    its dataset: a CacheError naming the blend version and ``tokenmill gc``, not a bare
+    FileNotFoundError on some index file."""
+    import pickle
+
+    from tokenmill.errors import CacheError
+
+    root, v1 = store["root"], store["versions"][0]
+    job = pickle.dumps(open_blend(root / "blends/mix", version=v1))
+    gc(root, keep=1)
+    with pytest.raises(CacheError) as caught:
+        pickle.loads(job)
+    message = str(caught.value)
+    assert v1 in message and "tokenmill gc" in message and "--keep-version" in message
+    nano = open_blend(root / "blends/mix").datasets["docs"]
+    job = pickle.dumps(nano)
+    for path in (root / "nanoset").glob(f"{nano.version}-*"):
+        path.unlink()
+    with pytest.raises(CacheError, match=f"index cache {nano.version}.*tokenmill gc"):
+        pickle.loads(job)
