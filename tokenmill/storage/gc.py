@@ -47,11 +47,9 @@ import json
 import os
 import posixpath
 import re
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from tokenmill.atomic import load_json
@@ -65,7 +63,7 @@ from tokenmill.storage.layout import (
     dataset_manifests,
 )
 from tokenmill.storage.store import Store, StoredFile, open_store
-from tokenmill.storage.versions import read_pointer
+from tokenmill.storage.versions import parse_pointer
 
 __all__ = ["GcReport", "Removal", "gc"]
 
@@ -168,15 +166,9 @@ def _blend_pointer(store: Store, name: str, versions: int) -> dict[str, Any] | N
 
 
 def _pointer(store: Store, key: str) -> dict[str, Any] | None:
-    """A merged pointer through ``tokenmill.storage.versions.read_pointer`` (checked the same
-    way)."""
+    """A merged pointer, checked as ``tokenmill.storage.versions.read_pointer`` checks one."""
     raw = store.read(key)
-    if raw is None:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / POINTER_NAME
-        path.write_bytes(raw)
-        return read_pointer(path)
+    return None if raw is None else parse_pointer(raw, key)
 
 
 def _groups(files: list[StoredFile], version_at: int) -> dict[tuple[str, str], list[StoredFile]]:
