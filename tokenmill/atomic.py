@@ -35,6 +35,9 @@ from tokenmill.errors import FormatError
 TMP_MARK = ".tmp-"
 TMP_DIR = ".tmp"
 _HOST_MAX = 40
+# The most a temp name adds to the final name: ".tmp-<host>-<pid, 7 digits at most>-<8 hex>",
+# and a transfer library's extension of its partial file (".1a2B3c4D"): whatever the host.
+TEMP_NAME_EXTRA = len(TMP_MARK) + _HOST_MAX + 1 + 7 + 1 + 8 + 9
 _CREATE_TRIES = 5
 _T = TypeVar("_T")
 # The end of a temp's name: ``.tmp-[<host>-]<pid>-<rand>``, and the extension a transfer
