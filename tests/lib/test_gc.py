@@ -278,33 +278,46 @@ def test_a_refresh_between_listings_keeps_what_it_made_current(
     assert survivor.version == made[0]
 
 
+@pytest.mark.parametrize("victim", ["blend", "merged", "nanoset"])
 def test_a_gc_killed_mid_removal_is_finished_by_the_next(
-    store: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    store: dict,
+    victim: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Killed after a version's manifest went but before its data: the next gc finds the
-    tombstone, removes the rest and says so; nothing is left behind forever."""
+    """Killed after a version's manifest (an entry's description) went but before its data: the
+    next gc finds the tombstone, removes the rest and says so; nothing stays behind forever."""
     from tokenmill.storage.store import LocalStore
 
-    root, v2 = store["root"], store["versions"][1]  # the first to go (newest first)
-    folder = root / "blends/mix/versions" / v2[:16]
+    root, v2 = store["root"], store["versions"][1]
+    folder = {
+        "blend": f"blends/mix/versions/{v2[:16]}/",
+        "merged": "merged/docs/2222222222222222/",
+        "nanoset": "nanoset/",
+    }[victim]
     real = LocalStore.delete
-    calls: list[int] = []
+    killed: list[str] = []
 
-    def killed(self: LocalStore, keys: Any) -> None:
-        calls.append(len(keys))
-        if len(calls) == 2:  # the manifest went; the kill lands before the data
+    def delete(self: LocalStore, keys: Any) -> None:
+        if not killed and len(keys) > 1 and all(k.startswith(folder) for k in keys):
+            killed.extend(keys)  # the commit file went; the kill lands before the data
             raise KeyboardInterrupt
         real(self, keys)
 
-    monkeypatch.setattr(LocalStore, "delete", killed)
+    monkeypatch.setattr(LocalStore, "delete", delete)
     with pytest.raises(KeyboardInterrupt):
         gc(root, keep=1)
     monkeypatch.setattr(LocalStore, "delete", real)
-    assert not (folder / "manifest.json").exists() and any(folder.glob("*.npy"))
+    assert killed and all((root / k).is_file() for k in killed)
     assert main(["gc", str(root), "--keep", "1"]) == 0
     out = capsys.readouterr().out
-    assert f"finished removing blend mix {v2[:16]} (an interrupted gc left it half-removed)" in out
-    assert not folder.exists()
+    assert (
+        f"finished removing {victim} " in out and "(an interrupted gc left it half-removed)" in out
+    )
+    assert not any((root / k).exists() for k in killed)
+    assert not any("gc-removing" in k for k in tree(root))
+    if victim != "nanoset":
+        assert not (root / folder).exists()
     assert open_blend(root / "blends/mix", verify="full").version == store["versions"][2]
 
 

@@ -84,7 +84,7 @@ class Removal:
     keys: list[str]  # the files, relative to the storage root
     bytes: int
     mtime: float
-    commit: str  # the key removed first (manifest or description)
+    commit: str  # the key removed first (manifest or description); "" when not known
 
     def line(self, dry_run: bool) -> str:
         verb = "would remove" if dry_run else "removed"
@@ -302,7 +302,9 @@ def _list(store: Store) -> _Listing:
         if any(f.key.endswith(DATASET_MANIFEST_SUFFIX) for f in files):
             by_dataset.setdefault(name, {})[version] = files
         else:
-            half("merged", name, version, files, _merged_manifest(files))
+            pairs = [f.key[: -len(".bin")] for f in files if f.key.count("/") == 3]
+            pairs = [p for p in pairs if f"{p}.bin" in {f.key for f in files}]
+            half("merged", name, version, files, dataset_manifests(pairs[0])[0] if pairs else "")
     entries: dict[str, list[StoredFile]] = {}
     for f in store.files("nanoset"):
         match = NANOSET_ENTRY.match(posixpath.basename(f.key))
@@ -322,7 +324,9 @@ def _tombstone(removal: Removal) -> str:
     """The key of the tombstone of a version (in its folder) or a cache entry (beside it)."""
     if removal.kind == "nanoset":
         return f"nanoset/{removal.name}-{TOMBSTONE}"
-    return f"{posixpath.dirname(removal.commit)}/{TOMBSTONE}"
+    if removal.kind == "blend":
+        return f"blends/{removal.name}/{VERSIONS_DIR}/{removal.version}/{TOMBSTONE}"
+    return f"merged/{removal.name}/{removal.version}/{TOMBSTONE}"
 
 
 def _remove(store: Store, removal: Removal) -> None:
@@ -379,8 +383,8 @@ def gc(
     report = GcReport(dry_run=dry_run, incomplete=listing.incomplete)
     for removal in listing.halves:
         if not dry_run:
-            if store.read(removal.commit) is not None:  # rebuilt meanwhile: complete again
-                continue
+            if removal.commit and store.read(removal.commit) is not None:
+                continue  # rebuilt meanwhile: complete again
             store.delete([k for k in removal.keys if k != _tombstone(removal)])
             store.delete([_tombstone(removal)])
         report.finished.append(removal)
