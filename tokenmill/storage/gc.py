@@ -155,7 +155,8 @@ def _blend_pointer(store: Store, name: str, versions: int) -> dict[str, Any] | N
             key,
             "pointer",
             f"missing while {versions} version(s) exist under {VERSIONS_DIR}/; gc stops and "
-            "removes nothing: rebuild the blend (or, during its first build, run gc after it)",
+            "removes nothing: rebuild the blend (during its first build, run gc after it; a "
+            "retired blend's folder is removed by hand)",
         )
     try:
         return parse_blend_manifest(raw, key)
