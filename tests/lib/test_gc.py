@@ -360,3 +360,19 @@ def test_a_worker_reopening_a_removed_version_gets_a_cache_error(store: dict) ->
         path.unlink()
     with pytest.raises(CacheError, match=f"index cache {nano.version}.*tokenmill gc"):
         pickle.loads(job)
+
+
+def test_a_rebuild_over_a_half_removed_entry_is_left_alone(store: dict) -> None:
+    """Files newer than a tombstone belong to a build that reuses the name (e.g. a Nanoset
+    entry rebuilt after an interrupted removal): gc does not finish that removal over it."""
+    root = store["root"]
+    stem = next(iter(store["caches"][0])).rsplit("-", 1)[0]
+    stem = "-".join(stem.split("-")[:3])
+    (root / f"nanoset/{stem}-description.json").unlink()  # the removal's first step
+    tomb = root / f"nanoset/{stem}-gc-removing.json"
+    tomb.write_text("{}")
+    age([tomb], 100)  # the entry files (30 days old) were written after it
+    rebuilt = sorted((root / "nanoset").glob(f"{stem}-*.npy"))
+    assert rebuilt
+    report = gc(root, keep=1)
+    assert not report.finished and all(p.is_file() for p in rebuilt)

@@ -275,8 +275,11 @@ def _list(store: Store) -> _Listing:
         keys = sorted(f.key for f in files)
         size, mtime = sum(f.size for f in files), max(f.mtime for f in files)
         removal = Removal(kind, name, version, keys, size, mtime, commit)
-        if _tombstone(removal) in keys:
+        tomb = next((f for f in files if f.key == _tombstone(removal)), None)
+        if tomb is not None and all(f.mtime <= tomb.mtime for f in files):
             halves.append(removal)
+        elif tomb is not None:  # written after the tombstone: a rebuild of it is under way
+            incomplete.append(f"{kind} {name} {version}: being rebuilt after a removal")
         elif kind != "nanoset":
             age = (time.time() - mtime) / DAY
             incomplete.append(
