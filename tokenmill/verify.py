@@ -59,7 +59,7 @@ def verify_dataset_info(path: str | os.PathLike[str], *, full: bool = True) -> l
         records = [
             (str(s["file"]), int(s["size"]), str(s["sha256"]), int(s["num_rows"])) for s in shards
         ]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
         return [f"{path}: not a tokenmill dataset_info.json ({exc!r})"]
     problems = []
     if sum(rows for *_, rows in records) != examples:

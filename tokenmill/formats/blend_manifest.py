@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.atomic import file_sha256
+from tokenmill.atomic import file_sha256, load_json
 from tokenmill.errors import ConfigError, FormatError
 from tokenmill.formats.dataset_manifest import read_dataset_manifest, sidecar_manifest_path
 from tokenmill.formats.virtual_merge import shard_problems
@@ -147,10 +147,12 @@ def read_blend_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
             "missing: the blend was never completed "
             "(or is being rebuilt); build it with `tokenmill blend`",
         )
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(mpath, "manifest", f"not valid JSON ({exc})") from exc
+    return parse_blend_manifest(mpath.read_bytes(), mpath)
+
+
+def parse_blend_manifest(raw: bytes, mpath: object) -> dict[str, Any]:
+    """``read_blend_manifest`` of bytes already read (e.g. from S3); errors name ``mpath``."""
+    manifest = load_json(raw, mpath, "manifest")
     if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
         raise FormatError(mpath, "kind", f"expected {KIND!r}: this is not a blend manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
@@ -305,9 +307,9 @@ def _key_problems(
     that differ from the description's (a cheap check: no array is read)."""
     path = resolve(mpath, ds["index"]["files"]["description"]["path"])
     try:
-        description = json.loads(path.read_text(encoding="utf-8"))
+        description = load_json(path.read_bytes(), path, "description")
         key, records = description["key"], description["files"]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+    except (OSError, FormatError, KeyError, TypeError) as exc:
         return [f"{path}: unreadable index description ({exc!r})"]
     wanted = {
         "sequence_length": manifest["sequence_length"],

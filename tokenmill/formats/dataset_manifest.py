@@ -11,12 +11,11 @@ it is; readers never move it, the next write of the pair does (:func:`write_data
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import file_sha256, write_json
+from tokenmill.atomic import file_sha256, load_json, write_json
 from tokenmill.errors import FormatError
 from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file_path
 from tokenmill.formats.virtual_merge import (
@@ -192,10 +191,7 @@ def read_dataset_manifest(prefix: str | os.PathLike[str]) -> dict[str, Any]:
     path = dataset_manifest_path(prefix)
     if not path.is_file():
         raise FormatError(path, "manifest", "missing: the dataset was never completed")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(path, "manifest", f"not valid JSON ({exc})") from exc
+    manifest = load_json(path.read_bytes(), path, "manifest")
     if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
         found = manifest.get("format_version") if isinstance(manifest, dict) else manifest
         raise FormatError(path, "format_version", f"found {found!r}, expected {FORMAT_VERSION}")

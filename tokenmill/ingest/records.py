@@ -266,9 +266,12 @@ def classify_line(line: bytes, text_key: str) -> str | None:
     except orjson.JSONDecodeError as exc:
         try:
             obj = json.loads(decoded)
+            encodable = _encodable(obj)
         except ValueError:
             return f"invalid JSON: {exc}"
-        if _encodable(obj):
+        except RecursionError:  # nested deeper than any parser here follows: one bad line
+            return f"JSON nested too deeply: {exc}"
+        if encodable:
             return f"invalid JSON: {exc}"
     if not isinstance(obj, dict):
         return f"line is not a JSON object (found {_type_name(obj)})"

@@ -14,13 +14,13 @@ PyTorch map-style Dataset when torch is installed.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tokenmill.atomic import load_json
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.blend_manifest import (
     BLEND_ARRAYS,
@@ -271,10 +271,10 @@ def _load_cache(
     rebuild = "rebuild it with tokenmill.indices.nanoset.build_or_load (same settings)"
     if not description_path.is_file():
         raise CacheError(f"{description_path}: missing (never completed); {rebuild}")
+    description = load_json(description_path.read_bytes(), description_path, "description")
     try:
-        description = json.loads(description_path.read_text(encoding="utf-8"))
         key = description["key"]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+    except (KeyError, TypeError) as exc:
         raise FormatError(description_path, "description", f"unreadable ({exc!r})") from exc
     paths = entry_paths_from_description(description_path)
     try:

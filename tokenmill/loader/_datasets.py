@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.errors import ConfigError, FormatError
+from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     open_dataset,
@@ -333,10 +333,18 @@ def _reopen(
     (``allow_pickle=False``); the sender verified them, so only the O(1) checks run."""
     arrays = [document_index, sample_index, shuffle_index]
     paths: tuple[str, str, str] | None = None
-    if all(isinstance(a, str) for a in arrays):
-        paths = (str(arrays[0]), str(arrays[1]), str(arrays[2]))
-        arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
-    data = open_dataset(prefix)
+    try:
+        if all(isinstance(a, str) for a in arrays):
+            paths = (str(arrays[0]), str(arrays[1]), str(arrays[2]))
+            arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
+        data = open_dataset(prefix)
+    except FileNotFoundError as exc:
+        raise CacheError(
+            f"{exc.filename}: missing when a DataLoader worker reopened index cache "
+            f"{settings.get('version')} of dataset {settings.get('name')!r}: removed after the "
+            "job opened it, most likely by `tokenmill gc`; keep what a running job reads "
+            "(`tokenmill gc --keep-version`) and restart the job"
+        ) from exc
     return NanosetDataset(
         data,
         *arrays,
@@ -347,17 +355,32 @@ def _reopen(
 
 
 def _reopen_blend(
-    datasets: dict[str, NanosetDataset],
+    parts: dict[str, tuple[Any, ...]],
     dataset_index: np.ndarray | str,
     dataset_sample_index: np.ndarray | str,
     settings: dict[str, Any],
 ) -> BlendedDataset:
-    """Inverse of ``BlendedDataset.__reduce__`` (blend arrays memory-mapped from their files)."""
+    """Inverse of ``BlendedDataset.__reduce__`` (datasets reopened from ``_reopen`` arguments,
+    blend arrays memory-mapped from their files); a file gone since the job opened the blend
+    (gc removed its version) is a CacheError naming the blend version."""
     arrays = [dataset_index, dataset_sample_index]
     paths = None
-    if all(isinstance(a, str) for a in arrays):
-        paths = (str(dataset_index), str(dataset_sample_index))
-        arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
+    try:
+        datasets = {name: _reopen(*args) for name, args in parts.items()}
+        if all(isinstance(a, str) for a in arrays):
+            paths = (str(dataset_index), str(dataset_sample_index))
+            arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
+    except (FileNotFoundError, CacheError) as exc:
+        version = settings.get("version")
+        name = settings.get("manifest", {}).get("name", "?")
+        cause = exc.__cause__ if isinstance(exc, CacheError) else exc
+        missing = getattr(cause, "filename", None) or exc
+        raise CacheError(
+            f"blend {name!r} version {version}: a DataLoader worker could not reopen it "
+            f"({missing} is missing): the version was removed after the job opened it, most "
+            f"likely by `tokenmill gc`; pin it (`tokenmill gc --keep-version {version}`) for "
+            "as long as a job reads it, and restart the job (or open the current version)"
+        ) from exc
     return BlendedDataset(datasets, *arrays, validate=paths is None, array_paths=paths, **settings)
 
 
@@ -482,7 +505,8 @@ class BlendedDataset:
             self.dataset_index,
             self.dataset_sample_index,
         )
-        return (_reopen_blend, (self.datasets, *arrays, settings))
+        parts = {name: ds.__reduce__()[1] for name, ds in self.datasets.items()}
+        return (_reopen_blend, (parts, *arrays, settings))
 
     def validate(self) -> None:
         """Full check: every blend value and every dataset's index values in range."""

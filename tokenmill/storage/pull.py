@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import posixpath
 import sys
@@ -37,6 +36,7 @@ from typing import Any
 
 from tokenmill.atomic import (
     commit,
+    load_json,
     name_os_errors,
     remove_stale_temps,
     temp_path_for,
@@ -270,7 +270,7 @@ def _wanted(key: str, entry: dict[str, Any], what: str, uri: str) -> Wanted:
 def _attach_parts(files: dict[str, Wanted], folder: str, raw: bytes, uri: str) -> None:
     """Check a dataset manifest against the blend's entries; take its ``.bin`` parts."""
     try:
-        recorded = json.loads(raw)["files"]
+        recorded = load_json(raw, uri, "manifest")["files"]
         for name, info in recorded.items():
             key = posixpath.join(folder, name)
             if key not in files:
@@ -303,13 +303,10 @@ def _attach_shards(files: dict[str, Wanted], prefix: str, raw: bytes, uri: str) 
     key = dataset_manifest(prefix)
     if key not in files:
         return
-    try:
-        manifest = json.loads(raw)
-        if not is_virtual(manifest):
-            return
-        check_manifest(Path(uri), manifest)
-    except (TypeError, ValueError, RecursionError, AttributeError) as exc:
-        raise FormatError(uri, "manifest", f"malformed ({exc!r})") from exc
+    manifest = load_json(raw, uri, "manifest")
+    if not isinstance(manifest, dict) or not is_virtual(manifest):
+        return
+    check_manifest(Path(uri), manifest)
     if hashlib.sha256(raw).hexdigest() != files[key].sha256:
         raise FormatError(uri, "sha256", "differs from the blend's record: the merge changed")
     del files[key]
@@ -554,10 +551,7 @@ def _sync(source: _Source, want: Wanted, root: Path, advance: Callable[[int], No
 
 def _parse_manifest(raw: bytes, uri: str) -> dict[str, Any]:
     """The blend manifest's JSON object (full schema checks happen on the local copy)."""
-    try:
-        manifest = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(uri, "manifest", f"not valid JSON ({exc})") from exc
+    manifest = load_json(raw, uri, "manifest")
     if not isinstance(manifest, dict) or manifest.get("kind") != "blend":
         raise FormatError(uri, "kind", "expected 'blend': this is not a blend manifest")
     return manifest
