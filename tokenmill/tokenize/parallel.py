@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.atomic import create_temp, remove_stale_temps
+from tokenmill.atomic import temp_path_for
 from tokenmill.errors import BadRecordError, TokenmillError
 from tokenmill.formats.shard_records import IngestStats
 from tokenmill.ingest.records import Quarantine, read_jsonl_batches
@@ -62,12 +62,11 @@ def splittable(path: Path) -> bool:
     return path.name.endswith(".jsonl") and path.is_file()
 
 
-def plan_ranges(
-    inputs: list[Path], workers: int, min_bytes: int = MIN_RANGE_BYTES
-) -> list[InputRange]:
+def plan_ranges(inputs: list[Path], workers: int) -> list[InputRange]:
     """The inputs as ranges in input order: about ``RANGES_PER_WORKER`` per worker over the
-    plain files' bytes, each between ``min_bytes`` and ``MAX_RANGE_BYTES`` (a line longer than
-    that makes its range longer)."""
+    plain files' bytes, each between ``MIN_RANGE_BYTES`` and ``MAX_RANGE_BYTES`` (a line longer
+    than that makes its range longer)."""
+    min_bytes = MIN_RANGE_BYTES
     total = sum(p.stat().st_size for p in inputs if splittable(p))
     target = math.ceil(total / (workers * RANGES_PER_WORKER)) if total else 1
     target = max(min_bytes, min(MAX_RANGE_BYTES, target), 1)
@@ -142,11 +141,19 @@ class Job:
 
     ranges: list[InputRange]
     order: list[int]  # range indices in the order workers take them
-    bin_path: Path  # the final .bin: parts are its temps, in the same .tmp/
+    parts: list[Path]  # per range: a temp of the final .bin (see ``part_paths``)
     text_key: str
     on_bad_record: str
     eod: int | None
     dtype: np.dtype
+
+
+def part_paths(bin_path: Path, count: int) -> list[Path]:
+    """Temp names in ``bin_path``'s ``.tmp/`` for ``count`` parts, named by this (the parent)
+    process: a part is judged stale only once the run is gone, never while the parent may still
+    stitch it, and the parent knows every name to remove on failure."""
+    base = temp_path_for(bin_path)
+    return [base.with_name(f"{base.name}{k:06x}") for k in range(count)]
 
 
 def schedule(ranges: list[InputRange]) -> list[int]:
@@ -169,12 +176,14 @@ def _batches(job: Job, rng: InputRange, spool: _Spool | None, stats: IngestStats
 
 
 def _tokenize_range(
-    job: Job, encoder: Encoder, rng: InputRange, parent: int
+    job: Job, encoder: Encoder, index: int, parent: int
 ) -> tuple[dict[str, Any], np.ndarray]:
-    """Tokenize one range into a part file: the result's JSON header and the lengths."""
+    """Tokenize one range into its part file: the result's JSON header and the lengths."""
+    rng = job.ranges[index]
     stats = IngestStats(path=str(rng.path))
     spool = _Spool() if job.on_bad_record == "quarantine" else None
-    part, fh = create_temp(job.bin_path, lambda t: open(t, "wb"))  # noqa: SIM115 - closed below
+    part = job.parts[index]
+    fh = open(part, "wb")  # noqa: SIM115 - closed below
     lengths: list[np.ndarray] = []
     sample = None
     try:
@@ -215,7 +224,7 @@ def _worker(job: Job, encoder: Encoder, counter: Any, out: Any, parent: int) -> 
             return
         index = job.order[k]
         try:
-            header, lengths = _tokenize_range(job, encoder, job.ranges[index], parent)
+            header, lengths = _tokenize_range(job, encoder, index, parent)
         except BadRecordError as exc:
             error = {"kind": "bad_record", "path": exc.path, "line": exc.line, "reason": exc.reason}
             out.send_bytes(json.dumps({"range": index, "error": error}).encode())
@@ -304,8 +313,6 @@ class RangeWorkers:
             proc.join()
         for conn in self.conns:
             conn.close()
-        for result in self.pending.values():
-            if result.part is not None:
-                result.part.unlink(missing_ok=True)
         self.pending.clear()
-        remove_stale_temps(self.job.bin_path)  # parts of workers killed while writing
+        for part in self.job.parts:  # taken ones are gone; the rest may be partly written
+            part.unlink(missing_ok=True)

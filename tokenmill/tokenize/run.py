@@ -57,7 +57,14 @@ from tokenmill.formats.shard_records import IngestStats
 from tokenmill.ingest.records import ON_BAD_RECORD, Quarantine
 from tokenmill.ingest.sources import read_input_batches
 from tokenmill.paths import name_problem
-from tokenmill.tokenize.parallel import Job, RangeResult, RangeWorkers, plan_ranges, schedule
+from tokenmill.tokenize.parallel import (
+    Job,
+    RangeResult,
+    RangeWorkers,
+    part_paths,
+    plan_ranges,
+    schedule,
+)
 from tokenmill.tokenize.procs import (
     SAMPLE_CHARS,
     SAMPLE_DOCS,
@@ -213,7 +220,7 @@ class _Run:
             job = Job(
                 ranges=ranges,
                 order=schedule(ranges),
-                bin_path=data_file_path(self.prefix),
+                parts=part_paths(data_file_path(self.prefix), len(ranges)),
                 text_key=self.text_key,
                 on_bad_record=self.on_bad_record,
                 eod=self.eod,
