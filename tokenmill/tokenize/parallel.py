@@ -38,7 +38,7 @@ from tokenmill.tokenize.tokenizer import Encoder
 
 MIN_RANGE_BYTES = 4 << 20  # smaller ranges cost more in per-range overhead than they balance
 MAX_RANGE_BYTES = 64 << 20
-RANGES_PER_WORKER = 4  # ranges per worker on a big input: a slow range delays the end less
+RANGES_PER_WORKER = 8  # ranges per worker on a big input: the last range to end is short
 _SCAN = 1 << 16
 
 

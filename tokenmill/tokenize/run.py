@@ -14,18 +14,19 @@ and write their ranges to part files in the output folder's ``.tmp/``, and this 
 the parts into the ``.bin`` in input order as they arrive, builds the ``.idx`` from their
 lengths, renumbers quarantined lines to the input's real line numbers and submits each input's
 first documents to the checker. Stitching copies a part with ``copy_file_range`` (in the kernel,
-page cache to page cache) after hashing it through a read-only map (the whole-file sha256 of the
-manifest; no copy into Python): measured on 120 MB of parts, this takes about a third of the CPU
-of reading the part and writing it from Python (bench/out/stitch.json), and the sha256 itself,
-which no split can parallelize, is the larger share (~0.4 s per GB here) and runs while the
-workers still encode. Writing at known offsets would need every earlier part's size before a
-worker starts. Because each document is encoded whole by one worker and the parts are put back
-in input order, the bytes are the same for any ``workers``, any split and any engine.
+page cache to page cache) after hashing it through a read-only map (the manifest's whole-file
+sha256; no copy into Python). Per GB of ``.bin`` (measured by ``bench_tokenize.py --scaling``)
+the copy takes 0.3 CPU-s where reading and writing the part from Python takes 0.7–2 CPU-s; the
+sha256 takes 0.55 CPU-s. The sha256s of the ``.bin`` and of each input file are the serial
+steps no split shares out; both run while the workers still encode the later ranges. Writing
+at known offsets instead would need every earlier range's token count before a worker starts.
+Each document is encoded whole by one worker and the parts go back in input order, so the
+bytes are the same for any ``workers``, any split and any engine.
 
 With one worker (or one range) the run stays in process: a reader thread parses, an encoder
-thread encodes and the writer hashes while writing, at most two batches between stages (gigatoken's
-per-text ``encode`` holds the GIL, so the stages overlap only where numpy, hashing and I/O
-release it). The inputs' sha256 for the manifest is taken on another thread in both modes.
+thread encodes and the writer hashes while writing, at most two batches between stages
+(gigatoken's per-text ``encode`` holds the GIL, so the stages overlap only where numpy, hashing
+and I/O release it). The inputs' sha256 for the manifest is taken on another thread in both modes.
 Outputs are written under temporary names and renamed at the end (manifest last, its sha256s
 taken while writing); a killed run leaves no final-named file, and the next run removes its
 leftovers (parts of killed workers included).
