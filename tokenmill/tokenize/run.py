@@ -137,6 +137,7 @@ def tokenize_files(
     ``{output_prefix}.quarantine.jsonl``. ``progress=None`` shows a bar when stderr is a TTY.
     The manifest names each input by ``input_uri(path)`` (default: its absolute path), e.g.
     the object's URI when the input is a local copy, and records its size and sha256.
+    ``workers`` > 1 processes share the inputs by byte ranges; the bytes are the same for any.
     """
     start = time.perf_counter()
     if not inputs:
