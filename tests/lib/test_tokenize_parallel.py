@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pipeline_project import ROOT
 from test_tokenize import expected_pair, pair_bytes, read_docs, real_texts
@@ -45,7 +47,7 @@ def _line(text: str, n: int) -> bytes:
 
 def _inputs(folder: Path) -> tuple[list[Path], dict[int, str]]:
     """A multi-range file with bad, blank and CRLF lines (and the real line number of each bad
-    line), a .gz input, an empty one, and one with a BOM and no final newline."""
+    line), a .gz input, an empty one, one with a BOM and no final newline, and a Parquet file."""
     texts = real_texts(12)
     lines: list[bytes] = []
     bad: dict[int, str] = {}
@@ -73,7 +75,9 @@ def _inputs(folder: Path) -> tuple[list[Path], dict[int, str]]:
     tail.write_bytes(
         b"\xef\xbb\xbf" + _line("bom first", 0) + _line("no newline at the end", 1)[:-1]
     )
-    return [big, gz, empty, tail], bad
+    table = folder / "last.parquet"
+    pq.write_table(pa.table({"text": [t[:300] for t in texts[:5]]}), table)
+    return [big, gz, empty, tail, table], bad
 
 
 def _run(inputs: list[Path], out: Path, tokenizer: Any, workers: int, **kw: Any) -> Any:
@@ -96,9 +100,10 @@ def test_plan_cuts_plain_files_on_line_boundaries(small_ranges: None, tmp_path: 
         assert end == start and big[end - 1 : end] == b"\n"
     assert [r.byte_range for r in ranges if r.index == 1] == [None]  # .gz: one worker
     assert [r.byte_range for r in ranges if r.index == 2] == [(0, 0)]
+    assert [r.byte_range for r in ranges if r.index == 4] == [None]  # Parquet: one worker
     order = parallel.schedule(ranges)
-    assert order[0] == next(i for i, r in enumerate(ranges) if r.index == 1)
-    assert sorted(order) == list(range(len(ranges)))
+    assert {ranges[i].index for i in order[:2]} == {1, 4}  # whole inputs are taken first
+    assert order[2:] == sorted(order[2:]) and sorted(order) == list(range(len(ranges)))
 
 
 def test_any_worker_count_gives_identical_bytes_and_quarantine(
