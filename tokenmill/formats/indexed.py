@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import mmap
 import os
 import queue
 import shutil
@@ -212,6 +213,34 @@ class IndexedDatasetWriter:
         self._lengths.extend(lens[nonempty])
         self._docs.extend(base + np.cumsum(nonempty, dtype=np.int64))
 
+    def add_part(self, part: str | os.PathLike[str], doc_lengths: npt.ArrayLike) -> None:
+        """Append a raw token file (e.g. a worker's part) as many one-sequence documents, as
+        ``add_documents`` would: bytes copied in the kernel, the sha256 kept (read from a map of
+        the part, no copy into Python)."""
+        lens = np.asarray(doc_lengths, dtype=np.int64)
+        size = int(lens.sum()) * self.dtype.itemsize
+        if self._bin is None:
+            raise RuntimeError(f"{self.prefix}: writer already finalized or aborted")
+        with name_os_errors(data_file_path(self.prefix), source=part), open(part, "rb") as src:
+            if os.fstat(src.fileno()).st_size != size:
+                raise FormatError(part, "size", f"lengths need {size} bytes, file has "
+                                  f"{os.fstat(src.fileno()).st_size}")  # fmt: skip
+            if size:
+                with mmap.mmap(src.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                    if self._bin_hash is not None:
+                        self._bin_hash.update(view)
+                    self._bin.flush()
+                    _append_range(src, self._bin, size, view)
+        self._bin_size += size
+        base = len(self._lengths)
+        nonempty = lens > 0
+        self._lengths.extend(lens[nonempty])
+        self._docs.extend(base + np.cumsum(nonempty, dtype=np.int64))
+        end = self._bin_size
+        if end - self._written_back >= WRITEBACK_CHUNK:
+            self._writeback.add(self._written_back, end - self._written_back)
+            self._written_back = end
+
     def add_index(self, prefix: str | os.PathLike[str]) -> None:
         """Append a whole existing dataset (Megatron ``add_index``): bytes copied in blocks.
 
@@ -361,6 +390,24 @@ class _Writeback:
         if self._thread.is_alive():
             self._ranges.put(None)
             self._thread.join()
+
+
+def _append_range(src: IO[bytes], dst: IO[bytes], size: int, view: mmap.mmap) -> None:
+    """Append ``size`` bytes of ``src`` at the end of ``dst``: ``copy_file_range`` (in the kernel,
+    page cache to page cache), or writes from ``view`` where the file system refuses it."""
+    base = dst.seek(0, os.SEEK_END)
+    off = 0
+    with contextlib.suppress(OSError):  # EXDEV, ENOSYS, EINVAL: the plain write below
+        while off < size:
+            sent = os.copy_file_range(src.fileno(), dst.fileno(), size - off, off, base + off)
+            if sent == 0:
+                break
+            off += sent
+    if off < size:
+        dst.seek(base + off)
+        dst.write(view[off:size])
+        dst.flush()
+    dst.seek(0, os.SEEK_END)
 
 
 def _copy_file(src: IO[bytes], dst: IO[bytes]) -> None:
