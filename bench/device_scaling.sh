@@ -17,7 +17,7 @@ PYTHON="${PYTHON:-.venv/bin/python}"
 MB="${MB:-320}"
 REPEAT="${REPEAT:-3}"
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export TOKENMILL_CACHE_DIR="${TOKENMILL_CACHE_DIR:-$PWD/bench/out/device-cache}"
 export TOKENMILL_SCALING_JSON="$OUT/tokenize-scaling-device.json"
 start=$(date +%s)
