@@ -4,6 +4,7 @@ sample for sample (compared on the assembled tokens, through the loader)."""
 
 from __future__ import annotations
 
+import json
 import zlib
 from pathlib import Path
 
@@ -11,12 +12,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_pairs import random_dataset
 
+from tokenmill.cli import main
 from tokenmill.errors import ConfigError
-from tokenmill.formats.dataset_manifest import write_dataset_manifest
+from tokenmill.formats.dataset_manifest import dataset_manifest_path, write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
 from tokenmill.indices import growing
 from tokenmill.indices._nanoset_indices import SPLITS
+from tokenmill.indices.nanoset import build_or_load, entry_key
 from tokenmill.loader._datasets import NanosetDataset
 
 SPEC = "80,10,10"
@@ -192,3 +196,75 @@ def test_prefix_property_on_index_arrays(sizes: list[int], seq: int, era: int, c
         np.testing.assert_array_equal(new[0][: len(old[0])], old[0])
         np.testing.assert_array_equal(new[1][: len(old[1])], old[1])
         np.testing.assert_array_equal(new[2][:n], old[2])
+
+
+# -- the Nanoset cache and the CLI ---------------------------------------------------------------
+def _sharded(prefix: Path, sizes: list[int], seed: int = 0) -> Path:
+    """A merged pair of ``sum(sizes)`` documents whose manifest lists its shards (as a virtual
+    merge records them)."""
+    random_dataset(prefix, sum(sizes), seed, counted=True, lengths=(5, 40))
+    path = dataset_manifest_path(prefix)
+    manifest = json.loads(path.read_text())
+    manifest["shards"] = [
+        {"key": f"k{i}", "content_hash": f"h{i}", "documents": n, "sequences": n}
+        for i, n in enumerate(sizes)
+    ]
+    path.write_text(json.dumps(manifest))
+    return prefix
+
+
+def test_cache_entry_of_growing_semantics(tmp_path: Path) -> None:
+    prefix = _sharded(tmp_path / "m", [60, 80, 40])
+    settings = {"sequence_length": 8, "seed": 3, "split_spec": SPEC, "semantics": "growing"}
+    index = build_or_load(prefix, tmp_path / "cache", split="train", era_samples=4, **settings)
+    assert index is not None
+    expected = growing.build_growing_indices(
+        IndexedDataset(prefix).sequence_lengths, growing.shard_table(prefix), "train",
+        split_spec=SPEC, sequence_length=8, seed=3, num_samples=None, era_samples=4,
+    )  # fmt: skip
+    for got, want in zip(
+        (index.document_index, index.sample_index, index.shuffle_index), expected, strict=False
+    ):
+        np.testing.assert_array_equal(got, want)
+    key = index.description["key"]
+    assert key["split_range"] is None and key["era_samples"] == 4
+    assert key["shard_table_sha256"] == growing.shard_table_hash(growing.shard_table(prefix))
+    assert index.description["counts"]["num_samples"] == len(index) > 0
+    # the era size and the shard table are part of the key: never a wrong hit
+    other_era = build_or_load(prefix, tmp_path / "cache", split="train", era_samples=8, **settings)
+    assert other_era is not None and other_era.cache_hash != index.cache_hash
+    table = growing.shard_table(prefix)
+    renamed = [(f"x{key}", n) for key, n in table]
+    found = entry_key(180, "same", split="train", shards=renamed, era_samples=4, **settings)
+    same = entry_key(180, "same", split="train", shards=table, era_samples=4, **settings)
+    assert found is not None and same is not None and found[1] != same[1]
+
+
+def test_reference_cache_keys_do_not_change() -> None:
+    """megatron/nanotron keys carry no growing field, whatever era_samples is passed."""
+    for semantics in ("megatron", "nanotron"):
+        a = entry_key(100, "h", split="train", sequence_length=8, semantics=semantics)
+        b = entry_key(100, "h", split="train", sequence_length=8, semantics=semantics,
+                      era_samples=3)  # fmt: skip
+        assert a == b and a is not None
+        assert "era_samples" not in a[0] and "shard_table_sha256" not in a[0]
+
+
+def test_growing_refuses_partial_samples_and_mismatched_tables(tmp_path: Path) -> None:
+    kw = {"split": "valid", "sequence_length": 8, "semantics": "growing"}
+    with pytest.raises(ConfigError, match="drop_last_partial must be true"):
+        entry_key(10, "h", shards=[("a", 10)], drop_last_partial=False, **kw)
+    with pytest.raises(ConfigError, match="one sequence per document"):
+        entry_key(11, "h", shards=[("a", 10)], **kw)
+    with pytest.raises(ConfigError, match="shard table"):
+        entry_key(10, "h", **kw)
+    assert entry_key(10, "h", shards=[("a", 10)], split_spec="1,0,0", **kw) is None
+
+
+def test_cli_index_growing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prefix = _sharded(tmp_path / "m", [300, 200])
+    argv = ["index", "--dataset", str(prefix), "--cache-dir", str(tmp_path / "c")]
+    argv += ["--sequence-length", "8", "--split", SPEC, "--semantics", "growing"]
+    assert main([*argv, "--era-samples", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "held back until the era fills" in out and "train:" in out

@@ -39,7 +39,11 @@ from typing import Any
 import numpy as np
 
 from tokenmill.errors import ConfigError
-from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
+from tokenmill.formats.dataset_manifest import (
+    dataset_content_hash,
+    dataset_manifest_path,
+    read_dataset_manifest,
+)
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.indices._nanoset_indices import SPLITS, check_int, parse_split, shuffle_index_dtype
 from tokenmill.indices._sample_index import build_sample_index, count_samples
@@ -49,6 +53,8 @@ __all__ = [
     "GrowingPlan",
     "build_growing_indices",
     "document_splits",
+    "lineage_hash",
+    "shard_lineage",
     "shard_table",
     "shard_table_hash",
     "split_documents",
@@ -72,41 +78,55 @@ def shard_table(
     made by hand, with or without a manifest) is one shard keyed by its prefix name. ConfigError
     when a shard holds more sequences than documents (growing semantics needs one each).
     """
+    return [(key, docs) for key, docs, _ in shard_lineage(manifest_or_prefix)]
+
+
+def shard_lineage(
+    manifest_or_prefix: Mapping[str, Any] | str | os.PathLike[str],
+) -> list[tuple[str, int, str]]:
+    """``[(shard key, documents, content hash), ...]`` in merge order (see :func:`shard_table`;
+    a pair without ``shards`` is one shard with the pair's content hash): a version extends
+    another when the other's lineage is a prefix of its own."""
     if isinstance(manifest_or_prefix, Mapping):
-        manifest: Mapping[str, Any] | None = manifest_or_prefix
-        where = str(manifest_or_prefix.get("prefix", "manifest"))
+        manifest: Mapping[str, Any] = manifest_or_prefix
+        where = str(manifest.get("prefix", "manifest"))
     else:
         prefix = Path(manifest_or_prefix)
         where = str(prefix)
-        manifest = (
-            read_dataset_manifest(prefix) if dataset_manifest_path(prefix).is_file() else None
-        )
-        if manifest is None:
-            data = IndexedDataset(prefix, index_only=True)
-            rows = [{"key": prefix.name, "documents": data.num_documents, "sequences": len(data)}]
-    if manifest is not None:
-        rows = manifest.get("shards") or [
-            {
-                "key": str(manifest["prefix"]),
-                "documents": manifest["counts"]["documents"],
-                "sequences": manifest["counts"].get("sequences", manifest["counts"]["documents"]),
-            }
-        ]
+        has_manifest = dataset_manifest_path(prefix).is_file()
+        manifest = read_dataset_manifest(prefix) if has_manifest else {}
+        if "documents" not in manifest.get("counts", {}) and not manifest.get("shards"):
+            data = IndexedDataset(prefix, index_only=True)  # counts from the .idx
+            counts = {"documents": data.num_documents, "sequences": len(data)}
+            content = dataset_content_hash(prefix, index_only=has_manifest)
+            manifest = {"prefix": prefix.name, "counts": counts, "content_hash": content}
+    rows = manifest.get("shards") or [
+        {
+            "key": str(manifest["prefix"]),
+            "documents": manifest["counts"]["documents"],
+            "sequences": manifest["counts"].get("sequences", manifest["counts"]["documents"]),
+            "content_hash": str(manifest["content_hash"]),
+        }
+    ]
     table = []
     for i, row in enumerate(rows):
-        key, docs = (
-            str(row["key"]),
-            check_int(f"shards[{i}].documents", row["documents"], minimum=0),
-        )
+        key = str(row["key"])
+        docs = check_int(f"shards[{i}].documents", row["documents"], minimum=0)
         if row.get("sequences", docs) != docs:
             raise ConfigError(
                 f"{where}: shard {key!r} has {row['sequences']} sequences for {docs} documents; "
                 "growing semantics needs one sequence per document (use megatron or nanotron)"
             )
-        table.append((key, docs))
-    if len({key for key, _ in table}) != len(table):
+        table.append((key, docs, str(row.get("content_hash", ""))))
+    if len({row[0] for row in table}) != len(table):
         raise ConfigError(f"{where}: shard keys repeat; each shard needs its own key")
     return table
+
+
+def lineage_hash(rows: Sequence[tuple[str, int, str]]) -> str:
+    """sha256 of :func:`shard_lineage` rows (canonical JSON); compare it over a prefix."""
+    text = json.dumps([[str(k), int(n), str(h)] for k, n, h in rows], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def shard_table_hash(shards: Sequence[tuple[str, int]]) -> str:
@@ -206,7 +226,8 @@ def build_growing_indices(
 
     ``sequence_lengths`` are all of the dataset's, one per document, ``shards`` its
     :func:`shard_table`. A split without one complete era has 0 samples (the arrays are then
-    ``document_index`` of its documents, a one-row sample index and an empty shuffle index).
+    ``document_index`` of its documents, a one-row sample index, none without documents, and
+    an empty shuffle index).
     """
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
@@ -235,8 +256,8 @@ def build_growing_indices(
             drop_last=True,
             extra=extra,
         )
-    else:
-        sample_index = np.zeros((1, 2), dtype=np.int32)
+    else:  # row 0 points at the first document; with no document there is no row at all
+        sample_index = np.zeros((1 if len(document_index) else 0, 2), dtype=np.int32)
     return document_index, sample_index, era_shuffle(plan, seed, split), plan
 
 
