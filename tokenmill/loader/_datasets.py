@@ -568,6 +568,14 @@ class BlendedDataset:
         return len(self.dataset_index)
 
     @property
+    def extends(self) -> str | None:
+        """The blend version this one extends (growing semantics: sample i of every split is
+        the same for every i below that version's length), or None (another semantics, a first
+        version, or one that edited, removed or reordered data or changed a setting)."""
+        found = self.manifest.get("extends")
+        return None if found is None else str(found)
+
+    @property
     def proportions(self) -> dict[str, float]:
         """Realized share of each dataset in this split's blend."""
         counts = np.bincount(self.dataset_index.astype(np.int64), minlength=len(self._parts))
