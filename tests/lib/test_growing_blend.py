@@ -18,7 +18,7 @@ from tokenmill.formats.dataset_manifest import dataset_manifest_path, write_data
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices.blend_build import build_blend, describe_blend, read_blend_manifest
 from tokenmill.indices.growing_blend import grow_blend
-from tokenmill.loader import open_blend
+from tokenmill.loader import FollowGrowth, newest_extension, open_blend, reopen_if_extended
 
 SETTINGS = {"sequence_length": 8, "split_spec": "80,10,10", "seed": 5, "era_samples": 4}
 
@@ -188,3 +188,58 @@ def test_cli_blend_growing(tmp_path: Path, shards, capsys: pytest.CaptureFixture
     assert "extends nothing (built from scratch)" in out
     manifest = read_blend_manifest(tmp_path / "b")
     assert manifest["growing"]["era_samples"] == 4 and manifest["splits"]["train"]["size"] > 0
+
+
+# -- training follows growth -----------------------------------------------------------------------
+def test_follow_growth_switches_at_a_step_boundary_without_replay_or_gap(
+    tmp_path: Path, shards
+) -> None:  # type: ignore[no-untyped-def]
+    """A job trained on v1 switches to v2 at a checkpoint: the batches it already consumed are
+    v2's first batches, and it continues at the same step into data v1 did not have."""
+    v1 = _build(tmp_path, shards, 10, "v1")
+    pointer = tmp_path / "blends" / "mix"
+    follow = FollowGrowth(pointer, "train", global_batch_size=8, rank=1, world_size=2)
+    assert follow.version == v1["version"] and not follow.refresh()  # nothing newer yet
+    sampler = follow.sampler(0)
+    seen = [follow.ds.get_batch(ix) for ix in sampler]  # every whole batch of v1
+    step = sampler.total_steps
+    v2 = _build(tmp_path, shards, 12, "v2")
+    assert newest_extension(pointer, v1["version"]) == v2["version"]
+    assert follow.refresh() and follow.version == v2["version"]
+    replay = [follow.ds.get_batch(follow.sampler(0).indices(s)) for s in range(step)]
+    np.testing.assert_array_equal(np.stack(replay), np.stack(seen))
+    assert len(follow.sampler(step)) > 0  # more steps from the same step on
+    # resuming from a checkpoint that recorded v1 reaches v2 the same way
+    resumed = FollowGrowth(pointer, global_batch_size=8, version=v1["version"])
+    assert resumed.version == v1["version"] and resumed.refresh()
+
+
+def test_follow_growth_stays_when_the_new_version_does_not_extend(tmp_path: Path, shards) -> None:  # type: ignore[no-untyped-def]
+    v1 = _build(tmp_path, shards, 10, "v1")
+    pointer = tmp_path / "blends" / "mix"
+    ds = open_blend(pointer, "train")
+    _build(tmp_path, shards, 12, "v2", seed=9)  # another split assignment: no extension
+    assert newest_extension(pointer, v1["version"]) is None
+    assert reopen_if_extended(ds, pointer) is ds
+
+
+def test_chains_of_versions_are_followed(tmp_path: Path, shards) -> None:  # type: ignore[no-untyped-def]
+    v1 = _build(tmp_path, shards, 9, "v1")
+    _build(tmp_path, shards, 10, "v2")
+    v3 = _build(tmp_path, shards, 12, "v3")
+    pointer = tmp_path / "blends" / "mix"
+    old = open_blend(pointer, "valid", version=v1["version"])
+    new = reopen_if_extended(old, pointer)
+    assert new.version == v3["version"] and new.split == "valid"
+    ids = np.arange(len(old))
+    np.testing.assert_array_equal(new.get_batch(ids), old.get_batch(ids))
+
+
+def test_torch_growth_loader(tmp_path: Path, shards) -> None:  # type: ignore[no-untyped-def]
+    torch_adapter = pytest.importorskip("tokenmill.loader.torch")
+    _build(tmp_path, shards, 10, "v1")
+    follow = FollowGrowth(tmp_path / "blends" / "mix", global_batch_size=4)
+    first = next(iter(torch_adapter.growth_loader(follow, 2)))
+    np.testing.assert_array_equal(
+        first["input_ids"].numpy(), follow.ds.get_batch(np.arange(8, 12))[:, :-1]
+    )
