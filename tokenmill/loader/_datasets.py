@@ -554,7 +554,7 @@ class BlendedDataset:
             )
         if int(dsi.min()) < 0:
             raise FormatError(self.split, "dataset_sample_index", "has negative values")
-        high = np.zeros(len(self._parts), dtype=np.int64)
+        high = np.full(len(self._parts), -1, dtype=np.int64)  # -1: a dataset never asked
         np.maximum.at(high, di.astype(np.int64), dsi.astype(np.int64))
         for d, ds in enumerate(self._parts):
             if int(high[d]) >= len(ds):
