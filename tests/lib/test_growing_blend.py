@@ -16,6 +16,7 @@ from tokenmill.cli import main
 from tokenmill.errors import ConfigError
 from tokenmill.formats.dataset_manifest import dataset_manifest_path, write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
+from tokenmill.indices._blend_kernels import greedy_blend
 from tokenmill.indices.blend_build import build_blend, describe_blend, read_blend_manifest
 from tokenmill.indices.growing_blend import grow_blend
 from tokenmill.loader import FollowGrowth, newest_extension, open_blend, reopen_if_extended
@@ -64,7 +65,7 @@ def _merged(prefix: Path, shards: list[tuple[str, list[np.ndarray]]]) -> Path:
 
 @pytest.fixture
 def shards() -> dict[str, list[tuple[str, list[np.ndarray]]]]:
-    return {"docs": _shards(1, 12), "code": _shards(2, 12)}
+    return {"docs": _shards(1, 12), "code": _shards(2, 12), "web": _shards(3, 12)}
 
 
 def _build(root: Path, shards, upto: int, tag: str, **kw):  # type: ignore[no-untyped-def]
@@ -72,7 +73,8 @@ def _build(root: Path, shards, upto: int, tag: str, **kw):  # type: ignore[no-un
         name: _merged(root / "merged" / name / tag / f"{name}_text_document", parts[:upto])
         for name, parts in shards.items()
     }
-    kw = {"weights": {"docs": 0.7, "code": 0.3}, "train_samples": None, **SETTINGS, **kw}
+    weights = {"docs": 0.5, "code": 0.3, "web": 0.2}
+    kw = {"weights": {n: weights[n] for n in shards}, "train_samples": None, **SETTINGS, **kw}
     if "temperature" in kw:
         del kw["weights"]
     return build_blend("mix", datasets, root / "blends" / "mix", root / "cache",
@@ -127,7 +129,7 @@ def test_rebuilding_unchanged_inputs_reuses_the_version(tmp_path: Path, shards) 
     [
         {"seed": 6},
         {"era_samples": 8},
-        {"weights": {"docs": 0.5, "code": 0.5}},
+        {"weights": {"docs": 0.4, "code": 0.4, "web": 0.2}},
         {"train_samples": 3},  # a cap below the previous train size
     ],
 )
@@ -167,6 +169,28 @@ def test_growing_blend_never_oversamples() -> None:
     assert len(grow_blend([0.5, 0.5], [0, 100], None)[0]) == 0
     with pytest.raises(ConfigError, match="every weight > 0"):
         grow_blend([1.0, 0.0], [10, 10], None)
+
+
+def test_grow_blend_is_the_full_greedy_cut_at_the_first_overflow() -> None:
+    """For random weights, sizes and caps: the blend equals Megatron's greedy run to the end and
+    cut at the first pick a dataset cannot supply (the search bound never cuts it short), and a
+    continuation with other weights keeps its prefix and never oversamples."""
+    rng = np.random.default_rng(0)
+    for _ in range(150):
+        k = int(rng.integers(1, 5))
+        w, sizes = rng.random(k) + 0.01, rng.integers(0, 400, size=k)
+        cap = None if rng.random() < 0.5 else int(rng.integers(0, 800))
+        di, dsi = grow_blend(w, sizes, cap)
+        stop = int(sizes.sum()) if cap is None else min(cap, int(sizes.sum()))
+        full_di, full_dsi, _ = greedy_blend(w / w.sum(), stop, index_dtype=np.int16)
+        over = full_dsi >= sizes[full_di.astype(np.int64)]
+        end = int(np.argmax(over)) if over.any() else stop
+        np.testing.assert_array_equal(di, full_di[:end])
+        np.testing.assert_array_equal(dsi, full_dsi[:end])
+        half = len(di) // 2
+        grown = grow_blend(rng.random(k) + 0.01, sizes, cap, previous=(di[:half], dsi[:half]))
+        np.testing.assert_array_equal(grown[0][:half], di[:half])
+        assert np.all(np.bincount(grown[0].astype(np.int64), minlength=k) <= sizes)
 
 
 def test_train_samples_null_is_for_growing_only(tmp_path: Path, shards) -> None:  # type: ignore[no-untyped-def]

@@ -118,7 +118,7 @@ def grow_blend(
     w = growing_weights(weights)
     sizes = np.asarray(lengths, dtype=np.int64)
     stop = int(sizes.sum()) if cap is None else min(int(cap), int(sizes.sum()))
-    start = 0
+    start, counts = 0, np.zeros(len(w), dtype=np.int64)
     if previous is not None:
         start = len(previous[0])
         counts = np.bincount(previous[0].astype(np.int64), minlength=len(w))
@@ -127,10 +127,18 @@ def grow_blend(
                 f"the previous blend version ({start} samples, per dataset {counts.tolist()}) "
                 f"does not fit the datasets' {sizes.tolist()} samples and the cap {cap}"
             )
-        di, dsi = greedy_continue(w, counts, start, stop, index_dtype=np.int16)
-    else:
-        di, dsi, _ = greedy_blend(w, stop, index_dtype=np.int16)
-    over = dsi >= sizes[di.astype(np.int64)]
+    # The loop keeps every count near w·i, so the first dataset to run out does so near
+    # min((size − count) / w) steps on: run that far, and twice as far while no pick overflows.
+    bound = min(stop, start + int(np.min((sizes - counts) / w)) + len(w) + 1)
+    while True:
+        if previous is None:
+            di, dsi, _ = greedy_blend(w, bound, index_dtype=np.int16)
+        else:
+            di, dsi = greedy_continue(w, counts, start, bound, index_dtype=np.int16)
+        over = dsi >= sizes[di.astype(np.int64)]
+        if over.any() or bound == stop:
+            break
+        bound = min(stop, start + 2 * (bound - start) + 1)
     end = int(np.argmax(over)) if over.any() else len(di)
     if previous is None:
         return di[:end], dsi[:end]
