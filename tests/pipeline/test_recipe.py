@@ -79,6 +79,8 @@ def test_shipped_recipes_load() -> None:
     assert demo.storage.root == str(ROOT / "data")
     example = load_recipe(ROOT / "recipes" / "example-temperature.yaml")
     assert example.schedules.reprocess is None and example.nanoset.semantics == "nanotron"
+    growing = load_recipe(ROOT / "recipes" / "example-growing.yaml")
+    assert growing.nanoset.semantics == "growing" and growing.nanoset.train_samples is None
 
 
 @pytest.mark.parametrize(
