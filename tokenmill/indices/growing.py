@@ -60,7 +60,10 @@ __all__ = [
     "split_documents",
 ]
 
-ERA_SAMPLES = 256  # default era: a few global batches; the held-back tail is < one era per split
+# Default era: small, so that a small dataset's valid and test splits hold a whole era early.
+# An era no larger than the global batch changes only the order inside each batch, not which
+# samples it holds: for real shuffling set many global batches (e.g. 100 × the global batch).
+ERA_SAMPLES = 64
 _PHI = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
