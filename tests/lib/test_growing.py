@@ -120,6 +120,23 @@ def test_eras_partial_tail_held_back_and_cap(tmp_path: Path) -> None:
     assert capped[3].num_samples == 13 and capped[3].counts()["num_samples"] == 13
 
 
+def test_valid_and_test_keep_merge_order_and_hold_back_nothing() -> None:
+    """Held-out splits are not shuffled (an era of 1): every whole sample is emitted, in order,
+    whatever era_samples says; the key records the effective era."""
+    shards = _shards(6, 4)
+    sizes = np.concatenate([lengths for _, lengths in shards])
+    for split in ("valid", "test"):
+        _, sample, shuffle, plan = growing.build_growing_indices(
+            sizes, _table(shards), split, split_spec=SPEC, sequence_length=16, seed=7,
+            num_samples=None, era_samples=1000,
+        )  # fmt: skip
+        assert plan.emitted == plan.available > 0 and len(sample) == plan.available + 1
+        np.testing.assert_array_equal(shuffle, np.arange(plan.available))
+    found = entry_key(sizes.size, "h", split="valid", sequence_length=16, semantics="growing",
+                      shards=_table(shards), era_samples=1000)  # fmt: skip
+    assert found is not None and found[0]["era_samples"] == 1
+
+
 def test_packing_matches_megatron_over_the_unshuffled_split() -> None:
     """The sample index is Megatron's over the split's documents in merge order (one epoch)."""
     from tokenmill.indices._sample_index import build_sample_index

@@ -270,11 +270,12 @@ def test_torch_growth_loader(tmp_path: Path, shards) -> None:  # type: ignore[no
 
 
 def test_a_dataset_without_a_whole_era_holds_its_split_at_zero(tmp_path: Path, shards) -> None:  # type: ignore[no-untyped-def]
-    """A dataset whose split has no whole era yet stays in the blend with length 0: the split
-    stops before its first pick, and the blend opens (fully verified) all the same."""
+    """A dataset whose train split has no whole era yet stays in the blend with length 0: the
+    split stops before its first pick, and the blend opens (fully verified) all the same."""
     tiny = {"docs": shards["docs"], "code": shards["code"][:1]}
-    manifest = _build(tmp_path, tiny, 12, "v1", era_samples=32)
-    test = manifest["splits"]["test"]
-    assert [ds["length"] for ds in test["datasets"]][1] == 0 and test["size"] <= 3
-    ds = open_blend(tmp_path / "blends" / "mix", "test", verify="full")
-    assert len(ds) == test["size"]
+    manifest = _build(tmp_path, tiny, 12, "v1", era_samples=64)
+    train = manifest["splits"]["train"]
+    assert [ds["length"] for ds in train["datasets"]][1] == 0 and train["size"] <= 3
+    assert train["datasets"][0]["length"] >= 64
+    ds = open_blend(tmp_path / "blends" / "mix", "train", verify="full")
+    assert len(ds) == train["size"]

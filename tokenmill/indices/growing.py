@@ -14,12 +14,14 @@ key and its ordinal in that shard, and its global sequence id is its position in
    across document (and shard) boundaries exactly as Megatron's sample index over that document
    index (``sequence_length`` + the extra token, drop-last). Sample k starts at token k·S of the
    split's stream, so appending documents only adds samples after the old last one.
-3. **Era shuffle** (Levanter's ``EraShufflingDataset``): samples are cut into eras of
-   ``era_samples``; complete era e is permuted by sorting 64-bit keys
+3. **Era shuffle** (Levanter's ``EraShufflingDataset``), train only: samples are cut into eras
+   of ``era_samples``; complete era e is permuted by sorting 64-bit keys
    ``splitmix64(base(split, seed) + (i + 1)·φ)`` of its global sample positions i, a function
    of (seed, split, e) alone. The trailing incomplete era is held back, also when no more data
-   will come (a finished dataset never emits its last ``< era_samples`` samples of a split), so
-   sample i never changes once emitted.
+   will come (a finished dataset never emits its last ``< era_samples`` train samples), so
+   sample i never changes once emitted. Valid and test are evaluation sets, read whole or as a
+   stable prefix: they keep merge order (an era of 1 sample), so they hold nothing back but the
+   partial last sample and a small dataset has them from the start.
 
 There are no epochs: ``num_samples`` (``train_samples`` …) is a cap, the length is
 ``min(num_samples, emitted)``; as data grows the length grows up to the cap (None = no cap).
@@ -58,12 +60,21 @@ __all__ = [
     "shard_table",
     "shard_table_hash",
     "split_documents",
+    "split_era",
 ]
 
-# Default era: small, so that a small dataset's valid and test splits hold a whole era early.
+# Default era (train): small, so that a small dataset's train split holds a whole era early.
 # An era no larger than the global batch changes only the order inside each batch, not which
 # samples it holds: for real shuffling set many global batches (e.g. 100 × the global batch).
 ERA_SAMPLES = 64
+
+
+def split_era(split: str, era_samples: int) -> int:
+    """The era a split is shuffled in: ``era_samples`` for train, 1 (merge order) for valid and
+    test (see the module docstring)."""
+    return check_int("era_samples", era_samples, minimum=1) if split == "train" else 1
+
+
 _PHI = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
@@ -228,14 +239,15 @@ def build_growing_indices(
     """(document_index, sample_index, shuffle_index, plan) of ``split`` (module docstring).
 
     ``sequence_lengths`` are all of the dataset's, one per document, ``shards`` its
-    :func:`shard_table`. A split without one complete era has 0 samples (the arrays are then
+    :func:`shard_table`. ``era_samples`` applies to train (:func:`split_era`). A split without
+    one complete era has 0 samples (the arrays are then
     ``document_index`` of its documents, a one-row sample index, none without documents, and
     an empty shuffle index).
     """
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
     seq = check_int("sequence_length", sequence_length, minimum=2)
-    era = check_int("era_samples", era_samples, minimum=1)
+    era = split_era(split, era_samples)
     cap = None if num_samples is None else check_int("num_samples", num_samples, minimum=0)
     sizes = np.asarray(sequence_lengths)
     total = sum(n for _, n in shards)

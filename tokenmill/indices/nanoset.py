@@ -298,6 +298,7 @@ def _growing_entry_key(
         )
     if parse_split(settings["split_spec"])[SPLITS.index(split)] == 0:
         return None
+    settings["era_samples"] = growing.split_era(split, settings["era_samples"])  # effective
     key = cache_key(
         content_hash,
         semantics="growing",
