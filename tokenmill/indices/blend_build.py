@@ -443,13 +443,17 @@ def _weighting(
 
 
 def _current_manifest(root: Path) -> dict[str, Any] | None:
-    """The blend's current pointer manifest, or None when there is none (or it is unreadable:
-    a build then extends nothing, and replaces it)."""
+    """The blend's current pointer manifest, or None when there is none, it is unreadable or
+    its version folder is incomplete (a build then extends nothing, and replaces it)."""
     mpath = root / MANIFEST_NAME
     try:
-        return read_blend_manifest(mpath) if mpath.is_file() else None
+        current = read_blend_manifest(mpath) if mpath.is_file() else None
     except FormatError:
         return None
+    if current is None:
+        return None
+    version = str(current["version"])
+    return current if _complete_version(root / VERSIONS_DIR / version[:16], version) else None
 
 
 def _grow(
