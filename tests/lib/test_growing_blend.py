@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -284,8 +285,6 @@ def test_a_dataset_without_a_whole_era_holds_its_split_at_zero(tmp_path: Path, s
 def test_a_current_version_without_its_folder_is_not_extended(tmp_path: Path, shards) -> None:  # type: ignore[no-untyped-def]
     """The predecessor's arrays must be there to be kept: with its version folder gone (e.g.
     removed by hand), the next build extends nothing and is built from scratch."""
-    import shutil
-
     v1 = _build(tmp_path, shards, 10, "v1", temperature=2.0)
     shutil.rmtree(tmp_path / "blends" / "mix" / "versions" / v1["version"][:16])
     v2 = _build(tmp_path, shards, 12, "v2", temperature=2.0)
