@@ -4,6 +4,7 @@
 metadata compares each dataset's requested share with the realized share of every split.
 """
 
+import contextlib
 import hashlib
 from typing import Any
 
@@ -20,13 +21,14 @@ from dagster import (
 
 from assets.metadata import path_value
 from assets.nanoset import merged_version
-from assets.support.resources import StorageResource
+from assets.support.resources import StorageResource, Workspace
 from assets.support.staleness import blend_data_version, nanoset_data_version
-from tokenmill.errors import ConfigError
+from tokenmill.errors import ConfigError, FormatError
 from tokenmill.indices.blend_build import (
     Share,
     blend_version,
     build_blend,
+    read_blend_manifest,
     realized_shares,
     skipped_warnings,
 )
@@ -47,6 +49,18 @@ def shares_markdown(shares: list[Share]) -> str:
     return "\n".join(rows)
 
 
+def stage_current_blend(ws: Workspace, name: str) -> None:
+    """Growing semantics: stage the blend's current manifest and its version's arrays (a new
+    version may extend it; a temperature blend continues its arrays). Nothing if there is none;
+    a damaged pointer is left to the build, which then extends nothing."""
+    ws.fetch([layout.blend_manifest(name)])
+    mpath = ws.storage.path(layout.blend_manifest(name))
+    if mpath.is_file():
+        with contextlib.suppress(FormatError):
+            version = str(read_blend_manifest(mpath)["version"])
+            ws.fetch([f"{layout.blend_version_dir(name, version)}/"])
+
+
 def build_blend_asset(
     blend: BlendConfig,
     cfg: NanosetConfig,
@@ -64,7 +78,7 @@ def build_blend_asset(
         description=f"Blend {blend.name} of {', '.join(blend.datasets)} ({cfg.semantics}).",
     )
     def blend_asset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
-        if cfg.train_samples is None:
+        if cfg.train_samples is None and cfg.semantics != "growing":
             raise ConfigError(f"blend {blend.name}: nanoset.train_samples must be set")
         pointers = [layout.merged_pointer(ds.name) for ds in datasets]
         with storage.workspace(pointers) as ws:
@@ -89,7 +103,10 @@ def build_blend_asset(
                 "semantics": cfg.semantics,
                 "add_extra_token": cfg.add_extra_token,
                 "drop_last_partial_validation": cfg.drop_last_partial_validation,
+                "era_samples": cfg.era_samples,
             }
+            if cfg.semantics == "growing":  # the current version, which a new one may extend
+                stage_current_blend(ws, blend.name)
             where = (prefixes, ws.storage.blend_dir(blend.name), ws.storage.nanoset_dir())
             # An existing version is staged first, so an unchanged rebuild finds it complete
             # and neither rebuilds nor uploads it.

@@ -260,11 +260,12 @@ def _virtual_sum_of_shards(
 
 
 def index_problems(
-    index: NanosetIndex, lengths: np.ndarray, split_range: tuple[int, int]
+    index: NanosetIndex, lengths: np.ndarray, split_range: tuple[int, int] | None
 ) -> list[str]:
-    """Out-of-range values in one split's document/sample/shuffle index."""
+    """Out-of-range values in one split's document/sample/shuffle index (``split_range``
+    None: growing semantics, any document of the dataset)."""
     doc, sample, shuffle = index.document_index, index.sample_index, index.shuffle_index
-    lo, hi = split_range
+    lo, hi = split_range or (0, len(lengths))
     problems = []
     if doc.size and (int(doc.min()) < lo or int(doc.max()) >= hi):
         problems.append(f"{index.split}: document_index outside the split's documents [{lo}, {hi})")
@@ -295,9 +296,12 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
             ws.fetch_index(rel)
             with open_dataset(prefix, index_only=True) as data:
                 lengths = np.asarray(data.sequence_lengths, dtype=np.int64).copy()
-            ranges = split_ranges(cfg.split, len(lengths), cfg.semantics)
+            growing = cfg.semantics == "growing"  # no ranges: splits by document identity
+            ranges = [None] * 3 if growing else split_ranges(cfg.split, len(lengths), cfg.semantics)
             requested = {"train": cfg.train_samples, "valid": cfg.valid_samples}
             requested["test"] = cfg.test_samples
+            if growing:  # the nanoset asset's growing entries are uncapped
+                requested = dict.fromkeys(requested)
             problems: list[str] = []
             for position, split in enumerate(SPLITS):
                 try:
@@ -310,6 +314,7 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
                         seed=cfg.seed,
                         num_samples=requested[split],
                         semantics=cfg.semantics,
+                        era_samples=cfg.era_samples,
                         build=False,
                         fetch=ws.fetch_index_entry,
                     )
@@ -319,7 +324,7 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
                 except TokenmillError as exc:
                     problems.append(str(exc))
                     continue
-                problems += index_problems(index, lengths, ranges[position])  # type: ignore[arg-type]
+                problems += index_problems(index, lengths, ranges[position])
             return _result(problems, splits=", ".join(SPLITS))
 
     return [index_bounds]

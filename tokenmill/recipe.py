@@ -27,15 +27,18 @@ from pydantic import (
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
+    SerializerFunctionWrapHandler,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from tokenmill.errors import ConfigError
+from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.paths import name_problem
 
 DEFAULT_RECIPE = "recipes/demo.yaml"
@@ -210,7 +213,7 @@ class DatasetConfig(_Config):
 class NanosetConfig(_Config):
     """Index settings shared by every dataset and blend of the recipe."""
 
-    semantics: Literal["megatron", "nanotron"] = "megatron"
+    semantics: Literal["megatron", "nanotron", "growing"] = "megatron"
     sequence_length: Annotated[int, _int(2)] = 2048
     split: Annotated[str, Field(strict=True, description=_SPLIT), _rule(_split_ok)] = "949,50,1"
     seed: Annotated[int, _int(0)] = 1234
@@ -221,6 +224,9 @@ class NanosetConfig(_Config):
     # latter for the valid split only; train and test always drop). nanotron: both true.
     add_extra_token: Flag = True
     drop_last_partial_validation: Flag = True
+    # growing semantics: samples per shuffled era (tokenmill.indices.growing; other semantics
+    # ignore it)
+    era_samples: Annotated[int, _int(1)] = ERA_SAMPLES
 
     @model_validator(mode="after")
     def _nanotron_flags(self) -> NanosetConfig:
@@ -229,7 +235,19 @@ class NanosetConfig(_Config):
             if self.semantics == "nanotron" and not getattr(self, flag):
                 wanted = "true with semantics nanotron (nanotron always uses it)"
                 raise _expected(wanted, at=(flag,), value=False)
+        if self.semantics == "growing" and not self.drop_last_partial_validation:
+            wanted = "true with semantics growing (a partial sample would change as data grows)"
+            raise _expected(wanted, at=("drop_last_partial_validation",), value=False)
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The settings; ``era_samples`` only with growing semantics (the others ignore it, so
+        their dump, and the data versions hashed from it, stay as they were)."""
+        data: dict[str, Any] = handler(self)
+        if self.semantics != "growing":
+            data.pop("era_samples", None)
+        return data
 
 
 class BlendConfig(_Config):
@@ -350,8 +368,9 @@ class Recipe(_Config):
 
     @model_validator(mode="after")
     def _train_size(self) -> Recipe:
-        """A blend needs a train size."""
-        if self.blends and self.nanoset.train_samples is None:
+        """A blend needs a train size (growing semantics: None = every emitted sample)."""
+        growing = self.nanoset.semantics == "growing"
+        if self.blends and self.nanoset.train_samples is None and not growing:
             wanted = "an integer >= 1 (a blend needs a train size)"
             raise _expected(wanted, at=("nanoset", "train_samples"), value=None)
         return self

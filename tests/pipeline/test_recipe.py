@@ -79,6 +79,8 @@ def test_shipped_recipes_load() -> None:
     assert demo.storage.root == str(ROOT / "data")
     example = load_recipe(ROOT / "recipes" / "example-temperature.yaml")
     assert example.schedules.reprocess is None and example.nanoset.semantics == "nanotron"
+    growing = load_recipe(ROOT / "recipes" / "example-growing.yaml")
+    assert growing.nanoset.semantics == "growing" and growing.nanoset.train_samples is None
 
 
 @pytest.mark.parametrize(
@@ -296,3 +298,17 @@ def test_data_versions_match_the_dataclass_era() -> None:
             b.name: blend_data_version(b, recipe.nanoset, members[b.name]) for b in recipe.blends
         }
         assert got == blend_versions
+
+
+def test_growing_semantics_settings(tmp_path: Path) -> None:
+    """growing: era_samples is read (and dumped, so data versions see it), blends need no
+    train size, and the partial valid sample cannot be kept; other semantics dump no era."""
+    nanoset = {"semantics": "growing", "era_samples": 64, "train_samples": None}
+    recipe = parse_recipe({**GOOD, "nanoset": nanoset}, tmp_path / "r.yaml")
+    assert recipe.nanoset.era_samples == 64 and recipe.nanoset.train_samples is None
+    assert recipe.nanoset.model_dump()["era_samples"] == 64
+    assert "era_samples" not in parse_recipe(GOOD, tmp_path / "r.yaml").nanoset.model_dump()
+    keep = {**nanoset, "drop_last_partial_validation": False}
+    assert "true with semantics growing" in bad(tmp_path, nanoset=keep)
+    zero = {**nanoset, "era_samples": 0}
+    assert "nanoset.era_samples: bad value 0" in bad(tmp_path, nanoset=zero)
