@@ -29,6 +29,22 @@ def _documents(mpath: Path, version: str, name: str) -> dict[str, set[int]]:
     return out
 
 
+def _files(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root``: relative path -> (size, mtime_ns)."""
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in root.rglob("*")
+        if p.is_file()
+    }
+
+
+def _changed(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+) -> dict[str, int]:
+    """Files new or rewritten between two snapshots, with their sizes."""
+    return {rel: size for rel, (size, mtime) in after.items() if before.get(rel) != (size, mtime)}
+
+
 def test_growing_refresh(
     make_recipe: Callable[..., Recipe],
     instance: DagsterInstance,
@@ -43,7 +59,17 @@ def test_growing_refresh(
     before = {name: _documents(mpath, v1["version"], name) for name in ("docs", "code")}
     late = [{"text": d["text"][::-1]} for d in documents["docs"][:20]]
     write_shard(Path(recipe.dataset("docs").source) / "zz-late-00000.jsonl", late)
+    root = Path(recipe.storage.root)
+    files_before = _files(root)
     assert materialize_recipe(recipe, instance) == 0
+    # O(new data): beyond the new shard's own files, the refresh wrote at most its token bytes
+    # + 2 MB (a virtual merge copies no token; indices and blend arrays are small)
+    written = _changed(files_before, _files(root))
+    own = {rel: size for rel, size in written.items() if "zz-late-00000" in rel}
+    token_bytes = sum(size for rel, size in own.items() if rel.endswith("_text_document.bin"))
+    assert token_bytes > 0
+    assert sum(written.values()) - sum(own.values()) <= token_bytes + 2_000_000
+    assert not [rel for rel in written if rel.startswith("merged/") and rel.endswith(".bin")]
     v2 = read_blend_manifest(mpath)
     assert v2["version"] != v1["version"]
     after = {name: _documents(mpath, v2["version"], name) for name in ("docs", "code")}
