@@ -14,7 +14,9 @@ A build computes the version first (:func:`blend_version`: sha256 of the canonic
 setting, each dataset's content hash and path, and each Nanoset cache hash), so rebuilding an
 unchanged blend finds the complete version folder and reuses it (same bytes, nothing rewritten).
 A new version is written into a temp folder ``versions/.tmp/<version16>.tmp-<host>-<pid>-<rand>``
-and renamed into place when complete; only then is the pointer replaced. A failed build (any
+and renamed into place when complete; only then is the pointer replaced, by compare-and-swap
+under the pointer's lock against the version read before the inputs (a build that lost a race
+to a newer one leaves the pointer at the newer version: ConflictError). A failed build (any
 exception, a full disk, a kill) leaves the previous pointer and version untouched.
 
 ``manifest.json`` (keys sorted; lists keep the blend's dataset order, which the indices use)::
@@ -118,7 +120,13 @@ from tokenmill.indices.nanoset import (
     cache_key,
     split_ranges,
 )
-from tokenmill.storage.versions import version_hash
+from tokenmill.storage.versions import (
+    READ_AT_START,
+    Expected,
+    pointer_version,
+    swap_pointer,
+    version_hash,
+)
 
 __all__ = [
     "blend_version",
@@ -490,6 +498,7 @@ def build_blend(
     add_extra_token: bool = True,
     drop_last_partial_validation: bool = True,
     fetch: FetchEntry | None = None,
+    expected: Expected = READ_AT_START,
 ) -> dict[str, Any]:
     """Build (or reuse) the blend's version, then point ``output_dir/manifest.json`` at it.
 
@@ -502,9 +511,17 @@ def build_blend(
     ``add_extra_token_to_sequence`` and ``drop_last_partial_validation_sequence`` (the latter
     for the valid split only). A dataset left out of a split is listed in the returned
     manifest's ``splits.<split>.skipped``.
+
+    The pointer moves by compare-and-swap (``tokenmill.storage.versions.swap_pointer``) against
+    ``expected`` (the pointer's version read by the caller before it read the inputs; by
+    default the version this call reads before anything else): ConflictError, with this
+    build's version complete and the pointer left as found, when another build moved it
+    meanwhile to another version.
     """
     sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
     root = Path(output_dir)
+    mpath = root / MANIFEST_NAME
+    read_at_start = pointer_version(mpath) if expected == READ_AT_START else expected
     entries, plan, version = _prepare(
         name, datasets, root, Path(cache_dir), weights, temperature, sizes,
         {"sequence_length": sequence_length, "split_spec": split_spec, "seed": seed,
@@ -546,12 +563,11 @@ def build_blend(
                 plan, vdir, header, caches
             )
     pointer = seal(_rebased(manifest, f"{VERSIONS_DIR}/{vdir.name}"))
-    mpath = root / MANIFEST_NAME
     remove_stale_temps(mpath)
     with contextlib.suppress(FormatError):
         if mpath.is_file() and read_blend_manifest(mpath) == pointer:
             return pointer  # already current: nothing is rewritten
-    write_json(mpath, pointer)
+    swap_pointer(mpath, version, pointer, expected=read_at_start)
     return pointer
 
 
