@@ -52,9 +52,16 @@ def pointer_version(path: str | os.PathLike[str]) -> str | None:
     ``manifest.json``): None when there is no pointer, ``""`` when it is not JSON naming a
     version (a damaged pointer: a build that read it so may replace it)."""
     try:
-        record = json.loads(Path(path).read_bytes())
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         return None
+    return version_named(data)
+
+
+def version_named(data: bytes) -> str:
+    """The version a pointer's bytes name, ``""`` when they are not JSON naming one."""
+    try:
+        record = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError):
         return ""
     version = record.get("version") if isinstance(record, dict) else None
