@@ -256,7 +256,7 @@ def test_a_refresh_that_read_older_inputs_never_moves_the_pointer_back(
     merged = project.spec("refresh_job", assets=(("docs", "merged"),))
     runners.reset()
     slow = runners.pool.submit(
-        run_job, replace(merged, role="paused", gate="/docs_text_document.bin")
+        run_job, replace(merged, role="paused", gate="/docs_text_document.manifest.json")
     )
     assert runners.arrive.wait(TIMEOUT)  # A's version is written, not yet renamed into place
     source = Path(project.recipe.dataset("docs").source)

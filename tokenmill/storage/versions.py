@@ -61,8 +61,8 @@ def pointer_version(path: str | os.PathLike[str]) -> str | None:
 def version_named(data: bytes) -> str:
     """The version a pointer's bytes name, ``""`` when they are not JSON naming one."""
     try:
-        record = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        record = load_json(data, "pointer")
+    except FormatError:
         return ""
     version = record.get("version") if isinstance(record, dict) else None
     return version if isinstance(version, str) else ""
