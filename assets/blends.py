@@ -21,6 +21,7 @@ from dagster import (
 
 from assets.metadata import path_value
 from assets.nanoset import merged_version
+from assets.support.pointers import BLEND_POOL, rerun_superseded
 from assets.support.resources import StorageResource, Workspace
 from assets.support.staleness import blend_data_version, nanoset_data_version
 from tokenmill.errors import ConfigError, FormatError
@@ -34,6 +35,7 @@ from tokenmill.indices.blend_build import (
 )
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
+from tokenmill.storage.versions import pointer_version
 
 # What a blend stages of a merged dataset: its index and manifest, never the .bin.
 
@@ -76,12 +78,15 @@ def build_blend_asset(
         kinds={"numpy", "json"},
         automation_condition=automation_condition,
         description=f"Blend {blend.name} of {', '.join(blend.datasets)} ({cfg.semantics}).",
+        pool=BLEND_POOL,
     )
+    @rerun_superseded
     def blend_asset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         if cfg.train_samples is None and cfg.semantics != "growing":
             raise ConfigError(f"blend {blend.name}: nanoset.train_samples must be set")
         pointers = [layout.merged_pointer(ds.name) for ds in datasets]
-        with storage.workspace(pointers) as ws:
+        with storage.workspace([layout.blend_manifest(blend.name), *pointers]) as ws:
+            read = pointer_version(ws.storage.blend_dir(blend.name) / "manifest.json")
             keys = {ds.name: ws.storage.merged_key(ds.name, ds.text_key) for ds in datasets}
             for k in keys.values():
                 ws.fetch_index(k)
@@ -112,7 +117,9 @@ def build_blend_asset(
             # and neither rebuilds nor uploads it.
             built = blend_version(blend.name, *where, **settings)
             ws.fetch([f"{layout.blend_version_dir(blend.name, built)}/"])
-            manifest = build_blend(blend.name, *where, **settings, fetch=ws.fetch_index_entry)
+            manifest = build_blend(
+                blend.name, *where, **settings, fetch=ws.fetch_index_entry, expected=read
+            )
             mpath = ws.storage.blend_dir(blend.name) / "manifest.json"
             shares = realized_shares(manifest, mpath)
             metadata: dict[str, Any] = {

@@ -32,6 +32,7 @@ from assets.metadata import path_value
 from assets.raw import stamp, stats_record
 from assets.shards import shard_asset, source_shards, step_result
 from assets.support.partitions import shard_keys, shard_partitions
+from assets.support.pointers import DATASET_INFO_POOL
 from assets.support.resources import StorageResource, Workspace, display_path
 from assets.support.sources import ShardFile
 from assets.support.staleness import SOURCE_FINGERPRINT
@@ -236,6 +237,7 @@ def build_dataset_info(
         kinds={"json"},
         automation_condition=automation_condition,
         description=f"hf/{ds.name}/dataset_info.json of the current shards (from their records).",
+        pool=DATASET_INFO_POOL,
     )
     def dataset_info(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         keys = shard_keys(context.instance, ds)

@@ -39,7 +39,7 @@ from assets.support.staleness import (
     tokens_settings,
 )
 from pipelines.build import build_definitions
-from pipelines.instance import ensure_dagster_home
+from pipelines.instance import ensure_dagster_home, ensure_pool_limits
 from pipelines.jobs import DOWNSTREAM_STAGES as DATASET_STAGES
 from pipelines.jobs import REFRESH_JOB, shard_job_name
 from pipelines.sensors import range_tags, shard_ranges
@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("DAGSTER_HOME", str(home))
         print(f"recipe {recipe.path}; storage {recipe.storage.root}; Dagster instance {home}")
         with DagsterInstance.get() as instance:
+            ensure_pool_limits(instance)
             return materialize_recipe(recipe, instance)
     except ConfigError as exc:
         print(f"tokenmill materialize: error: {exc}", file=sys.stderr)

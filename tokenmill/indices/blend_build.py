@@ -14,7 +14,9 @@ A build computes the version first (:func:`blend_version`: sha256 of the canonic
 setting, each dataset's content hash and path, and each Nanoset cache hash), so rebuilding an
 unchanged blend finds the complete version folder and reuses it (same bytes, nothing rewritten).
 A new version is written into a temp folder ``versions/.tmp/<version16>.tmp-<host>-<pid>-<rand>``
-and renamed into place when complete; only then is the pointer replaced. A failed build (any
+and renamed into place when complete; only then is the pointer replaced, by compare-and-swap
+under the pointer's lock against the version read before the inputs (a build that lost a race
+to a newer one leaves the pointer at the newer version: ConflictError). A failed build (any
 exception, a full disk, a kill) leaves the previous pointer and version untouched.
 
 ``manifest.json`` (keys sorted; lists keep the blend's dataset order, which the indices use)::
@@ -121,7 +123,13 @@ from tokenmill.indices.nanoset import (
     entry_key,
     split_ranges,
 )
-from tokenmill.storage.versions import version_hash
+from tokenmill.storage.versions import (
+    READ_AT_START,
+    Expected,
+    pointer_version,
+    swap_pointer,
+    version_hash,
+)
 
 __all__ = [
     "blend_version",
@@ -600,6 +608,7 @@ def build_blend(
     drop_last_partial_validation: bool = True,
     fetch: FetchEntry | None = None,
     era_samples: int = ERA_SAMPLES,
+    expected: Expected = READ_AT_START,
 ) -> dict[str, Any]:
     """Build (or reuse) the blend's version, then point ``output_dir/manifest.json`` at it.
 
@@ -614,9 +623,17 @@ def build_blend(
     manifest's ``splits.<split>.skipped``. ``semantics="growing"``: ``train_samples`` may be
     None (no cap), ``era_samples`` is the era size, and the manifest says whether the version
     ``extends`` the current one (``tokenmill.indices.growing_blend``).
+
+    The pointer moves by compare-and-swap (``tokenmill.storage.versions.swap_pointer``) against
+    ``expected`` (the pointer's version read by the caller before it read the inputs; by
+    default the version this call reads before anything else): ConflictError, with this
+    build's version complete and the pointer left as found, when another build moved it
+    meanwhile to another version.
     """
     sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
     root = Path(output_dir)
+    mpath = root / MANIFEST_NAME
+    read_at_start = pointer_version(mpath) if expected == READ_AT_START else expected
     entries, plan, version = _prepare(
         name, datasets, root, Path(cache_dir), weights, temperature, sizes,
         {"sequence_length": sequence_length, "split_spec": split_spec, "seed": seed,
@@ -661,12 +678,11 @@ def build_blend(
                 plan, vdir, header, caches
             )
     pointer = seal(_rebased(manifest, f"{VERSIONS_DIR}/{vdir.name}"))
-    mpath = root / MANIFEST_NAME
     remove_stale_temps(mpath)
     with contextlib.suppress(FormatError):
         if mpath.is_file() and read_blend_manifest(mpath) == pointer:
             return pointer  # already current: nothing is rewritten
-    write_json(mpath, pointer)
+    swap_pointer(mpath, version, pointer, expected=read_at_start)
     return pointer
 
 
