@@ -23,6 +23,7 @@ records, so an ``s3://`` root costs no listing or download.
 import argparse
 import os
 import re
+import signal
 import sys
 import time
 from typing import Any
@@ -42,6 +43,14 @@ from pipelines.build import build_definitions
 from pipelines.instance import ensure_dagster_home
 from pipelines.jobs import DOWNSTREAM_STAGES as DATASET_STAGES
 from pipelines.jobs import REFRESH_JOB, shard_job_name
+from pipelines.runguard import (
+    PROCESS_TAG,
+    fail_interrupted_runs,
+    instance_errors,
+    materialize_locks,
+    process_tag,
+    stop_if_interrupted,
+)
 from pipelines.sensors import range_tags, shard_ranges
 from pipelines.summary import DatasetOutcome, print_summary
 from tokenmill.errors import ConfigError, TokenmillError
@@ -82,6 +91,7 @@ def process_shards(
     for shards in shard_ranges(list(order), stale):
         start = time.perf_counter()
         tags = range_tags(ds.name, {key: sources[key] for key in shards})
+        tags[PROCESS_TAG] = process_tag()
         result = job.execute_in_process(
             run_config=QUIET,
             instance=instance,
@@ -89,6 +99,7 @@ def process_shards(
             tags=tags,
             raise_on_error=False,
         )
+        stop_if_interrupted(result)
         name = f"{ds.name}/{shards[0]}"
         if len(shards) > 1:
             name += f"..{shards[-1]} ({len(shards)} shards)"
@@ -173,8 +184,13 @@ def run_downstream(defs: Definitions, instance: DagsterInstance, stale: list[Ass
     names = ", ".join(k.to_user_string() for k in stale)
     print(f"downstream: rebuilding {names} in one run", flush=True)
     result = defs.resolve_job_def(REFRESH_JOB).execute_in_process(
-        run_config=QUIET, instance=instance, asset_selection=stale, raise_on_error=False
+        run_config=QUIET,
+        instance=instance,
+        asset_selection=stale,
+        tags={PROCESS_TAG: process_tag()},
+        raise_on_error=False,
     )
+    stop_if_interrupted(result)
     print(f"downstream: {'ok' if result.success else 'FAILED (see the run in the UI)'}")
     if not result.success:
         print("downstream: nothing after the failed step was rebuilt; fix it and run again")
@@ -193,14 +209,26 @@ def main(argv: list[str] | None = None) -> int:
         home = ensure_dagster_home()
         os.environ.setdefault("DAGSTER_HOME", str(home))
         print(f"recipe {recipe.path}; storage {recipe.storage.root}; Dagster instance {home}")
-        with DagsterInstance.get() as instance:
+        # SIGTERM ends the run as Ctrl-C does (Dagster marks the run failed, as it does itself
+        # while a step runs), so a stopped wrapper leaves no run STARTED.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        with (
+            instance_errors(home),
+            materialize_locks(home, recipe.storage.root),
+            DagsterInstance.get() as instance,
+        ):
+            for run_id in fail_interrupted_runs(instance):
+                print(f"run {run_id}: its process is gone (killed or stopped); marked failed")
             return materialize_recipe(recipe, instance)
     except ConfigError as exc:
         print(f"tokenmill materialize: error: {exc}", file=sys.stderr)
         return 2
-    except TokenmillError as exc:
+    except (TokenmillError, OSError) as exc:  # OSError: a full or failing disk, named file
         print(f"tokenmill materialize: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("tokenmill materialize: interrupted; the run in progress is marked failed")
+        return 130
 
 
 if __name__ == "__main__":
