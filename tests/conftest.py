@@ -76,6 +76,7 @@ SLOW_MODULES = frozenset(
         "lib/test_tokenizer_normalized.py",
         "pipeline/test_assets.py",
         "pipeline/test_automation.py",
+        "pipeline/test_bad_input.py",
         "pipeline/test_checks.py",
         "pipeline/test_definitions.py",
         "pipeline/test_hf_source.py",

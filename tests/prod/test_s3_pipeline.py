@@ -66,7 +66,7 @@ def s3_recipe(
         "storage": {"root": root or f"s3://{root_bucket}/root", "s3_endpoint_url": s3.endpoint},
         "tokenizer": {"path": str(gpt2_dir), "append_eod": True},
         "datasets": {
-            "docs": {"source": f"s3://{s3.bucket}/sources/docs/"},
+            "docs": {"source": f"s3://{s3.bucket}/sources/docs/", "max_quarantine_fraction": 0.25},
             "code": {"source": f"s3://{s3.bucket}/sources/code/"},
         },
         "nanoset": {"sequence_length": 32, "split": "80,10,10", "seed": 7, "train_samples": 100},
