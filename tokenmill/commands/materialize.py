@@ -74,6 +74,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="folder with workspace.yaml and pipelines/ (default: $TOKENMILL_CODE_LOCATION, "
         "the current folder or a parent, or the checkout tokenmill was installed from)",
     )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print Dagster's warnings and full tracebacks (by default each failure is one line "
+        "of the summary and the tracebacks go to a log file it names)",
+    )
     p.set_defaults(func=run)
 
 
@@ -86,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         if not recipe.is_file():
             raise ConfigError(f"--recipe {args.recipe}: no such file")
         command += ["--recipe", str(recipe)]
+    if args.verbose:
+        command.append("--verbose")
     env = dict(os.environ)
     env.setdefault("DAGSTER_HOME", str(root / ".dagster_home"))
     env[DISPLAY_DIR_ENV] = str(Path.cwd())
