@@ -81,9 +81,12 @@ def source_shards(
 
 
 def per_shard(shards: Mapping[str, T], work: Callable[[T], R]) -> dict[str, R]:
-    """``{key: work(shard)}``; an exception on one shard fails the step as a Dagster
-    ``Failure`` naming that shard in its metadata (``shard``) and its cause in its description,
-    so ``tokenmill materialize`` and the UI report the shard from structured data."""
+    """``{key: work(shard)}``. In a range step an exception on one shard fails the step as a
+    Dagster ``Failure`` naming that shard in its metadata (``shard``) and its cause in its
+    description, so ``tokenmill materialize`` and the UI report the shard from structured data;
+    a one-shard step raises the exception itself (its partition key names the shard)."""
+    if len(shards) == 1:
+        return {key: work(shard) for key, shard in shards.items()}
     out = {}
     for key, shard in shards.items():
         try:

@@ -83,12 +83,17 @@ def run_status(home: Path, run_id: str) -> DagsterRunStatus:
         return run.status
 
 
-def test_sigterm_is_passed_on_and_the_run_ends_failed(recipe: Recipe, home: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_is_passed_on_and_the_run_ends_failed(
+    recipe: Recipe, home: Path, signum: signal.Signals
+) -> None:
+    """Sent to the wrapper alone (``kill``, a service manager): the child gets it too, ends its
+    run cleanly, and the wrapper waits for it (no orphan, no SIGKILL after 0.25 s)."""
     proc = start(recipe, home)
     run = wait_for_run(home, None, proc)
     [child] = psutil.Process(proc.pid).children()
     assert "pipelines.materialize" in " ".join(child.cmdline())
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 130, out  # the child's own exit, after a clean stop
     assert not psutil.pid_exists(child.pid)  # no orphan writes on
