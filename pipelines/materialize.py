@@ -17,7 +17,11 @@ repo root) executes in process on the configured instance (``$DAGSTER_HOME``; SQ
    ``refresh_job``. Datasets with a failed shard are left out of step 3 (and reported).
 
 Nothing here reads the storage root: the comparisons and the summary read the instance's
-records, so an ``s3://`` root costs no listing or download.
+records, so an ``s3://`` root costs no listing or download (``s3://`` buckets get one HEAD
+each first, before any run). The summary has one line per failure with its cause; the full
+errors go to ``$DAGSTER_HOME/logs/`` (``--verbose``: to the console too). The guards of
+``pipelines/runguard.py`` hold: one materialize per instance and storage root, interrupted
+runs marked failed, SIGTERM handled as Ctrl-C.
 """
 
 import argparse
