@@ -246,7 +246,7 @@ class NanosetConfig(_Config):
         shares = [float(part) for part in self.split.replace("/", ",").split(",")]
         for name, share in zip(("train", "valid", "test"), shares, strict=True):
             wanted = getattr(self, f"{name}_samples")
-            if share == 0 and wanted is not None:
+            if share == 0 and wanted is not None and name != "train":  # train: Recipe's rule
                 expected = f"null (split {self.split!r} gives the {name} split no share)"
                 raise _expected(expected, at=(f"{name}_samples",), value=wanted)
         return self
@@ -391,6 +391,20 @@ class Recipe(_Config):
                 wanted = f"a dataset of this recipe ({', '.join(known)})"
                 raise _expected(wanted, kind="unknown dataset", at=at, value=name)
         return tuple(b.model_copy(update={"datasets": b.datasets or known}) for b in blends)
+
+    @model_validator(mode="after")
+    def _train_share(self) -> Recipe:
+        """A blend is built from the train split; ``train_samples`` needs one too."""
+        if float(self.nanoset.split.replace("/", ",").split(",")[0]) > 0:
+            return self
+        if self.blends:
+            wanted = "a positive train share (a blend needs a train split)"
+            raise _expected(wanted, at=("nanoset", "split"), value=self.nanoset.split)
+        if self.nanoset.train_samples is not None:
+            expected = f"null (split {self.nanoset.split!r} gives the train split no share)"
+            at = ("nanoset", "train_samples")
+            raise _expected(expected, at=at, value=self.nanoset.train_samples)
+        return self
 
     @model_validator(mode="after")
     def _train_size(self) -> Recipe:

@@ -173,6 +173,14 @@ def test_shipped_recipes_load() -> None:
             "split no share)",
         ),
         (
+            {"nanoset": {"train_samples": 10, "split": "0,1,1"}},
+            "nanoset.split: bad value '0,1,1'; expected a positive train share (a blend needs",
+        ),
+        (
+            {"blends": {}, "nanoset": {"train_samples": 4, "split": "0,1,1"}},
+            "nanoset.train_samples: bad value 4; expected null (split '0,1,1' gives the train",
+        ),
+        (
             {"datasets": {"web": {"source": "raw", "max_quarantine_fraction": 1.5}}},
             "datasets.web.max_quarantine_fraction: bad value 1.5; expected a number from 0 to 1",
         ),
