@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import DagsterInstance
+from dagster import AssetKey, DagsterInstance
 
+from assets.support.staleness import recorded_version
 from pipelines.materialize import materialize_recipe, preflight
 from tokenmill.errors import InputError
 from tokenmill.recipe import Recipe
@@ -119,3 +120,28 @@ def test_s3_preflight_names_a_missing_bucket_before_any_run(
     assert asked == ["gone"]
     preflight(make_recipe())  # local: nothing asked
     assert asked == ["gone"]
+
+
+def test_a_blend_not_rebuilt_says_which_version_is_still_current(
+    make_recipe: Callable[..., Recipe],
+    instance: DagsterInstance,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """After a good run, a shard of bad lines pushes docs past its quarantine fraction: the
+    blend is not rebuilt, and the summary says which version training still gets."""
+    recipe = make_recipe()
+    assert materialize_recipe(recipe, instance, home=tmp_path) == 0
+    version = recorded_version(instance, AssetKey(["blend", "mix"]))
+    assert version is not None
+    capsys.readouterr()
+    good = b'{"text": "A short but real document about parsing arguments."}\n' * 2
+    bad = b'{"title": "no text"}\n' * 30
+    (Path(recipe.dataset("docs").source) / "bad-00000.jsonl").write_bytes(good + bad)
+    assert materialize_recipe(recipe, instance, home=tmp_path) == 1
+    out = capsys.readouterr().out
+    assert "FAILED docs/merged check quarantine_share: docs: 33 of 75 records" in out, out
+    blend = out.split("  blend mix: ")[1].splitlines()
+    assert blend[1].startswith(f"    NOT rebuilt; current version is still {version[:16]} from ")
+    assert "docs/nanoset: NOT rebuilt; current version is still" in out
+    assert "Open a blend" not in out
