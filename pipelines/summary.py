@@ -1,7 +1,8 @@
 """The closing summary of ``tokenmill materialize``: counts from the records the steps left in
 the Dagster instance (the same records the staleness model reads; no artifact is opened, so an
-S3 root costs nothing here), where the blends are, how to open one (after ``tokenmill pull``
-for an S3 root), and how to start the UI."""
+S3 root costs nothing here), one line per failure with its cause (the full errors go to a log
+file), what was not rebuilt and which version is still current, where the blends are, how to
+open a current one (after ``tokenmill pull`` for an S3 root), and how to start the UI."""
 
 import os
 import time
@@ -64,21 +65,21 @@ def _innermost(error: SerializableErrorInfo) -> SerializableErrorInfo:
 
 
 def _cause_text(error: SerializableErrorInfo) -> str:
-    """The exception's own message; its type and the code location when it is not one of
-    ours (whose messages name the file and line themselves)."""
+    """The exception's type and own message; with the code location when it is not one of
+    ours (whose messages name the file, line or setting themselves)."""
     inner = _innermost(error)
     message = inner.message.strip()
     named, _, rest = message.partition(": ")
     message = rest if named.rsplit(".", 1)[-1] == inner.cls_name else message
     if inner.cls_name in OWN_WORDS:
-        return message
+        return f"{inner.cls_name}: {message}"
     where = ""
     if inner.stack:
         frame = inner.stack[-1].strip().splitlines()[0]  # '  File "x.py", line N, in f'
         parts = frame.replace('"', "").split(", ")
         if len(parts) >= 2 and parts[0].startswith("File "):
             where = f" (at {Path(parts[0][5:]).name}:{parts[1].removeprefix('line ')})"
-    return message + where
+    return f"{inner.cls_name}: {message}{where}"
 
 
 def _metadata_value(metadata: Mapping[str, Any], name: str) -> Any:
