@@ -14,6 +14,7 @@ from dagster import (
     AssetsDefinition,
     AutomationCondition,
     DataVersion,
+    Failure,
     MaterializeResult,
     MetadataValue,
     asset,
@@ -27,6 +28,7 @@ from assets.support.staleness import blend_data_version, nanoset_data_version
 from tokenmill.errors import ConfigError, FormatError
 from tokenmill.indices.blend_build import (
     Share,
+    blend_skips,
     blend_version,
     build_blend,
     read_blend_manifest,
@@ -61,6 +63,25 @@ def stage_current_blend(ws: Workspace, name: str) -> None:
         with contextlib.suppress(FormatError):
             version = str(read_blend_manifest(mpath)["version"])
             ws.fetch([f"{layout.blend_version_dir(name, version)}/"])
+
+
+def refuse_vanishing(blend: BlendConfig, skips: dict[str, dict[str, str]]) -> None:
+    """Fail the blend when a dataset it weights would get no sample in a split (its share
+    would silently go to the others) unless the recipe allows it (``allow_empty_splits``)."""
+    weights = blend.weight_map()
+    lost = [
+        f"{name} from split {split!r} ({reason})"
+        for split, out in skips.items()
+        for name, reason in out.items()
+        if weights is None or weights[name] > 0
+    ]
+    if lost:
+        raise Failure(
+            description=f"blend {blend.name}: weighted datasets would get no sample: "
+            f"{'; '.join(lost)}. Fix the data (e.g. a dataset left with 0 documents) or the "
+            f"split, or set blends.{blend.name}.allow_empty_splits: true to build it anyway",
+            metadata={"vanishing": MetadataValue.json(skips)},
+        )
 
 
 def build_blend_asset(
@@ -113,6 +134,8 @@ def build_blend_asset(
             if cfg.semantics == "growing":  # the current version, which a new one may extend
                 stage_current_blend(ws, blend.name)
             where = (prefixes, ws.storage.blend_dir(blend.name), ws.storage.nanoset_dir())
+            if not blend.allow_empty_splits:
+                refuse_vanishing(blend, blend_skips(blend.name, *where, **settings))
             # An existing version is staged first, so an unchanged rebuild finds it complete
             # and neither rebuilds nor uploads it.
             built = blend_version(blend.name, *where, **settings)

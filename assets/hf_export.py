@@ -30,7 +30,7 @@ from dagster import (
 
 from assets.metadata import path_value
 from assets.raw import stamp, stats_record
-from assets.shards import shard_asset, source_shards, step_result
+from assets.shards import per_shard, shard_asset, source_shards, step_result
 from assets.support.partitions import shard_keys, shard_partitions
 from assets.support.pointers import DATASET_INFO_POOL
 from assets.support.resources import StorageResource, Workspace, display_path
@@ -218,7 +218,7 @@ def build_hf_dataset(ds: DatasetConfig) -> AssetsDefinition:
         with storage.workspace(stats) as ws:
             return step_result(
                 context,
-                {key: export_one(context, ws, ds, shard) for key, shard in shards.items()},
+                per_shard(shards, lambda shard: export_one(context, ws, ds, shard)),
                 recorded=(SOURCE_FINGERPRINT, "documents", "quarantined"),
             )
 

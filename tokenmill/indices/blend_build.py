@@ -132,6 +132,7 @@ from tokenmill.storage.versions import (
 )
 
 __all__ = [
+    "blend_skips",
     "blend_version",
     "build_blend",
     "describe_blend",
@@ -587,6 +588,45 @@ def blend_version(
     }
     root, cache = Path(output_dir), Path(cache_dir)
     return _prepare(name, datasets, root, cache, weights, temperature, sizes, settings)[2]
+
+
+def blend_skips(
+    name: str,
+    datasets: Mapping[str, str | os.PathLike[str]],
+    output_dir: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str],
+    *,
+    weights: Mapping[str, float] | None = None,
+    temperature: float | None = None,
+    sequence_length: int,
+    split_spec: str = "949,50,1",
+    seed: int = 1234,
+    train_samples: int | None,
+    valid_samples: int | None = None,
+    test_samples: int | None = None,
+    semantics: str = "megatron",
+    add_extra_token: bool = True,
+    drop_last_partial_validation: bool = True,
+    era_samples: int = ERA_SAMPLES,
+) -> dict[str, dict[str, str]]:
+    """``{split: {dataset: reason}}``: the datasets :func:`build_blend` with the same arguments
+    would leave out of each split the spec gives a share, computed without building anything
+    (so a caller can refuse a blend where a weighted dataset would vanish, before it exists)."""
+    sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
+    settings = {
+        "sequence_length": sequence_length,
+        "split_spec": split_spec,
+        "seed": seed,
+        "semantics": semantics,
+        "add_extra_token": add_extra_token,
+        "drop_last_partial_validation": drop_last_partial_validation,
+        "era_samples": era_samples,
+    }
+    root, cache = Path(output_dir), Path(cache_dir)
+    plan = _prepare(name, datasets, root, cache, weights, temperature, sizes, settings)[1]
+    shares = parse_split(split_spec)
+    skips = {split: plan.skipped(i) for i, split in enumerate(SPLITS) if shares[i] > 0}
+    return {split: out for split, out in skips.items() if out}
 
 
 def build_blend(
