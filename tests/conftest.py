@@ -4,7 +4,9 @@ moto_server S3 and Postgres on loopback for any test that asks.
 
 Test tiers: every test gets the markers of what it needs (registered in pyproject.toml), from
 its directory, module or fixtures (``pytest_collection_modifyitems`` below); ``make test-fast``
-(``pytest --fast``) deselects them for the inner loop, ``make test`` runs everything.
+(``pytest --fast``) deselects them for the inner loop, ``make test`` runs everything. With the
+environment variable ``CI`` set, a skipped docker, browser or servers test fails the run, naming
+what was missing (``pytest_runtest_makereport``): CI cannot pass without its real parts.
 
 The bundled tokenizers are built once into the repo's git-ignored ``.tokenizers/`` (the same
 place ``make tokenizers`` uses) and reused by later sessions; engine verification results go to
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +135,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(marker)
         if SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker("servers")
+
+
+# Tiers whose skip means a missing system part (dockerd, Chromium, Postgres), not a choice.
+CI_REQUIRED = ("docker", "browser", "servers")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """With ``CI`` set, a skip in a required tier becomes a failure that names the missing part
+    (the skip's own reason)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not os.environ.get("CI") or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    tiers = [tier for tier in CI_REQUIRED if item.get_closest_marker(tier)]
+    if tiers:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"CI is set but this {tiers[0]} test was skipped: {reason}"
 
 
 @pytest.fixture(scope="session", autouse=True)
