@@ -4,6 +4,7 @@ S3 root costs nothing here), where the blends are, how to open one (after ``toke
 for an S3 root), and how to start the UI."""
 
 import os
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,9 +14,10 @@ from dagster import AssetKey, DagsterInstance, EventLogRecord
 
 from assets.support.partitions import shard_keys
 from assets.support.staleness import latest_records
+from pipelines.instance import DEFAULT_HOME, REPO_ROOT
 from pipelines.jobs import shard_stages
 from tokenmill.indices.nanoset import SPLITS
-from tokenmill.recipe import DatasetConfig, NanosetConfig, Recipe
+from tokenmill.recipe import DEFAULT_RECIPE, RECIPE_ENV, DatasetConfig, NanosetConfig, Recipe
 
 
 @dataclass
@@ -96,6 +98,18 @@ def open_hint(manifest: str, name: str, endpoint_url: str | None = None) -> list
     return lines
 
 
+def dev_hint(recipe: Path, dagster_home: Path) -> str:
+    """How to browse this run in the UI: ``make dev``, with ``TOKENMILL_RECIPE`` and
+    ``DAGSTER_HOME`` set when either differs from the default (else the UI shows the demo)."""
+    env = ""
+    if recipe.resolve() != (REPO_ROOT / DEFAULT_RECIPE).resolve() or (
+        dagster_home.resolve() != DEFAULT_HOME.resolve()
+    ):
+        quoted = shlex.quote(str(recipe)), shlex.quote(str(dagster_home))
+        env = f"{RECIPE_ENV}={quoted[0]} DAGSTER_HOME={quoted[1]} "
+    return f"Browse assets, runs, checks and metadata: {env}make dev  (then http://127.0.0.1:3000)"
+
+
 def print_summary(
     recipe: Recipe,
     outcomes: Sequence[DatasetOutcome],
@@ -116,4 +130,5 @@ def print_summary(
     if built:
         name, where = built[0]
         print("\n".join(open_hint(where, name, recipe.storage.s3_endpoint_url)))
-    print("\nBrowse assets, runs, checks and metadata: make dev  (then http://127.0.0.1:3000)")
+    home = Path(os.environ.get("DAGSTER_HOME") or DEFAULT_HOME)
+    print("\n" + dev_hint(recipe.path, home))
