@@ -114,3 +114,14 @@ def test_ci_fails_a_skipped_docker_test_naming_what_was_missing(tmp_path: Path) 
     assert ci.startswith("exit 1\n"), ci
     assert "CI is set but this docker test was skipped" in ci, ci
     assert "dockerd not found" in ci or "dockerd needs root" in ci, ci
+
+
+def test_a_new_dagster_home_has_no_first_visit_dialog(tmp_path: Path) -> None:
+    """The UI's newsletter dialog (``nux``) would cover headless screenshots of ``make dev``."""
+    from dagster import DagsterInstance
+
+    from pipelines.instance import ensure_dagster_home
+
+    home = ensure_dagster_home(tmp_path / "home")
+    with DagsterInstance.from_config(str(home)) as instance:
+        assert instance.nux_enabled is False
