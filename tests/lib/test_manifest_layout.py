@@ -208,3 +208,12 @@ def test_check_name_gives_name_problems_reason(name: str) -> None:
         assert name_problem(artifact_only) is None
         with pytest.raises(ConfigError, match="rejected: it "):
             check_name(artifact_only)
+
+
+def test_one_lowercase_hex_rule_for_versions() -> None:
+    from tokenmill.paths import is_lower_hex
+
+    assert is_lower_hex("0123456789abcdef") and not is_lower_hex("")
+    assert not is_lower_hex("00FF") and not is_lower_hex("0g")
+    with pytest.raises(ConfigError, match="expected >= 16 lowercase hex digits"):
+        layout.version_dir_name("0123456789ABCDEF")

@@ -9,10 +9,10 @@ from typing import Any
 
 from tokenmill.commands.verify import classify
 from tokenmill.errors import ConfigError
+from tokenmill.formats.blend_manifest import SPLITS
 from tokenmill.formats.dataset_manifest import open_dataset
 from tokenmill.tokenize.stats import histogram_text, length_histogram, summarize
 
-SPLITS = ("train", "valid", "test")
 MAX_TOKENS = 2000  # --decode's default cut: a long document would flood the terminal
 
 

@@ -31,11 +31,11 @@ from tokenmill.atomic import TEMP_NAME_EXTRA
 from tokenmill.errors import ConfigError
 from tokenmill.formats.dataset_manifest import DATASET_MANIFEST_SUFFIX as DATASET_MANIFEST_SUFFIX
 from tokenmill.formats.dataset_manifest import DATASET_MANIFESTS as DATASET_MANIFESTS
-from tokenmill.paths import name_problem
+from tokenmill.paths import VERSION_CHARS as VERSION_CHARS
+from tokenmill.paths import is_lower_hex, name_problem
 
 POINTER_NAME = "current.json"
 BLEND_MANIFEST = "manifest.json"
-VERSION_CHARS = 16  # a version folder is named by the first 16 hex digits of its version hash
 NAME_MAX = 255  # bytes in one file name: Linux file systems and most others
 
 
@@ -59,7 +59,7 @@ def check_name(name: str, what: str = "name") -> str:
 def version_dir_name(version: str) -> str:
     """The folder name of a version: the first ``VERSION_CHARS`` hex digits of its hash."""
     short = version[:VERSION_CHARS]
-    if len(short) != VERSION_CHARS or any(c not in "0123456789abcdef" for c in short):
+    if len(short) != VERSION_CHARS or not is_lower_hex(short):
         raise ConfigError(f"version {version!r} rejected: expected >= 16 lowercase hex digits")
     return short
 
