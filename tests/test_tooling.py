@@ -125,3 +125,14 @@ def test_a_new_dagster_home_has_no_first_visit_dialog(tmp_path: Path) -> None:
     home = ensure_dagster_home(tmp_path / "home")
     with DagsterInstance.from_config(str(home)) as instance:
         assert instance.nux_enabled is False
+
+
+def test_the_suite_builds_tokenizers_outside_the_repo(gpt2_dir: Path) -> None:
+    """Without ``make tokenizers``' ``.tokenizers/<name>``, the fixtures build into a cache
+    folder outside the work tree (a test run leaves nothing in the repo)."""
+    from pipeline_project import TOKENIZER_CACHE, tokenizer_dir
+
+    assert tokenizer_dir("not-built") == TOKENIZER_CACHE / "not-built"
+    assert ROOT not in TOKENIZER_CACHE.parents
+    repo = ROOT / ".tokenizers" / "gpt2"
+    assert gpt2_dir == (repo if (repo / "tokenizer.json").is_file() else TOKENIZER_CACHE / "gpt2")
