@@ -28,7 +28,8 @@ tokenizers: $(foreach name,$(TOKENIZERS),.tokenizers/$(name)/tokenizer.json)
 sysdeps:
 	bash .ci/sysdeps
 
-# -rs: every skip with its reason (e.g. why tests/docker could not start a dockerd).
+# -rs: every skip with its reason (e.g. why tests/docker could not start a dockerd). With CI set
+# (CI services set it), a skipped docker, browser or servers test fails the run instead.
 test: install sysdeps
 	$(BIN)/python -m pytest -p no:cacheprovider -rs
 
