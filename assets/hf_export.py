@@ -38,8 +38,9 @@ from assets.support.sources import ShardFile
 from assets.support.staleness import SOURCE_FINGERPRINT
 from tokenmill.atomic import file_sha256
 from tokenmill.errors import InputError
-from tokenmill.formats.dataset_manifest import FORMAT_VERSION, input_sha256
+from tokenmill.formats.dataset_manifest import input_sha256
 from tokenmill.formats.shard_records import (
+    FORMAT_VERSION,
     export_record,
     is_current,
     read_record,

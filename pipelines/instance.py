@@ -1,10 +1,11 @@
 """The embedded Dagster instance: SQLite storage under a repo-local ``DAGSTER_HOME``.
 
 ``python -m pipelines.instance [DIR]`` creates the directory and, when it has none, a
-``dagster.yaml`` that keeps Dagster's default SQLite storage, turns telemetry off and lets at
-most two runs execute at once (a burst of new shards queues instead of overloading the machine).
-An existing ``dagster.yaml`` (e.g. production Postgres settings) is never touched. It then sets
-the single-writer pools of the unpartitioned assets to one slot in the instance's database
+``dagster.yaml`` that keeps Dagster's default SQLite storage, turns telemetry and the UI's
+first-visit dialog (``nux``, which covers headless screenshots) off and lets at most two runs
+execute at once (a burst of new shards queues instead of overloading the machine). An existing
+``dagster.yaml`` (e.g. production Postgres settings) is never touched. It then sets the
+single-writer pools of the unpartitioned assets to one slot in the instance's database
 (:func:`ensure_pool_limits`; ``dagster.yaml`` cannot name per-pool limits), as ``tokenmill
 materialize`` does before each call: run it once against a production ``DAGSTER_HOME`` too.
 """
@@ -26,6 +27,8 @@ DEFAULT_HOME = REPO_ROOT / ".dagster_home"
 MAX_CONCURRENT_RUNS = 2
 EMBEDDED_CONFIG = f"""# Written by pipelines/instance.py: Dagster's default SQLite storage here.
 telemetry:
+  enabled: false
+nux:
   enabled: false
 concurrency:
   runs:

@@ -5,6 +5,7 @@ file), what was not rebuilt and which version is still current, where the blends
 open a current one (after ``tokenmill pull`` for an S3 root), and how to start the UI."""
 
 import os
+import shlex
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,10 +17,11 @@ from dagster_shared.error import SerializableErrorInfo
 
 from assets.support.partitions import shard_keys
 from assets.support.staleness import latest_records, recorded_version
+from pipelines.instance import DEFAULT_HOME, REPO_ROOT
 from pipelines.jobs import shard_stages
 from tokenmill.atomic import write_bytes
 from tokenmill.indices.nanoset import SPLITS
-from tokenmill.recipe import DatasetConfig, NanosetConfig, Recipe
+from tokenmill.recipe import DEFAULT_RECIPE, RECIPE_ENV, DatasetConfig, NanosetConfig, Recipe
 
 # Exceptions whose own message names the file, line or setting (``tokenmill.errors`` and a
 # step's deliberate ``Failure``); for any other the code location is added to the line.
@@ -210,6 +212,18 @@ class RunReport:
     log: Path | None = None
 
 
+def dev_hint(recipe: Path, dagster_home: Path) -> str:
+    """How to browse this run in the UI: ``make dev``, with ``TOKENMILL_RECIPE`` and
+    ``DAGSTER_HOME`` set when either differs from the default (else the UI shows the demo)."""
+    env = ""
+    if recipe.resolve() != (REPO_ROOT / DEFAULT_RECIPE).resolve() or (
+        dagster_home.resolve() != DEFAULT_HOME.resolve()
+    ):
+        quoted = shlex.quote(str(recipe)), shlex.quote(str(dagster_home))
+        env = f"{RECIPE_ENV}={quoted[0]} DAGSTER_HOME={quoted[1]} "
+    return f"Browse assets, runs, checks and metadata: {env}make dev  (then http://127.0.0.1:3000)"
+
+
 def print_summary(
     recipe: Recipe,
     outcomes: Sequence[DatasetOutcome],
@@ -245,4 +259,5 @@ def print_summary(
         print("\n".join(open_hint(where, name, recipe.storage.s3_endpoint_url)))
     if report.log is not None:
         print(f"\nFull errors with tracebacks: {shown(report.log)} (or run with -v)")
-    print("\nBrowse assets, runs, checks and metadata: make dev  (then http://127.0.0.1:3000)")
+    home = Path(os.environ.get("DAGSTER_HOME") or DEFAULT_HOME)
+    print("\n" + dev_hint(recipe.path, home))

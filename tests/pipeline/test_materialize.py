@@ -27,6 +27,7 @@ from assets.support.staleness import (
     tokens_settings,
 )
 from pipelines.build import build_definitions, resources_for
+from pipelines.instance import DEFAULT_HOME, REPO_ROOT
 from pipelines.materialize import (
     materialize_recipe,
     process_shards,
@@ -34,7 +35,7 @@ from pipelines.materialize import (
     stale_downstream,
 )
 from pipelines.sensors import RANGE_END, RANGE_START
-from pipelines.summary import open_hint
+from pipelines.summary import dev_hint, open_hint
 from tokenmill.commands.materialize import find_code_location
 from tokenmill.errors import ConfigError
 from tokenmill.loader import open_blend
@@ -216,6 +217,19 @@ def test_pull_hint_names_the_s3_endpoint() -> None:
     assert "--endpoint-url" not in "\n".join(open_hint("s3://b/blends/mix/manifest.json", "mix"))
     local = "\n".join(open_hint("data/blends/mix/manifest.json", "mix", "http://s3:9000"))
     assert "pull" not in local and 'open_blend("data/blends/mix/manifest.json"' in local
+
+
+def test_dev_hint_names_a_custom_recipe_and_instance(tmp_path: Path) -> None:
+    demo = REPO_ROOT / "recipes" / "demo.yaml"
+    assert dev_hint(demo, DEFAULT_HOME).startswith(
+        "Browse assets, runs, checks and metadata: make dev"
+    )
+    custom = dev_hint(tmp_path / "my recipe.yaml", tmp_path / "home")
+    assert (
+        f"TOKENMILL_RECIPE='{tmp_path}/my recipe.yaml' DAGSTER_HOME={tmp_path}/home make dev"
+        in custom
+    )
+    assert f"DAGSTER_HOME={tmp_path}/home make dev" in dev_hint(demo, tmp_path / "home")
 
 
 def test_the_uis_staleness_agrees_with_materialize(

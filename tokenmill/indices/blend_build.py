@@ -116,6 +116,7 @@ from tokenmill.indices._nanoset_indices import parse_split
 from tokenmill.indices._sample_index import count_samples
 from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.indices.nanoset import (
+    SEMANTICS,
     FetchEntry,
     NanosetIndex,
     build_or_load,
@@ -141,7 +142,6 @@ __all__ = [
     "verify_blend",
 ]
 
-SEMANTICS = ("megatron", "nanotron", "growing")  # growing: see tokenmill.indices.growing_blend
 # Megatron's add_extra_token_to_sequence and drop_last_partial_validation_sequence (both on by
 # default; the second applies to the valid split only: train and test always drop).
 FLAGS = ("add_extra_token", "drop_last_partial_validation")
