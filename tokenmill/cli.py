@@ -26,6 +26,8 @@ COMMANDS = [
     "materialize",
     "pull",
     "gc",
+    "explain",
+    "find",
 ]
 
 

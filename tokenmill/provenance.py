@@ -394,12 +394,18 @@ def _samples_holding(ds: dict[str, Any], mpath: Path, seqs: np.ndarray, extra: i
     return np.flatnonzero(np.isin(shuffle, np.unique(np.asarray(rows, dtype=np.int64))))
 
 
-def find(root: str | os.PathLike[str], queries: Sequence[str]) -> list[Hit]:
+def find(
+    root: str | os.PathLike[str],
+    queries: Sequence[str],
+    *,
+    refs: list[DocumentRef] | None = None,
+) -> list[Hit]:
     """Every blend version on the storage ``root`` holding a document a query names, with the
     samples of each split that hold it. Queries: ``id:<id>``, ``line:<file>:<line>``,
-    ``text:<exact substring>``, ``sha256:<text_hash of the text>``."""
+    ``text:<exact substring>``, ``sha256:<text_hash of the text>`` (``refs``: what
+    ``resolve_queries`` already returned for them, so the sources are not read again)."""
     base = Path(root)
-    refs = resolve_queries(base, queries)
+    refs = resolve_queries(base, queries) if refs is None else refs
     hits: list[Hit] = []
     if not refs:
         return hits

@@ -16,6 +16,7 @@ from dagster import DagsterInstance
 from pipeline_project import write_shard
 
 from pipelines.materialize import materialize_recipe
+from tokenmill.cli import main
 from tokenmill.ingest.records import document_lines
 from tokenmill.loader import open_blend
 from tokenmill.provenance import explain, find, resolve_queries, text_hash
@@ -131,3 +132,45 @@ def test_find_every_planted_document_and_nothing_else(
                 s.sample for s in every if any(p.doc_id == hit.document.doc_id for p in s.pieces)
             ]
             assert hit.samples.get(split, []) == holders
+
+
+def test_explain_and_find_commands(
+    make_recipe: Callable[..., Recipe],
+    instance: DagsterInstance,
+    gpt2_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    recipe = make_recipe()
+    assert materialize_recipe(recipe, instance) == 0
+    root = Path(recipe.storage.root)
+    blend = root / "blends" / "mix"
+    capsys.readouterr()
+    argv = ["explain", str(blend), "--split", "valid", "--sample", "3", "5"]
+    assert main([*argv, "--text", "--tokenizer", str(gpt2_dir)]) == 0
+    out = capsys.readouterr().out
+    [first, second] = explain(blend / "manifest.json", "valid", [3, 5])
+    assert out.startswith(f"valid sample 3 (version {first.version[:16]}, dataset")
+    piece = first.pieces[0]
+    a, b = piece.document_range
+    assert f"{piece.source}:{piece.line}" in out and f"tokens [{a}, {b})" in out
+    assert "valid sample 5 (" in out and len(out.splitlines()) == 2 + 2 * (
+        len(first.pieces) + len(second.pieces)
+    )
+    assert main(["explain", str(blend), "--step", "2", "-G", "4"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split(" (")[0] for line in out.splitlines() if not line.startswith(" ")] == [
+        f"train sample {i}" for i in range(8, 12)
+    ]
+    assert main(["explain", str(blend), "--sample", "0", "--text"]) == 2
+    assert "--text needs --tokenizer" in capsys.readouterr().err
+    # find: a file of queries, one a line; a query matching nothing -> exit 1
+    doc = explain(blend / "manifest.json", "train", [0])[0].pieces[0]
+    queries = tmp_path / "queries.txt"
+    queries.write_text(f"line:{doc.source}:{doc.line}\n\ntext:no such text 42\n")
+    assert main(["find", str(root), "--queries", str(queries)]) == 1
+    out = capsys.readouterr().out
+    assert f"line:{doc.source}:{doc.line}: {doc.dataset}/{doc.shard} document {doc.document}" in out
+    assert "  blend mix version " in out and "train [0" in out
+    assert out.endswith("text:no such text 42: no document\n")
+    assert main(["find", str(root), f"line:{doc.source}:{doc.line}"]) == 0
