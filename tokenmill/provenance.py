@@ -20,10 +20,8 @@ global sequence with vectorized scans of its index arrays.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +38,7 @@ from tokenmill.formats.blend_manifest import (
     resolve,
 )
 from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
-from tokenmill.formats.shard_records import read_record
+from tokenmill.formats.shard_records import read_dochash, read_record, text_digest
 from tokenmill.formats.virtual_merge import VirtualDataset
 from tokenmill.ingest.records import document_lines
 from tokenmill.loader import NanosetDataset, open_blend
@@ -111,10 +109,9 @@ class Hit:
 
 
 def text_hash(text: str) -> str:
-    """sha256 of ``text`` NFC-normalized with runs of whitespace collapsed to one space and the
-    ends stripped: how ``find`` matches a document's text without its exact bytes."""
-    norm = " ".join(unicodedata.normalize("NFC", text).split())
-    return hashlib.sha256(norm.encode("utf-8")).hexdigest()
+    """Hex sha256 of ``text`` NFC-normalized, whitespace runs collapsed to one space, ends
+    stripped (``text_digest``): how ``find`` matches a document's text without its exact bytes."""
+    return text_digest(text).hex()
 
 
 @dataclass
@@ -134,6 +131,13 @@ class _Shard:
             return None
         path = self.root / "raw" / self.dataset / f"{self.key}.stats.json"
         return read_record(path) if path.is_file() else None
+
+    def dochash(self) -> np.ndarray | None:
+        """The shard's document hashes (``raw/<ds>/<shard>.dochash.npy``), if written."""
+        if self.root is None:
+            return None
+        path = self.root / "raw" / self.dataset / f"{self.key}.dochash.npy"
+        return read_dochash(path, self.documents) if path.is_file() else None
 
     def source(self) -> str | None:
         stats = self.stats()
@@ -314,36 +318,60 @@ def _same_file(uri: str, wanted: str) -> bool:
 
 
 def resolve_queries(root: str | os.PathLike[str], queries: Sequence[str]) -> list[DocumentRef]:
-    """Every shard document a query names (a shard's source is read only when some query may
-    match in it: a ``line`` query reads just its own file)."""
+    """Every shard document a query names. A shard's source is read only when a query may match
+    in it: a ``line`` query reads just its own file; ``sha256`` queries look in the shard's
+    ``.dochash.npy`` first (one vectorized compare) and read the source only on a match; ``id``
+    and ``text`` queries read every source once (for all of them together)."""
     parsed = [(q, *_parse(q)) for q in queries]
-    scans = [(q, kind, value) for q, kind, value in parsed if kind != "line"]
+    scans = [(q, kind, value) for q, kind, value in parsed if kind in ("id", "text")]
+    hashes = [(q, value.lower()) for q, kind, value in parsed if kind == "sha256"]
     lines = [(q, _LINE_QUERY.match(value)) for q, kind, value in parsed if kind == "line"]
+    wanted = np.array(
+        [bytes.fromhex(h) if re.fullmatch(r"[0-9a-f]{64}", h) else b"" for _, h in hashes],
+        dtype="S32",
+    )
     refs: list[DocumentRef] = []
     for shard in _shards_on(Path(root)):
         source = shard.source() or ""
         mine = [(q, int(m["line"])) for q, m in lines if m and _same_file(source, m["file"])]
-        if not (mine or scans):
+        by_hash: list[tuple[str, int]] = []
+        hash_scan = hashes
+        index = shard.dochash()
+        if index is not None and hashes:
+            digests = np.frombuffer(index.tobytes(), dtype="S32")
+            for d in np.flatnonzero(np.isin(digests, wanted)).tolist():
+                by_hash += [
+                    (q, d) for (q, _), w in zip(hashes, wanted, strict=True) if w == digests[d]
+                ]
+            hash_scan = []
+        if not (mine or scans or by_hash or hash_scan):
             continue
         found = shard.read()
         if found is None:
             continue
         line_no, records = found
         text_key = str((shard.stats() or {})["config"]["text_key"])
-
         for q, n in mine:
             at = int(np.searchsorted(line_no, n))
             if at < len(line_no) and int(line_no[at]) == n:
                 refs.append(_ref(q, shard, source, line_no, records, at))
-        for q, kind, value in scans:
-            for ordinal, record in enumerate(records):
-                text = record[text_key]
-                if (
-                    (kind == "id" and str(record.get(ID_FIELD)) == value and ID_FIELD in record)
-                    or (kind == "text" and value in text)
-                    or (kind == "sha256" and text_hash(text) == value.lower())
+        refs.extend(_ref(q, shard, source, line_no, records, d) for q, d in by_hash)
+        if not (scans or hash_scan):
+            continue
+        for ordinal, record in enumerate(records):
+            text = record[text_key]
+            for q, kind, value in scans:
+                if (kind == "id" and ID_FIELD in record and str(record[ID_FIELD]) == value) or (
+                    kind == "text" and value in text
                 ):
                     refs.append(_ref(q, shard, source, line_no, records, ordinal))
+            if hash_scan:
+                digest = text_hash(text)
+                refs.extend(
+                    _ref(q, shard, source, line_no, records, ordinal)
+                    for q, h in hash_scan
+                    if h == digest
+                )
     return refs
 
 

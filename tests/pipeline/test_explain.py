@@ -17,6 +17,7 @@ from pipeline_project import write_shard
 
 from pipelines.materialize import materialize_recipe
 from tokenmill.cli import main
+from tokenmill.formats.shard_records import read_dochash, text_digest
 from tokenmill.ingest.records import document_lines
 from tokenmill.loader import open_blend
 from tokenmill.provenance import explain, find, resolve_queries, text_hash
@@ -115,6 +116,10 @@ def test_find_every_planted_document_and_nothing_else(
         f"sha256:{text_hash(spaced)}",
         *["id:absent", f"line:{shard}:2", "text:no such text anywhere 123"],  # line 2: blank
     ]
+    # the raw step's document hashes: one per document, in order (what sha256: queries read)
+    index = read_dochash(root / "raw/docs/ids-00000.dochash.npy", 12)
+    texts = [r["text"] for _, r in document_lines(shard)]
+    assert [bytes(row) for row in index] == [text_digest(t) for t in texts]
     refs = resolve_queries(root, queries)
     assert {r.query for r in refs} == set(queries[:4]) and len(refs) == 4
     for ref in refs:
