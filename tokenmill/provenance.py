@@ -181,6 +181,17 @@ def _storage_root(prefix: Path, dataset: str) -> Path | None:
     return None
 
 
+def _pair_of_physical(prefix: Path, key: str) -> Path:
+    """``<root>/tokens/<ds>/<key>_<text_key>_document``: the pair of shard ``key`` of a physical
+    merge the pipeline wrote at ``<root>/merged/<ds>/<v16>/<ds>_<text_key>_document``."""
+    ds = prefix.parent.parent.name
+    text_key = prefix.name.removeprefix(f"{ds}_").removesuffix("_document")
+    root = prefix.parent.parent.parent.parent
+    if prefix.parent.parent.parent.name != "merged" or text_key == prefix.name:
+        return prefix.parent / f"{key}_document"  # not the pipeline's layout: no root found
+    return root / "tokens" / ds / f"{key}_{text_key}_document"
+
+
 class _Merge:
     """The shard records of one merged dataset (virtual or pipeline-made physical)."""
 
@@ -192,7 +203,10 @@ class _Merge:
         np.cumsum([int(s["sequences"]) for s in records], out=self.first[1:])
         self.shards = []
         for s in records:
-            sp = Path(os.path.normpath(prefix.parent / str(s["prefix"])))
+            if "prefix" in s:  # a virtual merge: the pair's place relative to the merge's
+                sp = Path(os.path.normpath(prefix.parent / str(s["prefix"])))
+            else:  # a physical merge at merged/<ds>/<v16>/<ds>_<text_key>_document
+                sp = _pair_of_physical(prefix, str(s["key"]))
             ds = sp.parent.name
             self.shards.append(
                 _Shard(ds, str(s["key"]), sp, _storage_root(sp, ds), int(s["documents"]))

@@ -36,19 +36,28 @@ def _source_line(path: str, line: int) -> dict[str, Any]:
     raise AssertionError(f"{path}:{line} is no document line")
 
 
-@pytest.mark.parametrize("semantics", ["megatron", "nanotron", "growing"])
+@pytest.mark.parametrize(
+    ("semantics", "merge"),
+    [
+        ("megatron", "virtual"),
+        ("megatron", "physical"),
+        ("nanotron", "virtual"),
+        ("growing", "virtual"),
+    ],
+)
 def test_explain_maps_every_sample_to_its_source_lines(
     make_recipe: Callable[..., Recipe],
     instance: DagsterInstance,
     gpt2_dir: Path,
     semantics: str,
+    merge: str,
 ) -> None:
     extra: dict[str, Any] = {"semantics": semantics}
     if semantics != "megatron":
         extra["drop_last_partial_validation"] = True
     if semantics == "growing":
         extra |= {"era_samples": 8, "train_samples": None}
-    recipe = make_recipe(nanoset=extra)
+    recipe = make_recipe(nanoset=extra, merge=merge)
     assert materialize_recipe(recipe, instance) == 0
     mpath = Path(recipe.storage.root) / "blends" / "mix" / "manifest.json"
     encoder = load_tokenizer(gpt2_dir)
@@ -137,6 +146,11 @@ def test_find_every_planted_document_and_nothing_else(
                 s.sample for s in every if any(p.doc_id == hit.document.doc_id for p in s.pieces)
             ]
             assert hit.samples.get(split, []) == holders
+    # without the document hash index, sha256: queries read the sources and find the same
+    for index in root.glob("raw/*/*.dochash.npy"):
+        index.unlink()
+    again = resolve_queries(root, queries)
+    assert len(again) == len(refs) and set(again) == set(refs)
 
 
 def test_explain_and_find_commands(
