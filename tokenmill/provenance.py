@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,21 +116,23 @@ def text_hash(text: str) -> str:
 
 @dataclass
 class _Shard:
-    """A shard's records: where its pair is, its raw stats and (read once) its source lines."""
+    """A shard's records: where its pair is, its raw stats and (read once) the source line and
+    ``id`` of each document (not the texts: a shard's source may be large)."""
 
     dataset: str
     key: str
     prefix: Path
     root: Path | None
     documents: int
-    _lines: np.ndarray | None = None
-    _records: list[dict[str, Any]] | None = None
+    _stats: dict[str, Any] | None = None
+    _lines: tuple[np.ndarray, list[str | None]] | None = None
 
     def stats(self) -> dict[str, Any] | None:
-        if self.root is None:
-            return None
-        path = self.root / "raw" / self.dataset / f"{self.key}.stats.json"
-        return read_record(path) if path.is_file() else None
+        """``raw/<ds>/<shard>.stats.json`` (read once), or None when there is none."""
+        if self._stats is None and self.root is not None:
+            path = self.root / "raw" / self.dataset / f"{self.key}.stats.json"
+            self._stats = read_record(path) if path.is_file() else None
+        return self._stats
 
     def dochash(self) -> np.ndarray | None:
         """The shard's document hashes (``raw/<ds>/<shard>.dochash.npy``), if written."""
@@ -143,34 +145,53 @@ class _Shard:
         stats = self.stats()
         return None if stats is None else str(stats["input"]["uri"])
 
-    def read(self) -> tuple[np.ndarray, list[dict[str, Any]]] | None:
-        """1-based line and record of each document, from the source file (None when the
+    def text_key(self) -> str:
+        return str((self.stats() or {}).get("config", {}).get("text_key", "text"))
+
+    def records(self) -> Iterator[tuple[int, dict[str, Any]]] | None:
+        """``(1-based line, record)`` of each document from the source file (None when the
         source is not a local JSONL file); FormatError when it no longer matches its stats."""
+        stats = self.stats()
+        if stats is None:
+            return None
+        uri = str(stats["input"]["uri"])
+        path = Path(uri)
+        if not uri.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")) or not path.is_file():
+            return None
+        if path.stat().st_size != int(stats["input"]["bytes"]):
+            raise FormatError(
+                path,
+                "bytes",
+                f"{path.stat().st_size}, the raw stats recorded {stats['input']['bytes']}: "
+                f"the source changed after shard {self.key!r} was read",
+            )
+        return self._checked(path, document_lines(path, self.text_key()))
+
+    def _checked(
+        self, path: Path, found: Iterator[tuple[int, dict[str, Any]]]
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        count = 0
+        for item in found:
+            count += 1
+            yield item
+        if count != self.documents:
+            raise FormatError(
+                path, "documents", f"{count} documents, shard {self.key!r} has {self.documents}"
+            )
+
+    def read(self) -> tuple[np.ndarray, list[str | None]] | None:
+        """1-based source line and ``id`` of each document (read once; see ``records``)."""
         if self._lines is None:
-            stats = self.stats()
-            if stats is None:
+            found = self.records()
+            if found is None:
                 return None
-            uri, text_key = str(stats["input"]["uri"]), str(stats["config"]["text_key"])
-            path = Path(uri)
-            if not uri.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")) or not path.is_file():
-                return None
-            if path.stat().st_size != int(stats["input"]["bytes"]):
-                raise FormatError(
-                    path,
-                    "bytes",
-                    f"{path.stat().st_size}, the raw stats recorded "
-                    f"{stats['input']['bytes']}: the source changed after shard {self.key!r}",
-                )
-            found = list(document_lines(path, text_key))
-            if len(found) != self.documents:
-                raise FormatError(
-                    path,
-                    "documents",
-                    f"{len(found)} documents, shard {self.key!r} has {self.documents}",
-                )
-            self._lines = np.array([n for n, _ in found], dtype=np.int64)
-            self._records = [r for _, r in found]
-        return self._lines, self._records or []
+            lines, ids = [], []
+            for n, record in found:
+                lines.append(n)
+                value = record.get(ID_FIELD)
+                ids.append(None if value is None else str(value))
+            self._lines = (np.array(lines, dtype=np.int64), ids)
+        return self._lines
 
 
 def _storage_root(prefix: Path, dataset: str) -> Path | None:
@@ -273,9 +294,7 @@ def explain(
                 source = shard.source()
                 found = shard.read()
                 if found is not None:
-                    line = int(found[0][ordinal])
-                    value = found[1][ordinal].get(ID_FIELD)
-                    doc_id = None if value is None else str(value)
+                    line, doc_id = int(found[0][ordinal]), found[1][ordinal]
             pieces.append(
                 Piece(
                     dataset=name,
@@ -318,7 +337,7 @@ def _shards_on(root: Path) -> list[_Shard]:
         record = read_record(stats)
         text_key = str(record["config"]["text_key"])
         prefix = root / "tokens" / ds / f"{key}_{text_key}_document"
-        out.append(_Shard(ds, key, prefix, root, int(record["documents"])))
+        out.append(_Shard(ds, key, prefix, root, int(record["documents"]), _stats=record))
     return out
 
 
@@ -360,52 +379,58 @@ def resolve_queries(root: str | os.PathLike[str], queries: Sequence[str]) -> lis
             hash_scan = []
         if not (mine or scans or by_hash or hash_scan):
             continue
+        if scans or hash_scan:  # one pass over the source: every scan, and the line map
+            matched = _scan(shard, scans, hash_scan)
+            if matched is None:
+                continue
+            shard._lines, hits = matched
+            refs.extend(_ref(q, shard, d) for q, d in hits)
         found = shard.read()
         if found is None:
             continue
-        line_no, records = found
-        text_key = str((shard.stats() or {})["config"]["text_key"])
         for q, n in mine:
-            at = int(np.searchsorted(line_no, n))
-            if at < len(line_no) and int(line_no[at]) == n:
-                refs.append(_ref(q, shard, source, line_no, records, at))
-        refs.extend(_ref(q, shard, source, line_no, records, d) for q, d in by_hash)
-        if not (scans or hash_scan):
-            continue
-        for ordinal, record in enumerate(records):
-            text = record[text_key]
-            for q, kind, value in scans:
-                if (kind == "id" and ID_FIELD in record and str(record[ID_FIELD]) == value) or (
-                    kind == "text" and value in text
-                ):
-                    refs.append(_ref(q, shard, source, line_no, records, ordinal))
-            if hash_scan:
-                digest = text_hash(text)
-                refs.extend(
-                    _ref(q, shard, source, line_no, records, ordinal)
-                    for q, h in hash_scan
-                    if h == digest
-                )
+            at = int(np.searchsorted(found[0], n))
+            if at < len(found[0]) and int(found[0][at]) == n:
+                refs.append(_ref(q, shard, at))
+        refs.extend(_ref(q, shard, d) for q, d in by_hash)
     return refs
 
 
-def _ref(
-    query: str,
-    shard: _Shard,
-    source: str,
-    line_no: np.ndarray,
-    records: list[dict[str, Any]],
-    ordinal: int,
-) -> DocumentRef:
-    value = records[ordinal].get(ID_FIELD)
+def _scan(
+    shard: _Shard, scans: list[tuple[str, str, str]], hashes: list[tuple[str, str]]
+) -> tuple[tuple[np.ndarray, list[str | None]], list[tuple[str, int]]] | None:
+    """One streaming pass over a shard's source: its line map and ``(query, ordinal)`` of every
+    ``id``/``text`` scan and ``sha256`` query that matches (None when the source is unreadable)."""
+    found = shard.records()
+    if found is None:
+        return None
+    text_key = shard.text_key()
+    lines, ids, hits = [], [], []
+    for ordinal, (n, record) in enumerate(found):
+        value = record.get(ID_FIELD)
+        doc_id = None if value is None else str(value)
+        lines.append(n)
+        ids.append(doc_id)
+        text = record[text_key]
+        for q, kind, wanted in scans:
+            if (kind == "id" and doc_id == wanted) or (kind == "text" and wanted in text):
+                hits.append((q, ordinal))
+        if hashes:
+            digest = text_hash(text)
+            hits.extend((q, ordinal) for q, h in hashes if h == digest)
+    return (np.array(lines, dtype=np.int64), ids), hits
+
+
+def _ref(query: str, shard: _Shard, ordinal: int) -> DocumentRef:
+    lines, ids = shard.read() or (np.zeros(0, dtype=np.int64), [])
     return DocumentRef(
         query,
         shard.dataset,
         shard.key,
         ordinal,
-        source,
-        int(line_no[ordinal]),
-        None if value is None else str(value),
+        shard.source() or "",
+        int(lines[ordinal]),
+        ids[ordinal],
     )
 
 
