@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     for prov in found:
         print(
             f"{prov.split} sample {prov.sample} (version {prov.version[:16]}, dataset "
-            f"{prov.dataset} sample {prov.dataset_sample}): {len(prov.pieces)} pieces"
+            f"{prov.dataset} sample {prov.dataset_sample}): {len(prov.pieces)} "
+            f"piece{'' if len(prov.pieces) == 1 else 's'}"
         )
         tokens = blend.get_batch(np.array([prov.sample]))[0] if blend is not None else None
         for piece in prov.pieces:
