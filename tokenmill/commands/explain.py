@@ -6,8 +6,9 @@ import argparse
 
 import numpy as np
 
-from tokenmill.commands.inspect import SPLITS, _decoder
+from tokenmill.commands.inspect import _decoder
 from tokenmill.errors import ConfigError
+from tokenmill.formats.blend_manifest import SPLITS
 from tokenmill.provenance import Piece, explain
 
 EXCERPT_CHARS = 160
