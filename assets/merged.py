@@ -161,7 +161,7 @@ def shard_files(ds: DatasetConfig) -> dict[str, tuple[str, ...]]:
     """Folders of per-shard artifacts and the suffixes that follow the shard key in them."""
     document = f"_{ds.text_key}_document"
     return {
-        f"{layout.raw_dir(ds.name)}/": (".stats.json", ".quarantine.jsonl"),
+        f"{layout.raw_dir(ds.name)}/": (".stats.json", ".quarantine.jsonl", ".dochash.npy"),
         f"{layout.hf_dir(ds.name)}/data/": (".parquet",),
         f"{layout.hf_dir(ds.name)}/shards/": (".json",),
         f"{layout.tokens_dir(ds.name)}/": tuple(

@@ -33,21 +33,30 @@ from tokenmill.formats.shard_records import (
     IngestStats,
     raw_stats_record,
     shard_config,
+    text_digest,
+    write_dochash,
     write_record,
 )
 from tokenmill.ingest.records import Quarantine, read_jsonl_batches
 from tokenmill.recipe import DatasetConfig
+from tokenmill.storage import layout
 
 
 def validate_shard(
-    ds: DatasetConfig, shard: ShardFile, stats_path: Path, quarantine_path: Path
+    ds: DatasetConfig,
+    shard: ShardFile,
+    stats_path: Path,
+    quarantine_path: Path,
+    dochash_path: Path | None = None,
 ) -> tuple[dict[str, Any], np.ndarray]:
-    """Read the whole shard once; write its quarantine, then its stats file (last); return the
-    stats and text lengths. Nothing in the stats depends on when or where the step ran."""
+    """Read the whole shard once; write its quarantine and document hashes (``dochash_path``,
+    for ``tokenmill find``), then its stats file (last); return the stats and text lengths.
+    Nothing in the stats depends on when or where the step ran."""
     local = Path(shard.path)  # type: ignore[arg-type]
     stats = IngestStats(path=shard.location)
     quarantine = Quarantine(quarantine_path) if ds.on_bad_record == "quarantine" else None
     lengths: list[int] = []
+    digests: list[bytes] = []
     with quarantine if quarantine is not None else contextlib.nullcontext():
         before = stamp(local)
         batches = read_jsonl_batches(
@@ -60,12 +69,16 @@ def validate_shard(
         )
         for batch in batches:
             lengths.extend(map(len, batch.texts))
+            if dochash_path is not None:
+                digests.extend(map(text_digest, batch.texts))
         size, sha256 = local.stat().st_size, input_sha256(local)
         if stamp(local) != before:
             raise InputError(f"{shard.location}: changed while being validated; run again")
     record = stats_record(
         ds, shard, size, sha256, stats, quarantine_path if quarantine is not None else None
     )
+    if dochash_path is not None:
+        write_dochash(dochash_path, digests)
     write_record(stats_path, record)
     return record, np.asarray(lengths, dtype=np.int64)
 
@@ -105,7 +118,8 @@ def shard_metadata(
         quarantine_path = ws.storage.quarantine_path(ds.name, key)
         local = ws.shard(shard)
         start = time.perf_counter()
-        record, lengths = validate_shard(ds, local, stats_path, quarantine_path)
+        dochash_path = ws.storage.path(layout.dochash(ds.name, key))
+        record, lengths = validate_shard(ds, local, stats_path, quarantine_path, dochash_path)
         seconds = round(time.perf_counter() - start, 3)
         if record["quarantined"]:
             context.log.warning(f"{shard.location}: {record['quarantined']} bad lines quarantined")

@@ -71,6 +71,7 @@ from _tokenize_scaling import report_scaling, scaling_runs, worker_counts  # noq
 from _util import OUT_DIR, machine, table, write_results  # noqa: E402
 from corpus import MB, ensure_corpus  # noqa: E402
 
+from tokenmill.formats.shard_records import text_digest  # noqa: E402
 from tokenmill.tokenize.run import tokenize_files  # noqa: E402
 from tokenmill.tokenize.tokenizer import (  # noqa: E402
     TiktokenEncoder,
@@ -339,6 +340,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 results[name]["in_process"][w].append(run_in_process(corpus, tok_dir, prefix, w))
                 check_output(prefix, expected)
             print(f"rep {rep + 1}/{args.repeat} {name} done", file=sys.stderr)
+    dochash = [_timed(lambda: [text_digest(t) for t in texts]) for _ in range(args.repeat)]
     cores = len(os.sched_getaffinity(0))
     for name, tok_dir in dirs.items():
         results[name]["lower_bound"] = lower_bound(results[name], cores)
@@ -351,6 +353,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "documents": len(texts),
         "load": load,
         "results": results,
+        "dochash": dochash,
     }
 
 
@@ -645,6 +648,17 @@ def report(data: dict[str, Any], workers: list[int]) -> None:
             f"{bound['floor']} {bound['floor_wall']:.3f} s wall / {bound['floor_cpu']:.3f} s "
             f"CPU; {parts}"
         )
+    if data.get("dochash"):
+        # the raw step's per-document hash index (tokenmill find sha256:), one core, against the
+        # CPU seconds of a one-worker tokenize of the same corpus
+        hashing = statistics.median(r["cpu"] for r in data["dochash"])
+        for name, res in data["results"].items():
+            runs = res["in_process"].get(1) or next(iter(res["in_process"].values()))
+            cpu = statistics.median(r["cpu"] for r in runs)
+            print(
+                f"{name} document hash index: {hashing:.3f} s CPU = {100 * hashing / cpu:.1f}% "
+                f"of tokenize CPU {cpu:.2f} s (goal <= 5%)"
+            )
     for what, seconds in MEGATRON.items():
         print(f"Megatron {what}: {seconds} s")
 

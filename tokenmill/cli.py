@@ -27,6 +27,8 @@ COMMANDS = [
     "materialize",
     "pull",
     "gc",
+    "explain",
+    "find",
 ]
 
 

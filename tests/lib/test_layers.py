@@ -36,7 +36,13 @@ LAYERS = {
     "cli": 7,
 }
 BASE = {"tokenmill", "tokenmill.errors", "tokenmill.atomic", "tokenmill.paths"}
-APP = {"tokenmill.recipe", "tokenmill.verify", "tokenmill.nanoset", "tokenmill.blend"}
+APP = {
+    "tokenmill.recipe",
+    "tokenmill.verify",
+    "tokenmill.nanoset",
+    "tokenmill.blend",
+    "tokenmill.provenance",
+}
 FORBIDDEN_TOP = {"dagster", "assets", "pipelines", "tokenmill_dev"}
 # the one import that points up, with its reason: open_nanoset(cache_dir=...) builds a missing
 # index on request, lazily; importing the loader never reaches the builder (rule c checks it)

@@ -140,6 +140,8 @@ def test_vanished_shard_is_reported_and_pruned(
         first, "version"
     )
     assert storage.parquet_path("code", "part-00001").exists()  # the merge prunes nothing
+    dochash = storage.path(layout.dochash("code", "part-00001"))
+    assert dochash.is_file()
     assert open_dataset(old_prefix).num_documents > 0  # the old version stays for pinned jobs
     assert storage.merged_prefix("code", "text") != old_prefix
     pruned = run_asset(defs, ["code", "pruned"], resources, instance)
@@ -147,6 +149,7 @@ def test_vanished_shard_is_reported_and_pruned(
     assert not storage.parquet_path("code", "part-00001").exists()
     assert not storage.export_record_path("code", "part-00001").exists()
     assert not storage.raw_stats_path("code", "part-00001").exists()
+    assert not dochash.exists()
     # the old (virtual) version still reads part-00001's tokens in place: they stay until it goes
     gone = storage.tokens_prefix("code", "part-00001", "text").with_suffix(".bin")
     assert value(pruned, "tokens_kept_for_versions") == ["part-00001"] and gone.exists()

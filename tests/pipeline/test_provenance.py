@@ -22,6 +22,7 @@ from tokenmill.atomic import file_sha256
 from tokenmill.errors import InputError
 from tokenmill.formats.dataset_manifest import FORMAT_VERSION
 from tokenmill.recipe import Recipe
+from tokenmill.storage import layout
 
 SHARD = "extra-00000"  # docs: 10 documents and 3 bad lines (pipeline_project.BAD_LINES)
 
@@ -42,10 +43,11 @@ def run(
 
 
 def files(storage: StorageResource, ds: str, shard: str) -> dict[str, bytes]:
-    """The bytes of a shard's stats, quarantine and export record."""
+    """The bytes of a shard's stats, quarantine, document hashes and export record."""
     paths = (
         storage.raw_stats_path(ds, shard),
         storage.quarantine_path(ds, shard),
+        storage.path(layout.dochash(ds, shard)),
         storage.export_record_path(ds, shard),
     )
     return {p.name: p.read_bytes() for p in paths if p.is_file()}
@@ -141,13 +143,14 @@ def test_same_shard_twice_gives_identical_files_and_hf_never_writes_the_quaranti
         assert (hf.metadata["documents"], hf.metadata["quarantined"]) == (10, 3)
         runs.append(files(storage, "docs", SHARD))
     assert sorted(runs[0]) == [
+        f"{SHARD}.dochash.npy",
         f"{SHARD}.json",
         f"{SHARD}.quarantine.jsonl",
         f"{SHARD}.stats.json",
     ]
     assert runs[0] == runs[1]
     assert sorted(p.name for p in quarantine.parent.iterdir() if p.is_file()) == sorted(
-        [quarantine.name, f"{SHARD}.stats.json"]
+        [quarantine.name, f"{SHARD}.stats.json", f"{SHARD}.dochash.npy"]
     )
     assert not (storage.hf_dir("docs") / "dataset_info.json").exists()  # a shard step's own
     run(recipe, resources, instance, ["docs", "dataset_info"])

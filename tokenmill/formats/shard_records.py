@@ -12,19 +12,27 @@
     {format_version, shard, file, num_rows, num_bytes, size, sha256, schema (base64 Arrow IPC),
      input, counts: {lines, documents, blank, quarantined}, config}
 
-Nothing in either depends on when or where a run happened, so the same shard and config give
+``raw/<ds>/<shard>.dochash.npy`` (written by ``raw_jsonl`` before the stats): the sha256 of each
+document's normalized text (:func:`text_digest`), uint8 ``[documents, 32]`` in document order:
+what ``tokenmill find sha256:`` looks documents up in without reading their sources.
+
+Nothing in any of them depends on when or where a run happened, so the same shard and config give
 the same bytes. Writers are atomic (temp → fsync → rename); readers name the file on damage.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import file_sha256, load_json, write_json
+import numpy as np
+
+from tokenmill.atomic import atomic_open, file_sha256, load_json, write_json
 from tokenmill.errors import FormatError
 
 FORMAT_VERSION = 1  # of both records; bump on a change of their fields (independent of manifests)
@@ -118,3 +126,31 @@ def read_record(path: str | os.PathLike[str], *, shown: str | None = None) -> di
 def is_current(record: dict[str, Any], config: dict[str, str]) -> bool:
     """Whether a record was written by this format version under ``config``."""
     return record.get("format_version") == FORMAT_VERSION and record.get("config") == config
+
+
+def text_digest(text: str) -> bytes:
+    """sha256 of ``text`` NFC-normalized, runs of whitespace collapsed to one space, ends
+    stripped: a document's identity that survives re-wrapping and Unicode form changes."""
+    norm = " ".join(unicodedata.normalize("NFC", text).split())
+    return hashlib.sha256(norm.encode("utf-8", "surrogatepass")).digest()
+
+
+def write_dochash(path: str | os.PathLike[str], digests: list[bytes]) -> None:
+    """Write a shard's document hashes (``text_digest`` of each, in order) atomically."""
+    array = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(len(digests), 32)
+    with atomic_open(path) as fh:
+        np.save(fh, array, allow_pickle=False)
+
+
+def read_dochash(path: str | os.PathLike[str], documents: int) -> np.ndarray:
+    """A shard's document hashes, uint8 ``[documents, 32]``; FormatError naming the file when
+    it is not that."""
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise FormatError(path, "dochash", f"not a readable .npy ({exc})") from exc
+    if array.dtype != np.uint8 or array.shape != (documents, 32):
+        raise FormatError(
+            path, "dochash", f"expected uint8 [{documents}, 32], found {array.dtype} {array.shape}"
+        )
+    return array

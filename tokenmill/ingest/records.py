@@ -343,6 +343,26 @@ def read_jsonl_batches(
     )
 
 
+def document_lines(
+    path: str | os.PathLike[str], text_key: str = "text"
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(1-based line number, record)`` of every line of a JSONL file that becomes a document,
+    in order: the same test as ``read_jsonl_batches`` (blank and bad lines are skipped), so the
+    n-th item is the shard's n-th document (provenance maps documents back to lines with it)."""
+    loads = orjson.loads
+    decode_errors = (orjson.JSONDecodeError, TypeError, KeyError)
+    stats = IngestStats(path=os.fspath(path))
+    for first_no, lines in _line_chunks(_blocks(path, 4 << 20), stats):
+        for i, line in enumerate(lines):
+            try:
+                obj = loads(line)
+                text = obj[text_key]
+            except decode_errors:
+                continue
+            if text.__class__ is str:
+                yield first_no + i, obj
+
+
 def _jsonl_batches(
     name: str,
     source: str,

@@ -120,6 +120,11 @@ def quarantine(ds: str, shard: str) -> str:
     return f"{raw_dir(ds)}/{check_name(shard, 'partition key')}.quarantine.jsonl"
 
 
+def dochash(ds: str, shard: str) -> str:
+    """``raw/<ds>/<shard>.dochash.npy``: sha256 of each document's normalized text, in order."""
+    return f"{raw_dir(ds)}/{check_name(shard, 'partition key')}.dochash.npy"
+
+
 def hf_dir(ds: str) -> str:
     """``hf/<ds>``: the HF Parquet layout of a dataset."""
     return f"hf/{check_name(ds, 'dataset')}"
@@ -149,6 +154,7 @@ def shard_name_problem(file_name: str, shard: str, text_key: str) -> str | None:
         file_name,  # a downloaded S3 shard keeps its name
         posixpath.basename(raw_stats("d", shard)),
         posixpath.basename(quarantine("d", shard)),
+        posixpath.basename(dochash("d", shard)),
         posixpath.basename(parquet("d", shard)),
         posixpath.basename(export_record("d", shard)),
         posixpath.basename(dataset_manifest(tokens_prefix("d", shard, text_key))),
