@@ -109,8 +109,8 @@ class Hit:
 
 
 def text_hash(text: str) -> str:
-    """Hex sha256 of ``text`` NFC-normalized, whitespace runs collapsed to one space, ends
-    stripped (``text_digest``): how ``find`` matches a document's text without its exact bytes."""
+    """Hex sha256 of ``text`` NFC-normalized (``text_digest``): how ``find`` matches a document's
+    text without reading its source."""
     return text_digest(text).hex()
 
 

@@ -6,6 +6,7 @@ three semantics; ``find`` finds every planted document and nothing else."""
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,10 @@ def test_find_every_planted_document_and_nothing_else(
 ) -> None:
     recipe = make_recipe(nanoset={"train_samples": 2000})  # several epochs: every train doc
     planted = [
-        {"id": f"planted-{i}", "text": f"Canary {i} zebra quokka {i * 7919} " + d["text"][:400]}
+        {
+            "id": f"planted-{i}",
+            "text": f"Canary {i} zebra quokka caf\u00e9 {i * 7919} " + d["text"][:400],
+        }
         for i, d in enumerate(documents["docs"][:3])
     ]
     others = [
@@ -117,7 +121,8 @@ def test_find_every_planted_document_and_nothing_else(
         for n, raw in enumerate(shard.read_bytes().split(b"\n"), 1)
         if raw.startswith(b'{"')
     }
-    spaced = "  " + planted[0]["text"].replace(" ", "   ") + "\n"  # same normalized text
+    # the same text in another Unicode form (NFD): the hash is of the NFC form
+    spaced = unicodedata.normalize("NFD", planted[0]["text"])
     queries = [
         f"id:{planted[0]['id']}",
         f"line:{shard}:{lines[planted[1]['id']]}",

@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="find the blend versions and samples that hold a document",
         description="Queries: id:<id> (the record's id field), line:<file>:<line> (1-based "
         "source line), text:<exact substring>, sha256:<hex> (sha256 of the text NFC-normalized, "
-        "whitespace runs collapsed to one space, ends stripped). Lists each matching document "
+        "whitespace kept). Lists each matching document "
         "with every blend version under ROOT/blends/*/versions that holds it and the samples of "
         "each split. Exit 1 when a query matches no document.",
     )

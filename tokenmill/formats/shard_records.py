@@ -129,10 +129,13 @@ def is_current(record: dict[str, Any], config: dict[str, str]) -> bool:
 
 
 def text_digest(text: str) -> bytes:
-    """sha256 of ``text`` NFC-normalized, runs of whitespace collapsed to one space, ends
-    stripped: a document's identity that survives re-wrapping and Unicode form changes."""
-    norm = " ".join(unicodedata.normalize("NFC", text).split())
-    return hashlib.sha256(norm.encode("utf-8", "surrogatepass")).digest()
+    """sha256 of ``text`` NFC-normalized: a document's identity that survives Unicode form
+    changes. Whitespace is kept as it is: collapsing it cost 5.8 CPU-ms per MB against 1.3 for
+    this (≈ 20 % of tokenize CPU against ≈ 4 %; the goal is ≤ 5 %), so a re-wrapped copy of a
+    document is found by ``text:`` substring queries, not by its hash."""
+    if not unicodedata.is_normalized("NFC", text):  # most text is: skip the copy
+        text = unicodedata.normalize("NFC", text)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
 
 def write_dochash(path: str | os.PathLike[str], digests: list[bytes]) -> None:
