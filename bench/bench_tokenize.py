@@ -65,6 +65,7 @@ import psutil
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
 from _tokenize_scaling import report_scaling, scaling_runs, worker_counts  # noqa: E402
