@@ -83,6 +83,19 @@ def describe_files(paths: list[Path], *, root: Path) -> dict[str, dict[str, Any]
     }
 
 
+BLOCK_BYTES = 8 << 20  # the block size of the per-block sha256 list of a .bin (streaming)
+
+
+def block_sha256(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTES) -> list[str]:
+    """The sha256 of each ``block_bytes`` block of a file, the last one possibly short: what
+    a streaming reader checks every block against when it enters its cache (one read pass)."""
+    out = []
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block_bytes):
+            out.append(hashlib.sha256(chunk).hexdigest())
+    return out
+
+
 def input_sha256(path: str | os.PathLike[str]) -> str:
     """Content hash of an input: a file's sha256; for a folder (an HF dataset), the sha256 of
     its files' relative names and sha256s, one per line in name order."""
@@ -124,6 +137,9 @@ def write_dataset_manifest(
     else:
         files = describe_files([index_file_path(prefix)], root=prefix.parent)
         files[data_file_path(prefix).name] = _parts_entry(data_file_path(prefix), bin_parts)
+    bin_entry = files[data_file_path(prefix).name]
+    bin_entry["block_bytes"] = BLOCK_BYTES  # a post-pass: streaming checks blocks by these
+    bin_entry["block_sha256"] = block_sha256(data_file_path(prefix), BLOCK_BYTES)
     manifest = {
         "format_version": FORMAT_VERSION,
         "kind": kind,
