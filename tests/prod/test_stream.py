@@ -17,13 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from prod_servers import S3
-from tiny_pairs import random_dataset
+from servers import build_stream_root
 
 import tokenmill.formats.dataset_manifest as dataset_manifest
 from tokenmill.errors import CacheError
-from tokenmill.indices.blend_build import build_blend
 from tokenmill.loader import BatchSampler, _s3, open_blend
-from tokenmill.tokenize.merge import merge_datasets, virtual_merge
 
 BLOCK = 512  # tiny blocks, so that samples straddle them
 FLAGS = (
@@ -36,34 +34,6 @@ FLAGS = (
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def build_root(root: Path, semantics: str) -> Path:
-    """A storage root with blend ``mix``: a virtual merge of three shards, a physical merge
-    (its ``.bin`` recorded by parts) and a single pair; returns its manifest."""
-    shards = []
-    for i in range(3):
-        shards.append(root / "tokens" / "docs" / f"s{i}_text_document")
-        random_dataset(shards[-1], 40, i, kind="tokens", lengths=(5, 300), counted=True)
-    virtual_merge([(f"s{i}", p) for i, p in enumerate(shards)], root / "merged" / "docs")
-    merge_datasets(shards[:2], root / "merged" / "phys")
-    random_dataset(root / "merged" / "code", 30, 7, kind="tokens", lengths=(5, 200), counted=True)
-    build_blend(
-        "mix",
-        {
-            "docs": root / "merged" / "docs",
-            "phys": root / "merged" / "phys",
-            "code": root / "merged" / "code",
-        },
-        root / "blends" / "mix",
-        root / "nanoset",
-        weights={"docs": 0.5, "phys": 0.2, "code": 0.3},
-        sequence_length=64,
-        split_spec="90,10,0",
-        train_samples=200,
-        semantics=semantics,
-    )
-    return root / "blends" / "mix" / "manifest.json"
-
-
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Writers record 512-byte blocks; every test starts with no cache open in the process."""
@@ -74,7 +44,7 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def blend(s3: S3, tmp_path: Path) -> tuple[Path, str]:
     """(local manifest, its s3:// URI): blend ``mix`` (megatron) uploaded to moto."""
-    local = build_root(tmp_path / "src", "megatron")
+    local = build_stream_root(tmp_path / "src", "megatron")
     s3.upload_tree(tmp_path / "src", "data/v1")
     return local, f"s3://{s3.bucket}/data/v1/blends/mix/manifest.json"
 
@@ -92,7 +62,7 @@ def batch_digest(ds: object) -> str:
 def test_every_sample_and_flag_equals_the_local_read(
     s3: S3, tmp_path: Path, semantics: str
 ) -> None:
-    local_manifest = build_root(tmp_path / "src", semantics)
+    local_manifest = build_stream_root(tmp_path / "src", semantics)
     s3.upload_tree(tmp_path / "src", "v1")
     uri = f"s3://{s3.bucket}/v1/blends/mix/manifest.json"
     cache = tmp_path / "cache"
