@@ -273,3 +273,19 @@ def test_block_hash_list_recorded_by_writers(blend: tuple[Path, str]) -> None:
         assert entry["block_sha256"] == [
             hashlib.sha256(data[i : i + BLOCK]).hexdigest() for i in range(0, len(data), BLOCK)
         ]
+
+
+def test_the_user_guide_example_runs_against_moto(s3: S3, tmp_path: Path) -> None:
+    guide = (ROOT / "docs" / "user-guide.md").read_text(encoding="utf-8")
+    section = guide[guide.index("### Streaming a blend from S3") :]
+    code = section[section.index("```python\n") + 10 : section.index("```\n", 10)]
+    build_stream_root(tmp_path / "src", "megatron")
+    s3.upload_tree(tmp_path / "src", "")
+    code = code.replace("s3://tokenmill-demo/", f"s3://{s3.bucket}/")
+    code = code.replace('"/tmp/tokenmill-cache"', repr(str(tmp_path / "cache")))
+    scope: dict[str, object] = {}
+    exec(compile(code, "user-guide.md", "exec"), scope)
+    local = open_blend(tmp_path / "src" / "blends" / "mix" / "manifest.json", "train")
+    last = scope["sampler"].indices(scope["step"])  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(scope["tokens"], local.get_batch(last))
+    assert scope["version"] == local.version

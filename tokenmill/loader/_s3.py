@@ -78,22 +78,26 @@ class BlockCache:
         self._used: int | None = None  # bytes of blocks, stored or reserved (capacity set)
         self._inflight = 0  # reserved for blocks being written by this process
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
         self.bytes_fetched = 0  # what this process downloaded (bench, tests)
 
     def client(self) -> Any:
-        """One boto3 client per process (a forked worker makes its own)."""
-        if self._client is None or self._pid != os.getpid():
-            from tokenmill.storage.s3 import make_client
+        """One boto3 client per process (a forked worker makes its own), made on first GET."""
+        with self._lock:
+            if self._client is None or self._pid != os.getpid():
+                from tokenmill.storage.s3 import make_client
 
-            self._client = make_client(None, max_pool_connections=FETCH_THREADS + 2)
-            self._pid = os.getpid()
-        return self._client
+                self._client = make_client(None, max_pool_connections=FETCH_THREADS + 2)
+                self._pid = os.getpid()
+            return self._client
 
     def pool(self) -> ThreadPoolExecutor:
-        if self._pool is None or self._pid != os.getpid():
-            self.client()
-            self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="tokenmill-s3")
-        return self._pool
+        """The fetch threads of this process (a forked worker makes its own)."""
+        with self._lock:
+            if self._pool is None or self._pool_pid != os.getpid():
+                self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="tokenmill-s3")
+                self._pool_pid = os.getpid()
+            return self._pool
 
     def _path(self, f: RemoteFile, i: int) -> Path:
         name = hashlib.sha256(f"{f.uri}\0{f.size}".encode()).hexdigest()[:32]
@@ -274,9 +278,10 @@ class BlockCache:
 
     def prefetch(self, wanted: list[tuple[RemoteFile, int]]) -> None:
         """Fetch these blocks in the background (errors surface when the batch is read)."""
-        pool = self.pool()
-        for f, i in wanted:
-            if not self._path(f, i).is_file():
+        missing = [(f, i) for f, i in wanted if not self._path(f, i).is_file()]
+        if missing:
+            pool = self.pool()
+            for f, i in missing:
                 pool.submit(self._quiet_block, f, i)
 
     def _quiet_block(self, f: RemoteFile, i: int) -> None:

@@ -1,0 +1,170 @@
+"""Benchmark reading a pinned blend straight from S3 (moto_server on loopback) as a training
+job would, against reading the local copy after ``tokenmill pull``, all in one run.
+
+The blend: a virtual merge of ``--shards`` random shards (``--tokens`` uint16 tokens in all,
+documents of 100..4,000 tokens), sequence length 2,048 (+1), batches of ``--batch`` samples;
+uploaded once to a fresh bucket (not timed). One process, one rank, this rank's next two
+batches prefetched while the current one is read (``ds.prefetch``). Measured:
+
+* start-up: ``open_blend("s3://...")`` plus the first batch, cold cache;
+* cold and warm tokens/s over ``--steps`` batches (warm: the same cache, a fresh BlockCache as
+  a restarted job has; blocks are re-hashed once on first use; then a second warm pass);
+* bytes fetched (block GETs) against bytes used (the batches' tokens);
+* peak RSS of this process (moto runs in its own);
+* ``tokenmill pull`` of the blend (wall time), then the same batches from the local copy.
+
+    python bench/bench_stream.py [--tokens 40000000] [--shards 4] [--steps 40] [--batch 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _pipeline_s3 import moto_server
+from _util import table, write_results
+
+from tokenmill.formats.dataset_manifest import BLOCK_BYTES, write_dataset_manifest
+from tokenmill.formats.indexed import IndexedDatasetWriter
+from tokenmill.indices.blend_build import build_blend
+from tokenmill.loader import BatchSampler, _s3, open_blend
+from tokenmill.storage.pull import pull
+from tokenmill.tokenize.merge import virtual_merge
+
+SEQ = 2048
+
+
+def build(root: Path, tokens: int, shards: int, steps: int, batch: int) -> Path:
+    """The blend ``stream`` under ``root``; returns its manifest."""
+    rng = np.random.default_rng(0)
+    prefixes = []
+    for k in range(shards):
+        sizes = rng.integers(100, 4000, size=tokens // shards // 2050 + 1)
+        prefix = root / "tokens" / f"part-{k:05d}_text_document"
+        with IndexedDatasetWriter(prefix, np.uint16) as writer:
+            writer.add_documents(rng.integers(0, 50000, size=int(sizes.sum())), sizes)
+        counts = {"documents": len(sizes), "sequences": len(sizes), "tokens": int(sizes.sum())}
+        write_dataset_manifest(prefix, kind="tokens", inputs=[], config={}, counts=counts)
+        prefixes.append((f"part-{k:05d}", prefix))
+    virtual_merge(prefixes, root / "merged" / "web_text_document")
+    build_blend(
+        "stream",
+        {"web": root / "merged" / "web_text_document"},
+        root / "blends" / "stream",
+        root / "nanoset",
+        weights={"web": 1.0},
+        sequence_length=SEQ,
+        split_spec="100,0,0",
+        train_samples=steps * batch,
+    )
+    return root / "blends" / "stream" / "manifest.json"
+
+
+def upload(client: object, bucket: str, root: Path) -> None:
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        client.upload_file(str(path), bucket, path.relative_to(root).as_posix())  # type: ignore[attr-defined]
+
+
+def read_all(ds: object, batches: list[np.ndarray], prefetch: bool) -> float:
+    """Seconds to read every batch (prefetching the next two when asked)."""
+    start = time.perf_counter()
+    for step, indices in enumerate(batches):
+        if prefetch:
+            ahead = batches[step + 1 : step + 3]
+            if ahead:
+                ds.prefetch(np.concatenate(ahead))  # type: ignore[attr-defined]
+        ds.get_batch(indices)  # type: ignore[attr-defined]
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, default=40_000_000)
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batch", type=int, default=64)
+    args = parser.parse_args()
+    import boto3
+
+    with tempfile.TemporaryDirectory(prefix="bench_stream_") as tmp:
+        work = Path(tmp)
+        manifest = build(work / "src", args.tokens, args.shards, args.steps, args.batch)
+        with moto_server(work / "moto.log") as endpoint:
+            os.environ.update(
+                AWS_ACCESS_KEY_ID="testing",
+                AWS_SECRET_ACCESS_KEY="testing",
+                AWS_DEFAULT_REGION="us-east-1",
+                AWS_ENDPOINT_URL=endpoint,
+            )
+            client = boto3.session.Session().client("s3", endpoint_url=endpoint)
+            client.create_bucket(Bucket="bench")
+            upload(client, "bench", work / "src")
+            uri = "s3://bench/blends/stream/manifest.json"
+            version = open_blend(manifest, "train").version
+            cache = work / "cache"
+            start = time.perf_counter()
+            ds = open_blend(uri, "train", version=version, cache_dir=cache)
+            batches = list(BatchSampler(len(ds), global_batch_size=args.batch))
+            ds.get_batch(batches[0])
+            startup = time.perf_counter() - start
+            cold = read_all(ds, batches[1:], prefetch=True)
+            fetched = _s3.cache_for(cache, None).bytes_fetched
+            _s3._CACHES.clear()  # a restarted job on the same node: warm cache
+            warm_ds = open_blend(uri, "train", version=version, cache_dir=cache)
+            warm = read_all(warm_ds, batches, prefetch=True)
+            hot = read_all(warm_ds, batches, prefetch=True)  # same process: blocks checked
+            start = time.perf_counter()
+            pulled = pull(uri, work / "pulled", progress=False)
+            pull_s = time.perf_counter() - start
+            local = open_blend(pulled.manifest, "train")
+            local_s = read_all(local, batches, prefetch=False)
+    width = SEQ + 1
+    used = len(batches) * args.batch * width * 2
+    tok = args.batch * width
+    rows = [
+        ["reading", "start-up s", "tokens/s", "note"],
+        [
+            "S3, cold cache",
+            f"{startup:.2f}",
+            f"{(len(batches) - 1) * tok / cold:,.0f}",
+            "first batch in start-up",
+        ],
+        ["S3, warm cache", "", f"{len(batches) * tok / warm:,.0f}", "blocks re-hashed once"],
+        ["S3, warm, 2nd pass", "", f"{len(batches) * tok / hot:,.0f}", "blocks already checked"],
+        ["local after pull", f"pull {pull_s:.2f}", f"{len(batches) * tok / local_s:,.0f}", ""],
+    ]
+    print(table(rows))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        f"block {BLOCK_BYTES >> 20} MiB; bytes fetched {fetched:,} / used {used:,} "
+        f"({fetched / used:.2f}x); peak RSS {rss:.0f} MiB; {len(batches)} batches of "
+        f"{args.batch} x {width} tokens, blend of {args.tokens:,} tokens"
+    )
+    write_results(
+        "bench_stream",
+        {
+            "startup_s": startup,
+            "cold_tokens_per_s": (len(batches) - 1) * tok / cold,
+            "warm_tokens_per_s": len(batches) * tok / warm,
+            "warm_second_pass_tokens_per_s": len(batches) * tok / hot,
+            "local_tokens_per_s": len(batches) * tok / local_s,
+            "pull_s": pull_s,
+            "bytes_fetched": fetched,
+            "bytes_used": used,
+            "peak_rss_mib": rss,
+            "args": vars(args),
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()
