@@ -72,6 +72,7 @@ class BlockCache:
         self.capacity = capacity
         self._lock = threading.Lock()
         self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
+        self._bases: dict[tuple[str, str, int], str] = {}
         self._checked: set[str] = set()  # block files this process hashed
         self._client: Any = None
         self._pid = 0
@@ -99,32 +100,41 @@ class BlockCache:
                 self._pool_pid = os.getpid()
             return self._pool
 
-    def _path(self, f: RemoteFile, i: int) -> Path:
-        name = hashlib.sha256(f"{f.uri}\0{f.size}".encode()).hexdigest()[:32]
-        return self.root / "blocks" / name[:2] / f"{name}-{i:08d}"
+    def _name(self, f: RemoteFile, i: int) -> str:
+        """The block's file: ``blocks/<h[:2]>/<h>-<i>``, ``h`` a hash of the object's URI and
+        size (string work only: this runs per piece read)."""
+        where = (f.bucket, f.key, f.size)
+        base = self._bases.get(where)
+        if base is None:
+            name = hashlib.sha256(f"{f.uri}\0{f.size}".encode()).hexdigest()[:32]
+            base = self._bases[where] = os.path.join(self.root, "blocks", name[:2], name)
+        return f"{base}-{i:08d}"
 
     def block(self, f: RemoteFile, i: int) -> mmap.mmap:
         """Block ``i`` of ``f``, checked, from the cache (fetched first when absent)."""
-        path = self._path(f, i)
-        key = str(path)
+        key = self._name(f, i)
         with self._lock:
             found = self._maps.get(key)
             if found is not None:
                 self._maps.move_to_end(key)
                 return found
+        path = Path(key)
         view = self._open_checked(f, i, path)
-        if view is None:
+        for _ in range(GET_ATTEMPTS):  # evicted by another process in between: fill again
+            if view is not None:
+                break
             self._fill(f, i, path)
             view = self._open_checked(f, i, path)
-            if view is None:
-                raise CacheError(
-                    f"{f.uri}: block {i} at {path} fails its check right after it was stored: "
-                    "the cache directory is being changed by something else"
-                )
+        if view is None:
+            raise CacheError(
+                f"{f.uri}: block {i} at {path} is gone or fails its check right after it was "
+                "stored: the cache is too small for the processes sharing it, or something "
+                "else changes the cache directory"
+            )
         with self._lock:
             self._maps[key] = view
-            while len(self._maps) > OPEN_BLOCKS:
-                self._maps.popitem(last=False)[1].close()
+            while len(self._maps) > OPEN_BLOCKS:  # unmapped once no thread holds it
+                self._maps.popitem(last=False)
         return view
 
     def _open_checked(self, f: RemoteFile, i: int, path: Path) -> mmap.mmap | None:
@@ -270,7 +280,7 @@ class BlockCache:
                 f"one batch needs {len(wanted)} blocks ({need} bytes), more than "
                 f"cache_bytes={self.capacity} at {self.root}: raise cache_bytes"
             )
-        missing = [(f, i) for f, i in wanted if not self._path(f, i).is_file()]
+        missing = [(f, i) for f, i in wanted if not os.path.isfile(self._name(f, i))]
         if len(missing) > 1:
             list(self.pool().map(lambda fi: self.block(*fi), missing))
         elif missing:
@@ -278,7 +288,7 @@ class BlockCache:
 
     def prefetch(self, wanted: list[tuple[RemoteFile, int]]) -> None:
         """Fetch these blocks in the background (errors surface when the batch is read)."""
-        missing = [(f, i) for f, i in wanted if not self._path(f, i).is_file()]
+        missing = [(f, i) for f, i in wanted if not os.path.isfile(self._name(f, i))]
         if missing:
             pool = self.pool()
             for f, i in missing:
@@ -313,6 +323,15 @@ class RemoteView:
 
     def __init__(self, cache: BlockCache, f: RemoteFile) -> None:
         self.cache, self.f = cache, f
+        self._last: tuple[int, mmap.mmap] | None = None  # the block the last slice read
+
+    def _block(self, i: int) -> mmap.mmap:
+        last = self._last
+        if last is not None and last[0] == i:
+            return last[1]
+        view = self.cache.block(self.f, i)
+        self._last = (i, view)
+        return view
 
     def __len__(self) -> int:
         return self.f.size
@@ -324,13 +343,11 @@ class RemoteView:
         size = self.f.block_bytes
         first, last = lo // size, (hi - 1) // size
         if first == last:
-            return self.cache.block(self.f, first)[lo - first * size : hi - first * size]
+            return self._block(first)[lo - first * size : hi - first * size]
         out = []
         for i in range(first, last + 1):
             base = i * size
-            out.append(
-                self.cache.block(self.f, i)[max(lo, base) - base : min(hi, base + size) - base]
-            )
+            out.append(self._block(i)[max(lo, base) - base : min(hi, base + size) - base])
         return b"".join(out)
 
 
@@ -403,17 +420,29 @@ class RemoteData:
         self.cache.prefetch(self._blocks(parts, starts, stops))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle the local prefix, the file records and the cache settings (no data)."""
+        """Pickle the local prefix, where each token file lives and the cache settings: no
+        data, no hash list (the receiver reads those from the dataset manifest in the cache)."""
+        where = [(f.bucket, f.key, f.size) for f in self.files]
         return (
             _reopen_remote,
-            (str(self.prefix), self.files, str(self.cache.root), self.cache.capacity),
+            (str(self.prefix), where, str(self.cache.root), self.cache.capacity),
         )
 
 
 def _reopen_remote(
-    prefix: str, files: list[RemoteFile], root: str, capacity: int | None
+    prefix: str, where: list[tuple[str, str, int]], root: str, capacity: int | None
 ) -> RemoteData:
-    """Inverse of ``RemoteData.__reduce__`` (a DataLoader worker on the same node)."""
+    """Inverse of ``RemoteData.__reduce__`` (a DataLoader worker on the same node): the block
+    records are read again from the dataset manifest in the cache."""
+    entries = _bin_entries(Path(prefix))
+    if len(entries) != len(where):
+        raise FormatError(
+            prefix, "files", f"{len(entries)} token files, the sender had {len(where)}"
+        )
+    files = [
+        _record(Path(prefix), RemoteFile(b, k, n, BLOCK_BYTES, ()), info)
+        for (b, k, n), (_, info) in zip(where, entries, strict=True)
+    ]
     return RemoteData(open_dataset(prefix, index_only=True), files, cache_for(root, capacity))
 
 
@@ -466,29 +495,36 @@ def mirror_blend(
     )
 
 
+def _bin_entries(prefix: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """(local ``.bin`` path, its manifest record) of each part of the dataset at ``prefix``."""
+    manifest = read_dataset_manifest(prefix)
+    if "shards" in manifest:
+        return [
+            (data_file_path(os.path.normpath(prefix.parent / str(s["prefix"]))), s["files"]["bin"])
+            for s in manifest["shards"]
+        ]
+    path = data_file_path(prefix)
+    return [(path, manifest["files"][path.name])]
+
+
+def _record(prefix: Path, found: RemoteFile, info: dict[str, Any]) -> RemoteFile:
+    """``found`` with the block size and per-block hashes of its manifest record."""
+    hashes = tuple(str(h) for h in info.get("block_sha256", ()))
+    size = int(info.get("block_bytes", BLOCK_BYTES))
+    if size < 1 or (hashes and len(hashes) != -(-found.size // size)):
+        raise FormatError(
+            prefix, "files.block_sha256", f"{len(hashes)} hashes of {size} B for {found.size} B"
+        )
+    return RemoteFile(found.bucket, found.key, found.size, size, hashes)
+
+
 def remote_files(prefix: Path, bins: dict[Path, RemoteFile]) -> list[RemoteFile]:
     """The token files of the dataset at (local) ``prefix``, one per part, with the per-block
     hashes its dataset manifest records (a virtual merge: each shard's record)."""
-    manifest = read_dataset_manifest(prefix)
-    if "shards" in manifest:
-        base = prefix.parent
-        entries = [
-            (data_file_path(os.path.normpath(base / str(s["prefix"]))), s["files"]["bin"])
-            for s in manifest["shards"]
-        ]
-    else:
-        path = data_file_path(prefix)
-        entries = [(path, manifest["files"][path.name])]
     out = []
-    for path, info in entries:
+    for path, info in _bin_entries(prefix):
         found = bins.get(Path(path).resolve())
         if found is None:
             raise FormatError(prefix, "files", f"{path.name} is not among the blend's files")
-        hashes = tuple(str(h) for h in info.get("block_sha256", ()))
-        size = int(info.get("block_bytes", BLOCK_BYTES))
-        if hashes and len(hashes) != -(-found.size // size):
-            raise FormatError(
-                prefix, "files.block_sha256", f"{len(hashes)} hashes for {found.size} bytes"
-            )
-        out.append(RemoteFile(found.bucket, found.key, found.size, size, hashes))
+        out.append(_record(prefix, found, info))
     return out
