@@ -10,10 +10,15 @@ batches prefetched while the current one is read (``ds.prefetch``). Measured:
 * cold and warm tokens/s over ``--steps`` batches (warm: the same cache, a fresh BlockCache as
   a restarted job has; blocks are re-hashed once on first use; then a second warm pass);
 * bytes fetched (block GETs) against bytes used (the batches' tokens);
-* peak RSS of this process (moto runs in its own);
+* peak RSS of this process while reading (``VmHWM`` reset after the build; moto runs in its
+  own), file-backed pages of mapped cache blocks included;
 * ``tokenmill pull`` of the blend (wall time), then the same batches from the local copy.
 
+* moto alone: range GETs of every block of every token file, 8 at once (the cache's fetch
+  threads), nothing stored or hashed: the server's own bound.
+
     python bench/bench_stream.py [--tokens 40000000] [--shards 4] [--steps 40] [--batch 64]
+        [--block-mib 8]
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _pipeline_s3 import moto_server
 from _util import table, write_results
 
-from tokenmill.formats.dataset_manifest import BLOCK_BYTES, write_dataset_manifest
+import tokenmill.formats.dataset_manifest as dataset_manifest
+from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.loader import BatchSampler, _s3, open_blend
@@ -74,6 +80,44 @@ def upload(client: object, bucket: str, root: Path) -> None:
         client.upload_file(str(path), bucket, path.relative_to(root).as_posix())  # type: ignore[attr-defined]
 
 
+def reset_peak_rss() -> None:
+    """Start the peak RSS (``VmHWM``) again from the current RSS (Linux ``clear_refs``)."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+
+
+def peak_rss_mib() -> float:
+    """``VmHWM`` of this process, MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
+
+
+def moto_alone(client: object, bucket: str, block: int, threads: int = 8) -> float:
+    """MB/s of moto itself: every block of every ``.bin`` by range GET, ``threads`` at once
+    (the cache's fetch threads), nothing stored or hashed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket)  # type: ignore[attr-defined]
+    objects = [(o["Key"], o["Size"]) for p in pages for o in p["Contents"]]
+    ranges = [
+        (key, lo, min(size, lo + block) - 1)
+        for key, size in objects
+        if key.endswith(".bin")
+        for lo in range(0, size, block)
+    ]
+
+    def get(r: tuple[str, int, int]) -> int:
+        body = client.get_object(Bucket=bucket, Key=r[0], Range=f"bytes={r[1]}-{r[2]}")  # type: ignore[attr-defined]
+        return len(body["Body"].read())
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        total = sum(pool.map(get, ranges))
+    return total / (time.perf_counter() - start) / 1e6
+
+
 def read_all(ds: object, batches: list[np.ndarray], prefetch: bool) -> float:
     """Seconds to read every batch (prefetching the next two when asked)."""
     start = time.perf_counter()
@@ -93,7 +137,9 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--block-mib", type=float, default=8.0, help="per-block hash size")
     args = parser.parse_args()
+    dataset_manifest.BLOCK_BYTES = int(args.block_mib * (1 << 20))  # what the writers record
     import boto3
 
     with tempfile.TemporaryDirectory(prefix="bench_stream_") as tmp:
@@ -110,6 +156,7 @@ def main() -> None:
             client.create_bucket(Bucket="bench")
             upload(client, "bench", work / "src")
             uri = "s3://bench/blends/stream/manifest.json"
+            reset_peak_rss()  # the reads' peak, not the build's
             version = open_blend(manifest, "train").version
             cache = work / "cache"
             start = time.perf_counter()
@@ -128,6 +175,7 @@ def main() -> None:
             pull_s = time.perf_counter() - start
             local = open_blend(pulled.manifest, "train")
             local_s = read_all(local, batches, prefetch=False)
+            moto_mbs = moto_alone(client, "bench", dataset_manifest.BLOCK_BYTES)
     width = SEQ + 1
     used = len(batches) * args.batch * width * 2
     tok = args.batch * width
@@ -144,14 +192,15 @@ def main() -> None:
         ["local after pull", f"pull {pull_s:.2f}", f"{len(batches) * tok / local_s:,.0f}", ""],
     ]
     print(table(rows))
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss = peak_rss_mib()
     print(
-        f"block {BLOCK_BYTES >> 20} MiB; bytes fetched {fetched:,} / used {used:,} "
+        f"block {args.block_mib} MiB; moto alone {moto_mbs:.0f} MB/s; "
+        f"bytes fetched {fetched:,} / used {used:,} "
         f"({fetched / used:.2f}x); peak RSS {rss:.0f} MiB; {len(batches)} batches of "
         f"{args.batch} x {width} tokens, blend of {args.tokens:,} tokens"
     )
     write_results(
-        "bench_stream",
+        f"bench_stream_{args.block_mib:g}mib",
         {
             "startup_s": startup,
             "cold_tokens_per_s": (len(batches) - 1) * tok / cold,
@@ -159,6 +208,7 @@ def main() -> None:
             "warm_second_pass_tokens_per_s": len(batches) * tok / hot,
             "local_tokens_per_s": len(batches) * tok / local_s,
             "pull_s": pull_s,
+            "moto_alone_mb_per_s": moto_mbs,
             "bytes_fetched": fetched,
             "bytes_used": used,
             "peak_rss_mib": rss,
