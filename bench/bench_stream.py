@@ -156,7 +156,7 @@ def main() -> None:
             client.create_bucket(Bucket="bench")
             upload(client, "bench", work / "src")
             uri = "s3://bench/blends/stream/manifest.json"
-            reset_peak_rss()  # the reads' peak, not the build's
+            reset_peak_rss()  # the reads' peak, not the build's (again for the warm job)
             version = open_blend(manifest, "train").version
             cache = work / "cache"
             start = time.perf_counter()
@@ -166,7 +166,10 @@ def main() -> None:
             startup = time.perf_counter() - start
             cold = read_all(ds, batches[1:], prefetch=True)
             fetched = _s3.cache_for(cache, None).bytes_fetched
-            _s3._CACHES.clear()  # a restarted job on the same node: warm cache
+            cold_rss = peak_rss_mib()
+            del ds  # a restarted job on the same node: warm cache, nothing mapped yet
+            _s3._CACHES.clear()
+            reset_peak_rss()
             warm_ds = open_blend(uri, "train", version=version, cache_dir=cache)
             warm = read_all(warm_ds, batches, prefetch=True)
             hot = read_all(warm_ds, batches, prefetch=True)  # same process: blocks checked
@@ -192,11 +195,12 @@ def main() -> None:
         ["local after pull", f"pull {pull_s:.2f}", f"{len(batches) * tok / local_s:,.0f}", ""],
     ]
     print(table(rows))
-    rss = peak_rss_mib()
+    rss = peak_rss_mib()  # from the warm job on (the local read and moto alone included)
     print(
         f"block {args.block_mib} MiB; moto alone {moto_mbs:.0f} MB/s; "
         f"bytes fetched {fetched:,} / used {used:,} "
-        f"({fetched / used:.2f}x); peak RSS {rss:.0f} MiB; {len(batches)} batches of "
+        f"({fetched / used:.2f}x); peak RSS cold {cold_rss:.0f} MiB, warm {rss:.0f} MiB; "
+        f"{len(batches)} batches of "
         f"{args.batch} x {width} tokens, blend of {args.tokens:,} tokens"
     )
     write_results(
@@ -211,7 +215,8 @@ def main() -> None:
             "moto_alone_mb_per_s": moto_mbs,
             "bytes_fetched": fetched,
             "bytes_used": used,
-            "peak_rss_mib": rss,
+            "peak_rss_cold_mib": cold_rss,
+            "peak_rss_warm_mib": rss,
             "args": vars(args),
         },
     )

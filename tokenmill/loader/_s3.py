@@ -175,7 +175,8 @@ class BlockCache:
                 return
             data = self._get(f, i)
             self._make_room(len(data), f, i)
-            remove_stale_temps(path)
+            remove_stale_temps(path)  # of killed writers: never renamed, never read
+            tmp: Path | None = None
             try:
                 tmp, fh = create_temp(path, lambda t: open(t, "wb"))  # noqa: SIM115 - closed below
                 with fh:
@@ -186,7 +187,7 @@ class BlockCache:
                 fsync_dir(path.parent)
             except OSError as exc:
                 self._release(len(data), stored=False)
-                if "tmp" in locals():
+                if tmp is not None:
                     tmp.unlink(missing_ok=True)
                 if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise CacheError(
