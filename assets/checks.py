@@ -1,14 +1,17 @@
 """Asset checks. Blocking ones stop a run before a bad artifact reaches the stage after it.
 
-- ``<ds>/raw_jsonl``  ``documents_accounted``: lines = documents + quarantined + blank, and the
-  quarantine file holds exactly the quarantined lines.
+- ``<ds>/raw_jsonl``  ``documents_accounted``: lines = documents + quarantined + blank, the
+  quarantine file holds exactly the quarantined lines, and not all of them (the likely cause,
+  e.g. a wrong ``text_key`` against the keys the records have, is named).
 - ``<ds>/hf_dataset`` ``rows_match_raw``: Parquet rows = the shard's good documents, so
   documents in = documents out + quarantined (an ``hf``-format dataset, which has no raw stage:
   and its quarantine file complete).
 - ``<ds>/tokens``     ``idx_bin_consistent`` (header, pointers, sizes, sha256 vs manifest) and
   ``documents_match_export`` (tokenized documents = Parquet rows).
 - ``<ds>/merged``     ``sum_of_shards``: documents, sequences and tokens of the current version =
-  Σ over the inputs its manifest records (not the live partition set, which moves).
+  Σ over the inputs its manifest records (not the live partition set, which moves);
+  ``quarantine_share``: the quarantined share of the dataset's records (from the shards'
+  validation records) at most the dataset's ``max_quarantine_fraction``.
 - ``<ds>/nanoset``    ``index_bounds``: every split's cached index present (never built here),
   hashes intact, every value inside its array/split.
 
@@ -30,14 +33,16 @@ from dagster import (
     AssetCheckResult,
     AssetChecksDefinition,
     AssetKey,
+    DagsterInstance,
     PreviewWarning,
     asset_check,
 )
 
 from assets.hf_export import read_export_record
 from assets.shards import each_shard
-from assets.support.partitions import shard_partitions
+from assets.support.partitions import shard_keys, shard_partitions
 from assets.support.resources import StorageResource, display_path
+from assets.support.staleness import latest_records
 from tokenmill.errors import TokenmillError
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
@@ -55,6 +60,7 @@ from tokenmill.indices.nanoset import (
     split_ranges,
     verify_index,
 )
+from tokenmill.ingest.records import quarantine_cause
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
 from tokenmill.verify import verify_dataset
@@ -108,13 +114,20 @@ def raw_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
 def quarantine_problems(
     storage: StorageResource, ds: DatasetConfig, key: str, stats: dict[str, Any]
 ) -> list[str]:
-    """The quarantine file (if the stats name one) must hold exactly the quarantined records."""
+    """The quarantine file (if the stats name one) must hold exactly the quarantined records,
+    and not every record: a shard with no document left is a systematic problem, named."""
     if stats["quarantine"] is None:
         return []
-    with open(storage.quarantine_path(ds.name, key), "rb") as fh:
+    path = storage.quarantine_path(ds.name, key)
+    with open(path, "rb") as fh:
         held = sum(1 for _ in fh)
     if held != stats["quarantined"]:
         return [f"quarantine file holds {held} lines, {stats['quarantined']} counted"]
+    if stats["documents"] == 0:
+        return [
+            f"{key}: all {held} records were quarantined: {quarantine_cause(path, ds.text_key)} "
+            f"(fix datasets.{ds.name}.text_key or the data)"
+        ]
     return []
 
 
@@ -234,7 +247,47 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
                 **{f"expected_{n}": v for n, v in expected.items()},
             )
 
-    return [sum_of_shards]
+    @asset_check(
+        asset=AssetKey([ds.name, "merged"]),
+        blocking=True,
+        description="quarantined records / all records <= max_quarantine_fraction",
+    )
+    def quarantine_share(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        """From the shards' validation records in the instance (no file is read)."""
+        counts = recorded_counts(context.instance, ds)
+        return _result(quarantine_share_problems(ds, counts), **counts)
+
+    return [sum_of_shards, quarantine_share]
+
+
+def recorded_counts(instance: DagsterInstance, ds: DatasetConfig) -> dict[str, int]:
+    """Documents and quarantined records over the dataset's current shards, as their
+    validation step (``raw_jsonl``, or ``hf_dataset`` without one) recorded them."""
+    stage = "raw_jsonl" if ds.has_raw_stage else "hf_dataset"
+    records = latest_records(instance, AssetKey([ds.name, stage]), shard_keys(instance, ds))
+    counts = {"documents": 0, "quarantined": 0}
+    for record in records.values():
+        metadata = record.asset_materialization.metadata if record.asset_materialization else {}
+        for name in counts:
+            entry = metadata.get(name)
+            counts[name] += int(entry.value) if entry is not None else 0  # type: ignore[arg-type]
+    return counts
+
+
+def quarantine_share_problems(ds: DatasetConfig, counts: dict[str, int]) -> list[str]:
+    """The dataset's quarantined share of its records must not pass the recipe's
+    ``max_quarantine_fraction``: past it the cause is systematic (a wrong text_key, a broken
+    export), not a few bad lines."""
+    quarantined = counts["quarantined"]
+    total = quarantined + counts["documents"]
+    if not total or quarantined / total <= ds.max_quarantine_fraction:
+        return []
+    return [
+        f"{ds.name}: {quarantined:,} of {total:,} records quarantined "
+        f"({quarantined / total:.1%}), more than datasets.{ds.name}.max_quarantine_fraction "
+        f"{ds.max_quarantine_fraction:g}; look at the quarantine files under raw/{ds.name}/, "
+        "fix the data or the recipe, or raise the setting"
+    ]
 
 
 def _virtual_sum_of_shards(

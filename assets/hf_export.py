@@ -30,15 +30,17 @@ from dagster import (
 
 from assets.metadata import path_value
 from assets.raw import stamp, stats_record
-from assets.shards import shard_asset, source_shards, step_result
+from assets.shards import per_shard, shard_asset, source_shards, step_result
 from assets.support.partitions import shard_keys, shard_partitions
+from assets.support.pointers import DATASET_INFO_POOL
 from assets.support.resources import StorageResource, Workspace, display_path
 from assets.support.sources import ShardFile
 from assets.support.staleness import SOURCE_FINGERPRINT
 from tokenmill.atomic import file_sha256
 from tokenmill.errors import InputError
-from tokenmill.formats.dataset_manifest import FORMAT_VERSION, input_sha256
+from tokenmill.formats.dataset_manifest import input_sha256
 from tokenmill.formats.shard_records import (
+    FORMAT_VERSION,
     export_record,
     is_current,
     read_record,
@@ -217,7 +219,7 @@ def build_hf_dataset(ds: DatasetConfig) -> AssetsDefinition:
         with storage.workspace(stats) as ws:
             return step_result(
                 context,
-                {key: export_one(context, ws, ds, shard) for key, shard in shards.items()},
+                per_shard(shards, lambda shard: export_one(context, ws, ds, shard)),
                 recorded=(SOURCE_FINGERPRINT, "documents", "quarantined"),
             )
 
@@ -236,6 +238,7 @@ def build_dataset_info(
         kinds={"json"},
         automation_condition=automation_condition,
         description=f"hf/{ds.name}/dataset_info.json of the current shards (from their records).",
+        pool=DATASET_INFO_POOL,
     )
     def dataset_info(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         keys = shard_keys(context.instance, ds)

@@ -30,6 +30,7 @@ from dagster import (
 )
 
 from assets.metadata import path_value
+from assets.support.pointers import NANOSET_POOL
 from assets.support.resources import StorageResource, Workspace
 from assets.support.staleness import nanoset_data_version
 from tokenmill.errors import ConfigError
@@ -102,6 +103,7 @@ def build_nanoset(
         kinds={"numpy"},
         automation_condition=automation_condition,
         description=f"Nanoset indices of merged {ds.name} ({cfg.semantics} semantics).",
+        pool=NANOSET_POOL,
     )
     def nanoset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         with storage.workspace([layout.merged_pointer(ds.name)]) as ws:

@@ -23,7 +23,7 @@ from dagster import (
 )
 
 from assets.metadata import histogram_md, path_value
-from assets.shards import shard_asset, source_shards, step_result
+from assets.shards import per_shard, shard_asset, source_shards, step_result
 from assets.support.partitions import shard_partitions
 from assets.support.resources import StorageResource
 from assets.support.sources import ShardFile
@@ -143,7 +143,7 @@ def build_raw_jsonl(ds: DatasetConfig) -> AssetsDefinition:
         shards = source_shards(ds, context.partition_keys, storage.s3_endpoint_url)
         return step_result(
             context,
-            {key: shard_metadata(context, ds, storage, shard) for key, shard in shards.items()},
+            per_shard(shards, lambda shard: shard_metadata(context, ds, storage, shard)),
             recorded=("documents", "quarantined"),
         )
 

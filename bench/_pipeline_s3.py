@@ -4,42 +4,14 @@ pipeline's S3 client moves."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
-@contextlib.contextmanager
-def moto_server(log: Path) -> Iterator[str]:
-    """A moto_server child on a free loopback port (its request log in ``log``); the URL."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/moto-api/"):
-                break
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(30)
+from tokenmill_dev.moto import moto_server as moto_server  # bench_scale imports it from here
 
 
 def request_kinds(lines: list[str]) -> Counter[str]:

@@ -35,7 +35,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _pipeline_s3 import moto_server
 from _util import table, write_results
 
 import tokenmill.formats.dataset_manifest as dataset_manifest
@@ -45,6 +44,7 @@ from tokenmill.indices.blend_build import build_blend
 from tokenmill.loader import BatchSampler, _s3, open_blend
 from tokenmill.storage.pull import pull
 from tokenmill.tokenize.merge import virtual_merge
+from tokenmill_dev.moto import moto_server
 
 SEQ = 2048
 

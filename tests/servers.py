@@ -13,12 +13,8 @@ import getpass
 import os
 import secrets
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,51 +26,16 @@ from tiny_pairs import random_dataset
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.tokenize.merge import merge_datasets
 from tokenmill.tokenize.merge import virtual_merge as merge_virtually
+from tokenmill_dev.moto import free_port, moto_server
 
 SERVER_START_SECONDS = 60
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now (bound to 127.0.0.1, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
 def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``http://127.0.0.1:PORT`` of a moto_server child process, stopped by PID at the end."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("moto") / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + SERVER_START_SECONDS
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"moto_server exited with {proc.returncode}: {log.read_text()}")
-            try:
-                with urllib.request.urlopen(f"{url}/moto-api/", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"moto_server not up after {SERVER_START_SECONDS}s"
-                    ) from None
-                time.sleep(0.2)
+    with moto_server(tmp_path_factory.mktemp("moto") / "server.log", SERVER_START_SECONDS) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture

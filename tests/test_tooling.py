@@ -1,5 +1,5 @@
-"""Developer tooling: the test tiers that ``make test-fast`` deselects, and ``make dev``'s
-silenced ``dg`` hint."""
+"""Developer tooling: the test tiers that ``make test-fast`` deselects, CI mode (a skipped tier
+fails), and ``make dev``'s silenced ``dg`` hint."""
 
 from __future__ import annotations
 
@@ -81,3 +81,58 @@ def test_make_dev_silences_only_the_dg_hint() -> None:
     assert "Use 'dg dev' instead." in stderr()
     quiet = stderr(PYTHONWARNINGS=value)
     assert "superseded" not in quiet and "Invalid -W option" not in quiet
+
+
+def _pytest_without(tmp_path: Path, missing: set[str], ci: str | None, *args: str) -> str:
+    """Run pytest on ``args`` with a PATH holding every tool of this machine but ``missing``
+    (symlinks in ``tmp_path``), ``CI`` set to ``ci`` (or unset); its exit status and output."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        if not Path(folder).is_dir():
+            continue
+        for tool in Path(folder).iterdir():
+            link = bin_dir / tool.name
+            if tool.name not in missing and not link.exists() and os.access(tool, os.X_OK):
+                link.symlink_to(tool)
+    env = {**os.environ, "PATH": str(bin_dir), "PYTHONPATH": str(ROOT)}
+    env.pop("CI", None)
+    if ci is not None:
+        env["CI"] = ci
+    pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs", *args]
+    proc = subprocess.run(pytest, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+    return f"exit {proc.returncode}\n{proc.stdout}{proc.stderr}"
+
+
+def test_ci_fails_a_skipped_docker_test_naming_what_was_missing(tmp_path: Path) -> None:
+    """Without dockerd the container test skips locally, but with ``CI`` set it fails the run
+    and says what was missing (tests/conftest.py's ``pytest_runtest_makereport``)."""
+    args = ("tests/docker/test_e2e_docker.py",)
+    local = _pytest_without(tmp_path / "local", {"dockerd", "docker"}, None, *args)
+    assert local.startswith("exit 0\n") and "1 skipped" in local, local
+    ci = _pytest_without(tmp_path / "ci", {"dockerd", "docker"}, "true", *args)
+    assert ci.startswith("exit 1\n"), ci
+    assert "CI is set but this docker test was skipped" in ci, ci
+    assert "dockerd not found" in ci or "dockerd needs root" in ci, ci
+
+
+def test_a_new_dagster_home_has_no_first_visit_dialog(tmp_path: Path) -> None:
+    """The UI's newsletter dialog (``nux``) would cover headless screenshots of ``make dev``."""
+    from dagster import DagsterInstance
+
+    from pipelines.instance import ensure_dagster_home
+
+    home = ensure_dagster_home(tmp_path / "home")
+    with DagsterInstance.from_config(str(home)) as instance:
+        assert instance.nux_enabled is False
+
+
+def test_the_suite_builds_tokenizers_outside_the_repo(gpt2_dir: Path) -> None:
+    """Without ``make tokenizers``' ``.tokenizers/<name>``, the fixtures build into a cache
+    folder outside the work tree (a test run leaves nothing in the repo)."""
+    from pipeline_project import TOKENIZER_CACHE, tokenizer_dir
+
+    assert tokenizer_dir("not-built") == TOKENIZER_CACHE / "not-built"
+    assert ROOT not in TOKENIZER_CACHE.parents
+    repo = ROOT / ".tokenizers" / "gpt2"
+    assert gpt2_dir == (repo if (repo / "tokenizer.json").is_file() else TOKENIZER_CACHE / "gpt2")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -58,6 +59,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(words)
     try:
         rc = args.func(args)
+    except BrokenPipeError:  # the reader left (`tokenmill inspect ... | head`): stop quietly
+        # As Python's docs on SIGPIPE advise: point stdout at devnull so that the flush at
+        # exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except ConfigError as exc:
         print(f"tokenmill {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -7,6 +7,13 @@ Stdlib only: the loader and the producers both import it.
 
 from __future__ import annotations
 
+VERSION_CHARS = 16  # a version folder is named by the first 16 hex digits of its version hash
+
+
+def is_lower_hex(text: str) -> bool:
+    """True when ``text`` is lowercase hex digits only (a version hash or its folder name)."""
+    return bool(text) and all(c in "0123456789abcdef" for c in text)
+
 
 def has_control_character(text: str) -> bool:
     """True when ``text`` holds an ASCII control character (C0 or DEL)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,6 +40,10 @@ def stdlib_documents(*, min_chars: int = 200, kind: str = "all") -> Iterator[dic
             yield {"text": source, "source": rel, "kind": "code"}
 
 
+# Triple quotes with any string prefix (r, b, u, f, rb, ...): the prefix is code, not prose.
+_TRIPLE_QUOTE = re.compile(r"""(?:(?<!\w)[rRbBuUfF]{1,2})?(?:\"\"\"|''')""")
+
+
 def _prose(source: str) -> str:
     """Comment lines and triple-quoted blocks of a Python file: its English prose."""
     out: list[str] = []
@@ -47,7 +52,7 @@ def _prose(source: str) -> str:
         s = line.strip()
         quotes = s.count('"""') + s.count("'''")
         if in_doc or quotes:
-            out.append(s.replace('"""', "").replace("'''", ""))
+            out.append(_TRIPLE_QUOTE.sub("", s))
             if quotes % 2:
                 in_doc = not in_doc
         elif s.startswith("#"):

@@ -10,7 +10,7 @@ done, not when the whole suite ends.
 
 Without root, ``dockerd`` or ``debootstrap`` (``.ci/sysdeps`` installs them), or when the daemon
 cannot start, every test that needs it is skipped with the reason (``make test`` lists skip
-reasons: ``pytest -rs``).
+reasons: ``pytest -rs``); with ``CI`` set, that skip fails the run (tests/conftest.py).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from faultlib import audit, build_sources, kill_parked, tree_digest
+from pipeline_project import tokenizer_dir
 
 from tokenmill.atomic import TMP_DIR
 from tokenmill.cli import main
@@ -29,7 +30,7 @@ from tokenmill.loader import open_blend
 from tokenmill.storage.pull import pull
 
 IDX_WRITER = "tokenmill.formats.indexed"
-TOKENIZER = Path(__file__).resolve().parents[2] / ".tokenizers" / "gpt2"  # the gpt2_dir fixture
+TOKENIZER = tokenizer_dir("gpt2")  # built by the gpt2_dir fixture
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -135,3 +138,47 @@ def test_inspect_blend_decodes_samples_of_a_split(
     assert "--decode 40: the blend's train split has samples 0..39" in capsys.readouterr().err
     assert main(["inspect", str(blend), "--decode", "0"]) == 2
     assert "--decode needs --tokenizer" in capsys.readouterr().err
+
+
+def test_verify_and_inspect_refuse_an_s3_uri(capsys: pytest.CaptureFixture[str]) -> None:
+    """An ``s3://`` target is not turned into the local path ``s3:/bucket/...``."""
+    for command in ("verify", "inspect"):
+        assert main([command, "s3://bucket/blends/mix"]) == 2
+        err = capsys.readouterr().err
+        assert "s3://bucket/blends/mix: a URI, but this command reads local files" in err
+        assert "`tokenmill pull s3://bucket/blends/mix DIR` first" in err
+
+
+def test_inspect_decode_cuts_at_max_tokens(
+    blend_root: Path, gpt2_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tokenmill.loader import open_blend
+
+    blend = blend_root / "blends/mix"
+    sample = open_blend(blend, split="train")[0].tolist()
+    text = Tokenizer.from_file(str(gpt2_dir / "tokenizer.json")).decode(sample[:5])
+    argv = ["inspect", str(blend), "--decode", "0", "--tokenizer", str(gpt2_dir)]
+    assert main([*argv, "--max-tokens", "5"]) == 0
+    out = capsys.readouterr().out
+    assert f"--- train sample 0 ({len(sample)} tokens) ---\n{text}\n" in out
+    assert f"[... cut at 5 of {len(sample)} tokens; --max-tokens 0 prints all]" in out
+    assert main([*argv, "--max-tokens", "0"]) == 0
+    assert "cut at" not in capsys.readouterr().out
+    assert main([*argv, "--max-tokens", "-1"]) == 2
+    assert "--max-tokens -1: expected >= 0" in capsys.readouterr().err
+
+
+def test_inspect_into_a_closed_pipe_stops_quietly(blend_root: Path, gpt2_dir: Path) -> None:
+    """``tokenmill inspect --decode ... | head -1``: no traceback, no error line (far more
+    output than a pipe buffer, so the writes meet the closed pipe)."""
+    decodes = " ".join(["--decode 0"] * 5000)
+    command = (
+        f"{shlex.quote(sys.executable)} -m tokenmill.cli inspect {blend_root / 'blends/mix'} "
+        f"{decodes} --tokenizer {gpt2_dir} | head -1"
+    )
+    done = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command}"], capture_output=True, text=True, timeout=300
+    )
+    assert done.stdout.startswith("blend 'mix'")
+    assert done.stderr == ""
+    assert done.returncode == 1  # Python's docs: exit 1 after a broken pipe

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from tiny_pairs import random_pair
 
 from tokenmill.atomic import TMP_DIR
 from tokenmill.cli import main
+from tokenmill.errors import ConfigError
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     legacy_manifest_path,
@@ -23,7 +25,9 @@ from tokenmill.formats.dataset_manifest import (
 )
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.loader import open_blend
+from tokenmill.paths import name_problem
 from tokenmill.storage import layout
+from tokenmill.storage.layout import check_name
 from tokenmill.storage.pull import pull
 from tokenmill.tokenize.merge import merge_datasets
 from tokenmill.tokenize.run import tokenize_files
@@ -190,3 +194,26 @@ def test_a_shard_name_is_refused_when_a_derived_temp_name_could_be_too_long(
         problem = layout.shard_name_problem(f"{shard}s.jsonl", f"{shard}s", text_key)
         assert problem is not None and "the name is too long" in problem
         assert f"at most {n} bytes" in problem
+
+
+@pytest.mark.parametrize("name", ["", ".", "a/b", "a\\b", "/abs", "a\x00b", "del\x7f"])
+def test_check_name_gives_name_problems_reason(name: str) -> None:
+    """One path-safety rule: ``layout.check_name`` refuses what ``paths.name_problem`` refuses,
+    for its reason, and adds only the artifact rules (``..``, a leading ``.``, format chars)."""
+    reason = name_problem(name)
+    assert reason is not None
+    with pytest.raises(ConfigError, match=f"rejected: it {re.escape(reason)}$"):
+        check_name(name)
+    for artifact_only in ("a..b", ".hidden", "zero\u200bwidth"):
+        assert name_problem(artifact_only) is None
+        with pytest.raises(ConfigError, match="rejected: it "):
+            check_name(artifact_only)
+
+
+def test_one_lowercase_hex_rule_for_versions() -> None:
+    from tokenmill.paths import is_lower_hex
+
+    assert is_lower_hex("0123456789abcdef") and not is_lower_hex("")
+    assert not is_lower_hex("00FF") and not is_lower_hex("0g")
+    with pytest.raises(ConfigError, match="expected >= 16 lowercase hex digits"):
+        layout.version_dir_name("0123456789ABCDEF")

@@ -7,6 +7,8 @@ import itertools
 import json
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from tokenmill.storage import layout
 from tokenmill.storage.versions import version_hash, write_pointer
 from tokenmill.tokenize.merge import merge_datasets
 from tokenmill.tokenize.run import tokenize_files
+from tokenmill_dev.bundled import BUILDERS
 from tokenmill_dev.corpus import stdlib_documents
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +42,57 @@ def documented_commands(path: Path) -> list[list[str]]:
             if words[:1] == ["tokenmill"]:
                 commands.append(words[1:])
     return commands
+
+
+def _bash_lines(path: Path) -> list[str]:
+    """Every line of the ```bash blocks of ``path``."""
+    text = path.read_text(encoding="utf-8")
+    return [
+        line
+        for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+        for line in block.splitlines()
+    ]
+
+
+def test_activation_line_puts_the_installed_tokenmill_on_path() -> None:
+    """The quick start activates the venv ``make`` creates, whose ``bin/`` holds the
+    ``tokenmill`` console script (else: ``tokenmill: command not found``)."""
+    activate = [line for line in _bash_lines(ROOT / "README.md") if "activate" in line]
+    assert [shlex.split(line, comments=True) for line in activate] == [[".", ".venv/bin/activate"]]
+    assert re.search(r"^VENV := \.venv$", (ROOT / "Makefile").read_text(), re.M)
+    assert 'tokenmill = "tokenmill.cli:main"' in (ROOT / "pyproject.toml").read_text()
+    assert (Path(sys.executable).parent / "tokenmill").is_file()  # the venv running this test
+
+
+def test_tokenizer_target_builds_every_documented_tokenizer() -> None:
+    """``make tokenizers TOKENIZERS=...`` builds each bundled tokenizer offline into
+    ``.tokenizers/<name>``, and every ``.tokenizers/<name>`` the docs and recipes use is one."""
+    names = sorted(BUILDERS)
+    plan = subprocess.run(
+        ["make", "-n", "-B", "tokenizers", f"TOKENIZERS={' '.join(names)}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for name in names:
+        assert f"-m tokenmill_dev.bundled {name} .tokenizers/{name}" in plan, plan
+    texts = [p.read_text() for p in (*DOCS, *sorted((ROOT / "recipes").glob("*.yaml")))]
+    used = {m for text in texts for m in re.findall(r"\.tokenizers/([\w-]+)", text)}
+    assert used and used <= set(names), used
+
+
+def test_cli_outputs_are_git_ignored() -> None:
+    """The README's CLI block writes only under git-ignored folders (no untracked ``out/``)."""
+    outputs = set()
+    for argv in documented_commands(ROOT / "README.md"):
+        for word in argv:
+            if re.match(r"(out|data)/", word):
+                outputs.add(word.split("/")[0] + "/x")
+    assert outputs == {"out/x", "data/x"}
+    for path in sorted(outputs):
+        ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=ROOT)
+        assert ignored.returncode == 0, f"{path} is not git-ignored"
 
 
 def _write_jsonl(path: Path, docs: list[dict[str, str]], bad: list[bytes] = ()) -> Path:

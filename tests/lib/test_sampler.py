@@ -49,6 +49,10 @@ def test_start_step_equals_skipping_steps(
     resumed = BatchSampler(num_samples, global_batch, rank, world, start_step=start)
     assert _steps(resumed) == full[start:]
     assert len(resumed) == len(full[start:])
+    consumed = start * global_batch  # Megatron's checkpoint records this, not the step
+    by_samples = BatchSampler(num_samples, global_batch, rank, world, consumed_samples=consumed)
+    assert _steps(by_samples) == _steps(resumed)
+    assert by_samples.start_step == start
 
 
 @settings(max_examples=40, deadline=None)
@@ -88,3 +92,13 @@ def test_global_batch_and_indices_agree() -> None:
 def test_bad_settings_are_config_errors(args: tuple[int, ...], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         BatchSampler(*args)
+
+
+def test_consumed_samples_is_exclusive_with_start_step_and_a_global_batch_multiple() -> None:
+    with pytest.raises(ConfigError, match="takes start_step or consumed_samples, not both"):
+        BatchSampler(100, 8, start_step=1, consumed_samples=8)
+    with pytest.raises(ConfigError, match="consumed_samples 12 is not a multiple of global_b"):
+        BatchSampler(100, 8, consumed_samples=12)
+    with pytest.raises(ConfigError, match="consumed_samples must be an integer >= 0, got -8"):
+        BatchSampler(100, 8, consumed_samples=-8)
+    assert BatchSampler(100, 8, start_step=0, consumed_samples=0).start_step == 0

@@ -20,7 +20,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pipeline_project import ROOT
+from pipeline_project import tokenizer_dir
 from test_tokenize import expected_pair, pair_bytes, read_docs, real_texts
 from test_tokenizer_normalized import ORDINARY, TRICKY, megatron_tokens
 
@@ -163,12 +163,11 @@ def test_fail_mode_names_the_real_line_of_a_late_range(
 @pytest.fixture(scope="module")
 def family_dirs(gpt2_dir: Path, tiny_dir: Path) -> dict[str, Path]:
     """One tokenizer per family the tests have: byte-level, NFKC+BOS, NFC, SentencePiece+BOS."""
-    tokenizers = ROOT / ".tokenizers"
     return {
         "gpt2": gpt2_dir,
         "tiny-nfkc-bos": tiny_dir,
-        "qwen2-nfc": build_bundled_tokenizer("qwen2", tokenizers / "qwen2"),
-        "llama2-sentencepiece-bos": build_bundled_tokenizer("llama2", tokenizers / "llama2"),
+        "qwen2-nfc": build_bundled_tokenizer("qwen2", tokenizer_dir("qwen2")),
+        "llama2-sentencepiece-bos": build_bundled_tokenizer("llama2", tokenizer_dir("llama2")),
     }
 
 

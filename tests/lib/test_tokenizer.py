@@ -161,6 +161,12 @@ def test_bad_tokenizer_paths(gpt2_dir: Path, tmp_path: Path) -> None:
         inspect_tokenizer(tmp_path / "missing")
     with pytest.raises(ConfigError, match=r"no tokenizer\.json in the directory"):
         inspect_tokenizer(tmp_path)
+    for hub_name in ("gpt2", "meta-llama/Llama-2-7b"):  # hub names get the offline hint
+        with pytest.raises(
+            ConfigError,
+            match=rf"tokenizer {hub_name}: .*never downloads.*make tokenizers.*save_pretrained",
+        ):
+            inspect_tokenizer(hub_name)
     with pytest.raises(ConfigError, match="engine='fast': expected 'auto' or one of"):
         load_encoder(inspect_tokenizer(gpt2_dir), "fast")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from pipeline_project import ROOT
+from pipeline_project import tokenizer_dir
 from tokenizers import normalizers
 
 from tokenmill.tokenize import parallel
@@ -49,13 +49,13 @@ TRICKY = [
 @pytest.fixture(scope="module")
 def qwen2_dir() -> Path:
     """Qwen2-style byte-level BPE with an NFC normalizer (vocab 151646, eos 151643)."""
-    return build_bundled_tokenizer("qwen2", ROOT / ".tokenizers" / "qwen2")
+    return build_bundled_tokenizer("qwen2", tokenizer_dir("qwen2"))
 
 
 @pytest.fixture(scope="module")
 def llama2_dir() -> Path:
     """Llama-2-style SentencePiece BPE that adds BOS 1 (eos 2), from tokenizer.model.v1."""
-    return build_bundled_tokenizer("llama2", ROOT / ".tokenizers" / "llama2")
+    return build_bundled_tokenizer("llama2", tokenizer_dir("llama2"))
 
 
 @functools.cache

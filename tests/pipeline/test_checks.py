@@ -44,6 +44,7 @@ def test_every_check_passes_on_good_artifacts(defs: Definitions, built: DagsterI
         "idx_bin_consistent": True,
         "documents_match_export": True,
         "sum_of_shards": True,
+        "quarantine_share": True,
         "index_bounds": True,
         "proportions": True,
     }

@@ -27,6 +27,7 @@ from assets.support.staleness import (
     tokens_settings,
 )
 from pipelines.build import build_definitions, resources_for
+from pipelines.instance import DEFAULT_HOME, REPO_ROOT
 from pipelines.materialize import (
     materialize_recipe,
     process_shards,
@@ -34,7 +35,7 @@ from pipelines.materialize import (
     stale_downstream,
 )
 from pipelines.sensors import RANGE_END, RANGE_START
-from pipelines.summary import open_hint
+from pipelines.summary import dev_hint, open_hint
 from tokenmill.commands.materialize import find_code_location
 from tokenmill.errors import ConfigError
 from tokenmill.loader import open_blend
@@ -97,16 +98,27 @@ def test_whole_graph_then_incremental(
 
 
 def test_bad_record_in_fail_mode_fails_only_that_dataset(
-    make_recipe: object, instance: DagsterInstance, capsys: pytest.CaptureFixture[str]
+    make_recipe: object,
+    instance: DagsterInstance,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     recipe = make_recipe(  # type: ignore[operator]
         datasets={"docs": {"source": "sources/docs", "on_bad_record": "fail"}},
         blends={},
     )
-    assert materialize_recipe(recipe, instance) == 1
+    assert materialize_recipe(recipe, instance, home=tmp_path) == 1
     out = capsys.readouterr().out
-    # the bad shard fails its range: it is named, and the whole range is left to run again
-    assert "docs/extra-00000..part-00002 (4 shards): FAILED at extra-00000 (see" in out
+    # the bad shard fails its range: it is named (from the failure's metadata), with its cause
+    # in one line, and the whole range is left to run again
+    assert "docs/extra-00000..part-00002 (4 shards): FAILED at extra-00000; no shard" in out
+    source = Path(recipe.dataset("docs").source) / "extra-00000.jsonl"
+    cause = f"FAILED extra-00000: docs/raw_jsonl: BadRecordError: {source}:2: invalid JSON"
+    assert cause in out and "Traceback" not in out and "redoes" not in out
+    assert "docs/dataset_info, docs/merged, docs/pruned, docs/nanoset: NOT rebuilt" in out
+    [log] = (tmp_path / "logs").glob("*.log")
+    assert f"Full errors with tracebacks: {log} (or run with -v)" in out
+    assert "raise BadRecordError(" in log.read_text()  # the stack, kept out of the summary
     assert "failed: ['extra-00000', 'part-00000', 'part-00001', 'part-00002']" in out
     assert "downstream rebuilt: code/dataset_info, code/merged, code/pruned, code/nanoset" in out
 
@@ -137,7 +149,12 @@ def test_dagster_materialize_end_to_end(recipe: Recipe, instance: DagsterInstanc
     )
     assert result.success
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-    assert evaluations == {"sum_of_shards": True, "index_bounds": True, "proportions": True}
+    assert evaluations == {
+        "sum_of_shards": True,
+        "quarantine_share": True,
+        "index_bounds": True,
+        "proportions": True,
+    }
     manifest = json.loads((Path(recipe.storage.root) / "blends/mix/manifest.json").read_text())
     assert [d["name"] for d in manifest["datasets"]] == ["docs", "code"]
 
@@ -200,6 +217,19 @@ def test_pull_hint_names_the_s3_endpoint() -> None:
     assert "--endpoint-url" not in "\n".join(open_hint("s3://b/blends/mix/manifest.json", "mix"))
     local = "\n".join(open_hint("data/blends/mix/manifest.json", "mix", "http://s3:9000"))
     assert "pull" not in local and 'open_blend("data/blends/mix/manifest.json"' in local
+
+
+def test_dev_hint_names_a_custom_recipe_and_instance(tmp_path: Path) -> None:
+    demo = REPO_ROOT / "recipes" / "demo.yaml"
+    assert dev_hint(demo, DEFAULT_HOME).startswith(
+        "Browse assets, runs, checks and metadata: make dev"
+    )
+    custom = dev_hint(tmp_path / "my recipe.yaml", tmp_path / "home")
+    assert (
+        f"TOKENMILL_RECIPE='{tmp_path}/my recipe.yaml' DAGSTER_HOME={tmp_path}/home make dev"
+        in custom
+    )
+    assert f"DAGSTER_HOME={tmp_path}/home make dev" in dev_hint(demo, tmp_path / "home")
 
 
 def test_the_uis_staleness_agrees_with_materialize(

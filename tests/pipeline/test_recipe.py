@@ -157,6 +157,37 @@ def test_shipped_recipes_load() -> None:
             "nanoset.add_extra_token: bad value False; expected true with semantics nanotron",
         ),
         ({"tokenizer": {"path": ""}}, "tokenizer.path: bad value ''; expected a non-empty string"),
+        # rules the index and blend builders enforce, checked at load (issue 21)
+        (
+            {"blends": {"mix": {"weights": {"web": 1, "code": 0}}}},
+            "blends.mix.weights.code: bad value 0.0; expected a weight > 0 with "
+            "nanoset.semantics megatron",
+        ),
+        (
+            {"nanoset": {"train_samples": 10, "seed": 2**32}},
+            "nanoset.seed: bad value 4294967296; expected an integer from 0 to 4294967295",
+        ),
+        (
+            {"nanoset": {"train_samples": 10, "split": "100,0,0", "valid_samples": 5}},
+            "nanoset.valid_samples: bad value 5; expected null (split '100,0,0' gives the valid "
+            "split no share)",
+        ),
+        (
+            {"nanoset": {"train_samples": 10, "split": "0,1,1"}},
+            "nanoset.split: bad value '0,1,1'; expected a positive train share (a blend needs",
+        ),
+        (
+            {"blends": {}, "nanoset": {"train_samples": 4, "split": "0,1,1"}},
+            "nanoset.train_samples: bad value 4; expected null (split '0,1,1' gives the train",
+        ),
+        (
+            {"datasets": {"web": {"source": "raw", "max_quarantine_fraction": 1.5}}},
+            "datasets.web.max_quarantine_fraction: bad value 1.5; expected a number from 0 to 1",
+        ),
+        (
+            {"blends": {"mix": {"weights": {"web": 1}, "allow_empty_splits": "yes"}}},
+            "blends.mix.allow_empty_splits: bad value 'yes'; expected true or false",
+        ),
     ],
 )
 def test_bad_fields_name_file_field_value_and_allowed(
@@ -260,6 +291,17 @@ def test_every_problem_is_reported_one_per_line(tmp_path: Path) -> None:
         '"train,valid,test" with a positive sum',
         f"{path}: nanoset.seed: bad value -1; expected an integer >= 0",
     ]
+
+
+def test_zero_weights_pass_under_nanotron_and_new_settings_keep_versions(tmp_path: Path) -> None:
+    """nanotron blends accept a 0 weight; ``allow_empty_splits`` changes no blend byte, so it
+    stays out of the data version (``model_dump``)."""
+    nanotron = {"semantics": "nanotron", "train_samples": 10}
+    data = {**GOOD, "nanoset": nanotron, "blends": {"mix": {"weights": {"web": 1, "code": 0}}}}
+    assert parse_recipe(data, tmp_path / "r.yaml").blends[0].weights == (1.0, 0.0)
+    allowed = {"mix": {"weights": {"web": 1}, "allow_empty_splits": True}}
+    [blend] = parse_recipe({**GOOD, "blends": allowed}, tmp_path / "r.yaml").blends
+    assert blend.allow_empty_splits and "allow_empty_splits" not in blend.model_dump()
 
 
 def test_defaults_match_the_config_classes(tmp_path: Path) -> None:

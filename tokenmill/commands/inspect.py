@@ -9,10 +9,11 @@ from typing import Any
 
 from tokenmill.commands.verify import classify
 from tokenmill.errors import ConfigError
+from tokenmill.formats.blend_manifest import SPLITS
 from tokenmill.formats.dataset_manifest import open_dataset
 from tokenmill.tokenize.stats import histogram_text, length_histogram, summarize
 
-SPLITS = ("train", "valid", "test")
+MAX_TOKENS = 2000  # --decode's default cut: a long document would flood the terminal
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -37,6 +38,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "needs --tokenizer)",
     )
     p.add_argument("--tokenizer", metavar="DIR_OR_FILE", help="tokenizer for --decode")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=MAX_TOKENS,
+        metavar="N",
+        help="decode at most the first N tokens of each item, saying when it cut (0: all)",
+    )
     p.add_argument("--split", choices=SPLITS, default="train", help="blend split for --decode")
     p.set_defaults(func=run)
 
@@ -57,6 +65,15 @@ def _check_index(k: int, n: int, what: str) -> None:
         raise ConfigError(f"--decode {k}: {what} " + (f"0..{n - 1}" if n else "none"))
 
 
+def _print_decoded(tok: Any, title: str, ids: list[int], max_tokens: int) -> None:
+    """Print ``title`` and the text of ``ids``, cut to the first ``max_tokens`` (0: all)."""
+    print(f"--- {title} ({len(ids)} tokens) ---")
+    shown = ids[:max_tokens] if max_tokens > 0 else ids
+    print(tok.decode(shown, skip_special_tokens=False))
+    if len(shown) < len(ids):
+        print(f"[... cut at {len(shown)} of {len(ids)} tokens; --max-tokens 0 prints all]")
+
+
 def _blend(mpath: Path, args: argparse.Namespace) -> None:
     """Print the proportions table, then the decoded samples of ``--split``."""
     from tokenmill.indices.blend_build import describe_blend
@@ -70,9 +87,7 @@ def _blend(mpath: Path, args: argparse.Namespace) -> None:
     tok = _decoder(args.tokenizer)
     for k in args.decode:
         _check_index(k, len(ds), f"the blend's {args.split} split has samples")
-        ids = ds[k].tolist()
-        print(f"--- {args.split} sample {k} ({len(ids)} tokens) ---")
-        print(tok.decode(ids, skip_special_tokens=False))
+        _print_decoded(tok, f"{args.split} sample {k}", ds[k].tolist(), args.max_tokens)
 
 
 def _dataset(prefix: Path, args: argparse.Namespace) -> None:
@@ -93,15 +108,15 @@ def _dataset(prefix: Path, args: argparse.Namespace) -> None:
             tok = _decoder(args.tokenizer)
             for k in args.decode:
                 _check_index(k, len(ds), "the dataset has sequences")
-                ids = ds.get(k).tolist()
-                print(f"--- sequence {k} ({len(ids)} tokens) ---")
-                print(tok.decode(ids, skip_special_tokens=False))
+                _print_decoded(tok, f"sequence {k}", ds.get(k).tolist(), args.max_tokens)
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the description."""
     if args.decode and not args.tokenizer:
         raise ConfigError("--decode needs --tokenizer DIR_OR_FILE")
+    if args.max_tokens < 0:
+        raise ConfigError(f"--max-tokens {args.max_tokens}: expected >= 0 (0: no limit)")
     kind, path = classify(args.target)
     if kind == "hf":
         raise ConfigError(

@@ -46,7 +46,13 @@ def _pointed(pointer: Path) -> Path:
 
 def classify(target: str) -> tuple[str, Path]:
     """What ``target`` names: ``("dataset", prefix)``, ``("blend", manifest)`` or
-    ``("hf", dataset_info.json)``; ConfigError for a folder that holds none of them."""
+    ``("hf", dataset_info.json)``; ConfigError for a folder that holds none of them, or for an
+    ``s3://`` URI (these commands read local files; a ``Path`` would mangle the URI)."""
+    if "://" in target:
+        raise ConfigError(
+            f"{target}: a URI, but this command reads local files; copy a blend with "
+            f"`tokenmill pull {target} DIR` first, then give DIR"
+        )
     path = Path(target)
     if path.is_dir():
         for name, kind in ((BLEND_MANIFEST, "blend"), (DATASET_INFO, "hf")):

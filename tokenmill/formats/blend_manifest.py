@@ -36,12 +36,11 @@ from tokenmill.atomic import file_sha256, load_json
 from tokenmill.errors import ConfigError, FormatError
 from tokenmill.formats.dataset_manifest import read_dataset_manifest, sidecar_manifest_path
 from tokenmill.formats.virtual_merge import shard_problems
-from tokenmill.paths import has_control_character, leading_parents
+from tokenmill.paths import VERSION_CHARS, has_control_character, is_lower_hex, leading_parents
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 2  # 2: versioned blends (version, manifest_sha256, versions/<v>/ layout)
 VERSIONS_DIR = "versions"
-VERSION_CHARS = 16  # a version folder is named by the first 16 hex digits of its version
 SELF_HASH = "manifest_sha256"
 KIND = "blend"
 SPLITS = ("train", "valid", "test")
@@ -86,11 +85,7 @@ def available_versions(mpath: Path) -> list[str]:
 def version_manifest_path(mpath: Path, version: str) -> Path:
     """``versions/<v16>/manifest.json`` beside the pointer ``mpath`` for a full version hash or
     its 16-digit prefix; ConfigError listing the available versions when it is not there."""
-    if (
-        not isinstance(version, str)
-        or len(version) < VERSION_CHARS
-        or any(c not in "0123456789abcdef" for c in version)
-    ):
+    if not isinstance(version, str) or len(version) < VERSION_CHARS or not is_lower_hex(version):
         raise ConfigError(
             f"version {version!r}: expected the blend version (>= {VERSION_CHARS} lowercase hex "
             "digits, as recorded in ds.version or the manifest's 'version')"

@@ -69,13 +69,6 @@ def prefix_of_manifest(path: str | os.PathLike[str]) -> Path:
     return folder / name
 
 
-def remove_dataset_manifests(prefix: str | os.PathLike[str]) -> None:
-    """Remove the pair's manifest in both layouts (first step of rewriting a pair: nothing may
-    vouch for it meanwhile)."""
-    sidecar_manifest_path(prefix).unlink(missing_ok=True)
-    legacy_manifest_path(prefix).unlink(missing_ok=True)
-
-
 def describe_files(paths: list[Path], *, root: Path) -> dict[str, dict[str, Any]]:
     """``{relative name: {bytes, sha256}}`` for files, names relative to ``root``."""
     return {

@@ -26,7 +26,8 @@ from typing import Any
 
 from tokenmill.atomic import file_sha256, load_json, write_json
 from tokenmill.errors import FormatError
-from tokenmill.formats.dataset_manifest import FORMAT_VERSION
+
+FORMAT_VERSION = 1  # of both records; bump on a change of their fields (independent of manifests)
 
 INFO_COUNTS = ("lines", "documents", "blank", "quarantined")
 

@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 
 from tokenmill.errors import ConfigError
+from tokenmill.formats.blend_manifest import SPLITS
 from tokenmill.indices import _shuffle
 from tokenmill.indices._sample_index import build_sample_index, count_samples
 
 SEMANTICS = ("megatron", "nanotron")
-SPLITS = ("train", "valid", "test")
 SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
 UINT32_SHUFFLE_LIMIT = int(np.iinfo(np.uint32).max) - 1
 

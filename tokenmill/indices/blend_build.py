@@ -14,7 +14,9 @@ A build computes the version first (:func:`blend_version`: sha256 of the canonic
 setting, each dataset's content hash and path, and each Nanoset cache hash), so rebuilding an
 unchanged blend finds the complete version folder and reuses it (same bytes, nothing rewritten).
 A new version is written into a temp folder ``versions/.tmp/<version16>.tmp-<host>-<pid>-<rand>``
-and renamed into place when complete; only then is the pointer replaced. A failed build (any
+and renamed into place when complete; only then is the pointer replaced, by compare-and-swap
+under the pointer's lock against the version read before the inputs (a build that lost a race
+to a newer one leaves the pointer at the newer version: ConflictError). A failed build (any
 exception, a full disk, a kill) leaves the previous pointer and version untouched.
 
 ``manifest.json`` (keys sorted; lists keep the blend's dataset order, which the indices use)::
@@ -114,6 +116,7 @@ from tokenmill.indices._nanoset_indices import parse_split
 from tokenmill.indices._sample_index import count_samples
 from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.indices.nanoset import (
+    SEMANTICS,
     FetchEntry,
     NanosetIndex,
     build_or_load,
@@ -121,9 +124,16 @@ from tokenmill.indices.nanoset import (
     entry_key,
     split_ranges,
 )
-from tokenmill.storage.versions import version_hash
+from tokenmill.storage.versions import (
+    READ_AT_START,
+    Expected,
+    pointer_version,
+    swap_pointer,
+    version_hash,
+)
 
 __all__ = [
+    "blend_skips",
     "blend_version",
     "build_blend",
     "describe_blend",
@@ -132,7 +142,6 @@ __all__ = [
     "verify_blend",
 ]
 
-SEMANTICS = ("megatron", "nanotron", "growing")  # growing: see tokenmill.indices.growing_blend
 # Megatron's add_extra_token_to_sequence and drop_last_partial_validation_sequence (both on by
 # default; the second applies to the valid split only: train and test always drop).
 FLAGS = ("add_extra_token", "drop_last_partial_validation")
@@ -581,6 +590,45 @@ def blend_version(
     return _prepare(name, datasets, root, cache, weights, temperature, sizes, settings)[2]
 
 
+def blend_skips(
+    name: str,
+    datasets: Mapping[str, str | os.PathLike[str]],
+    output_dir: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str],
+    *,
+    weights: Mapping[str, float] | None = None,
+    temperature: float | None = None,
+    sequence_length: int,
+    split_spec: str = "949,50,1",
+    seed: int = 1234,
+    train_samples: int | None,
+    valid_samples: int | None = None,
+    test_samples: int | None = None,
+    semantics: str = "megatron",
+    add_extra_token: bool = True,
+    drop_last_partial_validation: bool = True,
+    era_samples: int = ERA_SAMPLES,
+) -> dict[str, dict[str, str]]:
+    """``{split: {dataset: reason}}``: the datasets :func:`build_blend` with the same arguments
+    would leave out of each split the spec gives a share, computed without building anything
+    (so a caller can refuse a blend where a weighted dataset would vanish, before it exists)."""
+    sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
+    settings = {
+        "sequence_length": sequence_length,
+        "split_spec": split_spec,
+        "seed": seed,
+        "semantics": semantics,
+        "add_extra_token": add_extra_token,
+        "drop_last_partial_validation": drop_last_partial_validation,
+        "era_samples": era_samples,
+    }
+    root, cache = Path(output_dir), Path(cache_dir)
+    plan = _prepare(name, datasets, root, cache, weights, temperature, sizes, settings)[1]
+    shares = parse_split(split_spec)
+    skips = {split: plan.skipped(i) for i, split in enumerate(SPLITS) if shares[i] > 0}
+    return {split: out for split, out in skips.items() if out}
+
+
 def build_blend(
     name: str,
     datasets: Mapping[str, str | os.PathLike[str]],
@@ -600,6 +648,7 @@ def build_blend(
     drop_last_partial_validation: bool = True,
     fetch: FetchEntry | None = None,
     era_samples: int = ERA_SAMPLES,
+    expected: Expected = READ_AT_START,
 ) -> dict[str, Any]:
     """Build (or reuse) the blend's version, then point ``output_dir/manifest.json`` at it.
 
@@ -614,9 +663,17 @@ def build_blend(
     manifest's ``splits.<split>.skipped``. ``semantics="growing"``: ``train_samples`` may be
     None (no cap), ``era_samples`` is the era size, and the manifest says whether the version
     ``extends`` the current one (``tokenmill.indices.growing_blend``).
+
+    The pointer moves by compare-and-swap (``tokenmill.storage.versions.swap_pointer``) against
+    ``expected`` (the pointer's version read by the caller before it read the inputs; by
+    default the version this call reads before anything else): ConflictError, with this
+    build's version complete and the pointer left as found, when another build moved it
+    meanwhile to another version.
     """
     sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
     root = Path(output_dir)
+    mpath = root / MANIFEST_NAME
+    read_at_start = pointer_version(mpath) if expected == READ_AT_START else expected
     entries, plan, version = _prepare(
         name, datasets, root, Path(cache_dir), weights, temperature, sizes,
         {"sequence_length": sequence_length, "split_spec": split_spec, "seed": seed,
@@ -661,12 +718,11 @@ def build_blend(
                 plan, vdir, header, caches
             )
     pointer = seal(_rebased(manifest, f"{VERSIONS_DIR}/{vdir.name}"))
-    mpath = root / MANIFEST_NAME
     remove_stale_temps(mpath)
     with contextlib.suppress(FormatError):
         if mpath.is_file() and read_blend_manifest(mpath) == pointer:
             return pointer  # already current: nothing is rewritten
-    write_json(mpath, pointer)
+    swap_pointer(mpath, version, pointer, expected=read_at_start)
     return pointer
 
 

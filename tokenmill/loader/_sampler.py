@@ -4,7 +4,8 @@ Order: global batch ``b`` is samples ``[b·G, (b+1)·G)`` in index order (the Na
 index and the blend already randomize, as in Megatron's pretraining sampler); a final partial
 global batch is dropped. Rank ``r`` of ``w`` gets the contiguous slice ``[r·G/w, (r+1)·G/w)`` of
 every global batch, so the global batches are identical for every ``w`` that divides ``G``, and
-starting at step ``b`` is arithmetic (O(1)), not a replay.
+starting at step ``b`` is arithmetic (O(1)), not a replay. A resume gives either the step
+(``start_step``) or, as Megatron's checkpoints record it, ``consumed_samples`` (= step · G).
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ class BatchSampler:
         rank: int = 0,
         world_size: int = 1,
         start_step: int = 0,
+        *,
+        consumed_samples: int | None = None,
     ) -> None:
+        if consumed_samples is not None:
+            start_step = self._step_of(consumed_samples, global_batch_size, start_step)
         for name, value, low in (
             ("num_samples", num_samples, 0),
             ("global_batch_size", global_batch_size, 1),
@@ -48,6 +53,29 @@ class BatchSampler:
         self.world_size = int(world_size)
         self.start_step = int(start_step)
         self.micro_batch_size = self.global_batch_size // self.world_size
+
+    @staticmethod
+    def _step_of(consumed_samples: int, global_batch_size: int, start_step: int) -> int:
+        """The step that Megatron's ``consumed_samples`` resumes at (``consumed / G``)."""
+        if start_step:
+            raise ConfigError(
+                "BatchSampler takes start_step or consumed_samples, not both "
+                f"(got start_step={start_step!r}, consumed_samples={consumed_samples!r})"
+            )
+        if not isinstance(consumed_samples, int | np.integer) or consumed_samples < 0:
+            raise ConfigError(
+                f"BatchSampler consumed_samples must be an integer >= 0, got {consumed_samples!r}"
+            )
+        if not isinstance(global_batch_size, int | np.integer) or global_batch_size < 1:
+            raise ConfigError(
+                f"BatchSampler global_batch_size must be an integer >= 1, got {global_batch_size!r}"
+            )
+        if consumed_samples % global_batch_size:
+            raise ConfigError(
+                f"BatchSampler consumed_samples {consumed_samples} is not a multiple of "
+                f"global_batch_size {global_batch_size} (a resume starts at a global batch)"
+            )
+        return int(consumed_samples) // int(global_batch_size)
 
     @property
     def total_steps(self) -> int:

@@ -24,7 +24,6 @@ of a ``.bin``/``.idx`` pair and skip folders. A manifest written by tokenmill 0.
 
 from __future__ import annotations
 
-import os
 import posixpath
 import unicodedata
 
@@ -32,36 +31,35 @@ from tokenmill.atomic import TEMP_NAME_EXTRA
 from tokenmill.errors import ConfigError
 from tokenmill.formats.dataset_manifest import DATASET_MANIFEST_SUFFIX as DATASET_MANIFEST_SUFFIX
 from tokenmill.formats.dataset_manifest import DATASET_MANIFESTS as DATASET_MANIFESTS
-from tokenmill.paths import name_problem
+from tokenmill.paths import VERSION_CHARS as VERSION_CHARS
+from tokenmill.paths import is_lower_hex, name_problem
 
 POINTER_NAME = "current.json"
 BLEND_MANIFEST = "manifest.json"
-VERSION_CHARS = 16  # a version folder is named by the first 16 hex digits of its version hash
 NAME_MAX = 255  # bytes in one file name: Linux file systems and most others
 
 
 def check_name(name: str, what: str = "name") -> str:
-    """Return ``name`` if it is one safe path part; ConfigError naming the problem otherwise."""
-    problem = None
-    if not name:
-        problem = "it is empty"
-    elif ".." in name:
+    """Return ``name`` if it is one safe artifact name part; ConfigError naming the problem
+    otherwise. ``tokenmill.paths.name_problem``'s rule, plus what artifacts never are: names
+    with ``..``, hidden or temporary (leading ``.``) names, Unicode format characters."""
+    if ".." in name:
         problem = "it contains '..'"
-    elif "/" in name or "\\" in name or os.path.isabs(name):
-        problem = "it contains a slash (absolute or nested paths are not names)"
+    elif (base := name_problem(name)) is not None:
+        problem = f"it {base}"
     elif name.startswith("."):
         problem = "it starts with '.' (hidden and temporary files are not artifacts)"
     elif any(unicodedata.category(c) in ("Cc", "Cf") for c in name):
         problem = "it contains a control character"
-    if problem:
-        raise ConfigError(f"{what} {name!r} rejected: {problem}")
-    return name
+    else:
+        return name
+    raise ConfigError(f"{what} {name!r} rejected: {problem}")
 
 
 def version_dir_name(version: str) -> str:
     """The folder name of a version: the first ``VERSION_CHARS`` hex digits of its hash."""
     short = version[:VERSION_CHARS]
-    if len(short) != VERSION_CHARS or any(c not in "0123456789abcdef" for c in short):
+    if len(short) != VERSION_CHARS or not is_lower_hex(short):
         raise ConfigError(f"version {version!r} rejected: expected >= 16 lowercase hex digits")
     return short
 

@@ -125,7 +125,11 @@ def resolve_tokenizer_path(path: str | os.PathLike[str]) -> tuple[Path, Path]:
         return p, p / "tokenizer.json"
     if p.is_file():
         return p, p
-    raise ConfigError(f"tokenizer {p}: no such file or directory")
+    raise ConfigError(
+        f"tokenizer {p}: no such file or directory: not a local directory or tokenizer.json "
+        "(a hub name such as 'gpt2' is not one: tokenmill never downloads; build one offline "
+        "with `make tokenizers` or save one with save_pretrained)"
+    )
 
 
 def tokenizer_fingerprint(source: Path, definition: Path) -> str:
