@@ -6,7 +6,8 @@ documents of 100..4,000 tokens), sequence length 2,048 (+1), batches of ``--batc
 uploaded once to a fresh bucket (not timed). One process, one rank, this rank's next two
 batches prefetched while the current one is read (``ds.prefetch``). Measured:
 
-* start-up: ``open_blend("s3://...")`` plus the first batch, cold cache;
+* start-up: ``open_blend("s3://...")`` plus the first batch, cold cache, and the requests
+  moto logged for each;
 * cold and warm tokens/s over ``--steps`` batches (warm: the same cache, a fresh BlockCache as
   a restarted job has; blocks are re-hashed once on first use; then a second warm pass);
 * bytes fetched (block GETs) against bytes used (the batches' tokens);
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
 import sys
 import tempfile
@@ -78,6 +80,12 @@ def build(root: Path, tokens: int, shards: int, steps: int, batch: int) -> Path:
 def upload(client: object, bucket: str, root: Path) -> None:
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         client.upload_file(str(path), bucket, path.relative_to(root).as_posix())  # type: ignore[attr-defined]
+
+
+def requests(log: Path) -> int:
+    """Requests moto has logged so far (its 206 lines start with colour codes)."""
+    time.sleep(0.2)  # let the server flush its log line
+    return len(re.findall(rb"(?:GET|HEAD|PUT|POST) /\S* HTTP/", log.read_bytes()))
 
 
 def reset_peak_rss() -> None:
@@ -159,11 +167,15 @@ def main() -> None:
             reset_peak_rss()  # the reads' peak, not the build's (again for the warm job)
             version = open_blend(manifest, "train").version
             cache = work / "cache"
+            log = work / "moto.log"
+            seen = requests(log)
             start = time.perf_counter()
             ds = open_blend(uri, "train", version=version, cache_dir=cache)
+            opened = requests(log)
             batches = list(BatchSampler(len(ds), global_batch_size=args.batch))
             ds.get_batch(batches[0])
             startup = time.perf_counter() - start
+            first = requests(log)
             cold = read_all(ds, batches[1:], prefetch=True)
             fetched = _s3.cache_for(cache, None).bytes_fetched
             cold_rss = peak_rss_mib()
@@ -195,6 +207,10 @@ def main() -> None:
         ["local after pull", f"pull {pull_s:.2f}", f"{len(batches) * tok / local_s:,.0f}", ""],
     ]
     print(table(rows))
+    print(
+        f"requests: {opened - seen} to open, {first - opened} more for the first batch "
+        f"({first - seen} before it)"
+    )
     rss = peak_rss_mib()  # from the warm job on (the local read and moto alone included)
     print(
         f"block {args.block_mib} MiB; moto alone {moto_mbs:.0f} MB/s; "
@@ -212,6 +228,8 @@ def main() -> None:
             "warm_second_pass_tokens_per_s": len(batches) * tok / hot,
             "local_tokens_per_s": len(batches) * tok / local_s,
             "pull_s": pull_s,
+            "requests_open": opened - seen,
+            "requests_first_batch": first - opened,
             "moto_alone_mb_per_s": moto_mbs,
             "bytes_fetched": fetched,
             "bytes_used": used,
