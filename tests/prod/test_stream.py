@@ -289,3 +289,21 @@ def test_the_user_guide_example_runs_against_moto(s3: S3, tmp_path: Path) -> Non
     last = scope["sampler"].indices(scope["step"])  # type: ignore[attr-defined]
     np.testing.assert_array_equal(scope["tokens"], local.get_batch(last))
     assert scope["version"] == local.version
+
+
+def test_a_dataset_written_before_block_hashes_streams_unverified(s3: S3, tmp_path: Path) -> None:
+    local_manifest = build_stream_root(tmp_path / "src", "megatron")
+    for prefix in ("merged/code", "merged/phys"):  # their manifests as older writers left them
+        path = dataset_manifest.dataset_manifest_path(tmp_path / "src" / prefix)
+        manifest = json.loads(path.read_text())
+        for info in manifest["files"].values():
+            info.pop("block_bytes", None)
+            info.pop("block_sha256", None)
+        path.write_text(json.dumps(manifest))
+    s3.upload_tree(tmp_path / "src", "old")
+    uri = f"s3://{s3.bucket}/old/blends/mix/manifest.json"
+    remote = open_blend(uri, "train", cache_dir=tmp_path / "cache")
+    parts = {ds.name: ds.data.files for ds in remote.datasets.values()}  # type: ignore[attr-defined]
+    assert [f.block_sha256 for f in parts["code"]] == [()]
+    assert all(f.block_sha256 for f in parts["docs"])  # the virtual merge's shards: verified
+    assert batch_digest(remote) == batch_digest(open_blend(local_manifest, "train"))
