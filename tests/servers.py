@@ -25,6 +25,7 @@ from tiny_pairs import random_dataset
 
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.tokenize.merge import merge_datasets
+from tokenmill.tokenize.merge import virtual_merge as merge_virtually
 from tokenmill_dev.moto import free_port, moto_server
 
 SERVER_START_SECONDS = 60
@@ -153,3 +154,31 @@ def pg_database(postgres: Postgres) -> Iterator[Postgres]:
         yield Postgres(postgres.host, postgres.port, postgres.user, name)
     finally:
         execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def build_stream_root(root: Path, semantics: str) -> Path:
+    """A storage root with blend ``mix``: a virtual merge of three shards, a physical merge
+    (its ``.bin`` recorded by parts) and a single pair; returns its manifest."""
+    shards = []
+    for i in range(3):
+        shards.append(root / "tokens" / "docs" / f"s{i}_text_document")
+        random_dataset(shards[-1], 40, i, kind="tokens", lengths=(5, 300), counted=True)
+    merge_virtually([(f"s{i}", p) for i, p in enumerate(shards)], root / "merged" / "docs")
+    merge_datasets(shards[:2], root / "merged" / "phys")
+    random_dataset(root / "merged" / "code", 30, 7, kind="tokens", lengths=(5, 200), counted=True)
+    build_blend(
+        "mix",
+        {
+            "docs": root / "merged" / "docs",
+            "phys": root / "merged" / "phys",
+            "code": root / "merged" / "code",
+        },
+        root / "blends" / "mix",
+        root / "nanoset",
+        weights={"docs": 0.5, "phys": 0.2, "code": 0.3},
+        sequence_length=64,
+        split_spec="90,10,0",
+        train_samples=200,
+        semantics=semantics,
+    )
+    return root / "blends" / "mix" / "manifest.json"

@@ -58,6 +58,9 @@ def shard_entry(key: str, prefix: Path, base: Path, manifest: dict[str, Any]) ->
         if "sha256" not in info:
             raise FormatError(prefix, "files", "a virtual merge takes tokenized shards, not merges")
         digests[kind] = {"bytes": int(info["bytes"]), "sha256": str(info["sha256"])}
+        if "block_sha256" in info:  # per-block hashes travel with the shard (streaming)
+            digests[kind]["block_bytes"] = int(info["block_bytes"])
+            digests[kind]["block_sha256"] = [str(h) for h in info["block_sha256"]]
     return {
         "key": key,
         "prefix": os.path.relpath(prefix, base),

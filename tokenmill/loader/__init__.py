@@ -33,6 +33,7 @@ from tokenmill.formats.blend_manifest import (
     rebuild_hint,
     resolve,
     schema_errors,
+    split_problems,
     verify_manifest,
     version_manifest_path,
 )
@@ -76,6 +77,8 @@ def open_blend(
     version: str | None = None,
     verify: str = "fast",
     pad_id: int = PAD_ID,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_bytes: int | None = None,
 ) -> BlendedDataset:
     """Open one split of a blend after checking its files against the manifest.
 
@@ -93,9 +96,22 @@ def open_blend(
     stale or partial blend raises CacheError saying what to rebuild; a malformed file raises
     FormatError. ``pad_id`` fills short samples (default -1, Megatron's when the tokenizer has
     no pad id).
+
+    An ``s3://bucket/.../manifest.json`` (or its folder) reads the blend from S3 (boto3, the
+    ``tokenmill[s3]`` extra; endpoint and credentials from the AWS environment): its small
+    files are fetched whole into ``cache_dir`` (default ``$TOKENMILL_CACHE_DIR`` or
+    ``~/.cache/tokenmill/s3``) and checked by sha256, token files are read by blocks through
+    the node-local cache there, each block checked against its recorded sha256, at most
+    ``cache_bytes`` of blocks kept (None: unbounded). ``verify="full"`` is local only.
     """
     if verify not in VERIFY_MODES:
         raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+    if str(manifest).startswith("s3://"):
+        if verify == "full":
+            raise ConfigError(
+                "verify='full' reads every byte: pull the blend and verify it locally"
+            )
+        return _open_s3_blend(str(manifest), split, version, pad_id, cache_dir, cache_bytes)
     mpath = manifest_path(manifest)
     if version is not None:
         mpath = version_manifest_path(mpath, version)
@@ -118,12 +134,53 @@ def open_blend(
         return open_blend_split(info, mpath, split, full=full, pad_id=pad_id)
 
 
+def _open_s3_blend(
+    uri: str,
+    split: str,
+    version: str | None,
+    pad_id: int,
+    cache_dir: str | os.PathLike[str] | None,
+    cache_bytes: int | None,
+) -> BlendedDataset:
+    """``open_blend`` of an ``s3://`` manifest (tokenmill.loader._s3, imported here only)."""
+    from tokenmill.loader._s3 import RemoteData, cache_for, mirror_blend, remote_files
+
+    root, mpath, bins = mirror_blend(uri, version, cache_dir)
+    info = read_blend_manifest(mpath)
+    if split not in info["splits"]:
+        raise ConfigError(
+            f"{uri}: blend {info['name']!r} has no {split!r} split "
+            f"(it has: {', '.join(info['splits']) or 'none'})"
+        )
+    if version is not None and not str(info["version"]).startswith(version):
+        raise CacheError(f"{uri}: records version {info['version']}, not {version}")
+    with schema_errors(mpath):
+        problems = split_problems(info, mpath, split, full=False)
+    if problems:
+        raise CacheError(f"{uri}: blend is stale or incomplete:\n  " + "\n  ".join(problems))
+    cache = cache_for(root, cache_bytes)
+
+    def remote(prefix: Path, *, full: bool) -> RemoteData:
+        return RemoteData(open_dataset(prefix, index_only=True), remote_files(prefix, bins), cache)
+
+    with schema_errors(mpath):
+        return open_blend_split(info, mpath, split, full=False, pad_id=pad_id, open_data=remote)
+
+
 def open_blend_split(
-    info: dict[str, Any], mpath: Path, split: str, *, full: bool, pad_id: int = PAD_ID
+    info: dict[str, Any],
+    mpath: Path,
+    split: str,
+    *,
+    full: bool,
+    pad_id: int = PAD_ID,
+    open_data: Any = None,
 ) -> BlendedDataset:
     """Open the checked files of one split as a BlendedDataset (memory-mapped; ``full`` also
     checks every index value). ``info`` and ``mpath``: a manifest already read and verified
-    (``open_blend`` does both; ``tokenmill verify`` reuses this for its value checks)."""
+    (``open_blend`` does both; ``tokenmill verify`` reuses this for its value checks).
+    ``open_data(prefix, full=...)`` opens each dataset (default: the local pair or merge)."""
+    opener = _open_data if open_data is None else open_data
     prefixes = {ds["name"]: resolve(mpath, ds["prefix"]) for ds in info["datasets"]}
     part = info["splits"][split]
     datasets = {}
@@ -139,7 +196,7 @@ def open_blend_split(
             for kind, path in zip(INDEX_ARRAYS, paths, strict=True)
         ]
         datasets[ds["name"]] = NanosetDataset(
-            _open_data(prefixes[ds["name"]], full=full),
+            opener(prefixes[ds["name"]], full=full),
             *arrays,
             sequence_length=info["sequence_length"],
             add_extra_token=info["add_extra_token"],

@@ -169,7 +169,8 @@ class NanosetDataset:
             self.sample_index,
             self.shuffle_index,
         )
-        return (_reopen, (str(self.data.prefix), *arrays, settings))
+        data = self.data if getattr(self.data, "remote", False) else str(self.data.prefix)
+        return (_reopen, (data, *arrays, settings))
 
     def _buffer(self, part: int) -> memoryview:
         """The bytes of ``.bin`` number ``part`` (one for a pair, one per shard if virtual)."""
@@ -271,6 +272,9 @@ class NanosetDataset:
         with fix-ups, ``np.concatenate`` of the slices and per-piece copies were all slower).
         """
         parts, starts, stops, counts = self.pieces(ks)
+        ensure = getattr(self.data, "ensure", None)  # a remote dataset fetches blocks first
+        if ensure is not None:
+            ensure(parts, starts, stops)
         los, his = starts.tolist(), stops.tolist()
         if self.data.num_parts == 1:
             view = self._buffer(0)
@@ -283,6 +287,14 @@ class NanosetDataset:
             (stops - starts) // self._itemsize,
             counts,
         )
+
+    def prefetch(self, indices: npt.ArrayLike) -> None:
+        """Start fetching what samples ``indices`` need in the background (a dataset read from
+        S3: their blocks enter the cache; local files: nothing to do)."""
+        fetch = getattr(self.data, "prefetch", None)
+        if fetch is not None:
+            parts, starts, stops, _ = self.pieces(_sample_ids(indices, len(self), self.name))
+            fetch(parts, starts, stops)
 
     def recorded_eod_id(self) -> int | None:
         """The EOD id in the dataset's ``.manifest.json`` config (``eod_id``), if recorded."""
@@ -323,7 +335,7 @@ class NanosetDataset:
 
 
 def _reopen(
-    prefix: str,
+    prefix: Any,
     document_index: np.ndarray | str,
     sample_index: np.ndarray | str,
     shuffle_index: np.ndarray | str,
@@ -337,7 +349,7 @@ def _reopen(
         if all(isinstance(a, str) for a in arrays):
             paths = (str(arrays[0]), str(arrays[1]), str(arrays[2]))
             arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
-        data = open_dataset(prefix)
+        data = open_dataset(prefix) if isinstance(prefix, str) else prefix
     except FileNotFoundError as exc:
         raise CacheError(
             f"{exc.filename}: missing when a DataLoader worker reopened index cache "
@@ -609,6 +621,12 @@ class BlendedDataset:
             if len(rows):
                 requests.append((part, rows, local[rows]))
         return len(ids), requests
+
+    def prefetch(self, indices: npt.ArrayLike) -> None:
+        """Start fetching what samples ``indices`` need in the background (a blend read from
+        S3), e.g. this rank's next batches: ``sampler.indices(step + k)`` for k = 1..N."""
+        for part, _, ks in self._requests(indices)[1]:
+            part.prefetch(ks)
 
     def get_training_batch(
         self,

@@ -64,7 +64,7 @@ from tokenmill.storage.s3 import (
     split_uri,
 )
 
-__all__ = ["PullReport", "pull"]
+__all__ = ["PullReport", "Wanted", "plan_blend", "pull", "sync_file"]
 
 CHUNK = 1 << 22
 DEFAULT_JOBS = 8
@@ -475,21 +475,7 @@ def pull(
     ``versions/<v16>/manifest.json`` beside the pointer ``uri``, and its files, instead of the
     current one. ``progress=None`` shows a bar when stderr is a TTY.
     """
-    if jobs < 1:
-        raise ConfigError(f"jobs must be >= 1, got {jobs}")
-    source, manifest_key = _open_source(uri, endpoint_url, jobs)
-    if version is not None:
-        folder = posixpath.dirname(manifest_key)
-        if posixpath.basename(posixpath.dirname(folder)) == VERSIONS_DIR:
-            folder = posixpath.dirname(posixpath.dirname(folder))
-        short = version_dir_name(version)
-        manifest_key = posixpath.join(folder, VERSIONS_DIR, short, MANIFEST_NAME)
-    raw = source.read(manifest_key)
-    if raw is None:
-        what = "no blend manifest" if version is None else f"no version {version} of the blend"
-        raise InputError(f"{source.uri(manifest_key)}: {what} there")
-    manifest = _parse_manifest(raw, source.uri(manifest_key))
-    plan = _plan(manifest, manifest_key, source, source.uri(manifest_key))
+    source, raw, plan = plan_blend(uri, version=version, endpoint_url=endpoint_url, jobs=jobs)
     root = Path(dest).resolve()
     final_manifest = root / plan.manifest_rel
     if final_manifest.is_file() and final_manifest.read_bytes() != raw:
@@ -527,6 +513,34 @@ def pull(
         _commit_manifest(root / plan.version_manifest[0], plan.version_manifest[1])
     _commit_manifest(final_manifest, raw)
     return report
+
+
+def plan_blend(
+    uri: str, *, version: str | None = None, endpoint_url: str | None = None, jobs: int = 1
+) -> tuple[_Source, bytes, _Plan]:
+    """The source, the blend manifest's bytes and the plan of every file the blend needs
+    (``pull`` and the loader's S3 reader share it: the dataset manifests checked against the
+    blend's records, every file with its size and sha256)."""
+    if jobs < 1:
+        raise ConfigError(f"jobs must be >= 1, got {jobs}")
+    source, manifest_key = _open_source(uri, endpoint_url, jobs)
+    if version is not None:
+        folder = posixpath.dirname(manifest_key)
+        if posixpath.basename(posixpath.dirname(folder)) == VERSIONS_DIR:
+            folder = posixpath.dirname(posixpath.dirname(folder))
+        short = version_dir_name(version)
+        manifest_key = posixpath.join(folder, VERSIONS_DIR, short, MANIFEST_NAME)
+    raw = source.read(manifest_key)
+    if raw is None:
+        what = "no blend manifest" if version is None else f"no version {version} of the blend"
+        raise InputError(f"{source.uri(manifest_key)}: {what} there")
+    manifest = _parse_manifest(raw, source.uri(manifest_key))
+    return source, raw, _plan(manifest, manifest_key, source, source.uri(manifest_key))
+
+
+def sync_file(source: _Source, want: Wanted, root: Path) -> bool:
+    """Make ``root / want.rel`` complete and checked against its sha256; True if fetched."""
+    return _sync(source, want, root, lambda n: None)
 
 
 def _sync(source: _Source, want: Wanted, root: Path, advance: Callable[[int], None]) -> bool:

@@ -1,0 +1,70 @@
+"""``open_blend("s3://...")`` through a faulty S3 endpoint: 5xx answers, dropped and cut
+connections mid-epoch give either the exact samples or an error naming
+the object; never a wrong sample."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prod_servers import S3
+from s3faults import (
+    FaultProxy,
+    fast_retries_fixture,  # noqa: F401 (the fast_retries fixture)
+    proxy_fixture,  # noqa: F401 (the proxy fixture)
+)
+from servers import build_stream_root
+
+import tokenmill.formats.dataset_manifest as dataset_manifest
+from tokenmill.errors import InputError
+from tokenmill.loader import BatchSampler, _s3, open_blend
+
+pytestmark = pytest.mark.usefixtures("fast_retries")
+CODE_BIN = r"/v1/merged/code\.bin"
+
+
+@pytest.fixture
+def blend(
+    s3: S3, tmp_path: Path, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Path, str]:
+    """(local manifest, s3:// URI) of blend ``mix`` with 512-byte blocks, read through the
+    proxy (``AWS_ENDPOINT_URL``)."""
+    monkeypatch.setattr(dataset_manifest, "BLOCK_BYTES", 512)
+    monkeypatch.setattr(_s3, "_CACHES", {})
+    local = build_stream_root(tmp_path / "src", "megatron")
+    s3.upload_tree(tmp_path / "src", "v1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    return local, f"s3://{s3.bucket}/v1/blends/mix/manifest.json"
+
+
+def test_transient_faults_mid_read_are_ridden_out(
+    blend: tuple[Path, str], tmp_path: Path, proxy: FaultProxy
+) -> None:
+    local_manifest, uri = blend
+    local = open_blend(local_manifest, "train")
+    remote = open_blend(uri, "train", cache_dir=tmp_path / "cache")
+    rules = [
+        proxy.add("GET", CODE_BIN, "503", times=2),  # botocore's retries
+        proxy.add("GET", CODE_BIN, "drop", times=2),  # connection reset: botocore's retries
+        proxy.add("GET", CODE_BIN, "cut", times=1, keep=100),  # body cut: read again
+    ]
+    for indices in BatchSampler(len(local), global_batch_size=16):
+        np.testing.assert_array_equal(remote.get_batch(indices), local.get_batch(indices))
+    assert [r.matched for r in rules] == [2, 2, 1]
+
+
+def test_persistent_5xx_names_the_object_and_the_job_carries_on_once_it_ends(
+    blend: tuple[Path, str], tmp_path: Path, proxy: FaultProxy
+) -> None:
+    local_manifest, uri = blend
+    local = open_blend(local_manifest, "train")
+    remote = open_blend(uri, "train", cache_dir=tmp_path / "cache")
+    batches = list(BatchSampler(len(local), global_batch_size=16))
+    np.testing.assert_array_equal(remote.get_batch(batches[0]), local.get_batch(batches[0]))
+    proxy.add("GET", r"\.bin$", "500")  # every attempt answered 500: botocore gives up
+    with pytest.raises(InputError, match=r"reading block \d+ .* of s3://.*\.bin"):
+        remote.get_batch(np.arange(len(remote)))
+    proxy.clear()  # back to normal: the same job reads on, every sample exact
+    for indices in batches:
+        np.testing.assert_array_equal(remote.get_batch(indices), local.get_batch(indices))

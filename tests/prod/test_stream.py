@@ -1,0 +1,309 @@
+"""``open_blend("s3://...")``: every sample equals the local read; the block cache's checks,
+bounds, sharing between processes and crash safety (moto_server on loopback)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prod_servers import S3
+from servers import build_stream_root
+
+import tokenmill.formats.dataset_manifest as dataset_manifest
+from tokenmill.errors import CacheError
+from tokenmill.loader import BatchSampler, _s3, open_blend
+
+BLOCK = 512  # tiny blocks, so that samples straddle them
+FLAGS = (
+    "reset_position_ids",
+    "reset_attention_mask",
+    "eod_mask_loss",
+    "create_attention_mask",
+    "inter_document_masking",
+)
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writers record 512-byte blocks; every test starts with no cache open in the process."""
+    monkeypatch.setattr(dataset_manifest, "BLOCK_BYTES", BLOCK)
+    monkeypatch.setattr(_s3, "_CACHES", {})
+
+
+@pytest.fixture
+def blend(s3: S3, tmp_path: Path) -> tuple[Path, str]:
+    """(local manifest, its s3:// URI): blend ``mix`` (megatron) uploaded to moto."""
+    local = build_stream_root(tmp_path / "src", "megatron")
+    s3.upload_tree(tmp_path / "src", "data/v1")
+    return local, f"s3://{s3.bucket}/data/v1/blends/mix/manifest.json"
+
+
+def block_files(cache: Path) -> list[Path]:
+    return sorted(p for p in (cache / "blocks").glob("*/*") if p.is_file())
+
+
+def batch_digest(ds: object) -> str:
+    everything = np.arange(len(ds))  # type: ignore[arg-type]
+    return hashlib.sha256(ds.get_batch(everything).tobytes()).hexdigest()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("semantics", ["megatron", "nanotron", "growing"])
+def test_every_sample_and_flag_equals_the_local_read(
+    s3: S3, tmp_path: Path, semantics: str
+) -> None:
+    local_manifest = build_stream_root(tmp_path / "src", semantics)
+    s3.upload_tree(tmp_path / "src", "v1")
+    uri = f"s3://{s3.bucket}/v1/blends/mix/manifest.json"
+    cache = tmp_path / "cache"
+    for split in ("train", "valid"):
+        local = open_blend(local_manifest, split)
+        remote = open_blend(uri, split, cache_dir=cache)
+        assert remote.version == local.version and len(remote) == len(local) > 0
+        everything = np.arange(len(local))
+        np.testing.assert_array_equal(remote.get_batch(everything), local.get_batch(everything))
+        for k in (0, len(local) // 2, len(local) - 1):
+            np.testing.assert_array_equal(remote[k], local[k])
+        rng = np.random.default_rng(0)
+        ids = rng.permutation(len(local))[:32]
+        for values in itertools.product([False, True], repeat=len(FLAGS)):
+            flags = dict(zip(FLAGS, values, strict=True))
+            got = remote.get_training_batch(ids, eod_id=0, **flags)
+            want = local.get_training_batch(ids, eod_id=0, **flags)
+            assert got.keys() == want.keys()
+            for key in want:
+                np.testing.assert_array_equal(got[key], want[key])
+    # verified: every block in the cache matches the hashes the writers recorded
+    assert block_files(cache)
+
+
+def test_a_pinned_version_and_pickles_send_no_data(blend: tuple[Path, str], tmp_path: Path) -> None:
+    local_manifest, uri = blend
+    local = open_blend(local_manifest, "train")
+    remote = open_blend(uri, "train", version=local.version[:16], cache_dir=tmp_path / "c")
+    wire = pickle.dumps(remote)
+    assert len(wire) < 64_000
+    again = pickle.loads(wire)
+    assert batch_digest(again) == batch_digest(local)
+
+
+def test_a_block_corrupted_in_the_cache_is_fetched_again(
+    blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local_manifest, uri = blend
+    cache = tmp_path / "cache"
+    want = batch_digest(open_blend(local_manifest, "train"))
+    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    victim = block_files(cache)[3]
+    data = bytearray(victim.read_bytes())
+    data[7] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    monkeypatch.setattr(_s3, "_CACHES", {})  # a new process: blocks are checked on first use
+    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    assert victim.read_bytes() != bytes(data)
+
+
+def test_an_object_corrupted_in_s3_is_refused_naming_object_and_block(
+    s3: S3, blend: tuple[Path, str], tmp_path: Path
+) -> None:
+    _, uri = blend
+    key = "data/v1/merged/code.bin"
+    body = bytearray(s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
+    body[BLOCK + 3] ^= 0xFF  # block 1, same size
+    s3.client.put_object(Bucket=s3.bucket, Key=key, Body=bytes(body))
+    ds = open_blend(uri, "train", cache_dir=tmp_path / "cache")
+    with pytest.raises(CacheError, match=rf"s3://{s3.bucket}/{key}: block 1 .*refused after 2"):
+        ds.get_batch(np.arange(len(ds)))
+
+
+def test_the_cache_stays_under_its_bound_and_a_batch_too_big_is_a_clear_error(
+    blend: tuple[Path, str], tmp_path: Path
+) -> None:
+    local_manifest, uri = blend
+    local = open_blend(local_manifest, "train")
+    cache = tmp_path / "cache"
+    bound = 24 * BLOCK
+    remote = open_blend(uri, "train", cache_dir=cache, cache_bytes=bound)
+    for indices in BatchSampler(len(local), global_batch_size=4):
+        np.testing.assert_array_equal(remote.get_batch(indices), local.get_batch(indices))
+        assert sum(p.stat().st_size for p in block_files(cache)) <= bound
+    with pytest.raises(CacheError, match=r"one batch needs \d+ blocks .*raise cache_bytes"):
+        remote.get_batch(np.arange(len(remote)))
+
+
+def test_a_full_cache_directory_is_a_clear_error(
+    blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, uri = blend
+    ds = open_blend(uri, "train", cache_dir=tmp_path / "cache")
+
+    class Full:
+        def __enter__(self) -> Full:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def write(self, data: bytes) -> int:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_s3, "create_temp", lambda path, make: (Path(str(path) + ".t"), Full()))
+    with pytest.raises(CacheError, match="the cache directory is full storing block"):
+        ds.get_batch([0])
+
+
+def test_prefetch_fills_the_cache_for_the_next_batches(
+    blend: tuple[Path, str], tmp_path: Path
+) -> None:
+    _, uri = blend
+    cache = tmp_path / "cache"
+    ds = open_blend(uri, "train", cache_dir=cache)
+    sampler = BatchSampler(len(ds), global_batch_size=8)
+    ds.prefetch(np.concatenate([sampler.indices(1), sampler.indices(2)]))
+    deadline = time.monotonic() + 30
+    before = -1
+    while time.monotonic() < deadline and len(block_files(cache)) != before:
+        before = len(block_files(cache))
+        time.sleep(0.3)
+    fetched = _s3.cache_for(cache, None).bytes_fetched
+    assert fetched > 0
+    ds.get_batch(sampler.indices(1))
+    ds.get_batch(sampler.indices(2))
+    assert _s3.cache_for(cache, None).bytes_fetched == fetched  # nothing more to fetch
+
+
+SCRIPT = """
+import hashlib, sys
+import numpy as np
+from tokenmill.loader import open_blend
+ds = open_blend(sys.argv[1], "train", cache_dir=sys.argv[2])
+print(hashlib.sha256(ds.get_batch(np.arange(len(ds))).tobytes()).hexdigest())
+"""
+
+
+def test_two_processes_fill_one_cache(blend: tuple[Path, str], tmp_path: Path) -> None:
+    local_manifest, uri = blend
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", SCRIPT, uri, str(cache)], stdout=subprocess.PIPE, env=env
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=120)[0].decode().strip() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert outs == [batch_digest(open_blend(local_manifest, "train"))] * 2
+
+
+KILLED = """
+import os, sys, time
+import numpy as np
+real = os.replace
+def stuck(src, dst):
+    if "/blocks/" in str(dst):
+        open(sys.argv[3], "w").close()
+        time.sleep(600)
+    real(src, dst)
+os.replace = stuck
+from tokenmill.loader import open_blend
+ds = open_blend(sys.argv[1], "train", cache_dir=sys.argv[2])
+ds.get_batch([0])
+"""
+
+
+def test_a_writer_killed_mid_block_leaves_no_block(blend: tuple[Path, str], tmp_path: Path) -> None:
+    local_manifest, uri = blend
+    cache, flag = tmp_path / "cache", tmp_path / "writing"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, uri, str(cache), str(flag)], env=env)
+    deadline = time.monotonic() + 120
+    while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert flag.exists()
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert block_files(cache) == []  # the written temp was never renamed
+    assert list(cache.rglob("*.tmp-*")), "the killed writer's temp is left behind"
+    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == batch_digest(
+        open_blend(local_manifest, "train")
+    )
+    assert not [p for p in cache.rglob("*.tmp-*") if p.is_file()]  # removed when refilled
+
+
+def test_torch_dataloader_workers_read_an_s3_blend(blend: tuple[Path, str], tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from tokenmill.loader.torch import TrainingDataset, packed_collate
+
+    local_manifest, uri = blend
+    local = open_blend(local_manifest, "train")
+    remote = open_blend(uri, "train", cache_dir=tmp_path / "cache")
+    sampler = BatchSampler(len(remote), global_batch_size=8)
+    loader = torch.utils.data.DataLoader(
+        TrainingDataset(remote, eod_id=0),
+        batch_sampler=[list(map(int, b)) for b in sampler],
+        num_workers=2,
+        collate_fn=packed_collate,
+        multiprocessing_context="spawn",
+    )
+    for indices, got in zip(sampler, loader, strict=True):
+        want = local.get_training_batch(indices, eod_id=0)
+        np.testing.assert_array_equal(got["input_ids"].numpy(), want["tokens"])
+        np.testing.assert_array_equal(got["position_ids"].numpy(), want["position_ids"])
+
+
+def test_block_hash_list_recorded_by_writers(blend: tuple[Path, str]) -> None:
+    local_manifest, _ = blend
+    root = local_manifest.parents[2]
+    for prefix in ("merged/code", "merged/phys", "tokens/docs/s0_text_document"):
+        path = dataset_manifest.dataset_manifest_path(root / prefix)
+        entry = json.loads(path.read_text())["files"][f"{Path(prefix).name}.bin"]
+        data = (root / f"{prefix}.bin").read_bytes()
+        assert entry["block_bytes"] == BLOCK
+        assert entry["block_sha256"] == [
+            hashlib.sha256(data[i : i + BLOCK]).hexdigest() for i in range(0, len(data), BLOCK)
+        ]
+
+
+def test_the_user_guide_example_runs_against_moto(s3: S3, tmp_path: Path) -> None:
+    guide = (ROOT / "docs" / "user-guide.md").read_text(encoding="utf-8")
+    section = guide[guide.index("### Streaming a blend from S3") :]
+    code = section[section.index("```python\n") + 10 : section.index("```\n", 10)]
+    build_stream_root(tmp_path / "src", "megatron")
+    s3.upload_tree(tmp_path / "src", "")
+    code = code.replace("s3://tokenmill-demo/", f"s3://{s3.bucket}/")
+    code = code.replace('"/tmp/tokenmill-cache"', repr(str(tmp_path / "cache")))
+    scope: dict[str, object] = {}
+    exec(compile(code, "user-guide.md", "exec"), scope)
+    local = open_blend(tmp_path / "src" / "blends" / "mix" / "manifest.json", "train")
+    last = scope["sampler"].indices(scope["step"])  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(scope["tokens"], local.get_batch(last))
+    assert scope["version"] == local.version
+
+
+def test_a_dataset_written_before_block_hashes_streams_unverified(s3: S3, tmp_path: Path) -> None:
+    local_manifest = build_stream_root(tmp_path / "src", "megatron")
+    for prefix in ("merged/code", "merged/phys"):  # their manifests as older writers left them
+        path = dataset_manifest.dataset_manifest_path(tmp_path / "src" / prefix)
+        manifest = json.loads(path.read_text())
+        for info in manifest["files"].values():
+            info.pop("block_bytes", None)
+            info.pop("block_sha256", None)
+        path.write_text(json.dumps(manifest))
+    s3.upload_tree(tmp_path / "src", "old")
+    uri = f"s3://{s3.bucket}/old/blends/mix/manifest.json"
+    remote = open_blend(uri, "train", cache_dir=tmp_path / "cache")
+    parts = {ds.name: ds.data.files for ds in remote.datasets.values()}  # type: ignore[attr-defined]
+    assert [f.block_sha256 for f in parts["code"]] == [()]
+    assert all(f.block_sha256 for f in parts["docs"])  # the virtual merge's shards: verified
+    assert batch_digest(remote) == batch_digest(open_blend(local_manifest, "train"))
