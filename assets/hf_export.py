@@ -30,10 +30,10 @@ from dagster import (
 
 from assets.metadata import path_value
 from assets.raw import stamp, stats_record
-from assets.shards import shard_asset, source_shards, step_result
+from assets.shards import shard_asset, shard_step, source_fingerprint
 from assets.support.partitions import shard_keys, shard_partitions
 from assets.support.resources import StorageResource, Workspace, display_path
-from assets.support.sources import ShardFile
+from assets.support.sources import ShardFile, find_shard
 from assets.support.staleness import SOURCE_FINGERPRINT
 from tokenmill.atomic import file_sha256
 from tokenmill.errors import InputError
@@ -212,13 +212,13 @@ def build_hf_dataset(ds: DatasetConfig) -> AssetsDefinition:
     )
     def hf_dataset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         keys = context.partition_keys
-        shards = source_shards(ds, keys, storage.s3_endpoint_url)
+        endpoint = storage.s3_endpoint_url
         stats = [layout.raw_stats(ds.name, key) for key in keys] if ds.has_raw_stage else []
         with storage.workspace(stats) as ws:
-            return step_result(
+            return shard_step(
                 context,
-                {key: export_one(context, ws, ds, shard) for key, shard in shards.items()},
-                recorded=(SOURCE_FINGERPRINT, "documents", "quarantined"),
+                lambda key: export_one(context, ws, ds, find_shard(ds, key, endpoint)),
+                fingerprint=lambda key: source_fingerprint(ds, key, endpoint),
             )
 
     return hf_dataset

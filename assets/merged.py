@@ -25,6 +25,7 @@ from dagster import (
 )
 
 from assets.metadata import token_dataset_metadata
+from assets.support.complete import complete_shards, report_left_out
 from assets.support.partitions import shard_keys
 from assets.support.resources import StorageResource, display_path
 from assets.support.staleness import merged_data_version
@@ -72,13 +73,11 @@ def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -
         manifests = [m for t in tokens for m in layout.dataset_manifests(t)]
         with storage.workspace([*manifests, pointer_key]) as ws:
             prefixes = [ws.storage.path(t) for t in tokens]
-            missing = [
-                k
-                for k, p in zip(keys, prefixes, strict=True)
-                if not dataset_manifest_path(p).is_file()
-            ]
-            if missing:
-                raise Failure(f"{ds.name}: shards not tokenized yet: {missing}")
+            found = dict(zip(keys, prefixes, strict=True))
+            keys, left_out = complete_shards(context.instance, ds, found)
+            report_left_out(context, ds, keys, left_out)
+            tokens = [layout.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
+            prefixes = [ws.storage.path(t) for t in tokens]
             version = version_from_manifests(ws.storage, ds, keys)
             out_key = layout.merged_prefix(ds.name, ds.text_key, version)
             ws.fetch(layout.dataset_manifests(out_key))

@@ -13,23 +13,34 @@ check evaluation for the range.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
+    AssetCheckSeverity,
     AssetExecutionContext,
+    AssetMaterialization,
+    AssetObservation,
     AssetsDefinition,
     BackfillPolicy,
     BetaWarning,
+    DataVersion,
+    Failure,
     MaterializeResult,
     MetadataValue,
     asset,
 )
 
-from assets.support.sources import ShardFile, find_shard
-from assets.support.staleness import range_data_version
+from assets.support.sources import find_shard
+from assets.support.staleness import (
+    DATA_VERSION_TAG,
+    DATA_VERSION_USER_TAG,
+    FAILED,
+    range_data_version,
+)
+from tokenmill.errors import TokenmillError
 from tokenmill.recipe import DatasetConfig
 
 # Pools bound how many steps of a kind run at once across all runs. Reading and validating a
@@ -69,69 +80,119 @@ def shard_asset(stage: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Ass
         return asset(**kwargs, pool=POOLS[stage], backfill_policy=backfill_policy())
 
 
-def source_shards(
-    ds: DatasetConfig, keys: list[str], endpoint_url: str | None
-) -> dict[str, ShardFile]:
-    """The source file of each of ``keys``, each looked up alone (work per shard, never a
-    listing of the whole source); a key no longer there fails as ``find_shard`` words it."""
-    return {key: find_shard(ds, key, endpoint_url) for key in keys}
+def source_fingerprint(ds: DatasetConfig, key: str, endpoint_url: str | None) -> str | None:
+    """The fingerprint of a shard's source file now (None if it cannot be found): what a
+    failed shard is recorded against, so the sensor runs it again once the file changes."""
+    try:
+        return find_shard(ds, key, endpoint_url).fingerprint
+    except TokenmillError:
+        return None
 
 
 def _summable(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def step_result(
-    context: AssetExecutionContext,
-    per_shard: Mapping[str, Mapping[str, Any]],
-    *,
-    recorded: Sequence[str] = (),
-    data_versions: Mapping[str, str] | None = None,
-) -> MaterializeResult:
-    """One shard: its metadata as is. Several: the ``ADDITIVE`` counts summed and a ``shards``
-    table of every shard's numeric entries (per-file entries such as paths are left out), and
-    each shard's own ``recorded`` entries on its own materialization (what the staleness model,
-    ``assets/support/staleness.py``, reads back). ``data_versions`` (shard -> content hash)
-    gives the step its ``DataVersion``."""
-    version = range_data_version(data_versions) if data_versions else None
+def range_table(per_shard: Mapping[str, Mapping[str, Any]]) -> str:
+    """The ``ADDITIVE`` totals of a range and a markdown table of every shard's numeric
+    entries: what the run's log says about a range step (each shard's page has its own)."""
     first = next(iter(per_shard.values()))
-    if len(per_shard) == 1:
-        return MaterializeResult(metadata=dict(first), data_version=version)
-    for key, meta in per_shard.items():
-        own = {name: meta[name] for name in recorded if name in meta}
-        if own:
-            context.add_asset_metadata(own, partition_key=key)
     names = [n for n, v in first.items() if _summable(v)]
     totals = {n: sum(meta[n] for meta in per_shard.values()) for n in names if n in ADDITIVE}
     rows = [f"| shard | {' | '.join(names)} |", "|---|" + "---:|" * len(names)]
     for key, meta in per_shard.items():
-        rows.append(f"| {key} | {' | '.join(str(meta[n]) for n in names)} |")
-    return MaterializeResult(
+        rows.append(f"| {key} | {' | '.join(str(meta.get(n, '')) for n in names)} |")
+    head = ", ".join(f"{n} {v:,}" for n, v in totals.items())
+    return f"{len(per_shard)} shards in this run: {head}\n" + "\n".join(rows)
+
+
+def shard_step(
+    context: AssetExecutionContext,
+    work: Callable[[str], Mapping[str, Any]],
+    *,
+    fingerprint: Callable[[str], str | None],
+    version: str | None = None,
+) -> MaterializeResult:
+    """Run ``work`` (one shard's processing; its metadata) for every shard of the step, each
+    shard on its own: one that raises fails alone.
+
+    Every shard's materialization carries its own metadata (counts, path, histogram, ...);
+    the range's totals go to the run's log. ``version`` names the metadata entry that is a
+    shard's data version (one hash over the range for a range step: Dagster gives a step's
+    output one data version). When a shard fails, each good shard is recorded by a
+    materialization of its own (its own data version), each failed one by an observation
+    (:data:`FAILED`: the source fingerprint it read, and the error), and the step fails
+    with the failed keys in its structured metadata (``failed_shards``, ``errors``); a step of
+    one shard raises that shard's own error.
+    """
+    done: dict[str, Mapping[str, Any]] = {}
+    failed: dict[str, Exception] = {}
+    for key in context.partition_keys:
+        try:
+            done[key] = work(key)
+        except Exception as exc:  # recorded below and raised again as the step's Failure
+            context.log.exception(f"{key}: {exc}")
+            failed[key] = exc
+    versions = {k: str(meta[version]) for k, meta in done.items()} if version else {}
+    if not failed:
+        if len(done) == 1:
+            [(key, meta)] = done.items()
+            data_version = DataVersion(versions[key]) if versions else None
+            return MaterializeResult(metadata=dict(meta), data_version=data_version)
+        for key, meta in done.items():
+            context.add_asset_metadata(dict(meta), partition_key=key)
+        context.log.info(range_table(done))
+        data_version = range_data_version(versions) if versions else None
+        return MaterializeResult(data_version=data_version)
+    for key, meta in done.items():
+        tags = {DATA_VERSION_TAG: versions[key], DATA_VERSION_USER_TAG: "true"} if versions else {}
+        context.log_event(
+            AssetMaterialization(context.asset_key, partition=key, metadata=dict(meta), tags=tags)
+        )
+    errors = {key: f"{type(exc).__name__}: {exc}" for key, exc in failed.items()}
+    for key, error in errors.items():
+        metadata = {FAILED: fingerprint(key) or "unknown", "error": error}
+        context.log_event(AssetObservation(context.asset_key, partition=key, metadata=metadata))
+    if len(context.partition_keys) == 1:
+        raise next(iter(failed.values()))  # the run's partition names the shard already
+    if done:
+        context.log.info(range_table(done))
+    stage = context.asset_key.to_user_string()
+    raise Failure(
+        description=f"{stage}: {len(failed)} of {len(context.partition_keys)} shards failed "
+        f"({', '.join(failed)}), {len(done)} recorded: "
+        + "; ".join(f"{k}: {e}" for k, e in errors.items()),
         metadata={
-            **totals,
-            "shards_in_run": len(per_shard),
-            "shards": MetadataValue.md("\n".join(rows)),
+            "failed_shards": MetadataValue.json(list(failed)),
+            "errors": MetadataValue.json(errors),
+            "recorded_shards": MetadataValue.json(list(done)),
         },
-        data_version=version,
-    )
+    ) from next(iter(failed.values()))
 
 
 def each_shard(
     context: AssetCheckExecutionContext, check: Callable[[str], AssetCheckResult]
 ) -> AssetCheckResult:
     """Run a shard check for every shard of the step: one shard gives its own result; a range
-    passes when every shard passes, with each failing shard's problems prefixed by its key."""
+    passes when every shard passes, with each failing shard's problems prefixed by its key, at
+    the worst severity among them (a WARN check stays a warning)."""
     keys = context.partition_keys
     if len(keys) == 1:
         return check(keys[0])
     results = {key: check(key) for key in keys}
+    failing = {key: r for key, r in results.items() if not r.passed}
     problems = [
         f"{key}: {line}"
-        for key, result in results.items()
-        if not result.passed
+        for key, result in failing.items()
         for line in str(result.metadata["problems"].value).splitlines()
     ]
+    warn = all(r.severity == AssetCheckSeverity.WARN for r in failing.values())
     return AssetCheckResult(
-        passed=all(r.passed for r in results.values()),
-        metadata={"shards_in_run": len(keys), "problems": "\n".join(problems) or "none"},
+        passed=not failing,
+        severity=AssetCheckSeverity.WARN if failing and warn else AssetCheckSeverity.ERROR,
+        metadata={
+            "shards_in_run": len(keys),
+            "failing_shards": MetadataValue.json(list(failing)),
+            "problems": "\n".join(problems) or "none",
+        },
     )

@@ -9,8 +9,14 @@ JSON cursor ``{shard: fingerprint}``, wrapped in a sensor returning one ``Sensor
   a plain single-partition run. ``run_key`` = the range and its shards' fingerprints, so a tick
   never requests the same work twice;
 - changed shards (new size/mtime): run again, in ranges of consecutive partitions likewise;
+- unrecorded shards (registered, no tokens recorded: never run, or left behind by a range whose
+  neighbour failed): run again, unless in progress, or failed at the file listed now (a failed
+  shard waits until its file is fixed, replaced or removed, then runs with no manual step);
 - vanished shards: removed from the partition set, reported in the log, and one merge run so
   the merged dataset (and what follows it) drops them; never silently.
+
+Refused files (e.g. ``x.jsonl`` beside ``x.jsonl.gz``) and failed shards waiting for a change
+are logged on the tick and, on a tick without runs, are its skip reason: both show in the UI.
 
 Dagster's automation sensor starts stopped; ours starts running so that ``merged``, ``nanoset``
 and ``blend/*`` follow new shards without a click.
@@ -18,7 +24,7 @@ and ``blend/*`` follow new shards without a click.
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from dagster import (
@@ -38,8 +44,8 @@ from dagster import (
 from assets.shards import PARTITIONS_PER_BACKFILL_RUN
 from assets.support.partitions import partitions_name, shard_partitions
 from assets.support.sources import Listing, diff_listing, list_shards
-from assets.support.staleness import current_shards
-from pipelines.jobs import AssetJob, merge_job_name, shard_job_name
+from assets.support.staleness import current_shards, failed_shards, token_status
+from pipelines.jobs import AssetJob, merge_job_name, shard_job_name, shard_stages
 from tokenmill.recipe import DatasetConfig
 
 SENSOR_INTERVAL_SECONDS = 30
@@ -148,16 +154,26 @@ def _previous(cursor: str | None) -> dict[str, str]:
     return value if isinstance(value, dict) else {}
 
 
-def plan_tick(cursor: str | None, listing: Listing, registered: set[str]) -> TickPlan:
-    """Diff the listing against the cursor and the registered partitions."""
-    messages = list(listing.rejected)
+def plan_tick(
+    cursor: str | None,
+    listing: Listing,
+    registered: set[str],
+    unrecorded: Collection[str] = (),
+) -> TickPlan:
+    """Diff the listing against the cursor and the registered partitions; ``unrecorded``
+    (registered shards with no tokens recorded, neither in progress nor failed at the file
+    listed now: see :func:`unrecorded_shards`) run again too."""
+    messages = [f"refused: {reason}" for reason in listing.rejected]
     previous = _previous(cursor)
     if cursor and not previous and cursor.strip() != "{}":
         messages.append(f"unreadable cursor {cursor[:80]!r}; treating every shard as new")
     current = listing.fingerprints()
     diff = diff_listing(previous, current)
     add = sorted(set(current) - registered)
-    run = sorted(set(diff.new) | set(diff.changed) | set(add))
+    retry = sorted((set(unrecorded) & set(current)) - set(diff.new) - set(diff.changed))
+    run = sorted(set(diff.new) | set(diff.changed) | set(add) | set(retry))
+    if retry:
+        messages.append(f"shards not recorded yet, requested again: {retry}")
     vanished = sorted((set(diff.vanished) | registered) - set(current))
     if diff.changed:
         messages.append(f"changed shards, running again: {diff.changed}")
@@ -171,6 +187,27 @@ def plan_tick(cursor: str | None, listing: Listing, registered: set[str]) -> Tic
         cursor=json.dumps(current, sort_keys=True),
         messages=messages,
     )
+
+
+def unrecorded_shards(
+    instance: DagsterInstance, ds: DatasetConfig, listing: Listing, registered: set[str]
+) -> tuple[list[str], list[str]]:
+    """``(unrecorded, waiting messages)``: the registered shards of the listing that have no
+    tokens recorded (never run, or lost with a failed range) and are neither in progress nor
+    failed at the file listed now; and one line per shard that failed at that file, which
+    waits for the file to change (fixed, replaced or removed)."""
+    keys = sorted(registered & set(listing.shards))
+    status = token_status(instance, ds, keys)
+    pending = [k for k in keys if status[k] not in ("MATERIALIZED", "IN_PROGRESS")]
+    failures = failed_shards(instance, ds, pending, shard_stages(ds))
+    unrecorded, waiting = [], []
+    for key in pending:
+        failure = failures.get(key)
+        if failure is not None and failure.fingerprint == listing.shards[key].fingerprint:
+            waiting.append(f"{key} failed ({failure.error}); runs again once its file changes")
+        else:
+            unrecorded.append(key)
+    return unrecorded, waiting
 
 
 def build_shard_sensor(
@@ -190,9 +227,11 @@ def build_shard_sensor(
     def shard_sensor(context: SensorEvaluationContext) -> SensorResult:
         listing = list_shards(ds, endpoint_url)
         order = list(context.instance.get_dynamic_partitions(partitions_name(ds.name)))
-        plan = plan_tick(context.cursor, listing, set(order))
-        for message in plan.messages:
-            context.log.warning(f"{ds.name}: {message}")
+        unrecorded, waiting = unrecorded_shards(context.instance, ds, listing, set(order))
+        plan = plan_tick(context.cursor, listing, set(order), unrecorded)
+        messages = [f"{ds.name}: {m}" for m in [*plan.messages, *waiting]]
+        for message in messages:
+            context.log.warning(message)
         # The partition order once this tick's additions are applied (the daemon adds them
         # before it creates the runs): ranges are cut from it.
         order = [k for k in order if k not in set(plan.delete)] + plan.add
@@ -205,8 +244,16 @@ def build_shard_sensor(
             changes.append(partitions.build_add_request(plan.add))
         if plan.delete:
             changes.append(partitions.build_delete_request(plan.delete))
+        # A tick without runs says why on the tick itself (the UI's tick list), refusals and
+        # failures waiting for a change included; a tick with runs has them in its log.
+        skip = None
+        if not requests:
+            skip = "; ".join(messages) or f"{ds.name}: no new, changed or unrecorded shards"
         return SensorResult(
-            run_requests=requests, dynamic_partitions_requests=changes, cursor=plan.cursor
+            run_requests=requests,
+            dynamic_partitions_requests=changes,
+            cursor=plan.cursor,
+            skip_reason=skip,
         )
 
     return shard_sensor

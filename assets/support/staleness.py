@@ -39,6 +39,7 @@ from dagster import (
     RunsFilter,
 )
 
+from assets.support.partitions import shard_partitions
 from tokenmill.formats.dataset_manifest import FORMAT_VERSION
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig, Recipe
 from tokenmill.storage.versions import version_hash
@@ -46,6 +47,10 @@ from tokenmill.storage.versions import version_hash
 # The tag under which Dagster stores the data version of a materialization (``DataVersion``);
 # the public record APIs hand back events, whose tags carry it.
 DATA_VERSION_TAG = "dagster/data_version"
+DATA_VERSION_USER_TAG = "dagster/data_version_is_user_provided"
+# Observation metadata of a shard stage's partition whose step failed on it: the source
+# fingerprint it read ("unknown" when the file was not found).
+FAILED = "failed_source_fingerprint"
 SOURCE_FINGERPRINT = "source_fingerprint"  # per-shard metadata of <ds>/hf_dataset
 CONTENT_HASH = "content_hash"  # per-shard metadata of <ds>/tokens
 SETTINGS = "settings"  # per-shard metadata of <ds>/tokens
@@ -117,22 +122,27 @@ class ShardRecord:
 
 
 def latest_records(
-    instance: DagsterInstance, key: AssetKey, partitions: Iterable[str]
+    instance: DagsterInstance,
+    key: AssetKey,
+    partitions: Iterable[str],
+    kind: DagsterEventType = DagsterEventType.ASSET_MATERIALIZATION,
 ) -> dict[str, EventLogRecord]:
-    """The latest materialization record of each partition: one query for the storage ids,
-    then one per ``QUERY_CHUNK`` records."""
+    """The latest materialization (or observation) record of each partition: one query for
+    the storage ids, then one per ``QUERY_CHUNK`` records."""
     wanted = set(partitions)
-    ids = instance.get_latest_storage_id_by_partition(
-        key, DagsterEventType.ASSET_MATERIALIZATION, wanted
-    )
+    ids = instance.get_latest_storage_id_by_partition(key, kind, wanted)
     ids = {p: i for p, i in ids.items() if p in wanted}  # storages may answer for more
     chosen = sorted(ids.values())
+    fetch = (
+        instance.fetch_observations
+        if kind == DagsterEventType.ASSET_OBSERVATION
+        else instance.fetch_materializations
+    )
     found: dict[str, EventLogRecord] = {}
     for start in range(0, len(chosen), QUERY_CHUNK):
         part = chosen[start : start + QUERY_CHUNK]
-        records = instance.fetch_materializations(
-            AssetRecordsFilter(asset_key=key, storage_ids=part), limit=len(part)
-        ).records
+        query = AssetRecordsFilter(asset_key=key, storage_ids=part)
+        records = fetch(query, limit=len(part)).records
         for record in records:
             if record.partition_key is not None:
                 found[record.partition_key] = record
@@ -140,8 +150,8 @@ def latest_records(
 
 
 def _metadata(record: EventLogRecord | None, name: str) -> str | None:
-    materialization = record.asset_materialization if record else None
-    value = materialization.metadata.get(name) if materialization else None
+    event = (record.asset_materialization or record.asset_observation) if record else None
+    value = event.metadata.get(name) if event else None
     return None if value is None else str(value.value)
 
 
@@ -195,6 +205,51 @@ def current_shards(
         and record.tokens_run_ok
         and (settings is None or record.settings == settings)
     }
+
+
+@dataclass(frozen=True)
+class ShardFailure:
+    """A shard's latest failed attempt: the source fingerprint it read ("unknown" if the file
+    was not found) and the error."""
+
+    fingerprint: str
+    error: str
+
+
+def failed_shards(
+    instance: DagsterInstance, ds: DatasetConfig, keys: Iterable[str], stages: Sequence[str]
+) -> dict[str, ShardFailure]:
+    """The shards of ``keys`` whose latest event at the shard ``stages`` is a failure
+    (recorded by ``assets.shards.shard_step``), newer than their latest tokens."""
+    keys = list(keys)
+    tokens = latest_records(instance, AssetKey([ds.name, LAST_SHARD_STAGE]), keys)
+    latest: dict[str, EventLogRecord] = {}
+    for stage in stages:
+        observed = latest_records(
+            instance, AssetKey([ds.name, stage]), keys, DagsterEventType.ASSET_OBSERVATION
+        )
+        for key, record in observed.items():
+            if key not in latest or record.storage_id > latest[key].storage_id:
+                latest[key] = record
+    failures = {}
+    for key, record in latest.items():
+        fingerprint = _metadata(record, FAILED)
+        made = tokens.get(key)
+        if fingerprint is not None and (made is None or made.storage_id < record.storage_id):
+            failures[key] = ShardFailure(fingerprint, _metadata(record, "error") or "")
+    return failures
+
+
+def token_status(
+    instance: DagsterInstance, ds: DatasetConfig, keys: Sequence[str]
+) -> dict[str, str | None]:
+    """Each shard's status at ``<ds>/tokens`` as Dagster tracks it (``MATERIALIZED``,
+    ``IN_PROGRESS``, ``FAILED``; None: never attempted), from its partition status cache."""
+    status = instance.get_status_by_partition(
+        AssetKey([ds.name, LAST_SHARD_STAGE]), keys, shard_partitions(ds.name)
+    )
+    found = status or {}
+    return {key: found[key].value if found.get(key) else None for key in keys}
 
 
 def recorded_version(instance: DagsterInstance, key: AssetKey) -> str | None:
