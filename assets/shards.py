@@ -38,6 +38,7 @@ from assets.support.staleness import (
     DATA_VERSION_TAG,
     DATA_VERSION_USER_TAG,
     FAILED,
+    RECORDED_ALONE,
     range_data_version,
 )
 from tokenmill.errors import TokenmillError
@@ -145,7 +146,9 @@ def shard_step(
         data_version = range_data_version(versions) if versions else None
         return MaterializeResult(data_version=data_version)
     for key, meta in done.items():
-        tags = {DATA_VERSION_TAG: versions[key], DATA_VERSION_USER_TAG: "true"} if versions else {}
+        tags = {RECORDED_ALONE: "true"}
+        if versions:
+            tags.update({DATA_VERSION_TAG: versions[key], DATA_VERSION_USER_TAG: "true"})
         context.log_event(
             AssetMaterialization(context.asset_key, partition=key, metadata=dict(meta), tags=tags)
         )

@@ -1,4 +1,5 @@
-"""Sensors: one per dataset watching its source for shards, and the automation sensor.
+"""Sensors: one per dataset watching its source for shards, the recipe sensor (indices and
+blends follow recipe edits, read from the file at each tick), and the automation sensor.
 
 The shard sensor is a plain function (:func:`plan_tick`) diffing the source listing against a
 JSON cursor ``{shard: fingerprint}``, wrapped in a sensor returning one ``SensorResult``:
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 
 from dagster import (
     AddDynamicPartitionsRequest,
+    AssetKey,
     AssetSelection,
     AutomationConditionSensorDefinition,
     DagsterInstance,
@@ -44,9 +46,16 @@ from dagster import (
 from assets.shards import PARTITIONS_PER_BACKFILL_RUN
 from assets.support.partitions import partitions_name, shard_partitions
 from assets.support.sources import Listing, diff_listing, list_shards
-from assets.support.staleness import current_shards, failed_shards, token_status
+from assets.support.staleness import (
+    current_shards,
+    failed_shards,
+    recipe_code_versions,
+    recorded_code_version,
+    token_status,
+)
 from pipelines.jobs import AssetJob, merge_job_name, shard_job_name, shard_stages
-from tokenmill.recipe import DatasetConfig
+from tokenmill.errors import ConfigError
+from tokenmill.recipe import DatasetConfig, Recipe, load_recipe
 
 SENSOR_INTERVAL_SECONDS = 30
 AUTOMATION_SENSOR = "tokenmill_automation"
@@ -257,6 +266,79 @@ def build_shard_sensor(
         )
 
     return shard_sensor
+
+
+RECIPE_SENSOR = "recipe_sensor"
+
+
+@dataclass(frozen=True)
+class RecipePlan:
+    """What one recipe-sensor tick does: the assets to rebuild with the recipe as it is now
+    (in dependency order), and what it cannot do until the code location reloads."""
+
+    rebuild: list[AssetKey]
+    messages: list[str]
+
+    def run_key(self, versions: Mapping[AssetKey, str]) -> str:
+        """The same edit always gets the same key (a tick never asks for it twice)."""
+        settings = sorted((k.to_user_string(), versions[k]) for k in self.rebuild)
+        return "recipe:" + hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]
+
+
+def plan_recipe(
+    loaded: Mapping[AssetKey, str],
+    now: Mapping[AssetKey, str],
+    recorded: Mapping[AssetKey, str | None],
+) -> RecipePlan:
+    """Compare the recipe settings' code versions as loaded, as in the file now, and as the
+    assets' latest materializations recorded: an asset built with other settings than the
+    file's is rebuilt (never-built ones are automation's); assets the file adds or drops need a
+    reload of the code location, and are named."""
+    rebuild = [k for k in loaded if k in now and recorded.get(k) not in (None, now[k])]
+    messages = []
+    added = sorted(k.to_user_string() for k in set(now) - set(loaded))
+    dropped = sorted(k.to_user_string() for k in set(loaded) - set(now))
+    if added or dropped:
+        messages.append(
+            f"the recipe adds {added or 'nothing'} and drops {dropped or 'nothing'}: "
+            "reload the code location to apply that"
+        )
+    if rebuild:
+        shown = [k.to_user_string() for k in rebuild]
+        messages.append(f"recipe settings changed: rebuilding {shown}")
+    return RecipePlan(rebuild, messages)
+
+
+def build_recipe_sensor(recipe: Recipe, job: AssetJob) -> SensorDefinition:
+    """``recipe_sensor`` (default running): reads the recipe file at every tick and rebuilds,
+    through ``job`` (the refresh job), every index and blend whose recorded settings differ
+    from the file's; the run loads the code location afresh, so it builds with the file as it
+    is. A recipe that does not load is reported on the tick and changes nothing."""
+    loaded = recipe_code_versions(recipe)
+
+    @sensor(
+        name=RECIPE_SENSOR,
+        job=job,
+        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
+        default_status=DefaultSensorStatus.RUNNING,
+        description=f"Rebuilds indices and blends whose settings in {recipe.path} changed.",
+    )
+    def recipe_sensor(context: SensorEvaluationContext) -> SensorResult:
+        try:
+            now = recipe_code_versions(load_recipe(recipe.path))
+        except ConfigError as exc:
+            return SensorResult(skip_reason=f"recipe not applied: {exc}")
+        recorded = {key: recorded_code_version(context.instance, key) for key in loaded}
+        plan = plan_recipe(loaded, now, recorded)
+        for message in plan.messages:
+            context.log.warning(message)
+        if not plan.rebuild:
+            skip = "; ".join(plan.messages) or "every index and blend matches the recipe"
+            return SensorResult(skip_reason=skip)
+        request = RunRequest(run_key=plan.run_key(now), asset_selection=plan.rebuild)
+        return SensorResult(run_requests=[request])
+
+    return recipe_sensor
 
 
 def automation_sensor() -> AutomationConditionSensorDefinition:

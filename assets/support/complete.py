@@ -3,8 +3,8 @@
 Under continuous ingest some shards are always new, being tokenized, or failing; a refresh
 (automation, the nightly ``refresh_job``, ``tokenmill materialize``) never waits for them nor
 fails on them. It builds from the shards whose tokens are complete (their manifest is there,
-written last), and reports every other shard with the reason, from what the instance records:
-never tokenized, in progress, or failed (with its error).
+written last, and their run passed its checks), and reports every other shard with the reason
+from what the instance records: never tokenized, in progress, or failed (with its error).
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from pathlib import Path
 
 from dagster import AssetExecutionContext, DagsterInstance, Failure, MetadataValue
 
-from assets.support.staleness import failed_shards, token_status
+from assets.support.staleness import SHARD_STAGES, failed_shards, shard_records, token_status
 from tokenmill.formats.dataset_manifest import dataset_manifest_path
 from tokenmill.recipe import DatasetConfig
 
 LEFT_OUT = "left_out"  # merged metadata: {shard: reason} of the shards the version left out
-SHARD_STAGES = ("raw_jsonl", "hf_dataset", "tokens")
 REASONS = {None: "not tokenized yet", "IN_PROGRESS": "in progress", "FAILED": "failed"}
 
 
@@ -45,10 +44,18 @@ def complete_shards(
     instance: DagsterInstance, ds: DatasetConfig, prefixes: Mapping[str, Path]
 ) -> tuple[list[str], dict[str, str]]:
     """``(complete keys, {left-out key: reason})`` of the shards ``prefixes`` (key -> local
-    tokens prefix, in merge order): a shard is complete when its token manifest is there."""
-    complete = [key for key, prefix in prefixes.items() if dataset_manifest_path(prefix).is_file()]
-    missing = [key for key in prefixes if key not in set(complete)]
-    return complete, left_out_reasons(instance, ds, missing)
+    tokens prefix, in merge order): a shard is complete when its token manifest is there and
+    the run that recorded its tokens succeeded (its blocking checks passed) or recorded it on
+    its own (another shard of its range failed); tokens made outside any recorded run count
+    as complete (nothing says they are bad; ``verify`` and the checks read them)."""
+    present = [key for key, prefix in prefixes.items() if dataset_manifest_path(prefix).is_file()]
+    records = shard_records(instance, ds, present)
+    complete = [key for key in present if records[key].tokens_ok or not records[key].content_hash]
+    missing = [key for key in prefixes if key not in set(present)]
+    reasons = left_out_reasons(instance, ds, missing)
+    for key in set(present) - set(complete):
+        reasons[key] = "tokens not verified (the run that made them failed its checks)"
+    return complete, {key: reasons[key] for key in prefixes if key in reasons}
 
 
 def report_left_out(

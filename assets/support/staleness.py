@@ -20,7 +20,7 @@ records and nothing else (no run tags, no copy of the storage root):
 A shard is current (:func:`current_shards`) when its latest ``hf_dataset`` record carries the
 source fingerprint listed now, its latest ``tokens`` record is newer and made with the current
 settings (when given), and the run that made the tokens succeeded (so its blocking checks
-passed).
+passed), or recorded the shard on its own when another shard of its range failed.
 """
 
 from __future__ import annotations
@@ -48,14 +48,19 @@ from tokenmill.storage.versions import version_hash
 # the public record APIs hand back events, whose tags carry it.
 DATA_VERSION_TAG = "dagster/data_version"
 DATA_VERSION_USER_TAG = "dagster/data_version_is_user_provided"
+CODE_VERSION_TAG = "dagster/code_version"
 # Observation metadata of a shard stage's partition whose step failed on it: the source
 # fingerprint it read ("unknown" when the file was not found).
 FAILED = "failed_source_fingerprint"
+# Tag of a shard's materialization recorded on its own by a range step another shard failed
+# (``assets.shards.shard_step``): its run failed, but not on it.
+RECORDED_ALONE = "tokenmill/recorded_alone"
 SOURCE_FINGERPRINT = "source_fingerprint"  # per-shard metadata of <ds>/hf_dataset
 CONTENT_HASH = "content_hash"  # per-shard metadata of <ds>/tokens
 SETTINGS = "settings"  # per-shard metadata of <ds>/tokens
 SOURCE_STAGE = "hf_dataset"  # every dataset has it; it exports exactly the validated file
 LAST_SHARD_STAGE = "tokens"
+SHARD_STAGES = ("raw_jsonl", "hf_dataset", LAST_SHARD_STAGE)  # an ``hf`` dataset has no raw
 QUERY_CHUNK = 500  # storage ids per records query
 
 
@@ -103,6 +108,30 @@ def blend_data_version(
     )
 
 
+def recipe_code_versions(recipe: Recipe) -> dict[AssetKey, str]:
+    """The code version of each asset built from recipe settings beyond its inputs' data: a
+    hash of those settings (every index setting for ``<ds>/nanoset``; those and the blend's
+    own for ``blend/<name>``). Dagster records it with each materialization, so an edited
+    recipe shows as "code version changed" once the code location reloads, and the recipe
+    sensor (``pipelines/sensors.py``) compares it with the file as read at each tick."""
+    nanoset = recipe.nanoset.model_dump()
+    versions = {
+        AssetKey([ds.name, "nanoset"]): version_hash({"kind": "nanoset", **nanoset})
+        for ds in recipe.datasets
+    }
+    for blend in recipe.blends:
+        settings = {"kind": "blend", "blend": blend.model_dump(), "nanoset": nanoset}
+        versions[AssetKey(["blend", blend.name])] = version_hash(settings)
+    return versions
+
+
+def recorded_code_version(instance: DagsterInstance, key: AssetKey) -> str | None:
+    """The code version an unpartitioned asset's latest materialization was made with."""
+    event = instance.get_latest_materialization_event(key)
+    materialization = event.asset_materialization if event else None
+    return materialization.tags.get(CODE_VERSION_TAG) if materialization else None
+
+
 def range_data_version(per_shard: Mapping[str, str]) -> DataVersion:
     """A step's data version: the shard's own for one shard, one hash over a range."""
     if len(per_shard) == 1:
@@ -118,7 +147,7 @@ class ShardRecord:
     content_hash: str | None = None
     settings: str | None = None
     tokens_after_source: bool = False
-    tokens_run_ok: bool = False
+    tokens_ok: bool = False
 
 
 def latest_records(
@@ -155,6 +184,11 @@ def _metadata(record: EventLogRecord | None, name: str) -> str | None:
     return None if value is None else str(value.value)
 
 
+def _recorded_alone(record: EventLogRecord) -> bool:
+    materialization = record.asset_materialization
+    return bool(materialization and materialization.tags.get(RECORDED_ALONE) == "true")
+
+
 def shard_records(
     instance: DagsterInstance, ds: DatasetConfig, keys: Iterable[str]
 ) -> dict[str, ShardRecord]:
@@ -182,7 +216,7 @@ def shard_records(
             tokens_after_source=src is not None
             and tok is not None
             and tok.storage_id > src.storage_id,
-            tokens_run_ok=tok is not None and tok.run_id in ok,
+            tokens_ok=tok is not None and (tok.run_id in ok or _recorded_alone(tok)),
         )
     return records
 
@@ -202,7 +236,7 @@ def current_shards(
         for key, record in records.items()
         if record.source_fingerprint == fingerprints[key]
         and record.tokens_after_source
-        and record.tokens_run_ok
+        and record.tokens_ok
         and (settings is None or record.settings == settings)
     }
 
@@ -264,12 +298,15 @@ def expected_versions(
     instance: DagsterInstance, recipe: Recipe, keys: Mapping[str, list[str]]
 ) -> dict[AssetKey, str]:
     """The data version each merged, nanoset and blend asset would record if rebuilt now, from
-    the shard records of ``keys`` (dataset -> current shards in merge order) alone."""
+    the shard records of ``keys`` (dataset -> current shards in merge order) alone: a merge
+    is built from the shards whose tokens are recorded by a good run
+    (``assets.support.complete``)."""
     expected: dict[AssetKey, str] = {}
     nanosets: dict[str, str] = {}
     for ds in recipe.datasets:
         records = shard_records(instance, ds, keys[ds.name])
-        merged = merged_data_version(ds, [(k, records[k].content_hash) for k in keys[ds.name]])
+        complete = [k for k in keys[ds.name] if records[k].content_hash and records[k].tokens_ok]
+        merged = merged_data_version(ds, [(k, records[k].content_hash) for k in complete])
         nanosets[ds.name] = nanoset_data_version(merged, recipe.nanoset)
         expected[AssetKey([ds.name, "merged"])] = merged
         expected[AssetKey([ds.name, "nanoset"])] = nanosets[ds.name]
