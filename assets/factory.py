@@ -38,36 +38,51 @@ from tokenmill.recipe import Recipe
 
 
 def downstream_condition(recipe: Recipe) -> AutomationCondition:
-    """Refresh when an upstream's data changed, from what is complete, at most once per
+    """Refresh after an upstream updated, from what is complete, at most once per
     ``schedules.refresh_interval_minutes``; never while an unpartitioned upstream is missing,
     in progress or failed a blocking check.
 
-    - **Changed** is "a dependency's data version changed (or it will be requested this tick)",
-      or the asset is newly missing, since the asset was last requested or updated. Data
-      versions are the staleness model's (``assets/support/staleness.py``): a shard run again
-      to the same tokens, or a merge that reused its version, triggers nothing. Recipe edits
-      are the recipe sensor's (``pipelines/sensors.py``).
+    - **Updated since requested.** A shard upstream materialized after this asset was last
+      requested, an unpartitioned upstream's data version changed since then (the staleness
+      model's, ``assets/support/staleness.py``: a merge that reused its version triggers
+      nothing), or the asset is newly missing (on a first evaluation: missing). Shard updates
+      carry timestamps, so one landing right after a request still counts (Dagster's ``since``
+      keeps a trigger newer than its reset); a shard run again to the same tokens costs one
+      merge that reuses its version, and nothing after it. Each stage follows the one before it in
+      a run of its own (never beside an upstream requested on the same tick): ``merged`` after
+      shards, ``nanoset`` after ``merged``, the blend after the ``nanoset``s; a chain in one
+      run would make its own updates look new.
     - **Shard partitions are never waited for.** Under continuous ingest some shard is always
       missing, being tokenized or failing; ``eager()`` would wait on each of them forever.
       The merge builds from the shards complete when it starts (``assets/support/complete.py``)
-      and the next change brings the rest.
+      and the next update brings the rest.
     - **Debounced, not "wait until quiet":** once requested, an asset is not requested again
       until the interval's cron ticks (``ScheduleConfig.refresh_interval_cron``); a steady
-      trickle of shards gives one refresh per interval, the first change after a quiet
-      interval one at once.
+      trickle of shards gives one refresh per interval, the first update after a quiet
+      interval one at once. Recipe edits are the recipe sensor's (``pipelines/sensors.py``).
     """
     shards = AssetSelection.assets(
         *[AssetKey([ds.name, stage]) for ds in recipe.datasets for stage in SHARD_STAGES]
     )
-    changed = AutomationCondition.any_deps_match(
-        AutomationCondition.data_version_changed() | AutomationCondition.will_be_requested()
-    ).with_label("any_deps_changed")
-    pending = (AutomationCondition.newly_missing() | changed).since_last_handled()
+    requested = AutomationCondition.newly_requested()
+    shard_updated = (
+        AutomationCondition.any_deps_match(AutomationCondition.newly_updated())
+        .allow(shards)
+        .with_label("any_shard_deps_updated")
+    )
+    changed = (
+        AutomationCondition.any_deps_match(AutomationCondition.data_version_changed())
+        .ignore(shards)
+        .with_label("any_deps_changed")
+    )
+    pending = (
+        shard_updated.since(requested)
+        | changed.since(requested)
+        | AutomationCondition.missing().newly_true().since(requested)
+    )
     cron = recipe.schedules.refresh_interval_cron
-    recent = (
-        AutomationCondition.newly_requested()
-        .since(AutomationCondition.cron_tick_passed(cron))
-        .with_label(f"requested since the last tick of {cron}")
+    recent = requested.since(AutomationCondition.cron_tick_passed(cron)).with_label(
+        f"requested since the last tick of {cron}"
     )
     failed = AutomationCondition.any_checks_match(
         AutomationCondition.check_failed(), blocking_only=True
@@ -77,9 +92,10 @@ def downstream_condition(recipe: Recipe) -> AutomationCondition:
         | AutomationCondition.any_deps_in_progress().ignore(shards)
         | AutomationCondition.any_deps_match(failed).ignore(shards)
         | AutomationCondition.in_progress()
+        | AutomationCondition.any_deps_match(AutomationCondition.will_be_requested())
     )
     return (pending & ~recent & ~blocked).with_label(
-        f"data changed, at most once per {recipe.schedules.refresh_interval_minutes} min, "
+        f"upstream updated, at most once per {recipe.schedules.refresh_interval_minutes} min, "
         "shard partitions not waited for"
     )
 

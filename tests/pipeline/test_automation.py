@@ -46,9 +46,10 @@ def minutes(start: dt.datetime, n: float) -> dt.datetime:
 def test_trickle_rebuilds_once_per_interval_and_never_waits_for_shards(
     defs: Definitions, instance: DagsterInstance
 ) -> None:
-    """Shards arrive every minute while one shard never gets tokens (missing, as a failing or
-    in-flight one is): the downstream chain is rebuilt at the first change, then at most once
-    per ``schedules.refresh_interval_minutes`` (5), never held back by the stuck shard."""
+    """A shard every minute for ten minutes while one shard never gets tokens (missing, as a
+    failing or in-flight one is): ``merged`` is rebuilt at the first update, then at most once
+    per ``schedules.refresh_interval_minutes`` (5), never held back by the stuck shard; each
+    later stage follows on the next tick, in a run of its own."""
     for ds in ("docs", "code"):
         instance.add_dynamic_partitions(partitions_name(ds), ["part-00000"])
         for stage in ("raw_jsonl", "hf_dataset", "tokens"):
@@ -62,32 +63,41 @@ def test_trickle_rebuilds_once_per_interval_and_never_waits_for_shards(
     assert result.total_requested == 0
     instance.add_dynamic_partitions(partitions_name("code"), ["stuck"])  # never tokenized
 
-    rebuilt = []
-    for minute in range(1, 12):
-        key = f"new-{minute:05d}"
-        instance.add_dynamic_partitions(partitions_name("code"), [key])
-        built(instance, ["code", "tokens"], key)
+    requests: dict[str, list[int]] = {}
+    for minute in range(1, 21):
+        if minute <= 10:
+            key = f"new-{minute:05d}"
+            instance.add_dynamic_partitions(partitions_name("code"), [key])
+            built(instance, ["code", "tokens"], key)
         result = evaluate_automation_conditions(
             defs=defs,
             instance=instance,
             cursor=result.cursor,
             evaluation_time=minutes(start, minute),
         )
-        if result.total_requested:
-            assert requested(result) == dict.fromkeys(DOWNSTREAM, 1)
-            rebuilt.append(minute)
-            for asset in DOWNSTREAM:
-                built(instance, list(asset.path), version=f"v{minute}")
-    # at once (minute 1), then once after each 5-minute tick (hh:m0, hh:m5): never between
-    assert rebuilt == [1, 5, 10]
+        for asset in requested(result):  # the run: each asset gets a new data version
+            requests.setdefault(asset.to_user_string(), []).append(minute)
+            built(instance, list(asset.path), version=f"minute-{minute}")
+    # at once, then once after each 5-minute tick (hh:m0, hh:m5), never between; each stage
+    # on the tick after the one before it
+    assert requests == {
+        "code/merged": [1, 5, 10],
+        "code/pruned": [2, 6, 11],
+        "code/nanoset": [2, 6, 11],
+        "blend/mix": [3, 7, 12],
+    }
 
-    quiet = minutes(start, 16)  # a tick passed, nothing changed: nothing to do
+    built(instance, ["code", "tokens"], "part-00000")  # run again to the same tokens:
     result = evaluate_automation_conditions(
-        defs=defs, instance=instance, cursor=result.cursor, evaluation_time=quiet
+        defs=defs, instance=instance, cursor=result.cursor, evaluation_time=minutes(start, 21)
     )
-    assert result.total_requested == 0
-    built(instance, ["code", "tokens"], "part-00000")  # run again to the same tokens: nothing
-    result = evaluate_automation_conditions(
-        defs=defs, instance=instance, cursor=result.cursor, evaluation_time=minutes(start, 17)
-    )
-    assert result.total_requested == 0
+    assert set(requested(result)) == {AssetKey(["code", "merged"])}  # one merge ...
+    built(instance, ["code", "merged"], version="minute-10")  # ... which reuses its version
+    for minute in (22, 23, 26):
+        result = evaluate_automation_conditions(
+            defs=defs,
+            instance=instance,
+            cursor=result.cursor,
+            evaluation_time=minutes(start, minute),
+        )
+        assert result.total_requested == 0  # and nothing after it

@@ -6,9 +6,11 @@ executed as launched, and the merge job; nothing is run by hand that the daemon 
 
 from __future__ import annotations
 
+import datetime as dt
 import gzip
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,13 +21,15 @@ from dagster import (
     RunRequest,
     SensorResult,
     build_sensor_context,
+    evaluate_automation_conditions,
 )
 
 from assets.support.complete import LEFT_OUT
 from assets.support.partitions import partitions_name
 from assets.support.sources import list_shards
-from assets.support.staleness import current_shards
-from pipelines.sensors import RANGE_END, RANGE_START
+from assets.support.staleness import current_shards, recorded_version
+from pipelines.build import build_definitions
+from pipelines.sensors import RANGE_END, RANGE_START, RECIPE_SENSOR
 from tokenmill.recipe import Recipe
 
 pytestmark = pytest.mark.filterwarnings(
@@ -35,9 +39,11 @@ pytestmark = pytest.mark.filterwarnings(
 BURST = ["bad-00000", "empty-00000", "trunc-00000"]
 
 
-def tick(defs: Definitions, instance: DagsterInstance, cursor: str | None) -> SensorResult:
-    """One tick of the docs shard sensor, its partition requests applied as the daemon does."""
-    sensor = defs.resolve_sensor_def("docs_shard_sensor")
+def tick(
+    defs: Definitions, instance: DagsterInstance, cursor: str | None, name: str = "docs"
+) -> SensorResult:
+    """One tick of a shard sensor, its partition requests applied as the daemon does."""
+    sensor = defs.resolve_sensor_def(f"{name}_shard_sensor")
     with build_sensor_context(instance=instance, cursor=cursor, definitions=defs) as context:
         result = sensor(context)
     assert isinstance(result, SensorResult)
@@ -52,13 +58,63 @@ def tick(defs: Definitions, instance: DagsterInstance, cursor: str | None) -> Se
 
 def execute(defs: Definitions, instance: DagsterInstance, request: RunRequest) -> bool:
     """A sensor's run request executed as the launched run would be."""
-    result = defs.resolve_job_def(request.job_name).execute_in_process(
+    result = defs.resolve_job_def(request.job_name or "refresh_job").execute_in_process(
         instance=instance,
         partition_key=request.partition_key,
         tags=dict(request.tags),
+        asset_selection=request.asset_selection,
         raise_on_error=False,
     )
     return bool(result.success)
+
+
+class Automation:
+    """The automation sensor's ticks, a minute apart, and what each requests executed as one
+    run (as the daemon launches it); each call starts at the next 5-minute interval (the
+    default ``refresh_interval_minutes``) and ticks until a tick requests nothing."""
+
+    def __init__(self, defs: Definitions, instance: DagsterInstance) -> None:
+        self.defs, self.instance, self.cursor = defs, instance, None
+        now = dt.datetime.now(dt.UTC).replace(second=30, microsecond=0)
+        self.time = now.replace(minute=now.minute - now.minute % 5)
+
+    def __call__(self) -> set[AssetKey]:
+        self.time = self.time.replace(minute=self.time.minute - self.time.minute % 5)
+        self.time += dt.timedelta(minutes=5)
+        seen: set[AssetKey] = set()
+        for _ in range(8):
+            result = evaluate_automation_conditions(
+                defs=self.defs,
+                instance=self.instance,
+                cursor=self.cursor,
+                evaluation_time=self.time,
+            )
+            self.cursor = result.cursor
+            self.time += dt.timedelta(minutes=1)
+            keys = {r.key for r in result.results if r.true_subset.size}
+            if not keys:
+                return seen
+            seen |= keys
+            job = self.defs.resolve_implicit_global_asset_job_def()
+            job.execute_in_process(
+                instance=self.instance, asset_selection=sorted(keys), raise_on_error=False
+            )
+        raise AssertionError("automation never settled")
+
+
+def settle(defs: Definitions, instance: DagsterInstance, cursors: dict[str, str | None]) -> None:
+    """Tick both shard sensors and run what they ask, until they ask for nothing."""
+    for _ in range(4):
+        ran = False
+        for name in ("docs", "code"):
+            result = tick(defs, instance, cursors.get(name), name)
+            cursors[name] = result.cursor
+            for request in result.run_requests:
+                execute(defs, instance, request)
+                ran = True
+        if not ran:
+            return
+    raise AssertionError("the shard sensors never settled")
 
 
 def shards_of(request: RunRequest, order: list[str]) -> list[str]:
@@ -69,6 +125,14 @@ def shards_of(request: RunRequest, order: list[str]) -> list[str]:
     return order[start : end + 1]
 
 
+def truncated_gzip(source: Path, name: str = "trunc-00000", cut: int = 2) -> Path:
+    """A ``.jsonl.gz`` shard cut short (``1/cut`` of its bytes): unreadable, so it fails."""
+    whole = gzip.compress((source / "part-00000.jsonl").read_bytes())
+    path = source / f"{name}.jsonl.gz"
+    path.write_bytes(whole[: len(whole) // cut])
+    return path
+
+
 def write_burst(source: Path) -> dict[str, Path]:
     """Issue 21's burst: a shard with 3 bad lines, an empty one, a truncated ``.gz``."""
     template = (source / "part-00000.jsonl").read_bytes()
@@ -76,10 +140,7 @@ def write_burst(source: Path) -> dict[str, Path]:
     bad.write_bytes(template + b'{"text": "unterminated\n{"title": "no text"}\n{"text": 7}\n')
     empty = source / "empty-00000.jsonl"
     empty.write_bytes(b"")
-    trunc = source / "trunc-00000.jsonl.gz"
-    whole = gzip.compress(template)
-    trunc.write_bytes(whole[: len(whole) // 2])
-    return {"bad-00000": bad, "empty-00000": empty, "trunc-00000": trunc}
+    return {"bad-00000": bad, "empty-00000": empty, "trunc-00000": truncated_gzip(source)}
 
 
 def latest(instance: DagsterInstance, key: list[str], partition: str | None = None) -> dict:
@@ -153,3 +214,68 @@ def test_burst_records_the_good_shards_and_the_bad_one_recovers_alone(
     fingerprints = {k: s.fingerprint for k, s in list_shards(ds).shards.items()}
     assert current_shards(instance, ds, fingerprints) == set(order)
     assert tick(defs, instance, fixed.cursor).run_requests == []
+
+
+def test_trickle_keeps_the_blend_advancing_while_one_shard_keeps_failing(
+    recipe: Recipe, defs: Definitions, instance: DagsterInstance
+) -> None:
+    """A new docs shard every automation interval, and the broken shard rewritten (still
+    broken) each time: the blend gets a new data version at every interval, each from the
+    complete shards, the failing one named as left out."""
+    source = Path(recipe.dataset("docs").source)
+    truncated_gzip(source)
+    cursors: dict[str, str | None] = {}
+    settle(defs, instance, cursors)
+    automation = Automation(defs, instance)
+    assert AssetKey(["blend", "mix"]) in automation()
+    versions = [recorded_version(instance, AssetKey(["blend", "mix"]))]
+    assert versions[0] is not None
+    template = (source / "part-00001.jsonl").read_bytes()
+    for i in range(3):
+        more = source / f"more-{i:05d}.jsonl"
+        more.write_bytes(template + json.dumps({"text": f"shard {i}"}).encode() + b"\n")
+        truncated_gzip(source, cut=3 + i)  # a new file, still broken: tried again, fails again
+        settle(defs, instance, cursors)
+        assert AssetKey(["blend", "mix"]) in automation()
+        versions.append(recorded_version(instance, AssetKey(["blend", "mix"])))
+        merged = latest(instance, ["docs", "merged"])
+        assert list(merged[LEFT_OUT]) == ["trunc-00000"]
+        assert merged["shards"] == 5 + i  # extra, part-0..2 and the new ones
+    assert len(set(versions)) == 4  # the blend advanced at every interval
+    assert automation() == set()  # nothing new: nothing to do
+
+
+def test_recipe_weight_edit_rebuilds_the_blend_through_automation_alone(
+    make_recipe: Callable[..., Recipe], instance: DagsterInstance
+) -> None:
+    """The running definitions keep the recipe they loaded; the recipe sensor reads the file
+    at each tick, sees the blend's weights changed, and asks for the blend alone; the run
+    (which loads the code location afresh, here: definitions of the edited file) rebuilds it."""
+    recipe = make_recipe()
+    running = build_definitions(recipe)
+    cursors: dict[str, str | None] = {}
+    settle(running, instance, cursors)
+    Automation(running, instance)()
+    blend = AssetKey(["blend", "mix"])
+    before = latest(instance, ["blend", "mix"])
+    assert before["weights"]["weights"] == {"docs": 0.7, "code": 0.3}
+
+    def recipe_tick() -> SensorResult:
+        sensor = running.resolve_sensor_def(RECIPE_SENSOR)
+        with build_sensor_context(instance=instance, definitions=running) as context:
+            result = sensor(context)
+        assert isinstance(result, SensorResult)
+        return result
+
+    assert "matches the recipe" in str(recipe_tick().skip_reason)
+    edited = make_recipe(blends={"mix": {"weights": {"docs": 0.6, "code": 0.4}}})
+    [request] = recipe_tick().run_requests
+    assert list(request.asset_selection or []) == [blend]  # the indices did not change
+    assert execute(build_definitions(edited), instance, request)
+    after = latest(instance, ["blend", "mix"])
+    assert after["weights"]["weights"] == {"docs": 0.6, "code": 0.4}
+    assert after["version"] != before["version"]
+    assert "matches the recipe" in str(recipe_tick().skip_reason)  # done: not asked again
+
+    Path(edited.path).write_text(Path(edited.path).read_text() + "bogus: 1\n")
+    assert "recipe not applied" in str(recipe_tick().skip_reason)
