@@ -10,7 +10,7 @@ stats itself, in the same form, stats last. Each shard step then writes its smal
 other shard's files. A backfill run exports a range of shards in one step (``assets/shards.py``).
 
 ``<ds>/dataset_info`` (unpartitioned) assembles ``hf/<ds>/dataset_info.json`` for the dataset's
-current shards from those records alone, so
+current shards that are exported (the others are left out and named) from those records alone, so
 ``datasets.load_dataset("parquet", data_files="hf/<ds>/data/*.parquet")`` sees the same data; its
 ``tokenmill`` key records the inputs, config and counts.
 """
@@ -31,6 +31,7 @@ from dagster import (
 from assets.metadata import path_value
 from assets.raw import stamp, stats_record
 from assets.shards import shard_asset, shard_step, source_fingerprint
+from assets.support.complete import left_out_reasons, report_left_out
 from assets.support.partitions import shard_keys, shard_partitions
 from assets.support.resources import StorageResource, Workspace, display_path
 from assets.support.sources import ShardFile, find_shard
@@ -238,8 +239,12 @@ def build_dataset_info(
         description=f"hf/{ds.name}/dataset_info.json of the current shards (from their records).",
     )
     def dataset_info(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
-        keys = shard_keys(context.instance, ds)
+        registered = shard_keys(context.instance, ds)
         with storage.workspace([f"{layout.hf_dir(ds.name)}/shards/"]) as ws:
+            # Shards not exported yet (new, in progress, failed) are left out and named.
+            keys = [k for k in registered if ws.storage.export_record_path(ds.name, k).is_file()]
+            missing = [k for k in registered if k not in set(keys)]
+            report_left_out(context, ds, keys, left_out_reasons(context.instance, ds, missing))
             path = write_dataset_info(ws.storage, ds, keys)
             info = json.loads(path.read_text(encoding="utf-8"))
             return MaterializeResult(

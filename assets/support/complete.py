@@ -65,7 +65,7 @@ def report_left_out(
     ``shards_left_out``) and in the run's log; fail only when no shard is complete at all."""
     if not complete:
         raise Failure(
-            f"{ds.name}: no shard is tokenized yet; left out: "
+            f"{ds.name}: no shard is complete yet; left out: "
             + "; ".join(f"{k}: {r}" for k, r in left_out.items()),
             metadata={LEFT_OUT: MetadataValue.json(left_out)},
         )
