@@ -137,7 +137,12 @@ def test_dagster_materialize_end_to_end(recipe: Recipe, instance: DagsterInstanc
     )
     assert result.success
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-    assert evaluations == {"sum_of_shards": True, "index_bounds": True, "proportions": True}
+    assert evaluations == {
+        "sum_of_shards": True,
+        "shards_left_out": True,
+        "index_bounds": True,
+        "proportions": True,
+    }
     manifest = json.loads((Path(recipe.storage.root) / "blends/mix/manifest.json").read_text())
     assert [d["name"] for d in manifest["datasets"]] == ["docs", "code"]
 
