@@ -45,13 +45,13 @@ def downstream_condition(recipe: Recipe) -> AutomationCondition:
     - **Updated since requested.** A shard upstream materialized after this asset was last
       requested, an unpartitioned upstream's data version changed since then (the staleness
       model's, ``assets/support/staleness.py``: a merge that reused its version triggers
-      nothing), or the asset is newly missing (on a first evaluation: missing). Shard updates
-      carry timestamps, so one landing right after a request still counts (Dagster's ``since``
-      keeps a trigger newer than its reset); a shard run again to the same tokens costs one
-      merge that reuses its version, and nothing after it. Each stage follows the one before it in
-      a run of its own (never beside an upstream requested on the same tick): ``merged`` after
-      shards, ``nanoset`` after ``merged``, the blend after the ``nanoset``s; a chain in one
-      run would make its own updates look new.
+      nothing, nor does a change made by a run that built this asset too), or the asset is
+      newly missing (on a first evaluation: missing). Shard updates carry timestamps, so one
+      landing right after a request still counts (Dagster's ``since`` keeps a trigger newer
+      than its reset); a shard run again to the same tokens costs one merge that reuses its
+      version, and nothing after it. Each stage follows the one before it in a run of its own
+      (never beside an upstream requested on the same tick): ``merged`` after shards,
+      ``nanoset`` after ``merged``, the blend after the ``nanoset``s.
     - **Shard partitions are never waited for.** Under continuous ingest some shard is always
       missing, being tokenized or failing; ``eager()`` would wait on each of them forever.
       The merge builds from the shards complete when it starts (``assets/support/complete.py``)
@@ -70,8 +70,9 @@ def downstream_condition(recipe: Recipe) -> AutomationCondition:
         .allow(shards)
         .with_label("any_shard_deps_updated")
     )
+    own_run = AutomationCondition.executed_with_root_target()  # a run that built this too
     changed = (
-        AutomationCondition.any_deps_match(AutomationCondition.data_version_changed())
+        AutomationCondition.any_deps_match(AutomationCondition.data_version_changed() & ~own_run)
         .ignore(shards)
         .with_label("any_deps_changed")
     )

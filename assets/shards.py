@@ -128,11 +128,13 @@ def shard_step(
     """
     done: dict[str, Mapping[str, Any]] = {}
     failed: dict[str, Exception] = {}
+    ranged = len(context.partition_keys) > 1
     for key in context.partition_keys:
         try:
             done[key] = work(key)
         except Exception as exc:  # recorded below and raised again as the step's Failure
-            context.log.exception(f"{key}: {exc}")
+            if ranged:  # each failure's traceback once (a single shard's is the step's)
+                context.log.exception(f"{key}: {exc}")
             failed[key] = exc
     versions = {k: str(meta[version]) for k, meta in done.items()} if version else {}
     if not failed:
@@ -156,7 +158,7 @@ def shard_step(
     for key, error in errors.items():
         metadata = {FAILED: fingerprint(key) or "unknown", "error": error}
         context.log_event(AssetObservation(context.asset_key, partition=key, metadata=metadata))
-    if len(context.partition_keys) == 1:
+    if not ranged:
         raise next(iter(failed.values()))  # the run's partition names the shard already
     if done:
         context.log.info(range_table(done))

@@ -161,7 +161,7 @@ def test_range_run_matches_single_shard_runs_and_checks_every_shard(
             assert meta["dtype"].value == "uint16" and "tokenizer_fingerprint" in meta
         assert len({m["content_hash"].value for m in toks.values()}) == len(keys)
         evaluations = result.get_asset_check_evaluations()
-        assert len(evaluations) == 4 and all(e.passed for e in evaluations)
+        assert len(evaluations) == 5 and all(e.passed for e in evaluations)
         assert all(e.metadata["shards_in_run"].value == len(keys) for e in evaluations)
         ranged = token_files(tokens)
 
