@@ -69,7 +69,8 @@ def build_blend_asset(
         pointers = [layout.merged_pointer(ds.name) for ds in datasets]
         with storage.workspace(pointers) as ws:
             keys = {ds.name: ws.storage.merged_key(ds.name, ds.text_key) for ds in datasets}
-            ws.fetch([f for k in keys.values() for f in (f"{k}.idx", *layout.dataset_manifests(k))])
+            for k in keys.values():
+                ws.fetch_index(k)
             prefixes = {name: ws.storage.path(key) for name, key in keys.items()}
             members = [
                 (ds.name, nanoset_data_version(merged_version(ws.storage, ds), cfg))

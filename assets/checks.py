@@ -21,7 +21,9 @@ Checks only read: a missing artifact fails its check, nothing is built or repair
 """
 
 import json
+import os
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,9 +46,14 @@ from assets.support.complete import LEFT_OUT
 from assets.support.partitions import shard_partitions
 from assets.support.resources import StorageResource, display_path
 from tokenmill.errors import TokenmillError
-from tokenmill.formats.dataset_manifest import read_dataset_manifest
+from tokenmill.formats.dataset_manifest import (
+    dataset_manifest_path,
+    open_dataset,
+    read_dataset_manifest,
+)
 from tokenmill.formats.indexed import IndexedDataset, index_file_path
 from tokenmill.formats.shard_records import read_record
+from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.indices.blend_build import realized_shares, verify_blend
 from tokenmill.indices.nanoset import (
     SPLITS,
@@ -226,8 +233,11 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         with storage.workspace([pointer], upload=False) as ws:
             rel = ws.storage.merged_key(ds.name, ds.text_key)
             prefix = ws.storage.path(rel)
-            ws.fetch([f"{rel}.idx", *layout.dataset_manifests(rel)])
+            ws.fetch(layout.dataset_manifests(rel))
             manifest = read_dataset_manifest(prefix)
+            if is_virtual(manifest):
+                return _virtual_sum_of_shards(ws, ds, prefix, manifest)
+            ws.fetch([f"{rel}.idx"])
             expected = dict.fromkeys(COUNTS, 0)
             for entry in manifest["inputs"]:
                 for name in COUNTS:
@@ -277,6 +287,28 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
     return [sum_of_shards, shards_left_out]
 
 
+def _virtual_sum_of_shards(
+    ws: Any, ds: DatasetConfig, prefix: Path, manifest: dict[str, Any]
+) -> AssetCheckResult:
+    """A virtual merge: its counts add up to its shards' records (checked on read), and every
+    shard pair it names still has the content hash it recorded (the token manifests, staged)."""
+    shards = manifest["shards"]
+    keys = [str(s["key"]) for s in shards]
+    tokens = [layout.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
+    ws.fetch([m for t in tokens for m in layout.dataset_manifests(t)])
+    problems = []
+    for shard, key in zip(shards, tokens, strict=True):
+        pair = Path(os.path.normpath(prefix.parent / str(shard["prefix"])))
+        if pair != ws.storage.path(key):
+            problems.append(f"shard {shard['key']!r}: names {pair}, not the dataset's tokens")
+        elif not dataset_manifest_path(pair).is_file():
+            problems.append(f"shard {shard['key']!r}: its token pair is gone ({key})")
+        elif read_dataset_manifest(pair)["content_hash"] != shard["content_hash"]:
+            problems.append(f"shard {shard['key']!r}: re-tokenized since the merge")
+    counts = manifest["counts"]
+    return _result(problems, inputs=len(shards), **{f"expected_{n}": counts[n] for n in COUNTS})
+
+
 def index_problems(
     index: NanosetIndex, lengths: np.ndarray, split_range: tuple[int, int]
 ) -> list[str]:
@@ -310,8 +342,8 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
         with storage.workspace([layout.merged_pointer(ds.name)], upload=False) as ws:
             rel = ws.storage.merged_key(ds.name, ds.text_key)
             prefix = ws.storage.path(rel)
-            ws.fetch([f"{rel}.idx", *layout.dataset_manifests(rel)])
-            with IndexedDataset(prefix, index_only=True) as data:
+            ws.fetch_index(rel)
+            with open_dataset(prefix, index_only=True) as data:
                 lengths = np.asarray(data.sequence_lengths, dtype=np.int64).copy()
             ranges = split_ranges(cfg.split, len(lengths), cfg.semantics)
             requested = {"train": cfg.train_samples, "valid": cfg.valid_samples}

@@ -114,7 +114,7 @@ def build_assets(recipe: Recipe) -> tuple[list[AssetsDefinition], list[AssetChec
             build_hf_dataset(ds),
             build_dataset_info(ds, condition),
             build_tokens(ds),
-            build_merged(ds, condition),
+            build_merged(ds, recipe.merge, condition),
             build_pruned(ds, condition),
             build_nanoset(ds, recipe.nanoset, condition),
         ]

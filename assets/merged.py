@@ -1,13 +1,16 @@
-"""``<ds>/merged``: every current shard of a dataset merged into one immutable ``.bin``/``.idx``
-version, then the pointer moved; ``<ds>/pruned``: per-shard files of vanished shards removed.
+"""``<ds>/merged``: every current shard of a dataset as one immutable merged version, then the
+pointer moved; ``<ds>/pruned``: per-shard files of vanished shards removed.
 
 The inputs are the dataset's partitions *now* (natural order: ``part-2`` before ``part-10``),
-read through their token manifests and pairs only. The version is the hash of what the merge
-reads (each shard's key and content hash, the text key, the format version), so a refresh whose
-inputs did not change finds its version complete and copies nothing. A new version is written
-under ``merged/<ds>/<version>/`` and ``merged/<ds>/current.json`` is moved to it last: a failed
-merge leaves the current version and the pointer as they were, and a job that pinned an older
-version keeps reading it until ``tokenmill gc`` removes it.
+read through their token manifests. ``merge: virtual`` (the default) writes only a manifest of
+the shard pairs (``tokenmill.formats.virtual_merge``): a refresh costs O(new shards) bytes.
+``merge: physical`` copies every shard into Megatron's merged pair. The version is the library's
+hash of what the merge reads (``tokenmill.tokenize.merged_versions``), so a refresh whose inputs
+did not change finds its version complete and writes nothing; a version that only appends
+shards records the one it ``extends``. A new version is written under ``merged/<ds>/<version>/``
+and ``merged/<ds>/current.json`` is moved to it last: a failed merge leaves the current version
+and the pointer as they were, and a job that pinned an older version keeps reading it until
+``tokenmill gc`` removes it.
 """
 
 from typing import Any
@@ -30,30 +33,42 @@ from assets.support.partitions import shard_keys
 from assets.support.resources import StorageResource, display_path
 from assets.support.staleness import merged_data_version
 from tokenmill.formats.dataset_manifest import (
+    DATASET_MANIFEST_SUFFIX,
     check_dataset_files,
     dataset_manifest_path,
+    prefix_of_manifest,
     read_dataset_manifest,
 )
+from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.recipe import DatasetConfig
 from tokenmill.storage import layout
 from tokenmill.storage.versions import read_pointer, write_pointer
-from tokenmill.tokenize.merge import merge_datasets, natural_key
+from tokenmill.tokenize.merge import natural_key
+from tokenmill.tokenize.merged_versions import extends, previous_manifest, write_merged
 
 
-def version_from_manifests(storage: StorageResource, ds: DatasetConfig, keys: list[str]) -> str:
-    """The version a merge of ``keys`` would write now, from the shards' token manifests alone
-    (a shard not tokenized yet counts as None); equal to the data version the staleness model
-    expects from the shards' records (``merged_data_version``)."""
-    inputs = []
+def shard_identities(
+    storage: StorageResource, ds: DatasetConfig, keys: list[str]
+) -> list[tuple[str, str | None]]:
+    """``(shard, tokens content hash)`` of ``keys`` from the token manifests alone (a shard not
+    tokenized yet counts as None): the inputs of the merged version."""
+    inputs: list[tuple[str, str | None]] = []
     for key in keys:
         prefix = storage.tokens_prefix(ds.name, key, ds.text_key)
         done = dataset_manifest_path(prefix).is_file()
         inputs.append((key, str(read_dataset_manifest(prefix)["content_hash"]) if done else None))
-    return merged_data_version(ds, inputs)
+    return inputs
 
 
-def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -> AssetsDefinition:
-    """The ``<ds>/merged`` asset of one dataset."""
+def build_merged(
+    ds: DatasetConfig, merge: str, automation_condition: AutomationCondition
+) -> AssetsDefinition:
+    """The ``<ds>/merged`` asset of one dataset (``merge``: the recipe's merge mode)."""
+    what = (
+        "a manifest of its shard pairs (virtual: nothing is copied)"
+        if merge == "virtual"
+        else "one .bin/.idx pair (physical, Megatron's merge)"
+    )
 
     @asset(
         key=AssetKey([ds.name, "merged"]),
@@ -61,8 +76,8 @@ def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -
         group_name=ds.name,
         kinds={"megatron"},
         automation_condition=automation_condition,
-        description=f"All current shards of {ds.name} merged into one immutable .bin/.idx "
-        "version; merged/<ds>/current.json names it.",
+        description=f"All current shards of {ds.name} as one immutable merged version, "
+        f"{what}; merged/{ds.name}/current.json names it.",
     )
     def merged(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         keys = shard_keys(context.instance, ds)
@@ -78,26 +93,33 @@ def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -
             report_left_out(context, ds, keys, left_out)
             tokens = [layout.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
             prefixes = [ws.storage.path(t) for t in tokens]
-            version = version_from_manifests(ws.storage, ds, keys)
+            identities = shard_identities(ws.storage, ds, keys)
+            version = merged_data_version(ds, identities, merge)
             out_key = layout.merged_prefix(ds.name, ds.text_key, version)
             ws.fetch(layout.dataset_manifests(out_key))
             out = ws.storage.path(out_key)
             previous = read_pointer(ws.storage.path(pointer_key))
             reused = dataset_manifest_path(out).is_file()
-            if reused:
+            if reused and merge == "physical":
                 ws.fetch([f"{out_key}.idx"])
-                reused = not check_dataset_files(out) if ws.stage is None else True
-            seconds = None
+            if reused and ws.stage is None:
+                reused = not check_dataset_files(out)
+            seconds, base = None, None
             if not reused:
-                ws.fetch([f"{t}.bin" for t in tokens] + [f"{t}.idx" for t in tokens])
-                result = merge_datasets(prefixes, out, order="given", input_uri=display_path)
+                base = _extended(ws, ds, previous, identities)
+                if merge == "physical":
+                    ws.fetch([f"{t}.bin" for t in tokens] + [f"{t}.idx" for t in tokens])
+                shards = list(zip(keys, prefixes, strict=True))
+                result = write_merged(
+                    shards, out, merge=merge, extends=base, input_uri=display_path
+                )
                 seconds = result.seconds
             target = out_key.removeprefix(layout.merged_dir(ds.name) + "/")
             write_pointer(ws.storage.path(pointer_key), version, target)
             metadata: dict[str, Any] = token_dataset_metadata(out)
             manifest = read_dataset_manifest(out)
             before = previous["version"] if previous else None
-            if seconds is not None:  # a copy rate, not a tokenizing rate
+            if seconds is not None and merge == "physical":  # a copy rate, not a tokenizing rate
                 metadata["copy_mb_per_second"] = round(metadata["bytes"] / 1e6 / seconds, 1)
             metadata.update(
                 quarantined=int(manifest["counts"].get("quarantined", 0)),
@@ -105,16 +127,30 @@ def build_merged(ds: DatasetConfig, automation_condition: AutomationCondition) -
                 shards=len(keys),
                 version=version,
                 previous_version=str(before),
+                extends=str(manifest.get("extends")),
                 reused_version=reused,
             )
             context.log.info(
                 f"{ds.name}: version {version[:16]} "
-                f"({'unchanged inputs, reused' if reused else 'merged'}); pointer moved from "
-                f"{before and before[:16]}"
+                f"({'unchanged inputs, reused' if reused else merge + ' merge'}); pointer moved "
+                f"from {before and before[:16]}" + (f"; extends {base[:16]}" if base else "")
             )
             return MaterializeResult(metadata=metadata, data_version=DataVersion(version))
 
     return merged
+
+
+def _extended(
+    ws: Any, ds: DatasetConfig, previous: dict[str, Any] | None, shards: list[tuple[str, Any]]
+) -> str | None:
+    """The previous version when the new one only appends shards to it (else None); reads the
+    previous version's manifest (staged from S3 first)."""
+    if previous is None:
+        return None
+    prev_key = f"{layout.merged_dir(ds.name)}/{previous['target']}"
+    ws.fetch(layout.dataset_manifests(prev_key))
+    old = previous_manifest(ws.storage.path(prev_key))
+    return extends(str(previous["version"]), old, [(k, str(h)) for k, h in shards])
 
 
 def shard_files(ds: DatasetConfig) -> dict[str, tuple[str, ...]]:
@@ -144,6 +180,24 @@ def shard_of(rel: str, folders: dict[str, tuple[str, ...]]) -> str | None:
     return None
 
 
+def referenced_shards(storage: StorageResource, ds: DatasetConfig) -> set[str]:
+    """The shard keys that a virtual merged version still on the root names: their token
+    pairs are read in place, so they stay until the last such version is removed."""
+    folder = layout.merged_dir(ds.name)
+    manifests = [
+        key
+        for key in storage.list_keys([f"{folder}/"])
+        if key.endswith(DATASET_MANIFEST_SUFFIX) and f"/{layout.DATASET_MANIFESTS}/" in key
+    ]
+    named: set[str] = set()
+    with storage.workspace(manifests, upload=False) as ws:
+        for key in manifests:
+            manifest = read_dataset_manifest(prefix_of_manifest(ws.storage.path(key)))
+            if is_virtual(manifest):
+                named.update(str(shard["key"]) for shard in manifest["shards"])
+    return named
+
+
 def build_pruned(ds: DatasetConfig, automation_condition: AutomationCondition) -> AssetsDefinition:
     """The ``<ds>/pruned`` asset: removes the per-shard files (raw stats and quarantine, Parquet,
     export record, tokens) of shards that are no longer partitions, after the merge that left
@@ -160,10 +214,15 @@ def build_pruned(ds: DatasetConfig, automation_condition: AutomationCondition) -
     def pruned(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         current = set(shard_keys(context.instance, ds))
         folders = shard_files(ds)
-        stale = []
-        for rel in storage.list_keys(list(folders)):
-            shard = shard_of(rel, folders)
-            if shard is not None and shard not in current:
+        stale, kept = [], set()
+        candidates = [(shard_of(rel, folders), rel) for rel in storage.list_keys(list(folders))]
+        candidates = [(s, rel) for s, rel in candidates if s is not None and s not in current]
+        named = referenced_shards(storage, ds) if candidates else set()
+        tokens_folder = f"{layout.tokens_dir(ds.name)}/"
+        for shard, rel in candidates:
+            if shard in named and rel.startswith(tokens_folder):
+                kept.add(shard)  # a merged version still on the root reads this pair in place
+            else:
                 stale.append((shard, rel))
         storage.delete_keys([rel for _, rel in stale])
         shards = sorted({s for s, _ in stale}, key=natural_key)
@@ -171,9 +230,15 @@ def build_pruned(ds: DatasetConfig, automation_condition: AutomationCondition) -
             context.log.warning(
                 f"{ds.name}: removed {len(stale)} files of vanished shards {shards}"
             )
+        if kept:
+            context.log.info(
+                f"{ds.name}: kept the tokens of vanished shards {sorted(kept)}: merged versions "
+                "still on the root read them (they go once `tokenmill gc` removes those)"
+            )
         return MaterializeResult(
             metadata={
                 "shards_removed": MetadataValue.json(shards),
+                "tokens_kept_for_versions": MetadataValue.json(sorted(kept)),
                 "files_removed": len(stale),
                 "shards": len(current),
             }

@@ -14,8 +14,9 @@ import numpy.typing as npt
 from dagster import MetadataValue
 
 from assets.support.resources import display_path
-from tokenmill.formats.dataset_manifest import read_dataset_manifest
+from tokenmill.formats.dataset_manifest import read_dataset_manifest, sidecar_manifest_path
 from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.tokenize.stats import histogram_markdown, length_histogram
 
 
@@ -39,6 +40,8 @@ def token_dataset_metadata(
     """Everything the UI shows about one ``.bin``/``.idx`` dataset with a manifest; it reads the
     ``.idx`` and the manifest (sizes as recorded), so a step that staged no ``.bin`` can report."""
     manifest = read_dataset_manifest(prefix)
+    if is_virtual(manifest):
+        return virtual_dataset_metadata(prefix, manifest)
     with IndexedDataset(prefix, index_only=True) as ds:
         lengths = ds.sequence_lengths.copy()
         meta: dict[str, Any] = {
@@ -56,3 +59,22 @@ def token_dataset_metadata(
     meta["path"] = path_value(prefix)
     meta["length_histogram"] = histogram_md(lengths)
     return meta
+
+
+def virtual_dataset_metadata(prefix: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """What the UI shows about a virtual merge, from its manifest alone (no shard is read):
+    counts, the bytes of the shard pairs it names, the bytes it wrote (its manifest)."""
+    counts = manifest["counts"]
+    shards = manifest["shards"]
+    return {
+        "documents": int(counts["documents"]),
+        "sequences": int(counts["sequences"]),
+        "tokens": int(counts["tokens"]),
+        "dtype": str(manifest["dtype"]),
+        "bytes": sum(int(f["bytes"]) for s in shards for f in s["files"].values()),
+        "bytes_written": sidecar_manifest_path(prefix).stat().st_size,
+        "merge": "virtual",
+        "extends": str(manifest.get("extends")),
+        "content_hash": str(manifest["content_hash"]),
+        "path": path_value(sidecar_manifest_path(prefix)),
+    }

@@ -33,8 +33,11 @@ from assets.metadata import path_value
 from assets.support.resources import StorageResource, Workspace
 from assets.support.staleness import nanoset_data_version
 from tokenmill.errors import ConfigError
-from tokenmill.formats.dataset_manifest import dataset_content_hash, dataset_manifest_path
-from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.formats.dataset_manifest import (
+    dataset_content_hash,
+    dataset_manifest_path,
+    open_dataset,
+)
 from tokenmill.indices.nanoset import SPLITS, build_or_load_lengths, cache_paths, entry_key
 from tokenmill.recipe import DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
@@ -45,7 +48,7 @@ def merged_lengths(prefix: Path) -> tuple[np.ndarray, str]:
     """Sequence lengths (from the ``.idx``) and content hash (from the manifest) of a merged
     version; the ``.bin`` is never read (a hand-made pair without a manifest is hashed whole)."""
     index_only = dataset_manifest_path(prefix).is_file()
-    lengths = np.asarray(IndexedDataset(prefix, index_only=index_only).sequence_lengths)
+    lengths = np.asarray(open_dataset(prefix, index_only=index_only).sequence_lengths)
     return lengths, dataset_content_hash(prefix, index_only=index_only)
 
 
@@ -87,7 +90,7 @@ def build_nanoset(
     def nanoset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         with storage.workspace([layout.merged_pointer(ds.name)]) as ws:
             rel = ws.storage.merged_key(ds.name, ds.text_key)
-            ws.fetch([f"{rel}.idx", *layout.dataset_manifests(rel)])
+            ws.fetch_index(rel)
             lengths, content = merged_lengths(ws.storage.path(rel))
             rows = ["| split | samples | cache hash | entry |", "|---|---:|---|---|"]
             version = nanoset_data_version(merged_version(ws.storage, ds), cfg)

@@ -110,10 +110,12 @@ def block_floor(ds: NanosetDataset, batch: int, rng: np.random.Generator) -> Cal
     precomputed for ``FLOOR_BATCHES`` random batches, used in turn."""
     tokens = np.asarray(ds.data.tokens)
     size, n = tokens.itemsize, len(tokens)
-    blocks = np.ndarray((n - BLOCK + 1,), f"V{BLOCK * size}", buffer=ds._bytes, strides=(size,))
+    blocks = np.ndarray(
+        (n - BLOCK + 1,), f"V{BLOCK * size}", buffer=ds.data.buffer(0), strides=(size,)
+    )
     pool = []
     for _ in range(FLOOR_BATCHES):
-        starts, stops, _ = ds.pieces(rng.integers(0, len(ds), batch))
+        _, starts, stops, _ = ds.pieces(rng.integers(0, len(ds), batch))
         first, count = starts // size, -(-(stops - starts) // size // BLOCK)
         step = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count)
         pool.append(np.minimum(np.repeat(first, count) + BLOCK * step, n - BLOCK))

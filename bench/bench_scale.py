@@ -41,6 +41,7 @@ from corpus import stdlib_texts  # noqa: E402
 
 SHARD_STAGES = ("raw_jsonl", "hf_dataset", "tokens")
 REFRESH = (("docs", "dataset_info"), ("docs", "merged"), ("docs", "pruned"), ("docs", "nanoset"))
+REFRESH_REBUILT = (("docs", "merged"), ("docs", "nanoset"), ("blend", "all"))
 _OPENED: list[str] | None = None
 _LAST_OPENED: list[str] = []  # what the last measured block opened
 
@@ -88,7 +89,7 @@ def write_shards(source: Path, count: int, docs: int, start: int = 0) -> None:
         (source / f"part-{i:05d}.jsonl").write_text("".join(lines), encoding="utf-8")
 
 
-def make_recipe(work: Path, tokenizer: Path) -> Path:
+def make_recipe(work: Path, tokenizer: Path, merge: str = "virtual") -> Path:
     """A one-dataset recipe over ``work/sources/docs`` with one blend."""
     import yaml
 
@@ -98,6 +99,7 @@ def make_recipe(work: Path, tokenizer: Path) -> Path:
         "datasets": {"docs": {"source": str(work / "sources" / "docs")}},
         "nanoset": {"sequence_length": 512, "split": "90,5,5", "train_samples": 2000},
         "blends": {"all": {"weights": {"docs": 1.0}}},
+        "merge": merge,
     }
     path = work / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
@@ -180,6 +182,133 @@ def local_scale(shards: int, docs: int, tokenizer: Path, work: Path) -> dict[str
         "refresh_after_one_shard": again,
         "merged_bin_bytes_all_versions": merged_bytes,
     }
+
+
+def _files(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root``: relative path -> (size, mtime_ns)."""
+    out = {}
+    for p in root.rglob("*"):
+        if p.is_file():
+            st = p.stat()
+            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _written(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> int:
+    """Bytes of the files that are new or changed between two snapshots."""
+    return sum(size for rel, (size, mtime) in after.items() if before.get(rel) != (size, mtime))
+
+
+def refresh_cost(source_root: Path, shards: int, tokenizer: Path, work: Path) -> dict[str, Any]:
+    """Part 4: the refresh after one new shard, ``merge: virtual`` against ``merge: physical``,
+    on copies of part 1's per-shard artifacts (``shards`` + 1 tokenized shards): the first
+    refresh over ``shards``, then the new shard registered and the refresh again, measuring its
+    CPU and the bytes it wrote (files new or changed under the root)."""
+    import shutil
+
+    out: dict[str, Any] = {"shards": shards}
+    for merge in ("virtual", "physical"):
+        mode_work = work / f"refresh-{merge}"
+        root = mode_work / "data"
+        for folder in ("raw", "hf", "tokens"):
+            shutil.copytree(source_root / folder, root / folder)
+        (mode_work / "sources" / "docs").mkdir(parents=True)
+        runner = Runner(make_recipe(mode_work, tokenizer, merge))
+        runner.add([f"part-{i:05d}" for i in range(shards)])
+        for key in REFRESH_REBUILT:
+            runner.run(key)
+        runner.add([f"part-{shards:05d}"])
+        before = _files(root)
+        steps = [runner.run(key) for key in REFRESH_REBUILT]
+        out[merge] = {
+            "cpu": sum(step["cpu"] for step in steps),
+            "bytes_written": _written(before, _files(root)),
+            "steps": steps,
+        }
+    new = source_root / "tokens" / "docs" / f"part-{shards:05d}_text_document.bin"
+    out["new_shard_token_bytes"] = new.stat().st_size
+    return out
+
+
+def refresh_cost_s3(source_root: Path, shards: int, tokenizer: Path, work: Path) -> dict[str, Any]:
+    """Part 4 on an S3 root (moto_server): part 1's per-shard artifacts uploaded once per merge
+    mode, a refresh over ``shards``, then one more shard and the refresh again, counting the
+    bytes the pipeline's S3 client moves and the CPU of that refresh."""
+    import boto3
+    import yaml
+    from _pipeline_s3 import count_transfers, moto_server
+    from dagster import DagsterInstance
+
+    from assets.support import s3
+    from pipelines.build import build_definitions
+    from pipelines.jobs import REFRESH_JOB
+    from tokenmill.recipe import load_recipe
+
+    work.mkdir(parents=True, exist_ok=True)
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    out: dict[str, Any] = {"shards": shards}
+    with moto_server(work / "moto.log") as url:
+        os.environ.update(
+            AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1"
+        )
+        client = boto3.client("s3", endpoint_url=url)
+        client.create_bucket(Bucket="bench")
+        files = [p for p in source_root.rglob("*") if p.is_file() and ".tmp" not in p.parts]
+        files = [p for p in files if p.relative_to(source_root).parts[0] in ("raw", "hf", "tokens")]
+        new = f"part-{shards:05d}"
+        late = [p for p in files if p.name.startswith(f"{new}.") or p.name.startswith(f"{new}_")]
+        for merge in ("virtual", "physical"):
+
+            def upload(paths: list[Path], merge: str = merge) -> None:
+                for p in paths:
+                    client.upload_file(str(p), "bench", f"{merge}/{p.relative_to(source_root)}")
+
+            upload([p for p in files if p not in late])
+            recipe = {
+                "storage": {"root": f"s3://bench/{merge}", "s3_endpoint_url": url},
+                "tokenizer": {"path": str(tokenizer), "append_eod": True},
+                "datasets": {"docs": {"source": "s3://bench/no-sources/"}},
+                "nanoset": {"sequence_length": 512, "split": "90,5,5", "train_samples": 2000},
+                "blends": {"all": {"weights": {"docs": 1.0}}},
+                "merge": merge,
+            }
+            path = work / f"{merge}.yaml"
+            path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+            job = build_definitions(load_recipe(path)).resolve_job_def(REFRESH_JOB)
+            moved = count_transfers(s3.s3_client(url))
+            with DagsterInstance.ephemeral() as instance:
+                old = [f"part-{i:05d}" for i in range(shards)]
+                instance.add_dynamic_partitions("docs_shards", old)
+                job.execute_in_process(run_config=quiet, instance=instance)
+                upload(late)  # after the first refresh: its pruned step would remove them
+                instance.add_dynamic_partitions("docs_shards", [new])
+                before, cpu = dict(moved), time.process_time()
+                result = job.execute_in_process(run_config=quiet, instance=instance)
+                out[merge] = {
+                    "ok": bool(result.success),
+                    "cpu": time.process_time() - cpu,
+                    "bytes_up": moved["up"] - before["up"],
+                    "bytes_down": moved["down"] - before["down"],
+                }
+    return out
+
+
+def refresh_report(local: dict[str, Any], remote: dict[str, Any] | None) -> str:
+    """The virtual-vs-physical table of part 4."""
+    rows = [["refresh after 1 new shard", "CPU s", "MB written", "MB up (S3)", "MB down (S3)"]]
+    for merge in ("virtual", "physical"):
+        s3_part = (remote or {}).get(merge) or {}
+        rows.append(
+            [
+                f"merge: {merge}, {local['shards']} shards",
+                f"{local[merge]['cpu']:.2f}",
+                f"{local[merge]['bytes_written'] / 1e6:.3f}",
+                f"{s3_part['bytes_up'] / 1e6:.3f}" if s3_part else "",
+                f"{s3_part['bytes_down'] / 1e6:.3f}" if s3_part else "",
+            ]
+        )
+    new = local["new_shard_token_bytes"]
+    return table(rows) + f"\nthe new shard's token .bin: {new / 1e6:.3f} MB"
 
 
 def big_blend(gigabytes: float, work: Path) -> dict[str, Any]:
@@ -377,6 +506,12 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=OUT_DIR / "scale")
     parser.add_argument("--blend-gb", type=float, default=5.0, help="merged .bin size, GB")
     parser.add_argument("--s3-shards", type=int, default=50, help="shards on the S3 root")
+    parser.add_argument(
+        "--no-s3-refresh",
+        dest="s3_refresh",
+        action="store_false",
+        help="skip the virtual/physical refresh on an S3 root",
+    )
     args = parser.parse_args()
     if args.work.exists():
         import shutil
@@ -386,6 +521,13 @@ def main() -> None:
     sys.addaudithook(_audit)
     local = local_scale(args.shards, args.docs, args.tokenizer, args.work)
     print(report(local))
+    source_root = args.work / "data"
+    costs = refresh_cost(source_root, args.shards, args.tokenizer, args.work)
+    costs_s3 = None
+    if args.s3_refresh:
+        s3_work = args.work / "s3-refresh"
+        costs_s3 = refresh_cost_s3(source_root, args.shards, args.tokenizer, s3_work)
+    print("\n" + refresh_report(costs, costs_s3))
     big = big_blend(args.blend_gb, args.work)
     print(
         f"\nblend over a {big['bin_bytes'] / 1e9:.1f} GB merged .bin ({big['documents']:,} "
@@ -458,7 +600,26 @@ def main() -> None:
             "met": temps["cpu_per_call_after"] * 100 <= temps["cpu_per_call_before"],
         },
     ]
+    saved = costs["physical"]["bytes_written"] / max(1, costs["virtual"]["bytes_written"])
+    for merge in ("virtual", "physical"):
+        part = (costs_s3 or {}).get(merge, {})
+        up = f", {part['bytes_up'] / 1e6:.2f} MB up on S3" if part else ""
+        rows.append(
+            {
+                "benchmark": f"scale: refresh after 1 new shard of {local['shards']}, "
+                f"merge: {merge}",
+                "measure": "bytes written (local), uploaded (S3); CPU-s",
+                "ours": f"{costs[merge]['bytes_written'] / 1e6:.2f} MB{up}; "
+                f"{costs[merge]['cpu']:.2f} CPU-s",
+                "baseline": "merge: physical" if merge == "virtual" else "",
+                "ratio": f"{saved:.0f}× less" if merge == "virtual" else "",
+                "target": "O(new shard + N × a small record)" if merge == "virtual" else "",
+                "met": None,
+            }
+        )
     results = {
+        "refresh_cost": costs,
+        "refresh_cost_s3": costs_s3,
         "local": local,
         "big_blend": big,
         "stale_temps": temps,

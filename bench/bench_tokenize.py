@@ -37,12 +37,18 @@ included).
     python bench/bench_tokenize.py [--mb 20] [--repeat 3] [--workers 1,2] [--rss-mb 100]
     python bench/bench_tokenize.py --mb 200 --floors gigatoken --name tokenize-200mb
     python bench/bench_tokenize.py --normalizers [--mb 20] [--repeat 3] [--workers 1,2]
+    python bench/bench_tokenize.py --scaling [--mb 200] [--repeat 3] [--max-workers N]
+
+``--scaling`` compares one run at ``--workers`` 1, 2, 4 ... up to the cores present with as many
+independent single-worker runs over equal parts of the corpus (see ``bench/_tokenize_scaling.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
+import json
 import os
 import resource
 import statistics
@@ -61,7 +67,8 @@ BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-from _util import OUT_DIR, table, write_results  # noqa: E402
+from _tokenize_scaling import report_scaling, scaling_runs, worker_counts  # noqa: E402
+from _util import OUT_DIR, machine, table, write_results  # noqa: E402
 from corpus import MB, ensure_corpus  # noqa: E402
 
 from tokenmill.tokenize.run import tokenize_files  # noqa: E402
@@ -642,12 +649,39 @@ def report(data: dict[str, Any], workers: list[int]) -> None:
         print(f"Megatron {what}: {seconds} s")
 
 
+def scaling(args: argparse.Namespace) -> dict[str, Any]:
+    """``--scaling``: per tokenizer, ours vs independent runs at 1, 2, 4 ... workers."""
+    corpus = ensure_corpus(args.mb)
+    counts = worker_counts(args.max_workers)
+    data: dict[str, Any] = {
+        "cores": len(os.sched_getaffinity(0)),
+        "worker_counts": counts,
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "results": {},
+    }
+    # $TOKENMILL_SCALING_JSON (bench/device_scaling.sh): also saved there after each count.
+    extra = os.environ.get("TOKENMILL_SCALING_JSON")
+
+    def save(name: str, result: dict[str, Any]) -> None:
+        data["results"][name] = result
+        if extra:
+            Path(extra).write_text(json.dumps({"machine": machine(), **data}, indent=2) + "\n")
+
+    for name in args.tokenizers:
+        tok_dir = build_bundled_tokenizer(name, ROOT / ".tokenizers" / name)
+        work = OUT_DIR / "tokenize-scaling" / name
+        work.mkdir(parents=True, exist_ok=True)
+        scaling_runs(corpus, tok_dir, work, counts, args.repeat, ENV, functools.partial(save, name))
+    data["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    return data
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mb", type=float, default=20.0)
+    parser.add_argument("--mb", type=float, help="corpus MB (default 20; 200 with --scaling)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workers", default=f"1,{os.cpu_count() or 1}")
-    parser.add_argument("--tokenizers", default=",".join(TOKENIZERS))
+    parser.add_argument("--tokenizers", help=f"default {','.join(TOKENIZERS)}; gpt2 with --scaling")
     parser.add_argument(
         "--floors",
         default=",".join(FLOORS),
@@ -665,15 +699,36 @@ def main() -> None:
         help="skip timing the one-off verification of each tokenizer (6-11 s each)",
     )
     parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="one run at --workers 1, 2, 4 ... vs as many independent --workers 1 runs",
+    )
+    parser.add_argument(
+        "--max-workers",
+        type=int,
+        default=len(os.sched_getaffinity(0)),
+        help="--scaling: the largest worker count (default: the usable cores)",
+    )
+    parser.add_argument(
         "--normalizers",
         action="store_true",
         help="compare normalizer tokenizers' fast path with GPT-2's and the hf path instead",
     )
     args = parser.parse_args()
+    if args.mb is None:
+        args.mb = 200.0 if args.scaling else 20.0
     args.workers = sorted({int(w) for w in args.workers.split(",")})
-    args.tokenizers = args.tokenizers.split(",")
+    args.tokenizers = (args.tokenizers or ("gpt2" if args.scaling else ",".join(TOKENIZERS))).split(
+        ","
+    )
     args.floors = args.floors.split(",")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.scaling:
+        data = scaling(args)
+        report_scaling(data)
+        name = args.name if args.name != "tokenize" else "tokenize-scaling"
+        print(f"wrote {write_results(name, data)}")
+        return
     if args.normalizers:
         data = normalizer_runs(args)
         report_normalizers(data, args.workers)

@@ -30,9 +30,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+from tokenmill.errors import FormatError
+
 TMP_MARK = ".tmp-"
 TMP_DIR = ".tmp"
 _HOST_MAX = 40
+# The most a temp name adds to the final name: ".tmp-<host>-<pid, 7 digits at most>-<8 hex>",
+# and a transfer library's extension of its partial file (".1a2B3c4D"): whatever the host.
+TEMP_NAME_EXTRA = len(TMP_MARK) + _HOST_MAX + 1 + 7 + 1 + 8 + 9
 _CREATE_TRIES = 5
 _T = TypeVar("_T")
 # The end of a temp's name: ``.tmp-[<host>-]<pid>-<rand>``, and the extension a transfer
@@ -187,6 +192,25 @@ def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     """Atomically write ``obj`` as sorted, indented JSON (deterministic bytes)."""
     write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def load_json(raw: bytes | str, where: object, field: str = "json") -> Any:
+    """Parse the JSON of a file tokenmill wrote (pointer, manifest, cache description); any
+    damage, including nesting too deep for the parser or an integer too long to convert, is a
+    FormatError naming ``where``, never a bare ValueError or RecursionError."""
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(where, field, f"not valid JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise FormatError(where, field, "not readable JSON: nested too deeply") from exc
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise FormatError(where, field, f"not readable JSON ({exc})") from exc
+
+
+def read_json(path: str | os.PathLike[str], field: str = "json") -> Any:
+    """``load_json`` of the file at ``path`` (FileNotFoundError when it is not there)."""
+    return load_json(Path(path).read_bytes(), path, field)
 
 
 def writer_alive(suffix: str) -> bool:

@@ -319,6 +319,9 @@ class Recipe(_Config):
         tuple[BlendConfig, ...], _named("a mapping {name: {weights: ...}}", empty=True)
     ]
     schedules: ScheduleConfig
+    # virtual: a merged version is a manifest of its shard pairs (nothing copied); physical:
+    # Megatron's merged pair, a full copy per version (for Megatron's own tools)
+    merge: Literal["virtual", "physical"] = "virtual"
 
     @model_validator(mode="before")
     @classmethod

@@ -12,9 +12,9 @@ from tokenmill.errors import FormatError
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     file_problems,
+    open_dataset,
     read_dataset_manifest,
 )
-from tokenmill.formats.indexed import IndexedDataset
 
 
 def verify_dataset(prefix: str | os.PathLike[str], *, full: bool = True) -> list[str]:
@@ -26,7 +26,7 @@ def verify_dataset(prefix: str | os.PathLike[str], *, full: bool = True) -> list
     prefix = Path(prefix)
     problems: list[str] = []
     try:
-        with IndexedDataset(prefix) as ds:
+        with open_dataset(prefix) as ds:
             ds.check_pointers()
             counts = {"documents": ds.num_documents, "sequences": len(ds), "tokens": ds.num_tokens}
     except FormatError as exc:
@@ -59,7 +59,7 @@ def verify_dataset_info(path: str | os.PathLike[str], *, full: bool = True) -> l
         records = [
             (str(s["file"]), int(s["size"]), str(s["sha256"]), int(s["num_rows"])) for s in shards
         ]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
         return [f"{path}: not a tokenmill dataset_info.json ({exc!r})"]
     problems = []
     if sum(rows for *_, rows in records) != examples:

@@ -29,6 +29,7 @@ import contextvars
 import json
 import multiprocessing
 import os
+import posixpath
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -43,6 +44,8 @@ from assets.support import s3
 from assets.support.partitions import check_partition_key
 from assets.support.sources import ShardFile
 from tokenmill.errors import ConfigError
+from tokenmill.formats.dataset_manifest import read_dataset_manifest
+from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.storage import layout
 from tokenmill.storage.s3 import split_uri
 from tokenmill.storage.store import Store, open_store
@@ -148,6 +151,24 @@ class Workspace:
         nothing to do for a local root."""
         if self.stage is not None:
             self.stage.fetch(list(inputs))
+
+    def fetch_index(self, rel: str) -> None:
+        """Stage what reading a dataset's sequence lengths needs: its manifest and ``.idx``
+        or, for a virtual merge, every shard pair's ``.idx`` it names (never a ``.bin``)."""
+        if self.stage is None:
+            return
+        self.fetch([f"{rel}.idx", *layout.dataset_manifests(rel)])
+        manifest_file = self.storage.path(layout.dataset_manifest(rel))
+        if manifest_file.is_file() and not self.storage.path(f"{rel}.idx").is_file():
+            manifest = read_dataset_manifest(self.storage.path(rel))
+            if is_virtual(manifest):
+                folder = posixpath.dirname(rel)
+                self.fetch(
+                    [
+                        posixpath.normpath(posixpath.join(folder, f"{s['prefix']}.idx"))
+                        for s in manifest["shards"]
+                    ]
+                )
 
     def blend_manifest(self, blend: str) -> Path:
         """A blend's local ``manifest.json``: on S3, pulled with every file it names (verified)."""

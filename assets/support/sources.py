@@ -18,6 +18,7 @@ from assets.support.partitions import check_partition_key, partition_key_for
 from tokenmill.atomic import TMP_MARK
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.recipe import DatasetConfig
+from tokenmill.storage.layout import shard_name_problem
 from tokenmill.storage.s3 import split_uri
 
 
@@ -109,6 +110,10 @@ def _select(ds: DatasetConfig, found: Iterable[ShardFile]) -> Listing:
             key = partition_key_for(candidate.path or check_partition_key(name))
         except ConfigError as exc:
             rejected.append(f"{candidate.location}: {exc}")
+            continue
+        too_long = shard_name_problem(name, key, ds.text_key)
+        if too_long:
+            rejected.append(f"{candidate.location}: {too_long}")
             continue
         if key in shards:
             taken = shards[key].location.rsplit("/", 1)[-1]

@@ -40,9 +40,9 @@ from dagster import (
 )
 
 from assets.support.partitions import shard_partitions
-from tokenmill.formats.dataset_manifest import FORMAT_VERSION
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig, Recipe
 from tokenmill.storage.versions import version_hash
+from tokenmill.tokenize.merged_versions import merged_version
 
 # The tag under which Dagster stores the data version of a materialization (``DataVersion``);
 # the public record APIs hand back events, whose tags carry it.
@@ -76,17 +76,12 @@ def tokens_settings(tokenizer_fingerprint: str, append_eod: bool, ds: DatasetCon
     )
 
 
-def merged_data_version(ds: DatasetConfig, inputs: Sequence[tuple[str, str | None]]) -> str:
+def merged_data_version(
+    ds: DatasetConfig, inputs: Sequence[tuple[str, str | None]], merge: str
+) -> str:
     """The merged version of ``(shard, tokens content hash)`` inputs in merge order (a shard
-    not tokenized yet counts as None); also the name of the merged version's folder."""
-    return version_hash(
-        {
-            "kind": "merged",
-            "format_version": FORMAT_VERSION,
-            "text_key": ds.text_key,
-            "inputs": [list(i) for i in inputs],
-        }
-    )
+    not tokenized yet counts as None); the library's own (``merged_version``)."""
+    return merged_version(ds.text_key, inputs, merge)
 
 
 def nanoset_data_version(merged_version: str | None, cfg: NanosetConfig) -> str:
@@ -110,15 +105,17 @@ def blend_data_version(
 
 def recipe_code_versions(recipe: Recipe) -> dict[AssetKey, str]:
     """The code version of each asset built from recipe settings beyond its inputs' data: a
-    hash of those settings (every index setting for ``<ds>/nanoset``; those and the blend's
-    own for ``blend/<name>``). Dagster records it with each materialization, so an edited
-    recipe shows as "code version changed" once the code location reloads, and the recipe
-    sensor (``pipelines/sensors.py``) compares it with the file as read at each tick."""
+    hash of those settings (the merge mode for ``<ds>/merged``; every index setting for
+    ``<ds>/nanoset``; those and the blend's own for ``blend/<name>``). Dagster records it with
+    each materialization, so an edited recipe shows as "code version changed" once the code
+    location reloads, and the recipe sensor (``pipelines/sensors.py``) compares it with the
+    file as read at each tick."""
     nanoset = recipe.nanoset.model_dump()
-    versions = {
-        AssetKey([ds.name, "nanoset"]): version_hash({"kind": "nanoset", **nanoset})
-        for ds in recipe.datasets
-    }
+    versions = {}
+    for ds in recipe.datasets:
+        merged = {"kind": "merged", "merge": recipe.merge}
+        versions[AssetKey([ds.name, "merged"])] = version_hash(merged)
+        versions[AssetKey([ds.name, "nanoset"])] = version_hash({"kind": "nanoset", **nanoset})
     for blend in recipe.blends:
         settings = {"kind": "blend", "blend": blend.model_dump(), "nanoset": nanoset}
         versions[AssetKey(["blend", blend.name])] = version_hash(settings)
@@ -306,7 +303,8 @@ def expected_versions(
     for ds in recipe.datasets:
         records = shard_records(instance, ds, keys[ds.name])
         complete = [k for k in keys[ds.name] if records[k].content_hash and records[k].tokens_ok]
-        merged = merged_data_version(ds, [(k, records[k].content_hash) for k in complete])
+        inputs = [(k, records[k].content_hash) for k in complete]
+        merged = merged_data_version(ds, inputs, recipe.merge)
         nanosets[ds.name] = nanoset_data_version(merged, recipe.nanoset)
         expected[AssetKey([ds.name, "merged"])] = merged
         expected[AssetKey([ds.name, "nanoset"])] = nanosets[ds.name]

@@ -221,7 +221,7 @@ def test_two_runs_of_one_shard_partition(runners: Workers, clean: Clean, gate: s
     assert snapshot(project.root) == clean.files
 
 
-@pytest.mark.parametrize("gate", [None, "/docs_text_document.bin"])
+@pytest.mark.parametrize("gate", [None, "/docs_text_document.manifest.json"])
 def test_two_runs_of_the_merged_asset(runners: Workers, clean: Clean, gate: str | None) -> None:
     """``docs/merged`` and its Nanoset indices (shared cache under a flock) built by two runs at
     once, the same way: both succeed (or one fails cleanly), the result is the clean build's

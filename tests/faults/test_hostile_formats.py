@@ -492,3 +492,44 @@ def _pull_refuses(world: World, mpath: Path) -> None:
         return
     with pytest.raises((FormatError, CacheError)):
         open_blend(report.manifest, "train")
+
+
+HOSTILE_JSON = {
+    "nested 100,000 deep": b"[" * 100_000 + b"]" * 100_000,
+    "a 5,000-digit integer": b'{"format_version": ' + b"9" * 5000 + b"}",
+}
+
+
+@pytest.mark.parametrize("payload", HOSTILE_JSON)
+def test_hostile_json_in_a_manifest_or_pointer_is_a_format_error(
+    world: World, payload: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """JSON that Python's parser itself refuses (RecursionError, the 4,300-digit int limit) is a
+    FormatError naming the file in every reader: a one-line CLI error (exit 1), never a
+    traceback, and an error training code catching TokenmillError sees."""
+    from tokenmill.storage.versions import read_pointer
+
+    raw = HOSTILE_JSON[payload]
+    mpath = dataset_manifest.dataset_manifest_path(world.code)
+    mpath.write_bytes(raw)
+    for message in _dataset_entry_points(world, capsys):
+        assert f"{mpath}: manifest: not readable JSON" in message, message
+    argv = ["blend", "--dataset", f"code={world.code}", "--weight", "code=1", "--output"]
+    argv += [str(world.root / "blends/new"), "--sequence-length", "8", "--train-samples", "4"]
+    assert main(argv) == 1
+    assert f"{mpath}: manifest: not readable JSON" in capsys.readouterr().err
+    blend = world.root / BLEND
+    blend.write_bytes(raw)
+    with pytest.raises(FormatError, match=f"{blend}: manifest: not readable JSON"):
+        open_blend(blend, "train")
+    for argv in (["verify", str(blend)], ["inspect", str(blend)]):
+        assert main(argv) == 1
+        out = capsys.readouterr()
+        assert f"{blend}: manifest: not readable JSON" in out.out + out.err, argv
+    assert main(["gc", str(world.root), "--keep", "0"]) == 1
+    assert "blends/mix/manifest.json: pointer:" in capsys.readouterr().err
+    pointer = world.root / "merged/docs/current.json"
+    pointer.parent.mkdir(parents=True)
+    pointer.write_bytes(raw)
+    with pytest.raises(FormatError, match=f"{pointer}: pointer: not readable JSON"):
+        read_pointer(pointer)

@@ -168,8 +168,13 @@ def test_a_version_without_manifest_is_left_alone(store: dict) -> None:
     partial.mkdir()
     (partial / "train-dataset_index.npy").write_bytes(b"x")
     age([partial], 100)
-    gc(root, keep=0)
+    report = gc(root, keep=0)
     assert (partial / "train-dataset_index.npy").is_file()
+    assert [line.split(":")[0] for line in report.incomplete] == ["blend mix abcdefabcdefabcd"]
+    assert any(
+        line.startswith("left alone: blend mix abcdefabcdefabcd: no manifest")
+        for line in report.lines()
+    )
 
 
 def test_s3_root(store: dict, s3: Any, tmp_path: Path) -> None:
@@ -215,3 +220,159 @@ def test_an_unversioned_pair_and_its_caches_stay(store: dict, layout_of: str) ->
     assert not removed & (ours | entry)
     assert {r.name for r in report.removed if r.kind == "merged"} == {"docs"}
     assert (ours | entry) <= tree(root)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not JSON", "missing", "deep", "huge int"])
+def test_an_unreadable_blend_pointer_stops_gc(
+    store: dict, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The blend pointer names the current version: unreadable, gc cannot tell which version
+    must stay, so it removes nothing and exits 1 naming the pointer (as for a merged one)."""
+    root = store["root"]
+    pointer = root / "blends/mix/manifest.json"
+    raw = pointer.read_bytes()
+    if damage == "missing":
+        pointer.unlink()
+    else:
+        pointer.write_bytes(
+            {
+                "truncated": raw[: len(raw) // 2],
+                "not JSON": b"\x00garbage",
+                "deep": b"[" * 100_000,
+                "huge int": b'{"version": ' + b"7" * 5000 + b"}",
+            }[damage]
+        )
+    before = tree(root)
+    assert main(["gc", str(root), "--keep", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "blends/mix/manifest.json: pointer:" in err and "gc stops" in err
+    assert "Traceback" not in err
+    assert tree(root) == before
+
+
+@pytest.mark.parametrize("refresh", ["new version", "back to an old version"])
+def test_a_refresh_between_listings_keeps_what_it_made_current(
+    store: dict, refresh: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refresh lands after gc listed ``blends/`` and ``merged/`` but before ``nanoset/``: the
+    version it made current, its merged datasets and its index caches all stay."""
+    from tokenmill.storage.store import LocalStore
+
+    root = store["root"]
+    code = root / "merged/code/cccccccccccccccc/code_text_document"
+    listing = LocalStore.files
+    made: list[str] = []
+
+    def files(self: LocalStore, top: str) -> Any:
+        if top == "nanoset" and not made:
+            if refresh == "new version":
+                made.append(blend(root, merged_version(root, "docs", "4", 4), code))
+            else:  # a rebuild of the inputs of v2 (e.g. a reverted edit): v2 is current again
+                made.append(blend(root, store["docs"][1], code))
+        return listing(self, top)
+
+    monkeypatch.setattr(LocalStore, "files", files)
+    gc(root, keep=1)
+    assert made
+    survivor = open_blend(root / "blends/mix", verify="full")
+    assert survivor.version == made[0]
+
+
+@pytest.mark.parametrize("victim", ["blend", "merged", "nanoset"])
+def test_a_gc_killed_mid_removal_is_finished_by_the_next(
+    store: dict,
+    victim: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Killed after a version's manifest (an entry's description) went but before its data: the
+    next gc finds the tombstone, removes the rest and says so; nothing stays behind forever."""
+    from tokenmill.storage.store import LocalStore
+
+    root, v2 = store["root"], store["versions"][1]
+    folder = {
+        "blend": f"blends/mix/versions/{v2[:16]}/",
+        "merged": "merged/docs/2222222222222222/",
+        "nanoset": "nanoset/",
+    }[victim]
+    real = LocalStore.delete
+    killed: list[str] = []
+
+    def delete(self: LocalStore, keys: Any) -> None:
+        if not killed and len(keys) > 1 and all(k.startswith(folder) for k in keys):
+            killed.extend(keys)  # the commit file went; the kill lands before the data
+            raise KeyboardInterrupt
+        real(self, keys)
+
+    monkeypatch.setattr(LocalStore, "delete", delete)
+    with pytest.raises(KeyboardInterrupt):
+        gc(root, keep=1)
+    monkeypatch.setattr(LocalStore, "delete", real)
+    assert killed and all((root / k).is_file() for k in killed)
+    assert main(["gc", str(root), "--keep", "1"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"finished removing {victim} " in out and "(an interrupted gc left it half-removed)" in out
+    )
+    assert not any((root / k).exists() for k in killed)
+    assert not any("gc-removing" in k for k in tree(root))
+    if victim != "nanoset":
+        assert not (root / folder).exists()
+    assert open_blend(root / "blends/mix", verify="full").version == store["versions"][2]
+
+
+def test_a_pin_matching_nothing_is_refused_unless_forced(
+    store: dict, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--keep-version`` with a typo would remove the version it meant to keep: refused (exit
+    2, the known versions listed, nothing removed) unless ``--force``."""
+    root, (v1, _, _) = store["root"], store["versions"]
+    typo = "f" + v1[1:16]
+    before = tree(root)
+    assert main(["gc", str(root), "--keep", "1", "--keep-version", typo]) == 2
+    err = capsys.readouterr().err
+    assert f"--keep-version {typo}: matches no blend or merged version" in err
+    assert f"blend mix {v1[:16]}" in err and "merged docs 1111111111111111" in err
+    assert "--force" in err
+    assert tree(root) == before
+    assert main(["gc", str(root), "--keep", "1", "--keep-version", typo, "--force"]) == 0
+    assert not (root / "blends/mix/versions" / v1[:16]).exists()
+
+
+def test_a_worker_reopening_a_removed_version_gets_a_cache_error(store: dict) -> None:
+    """A DataLoader worker (re)started after gc removed the job's unpinned version unpickles
+    its dataset: a CacheError naming the blend version and ``tokenmill gc``, not a bare
+    FileNotFoundError on some index file."""
+    import pickle
+
+    from tokenmill.errors import CacheError
+
+    root, v1 = store["root"], store["versions"][0]
+    job = pickle.dumps(open_blend(root / "blends/mix", version=v1))
+    gc(root, keep=1)
+    with pytest.raises(CacheError) as caught:
+        pickle.loads(job)
+    message = str(caught.value)
+    assert v1 in message and "tokenmill gc" in message and "--keep-version" in message
+    nano = open_blend(root / "blends/mix").datasets["docs"]
+    job = pickle.dumps(nano)
+    for path in (root / "nanoset").glob(f"{nano.version}-*"):
+        path.unlink()
+    with pytest.raises(CacheError, match=f"index cache {nano.version}.*tokenmill gc"):
+        pickle.loads(job)
+
+
+def test_a_rebuild_over_a_half_removed_entry_is_left_alone(store: dict) -> None:
+    """Files newer than a tombstone belong to a build that reuses the name (e.g. a Nanoset
+    entry rebuilt after an interrupted removal): gc does not finish that removal over it."""
+    root = store["root"]
+    stem = next(iter(store["caches"][0])).rsplit("-", 1)[0]
+    stem = "-".join(stem.split("-")[:3])
+    (root / f"nanoset/{stem}-description.json").unlink()  # the removal's first step
+    tomb = root / f"nanoset/{stem}-gc-removing.json"
+    tomb.write_text("{}")
+    age([tomb], 100)  # the entry files (30 days old) were written after it
+    rebuilt = sorted((root / "nanoset").glob(f"{stem}-*.npy"))
+    assert rebuilt
+    report = gc(root, keep=1)
+    assert not report.finished and all(p.is_file() for p in rebuilt)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 
 import numpy as np
@@ -205,3 +206,27 @@ def test_early_writeback_path_keeps_bytes(tmp_path, monkeypatch):
     ds = IndexedDataset(tmp_path / "wb")
     assert ds.tokens.tolist() == np.concatenate([*docs, *docs, np.arange(7)]).tolist()
     ds.check_pointers()
+
+
+def test_a_pair_whose_manifest_records_its_tokens_opens_without_scanning(tmp_path, monkeypatch):
+    """O(1) open: with the token count recorded, no length or boundary is scanned on open
+    (only the header and the file sizes are read); check_pointers still scans everything and
+    catches lengths that disagree with the recorded count."""
+    from tiny_pairs import random_dataset
+
+    from tokenmill.formats.dataset_manifest import open_dataset, sidecar_manifest_path
+
+    prefix = random_dataset(tmp_path / "p", 50, 3, counted=True)
+    scans = []
+    original = IndexedDataset._scan_index
+    monkeypatch.setattr(IndexedDataset, "_scan_index", lambda self: scans.append(self))
+    with open_dataset(prefix) as ds:
+        assert scans == [] and ds.num_tokens == int(ds.sequence_lengths.sum())
+    with IndexedDataset(prefix) as ds:  # no recorded count: the scan runs
+        assert len(scans) == 1
+    monkeypatch.setattr(IndexedDataset, "_scan_index", original)
+    manifest = json.loads(sidecar_manifest_path(prefix).read_text())
+    manifest["counts"]["tokens"] += 1
+    sidecar_manifest_path(prefix).write_text(json.dumps(manifest))
+    with pytest.raises(FormatError, match="size"):  # the .bin size disagrees with the record
+        open_dataset(prefix)

@@ -45,6 +45,8 @@ CATALOGUE: list[tuple[bytes, str]] = [
     (b'{"text": "\\ud800"}', SURROGATE),
     (b'{"text": "tail \\udc00"}', SURROGATE),
     (b'{"text": "ok", "meta": ["\\ud800"]}', SURROGATE.replace("text", "field 'meta'")),
+    (b'{"text": "ok", "m": ' + b"[" * 1025 + b"]" * 1025 + b"}", "JSON nested too deeply: "),
+    (b"[" * 100_000 + b"]" * 100_000, "JSON nested too deeply: "),
 ]
 GOOD = b'{"text": "good"}'
 

@@ -148,3 +148,45 @@ def test_pull_from_a_legacy_source_writes_sidecar_manifests(tmp_path: Path) -> N
         assert copied.read_bytes() == legacy_manifest_path(sets[name]).read_bytes()
     assert megatron_merge_scan(str(dest / "merged")) == ["code_text_document", "docs_text_document"]
     assert len(open_blend(report.manifest, split="train")) >= 20
+
+
+def test_a_shard_name_is_refused_when_a_derived_temp_name_could_be_too_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The longest accepted shard name has every derived file written through a temp whose
+    name embeds the longest host tag and pid; one byte more is refused, whatever this host."""
+    from tokenmill import atomic
+
+    monkeypatch.setattr(atomic, "host_tag", lambda: "h" * 40)
+    monkeypatch.setattr(atomic.os, "getpid", lambda: 4_194_304)  # pid_max: 7 digits
+
+    def longest_ok(text_key: str) -> int:
+        n = 1
+        while (
+            layout.shard_name_problem(f"{'s' * (n + 1)}.jsonl.zst", "s" * (n + 1), text_key) is None
+        ):
+            n += 1
+        return n
+
+    for text_key in ("text", "content_with_a_long_key"):
+        n = longest_ok(text_key)
+        assert n >= 120
+        shard = "s" * n
+        names = [
+            f"{shard}.jsonl.zst",
+            layout.raw_stats("d", shard),
+            layout.quarantine("d", shard),
+            layout.parquet("d", shard),
+            layout.export_record("d", shard),
+            layout.dataset_manifest(layout.tokens_prefix("d", shard, text_key)),
+            layout.tokens_prefix("d", shard, text_key) + ".bin",
+        ]
+        for name in names:  # each written through a temp, plus a transfer library's extension
+            final = tmp_path / text_key / name
+            final.parent.mkdir(parents=True, exist_ok=True)
+            temp = atomic.temp_path_for(final)
+            temp.with_name(temp.name + ".1a2B3c4D").write_bytes(b"x")
+            atomic.write_bytes(final, b"x")
+        problem = layout.shard_name_problem(f"{shard}s.jsonl", f"{shard}s", text_key)
+        assert problem is not None and "the name is too long" in problem
+        assert f"at most {n} bytes" in problem

@@ -143,3 +143,67 @@ def test_read_object_does_not_repeat_a_programming_error() -> None:
             s3.read_object(client, BUCKET, "m.json")
         # The second answer was never asked for: it is still there for the next read.
         assert s3.read_object(client, BUCKET, "m.json") == b"{}"
+
+
+def test_timeouts_are_shorter_by_default_and_configurable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tokenmill.errors import ConfigError
+
+    client = s3.make_client("http://127.0.0.1:9")
+    assert (client.meta.config.connect_timeout, client.meta.config.read_timeout) == (10.0, 30.0)
+    monkeypatch.setenv("TOKENMILL_S3_CONNECT_TIMEOUT", "2.5")
+    monkeypatch.setenv("TOKENMILL_S3_READ_TIMEOUT", "7")
+    client = s3.make_client("http://127.0.0.1:9")
+    assert (client.meta.config.connect_timeout, client.meta.config.read_timeout) == (2.5, 7.0)
+    for bad in ("0", "-1", "soon", "inf"):
+        monkeypatch.setenv("TOKENMILL_S3_READ_TIMEOUT", bad)
+        with pytest.raises(ConfigError, match=f"TOKENMILL_S3_READ_TIMEOUT={bad!r}: expected a"):
+            s3.make_client("http://127.0.0.1:9")
+
+
+def test_an_endpoint_that_never_answers_fails_soon_and_says_it_waits(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A loopback server accepts every connection and never answers: ``tokenmill pull`` says it
+    is waiting for the endpoint, and fails after botocore's tries with the read timeout set in
+    the environment (never botocore's 60 s per try)."""
+    import threading
+
+    from tokenmill.cli import main
+
+    monkeypatch.setattr(ExponentialBackoff, "delay_amount", lambda self, context: 0.0)
+    monkeypatch.setattr(s3, "WAITING_EVERY", 0.0, raising=False)  # every waiting line shows
+    monkeypatch.setenv("TOKENMILL_S3_CONNECT_TIMEOUT", "1")
+    monkeypatch.setenv("TOKENMILL_S3_READ_TIMEOUT", "0.2")
+    held: list[socket.socket] = []
+    stop = threading.Event()
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(32)
+        server.settimeout(0.05)
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+
+        def accept() -> None:
+            while not stop.is_set():
+                try:
+                    held.append(server.accept()[0])  # read nothing, answer nothing
+                except TimeoutError:
+                    continue
+
+        acceptor = threading.Thread(target=accept, daemon=True)
+        acceptor.start()
+        result: list[int] = []
+        argv = ["pull", f"s3://{BUCKET}/blends/mix/manifest.json", str(tmp_path / "dest")]
+        puller = threading.Thread(
+            target=lambda: result.append(main([*argv, "--endpoint-url", url])), daemon=True
+        )
+        puller.start()
+        puller.join(120)  # a hang guard only: with 0.2 s per try this ends within seconds
+        stop.set()
+        acceptor.join()
+        for conn in held:
+            conn.close()
+    assert result == [1], "tokenmill pull still waiting on a silent endpoint"
+    err = capsys.readouterr().err
+    assert f"tokenmill: waiting for S3 ({url}): " in err
+    assert "ReadTimeoutError" in err and f"s3://{BUCKET}/blends/mix/manifest.json" in err
+    assert len(held) == 1 + s3.MAX_ATTEMPTS  # every try reached the endpoint, none answered

@@ -15,6 +15,7 @@ import pytest
 from pipeline_project import ROOT
 from tokenizers import normalizers
 
+from tokenmill.tokenize import parallel
 from tokenmill.tokenize.run import tokenize_files
 from tokenmill.tokenize.tokenizer import inspect_tokenizer, load_encoder, load_tokenizer
 from tokenmill.tokenize.tokenizer_guard import (
@@ -150,8 +151,13 @@ def test_guard_is_what_keeps_the_normalized_path_exact(qwen2_dir: Path, tiny_dir
         assert split(*encoder.encode([text])) == [expected]
 
 
-def test_tiktoken_workers_count_routed_documents(qwen2_dir: Path, tmp_path: Path) -> None:
-    """tiktoken runs in forked workers; their guards' counts reach the manifest."""
+def test_tiktoken_workers_count_routed_documents(
+    qwen2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tiktoken runs in forked workers (ranges of 4 KB); their guards' counts reach the
+    manifest."""
+    monkeypatch.setattr(parallel, "MIN_RANGE_BYTES", 4096)
+    monkeypatch.setattr(parallel, "MAX_RANGE_BYTES", 4096)
     texts = [*ORDINARY, *TRICKY[:2], *TRICKY[10:]]
     encoder = load_tokenizer(qwen2_dir, engine="tiktoken")
     result = _tokenize(tmp_path, encoder, texts, workers=2)

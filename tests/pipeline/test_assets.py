@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,8 +24,8 @@ from assets.support.resources import StorageResource
 from pipelines.build import resources_for
 from pipelines.jobs import SHARD_STAGES
 from tokenmill.errors import ConfigError, InputError
-from tokenmill.formats.dataset_manifest import write_dataset_manifest
-from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
+from tokenmill.formats.dataset_manifest import open_dataset, write_dataset_manifest
+from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe
 from tokenmill.storage import layout
@@ -99,7 +100,7 @@ def test_every_stage_of_one_recipe(
     assert value(merged, "reused_version") is False
     prefix = storage.merged_prefix("docs", "text")
     assert prefix.parent.name == version[:16]
-    with IndexedDataset(prefix) as data:
+    with open_dataset(prefix) as data:
         assert data.num_documents == 40
     again = run_asset(defs, ["docs", "merged"], resources, instance)
     assert value(again, "version") == version and value(again, "reused_version") is True
@@ -139,15 +140,20 @@ def test_vanished_shard_is_reported_and_pruned(
         first, "version"
     )
     assert storage.parquet_path("code", "part-00001").exists()  # the merge prunes nothing
-    assert old_prefix.with_suffix(".bin").exists()  # the old version stays for pinned jobs
+    assert open_dataset(old_prefix).num_documents > 0  # the old version stays for pinned jobs
     assert storage.merged_prefix("code", "text") != old_prefix
     pruned = run_asset(defs, ["code", "pruned"], resources, instance)
     assert value(pruned, "shards_removed") == ["part-00001"] and value(pruned, "files_removed") > 0
     assert not storage.parquet_path("code", "part-00001").exists()
     assert not storage.export_record_path("code", "part-00001").exists()
     assert not storage.raw_stats_path("code", "part-00001").exists()
-    assert not storage.tokens_prefix("code", "part-00001", "text").with_suffix(".bin").exists()
+    # the old (virtual) version still reads part-00001's tokens in place: they stay until it goes
+    gone = storage.tokens_prefix("code", "part-00001", "text").with_suffix(".bin")
+    assert value(pruned, "tokens_kept_for_versions") == ["part-00001"] and gone.exists()
     assert storage.tokens_prefix("code", "part-00000", "text").with_suffix(".bin").exists()
+    shutil.rmtree(old_prefix.parent)  # as `tokenmill gc` removes an old version
+    again = run_asset(defs, ["code", "pruned"], resources, instance)
+    assert value(again, "tokens_kept_for_versions") == [] and not gone.exists()
     run_asset(defs, ["code", "dataset_info"], resources, instance)
     info = json.loads((storage.hf_dir("code") / "dataset_info.json").read_text())
     assert "part-00001" not in json.dumps(info) and "part-00000" in json.dumps(info)

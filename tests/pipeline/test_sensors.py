@@ -266,3 +266,18 @@ def test_a_shard_is_found_without_listing_the_source(
     assert find_shard(ds, "part-00001") == listed["part-00001"]
     with pytest.raises(InputError, match="'part-00009' is not in"):
         find_shard(ds, "part-00009")
+
+
+def test_a_shard_name_too_long_for_its_temp_names_is_refused_at_listing(recipe: Recipe) -> None:
+    """A 240-character shard name is a valid file name, but its derived names (with a temp
+    suffix) are not: the listing refuses it beside the other refused names, and lists the rest."""
+    ds = recipe.dataset("docs")
+    before = set(list_shards(ds).shards)
+    long = Path(ds.source) / f"{'x' * 240}.jsonl"
+    long.write_bytes(b'{"text": "a"}\n')
+    listing = list_shards(ds)
+    assert set(listing.shards) == before
+    assert [r for r in listing.rejected if "the name is too long" in r] == [
+        r for r in listing.rejected if str(long) in r
+    ]
+    assert any(str(long) in r and "the name is too long" in r for r in listing.rejected)

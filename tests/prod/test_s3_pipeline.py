@@ -47,7 +47,12 @@ def s3_secret(s3: S3, monkeypatch: pytest.MonkeyPatch) -> S3:
 
 
 def s3_recipe(
-    tmp_path: Path, s3: S3, gpt2_dir: Path, root_bucket: str, root: str | None = None
+    tmp_path: Path,
+    s3: S3,
+    gpt2_dir: Path,
+    root_bucket: str,
+    root: str | None = None,
+    merge: str = "virtual",
 ) -> Recipe:
     """Two small datasets uploaded to ``s3://<bucket>/sources/<ds>/``; the storage root is
     ``s3://<root_bucket>/root`` unless ``root`` names another (a local directory)."""
@@ -66,6 +71,7 @@ def s3_recipe(
         },
         "nanoset": {"sequence_length": 32, "split": "80,10,10", "seed": 7, "train_samples": 100},
         "blends": {"mix": {"weights": {"docs": 0.7, "code": 0.3}}},
+        "merge": merge,
     }
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
@@ -117,11 +123,12 @@ def everything_logged(instance: DagsterInstance) -> str:
     )
 
 
+@pytest.mark.parametrize("merge", ["virtual", "physical"])
 def test_every_stage_on_s3_then_pull_and_open(
-    s3_secret: S3, gpt2_dir: Path, tmp_path: Path
+    s3_secret: S3, gpt2_dir: Path, tmp_path: Path, merge: str
 ) -> None:
     s3 = s3_secret
-    recipe = s3_recipe(tmp_path, s3, gpt2_dir, s3.bucket)
+    recipe = s3_recipe(tmp_path, s3, gpt2_dir, s3.bucket, merge=merge)
     work = tmp_path / "work"
     with DagsterInstance.ephemeral() as instance:
         results = run_everything(recipe, instance, work)
@@ -142,8 +149,8 @@ def test_every_stage_on_s3_then_pull_and_open(
             ].read()
         )
         merged_key[ds] = f"root/merged/{ds}/{pointer['target']}"
-        for suffix in (".bin", ".idx"):
-            assert f"{merged_key[ds]}{suffix}" in keys
+        for suffix in (".bin", ".idx"):  # a virtual merge has only its manifest
+            assert (f"{merged_key[ds]}{suffix}" in keys) == (merge == "physical")
         assert layout.dataset_manifest(merged_key[ds]) in keys
         assert f"root/hf/{ds}/dataset_info.json" in keys
         for shard in ("part-00000", "part-00001"):
@@ -174,10 +181,16 @@ def test_every_stage_on_s3_then_pull_and_open(
             "Body"
         ].read()
     )
-    assert [i["prefix"] for i in merged["inputs"]] == [
-        f"s3://{s3.bucket}/root/tokens/docs/{shard}_text_document"
-        for shard in ("part-00000", "part-00001")
-    ]
+    if merge == "physical":
+        assert [i["prefix"] for i in merged["inputs"]] == [
+            f"s3://{s3.bucket}/root/tokens/docs/{shard}_text_document"
+            for shard in ("part-00000", "part-00001")
+        ]
+    assert [s["key"] for s in merged["shards"]] == ["part-00000", "part-00001"]
+    if merge == "virtual":  # shard pairs named relative to the version, read in place
+        assert [s["prefix"] for s in merged["shards"]] == [
+            f"../../../tokens/docs/{shard}_text_document" for shard in ("part-00000", "part-00001")
+        ]
 
     report = pull(f"s3://{s3.bucket}/root/blends/mix/manifest.json", tmp_path / "pulled")
     for split in ("train", "valid"):

@@ -160,9 +160,11 @@ def test_one_run_downloads_each_object_once_and_refreshes_find_indices_by_key(
         descriptions = [rel for rel in staged if rel.endswith("-Nanoset-train-description.json")]
         assert [staged[rel] for rel in descriptions] == [2]
         assert requests.count("GetObject", "-Nanoset-train-description.json") == 1
-        # the merged .idx: staged by the nanoset step and its check, downloaded once
-        [idx] = [rel for rel in staged if rel.endswith("docs_text_document.idx")]
-        assert staged[idx] == 2 and requests.count("GetObject", idx) == 1
+        # the shard .idx files the virtual merge names: staged by the nanoset step and its
+        # check, each downloaded once
+        idx = [rel for rel in staged if rel.endswith("_text_document.idx")]
+        assert idx and all(rel.startswith("tokens/docs/") for rel in idx)
+        assert all(staged[rel] == 2 and requests.count("GetObject", rel) == 1 for rel in idx)
         assert requests.count("GetObject", ".bin") == 0  # nothing here reads tokens
         assert list(work.iterdir()) == []  # the run's cache went with the run
 

@@ -35,6 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="never remove this version (hash or first 16 hex digits), repeated",
     )
     p.add_argument("--dry-run", action="store_true", help="list what would go, remove nothing")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="run even when a --keep-version matches no version (refused otherwise: a typo "
+        "would remove the version meant to be kept)",
+    )
     p.add_argument("--endpoint-url", help="S3 endpoint (default $AWS_ENDPOINT_URL, else AWS)")
     p.set_defaults(func=run)
 
@@ -48,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         keep_versions=args.keep_version,
         dry_run=args.dry_run,
         endpoint_url=args.endpoint_url,
+        force=args.force,
     )
     for line in report.lines():
         print(line)

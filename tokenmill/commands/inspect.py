@@ -9,7 +9,7 @@ from typing import Any
 
 from tokenmill.commands.verify import classify
 from tokenmill.errors import ConfigError
-from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.formats.dataset_manifest import open_dataset
 from tokenmill.tokenize.stats import histogram_text, length_histogram, summarize
 
 SPLITS = ("train", "valid", "test")
@@ -77,7 +77,7 @@ def _blend(mpath: Path, args: argparse.Namespace) -> None:
 
 def _dataset(prefix: Path, args: argparse.Namespace) -> None:
     """Print counts, dtype and the length histogram, then the decoded sequences."""
-    with IndexedDataset(prefix) as ds:
+    with open_dataset(prefix) as ds:
         ds.check_pointers()
         info = summarize(ds)
         width = max(len(k) for k in info)

@@ -20,6 +20,14 @@ def _positive(value: str) -> int:
     return n
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's or a job's
+    share), not every core of the machine."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Add the ``tokenize`` subcommand."""
     p = sub.add_parser(
@@ -39,8 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--workers",
         type=_positive,
-        default=min(os.cpu_count() or 1, 8),
-        help="encoder processes (default: CPU count, at most 8); output is the same for any N",
+        default=usable_cores(),
+        help="worker processes (default: the cores this process may use); output is the same "
+        "for any N",
     )
     p.add_argument(
         "--on-bad-record", choices=["fail", "quarantine"], default="fail", help=BAD_RECORD_HELP

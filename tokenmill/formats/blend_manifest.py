@@ -32,8 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.atomic import file_sha256
+from tokenmill.atomic import file_sha256, load_json
 from tokenmill.errors import ConfigError, FormatError
+from tokenmill.formats.dataset_manifest import read_dataset_manifest, sidecar_manifest_path
+from tokenmill.formats.virtual_merge import shard_problems
 from tokenmill.paths import has_control_character, leading_parents
 
 MANIFEST_NAME = "manifest.json"
@@ -145,10 +147,12 @@ def read_blend_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
             "missing: the blend was never completed "
             "(or is being rebuilt); build it with `tokenmill blend`",
         )
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(mpath, "manifest", f"not valid JSON ({exc})") from exc
+    return parse_blend_manifest(mpath.read_bytes(), mpath)
+
+
+def parse_blend_manifest(raw: bytes, mpath: object) -> dict[str, Any]:
+    """``read_blend_manifest`` of bytes already read (e.g. from S3); errors name ``mpath``."""
+    manifest = load_json(raw, mpath, "manifest")
     if not isinstance(manifest, dict) or manifest.get("kind") != KIND:
         raise FormatError(mpath, "kind", f"expected {KIND!r}: this is not a blend manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
@@ -303,9 +307,9 @@ def _key_problems(
     that differ from the description's (a cheap check: no array is read)."""
     path = resolve(mpath, ds["index"]["files"]["description"]["path"])
     try:
-        description = json.loads(path.read_text(encoding="utf-8"))
+        description = load_json(path.read_bytes(), path, "description")
         key, records = description["key"], description["files"]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+    except (OSError, FormatError, KeyError, TypeError) as exc:
         return [f"{path}: unreadable index description ({exc!r})"]
     wanted = {
         "sequence_length": manifest["sequence_length"],
@@ -344,6 +348,9 @@ def dataset_problems(
         if ds["name"] not in names:
             continue
         prefix = resolve(mpath, ds["prefix"])
+        if "manifest" in ds["files"]:
+            problems += _virtual_problems(mpath, ds, prefix, full=full)
+            continue
         for kind in ("bin", "idx"):
             entry = ds["files"][kind]
             path = resolve(mpath, entry["path"])
@@ -361,6 +368,27 @@ def dataset_problems(
                     "after the blend was built)"
                 )
     return problems
+
+
+def _virtual_problems(mpath: Path, ds: dict[str, Any], prefix: Path, *, full: bool) -> list[str]:
+    """Mismatches of a virtual merge's manifest (size; ``full``: sha256) and, through its
+    records, of every shard pair it names (sizes; ``full``: sha256)."""
+    entry = ds["files"]["manifest"]
+    path = resolve(mpath, entry["path"])
+    if path != sidecar_manifest_path(prefix):
+        raise FormatError(
+            mpath,
+            f"datasets.{ds['name']}.files.manifest",
+            f"{path} is not the manifest of the dataset's prefix {prefix}; rebuild the blend",
+        )
+    why = check_file(path, entry, hash_it=True)  # a few hundred bytes per shard: always hashed
+    if why:
+        return [f"dataset {ds['name']!r} manifest: {why} (the merge changed after the blend)"]
+    manifest = read_dataset_manifest(prefix)
+    return [
+        f"dataset {ds['name']!r}: {why}"
+        for why in shard_problems(prefix.parent, manifest, full=full)
+    ]
 
 
 def verify_manifest(

@@ -11,14 +11,19 @@ it is; readers never move it, the next write of the pair does (:func:`write_data
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import file_sha256, write_json
+from tokenmill.atomic import file_sha256, load_json, write_json
 from tokenmill.errors import FormatError
-from tokenmill.formats.indexed import data_file_path, index_file_path
+from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file_path
+from tokenmill.formats.virtual_merge import (
+    VirtualDataset,
+    check_manifest,
+    is_virtual,
+    shard_problems,
+)
 
 FORMAT_VERSION = 1
 DATASET_MANIFESTS = (
@@ -98,6 +103,7 @@ def write_dataset_manifest(
     counts: dict[str, int],
     bin_parts: list[dict[str, Any]] | None = None,
     digests: dict[str, dict[str, Any]] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Hash the pair's files and write the manifest atomically (call after the pair is final).
 
@@ -105,7 +111,8 @@ def write_dataset_manifest(
     file_digests``) are taken instead of re-reading the files, once their sizes are checked.
     ``bin_parts`` (``[{bytes, sha256}, ...]`` of consecutive byte ranges, e.g. the inputs of a
     merge) records the ``.bin`` by the hashes of its parts instead of re-reading it, so merging
-    runs at copy speed; a full verify hashes each range.
+    runs at copy speed; a full verify hashes each range. ``extra``: further fields (a merge's
+    ``shards`` and ``extends``).
     """
     prefix = Path(prefix)
     if digests is not None:
@@ -126,6 +133,7 @@ def write_dataset_manifest(
         "counts": counts,
         "files": files,
         "content_hash": _content_hash(files),
+        **(extra or {}),
     }
     # A 0.1.0 manifest beside the pair goes first (the pair is never vouched for by both).
     legacy_manifest_path(prefix).unlink(missing_ok=True)
@@ -183,18 +191,35 @@ def read_dataset_manifest(prefix: str | os.PathLike[str]) -> dict[str, Any]:
     path = dataset_manifest_path(prefix)
     if not path.is_file():
         raise FormatError(path, "manifest", "missing: the dataset was never completed")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(path, "manifest", f"not valid JSON ({exc})") from exc
+    manifest = load_json(path.read_bytes(), path, "manifest")
     if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
         found = manifest.get("format_version") if isinstance(manifest, dict) else manifest
         raise FormatError(path, "format_version", f"found {found!r}, expected {FORMAT_VERSION}")
     for key in ("files", "counts", "content_hash"):
         if key not in manifest:
             raise FormatError(path, key, "missing from the manifest")
-    _check_schema(path, Path(prefix).name, manifest)
+    if is_virtual(manifest):
+        check_manifest(path, manifest)
+    else:
+        _check_schema(path, Path(prefix).name, manifest)
     return manifest
+
+
+def open_dataset(
+    prefix: str | os.PathLike[str], *, index_only: bool = False
+) -> IndexedDataset | VirtualDataset:
+    """The dataset at ``prefix``: a ``.bin``/``.idx`` pair, or a virtual merge (a manifest of
+    shard pairs, no pair of its own). Both offer the same reading surface; a pair whose manifest
+    records its token count opens in O(1) (``IndexedDataset(num_tokens=...)``)."""
+    path = dataset_manifest_path(prefix)
+    if not path.is_file():
+        return IndexedDataset(prefix, index_only=index_only)
+    manifest = read_dataset_manifest(prefix)
+    if is_virtual(manifest) and not index_file_path(prefix).is_file():
+        return VirtualDataset(prefix, manifest, path, index_only=index_only)
+    tokens = manifest["counts"].get("tokens")  # recorded: an O(1) open
+    recorded = tokens if type(tokens) is int and tokens >= 0 else None
+    return IndexedDataset(prefix, index_only=index_only, num_tokens=recorded)
 
 
 def _is_digest(info: object) -> bool:
@@ -241,7 +266,10 @@ def check_dataset_files(prefix: str | os.PathLike[str], *, full: bool = False) -
 
 
 def file_problems(prefix: Path, manifest: dict[str, Any], *, full: bool) -> list[str]:
-    """Problems between an already loaded dataset manifest and the files beside ``prefix``."""
+    """Problems between an already loaded dataset manifest and the files beside ``prefix``
+    (for a virtual merge: its shards' pairs)."""
+    if is_virtual(manifest):
+        return shard_problems(prefix.parent, manifest, full=full)
     problems = []
     for name, info in manifest["files"].items():
         p = prefix.parent / name
@@ -279,6 +307,11 @@ def dataset_content_hash(prefix: str | os.PathLike[str], *, index_only: bool = F
     prefix = Path(prefix)
     if dataset_manifest_path(prefix).is_file():
         manifest = read_dataset_manifest(prefix)
+        if is_virtual(manifest):
+            problems = [] if index_only else file_problems(prefix, manifest, full=False)
+            if problems:
+                raise FormatError(prefix, "shards", "; ".join(problems))
+            return str(manifest["content_hash"])
         if index_only:
             idx = index_file_path(prefix)
             recorded = manifest["files"][idx.name]["bytes"]

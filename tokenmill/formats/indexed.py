@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import mmap
 import os
 import queue
 import shutil
@@ -212,6 +213,34 @@ class IndexedDatasetWriter:
         self._lengths.extend(lens[nonempty])
         self._docs.extend(base + np.cumsum(nonempty, dtype=np.int64))
 
+    def add_part(self, part: str | os.PathLike[str], doc_lengths: npt.ArrayLike) -> None:
+        """Append a raw token file (e.g. a worker's part) as many one-sequence documents, as
+        ``add_documents`` would: bytes copied in the kernel, the sha256 kept (read from a map of
+        the part, no copy into Python)."""
+        lens = np.asarray(doc_lengths, dtype=np.int64)
+        size = int(lens.sum()) * self.dtype.itemsize
+        if self._bin is None:
+            raise RuntimeError(f"{self.prefix}: writer already finalized or aborted")
+        with name_os_errors(data_file_path(self.prefix), source=part), open(part, "rb") as src:
+            if os.fstat(src.fileno()).st_size != size:
+                raise FormatError(part, "size", f"lengths need {size} bytes, file has "
+                                  f"{os.fstat(src.fileno()).st_size}")  # fmt: skip
+            if size:
+                with mmap.mmap(src.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                    if self._bin_hash is not None:
+                        self._bin_hash.update(view)
+                    self._bin.flush()
+                    _append_range(src, self._bin, size, view)
+        self._bin_size += size
+        base = len(self._lengths)
+        nonempty = lens > 0
+        self._lengths.extend(lens[nonempty])
+        self._docs.extend(base + np.cumsum(nonempty, dtype=np.int64))
+        end = self._bin_size
+        if end - self._written_back >= WRITEBACK_CHUNK:
+            self._writeback.add(self._written_back, end - self._written_back)
+            self._written_back = end
+
     def add_index(self, prefix: str | os.PathLike[str]) -> None:
         """Append a whole existing dataset (Megatron ``add_index``): bytes copied in blocks.
 
@@ -363,6 +392,24 @@ class _Writeback:
             self._thread.join()
 
 
+def _append_range(src: IO[bytes], dst: IO[bytes], size: int, view: mmap.mmap) -> None:
+    """Append ``size`` bytes of ``src`` at the end of ``dst``: ``copy_file_range`` (in the kernel,
+    page cache to page cache), or writes from ``view`` where the file system refuses it."""
+    base = dst.seek(0, os.SEEK_END)
+    off = 0
+    with contextlib.suppress(OSError):  # EXDEV, ENOSYS, EINVAL: the plain write below
+        while off < size:
+            sent = os.copy_file_range(src.fileno(), dst.fileno(), size - off, off, base + off)
+            if sent == 0:
+                break
+            off += sent
+    if off < size:
+        dst.seek(base + off)
+        dst.write(view[off:size])
+        dst.flush()
+    dst.seek(0, os.SEEK_END)
+
+
 def _copy_file(src: IO[bytes], dst: IO[bytes]) -> None:
     """Append ``src`` to ``dst`` in the kernel (``sendfile``) with early writeback; falls back
     to large-block copies where ``sendfile`` is not supported."""
@@ -391,24 +438,35 @@ class IndexedDataset:
     """Read-only view of a ``.bin``/``.idx`` pair through ``np.memmap``, validated on open."""
 
     def __init__(
-        self, prefix: str | os.PathLike[str], *, multimodal: bool = False, index_only: bool = False
+        self,
+        prefix: str | os.PathLike[str],
+        *,
+        multimodal: bool = False,
+        index_only: bool = False,
+        num_tokens: int | None = None,
     ) -> None:
         """``index_only``: read the ``.idx`` alone (lengths, counts; no tokens), so a step that
-        needs sequence lengths never opens or downloads the ``.bin``."""
+        needs sequence lengths never opens or downloads the ``.bin``. ``num_tokens``: the token
+        count a manifest records; given, the open is O(1) in the dataset's size (header, file
+        sizes, the ``.bin`` size against it) and the scans of every length and document
+        boundary wait for :meth:`check_pointers` (``verify="full"``); reads stay in bounds
+        through the loader's per-batch checks."""
         self.prefix = Path(prefix)
         self.idx_path = index_file_path(prefix)
         self.bin_path = data_file_path(prefix)
         for p in (self.idx_path,) if index_only else (self.idx_path, self.bin_path):
             if not p.is_file():
                 raise FormatError(p, "file", "missing (a .bin/.idx pair needs both files)")
-        self._read_index(multimodal)
-        self.num_tokens = int(self.sequence_lengths.sum(dtype=np.int64))
+        self._read_index(multimodal, scan=num_tokens is None)
+        if num_tokens is None:
+            num_tokens = int(self.sequence_lengths.sum(dtype=np.int64))
+        self.num_tokens = int(num_tokens)
         self._index_only = index_only
         self._bin: np.memmap | None = None
         if not index_only:
             self._check_bin()
 
-    def _read_index(self, multimodal: bool) -> None:
+    def _read_index(self, multimodal: bool, *, scan: bool = True) -> None:
         path = self.idx_path
         size = path.stat().st_size
         if size < HEADER_SIZE:
@@ -454,9 +512,15 @@ class IndexedDataset:
                 f"must start at 0 and end at sequence_count {n_seq}, "
                 f"found {int(docs[0])}..{int(docs[-1])}",
             )
-        if n_doc > 1 and bool(np.any(np.diff(docs) < 0)):
+        if scan:
+            self._scan_index()
+
+    def _scan_index(self) -> None:
+        """The O(size) checks of the index: boundaries non-decreasing, no negative length."""
+        docs, path = self.document_indices, self.idx_path
+        if len(docs) > 1 and bool(np.any(np.diff(docs) < 0)):
             raise FormatError(path, "document_indices", "are not non-decreasing")
-        if n_seq and int(self.sequence_lengths.min()) < 0:
+        if len(self.sequence_lengths) and int(self.sequence_lengths.min()) < 0:
             raise FormatError(path, "sequence_lengths", "contain a negative length")
 
     def _check_bin(self) -> None:
@@ -477,7 +541,16 @@ class IndexedDataset:
         self._bin = np.memmap(self.bin_path, dtype=self.dtype, mode="r") if size else None
 
     def check_pointers(self) -> None:
-        """Full check: every pointer equals the running byte sum of the lengths before it."""
+        """Full check: boundaries and lengths scanned, the lengths add up to the token count,
+        and every pointer equals the running byte sum of the lengths before it."""
+        self._scan_index()
+        total = int(self.sequence_lengths.sum(dtype=np.int64))
+        if total != self.num_tokens:
+            raise FormatError(
+                self.idx_path,
+                "sequence_lengths",
+                f"add up to {total} tokens, the manifest records {self.num_tokens}",
+            )
         expect = np.zeros(len(self), dtype=np.int64)
         if len(self) > 1:
             np.cumsum(self.sequence_lengths[:-1], dtype=np.int64, out=expect[1:])
@@ -492,8 +565,22 @@ class IndexedDataset:
             )
 
     # -- access --------------------------------------------------------------------------
+    num_parts = 1  # one .bin (a virtual merge has one per shard: formats.virtual_merge)
+
     def __len__(self) -> int:
         return len(self.sequence_lengths)
+
+    def lengths_of(self, seq: np.ndarray) -> np.ndarray:
+        """Lengths of sequences ``seq`` (int64)."""
+        return self.sequence_lengths[seq].astype(np.int64)
+
+    def locate(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(part, byte offset in that part's ``.bin``) of sequences ``seq``: part 0 here."""
+        return np.zeros(len(seq), dtype=np.int64), self.sequence_pointers[seq].astype(np.int64)
+
+    def buffer(self, part: int) -> memoryview:
+        """The ``.bin``'s bytes (``part`` is always 0 for a pair)."""
+        return self.tokens.view(np.uint8).data
 
     @property
     def num_documents(self) -> int:

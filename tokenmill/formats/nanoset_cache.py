@@ -25,7 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.atomic import atomic_open, file_sha256, remove_stale_temps, write_bytes
+from tokenmill.atomic import (
+    atomic_open,
+    file_sha256,
+    load_json,
+    remove_stale_temps,
+    write_bytes,
+)
 from tokenmill.errors import CacheError, FormatError
 
 ARRAYS = ("document", "sample", "shuffle")
@@ -128,9 +134,8 @@ def write_description(path: Path, description: dict[str, Any]) -> None:
 def read_description(path: Path) -> dict[str, Any] | None:
     """The parsed description, or None when it is missing or unreadable (never committed)."""
     try:
-        text = path.read_text(encoding="utf-8")
-        description = json.loads(text)
-    except (FileNotFoundError, UnicodeDecodeError, json.JSONDecodeError):
+        description = load_json(path.read_bytes(), path, "description")
+    except (FileNotFoundError, FormatError):
         return None
     return description if isinstance(description, dict) else None
 

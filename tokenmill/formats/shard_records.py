@@ -19,13 +19,12 @@ the same bytes. Writers are atomic (temp → fsync → rename); readers name the
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import file_sha256, write_json
+from tokenmill.atomic import file_sha256, load_json, write_json
 from tokenmill.errors import FormatError
 from tokenmill.formats.dataset_manifest import FORMAT_VERSION
 
@@ -109,10 +108,7 @@ def write_record(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
 def read_record(path: str | os.PathLike[str], *, shown: str | None = None) -> dict[str, Any]:
     """Either record as written; FileNotFoundError if absent, FormatError naming the file
     (``shown``: where it really lives, e.g. its ``s3://`` URI) if it is not a JSON object."""
-    try:
-        record = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(shown or str(path), "json", f"not a shard record: {exc}") from exc
+    record = load_json(Path(path).read_bytes(), shown or str(path))
     if not isinstance(record, dict):
         raise FormatError(shown or str(path), "json", f"not a shard record: {record!r:.80}")
     return record

@@ -103,9 +103,11 @@ from tokenmill.formats.dataset_manifest import (
     dataset_content_hash,
     dataset_manifest_path,
     file_problems,
+    open_dataset,
     read_dataset_manifest,
 )
 from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file_path
+from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.indices import blend as blending
 from tokenmill.indices._nanoset_indices import parse_split
 from tokenmill.indices._sample_index import count_samples
@@ -153,6 +155,10 @@ def _dataset_entry(name: str, prefix: Path, base: Path) -> dict[str, Any]:
     is hashed here.
     """
     has_manifest = dataset_manifest_path(prefix).is_file()
+    if has_manifest and not index_file_path(prefix).is_file():
+        manifest = read_dataset_manifest(prefix)
+        if is_virtual(manifest):
+            return _virtual_entry(name, prefix, base, manifest)
     # The .idx header and counts; with a manifest the .bin need not even be there (an S3 step
     # stages the .idx and manifest only), else it is sized and hashed.
     data = IndexedDataset(prefix, index_only=has_manifest)
@@ -185,6 +191,20 @@ def _dataset_entry(name: str, prefix: Path, base: Path) -> dict[str, Any]:
         "num_sequences": len(data),
         "num_tokens": data.num_tokens,
         "files": files,
+    }
+
+
+def _virtual_entry(name: str, prefix: Path, base: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """A virtual merge's identity: its manifest's digest (the manifest records every shard
+    pair's digests in turn), content hash, dtype and counts; no shard file is read."""
+    return {
+        "name": name,
+        "prefix": os.path.relpath(prefix, base),
+        "content_hash": str(manifest["content_hash"]),
+        "dtype": str(manifest["dtype"]),
+        "num_sequences": int(manifest["counts"]["sequences"]),
+        "num_tokens": int(manifest["counts"]["tokens"]),
+        "files": {"manifest": _file_entry(dataset_manifest_path(prefix), base)},
     }
 
 
@@ -406,7 +426,7 @@ def _prepare(
         prefixes=prefixes,
         lengths={
             n: np.asarray(
-                IndexedDataset(p, index_only=dataset_manifest_path(p).is_file()).sequence_lengths
+                open_dataset(p, index_only=dataset_manifest_path(p).is_file()).sequence_lengths
             )
             for n, p in prefixes.items()
         },

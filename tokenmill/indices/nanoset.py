@@ -26,8 +26,11 @@ import numpy as np
 
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats import nanoset_cache as cache
-from tokenmill.formats.dataset_manifest import dataset_content_hash, dataset_manifest_path
-from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.formats.dataset_manifest import (
+    dataset_content_hash,
+    dataset_manifest_path,
+    open_dataset,
+)
 from tokenmill.indices._nanoset_indices import (
     SEMANTICS,
     SPLITS,
@@ -132,7 +135,7 @@ def build_or_load(
     _check_choices(split, semantics)
     index_only = dataset_manifest_path(dataset_prefix).is_file()  # lengths + hash suffice
     return build_or_load_lengths(
-        IndexedDataset(dataset_prefix, index_only=index_only).sequence_lengths,
+        open_dataset(dataset_prefix, index_only=index_only).sequence_lengths,
         dataset_content_hash(dataset_prefix, index_only=index_only),
         cache_dir,
         split=split,

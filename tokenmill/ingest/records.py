@@ -149,12 +149,21 @@ def shard_name(path: str | os.PathLike[str]) -> str:
 SUPPORTED_INPUTS = ", ".join((*JSONL_SUFFIXES, *TABLE_SUFFIXES)) + " (or a dataset folder)"
 
 
-def _blocks(path: str | os.PathLike[str], block: int) -> Iterator[bytes]:
-    """Decompressed content of a JSONL file in blocks of about ``block`` bytes."""
+def _blocks(
+    path: str | os.PathLike[str], block: int, byte_range: tuple[int, int] | None = None
+) -> Iterator[bytes]:
+    """Decompressed content of a JSONL file in blocks of about ``block`` bytes (of a plain file:
+    only the bytes ``[start, end)`` of ``byte_range``, when given)."""
     name = os.fspath(path)
     try:
         with open(name, "rb") as fh:
-            if name.endswith(".gz"):
+            if byte_range is not None:
+                fh.seek(byte_range[0])
+                left = byte_range[1] - byte_range[0]
+                while left > 0 and (data := fh.read(min(block, left))):
+                    left -= len(data)
+                    yield data
+            elif name.endswith(".gz"):
                 with gzip.GzipFile(fileobj=fh, mode="rb") as gz:
                     while data := gz.read(block):
                         yield data
@@ -194,11 +203,14 @@ def _zstd_blocks(fh: IO[bytes], name: str, block: int) -> Iterator[bytes]:
         yield b"".join(pending)
 
 
-def _line_chunks(blocks: Iterator[bytes], stats: IngestStats) -> Iterator[tuple[int, list[bytes]]]:
+def _line_chunks(
+    blocks: Iterator[bytes], stats: IngestStats, at_start: bool = True
+) -> Iterator[tuple[int, list[bytes]]]:
     """``(first line number, lines)`` per block of complete lines (without their ``\\n``).
 
     The block is split as is (no slicing copies); the piece after its last newline is carried
-    into the next block's first line. A UTF-8 BOM is removed from line 1 and noted in ``stats``.
+    into the next block's first line. A UTF-8 BOM is removed from line 1 and noted in ``stats``
+    when the blocks start the file (``at_start``; lines are numbered from 1 either way).
     """
     carry: list[bytes] = []
     next_line = 1
@@ -211,7 +223,7 @@ def _line_chunks(blocks: Iterator[bytes], stats: IngestStats) -> Iterator[tuple[
         if carry:
             lines[0] = b"".join([*carry, lines[0]])
         carry = [lines.pop()]
-        if next_line == 1:
+        if next_line == 1 and at_start:
             _strip_bom(lines, stats)
         if b"\r" in data or b"\r" in lines[0]:
             stats.crlf_lines += sum(1 for line in lines if line.endswith(b"\r"))
@@ -219,7 +231,7 @@ def _line_chunks(blocks: Iterator[bytes], stats: IngestStats) -> Iterator[tuple[
         next_line += len(lines)
     tail = [b"".join(carry)]
     if tail[0]:
-        if next_line == 1:
+        if next_line == 1 and at_start:
             _strip_bom(tail, stats)
         stats.missing_final_newline = True
         yield next_line, tail
@@ -266,9 +278,12 @@ def classify_line(line: bytes, text_key: str) -> str | None:
     except orjson.JSONDecodeError as exc:
         try:
             obj = json.loads(decoded)
+            encodable = _encodable(obj)
         except ValueError:
             return f"invalid JSON: {exc}"
-        if _encodable(obj):
+        except RecursionError:  # nested deeper than any parser here follows: one bad line
+            return f"JSON nested too deeply: {exc}"
+        if encodable:
             return f"invalid JSON: {exc}"
     if not isinstance(obj, dict):
         return f"line is not a JSON object (found {_type_name(obj)})"
@@ -302,6 +317,7 @@ def read_jsonl_batches(
     batch_bytes: int = 4 << 20,
     keep_records: bool = False,
     source_name: str | None = None,
+    byte_range: tuple[int, int] | None = None,
 ) -> Iterator[Batch]:
     """Stream a ``.jsonl``/``.jsonl.gz``/``.jsonl.zst`` file as batches of good records.
 
@@ -309,16 +325,21 @@ def read_jsonl_batches(
     ``BadRecordError`` (``on_bad_record="fail"``) or go to ``quarantine``; a corrupt or truncated
     compressed stream raises ``InputError`` naming the file. ``stats`` is filled as it goes.
     ``source_name`` (default: ``path``) is how bad lines name their file, in quarantine records
-    and errors: e.g. the ``s3://`` URI of a shard read from a local copy.
+    and errors: e.g. the ``s3://`` URI of a shard read from a local copy. ``byte_range``
+    (``[start, end)`` of a plain ``.jsonl``, cut on line boundaries) reads that part only; its
+    lines are numbered from 1 (the caller adds the lines before ``start``), and a BOM is a BOM
+    only at ``start == 0``.
     """
     check_bad_record_mode(on_bad_record, quarantine)
     name = os.fspath(path)
     if not name.endswith(JSONL_SUFFIXES):
         raise ConfigError(f"{name}: unsupported JSONL file name; expected one of {JSONL_SUFFIXES}")
+    if byte_range is not None and not name.endswith(".jsonl"):
+        raise ConfigError(f"{name}: a compressed file is read whole, not by byte range")
     st = stats if stats is not None else IngestStats(path=name)
     source = name if source_name is None else source_name
     return _jsonl_batches(
-        name, source, text_key, on_bad_record, quarantine, st, batch_bytes, keep_records
+        name, source, text_key, on_bad_record, quarantine, st, batch_bytes, keep_records, byte_range
     )
 
 
@@ -331,12 +352,15 @@ def _jsonl_batches(
     st: IngestStats,
     batch_bytes: int,
     keep_records: bool,
+    byte_range: tuple[int, int] | None = None,
 ) -> Iterator[Batch]:
     """The fast path: orjson per line, everything else only for lines it rejects; bad lines are
     reported as lines of ``source``."""
     loads = orjson.loads
     decode_errors = (orjson.JSONDecodeError, TypeError, KeyError)
-    for first_no, lines in _line_chunks(_blocks(name, max(batch_bytes, 1)), st):
+    blocks = _blocks(name, max(batch_bytes, 1), byte_range)
+    at_start = byte_range is None or byte_range[0] == 0
+    for first_no, lines in _line_chunks(blocks, st, at_start):
         texts: list[str] = []
         append = texts.append
         records: list[dict[str, Any]] | None = [] if keep_records else None

@@ -14,13 +14,13 @@ PyTorch map-style Dataset when torch is installed.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tokenmill.atomic import load_json
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.blend_manifest import (
     BLEND_ARRAYS,
@@ -38,6 +38,7 @@ from tokenmill.formats.dataset_manifest import (
     check_dataset_files,
     dataset_content_hash,
     dataset_manifest_path,
+    open_dataset,
 )
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.formats.nanoset_cache import (
@@ -46,6 +47,7 @@ from tokenmill.formats.nanoset_cache import (
     entry_paths_from_description,
     load_entry_arrays,
 )
+from tokenmill.formats.virtual_merge import VirtualDataset
 from tokenmill.loader._datasets import PAD_ID, BlendedDataset, NanosetDataset
 from tokenmill.loader._sampler import BatchSampler
 
@@ -157,10 +159,11 @@ def open_blend_split(
     )
 
 
-def _open_data(prefix: str | os.PathLike[str], *, full: bool) -> IndexedDataset:
-    """A ``.bin``/``.idx`` pair (header, counts and sizes checked on open); ``full`` also checks
-    every pointer against the lengths (samples are read through them)."""
-    data = IndexedDataset(prefix)
+def _open_data(prefix: str | os.PathLike[str], *, full: bool) -> IndexedDataset | VirtualDataset:
+    """A ``.bin``/``.idx`` pair (header, counts and sizes checked on open) or a virtual merge of
+    pairs (each checked when first read); ``full`` also checks every pointer against the lengths
+    (samples are read through them)."""
+    data = open_dataset(prefix)
     if full:
         data.check_pointers()
     return data
@@ -268,10 +271,10 @@ def _load_cache(
     rebuild = "rebuild it with tokenmill.indices.nanoset.build_or_load (same settings)"
     if not description_path.is_file():
         raise CacheError(f"{description_path}: missing (never completed); {rebuild}")
+    description = load_json(description_path.read_bytes(), description_path, "description")
     try:
-        description = json.loads(description_path.read_text(encoding="utf-8"))
         key = description["key"]
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+    except (KeyError, TypeError) as exc:
         raise FormatError(description_path, "description", f"unreadable ({exc!r})") from exc
     paths = entry_paths_from_description(description_path)
     try:

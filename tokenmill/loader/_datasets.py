@@ -24,9 +24,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.errors import ConfigError, FormatError
-from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
+from tokenmill.errors import CacheError, ConfigError, FormatError
+from tokenmill.formats.dataset_manifest import (
+    dataset_manifest_path,
+    open_dataset,
+    read_dataset_manifest,
+)
 from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.formats.virtual_merge import VirtualDataset
 from tokenmill.loader._training import resolve_eod, training_inputs
 
 PAD_ID = -1  # Megatron's _PAD_TOKEN_ID, used when the tokenizer has no pad id
@@ -50,7 +55,7 @@ class NanosetDataset:
 
     def __init__(
         self,
-        data: IndexedDataset,
+        data: IndexedDataset | VirtualDataset,
         document_index: npt.ArrayLike,
         sample_index: npt.ArrayLike,
         shuffle_index: npt.ArrayLike,
@@ -77,11 +82,8 @@ class NanosetDataset:
         if data.dtype.kind not in "iu":
             raise FormatError(data.idx_path, "dtype code", f"{data.dtype} is not a token dtype")
         self._check_arrays(values=validate)
-        self._tokens = np.asarray(data.tokens)
-        self._bytes = self._tokens.view(np.uint8).data
-        self._lengths = np.asarray(data.sequence_lengths)
-        self._pointers = np.asarray(data.sequence_pointers)
         self._itemsize = data.dtype.itemsize
+        self._buffers: dict[int, memoryview] = {}  # each .bin's bytes (one per shard if virtual)
         self._eod_id: object = _UNREAD
 
     def _check_arrays(self, *, values: bool = True) -> None:
@@ -169,16 +171,26 @@ class NanosetDataset:
         )
         return (_reopen, (str(self.data.prefix), *arrays, settings))
 
+    def _buffer(self, part: int) -> memoryview:
+        """The bytes of ``.bin`` number ``part`` (one for a pair, one per shard if virtual)."""
+        view = self._buffers.get(part)
+        if view is None:
+            view = self._buffers[part] = self.data.buffer(part)
+        return view
+
     def _read(self, seq: int, offset: int, length: int | None) -> np.ndarray:
-        size = int(self._lengths[seq])
+        ids = np.array([seq], dtype=np.int64)
+        size = int(self.data.lengths_of(ids)[0])
         stop_in_seq = size if length is None else offset + length
         if not 0 <= offset <= stop_in_seq <= size:
             raise FormatError(self.name, "sample_index", "a token offset lies outside its sequence")
-        start = int(self._pointers[seq]) // self._itemsize + offset
-        stop = start + stop_in_seq - offset
-        if start < 0 or stop > len(self._tokens):
+        parts, base = self.data.locate(ids)
+        view = self._buffer(int(parts[0]))
+        start = int(base[0]) + offset * self._itemsize
+        stop = start + (stop_in_seq - offset) * self._itemsize
+        if start < 0 or stop > len(view):
             raise FormatError(self.name, "sequence_pointers", f"sequence {seq} lies outside .bin")
-        return self._tokens[start:stop]
+        return np.frombuffer(view[start:stop], dtype=self.data.dtype)
 
     def assemble(self, j: int) -> np.ndarray:
         """Megatron's per-sample assembly (FORMATS §5.5) of sample-index row ``j``."""
@@ -219,9 +231,10 @@ class NanosetDataset:
         ks = _sample_ids(indices, len(self), self.name)
         return gather_batch(self.width, [(self, np.arange(len(ks)), ks)], len(ks))[0]
 
-    def pieces(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Where samples ``ks`` lie in the ``.bin``: the byte start and stop of each piece (a
-        run of one sequence) in order, and how many pieces each sample has (array arithmetic)."""
+    def pieces(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Where samples ``ks`` lie: the ``.bin`` part (always 0 for a pair; the shard of a
+        virtual merge), byte start and stop of each piece (a run of one sequence) in order, and
+        how many pieces each sample has (array arithmetic)."""
         _, head, tail = self._rows(np.asarray(ks, dtype=np.int64))
         count = tail[:, 0] - head[:, 0] + 1
         if count.size and int(count.min()) < 1:
@@ -230,19 +243,23 @@ class NanosetDataset:
         firsts = ends - count
         pos = np.arange(int(ends[-1]) if len(ends) else 0) - np.repeat(firsts - head[:, 0], count)
         seq = self._documents(pos)
-        seq_len = self._lengths[seq].astype(np.int64)
+        seq_len = self.data.lengths_of(seq)
         start = np.zeros(len(pos), dtype=np.int64)
         start[firsts] = head[:, 1]
         stop = seq_len.copy()
         stop[ends - 1] = tail[:, 1] + self.extra
         if len(pos) and (bool(np.any(start > stop)) or bool(np.any(stop > seq_len))):
             raise FormatError(self.name, "sample_index", "a token offset lies outside its sequence")
-        base = self._pointers[seq].astype(np.int64)
-        if len(pos) and (
-            int(base.min()) < 0 or int((base + stop * self._itemsize).max()) > len(self._bytes)
-        ):
+        part, base = self.data.locate(seq)
+        ends_at = base + stop * self._itemsize
+        if len(pos) and int(base.min()) < 0:
             raise FormatError(self.name, "sequence_pointers", "a sequence lies outside the .bin")
-        return base + start * self._itemsize, base + stop * self._itemsize, count
+        for p in np.unique(part).tolist() if len(pos) else []:
+            if int(ends_at[part == p].max()) > len(self._buffer(p)):
+                raise FormatError(
+                    self.name, "sequence_pointers", "a sequence lies outside the .bin"
+                )
+        return part, base + start * self._itemsize, ends_at, count
 
     def read(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Tokens (file dtype) of samples ``ks`` back to back, the token count of each piece,
@@ -253,12 +270,16 @@ class NanosetDataset:
         than ``map``; numpy fancy-index gathers of the token positions or of fixed-size blocks
         with fix-ups, ``np.concatenate`` of the slices and per-piece copies were all slower).
         """
-        starts, stops, counts = self.pieces(ks)
-        view = self._bytes
+        parts, starts, stops, counts = self.pieces(ks)
         los, his = starts.tolist(), stops.tolist()
-        blob = b"".join([view[lo:hi] for lo, hi in zip(los, his, strict=True)])
+        if self.data.num_parts == 1:
+            view = self._buffer(0)
+            blob = b"".join([view[lo:hi] for lo, hi in zip(los, his, strict=True)])
+        else:
+            views = [self._buffer(p) for p in parts.tolist()]
+            blob = b"".join([v[lo:hi] for v, lo, hi in zip(views, los, his, strict=True)])
         return (
-            np.frombuffer(blob, dtype=self._tokens.dtype),
+            np.frombuffer(blob, dtype=self.data.dtype),
             (stops - starts) // self._itemsize,
             counts,
         )
@@ -312,10 +333,18 @@ def _reopen(
     (``allow_pickle=False``); the sender verified them, so only the O(1) checks run."""
     arrays = [document_index, sample_index, shuffle_index]
     paths: tuple[str, str, str] | None = None
-    if all(isinstance(a, str) for a in arrays):
-        paths = (str(arrays[0]), str(arrays[1]), str(arrays[2]))
-        arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
-    data = IndexedDataset(prefix)
+    try:
+        if all(isinstance(a, str) for a in arrays):
+            paths = (str(arrays[0]), str(arrays[1]), str(arrays[2]))
+            arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
+        data = open_dataset(prefix)
+    except FileNotFoundError as exc:
+        raise CacheError(
+            f"{exc.filename}: missing when a DataLoader worker reopened index cache "
+            f"{settings.get('version')} of dataset {settings.get('name')!r}: removed after the "
+            "job opened it, most likely by `tokenmill gc`; keep what a running job reads "
+            "(`tokenmill gc --keep-version`) and restart the job"
+        ) from exc
     return NanosetDataset(
         data,
         *arrays,
@@ -326,17 +355,32 @@ def _reopen(
 
 
 def _reopen_blend(
-    datasets: dict[str, NanosetDataset],
+    parts: dict[str, tuple[Any, ...]],
     dataset_index: np.ndarray | str,
     dataset_sample_index: np.ndarray | str,
     settings: dict[str, Any],
 ) -> BlendedDataset:
-    """Inverse of ``BlendedDataset.__reduce__`` (blend arrays memory-mapped from their files)."""
+    """Inverse of ``BlendedDataset.__reduce__`` (datasets reopened from ``_reopen`` arguments,
+    blend arrays memory-mapped from their files); a file gone since the job opened the blend
+    (gc removed its version) is a CacheError naming the blend version."""
     arrays = [dataset_index, dataset_sample_index]
     paths = None
-    if all(isinstance(a, str) for a in arrays):
-        paths = (str(dataset_index), str(dataset_sample_index))
-        arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
+    try:
+        datasets = {name: _reopen(*args) for name, args in parts.items()}
+        if all(isinstance(a, str) for a in arrays):
+            paths = (str(dataset_index), str(dataset_sample_index))
+            arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
+    except (FileNotFoundError, CacheError) as exc:
+        version = settings.get("version")
+        name = settings.get("manifest", {}).get("name", "?")
+        cause = exc.__cause__ if isinstance(exc, CacheError) else exc
+        missing = getattr(cause, "filename", None) or exc
+        raise CacheError(
+            f"blend {name!r} version {version}: a DataLoader worker could not reopen it "
+            f"({missing} is missing): the version was removed after the job opened it, most "
+            f"likely by `tokenmill gc`; pin it (`tokenmill gc --keep-version {version}`) for "
+            "as long as a job reads it, and restart the job (or open the current version)"
+        ) from exc
     return BlendedDataset(datasets, *arrays, validate=paths is None, array_paths=paths, **settings)
 
 
@@ -461,7 +505,8 @@ class BlendedDataset:
             self.dataset_index,
             self.dataset_sample_index,
         )
-        return (_reopen_blend, (self.datasets, *arrays, settings))
+        parts = {name: ds.__reduce__()[1] for name, ds in self.datasets.items()}
+        return (_reopen_blend, (parts, *arrays, settings))
 
     def validate(self) -> None:
         """Full check: every blend value and every dataset's index values in range."""

@@ -28,6 +28,7 @@ import os
 import posixpath
 import unicodedata
 
+from tokenmill.atomic import TEMP_NAME_EXTRA
 from tokenmill.errors import ConfigError
 from tokenmill.formats.dataset_manifest import DATASET_MANIFEST_SUFFIX as DATASET_MANIFEST_SUFFIX
 from tokenmill.formats.dataset_manifest import DATASET_MANIFESTS as DATASET_MANIFESTS
@@ -36,6 +37,7 @@ from tokenmill.paths import name_problem
 POINTER_NAME = "current.json"
 BLEND_MANIFEST = "manifest.json"
 VERSION_CHARS = 16  # a version folder is named by the first 16 hex digits of its version hash
+NAME_MAX = 255  # bytes in one file name: Linux file systems and most others
 
 
 def check_name(name: str, what: str = "name") -> str:
@@ -139,6 +141,30 @@ def export_record(ds: str, shard: str) -> str:
 def dataset_info(ds: str) -> str:
     """``hf/<ds>/dataset_info.json``: the HF description of every current shard."""
     return f"{hf_dir(ds)}/dataset_info.json"
+
+
+def shard_name_problem(file_name: str, shard: str, text_key: str) -> str | None:
+    """Why a shard's files could not all be written (a derived name, or a temp of one, longer
+    than NAME_MAX bytes whatever the host name), or None. Checked when the source is listed, so
+    a long name is refused with the other refused names instead of failing every run."""
+    derived = [
+        file_name,  # a downloaded S3 shard keeps its name
+        posixpath.basename(raw_stats("d", shard)),
+        posixpath.basename(quarantine("d", shard)),
+        posixpath.basename(parquet("d", shard)),
+        posixpath.basename(export_record("d", shard)),
+        posixpath.basename(dataset_manifest(tokens_prefix("d", shard, text_key))),
+        document_name(shard, text_key) + ".bin",
+    ]
+    longest = max(len(name.encode("utf-8", "surrogateescape")) for name in derived)
+    if longest + TEMP_NAME_EXTRA <= NAME_MAX:
+        return None
+    spare = NAME_MAX - TEMP_NAME_EXTRA - (longest - len(shard.encode("utf-8", "surrogateescape")))
+    return (
+        f"the name is too long: its files' names reach {longest} bytes, and with a writer's temp "
+        f"suffix ({TEMP_NAME_EXTRA} bytes) pass the file-name limit of {NAME_MAX} bytes; rename "
+        f"the shard to at most {max(spare, 0)} bytes before its suffix"
+    )
 
 
 def tokens_prefix(ds: str, shard: str, text_key: str) -> str:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import posixpath
 import sys
@@ -37,6 +36,7 @@ from typing import Any
 
 from tokenmill.atomic import (
     commit,
+    load_json,
     name_os_errors,
     remove_stale_temps,
     temp_path_for,
@@ -50,6 +50,7 @@ from tokenmill.formats.blend_manifest import (
     verify_manifest,
 )
 from tokenmill.formats.dataset_manifest import legacy_manifest_path, prefix_of_manifest
+from tokenmill.formats.virtual_merge import check_manifest, is_virtual
 from tokenmill.paths import has_control_character, leading_parents
 from tokenmill.storage.layout import dataset_manifest, legacy_dataset_manifest, version_dir_name
 from tokenmill.storage.publish import publish
@@ -225,6 +226,7 @@ def _plan(manifest: dict[str, Any], manifest_key: str, source: _Source, uri: str
             if raw is not None:  # the copy gets it at the sidecar place whatever the source's
                 dataset_manifests[dataset_manifest(prefix)] = raw
                 _attach_parts(files, posixpath.dirname(prefix), raw, source.uri(key))
+                _attach_shards(files, prefix, raw, source.uri(key))
                 break
     version = _version_manifest(manifest, manifest_key, source)
     base = _common_dir([mdir, *(posixpath.dirname(k) for k in (*files, *dataset_manifests))])
@@ -268,7 +270,7 @@ def _wanted(key: str, entry: dict[str, Any], what: str, uri: str) -> Wanted:
 def _attach_parts(files: dict[str, Wanted], folder: str, raw: bytes, uri: str) -> None:
     """Check a dataset manifest against the blend's entries; take its ``.bin`` parts."""
     try:
-        recorded = json.loads(raw)["files"]
+        recorded = load_json(raw, uri, "manifest")["files"]
         for name, info in recorded.items():
             key = posixpath.join(folder, name)
             if key not in files:
@@ -293,6 +295,35 @@ def _attach_parts(files: dict[str, Wanted], folder: str, raw: bytes, uri: str) -
             )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise FormatError(uri, "files", f"malformed dataset manifest ({exc!r})") from exc
+
+
+def _attach_shards(files: dict[str, Wanted], prefix: str, raw: bytes, uri: str) -> None:
+    """For a virtual merge's manifest: check it against the blend's record (it is written with
+    the small manifests, last) and add every shard pair it names, by the digests it records."""
+    key = dataset_manifest(prefix)
+    if key not in files:
+        return
+    manifest = load_json(raw, uri, "manifest")
+    if not isinstance(manifest, dict) or not is_virtual(manifest):
+        return
+    check_manifest(Path(uri), manifest)
+    if hashlib.sha256(raw).hexdigest() != files[key].sha256:
+        raise FormatError(uri, "sha256", "differs from the blend's record: the merge changed")
+    del files[key]
+    folder = posixpath.dirname(prefix)
+    for shard in manifest["shards"]:
+        pair = _source_key(folder, shard["prefix"], uri)
+        for kind in ("bin", "idx"):
+            info = shard["files"][kind]
+            want = Wanted(
+                f"{pair}.{kind}",
+                f"{pair}.{kind}",
+                int(info["bytes"]),
+                str(info["sha256"]),
+                (),
+                what=f"shard {shard['key']!r} {kind}",
+            )
+            files.setdefault(want.key, want)
 
 
 def _common_dir(folders: list[str]) -> str:
@@ -520,10 +551,7 @@ def _sync(source: _Source, want: Wanted, root: Path, advance: Callable[[int], No
 
 def _parse_manifest(raw: bytes, uri: str) -> dict[str, Any]:
     """The blend manifest's JSON object (full schema checks happen on the local copy)."""
-    try:
-        manifest = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(uri, "manifest", f"not valid JSON ({exc})") from exc
+    manifest = load_json(raw, uri, "manifest")
     if not isinstance(manifest, dict) or manifest.get("kind") != "blend":
         raise FormatError(uri, "kind", "expected 'blend': this is not a blend manifest")
     return manifest

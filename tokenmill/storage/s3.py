@@ -6,12 +6,21 @@ request, exponential backoff with jitter, a per-client retry quota); s3transfer 
 download stream cut mid-file. The only other retry is for a response body cut while it is read
 (``read_object``, ``tokenmill.storage.pull``): botocore has already handed that response over and
 cannot repeat it. boto3 is imported lazily (pipeline extra).
+
+Timeouts: a connection must open within ``TOKENMILL_S3_CONNECT_TIMEOUT`` seconds (default 10) and
+an answer must not stall longer than ``TOKENMILL_S3_READ_TIMEOUT`` (default 30; botocore's own 60
+would make an endpoint that accepts and never answers sit silent for 9 minutes per request). A
+request without an answer after ``min(5, read timeout / 2)`` s, or one being retried, prints one
+"waiting for S3 (<endpoint>)" line on stderr (at most one per 10 s per process).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -22,6 +31,11 @@ RETRY_MODE = "standard"
 MAX_ATTEMPTS = 8  # botocore retries per request, after the first try: 9 tries in all
 BODY_ATTEMPTS = 3  # tries to read a response body that a dropped connection cut short
 MISSING_CODES = ("NoSuchKey", "404", "NotFound")
+CONNECT_TIMEOUT_ENV = "TOKENMILL_S3_CONNECT_TIMEOUT"
+READ_TIMEOUT_ENV = "TOKENMILL_S3_READ_TIMEOUT"
+TIMEOUT_DEFAULTS = {CONNECT_TIMEOUT_ENV: 10.0, READ_TIMEOUT_ENV: 30.0}
+SLOW_AFTER_MAX = 5.0  # seconds without an answer before the "waiting" line
+WAITING_EVERY = 10.0  # seconds between two "waiting" lines of one process
 
 
 def split_uri(uri: str) -> tuple[str, str]:
@@ -39,17 +53,97 @@ def retry_config() -> dict[str, Any]:
     return {"mode": RETRY_MODE, "max_attempts": MAX_ATTEMPTS}
 
 
+def timeouts() -> dict[str, float]:
+    """botocore's ``connect_timeout`` and ``read_timeout`` from the environment (seconds);
+    ConfigError naming the variable when one is not a positive number."""
+    found = {}
+    for name, default in TIMEOUT_DEFAULTS.items():
+        text = os.environ.get(name, "").strip()
+        try:
+            value = float(text) if text else default
+        except ValueError:
+            value = -1.0
+        if not 0 < value < float("inf"):
+            raise ConfigError(f"{name}={text!r}: expected a positive number of seconds")
+        found[name] = value
+    return {
+        "connect_timeout": found[CONNECT_TIMEOUT_ENV],
+        "read_timeout": found[READ_TIMEOUT_ENV],
+    }
+
+
 def make_client(endpoint_url: str | None, **config: Any) -> Any:
-    """A boto3 S3 client with the retry policy (credentials and region from the environment);
-    ``config`` adds botocore ``Config`` options such as ``max_pool_connections``."""
+    """A boto3 S3 client with the retry policy and the timeouts (credentials and region from
+    the environment); ``config`` adds botocore ``Config`` options such as
+    ``max_pool_connections``. Slow or retried requests say so on stderr (``_Waiting``)."""
     import boto3
     from botocore.config import Config
 
-    return boto3.session.Session().client(
+    limits = timeouts()
+    client = boto3.session.Session().client(
         "s3",
         endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
-        config=Config(retries=retry_config(), **config),
+        config=Config(retries=retry_config(), **{**limits, **config}),
     )
+    _Waiting(client, limits["read_timeout"]).register()
+    return client
+
+
+class _Waiting:
+    """Prints "waiting for S3 (<endpoint>) ..." when a request of ``client`` has no answer after
+    a few seconds, or failed and is retried: a stalled endpoint is never silent."""
+
+    _last = 0.0  # when this process last printed (shared: many clients, one terminal)
+    _lock = threading.Lock()
+
+    def __init__(self, client: Any, read_timeout: float) -> None:
+        self.endpoint = client.meta.endpoint_url
+        self.client = client
+        self.slow_after = min(SLOW_AFTER_MAX, read_timeout / 2)
+        self.timers = threading.local()  # the pending timer of each thread's request
+
+    def register(self) -> None:
+        events = self.client.meta.events
+        events.register("before-send.s3", self.sent)
+        events.register("needs-retry.s3", self.answered)
+
+    def say(self, what: str) -> None:
+        with _Waiting._lock:
+            now = time.monotonic()
+            if _Waiting._last and now - _Waiting._last < WAITING_EVERY:
+                return
+            _Waiting._last = now
+        print(f"tokenmill: waiting for S3 ({self.endpoint}): {what}", file=sys.stderr, flush=True)
+
+    def sent(self, request: Any = None, **_: Any) -> None:
+        """A request goes out: arm a timer that reports it if no answer comes in time."""
+        self.cancel()
+        method = getattr(request, "method", "request")
+        timer = threading.Timer(
+            self.slow_after, self.say, (f"no answer to a {method} after {self.slow_after:g} s …",)
+        )
+        timer.daemon = True
+        self.timers.pending = timer
+        timer.start()
+
+    def answered(
+        self, response: Any = None, caught_exception: Any = None, attempts: int = 1, **_: Any
+    ) -> None:
+        """An attempt ended: disarm the timer; report a failure botocore may retry."""
+        self.cancel()
+        status = response[0].status_code if response else None
+        if caught_exception is not None or (
+            status is not None and (status >= 500 or status == 429)
+        ):
+            why = type(caught_exception).__name__ if caught_exception else f"HTTP {status}"
+            then = "; retrying …" if attempts <= MAX_ATTEMPTS else ""
+            self.say(f"try {attempts} of {MAX_ATTEMPTS + 1} failed ({why}){then}")
+
+    def cancel(self) -> None:
+        timer = getattr(self.timers, "pending", None)
+        if timer is not None:
+            timer.cancel()
+            self.timers.pending = None
 
 
 def is_s3_error(exc: BaseException) -> bool:

@@ -1,4 +1,4 @@
-"""A storage root seen as keys: list, read and delete files, locally or under ``s3://``.
+"""A storage root seen as keys: list, read, write and delete files, locally or under ``s3://``.
 
 The one home of "which files are under this folder of the root" and "remove these keys", used by
 ``tokenmill gc`` and by the pipeline's pruning step alike. Listing reads names and sizes only,
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import remove_empty_dir
+from tokenmill.atomic import remove_empty_dir, write_bytes
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.storage.s3 import call, make_client, read_object, split_uri
 
@@ -59,6 +59,12 @@ class LocalStore:
         except FileNotFoundError:
             return None
 
+    def write(self, key: str, data: bytes) -> None:
+        """Write (replace) the file atomically, creating its folder."""
+        path = self.root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes(path, data)
+
     def delete(self, keys: Sequence[str]) -> None:
         """Remove the files (absent ones are fine), then the folders that became empty."""
         for key in keys:
@@ -99,6 +105,14 @@ class S3Store:
     def read(self, key: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
         return read_object(self.client, self.bucket, self._key(key))
+
+    def write(self, key: str, data: bytes) -> None:
+        """Upload (replace) the object."""
+        where = f"s3://{self.bucket}/{self._key(key)}"
+        call(
+            f"writing {where}",
+            lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data),
+        )
 
     def delete(self, keys: Sequence[str]) -> None:
         """Remove the objects, 1,000 per request (absent ones are fine)."""

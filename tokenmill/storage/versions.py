@@ -12,10 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from tokenmill.atomic import write_json
+from tokenmill.atomic import load_json, write_json
 from tokenmill.errors import FormatError
 from tokenmill.storage.layout import version_dir_name
 
@@ -43,18 +43,22 @@ def read_pointer(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     FormatError naming the file when it is not a pointer this tokenmill wrote."""
     path = Path(path)
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
     except FileNotFoundError:
         return None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(path, "pointer", f"not valid JSON ({exc})") from exc
+    return parse_pointer(raw, path)
+
+
+def parse_pointer(raw: bytes, path: object) -> dict[str, Any]:
+    """``read_pointer`` of bytes already read (e.g. from S3); errors name ``path``."""
+    record = load_json(raw, path, "pointer")
     if not isinstance(record, dict) or record.get("format_version") != POINTER_FORMAT:
         raise FormatError(path, "format_version", f"not a version pointer: {record!r:.200}")
     version, target = record.get("version"), record.get("target")
     if not isinstance(version, str) or not isinstance(target, str):
         raise FormatError(path, "pointer", f"version and target must be strings: {record!r:.200}")
     version_dir_name(version)
-    if target.startswith("/") or ".." in Path(target).parts:
+    if target.startswith("/") or ".." in PurePosixPath(target).parts:
         raise FormatError(path, "target", f"{target!r} leaves the pointer's folder")
     return record
 

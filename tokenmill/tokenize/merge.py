@@ -29,6 +29,7 @@ from tokenmill.formats.indexed import (
     data_file_path,
     index_file_path,
 )
+from tokenmill.formats.virtual_merge import is_virtual, shard_entry, write_virtual_manifest
 
 ORDERS = ("given", "lexicographic", "natural")
 _PAIR_SUFFIXES = (".bin", ".idx")
@@ -74,6 +75,8 @@ def resolve_inputs(inputs: list[str | os.PathLike[str]], order: str = "given") -
         p = Path(item)
         if p.is_dir():
             prefixes.extend(_prefixes_in_dir(p))
+        elif (shards := _virtual_shards(p)) is not None:
+            prefixes.extend(shards)
         else:
             prefix = p.with_suffix("") if p.suffix in _PAIR_SUFFIXES else p
             for part in (data_file_path(prefix), index_file_path(prefix)):
@@ -92,6 +95,17 @@ def resolve_inputs(inputs: list[str | os.PathLike[str]], order: str = "given") -
             raise ConfigError(f"{q}: given twice; each input may appear once")
         seen.add(q.resolve())
     return prefixes
+
+
+def _virtual_shards(prefix: Path) -> list[Path] | None:
+    """The shard pairs of a virtual merge at ``prefix``, in order (so ``tokenmill merge`` writes
+    its physical pair); None when ``prefix`` is not one."""
+    if data_file_path(prefix).is_file() or not dataset_manifest_path(prefix).is_file():
+        return None
+    manifest = read_dataset_manifest(prefix)
+    if not is_virtual(manifest):
+        return None
+    return [prefix.parent / str(shard["prefix"]) for shard in manifest["shards"]]
 
 
 PROVENANCE = ("tokenizer_fingerprint", "text_key", "append_eod", "eod_id")
@@ -131,18 +145,33 @@ def _counts(prefix: Path) -> dict[str, int]:
         return {"documents": data.num_documents, "sequences": len(data), "tokens": data.num_tokens}
 
 
+def _shard_records(keys: list[str], prefixes: list[Path], extends: str | None) -> dict[str, Any]:
+    """``shards`` (key, content hash, counts) and ``extends`` of a keyed physical merge."""
+    if len(keys) != len(prefixes):
+        raise ConfigError(f"{len(keys)} shard keys for {len(prefixes)} inputs")
+    shards = [
+        {"key": key, "content_hash": dataset_content_hash(q), **_counts(q)}
+        for key, q in zip(keys, prefixes, strict=True)
+    ]
+    return {"shards": shards, "extends": extends}
+
+
 def merge_datasets(
     inputs: list[str | os.PathLike[str]],
     output_prefix: str | os.PathLike[str],
     *,
     order: str = "given",
     input_uri: Callable[[Path], str] | None = None,
+    keys: list[str] | None = None,
+    extends: str | None = None,
 ) -> MergeResult:
     """Concatenate datasets with Megatron ``add_index`` semantics and write a manifest last.
 
     The output dtype is the first input's; any other dtype is an error naming the file. The
     manifest names each input prefix by ``input_uri(prefix)`` (default: its absolute path),
-    e.g. its URI when the inputs are local copies of objects.
+    e.g. its URI when the inputs are local copies of objects. ``keys`` (the inputs' shard keys,
+    in order) records the inputs as ``shards`` and the version it ``extends``, as a virtual
+    merge does, so document identities survive either merge mode.
     """
     start = time.perf_counter()
     prefixes = resolve_inputs(inputs, order)
@@ -180,6 +209,7 @@ def merge_datasets(
             config={"order": order, "dtype": str(dtype), **provenance},
             counts=counts,
             bin_parts=[part for q in prefixes for part in bin_parts(q)],
+            extra=None if keys is None else _shard_records(keys, prefixes, extends),
         )
     except BaseException:  # e.g. a full disk: no pair is left without its manifest
         for path in outputs:
@@ -192,6 +222,60 @@ def merge_datasets(
         sequences=counts["sequences"],
         tokens=counts["tokens"],
         bytes=nbytes,
+        seconds=time.perf_counter() - start,
+        manifest=manifest,
+    )
+
+
+def virtual_merge(
+    shards: list[tuple[str, Path]],
+    output_prefix: str | os.PathLike[str],
+    *,
+    extends: str | None = None,
+) -> MergeResult:
+    """Merge shard pairs virtually: write only the manifest of ``(key, prefix)`` pairs in the
+    order given (``tokenmill.formats.virtual_merge``), read from their dataset manifests; no
+    token is copied and no ``.bin`` is opened. Every shard needs a tokenmill manifest, and all
+    must share dtype, tokenizer and settings (as for a physical merge). ``extends``: the version
+    this one only appends shards to, recorded for training that follows growth."""
+    start = time.perf_counter()
+    if not shards:
+        raise ConfigError("no shards to merge")
+    out = Path(output_prefix)
+    prefixes = [prefix for _, prefix in shards]
+    for q in prefixes:
+        if not dataset_manifest_path(q).is_file():
+            raise InputError(f"{dataset_manifest_path(q)}: missing; a virtual merge needs it")
+    provenance, quarantined = _provenance(prefixes)
+    entries, dtypes = [], set()
+    for key, q in shards:
+        manifest = read_dataset_manifest(q)
+        dtype = manifest["config"].get("dtype")
+        if dtype is None:  # a manifest that does not say: the .idx header does
+            with IndexedDataset(q, index_only=True) as data:
+                dtype = data.dtype.name
+        dtypes.add(str(dtype))
+        entries.append(shard_entry(key, q, out.parent, manifest))
+    if len(dtypes) != 1:
+        raise InputError(f"{out}: shards have token dtypes {sorted(dtypes)}; merge only one dtype")
+    (dtype,) = dtypes
+    manifest = write_virtual_manifest(
+        dataset_manifest_path(out),
+        name=out.name,
+        shards=entries,
+        dtype=dtype,
+        config={"merge": "virtual", "dtype": dtype, **provenance},
+        quarantined=quarantined,
+        extends=extends,
+    )
+    counts = manifest["counts"]
+    return MergeResult(
+        prefix=out,
+        inputs=prefixes,
+        documents=counts["documents"],
+        sequences=counts["sequences"],
+        tokens=counts["tokens"],
+        bytes=sum(int(e["files"]["bin"]["bytes"]) for e in entries),
         seconds=time.perf_counter() - start,
         manifest=manifest,
     )

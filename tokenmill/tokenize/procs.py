@@ -1,5 +1,6 @@
-"""Processes and threads behind ``tokenmill.tokenize.run``: forked encoder workers, the reference
-checker, and ``Background`` stages that overlap reading, encoding and writing in one process.
+"""Processes and threads behind ``tokenmill.tokenize.run``: forking children (the range workers of
+``tokenmill.tokenize.parallel``), the reference checker, and ``Background`` stages that overlap
+reading, encoding and writing in one process.
 
 Children are forked after the tokenizer is loaded (no reload, shared pages), close the parent's
 pipe ends they inherit, and exit by themselves when the parent disappears (polled once a
@@ -9,7 +10,6 @@ second), so a killed run leaves no orphans.
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing
 import os
 import queue
@@ -19,13 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import numpy as np
-
 from tokenmill.errors import TokenmillError
 from tokenmill.tokenize.tokenizer import Encoder, TokenizerInfo, first_mismatch, reference_encoder
 
-IN_FLIGHT = 2  # batches queued per worker process
 T = TypeVar("T")
+SAMPLE_DOCS = 64  # documents per input compared with the reference
 SAMPLE_CHARS = 2048  # characters of each sampled document the checker compares
 
 
@@ -33,7 +31,7 @@ class EngineMismatch(Exception):
     """The checker saw the engine disagree with the reference."""
 
 
-def _fork(target: Any, args: tuple[Any, ...], foreign: list[Any]) -> Any:
+def fork(target: Any, args: tuple[Any, ...], foreign: list[Any]) -> Any:
     """Start ``target(*args, parent_pid)`` in a forked child that first closes ``foreign``.
 
     ``foreign`` are the parent's pipe ends the child inherits; closing them lets the child see
@@ -65,110 +63,6 @@ def _receive(conn: Any, parent: int) -> Any:
         return None
 
 
-def _worker(
-    encoder: Encoder, dtype: np.dtype, eod: int | None, tasks: Any, out: Any, parent: int
-) -> None:
-    while True:
-        texts = _receive(tasks, parent)
-        if texts is None:
-            return
-        try:
-            flat, lengths = encoder.pack(texts, eod, dtype)
-        except Exception as exc:  # reported to the parent, which raises it
-            out.send_bytes(b"E" + f"{type(exc).__name__}: {exc}".encode())
-            return
-        out.send_bytes(b"K" + lengths.tobytes())
-        out.send_bytes(flat)
-        out.send_bytes(json.dumps(encoder.routed).encode())  # this batch's guard counts
-        encoder.routed.clear()
-
-
-class Pool:
-    """Forked encoder processes, fed round-robin by a reader thread, drained in input order.
-
-    The documents the workers' guards send to the reference are added to ``encoder.routed``.
-    """
-
-    def __init__(
-        self,
-        encoder: Encoder,
-        workers: int,
-        dtype: np.dtype,
-        eod: int | None,
-        open_conns: list[Any],
-    ) -> None:
-        ctx = multiprocessing.get_context("fork")
-        self.encoder = encoder
-        self.dtype = dtype
-        self.tasks: list[Any] = []
-        self.results: list[Any] = []
-        self.procs: list[Any] = []
-        for _ in range(workers):
-            task_r, task_w = ctx.Pipe(duplex=False)
-            res_r, res_w = ctx.Pipe(duplex=False)
-            foreign = [*self.tasks, *self.results, task_w, res_r, *open_conns]
-            proc = _fork(_worker, (encoder, dtype, eod, task_r, res_w), foreign)
-            task_r.close()
-            res_w.close()
-            self.tasks.append(task_w)
-            self.results.append(res_r)
-            self.procs.append(proc)
-        self.slots = threading.Semaphore(IN_FLIGHT * workers)
-        self.tickets: queue.Queue[Any] = queue.Queue()
-        self.stopping = False
-        self.done = False
-
-    def _feed(self, batches: Iterator[list[str]]) -> None:
-        try:
-            for k, texts in enumerate(batches):
-                self.slots.acquire()
-                if self.stopping:
-                    return
-                worker = k % len(self.tasks)
-                self.tasks[worker].send(texts)
-                self.tickets.put(worker)
-            self.tickets.put(None)
-        except BaseException as exc:  # handed to the consuming thread
-            self.tickets.put(exc)
-
-    def map(self, batches: Iterator[list[str]]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Encoded batches in input order; errors of the reader or a worker are re-raised."""
-        feeder = threading.Thread(target=self._feed, args=(batches,), daemon=True)
-        feeder.start()
-        while (ticket := self.tickets.get()) is not None:
-            if isinstance(ticket, BaseException):
-                raise ticket
-            conn = self.results[ticket]
-            try:
-                head = conn.recv_bytes()
-                body = conn.recv_bytes() if head[:1] == b"K" else b""
-                routed = conn.recv_bytes() if head[:1] == b"K" else b"{}"
-            except EOFError:
-                raise TokenmillError(f"tokenize: encoder process {ticket} died") from None
-            if head[:1] != b"K":
-                raise TokenmillError(f"tokenize: encoder process failed: {head[1:].decode()}")
-            self.slots.release()
-            self.encoder.routed.update(json.loads(routed))
-            yield np.frombuffer(body, dtype=self.dtype), np.frombuffer(head[1:], dtype=np.int64)
-        feeder.join()
-        self.done = True
-
-    def close(self) -> None:
-        """Stop the workers: politely after a complete run, at once after an error."""
-        self.stopping = True
-        self.slots.release()
-        for conn, proc in zip(self.tasks, self.procs, strict=True):
-            if self.done:
-                conn.send(None)
-            else:
-                proc.terminate()
-        for conn, proc in zip(self.tasks, self.procs, strict=True):
-            proc.join()
-            conn.close()
-        for conn in self.results:
-            conn.close()
-
-
 def _check_worker(info: TokenizerInfo, conn: Any, parent: int) -> None:
     """Checker process: load the reference, then compare each submitted sample's engine ids."""
     reference = reference_encoder(info)
@@ -194,7 +88,7 @@ class Checker:
 
     def __init__(self, info: TokenizerInfo) -> None:
         self.conn, child = multiprocessing.get_context("fork").Pipe()
-        self.proc = _fork(_check_worker, (info, child), [self.conn])
+        self.proc = fork(_check_worker, (info, child), [self.conn])
         child.close()
         self.answer: str | None = None
         self.outbox: queue.Queue[Any] = queue.Queue()

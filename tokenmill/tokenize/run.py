@@ -7,19 +7,29 @@ empty document adds no sequence but repeats its boundary. The engine is the fast
 ``tokenmill.tokenize.tokenizer`` verified; a forked checker also compares it with the reference on
 the run's first documents, and on a disagreement the run is redone with the next engine.
 
-Streaming: batches of texts flow from the reader to the encoder to the writer, so memory does
-not grow with the input, and the output is the same for any ``workers``. gigatoken (and any
-engine when ``workers=1``) encodes in process: a reader thread parses, an encoder thread encodes
-and the writer hashes while writing, at most two batches between stages (gigatoken's per-text
-``encode`` holds the GIL, so those stages overlap only where numpy, hashing and I/O release it;
-its batch call releases it). The inputs' sha256 for the manifest is taken on another thread.
-gigatoken encodes on its own thread pool when ``workers > 1`` and the input holds
-``THREADED_ENCODE_BYTES`` or more (its batch call imports awkward, ~0.5 s of CPU, which only a
-large input earns back), text by text otherwise. Other engines with ``workers > 1`` use forked
-processes fed by a reader thread, results taken back in input order (see
-``tokenmill.tokenize.procs``). Outputs are written under temporary names and renamed at the
-end (manifest last, its sha256s taken while writing); a killed run leaves no final-named file,
-and the next run removes its leftovers.
+With ``workers`` > 1 the run is process-parallel (``tokenmill.tokenize.parallel``): the inputs
+are cut into byte ranges on line boundaries (many per big ``.jsonl``; a compressed file, a
+Parquet/Arrow file or a dataset folder is one range), forked workers each parse, guard, encode
+and write their ranges to part files in the output folder's ``.tmp/``, and this process stitches
+the parts into the ``.bin`` in input order as they arrive, builds the ``.idx`` from their
+lengths, renumbers quarantined lines to the input's real line numbers and submits each input's
+first documents to the checker. Stitching copies a part with ``copy_file_range`` (in the kernel,
+page cache to page cache) after hashing it through a read-only map (the manifest's whole-file
+sha256; no copy into Python). Per GB of ``.bin`` (measured by ``bench_tokenize.py --scaling``)
+the copy takes 0.3 CPU-s where reading and writing the part from Python takes 0.7–2 CPU-s; the
+sha256 takes 0.55 CPU-s. The sha256s of the ``.bin`` and of each input file are the serial
+steps no split shares out; both run while the workers still encode the later ranges. Writing
+at known offsets instead would need every earlier range's token count before a worker starts.
+Each document is encoded whole by one worker and the parts go back in input order, so the
+bytes are the same for any ``workers``, any split and any engine.
+
+With one worker (or one range) the run stays in process: a reader thread parses, an encoder
+thread encodes and the writer hashes while writing, at most two batches between stages
+(gigatoken's per-text ``encode`` holds the GIL, so the stages overlap only where numpy, hashing
+and I/O release it). The inputs' sha256 for the manifest is taken on another thread in both modes.
+Outputs are written under temporary names and renamed at the end (manifest last, its sha256s
+taken while writing); a killed run leaves no final-named file, and the next run removes its
+leftovers (parts of killed workers included).
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from tokenmill.atomic import remove_stale_temps
-from tokenmill.errors import ConfigError, TokenmillError
+from tokenmill.errors import BadRecordError, ConfigError, InputError, TokenmillError
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     input_sha256,
@@ -48,7 +58,21 @@ from tokenmill.formats.shard_records import IngestStats
 from tokenmill.ingest.records import ON_BAD_RECORD, Quarantine
 from tokenmill.ingest.sources import read_input_batches
 from tokenmill.paths import name_problem
-from tokenmill.tokenize.procs import SAMPLE_CHARS, Background, Checker, EngineMismatch, Pool
+from tokenmill.tokenize.parallel import (
+    Job,
+    RangeResult,
+    RangeWorkers,
+    part_paths,
+    plan_ranges,
+    schedule,
+)
+from tokenmill.tokenize.procs import (
+    SAMPLE_CHARS,
+    SAMPLE_DOCS,
+    Background,
+    Checker,
+    EngineMismatch,
+)
 from tokenmill.tokenize.tokenizer import (
     Encoder,
     inspect_tokenizer,
@@ -59,9 +83,6 @@ from tokenmill.tokenize.tokenizer import (
 
 log = logging.getLogger(__name__)
 CHECKED_ENGINES = ("gigatoken", "tiktoken")
-THREADED_ENGINES = ("gigatoken",)  # parallel in process: no worker processes for them
-SAMPLE_DOCS = 64  # documents per input compared with the reference
-THREADED_ENCODE_BYTES = 128 << 20  # input size from which gigatoken encodes on its thread pool
 Texts = tuple[Path | None, list[str]]  # (the input, on its first batch; the batch's texts)
 
 
@@ -116,6 +137,7 @@ def tokenize_files(
     ``{output_prefix}.quarantine.jsonl``. ``progress=None`` shows a bar when stderr is a TTY.
     The manifest names each input by ``input_uri(path)`` (default: its absolute path), e.g.
     the object's URI when the input is a local copy, and records its size and sha256.
+    ``workers`` > 1 processes share the inputs by byte ranges; the bytes are the same for any.
     """
     start = time.perf_counter()
     if not inputs:
@@ -148,7 +170,6 @@ def tokenize_files(
         on_bad_record=on_bad_record,
         progress=sys.stderr.isatty() if progress is None else progress,
         start=start,
-        threaded_encode=workers > 1 and _input_bytes(inputs) >= THREADED_ENCODE_BYTES,
     )
     fallbacks: list[str] = []
     while True:
@@ -191,18 +212,26 @@ class _Run:
     on_bad_record: str
     progress: bool
     start: float
-    threaded_encode: bool
 
     def execute(
         self, encoder: Encoder, checker: Checker | None, fallbacks: list[str]
     ) -> TokenizeResult:
         """One attempt with one engine; raises EngineMismatch when the checker objects."""
+        ranges = plan_ranges(self.inputs, self.workers) if self.workers > 1 else []
+        if len(ranges) > 1:
+            job = Job(
+                ranges=ranges,
+                order=schedule(ranges),
+                parts=part_paths(data_file_path(self.prefix), len(ranges)),
+                text_key=self.text_key,
+                on_bad_record=self.on_bad_record,
+                eod=self.eod,
+                dtype=encoder.info.dtype,
+            )
+            return self._parallel(encoder, checker, fallbacks, job)
         dtype = encoder.info.dtype
-        in_process = self.workers == 1 or encoder.name in THREADED_ENGINES
-        conns = [checker.conn] if checker is not None else []
-        pool = None if in_process else Pool(encoder, self.workers, dtype, self.eod, conns)
-        # The inputs' sha256 on a thread started after every fork (the checker's, the pool's),
-        # and ended before the next: a fork never copies a thread of ours holding a lock.
+        # The inputs' sha256 on a thread started after every fork (the checker's), and ended
+        # before the next: a fork never copies a thread of ours holding a lock.
         hasher = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-input-sha256")
         digests = [hasher.submit(input_sha256, path) for path in self.inputs]
         quarantine = Quarantine(self.qpath) if self.qpath is not None else None
@@ -211,14 +240,9 @@ class _Run:
         stages: list[Background[Any]] = []
         try:
             with IndexedDatasetWriter(self.prefix, dtype) as writer:
-                texts = self._texts(stats, quarantine)
-                if pool is not None:
-                    batches = pool.map(_submitted(texts, encoder, checker))
-                else:
-                    stages.append(Background(texts))
-                    stages.append(Background(self._encoded(encoder, stages[0], checker)))
-                    batches = iter(stages[1])
-                for flat, lengths in batches:
+                stages.append(Background(self._texts(stats, quarantine)))
+                stages.append(Background(self._encoded(encoder, stages[0], checker)))
+                for flat, lengths in stages[1]:
                     writer.add_documents(flat, lengths)
                     tokens += flat.size
                     if checker is not None:
@@ -235,8 +259,57 @@ class _Run:
             raise
         finally:
             hasher.shutdown(wait=True, cancel_futures=True)
-            if pool is not None:
-                pool.close()
+        hashes = [digest.result() for digest in digests]
+        return self._finish(encoder, fallbacks, stats, hashes, writer, tokens)
+
+    def _parallel(
+        self, encoder: Encoder, checker: Checker | None, fallbacks: list[str], job: Job
+    ) -> TokenizeResult:
+        """One attempt on worker processes: their parts stitched in input order as they come."""
+        conns = [checker.conn] if checker is not None else []
+        workers = RangeWorkers(job, encoder, min(self.workers, len(job.ranges)), conns)
+        hasher = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-input-sha256")
+        digests = [hasher.submit(input_sha256, path) for path in self.inputs]
+        quarantine = Quarantine(self.qpath) if self.qpath is not None else None
+        stats = [IngestStats(path=uri) for uri in self.uris]
+        lines_before = [0] * len(self.inputs)  # lines of each input already stitched
+        bar = _progress_bar(self.inputs) if self.progress else None
+        tokens = 0
+        try:
+            with IndexedDatasetWriter(self.prefix, job.dtype) as writer:
+                for result in workers.results():
+                    rng, offset = result.range, lines_before[result.range.index]
+                    if result.error is not None or result.part is None:
+                        raise _worker_error(result, offset)
+                    if checker is not None and result.sample is not None:
+                        checker.submit(rng.path, result.sample, encoder)
+                        checker.verdict(wait=False)
+                    try:
+                        writer.add_part(result.part, result.lengths)
+                    finally:
+                        result.part.unlink(missing_ok=True)
+                    tokens += int(result.lengths.sum())
+                    for line, reason, raw in result.bad:
+                        if quarantine is not None:
+                            quarantine.add(os.fspath(rng.path), offset + line, reason, raw)
+                    _add_stats(stats[rng.index], result.stats)
+                    lines_before[rng.index] += int(result.stats["lines"])
+                    encoder.routed.update(result.routed)
+                    if bar is not None:
+                        bar.update(int(result.stats["bytes_read"]))
+                if checker is not None:
+                    checker.verdict(wait=True)
+            if quarantine is not None:
+                quarantine.commit()
+        except BaseException:
+            if quarantine is not None:
+                quarantine.discard()
+            raise
+        finally:
+            workers.close()
+            hasher.shutdown(wait=True, cancel_futures=True)
+            if bar is not None:
+                bar.close()
         hashes = [digest.result() for digest in digests]
         return self._finish(encoder, fallbacks, stats, hashes, writer, tokens)
 
@@ -244,11 +317,10 @@ class _Run:
         self, encoder: Encoder, texts: Iterable[Texts], checker: Checker | None
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The encoder thread: samples for the checker, then output-ready ids per batch."""
-        threads = self.threaded_encode
         for first, batch in texts:
             if checker is not None and first is not None:
                 checker.submit(first, batch[:SAMPLE_DOCS], encoder)
-            yield encoder.pack(batch, self.eod, encoder.info.dtype, threads=threads)
+            yield encoder.pack(batch, self.eod, encoder.info.dtype)
 
     def _texts(self, stats: list[IngestStats], quarantine: Quarantine | None) -> Iterator[Texts]:
         bar = _progress_bar(self.inputs) if self.progress else None
@@ -343,11 +415,26 @@ def _progress_bar(inputs: list[Path]) -> Any:
     return tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", file=sys.stderr)
 
 
-def _submitted(
-    texts: Iterator[Texts], encoder: Encoder, checker: Checker | None
-) -> Iterator[list[str]]:
-    """Texts for worker processes; each input's first documents also go to the checker."""
-    for first, batch in texts:
-        if checker is not None and first is not None:
-            checker.submit(first, batch[:SAMPLE_DOCS], encoder)
-        yield batch
+def _add_stats(total: IngestStats, part: dict[str, Any]) -> None:
+    """Add a range's counts to its input's (flags: any range that has them)."""
+    for key, value in part.items():
+        if key == "path":
+            continue
+        if isinstance(value, bool):
+            setattr(total, key, getattr(total, key) or value)
+        else:
+            setattr(total, key, getattr(total, key) + int(value))
+
+
+def _worker_error(result: RangeResult, lines_before: int) -> TokenmillError:
+    """The error a worker reported, as this process raises it: a bad record at its line in the
+    whole input, the tokenmill error it was, or a TokenmillError naming the input."""
+    error = result.error or {"kind": "TokenmillError", "message": "no part was written"}
+    if error["kind"] == "bad_record":
+        return BadRecordError(error["path"], lines_before + int(error["line"]), error["reason"])
+    known: dict[str, type[TokenmillError]] = {"InputError": InputError, "ConfigError": ConfigError}
+    if error["kind"] in known:
+        return known[error["kind"]](error["message"])
+    return TokenmillError(
+        f"tokenize: {result.range.path}: worker failed: {error['kind']}: {error['message']}"
+    )

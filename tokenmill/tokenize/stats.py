@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.formats.virtual_merge import VirtualDataset
 
 MARKDOWN_INLINE_LIMIT = 1000  # Dagster UI: shorter markdown metadata renders inline
 BAR = "█"  # full block
@@ -87,7 +88,7 @@ def histogram_text(buckets: list[Bucket], width: int = 40) -> str:
     return "\n".join(lines)
 
 
-def summarize(ds: IndexedDataset) -> dict[str, object]:
+def summarize(ds: IndexedDataset | VirtualDataset) -> dict[str, object]:
     """Counts and length statistics of a dataset."""
     lengths = ds.sequence_lengths
     return {
@@ -99,5 +100,5 @@ def summarize(ds: IndexedDataset) -> dict[str, object]:
         "min_length": int(lengths.min()) if len(lengths) else 0,
         "max_length": int(lengths.max()) if len(lengths) else 0,
         "mean_length": float(lengths.mean()) if len(lengths) else 0.0,
-        "bin_bytes": ds.bin_path.stat().st_size,
+        "bin_bytes": ds.num_tokens * ds.dtype.itemsize,  # checked against the files on open
     }

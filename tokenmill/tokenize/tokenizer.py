@@ -137,8 +137,8 @@ def tokenizer_fingerprint(source: Path, definition: Path) -> str:
         if cfg.is_file():
             try:
                 data = json.loads(cfg.read_text(encoding="utf-8"))
-            except (UnicodeDecodeError, ValueError) as exc:
-                raise ConfigError(f"tokenizer {cfg}: not valid JSON ({exc})") from exc
+            except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+                raise ConfigError(f"tokenizer {cfg}: not valid JSON ({exc!r})") from exc
             if isinstance(data, dict):
                 data.pop("chat_template", None)
             h.update(f"\0{name}\0".encode() + json.dumps(data, sort_keys=True).encode())
@@ -243,7 +243,7 @@ def run_verification(source: Path, definition: Path, fingerprint: str, record_pa
 def _read_record(path: Path, fingerprint: str) -> dict[str, Any] | None:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # unreadable: the record is rebuilt
         return None
     if not isinstance(record, dict) or record.get("fingerprint") != fingerprint:
         return None

@@ -1,0 +1,270 @@
+"""Virtual merged datasets: a manifest of shard pairs reads exactly as their physical merge."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tiny_pairs import random_dataset
+
+from tokenmill.cli import main
+from tokenmill.errors import CacheError, FormatError
+from tokenmill.formats.dataset_manifest import (
+    open_dataset,
+    read_dataset_manifest,
+    sidecar_manifest_path,
+)
+from tokenmill.formats.virtual_merge import VirtualDataset
+from tokenmill.indices.blend_build import build_blend, verify_blend
+from tokenmill.indices.nanoset import build_or_load
+from tokenmill.loader import open_blend, open_nanoset
+from tokenmill.tokenize.merge import merge_datasets, virtual_merge
+from tokenmill.verify import verify_dataset
+
+FLAGS = (
+    {},
+    {"reset_position_ids": True, "reset_attention_mask": True, "eod_mask_loss": True},
+    {"create_attention_mask": True, "inter_document_masking": True},
+)
+
+
+def _shards(folder: Path, sizes: list[int], seed: int, dtype: type = np.uint16) -> list[Path]:
+    return [
+        random_dataset(
+            folder / f"part-{i:05d}_text_document",
+            n,
+            seed + i,
+            dtype,
+            kind="tokens",
+            counted=True,
+            lengths=(1, 40),
+        )
+        for i, n in enumerate(sizes)
+    ]
+
+
+def _merges(tmp_path: Path, name: str, sizes: list[int], seed: int) -> tuple[Path, Path]:
+    shards = _shards(tmp_path / "tokens" / name, sizes, seed)
+    physical = merge_datasets(shards, tmp_path / "physical" / f"{name}_text_document").prefix
+    keys = [(p.name.removesuffix("_text_document"), p) for p in shards]
+    virtual = virtual_merge(keys, tmp_path / "virtual" / "v1" / f"{name}_text_document").prefix
+    return physical, virtual
+
+
+def test_a_virtual_merge_reads_as_the_physical_merge(tmp_path: Path) -> None:
+    physical, virtual = _merges(tmp_path, "docs", [7, 1, 30, 12], seed=3)
+    assert not Path(f"{virtual}.bin").exists() and not Path(f"{virtual}.idx").exists()
+    with open_dataset(physical) as p, open_dataset(virtual) as v:
+        assert isinstance(v, VirtualDataset)
+        assert (len(v), v.num_documents, v.num_tokens) == (len(p), p.num_documents, p.num_tokens)
+        assert np.array_equal(v.sequence_lengths, p.sequence_lengths)
+        assert np.array_equal(v.document_indices, p.document_indices)
+        for i in range(len(p)):
+            assert np.array_equal(v[i], p[i])
+    manifest = read_dataset_manifest(virtual)
+    assert manifest["kind"] == "virtual_merge" and manifest["extends"] is None
+    assert [s["key"] for s in manifest["shards"]] == [f"part-{i:05d}" for i in range(4)]
+    assert verify_dataset(virtual) == []
+
+
+@pytest.mark.parametrize("semantics", ["megatron", "nanotron"])
+def test_every_sample_over_a_virtual_merge_equals_the_physical_one(
+    tmp_path: Path, semantics: str
+) -> None:
+    physical, virtual = _merges(tmp_path, "docs", [9, 3, 25, 14, 6], seed=11)
+    for split in ("train", "valid", "test"):
+        settings = {
+            "split": split,
+            "split_spec": "80,10,10",
+            "sequence_length": 16,
+            "semantics": semantics,
+            "num_samples": 40 if split == "train" else None,
+        }
+        opened = [
+            open_nanoset(prefix, tmp_path / f"cache-{n}", **settings)
+            for n, prefix in enumerate((physical, virtual))
+        ]
+        a, b = opened
+        assert len(a) == len(b) > 0
+        everything = np.arange(len(a))
+        assert np.array_equal(a.get_batch(everything), b.get_batch(everything))
+        for k in (0, len(a) - 1):
+            assert np.array_equal(a[k], b[k])
+        for flags in FLAGS:
+            ta = a.get_training_batch(everything, eod_id=0, **flags)
+            tb = b.get_training_batch(everything, eod_id=0, **flags)
+            assert ta.keys() == tb.keys()
+            for key in ta:
+                assert np.array_equal(ta[key], tb[key]), (split, key, flags)
+
+
+def test_a_blend_of_virtual_merges_equals_the_blend_of_physical_ones(tmp_path: Path) -> None:
+    docs = _merges(tmp_path, "docs", [20, 8, 31], seed=21)
+    code = _merges(tmp_path, "code", [15, 27], seed=41)
+    settings = {
+        "weights": {"docs": 0.7, "code": 0.3},
+        "sequence_length": 12,
+        "split_spec": "90,5,5",
+        "train_samples": 60,
+    }
+    opened = []
+    for mode in (0, 1):
+        sets = {"docs": docs[mode], "code": code[mode]}
+        out = tmp_path / "blends" / f"mix{mode}"
+        build_blend("mix", sets, out, tmp_path / f"nanoset{mode}", **settings)
+        assert verify_blend(out, full=True) == []
+        opened.append({s: open_blend(out, s) for s in ("train", "valid", "test")})
+    for split in ("train", "valid", "test"):
+        a, b = opened[0][split], opened[1][split]
+        assert len(a) == len(b) > 0
+        ids = np.arange(len(a))
+        assert np.array_equal(a.get_batch(ids), b.get_batch(ids))
+        for flags in FLAGS:
+            ta = a.get_training_batch(ids, eod_id=0, **flags)
+            tb = b.get_training_batch(ids, eod_id=0, **flags)
+            assert all(np.array_equal(ta[k], tb[k]) for k in ta)
+
+
+def test_a_shard_changed_after_the_merge_is_refused_naming_it(tmp_path: Path) -> None:
+    _, virtual = _merges(tmp_path, "docs", [5, 6], seed=5)
+    sets = {"docs": virtual}
+    out = tmp_path / "blends" / "one"
+    build_blend(
+        "one",
+        sets,
+        out,
+        tmp_path / "nanoset",
+        weights={"docs": 1},
+        sequence_length=4,
+        train_samples=10,
+    )
+    shard = tmp_path / "tokens" / "docs" / "part-00001_text_document.bin"
+    shard.write_bytes(shard.read_bytes() + b"\0\0")
+    with pytest.raises(CacheError, match="part-00001"):
+        open_blend(out, "train")
+    with pytest.raises(FormatError, match="part-00001"):
+        open_dataset(virtual)[6]
+
+
+def test_tokenmill_merge_writes_the_physical_pair_of_a_virtual_merge(tmp_path: Path) -> None:
+    physical, virtual = _merges(tmp_path, "docs", [4, 9, 2], seed=8)
+    out = tmp_path / "again" / "docs_text_document"
+    assert main(["merge", "--input", str(virtual), "--output-prefix", str(out)]) == 0
+    for suffix in (".bin", ".idx"):
+        assert Path(f"{out}{suffix}").read_bytes() == Path(f"{physical}{suffix}").read_bytes()
+
+
+def test_a_virtual_merge_opens_after_its_tree_is_moved(tmp_path: Path) -> None:
+    _, virtual = _merges(tmp_path, "docs", [4, 9], seed=8)
+    moved = tmp_path.parent / f"{tmp_path.name}-moved"
+    shutil.copytree(tmp_path, moved)
+    with open_dataset(moved / virtual.relative_to(tmp_path)) as v:
+        assert v.shard_prefix(1).is_relative_to(moved)
+        assert len(v[12]) > 0
+
+
+@pytest.mark.parametrize(
+    "prefix", ["/etc/passwd", "x/../../y", "", "a\x01b"], ids=["abs", "mid", "empty", "ctl"]
+)
+def test_a_tampered_shard_path_is_a_format_error(tmp_path: Path, prefix: str) -> None:
+    _, virtual = _merges(tmp_path, "docs", [3], seed=1)
+    path = sidecar_manifest_path(virtual)
+    manifest = json.loads(path.read_text())
+    manifest["shards"][0]["prefix"] = prefix
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(FormatError, match="prefix"):
+        read_dataset_manifest(virtual)
+
+
+def test_index_cache_over_a_virtual_merge_keys_on_its_content(tmp_path: Path) -> None:
+    physical, virtual = _merges(tmp_path, "docs", [12, 12], seed=2)
+    a = build_or_load(virtual, tmp_path / "c", split="train", sequence_length=8)
+    b = build_or_load(physical, tmp_path / "c", split="train", sequence_length=8)
+    assert a is not None and b is not None
+    assert (
+        a.description["key"]["dataset_content_hash"]
+        == read_dataset_manifest(virtual)["content_hash"]
+    )
+    assert np.array_equal(a.shuffle_index, b.shuffle_index)
+    assert np.array_equal(a.sample_index, b.sample_index)
+
+
+def test_pull_copies_a_blend_of_virtual_merges_with_its_shards(tmp_path: Path) -> None:
+    from tokenmill.storage.pull import pull
+
+    root = tmp_path / "root"
+    _, virtual = _merges(root, "docs", [6, 10, 4], seed=13)
+    out = root / "blends" / "one"
+    build_blend(
+        "one",
+        {"docs": virtual},
+        out,
+        root / "nanoset",
+        weights={"docs": 1},
+        sequence_length=6,
+        train_samples=20,
+    )
+    dest = tmp_path / "copy"
+    pull(str(out / "manifest.json"), dest)
+    copies = list(dest.rglob("manifest.json"))
+    pointer = next(p for p in copies if p.parent.name == "one")
+    a, b = open_blend(out, "train", verify="full"), open_blend(pointer, "train", verify="full")
+    ids = np.arange(len(a))
+    assert np.array_equal(a.get_batch(ids), b.get_batch(ids))
+    assert len(list(dest.rglob("part-*_text_document.bin"))) == 3
+
+
+def test_inspect_and_verify_take_a_virtual_merge(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    physical, virtual = _merges(tmp_path, "docs", [5, 7], seed=4)
+    assert main(["inspect", str(virtual)]) == 0
+    shown = capsys.readouterr().out
+    assert main(["inspect", str(physical)]) == 0
+    assert shown.split("\n", 1)[1] == capsys.readouterr().out.split("\n", 1)[1]
+    assert main(["verify", str(virtual)]) == 0
+    shard = tmp_path / "tokens" / "docs" / "part-00000_text_document.bin"
+    data = bytearray(shard.read_bytes())
+    data[0] ^= 1
+    shard.write_bytes(bytes(data))
+    assert main(["verify", str(virtual)]) == 1
+    assert "sha256" in capsys.readouterr().out
+
+
+def test_gc_removes_an_old_virtual_version_and_keeps_the_current_readable(
+    tmp_path: Path,
+) -> None:
+    from tokenmill.storage.versions import write_pointer
+    from tokenmill.tokenize.merged_versions import extends, merged_version
+
+    shards = _shards(tmp_path / "tokens" / "docs", [5, 8, 6], seed=30)
+    keyed = [(p.name.removesuffix("_text_document"), p) for p in shards]
+    folder = tmp_path / "merged" / "docs"
+    made = []
+    for n in (2, 3):
+        ids = [(k, read_dataset_manifest(p)["content_hash"]) for k, p in keyed[:n]]
+        version = merged_version("text", ids, "virtual")
+        previous = made[-1] if made else None
+        base = extends(previous[0], read_dataset_manifest(previous[1]), ids) if previous else None
+        prefix = folder / version[:16] / "docs_text_document"
+        virtual_merge(keyed[:n], prefix, extends=base)
+        write_pointer(folder / "current.json", version, f"{version[:16]}/{prefix.name}")
+        made.append((version, prefix))
+    assert read_dataset_manifest(made[1][1])["extends"] == made[0][0]
+    out = tmp_path / "blends" / "mix"
+    build_blend(
+        "mix",
+        {"docs": made[1][1]},
+        out,
+        tmp_path / "nanoset",
+        weights={"docs": 1},
+        sequence_length=4,
+        train_samples=12,
+    )
+    assert main(["gc", str(tmp_path), "--keep", "1"]) == 0
+    assert not made[0][1].parent.exists() and made[1][1].parent.is_dir()
+    assert all(Path(f"{p}.bin").is_file() for p in shards)  # shards are read in place
+    assert len(open_blend(out, "train", verify="full")) == 12

@@ -1,0 +1,338 @@
+"""Virtual merged datasets: a manifest of shard pairs read as one dataset; nothing is copied.
+
+A virtual merge of the pairs ``S_0 .. S_{K-1}`` is the dataset a physical merge (Megatron's
+``merge_datasets.py``) of the same pairs in the same order would be: sequence ``i`` of the merge
+is sequence ``i - first_sequence[k]`` of the shard ``k`` holding it, so every index built over
+it, and every sample read through it, equals the physical merge's. Its only file is the
+manifest, at the place of a pair's manifest (``<dir>/manifests/<name>.manifest.json``)::
+
+    {"format_version": 1, "kind": "virtual_merge", "prefix": "<name>",
+     "dtype": "uint16", "config": {...provenance of the shards...}, "extends": "<v>" | null,
+     "counts": {"documents", "sequences", "tokens", "quarantined"},
+     "shards": [{"key", "prefix" (relative to <dir>), "content_hash",
+                 "documents", "sequences", "tokens",
+                 "files": {"bin": {"bytes", "sha256"}, "idx": {"bytes", "sha256"}}}, ...],
+     "files": {}, "content_hash": sha256 over the shards' content hashes in order}
+
+Readers open a shard's pair only when a sample reads it, and check its sizes against the
+manifest then (a shard changed after the merge is a FormatError naming it).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenmill.atomic import file_sha256, write_json
+from tokenmill.errors import FormatError
+from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file_path
+from tokenmill.paths import has_control_character, leading_parents
+
+KIND = "virtual_merge"
+FORMAT_VERSION = 1
+SHARD_COUNTS = ("documents", "sequences", "tokens")
+
+
+def content_hash(shard_hashes: Sequence[str]) -> str:
+    """The content hash of a virtual merge: sha256 over its shards' content hashes in order."""
+    h = hashlib.sha256(KIND.encode() + b"\0")
+    for value in shard_hashes:
+        h.update(value.encode() + b"\0")
+    return h.hexdigest()
+
+
+def shard_entry(key: str, prefix: Path, base: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """One shard's record from its pair's dataset manifest (no file is read but the manifest)."""
+    counts = manifest["counts"]
+    files = manifest["files"]
+    digests = {}
+    for kind, path in (("bin", data_file_path(prefix)), ("idx", index_file_path(prefix))):
+        info = files[path.name]
+        if "sha256" not in info:
+            raise FormatError(prefix, "files", "a virtual merge takes tokenized shards, not merges")
+        digests[kind] = {"bytes": int(info["bytes"]), "sha256": str(info["sha256"])}
+    return {
+        "key": key,
+        "prefix": os.path.relpath(prefix, base),
+        "content_hash": str(manifest["content_hash"]),
+        **{c: int(counts[c]) for c in SHARD_COUNTS},
+        "files": digests,
+    }
+
+
+def write_virtual_manifest(
+    path: Path,
+    *,
+    name: str,
+    shards: list[dict[str, Any]],
+    dtype: str,
+    config: dict[str, Any],
+    quarantined: int,
+    extends: str | None,
+) -> dict[str, Any]:
+    """Write the manifest of a virtual merge atomically (the only file it has)."""
+    counts = {c: sum(int(s[c]) for s in shards) for c in SHARD_COUNTS}
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "kind": KIND,
+        "prefix": name,
+        "dtype": dtype,
+        "config": config,
+        "extends": extends,
+        "counts": {**counts, "quarantined": int(quarantined)},
+        "shards": shards,
+        "files": {},
+        "content_hash": content_hash([s["content_hash"] for s in shards]),
+    }
+    check_manifest(path, manifest)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, manifest)
+    return manifest
+
+
+def is_virtual(manifest: dict[str, Any]) -> bool:
+    """True for the manifest of a virtual merge."""
+    return manifest.get("kind") == KIND
+
+
+def _int(value: object) -> bool:
+    return type(value) is int and value >= 0
+
+
+def check_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    """FormatError for a virtual-merge manifest of the wrong shape: counts that do not add up,
+    a shard prefix that is absolute or climbs out after a folder name, a dtype that is no token
+    dtype, a content hash that is not the hash of the shards'."""
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or not shards:
+        raise FormatError(path, "shards", "expected a non-empty list of shard records")
+    try:
+        dtype = np.dtype(str(manifest.get("dtype")))
+    except TypeError as exc:
+        raise FormatError(path, "dtype", f"{manifest.get('dtype')!r} is not a dtype") from exc
+    if dtype.kind not in "iu":
+        raise FormatError(path, "dtype", f"{dtype} is not a token dtype")
+    for i, shard in enumerate(shards):
+        where = f"shards[{i}]"
+        if not isinstance(shard, dict):
+            raise FormatError(path, where, f"expected a mapping, found {shard!r:.80}")
+        prefix = shard.get("prefix")
+        if (
+            not isinstance(prefix, str)
+            or not prefix
+            or prefix.startswith("/")
+            or has_control_character(prefix)
+            or leading_parents(prefix) is None
+        ):
+            raise FormatError(path, f"{where}.prefix", f"{prefix!r} is not a relative pair path")
+        if not all(_int(shard.get(c)) for c in SHARD_COUNTS):
+            raise FormatError(path, where, f"counts {SHARD_COUNTS} must be integers >= 0")
+        files = shard.get("files")
+        digests = list(files.values()) if isinstance(files, dict) else []
+        ok = isinstance(files, dict) and sorted(files) == ["bin", "idx"]
+        if not ok or not all(
+            isinstance(f, dict) and _int(f.get("bytes")) and isinstance(f.get("sha256"), str)
+            for f in digests
+        ):
+            raise FormatError(path, f"{where}.files", f"expected bin/idx digests, found {files!r}")
+        if not isinstance(shard.get("content_hash"), str) or not isinstance(shard.get("key"), str):
+            raise FormatError(path, where, "key and content_hash must be strings")
+    counts = manifest.get("counts")
+    if not isinstance(counts, dict) or any(
+        counts.get(c) != sum(s[c] for s in shards) for c in SHARD_COUNTS
+    ):
+        raise FormatError(path, "counts", "do not add up to the shards' counts")
+    if manifest.get("content_hash") != content_hash([s["content_hash"] for s in shards]):
+        raise FormatError(path, "content_hash", "is not the hash of the shards' content hashes")
+    extends = manifest.get("extends")
+    if extends is not None and not isinstance(extends, str):
+        raise FormatError(path, "extends", f"expected a version or null, found {extends!r}")
+
+
+def shard_problems(
+    base: Path,
+    manifest: dict[str, Any],
+    *,
+    full: bool,
+    shards: range | None = None,
+    kinds: tuple[str, ...] = ("bin", "idx"),
+) -> list[str]:
+    """Shard files (of ``kinds``) that differ from the manifest's records: sizes; ``full``
+    also the sha256."""
+    problems = []
+    records = manifest["shards"]
+    for i in shards if shards is not None else range(len(records)):
+        shard = records[i]
+        prefix = base / shard["prefix"]
+        for kind in kinds:
+            path = data_file_path(prefix) if kind == "bin" else index_file_path(prefix)
+            info = shard["files"][kind]
+            if not path.is_file():
+                problems.append(f"{path}: missing (shard {shard['key']!r} of the merge)")
+                continue
+            size = path.stat().st_size
+            if size != info["bytes"]:
+                problems.append(
+                    f"{path}: {size} bytes, the merge recorded {info['bytes']} "
+                    f"(shard {shard['key']!r} changed after the merge)"
+                )
+            elif full and file_sha256(path) != info["sha256"]:
+                problems.append(f"{path}: sha256 differs from the merge's record")
+    return problems
+
+
+class VirtualDataset:
+    """A virtual merge read as one dataset, with the reading surface of ``IndexedDataset``:
+    ``len``, ``dtype``, counts, ``lengths_of``/``locate``/``buffer`` for sample reads, and
+    ``sequence_lengths``/``document_indices`` assembled on first use (index builds only).
+    Shard pairs are memory-mapped on first read and checked against their records then."""
+
+    def __init__(
+        self,
+        prefix: str | os.PathLike[str],
+        manifest: dict[str, Any],
+        manifest_file: Path,
+        *,
+        index_only: bool = False,
+    ) -> None:
+        self.prefix = Path(prefix)
+        self.idx_path = manifest_file  # what errors name
+        self.manifest = manifest
+        self.dtype = np.dtype(str(manifest["dtype"]))
+        shards = manifest["shards"]
+        self.keys = [str(s["key"]) for s in shards]
+        self.first_sequence = np.zeros(len(shards) + 1, dtype=np.int64)
+        np.cumsum([s["sequences"] for s in shards], out=self.first_sequence[1:])
+        self._firsts = self.first_sequence.tolist()
+        self.num_tokens = int(manifest["counts"]["tokens"])
+        self._num_documents = int(manifest["counts"]["documents"])
+        self._index_only = index_only
+        self._open: dict[int, IndexedDataset] = {}
+        self._lengths: np.ndarray | None = None
+        self.num_parts = len(shards)
+
+    def shard_prefix(self, k: int) -> Path:
+        """The pair prefix of shard ``k``."""
+        return Path(
+            os.path.normpath(self.prefix.parent / str(self.manifest["shards"][k]["prefix"]))
+        )
+
+    def shard(self, k: int) -> IndexedDataset:
+        """Shard ``k``'s pair, opened (and size-checked against the merge's record) once."""
+        data = self._open.get(k)
+        if data is None:
+            kinds = ("idx",) if self._index_only else ("bin", "idx")
+            base, one = self.prefix.parent, range(k, k + 1)
+            problems = shard_problems(base, self.manifest, full=False, shards=one, kinds=kinds)
+            if problems:
+                raise FormatError(self.idx_path, f"shards[{k}]", "; ".join(problems))
+            record = self.manifest["shards"][k]
+            data = IndexedDataset(
+                self.shard_prefix(k), index_only=self._index_only, num_tokens=record["tokens"]
+            )
+            if len(data) != record["sequences"] or data.dtype != self.dtype:
+                raise FormatError(
+                    data.idx_path,
+                    "header",
+                    f"{len(data)} {data.dtype} sequences, the merge recorded "
+                    f"{record['sequences']} {self.dtype}",
+                )
+            self._open[k] = data
+        return data
+
+    def __len__(self) -> int:
+        return self._firsts[-1]
+
+    @property
+    def num_documents(self) -> int:
+        return self._num_documents
+
+    @property
+    def sequence_lengths(self) -> np.ndarray:
+        """Every sequence's length, shard by shard (reads each ``.idx``; for index builds)."""
+        if self._lengths is None:
+            parts = [self.shard(k).sequence_lengths for k in range(self.num_parts)]
+            self._lengths = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+        return self._lengths
+
+    @property
+    def document_indices(self) -> np.ndarray:
+        """Megatron's document index of the merge (each shard's, shifted, joined)."""
+        parts = [np.zeros(1, dtype=np.int64)]
+        for k in range(self.num_parts):
+            docs = np.asarray(self.shard(k).document_indices, dtype=np.int64)
+            parts.append(docs[1:] + self._firsts[k])
+        return np.concatenate(parts)
+
+    def _split(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(shard, local sequence) of global sequences ``seq``."""
+        part = np.searchsorted(self.first_sequence, seq, side="right") - 1
+        return part, seq - self.first_sequence[part]
+
+    def _each(self, seq: np.ndarray, field: str) -> tuple[np.ndarray, np.ndarray]:
+        """(shard of each sequence, its ``field`` value from that shard's index)."""
+        seq = np.asarray(seq, dtype=np.int64)
+        part, local = self._split(seq)
+        out = np.empty(len(seq), dtype=np.int64)
+        for k in np.unique(part).tolist():
+            rows = part == k
+            out[rows] = getattr(self.shard(k), field)[local[rows]]
+        return part, out
+
+    def lengths_of(self, seq: np.ndarray) -> np.ndarray:
+        """Lengths of global sequences ``seq`` (int64)."""
+        return self._each(seq, "sequence_lengths")[1]
+
+    def locate(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(part, byte offset in that part's ``.bin``) of global sequences ``seq``."""
+        return self._each(seq, "sequence_pointers")
+
+    def buffer(self, part: int) -> memoryview:
+        """The bytes of shard ``part``'s ``.bin``."""
+        return self.shard(part).tokens.view(np.uint8).data
+
+    def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens of global sequence ``i`` from ``offset`` for ``length`` tokens."""
+        k = bisect.bisect_right(self._firsts, i) - 1
+        if not 0 <= i < len(self):
+            raise IndexError(f"{self.prefix}: sequence {i} out of range [0, {len(self)})")
+        return self.shard(k).get(i - self._firsts[k], offset, length)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.get(i)
+
+    def check_pointers(self) -> None:
+        """Full check of every shard's pointers (see ``IndexedDataset.check_pointers``)."""
+        for k in range(self.num_parts):
+            self.shard(k).check_pointers()
+
+    def close(self) -> None:
+        """Drop every opened shard's memory maps."""
+        for data in self._open.values():
+            data.close()
+        self._open.clear()
+
+    def __enter__(self) -> VirtualDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_manifest_file(path: Path) -> dict[str, Any]:
+    """A virtual-merge manifest at ``path``, schema-checked; FormatError naming it otherwise."""
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as exc:
+        raise FormatError(path, "manifest", f"not valid JSON ({exc})") from exc
+    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+        raise FormatError(path, "format_version", f"expected {FORMAT_VERSION}")
+    check_manifest(path, manifest)
+    return manifest

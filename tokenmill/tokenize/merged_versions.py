@@ -1,0 +1,97 @@
+"""Merged versions: the version a merge of shards has, whether it extends the previous one, and
+writing it (virtual: a manifest of the shard pairs; physical: Megatron's merged pair).
+
+A version is the hash of what the merge reads (each shard's key and content hash in merge
+order, the text key, the format version and, for a virtual merge, the mode), so a refresh
+whose inputs did not change finds its version complete and writes nothing. Merge order is the
+natural order of the shard keys (``part-2`` before ``part-10``); a version *extends* the previous
+one when the previous one's shards, with the same content, are the first shards of the new
+one: only shards named after every existing one were added, so every old sequence keeps its
+position (what ``nanoset.semantics: growing`` builds on). Pure functions over local paths: the
+Dagster asset stages the files and moves the pointer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenmill.formats.dataset_manifest import (
+    FORMAT_VERSION,
+    dataset_manifest_path,
+    read_dataset_manifest,
+)
+from tokenmill.storage.versions import version_hash
+from tokenmill.tokenize.merge import MergeResult, merge_datasets, virtual_merge
+
+MERGE_MODES = ("virtual", "physical")
+
+
+def merged_version(text_key: str, inputs: Sequence[tuple[str, str | None]], merge: str) -> str:
+    """The merged version of ``(shard, tokens content hash)`` inputs in merge order (a shard
+    not tokenized yet counts as None); also the name of the version's folder. Physical
+    versions hash as they always did, so an upgrade re-merges nothing."""
+    if merge not in MERGE_MODES:
+        raise ValueError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
+    description: dict[str, Any] = {
+        "kind": "merged",
+        "format_version": FORMAT_VERSION,
+        "text_key": text_key,
+        "inputs": [list(i) for i in inputs],
+    }
+    if merge == "virtual":
+        description["merge"] = merge
+    return version_hash(description)
+
+
+def shard_identities(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(key, content hash)`` of the shards a merged manifest records, in merge order (empty
+    for a manifest that records none: a hand-made or pre-0.2 merge)."""
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        return []
+    return [(str(s["key"]), str(s["content_hash"])) for s in shards if isinstance(s, dict)]
+
+
+def extends(
+    previous_version: str | None,
+    previous_manifest: dict[str, Any] | None,
+    shards: Sequence[tuple[str, str]],
+) -> str | None:
+    """``previous_version`` when its shards are a strict prefix of ``shards`` (same keys, same
+    content, same order), else None: an edit, a removal or an insertion breaks extension."""
+    if previous_version is None or previous_manifest is None:
+        return None
+    old = shard_identities(previous_manifest)
+    if not old or len(old) >= len(shards) or list(shards[: len(old)]) != old:
+        return None
+    return previous_version
+
+
+def write_merged(
+    shards: list[tuple[str, Path]],
+    out: Path,
+    *,
+    merge: str,
+    extends: str | None,
+    input_uri: Callable[[Path], str] | None = None,
+) -> MergeResult:
+    """Write the merged version at ``out`` from ``(key, pair prefix)`` shards in merge order."""
+    if merge == "virtual":
+        return virtual_merge(shards, out, extends=extends)
+    return merge_datasets(
+        [prefix for _, prefix in shards],
+        out,
+        order="given",
+        input_uri=input_uri,
+        keys=[key for key, _ in shards],
+        extends=extends,
+    )
+
+
+def previous_manifest(prefix: Path | None) -> dict[str, Any] | None:
+    """The manifest of the merged version at ``prefix`` (None when there is none)."""
+    if prefix is None or not dataset_manifest_path(prefix).is_file():
+        return None
+    return read_dataset_manifest(prefix)
