@@ -30,7 +30,7 @@ from dagster import (
 
 from assets.metadata import path_value
 from assets.raw import stamp, stats_record
-from assets.shards import shard_asset, shard_step, source_fingerprint
+from assets.shards import process_shards, shard_asset, shard_result, source_fingerprint
 from assets.support.complete import left_out_reasons, report_left_out
 from assets.support.partitions import shard_keys, shard_partitions
 from assets.support.resources import StorageResource, Workspace, display_path
@@ -215,12 +215,13 @@ def build_hf_dataset(ds: DatasetConfig) -> AssetsDefinition:
         keys = context.partition_keys
         endpoint = storage.s3_endpoint_url
         stats = [layout.raw_stats(ds.name, key) for key in keys] if ds.has_raw_stage else []
-        with storage.workspace(stats) as ws:
-            return shard_step(
+        with storage.workspace(stats) as ws:  # uploads the good shards' files, then fails
+            done, failed = process_shards(
                 context,
                 lambda key: export_one(context, ws, ds, find_shard(ds, key, endpoint)),
                 fingerprint=lambda key: source_fingerprint(ds, key, endpoint),
             )
+        return shard_result(context, done, failed)
 
     return hf_dataset
 

@@ -114,28 +114,59 @@ def shard_step(
     fingerprint: Callable[[str], str | None],
     version: str | None = None,
 ) -> MaterializeResult:
-    """Run ``work`` (one shard's processing; its metadata) for every shard of the step, each
-    shard on its own: one that raises fails alone.
+    """:func:`process_shards` then :func:`shard_result`: for a step whose shards each stage
+    their own workspace."""
+    done, failed = process_shards(context, work, fingerprint=fingerprint)
+    return shard_result(context, done, failed, version=version)
 
-    Every shard's materialization carries its own metadata (counts, path, histogram, ...);
-    the range's totals go to the run's log. ``version`` names the metadata entry that is a
-    shard's data version (one hash over the range for a range step: Dagster gives a step's
-    output one data version). When a shard fails, each good shard is recorded by a
-    materialization of its own (its own data version), each failed one by an observation
-    (:data:`FAILED`: the source fingerprint it read, and the error), and the step fails
-    with the failed keys in its structured metadata (``failed_shards``, ``errors``); a step of
-    one shard raises that shard's own error.
-    """
+
+def process_shards(
+    context: AssetExecutionContext,
+    work: Callable[[str], Mapping[str, Any]],
+    *,
+    fingerprint: Callable[[str], str | None],
+) -> tuple[dict[str, Mapping[str, Any]], dict[str, Exception]]:
+    """Run ``work`` (one shard's processing; its metadata) for every shard of the step, each
+    on its own: ``(metadata of the good shards, error of the failed ones)``. A failed shard is
+    recorded at once by an observation on its partition (:data:`FAILED`: the source
+    fingerprint it read, and the error), which the shard sensor reads to wait for its file to
+    change; a step of one shard raises that shard's own error. A step whose shards share a
+    workspace calls this inside it and :func:`shard_result` after it, so that the good
+    shards' files are uploaded before the step fails."""
     done: dict[str, Mapping[str, Any]] = {}
     failed: dict[str, Exception] = {}
     ranged = len(context.partition_keys) > 1
     for key in context.partition_keys:
         try:
             done[key] = work(key)
-        except Exception as exc:  # recorded below and raised again as the step's Failure
-            if ranged:  # each failure's traceback once (a single shard's is the step's)
-                context.log.exception(f"{key}: {exc}")
+        except Exception as exc:  # recorded, then raised again (alone, or in the Failure)
+            metadata = {FAILED: fingerprint(key) or "unknown", "error": _error(exc)}
+            context.log_event(AssetObservation(context.asset_key, partition=key, metadata=metadata))
+            if not ranged:
+                raise
+            context.log.exception(f"{key}: {exc}")  # each failure's traceback once
             failed[key] = exc
+    return done, failed
+
+
+def _error(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def shard_result(
+    context: AssetExecutionContext,
+    done: Mapping[str, Mapping[str, Any]],
+    failed: Mapping[str, Exception],
+    *,
+    version: str | None = None,
+) -> MaterializeResult:
+    """The step's result over :func:`process_shards`' outcome. Every shard's materialization
+    carries its own metadata (counts, path, histogram, ...); the range's totals go to the run's
+    log. ``version`` names the metadata entry that is a shard's data version (one hash over the
+    range for a range step: Dagster gives a step's output one data version). When a shard
+    failed, each good shard is recorded by a materialization of its own (its own data version),
+    and the step fails with the failed keys in its structured metadata (``failed_shards``,
+    ``errors``, ``recorded_shards``)."""
     versions = {k: str(meta[version]) for k, meta in done.items()} if version else {}
     if not failed:
         if len(done) == 1:
@@ -154,17 +185,12 @@ def shard_step(
         context.log_event(
             AssetMaterialization(context.asset_key, partition=key, metadata=dict(meta), tags=tags)
         )
-    errors = {key: f"{type(exc).__name__}: {exc}" for key, exc in failed.items()}
-    for key, error in errors.items():
-        metadata = {FAILED: fingerprint(key) or "unknown", "error": error}
-        context.log_event(AssetObservation(context.asset_key, partition=key, metadata=metadata))
-    if not ranged:
-        raise next(iter(failed.values()))  # the run's partition names the shard already
     if done:
         context.log.info(range_table(done))
+    errors = {key: _error(exc) for key, exc in failed.items()}
     stage = context.asset_key.to_user_string()
     raise Failure(
-        description=f"{stage}: {len(failed)} of {len(context.partition_keys)} shards failed "
+        description=f"{stage}: {len(failed)} of {len(done) + len(failed)} shards failed "
         f"({', '.join(failed)}), {len(done)} recorded: "
         + "; ".join(f"{k}: {e}" for k, e in errors.items()),
         metadata={

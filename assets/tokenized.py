@@ -11,7 +11,7 @@ from typing import Any
 from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult
 
 from assets.metadata import token_dataset_metadata
-from assets.shards import shard_asset, shard_step, source_fingerprint
+from assets.shards import process_shards, shard_asset, shard_result, source_fingerprint
 from assets.support.partitions import shard_partitions
 from assets.support.resources import StorageResource, TokenizerResource, display_path
 from assets.support.staleness import CONTENT_HASH, SETTINGS, tokens_settings
@@ -58,12 +58,11 @@ def build_tokens(ds: DatasetConfig) -> AssetsDefinition:
             settings = tokens_settings(fingerprint, tokenizer.append_eod, ds)
             return {**metadata, "engine": result.engine, SETTINGS: settings}
 
-        with storage.workspace([layout.parquet(ds.name, key) for key in keys]) as ws:
-            return shard_step(
-                context,
-                one,
-                fingerprint=lambda key: source_fingerprint(ds, key, endpoint),
-                version=CONTENT_HASH,
+        parquets = [layout.parquet(ds.name, key) for key in keys]
+        with storage.workspace(parquets) as ws:  # uploads the good shards' files, then fails
+            done, failed = process_shards(
+                context, one, fingerprint=lambda key: source_fingerprint(ds, key, endpoint)
             )
+        return shard_result(context, done, failed, version=CONTENT_HASH)
 
     return tokens
