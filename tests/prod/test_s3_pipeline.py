@@ -135,7 +135,9 @@ def test_every_stage_on_s3_then_pull_and_open(
         results = run_everything(recipe, instance, work)
         assert all(r.success for r in results)
         evaluations = [e for r in results for e in r.get_asset_check_evaluations()]
-        assert len(evaluations) == 4 * 4 + 2 + 2 + 1 and all(e.passed for e in evaluations)
+        # per shard: 4 checks + not_empty; per dataset: sum_of_shards, shards_left_out,
+        # index_bounds; the blend: proportions
+        assert len(evaluations) == 4 * 5 + 2 * 3 + 1 and all(e.passed for e in evaluations)
         logged = everything_logged(instance)
     assert SECRET not in logged
     assert f"s3://{s3.bucket}/root/blends/mix/manifest.json" in logged  # metadata paths: S3 URIs
