@@ -194,6 +194,7 @@ def shard_result(
         f"({', '.join(failed)}), {len(done)} recorded: "
         + "; ".join(f"{k}: {e}" for k, e in errors.items()),
         metadata={
+            "shard": next(iter(failed)),  # the first failed one (what runs of one shard name)
             "failed_shards": MetadataValue.json(list(failed)),
             "errors": MetadataValue.json(errors),
             "recorded_shards": MetadataValue.json(list(done)),
@@ -223,7 +224,7 @@ def each_shard(
         severity=AssetCheckSeverity.WARN if failing and warn else AssetCheckSeverity.ERROR,
         metadata={
             "shards_in_run": len(keys),
-            "failing_shards": MetadataValue.json(list(failing)),
+            "failed_shards": MetadataValue.json(list(failing)),  # what ``materialize`` reports
             "problems": "\n".join(problems) or "none",
         },
     )

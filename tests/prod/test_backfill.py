@@ -225,6 +225,7 @@ def test_failing_shard_fails_alone_in_its_range(
         assert "extra-00000.jsonl:2" in data.error.to_string()
         meta = data.user_failure_data.metadata
         assert meta["failed_shards"].value == ["extra-00000"]
+        assert meta["shard"].value == "extra-00000"
         assert meta["recorded_shards"].value == ["part-00000"]
         assert "extra-00000.jsonl:2" in meta["errors"].value["extra-00000"]
         [observed] = instance.fetch_observations(raw, limit=5).records
