@@ -4,6 +4,7 @@
 metadata compares each dataset's requested share with the realized share of every split.
 """
 
+import contextlib
 import hashlib
 from typing import Any
 
@@ -13,6 +14,7 @@ from dagster import (
     AssetsDefinition,
     AutomationCondition,
     DataVersion,
+    Failure,
     MaterializeResult,
     MetadataValue,
     asset,
@@ -20,18 +22,22 @@ from dagster import (
 
 from assets.metadata import path_value
 from assets.nanoset import merged_version
-from assets.support.resources import StorageResource
+from assets.support.pointers import BLEND_POOL, rerun_superseded
+from assets.support.resources import StorageResource, Workspace
 from assets.support.staleness import blend_data_version, nanoset_data_version
-from tokenmill.errors import ConfigError
+from tokenmill.errors import ConfigError, FormatError
 from tokenmill.indices.blend_build import (
     Share,
+    blend_skips,
     blend_version,
     build_blend,
+    read_blend_manifest,
     realized_shares,
     skipped_warnings,
 )
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
+from tokenmill.storage.versions import pointer_version
 
 # What a blend stages of a merged dataset: its index and manifest, never the .bin.
 
@@ -45,6 +51,37 @@ def shares_markdown(shares: list[Share]) -> str:
             f"| {split} | {s.dataset} | {s.requested:.4f} | {s.realized:.4f} | {s.samples} |"
         )
     return "\n".join(rows)
+
+
+def stage_current_blend(ws: Workspace, name: str) -> None:
+    """Growing semantics: stage the blend's current manifest and its version's arrays (a new
+    version may extend it; a temperature blend continues its arrays). Nothing if there is none;
+    a damaged pointer is left to the build, which then extends nothing."""
+    ws.fetch([layout.blend_manifest(name)])
+    mpath = ws.storage.path(layout.blend_manifest(name))
+    if mpath.is_file():
+        with contextlib.suppress(FormatError):
+            version = str(read_blend_manifest(mpath)["version"])
+            ws.fetch([f"{layout.blend_version_dir(name, version)}/"])
+
+
+def refuse_vanishing(blend: BlendConfig, skips: dict[str, dict[str, str]]) -> None:
+    """Fail the blend when a dataset it weights would get no sample in a split (its share
+    would silently go to the others) unless the recipe allows it (``allow_empty_splits``)."""
+    weights = blend.weight_map()
+    lost = [
+        f"{name} from split {split!r} ({reason})"
+        for split, out in skips.items()
+        for name, reason in out.items()
+        if weights is None or weights[name] > 0
+    ]
+    if lost:
+        raise Failure(
+            description=f"blend {blend.name}: weighted datasets would get no sample: "
+            f"{'; '.join(lost)}. Fix the data (e.g. a dataset left with 0 documents) or the "
+            f"split, or set blends.{blend.name}.allow_empty_splits: true to build it anyway",
+            metadata={"vanishing": MetadataValue.json(skips)},
+        )
 
 
 def build_blend_asset(
@@ -62,12 +99,15 @@ def build_blend_asset(
         kinds={"numpy", "json"},
         automation_condition=automation_condition,
         description=f"Blend {blend.name} of {', '.join(blend.datasets)} ({cfg.semantics}).",
+        pool=BLEND_POOL,
     )
+    @rerun_superseded
     def blend_asset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
-        if cfg.train_samples is None:
+        if cfg.train_samples is None and cfg.semantics != "growing":
             raise ConfigError(f"blend {blend.name}: nanoset.train_samples must be set")
         pointers = [layout.merged_pointer(ds.name) for ds in datasets]
-        with storage.workspace(pointers) as ws:
+        with storage.workspace([layout.blend_manifest(blend.name), *pointers]) as ws:
+            read = pointer_version(ws.storage.blend_dir(blend.name) / "manifest.json")
             keys = {ds.name: ws.storage.merged_key(ds.name, ds.text_key) for ds in datasets}
             for k in keys.values():
                 ws.fetch_index(k)
@@ -89,13 +129,20 @@ def build_blend_asset(
                 "semantics": cfg.semantics,
                 "add_extra_token": cfg.add_extra_token,
                 "drop_last_partial_validation": cfg.drop_last_partial_validation,
+                "era_samples": cfg.era_samples,
             }
+            if cfg.semantics == "growing":  # the current version, which a new one may extend
+                stage_current_blend(ws, blend.name)
             where = (prefixes, ws.storage.blend_dir(blend.name), ws.storage.nanoset_dir())
+            if not blend.allow_empty_splits:
+                refuse_vanishing(blend, blend_skips(blend.name, *where, **settings))
             # An existing version is staged first, so an unchanged rebuild finds it complete
             # and neither rebuilds nor uploads it.
             built = blend_version(blend.name, *where, **settings)
             ws.fetch([f"{layout.blend_version_dir(blend.name, built)}/"])
-            manifest = build_blend(blend.name, *where, **settings, fetch=ws.fetch_index_entry)
+            manifest = build_blend(
+                blend.name, *where, **settings, fetch=ws.fetch_index_entry, expected=read
+            )
             mpath = ws.storage.blend_dir(blend.name) / "manifest.json"
             shares = realized_shares(manifest, mpath)
             metadata: dict[str, Any] = {

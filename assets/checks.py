@@ -1,15 +1,18 @@
 """Asset checks. Blocking ones stop a run before a bad artifact reaches the stage after it.
 
-- ``<ds>/raw_jsonl``  ``documents_accounted``: lines = documents + quarantined + blank, and the
-  quarantine file holds exactly the quarantined lines; ``not_empty`` (WARN, non-blocking): an
-  empty shard (0 bytes or 0 documents) is counted and shown, never silently accepted.
+- ``<ds>/raw_jsonl``  ``documents_accounted``: lines = documents + quarantined + blank, the
+  quarantine file holds exactly the quarantined lines, and not all of them (the likely cause,
+  e.g. a wrong ``text_key`` against the keys the records have, is named); ``not_empty`` (WARN,
+  non-blocking): an empty shard (0 bytes or 0 documents) is counted and shown.
 - ``<ds>/hf_dataset`` ``rows_match_raw``: Parquet rows = the shard's good documents, so
   documents in = documents out + quarantined (an ``hf``-format dataset, which has no raw stage:
   and its quarantine file complete).
 - ``<ds>/tokens``     ``idx_bin_consistent`` (header, pointers, sizes, sha256 vs manifest) and
   ``documents_match_export`` (tokenized documents = Parquet rows).
 - ``<ds>/merged``     ``sum_of_shards``: documents, sequences and tokens of the current version =
-  Σ over the inputs its manifest records (not the live partition set, which moves).
+  Σ over the inputs its manifest records (not the live partition set, which moves);
+  ``quarantine_share``: the quarantined share of the dataset's records (from the shards'
+  validation records) at most the dataset's ``max_quarantine_fraction``;
   ``shards_left_out`` (WARN, non-blocking): the registered shards the current version left out
   (not tokenized yet, in progress, failed), each with its reason.
 - ``<ds>/nanoset``    ``index_bounds``: every split's cached index present (never built here),
@@ -34,6 +37,7 @@ from dagster import (
     AssetChecksDefinition,
     AssetCheckSeverity,
     AssetKey,
+    DagsterInstance,
     MetadataValue,
     PreviewWarning,
     asset_check,
@@ -43,8 +47,9 @@ from assets.hf_export import read_export_record
 from assets.raw import empty_reason
 from assets.shards import each_shard
 from assets.support.complete import LEFT_OUT
-from assets.support.partitions import shard_partitions
+from assets.support.partitions import shard_keys, shard_partitions
 from assets.support.resources import StorageResource, display_path
+from assets.support.staleness import latest_records
 from tokenmill.errors import TokenmillError
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
@@ -62,6 +67,7 @@ from tokenmill.indices.nanoset import (
     split_ranges,
     verify_index,
 )
+from tokenmill.ingest.records import quarantine_cause
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
 from tokenmill.verify import verify_dataset
@@ -137,13 +143,20 @@ def raw_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
 def quarantine_problems(
     storage: StorageResource, ds: DatasetConfig, key: str, stats: dict[str, Any]
 ) -> list[str]:
-    """The quarantine file (if the stats name one) must hold exactly the quarantined records."""
+    """The quarantine file (if the stats name one) must hold exactly the quarantined records,
+    and not every record: a shard with no document left is a systematic problem, named."""
     if stats["quarantine"] is None:
         return []
-    with open(storage.quarantine_path(ds.name, key), "rb") as fh:
+    path = storage.quarantine_path(ds.name, key)
+    with open(path, "rb") as fh:
         held = sum(1 for _ in fh)
     if held != stats["quarantined"]:
         return [f"quarantine file holds {held} lines, {stats['quarantined']} counted"]
+    if stats["documents"] == 0:
+        return [
+            f"{key}: all {held} records were quarantined: {quarantine_cause(path, ds.text_key)} "
+            f"(fix datasets.{ds.name}.text_key or the data)"
+        ]
     return []
 
 
@@ -265,6 +278,16 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
 
     @asset_check(
         asset=AssetKey([ds.name, "merged"]),
+        blocking=True,
+        description="quarantined records / all records <= max_quarantine_fraction",
+    )
+    def quarantine_share(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        """From the shards' validation records in the instance (no file is read)."""
+        counts = recorded_counts(context.instance, ds)
+        return _result(quarantine_share_problems(ds, counts), **counts)
+
+    @asset_check(
+        asset=AssetKey([ds.name, "merged"]),
         blocking=False,
         description="every registered shard is in the current version (WARN names those left "
         "out: not tokenized yet, in progress, or failed)",
@@ -284,7 +307,37 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
             },
         )
 
-    return [sum_of_shards, shards_left_out]
+    return [sum_of_shards, quarantine_share, shards_left_out]
+
+
+def recorded_counts(instance: DagsterInstance, ds: DatasetConfig) -> dict[str, int]:
+    """Documents and quarantined records over the dataset's current shards, as their
+    validation step (``raw_jsonl``, or ``hf_dataset`` without one) recorded them."""
+    stage = "raw_jsonl" if ds.has_raw_stage else "hf_dataset"
+    records = latest_records(instance, AssetKey([ds.name, stage]), shard_keys(instance, ds))
+    counts = {"documents": 0, "quarantined": 0}
+    for record in records.values():
+        metadata = record.asset_materialization.metadata if record.asset_materialization else {}
+        for name in counts:
+            entry = metadata.get(name)
+            counts[name] += int(entry.value) if entry is not None else 0  # type: ignore[arg-type]
+    return counts
+
+
+def quarantine_share_problems(ds: DatasetConfig, counts: dict[str, int]) -> list[str]:
+    """The dataset's quarantined share of its records must not pass the recipe's
+    ``max_quarantine_fraction``: past it the cause is systematic (a wrong text_key, a broken
+    export), not a few bad lines."""
+    quarantined = counts["quarantined"]
+    total = quarantined + counts["documents"]
+    if not total or quarantined / total <= ds.max_quarantine_fraction:
+        return []
+    return [
+        f"{ds.name}: {quarantined:,} of {total:,} records quarantined "
+        f"({quarantined / total:.1%}), more than datasets.{ds.name}.max_quarantine_fraction "
+        f"{ds.max_quarantine_fraction:g}; look at the quarantine files under raw/{ds.name}/, "
+        "fix the data or the recipe, or raise the setting"
+    ]
 
 
 def _virtual_sum_of_shards(
@@ -310,11 +363,12 @@ def _virtual_sum_of_shards(
 
 
 def index_problems(
-    index: NanosetIndex, lengths: np.ndarray, split_range: tuple[int, int]
+    index: NanosetIndex, lengths: np.ndarray, split_range: tuple[int, int] | None
 ) -> list[str]:
-    """Out-of-range values in one split's document/sample/shuffle index."""
+    """Out-of-range values in one split's document/sample/shuffle index (``split_range``
+    None: growing semantics, any document of the dataset)."""
     doc, sample, shuffle = index.document_index, index.sample_index, index.shuffle_index
-    lo, hi = split_range
+    lo, hi = split_range or (0, len(lengths))
     problems = []
     if doc.size and (int(doc.min()) < lo or int(doc.max()) >= hi):
         problems.append(f"{index.split}: document_index outside the split's documents [{lo}, {hi})")
@@ -345,9 +399,12 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
             ws.fetch_index(rel)
             with open_dataset(prefix, index_only=True) as data:
                 lengths = np.asarray(data.sequence_lengths, dtype=np.int64).copy()
-            ranges = split_ranges(cfg.split, len(lengths), cfg.semantics)
+            growing = cfg.semantics == "growing"  # no ranges: splits by document identity
+            ranges = [None] * 3 if growing else split_ranges(cfg.split, len(lengths), cfg.semantics)
             requested = {"train": cfg.train_samples, "valid": cfg.valid_samples}
             requested["test"] = cfg.test_samples
+            if growing:  # the nanoset asset's growing entries are uncapped
+                requested = dict.fromkeys(requested)
             problems: list[str] = []
             for position, split in enumerate(SPLITS):
                 try:
@@ -360,6 +417,7 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
                         seed=cfg.seed,
                         num_samples=requested[split],
                         semantics=cfg.semantics,
+                        era_samples=cfg.era_samples,
                         build=False,
                         fetch=ws.fetch_index_entry,
                     )
@@ -369,7 +427,7 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
                 except TokenmillError as exc:
                     problems.append(str(exc))
                     continue
-                problems += index_problems(index, lengths, ranges[position])  # type: ignore[arg-type]
+                problems += index_problems(index, lengths, ranges[position])
             return _result(problems, splits=", ".join(SPLITS))
 
     return [index_bounds]

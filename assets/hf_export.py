@@ -33,6 +33,7 @@ from assets.raw import stamp, stats_record
 from assets.shards import process_shards, shard_asset, shard_result, source_fingerprint
 from assets.support.complete import left_out_reasons, report_left_out
 from assets.support.partitions import shard_keys, shard_partitions
+from assets.support.pointers import DATASET_INFO_POOL
 from assets.support.resources import StorageResource, Workspace, display_path
 from assets.support.sources import ShardFile, find_shard
 from assets.support.staleness import SOURCE_FINGERPRINT
@@ -238,6 +239,7 @@ def build_dataset_info(
         kinds={"json"},
         automation_condition=automation_condition,
         description=f"hf/{ds.name}/dataset_info.json of the current shards (from their records).",
+        pool=DATASET_INFO_POOL,
     )
     def dataset_info(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         registered = shard_keys(context.instance, ds)

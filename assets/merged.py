@@ -30,6 +30,7 @@ from dagster import (
 from assets.metadata import token_dataset_metadata
 from assets.support.complete import complete_shards, report_left_out
 from assets.support.partitions import shard_keys
+from assets.support.pointers import MERGED_POOL, PRUNED_POOL, rerun_superseded
 from assets.support.resources import StorageResource, display_path
 from assets.support.staleness import merged_data_version
 from tokenmill.formats.dataset_manifest import (
@@ -78,7 +79,9 @@ def build_merged(
         automation_condition=automation_condition,
         description=f"All current shards of {ds.name} as one immutable merged version, "
         f"{what}; merged/{ds.name}/current.json names it.",
+        pool=MERGED_POOL,
     )
+    @rerun_superseded
     def merged(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         keys = shard_keys(context.instance, ds)
         if not keys:
@@ -86,7 +89,8 @@ def build_merged(
         tokens = [layout.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
         pointer_key = layout.merged_pointer(ds.name)
         manifests = [m for t in tokens for m in layout.dataset_manifests(t)]
-        with storage.workspace([*manifests, pointer_key]) as ws:
+        with storage.workspace([pointer_key, *manifests]) as ws:
+            previous = read_pointer(ws.storage.path(pointer_key))
             prefixes = [ws.storage.path(t) for t in tokens]
             found = dict(zip(keys, prefixes, strict=True))
             keys, left_out = complete_shards(context.instance, ds, found)
@@ -98,7 +102,6 @@ def build_merged(
             out_key = layout.merged_prefix(ds.name, ds.text_key, version)
             ws.fetch(layout.dataset_manifests(out_key))
             out = ws.storage.path(out_key)
-            previous = read_pointer(ws.storage.path(pointer_key))
             reused = dataset_manifest_path(out).is_file()
             if reused and merge == "physical":
                 ws.fetch([f"{out_key}.idx"])
@@ -115,7 +118,7 @@ def build_merged(
                 )
                 seconds = result.seconds
             target = out_key.removeprefix(layout.merged_dir(ds.name) + "/")
-            write_pointer(ws.storage.path(pointer_key), version, target)
+            write_pointer(ws.storage.path(pointer_key), version, target, expected=previous)
             metadata: dict[str, Any] = token_dataset_metadata(out)
             manifest = read_dataset_manifest(out)
             before = previous["version"] if previous else None
@@ -210,6 +213,7 @@ def build_pruned(ds: DatasetConfig, automation_condition: AutomationCondition) -
         kinds={"json"},
         automation_condition=automation_condition,
         description=f"Per-shard files of {ds.name}'s vanished shards, removed after the merge.",
+        pool=PRUNED_POOL,
     )
     def pruned(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         current = set(shard_keys(context.instance, ds))

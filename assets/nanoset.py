@@ -30,6 +30,7 @@ from dagster import (
 )
 
 from assets.metadata import path_value
+from assets.support.pointers import NANOSET_POOL
 from assets.support.resources import StorageResource, Workspace
 from assets.support.staleness import nanoset_data_version
 from tokenmill.errors import ConfigError
@@ -38,6 +39,7 @@ from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     open_dataset,
 )
+from tokenmill.indices.growing import shard_table
 from tokenmill.indices.nanoset import SPLITS, build_or_load_lengths, cache_paths, entry_key
 from tokenmill.recipe import DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
@@ -52,10 +54,25 @@ def merged_lengths(prefix: Path) -> tuple[np.ndarray, str]:
     return lengths, dataset_content_hash(prefix, index_only=index_only)
 
 
-def split_settings(cfg: NanosetConfig, split: str) -> dict[str, Any]:
+def split_settings(
+    cfg: NanosetConfig, split: str, shards: list[tuple[str, int]] | None = None
+) -> dict[str, Any]:
     """The index settings of one split, as ``build_or_load``/``entry_key`` take them (samples
-    from the recipe; None = one epoch of the split)."""
+    from the recipe; None = one epoch of the split). Growing semantics: the era size, the
+    dataset's ``shards`` table, and no cap (a blend caps its own size; the index grows)."""
     samples = {"train": cfg.train_samples, "valid": cfg.valid_samples, "test": cfg.test_samples}
+    if cfg.semantics == "growing":
+        samples = dict.fromkeys(samples)
+        return {
+            "split": split,
+            "split_spec": cfg.split,
+            "sequence_length": cfg.sequence_length,
+            "seed": cfg.seed,
+            "num_samples": None,
+            "semantics": cfg.semantics,
+            "era_samples": cfg.era_samples,
+            "shards": shards,
+        }
     return {
         "split": split,
         "split_spec": cfg.split,
@@ -86,17 +103,20 @@ def build_nanoset(
         kinds={"numpy"},
         automation_condition=automation_condition,
         description=f"Nanoset indices of merged {ds.name} ({cfg.semantics} semantics).",
+        pool=NANOSET_POOL,
     )
     def nanoset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         with storage.workspace([layout.merged_pointer(ds.name)]) as ws:
             rel = ws.storage.merged_key(ds.name, ds.text_key)
             ws.fetch_index(rel)
             lengths, content = merged_lengths(ws.storage.path(rel))
+            growing = cfg.semantics == "growing"
+            shards = shard_table(ws.storage.path(rel)) if growing else None
             rows = ["| split | samples | cache hash | entry |", "|---|---:|---|---|"]
             version = nanoset_data_version(merged_version(ws.storage, ds), cfg)
             metadata: dict[str, Any] = {"version": version}
             for split in SPLITS:
-                samples, digest, how = split_entry(ws, lengths, content, cfg, split)
+                samples, digest, how = split_entry(ws, lengths, content, cfg, split, shards)
                 rows.append(f"| {split} | {samples} | {digest or '(empty split)'} | {how} |")
                 metadata[f"{split}_samples"] = samples
             context.log.info(f"{ds.name}: indices for {', '.join(SPLITS)} ready")
@@ -113,11 +133,16 @@ def build_nanoset(
 
 
 def split_entry(
-    ws: Workspace, lengths: np.ndarray, content: str, cfg: NanosetConfig, split: str
+    ws: Workspace,
+    lengths: np.ndarray,
+    content: str,
+    cfg: NanosetConfig,
+    split: str,
+    shards: list[tuple[str, int]] | None = None,
 ) -> tuple[int, str | None, str]:
     """(samples, cache hash, how) of one split's entry: ``stored`` when S3 already holds it
     complete, else ``loaded``/``built`` from the workspace's cache; (0, None, "-") if empty."""
-    settings = split_settings(cfg, split)
+    settings = split_settings(cfg, split, shards)
     found = entry_key(len(lengths), content, **settings)
     if found is None:
         return 0, None, "-"

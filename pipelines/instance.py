@@ -3,7 +3,10 @@
 ``python -m pipelines.instance [DIR]`` creates the directory and, when it has none, a
 ``dagster.yaml`` that keeps Dagster's default SQLite storage, turns telemetry off and lets at
 most two runs execute at once (a burst of new shards queues instead of overloading the machine).
-An existing ``dagster.yaml`` (e.g. production Postgres settings) is never touched.
+An existing ``dagster.yaml`` (e.g. production Postgres settings) is never touched. It then sets
+the single-writer pools of the unpartitioned assets to one slot in the instance's database
+(:func:`ensure_pool_limits`; ``dagster.yaml`` cannot name per-pool limits), as ``tokenmill
+materialize`` does before each call: run it once against a production ``DAGSTER_HOME`` too.
 """
 
 from __future__ import annotations
@@ -11,8 +14,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenmill.atomic import write_bytes
+
+if TYPE_CHECKING:
+    from dagster import DagsterInstance
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_HOME = REPO_ROOT / ".dagster_home"
@@ -36,5 +43,34 @@ def ensure_dagster_home(path: str | os.PathLike[str] | None = None) -> Path:
     return home
 
 
+def ensure_pool_limits(instance: DagsterInstance) -> list[str]:
+    """Give each single-writer pool (``assets.support.pointers.SINGLE_WRITER_POOLS``) one slot,
+    so two runs never build the same unpartitioned asset at once; returns the pools changed.
+    Slots still claimed by runs that ended (or are gone) are freed on the way: a slot held by
+    a finished run would hold every later build of its asset."""
+    from dagster import DagsterRunStatus
+
+    from assets.support.pointers import SINGLE_WRITER_POOLS
+
+    storage = instance.event_log_storage
+    ended = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+    changed = []
+    for pool in SINGLE_WRITER_POOLS:
+        info = storage.get_concurrency_info(pool)
+        if info.slot_count != 1 or info.using_default_limit:
+            storage.set_concurrency_slots(pool, 1)
+            changed.append(pool)
+        for run_id in {slot.run_id for slot in info.claimed_slots}:
+            run = instance.get_run_by_id(run_id)
+            if run is None or run.status in ended:
+                storage.free_concurrency_slots_for_run(run_id)
+    return changed
+
+
 if __name__ == "__main__":
-    print(ensure_dagster_home(sys.argv[1] if len(sys.argv) > 1 else None))
+    from dagster import DagsterInstance
+
+    home = ensure_dagster_home(sys.argv[1] if len(sys.argv) > 1 else None)
+    with DagsterInstance.from_config(str(home)) as dagster_instance:
+        ensure_pool_limits(dagster_instance)
+    print(home)

@@ -17,20 +17,28 @@ repo root) executes in process on the configured instance (``$DAGSTER_HOME``; SQ
    ``refresh_job``. Datasets with a failed shard are left out of step 3 (and reported).
 
 Nothing here reads the storage root: the comparisons and the summary read the instance's
-records, so an ``s3://`` root costs no listing or download.
+records, so an ``s3://`` root costs no listing or download (``s3://`` buckets get one HEAD
+each first, before any run). The summary has one line per failure with its cause; the full
+errors go to ``$DAGSTER_HOME/logs/`` (``--verbose``: to the console too). The guards of
+``pipelines/runguard.py`` hold: one materialize per instance and storage root, interrupted
+runs marked failed, SIGTERM handled as Ctrl-C.
 """
 
 import argparse
+import functools
 import os
-import re
+import signal
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from dagster import AssetKey, DagsterInstance, Definitions
 
 from assets.support.partitions import partitions_name, shard_keys
 from assets.support.resources import StorageResource, TokenizerResource
+from assets.support.s3 import s3_client
 from assets.support.sources import Listing, list_shards
 from assets.support.staleness import (
     current_shards,
@@ -39,16 +47,29 @@ from assets.support.staleness import (
     tokens_settings,
 )
 from pipelines.build import build_definitions
-from pipelines.instance import ensure_dagster_home
+from pipelines.instance import ensure_dagster_home, ensure_pool_limits
 from pipelines.jobs import DOWNSTREAM_STAGES as DATASET_STAGES
 from pipelines.jobs import REFRESH_JOB, shard_job_name
+from pipelines.runguard import (
+    PROCESS_TAG,
+    fail_interrupted_runs,
+    instance_errors,
+    materialize_locks,
+    process_tag,
+    stop_if_interrupted,
+)
 from pipelines.sensors import range_tags, shard_ranges
-from pipelines.summary import DatasetOutcome, print_summary
+from pipelines.summary import (
+    DatasetOutcome,
+    RunReport,
+    print_summary,
+    run_failures,
+    write_failure_log,
+)
 from tokenmill.errors import ConfigError, TokenmillError
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe, recipe_path
+from tokenmill.storage.s3 import call, split_uri
 from tokenmill.tokenize.merge import natural_key
-
-QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
 def sync_partitions(instance: DagsterInstance, ds: DatasetConfig, listing: Listing) -> list[str]:
@@ -65,9 +86,10 @@ def sync_partitions(instance: DagsterInstance, ds: DatasetConfig, listing: Listi
 
 
 def process_shards(
-    defs: Definitions, instance: DagsterInstance, ds: DatasetConfig
+    defs: Definitions, instance: DagsterInstance, ds: DatasetConfig, *, verbose: bool = False
 ) -> DatasetOutcome:
-    """Sync the partitions of one dataset and run the shard job for every stale shard."""
+    """Sync the partitions of one dataset and run the shard job for every stale shard; each
+    failure is kept with its cause (``DatasetOutcome.failures``)."""
     storage, tokenizer = _resources(defs)
     listing = list_shards(ds, storage.s3_endpoint_url)
     outcome = DatasetOutcome(ds.name, sorted(listing.shards, key=natural_key))
@@ -82,42 +104,37 @@ def process_shards(
     for shards in shard_ranges(list(order), stale):
         start = time.perf_counter()
         tags = range_tags(ds.name, {key: sources[key] for key in shards})
+        tags[PROCESS_TAG] = process_tag()
         result = job.execute_in_process(
-            run_config=QUIET,
+            run_config=run_config(verbose),
             instance=instance,
             partition_key=shards[0] if len(shards) == 1 else None,
             tags=tags,
             raise_on_error=False,
         )
+        stop_if_interrupted(result)
         name = f"{ds.name}/{shards[0]}"
         if len(shards) > 1:
             name += f"..{shards[-1]} ({len(shards)} shards)"
-        status = "ok"
-        if not result.success:
-            named = failing_shards(result, shards)
-            status = f"FAILED at {', '.join(named)}" if named else "FAILED"
-            status += " (see the run in the UI)"
-            if len(shards) > 1:
-                status += "; no shard of this range was recorded, the next run redoes the range"
-        print(f"  {name}: {status} in {time.perf_counter() - start:.1f} s", flush=True)
-        (outcome.processed if result.success else outcome.failed).extend(shards)
+        if result.success:
+            print(f"  {name}: ok in {time.perf_counter() - start:.1f} s", flush=True)
+            outcome.processed.extend(shards)
+            continue
+        failures = run_failures(result)
+        named = sorted({f.shard for f in failures if f.shard}, key=natural_key)
+        at = f" at {', '.join(named)}" if named else ""
+        unrecorded = "; no shard of this range was recorded" if len(shards) > 1 else ""
+        print(f"  {name}: FAILED{at}{unrecorded}", flush=True)
+        outcome.failed.extend(shards)
+        outcome.failures.extend(failures)
     return outcome
 
 
-def failing_shards(result: Any, shards: list[str]) -> list[str]:
-    """The shards a failed run's errors name (step failures carry the failing shard's file
-    name; range checks prefix each problem with its shard)."""
-    text = "\n".join(
-        event.event_specific_data.error.to_string()
-        for event in result.all_events
-        if event.is_step_failure and event.event_specific_data.error is not None
-    )
-    text += "\n".join(
-        str(evaluation.metadata.get("problems").value)
-        for evaluation in result.get_asset_check_evaluations()
-        if not evaluation.passed and evaluation.metadata.get("problems") is not None
-    )
-    return [key for key in shards if re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", text)]
+def run_config(verbose: bool) -> dict[str, Any]:
+    """Dagster's console log: warnings and errors with tracebacks with ``verbose``, else
+    nothing (the summary names each failure in one line and the log file has the rest)."""
+    level = "WARNING" if verbose else "CRITICAL"
+    return {"loggers": {"console": {"config": {"log_level": level}}}}
 
 
 def _resources(defs: Definitions) -> tuple[StorageResource, TokenizerResource]:
@@ -149,36 +166,68 @@ def stale_downstream(instance: DagsterInstance, recipe: Recipe, skip: set[str]) 
     return stale
 
 
-def materialize_recipe(recipe: Recipe, instance: DagsterInstance) -> int:
-    """Steps 1–3 for every dataset and blend of ``recipe``; prints progress and a summary."""
+def materialize_recipe(
+    recipe: Recipe, instance: DagsterInstance, *, verbose: bool = False, home: Path | None = None
+) -> int:
+    """Steps 1–3 for every dataset and blend of ``recipe``; prints progress and a summary, and
+    the full errors to a log file under ``home`` (default: the system temp folder)."""
     defs = build_definitions(recipe)
+    preflight(recipe)
     outcomes = []
     for ds in recipe.datasets:
         print(f"{ds.name}: scanning {ds.source}", flush=True)
-        outcomes.append(process_shards(defs, instance, ds))
+        outcomes.append(process_shards(defs, instance, ds, verbose=verbose))
     failed = {o.name for o in outcomes if o.failed}
     stale = stale_downstream(instance, recipe, failed)
-    downstream_ok = run_downstream(defs, instance, stale)
-    rebuilt = stale if downstream_ok else []
-    print_summary(recipe, outcomes, rebuilt, instance)
-    return 0 if downstream_ok and not failed else 1
+    report = run_downstream(defs, instance, stale, verbose=verbose)
+    left = [k for k in stale_downstream(instance, recipe, set()) if k not in report.rebuilt]
+    report.not_rebuilt = left
+    failures = [f for o in outcomes for f in o.failures] + list(report.failures)
+    if failures:
+        report.log = write_failure_log(home or Path(tempfile.gettempdir()) / "tokenmill", failures)
+    print_summary(recipe, outcomes, report, instance)
+    return 1 if failures or failed or left else 0
 
 
-def run_downstream(defs: Definitions, instance: DagsterInstance, stale: list[AssetKey]) -> bool:
-    """Rebuild the stale unpartitioned assets in one run of ``refresh_job``; True when it
-    succeeded (or nothing was stale)."""
+def preflight(recipe: Recipe) -> None:
+    """For ``s3://`` roots and sources: each bucket exists and the credentials reach it (one
+    HEAD per bucket), before any run starts; an InputError naming the bucket otherwise."""
+    uris = [recipe.storage.root] + [ds.source for ds in recipe.datasets]
+    buckets = sorted({split_uri(uri)[0] for uri in uris if uri.startswith("s3://")})
+    if not buckets:
+        return
+    client = s3_client(recipe.storage.s3_endpoint_url)
+    for bucket in buckets:
+        call(
+            f"s3://{bucket} (storage or a source of the recipe)",
+            functools.partial(client.head_bucket, Bucket=bucket),
+        )
+
+
+def run_downstream(
+    defs: Definitions, instance: DagsterInstance, stale: list[AssetKey], *, verbose: bool = False
+) -> RunReport:
+    """Rebuild the stale unpartitioned assets in one run of ``refresh_job``: what it rebuilt
+    (all of ``stale`` when it succeeded) and its failures."""
     if not stale:
         print("downstream: everything up to date")
-        return True
+        return RunReport()
     names = ", ".join(k.to_user_string() for k in stale)
     print(f"downstream: rebuilding {names} in one run", flush=True)
     result = defs.resolve_job_def(REFRESH_JOB).execute_in_process(
-        run_config=QUIET, instance=instance, asset_selection=stale, raise_on_error=False
+        run_config=run_config(verbose),
+        instance=instance,
+        asset_selection=stale,
+        tags={PROCESS_TAG: process_tag()},
+        raise_on_error=False,
     )
-    print(f"downstream: {'ok' if result.success else 'FAILED (see the run in the UI)'}")
-    if not result.success:
-        print("downstream: nothing after the failed step was rebuilt; fix it and run again")
-    return bool(result.success)
+    stop_if_interrupted(result)
+    if result.success:
+        print("downstream: ok")
+        return RunReport(rebuilt=stale)
+    done = {e.asset_key for e in result.get_asset_materialization_events()}
+    print("downstream: FAILED; what depends on the failed step was not rebuilt")
+    return RunReport(rebuilt=[k for k in stale if k in done], failures=run_failures(result))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,20 +236,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--recipe", help="recipe YAML (default $TOKENMILL_RECIPE or recipes/demo.yaml)"
     )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="print Dagster's warnings and tracebacks"
+    )
     args = parser.parse_args(argv)
     try:
         recipe = load_recipe(recipe_path(args.recipe))
         home = ensure_dagster_home()
         os.environ.setdefault("DAGSTER_HOME", str(home))
         print(f"recipe {recipe.path}; storage {recipe.storage.root}; Dagster instance {home}")
-        with DagsterInstance.get() as instance:
-            return materialize_recipe(recipe, instance)
+        # SIGTERM ends the run as Ctrl-C does (Dagster marks the run failed, as it does itself
+        # while a step runs), so a stopped wrapper leaves no run STARTED.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        with (
+            instance_errors(home),
+            materialize_locks(home, recipe.storage.root),
+            DagsterInstance.get() as instance,
+        ):
+            for run_id in fail_interrupted_runs(instance):
+                print(f"run {run_id}: its process is gone (killed or stopped); marked failed")
+            ensure_pool_limits(instance)
+            return materialize_recipe(recipe, instance, verbose=args.verbose, home=home)
     except ConfigError as exc:
         print(f"tokenmill materialize: error: {exc}", file=sys.stderr)
         return 2
-    except TokenmillError as exc:
+    except (TokenmillError, OSError) as exc:  # OSError: a full or failing disk, named file
         print(f"tokenmill materialize: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("tokenmill materialize: interrupted; the run in progress is marked failed")
+        return 130
 
 
 if __name__ == "__main__":

@@ -5,9 +5,12 @@ reprocess schedule is a plain ``@schedule`` that asks for one run per current sh
 The weekly reprocess and the nightly refresh never overlap: each skips its tick, with a reason
 naming the other, while a run of the other is queued or in progress (a tag concurrency limit
 cannot say "not beside the other kind" without also serializing the per-shard reprocess runs).
+A run whose ``materialize`` process is gone (killed, out of memory) is marked failed first and
+never counts (``pipelines/runguard.py``): a stale run must not skip every tick.
 """
 
 from dagster import (
+    DagsterInstance,
     DagsterRunStatus,
     DefaultScheduleStatus,
     RunRequest,
@@ -21,6 +24,7 @@ from dagster import (
 from assets.support.partitions import partitions_name
 from assets.support.sources import list_shards
 from pipelines.jobs import REFRESH_JOB, AssetJob
+from pipelines.runguard import fail_interrupted_runs
 from pipelines.sensors import shard_tags
 from tokenmill.recipe import DatasetConfig
 
@@ -35,6 +39,13 @@ ACTIVE = [
 ]
 REPROCESS_RUNS = RunsFilter(tags={REPROCESS_TAG: "1"}, statuses=ACTIVE)
 REFRESH_RUNS = RunsFilter(job_name=REFRESH_JOB, statuses=ACTIVE)
+
+
+def busy_runs(instance: DagsterInstance, runs: RunsFilter) -> int:
+    """How many ``runs`` are queued or in progress, once the interrupted ones (their process is
+    gone) are marked failed."""
+    fail_interrupted_runs(instance)
+    return instance.get_runs_count(runs)
 
 
 def build_reprocess_schedule(
@@ -52,7 +63,7 @@ def build_reprocess_schedule(
         description=f"Re-validate and re-tokenize every shard of {ds.name}.",
     )
     def reprocess(context: ScheduleEvaluationContext) -> list[RunRequest] | SkipReason:
-        busy = context.instance.get_runs_count(REFRESH_RUNS)
+        busy = busy_runs(context.instance, REFRESH_RUNS)
         if busy:
             return SkipReason(
                 f"{ds.name}: {busy} {REFRESH_JOB} run(s) queued or in progress; the reprocess "
@@ -91,7 +102,7 @@ def build_refresh_schedule(cron: str, job: AssetJob) -> ScheduleDefinition:
         description="Rebuild merged datasets, Nanoset indices and blends.",
     )
     def refresh(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
-        busy = context.instance.get_runs_count(REPROCESS_RUNS)
+        busy = busy_runs(context.instance, REPROCESS_RUNS)
         if busy:
             return SkipReason(
                 f"{busy} reprocess run(s) queued or in progress; the refresh waits for its next "

@@ -36,3 +36,19 @@ class ConfigError(TokenmillError, ValueError):
 
 class CacheError(TokenmillError):
     """A cached index or manifest does not match what it claims to describe."""
+
+
+class ConflictError(TokenmillError):
+    """A pointer moved between the build's read and its write (compare-and-swap refused): names
+    the pointer, the version the build read at its start, the one found, and its own."""
+
+    def __init__(self, path: object, expected: str | None, found: str | None, version: str) -> None:
+        self.path = str(path)
+        self.expected = expected
+        self.found = found
+        self.version = version
+        super().__init__(
+            f"{self.path}: the pointer moved during this build (read {expected or 'no pointer'} "
+            f"at the start, found {found or 'no pointer'}); version {version} is complete but "
+            "the pointer was left as found"
+        )

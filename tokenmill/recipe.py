@@ -27,15 +27,18 @@ from pydantic import (
     ConfigDict,
     Field,
     ModelWrapValidatorHandler,
+    SerializerFunctionWrapHandler,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from tokenmill.errors import ConfigError
+from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.paths import name_problem
 
 DEFAULT_RECIPE = "recipes/demo.yaml"
@@ -140,6 +143,8 @@ Cron = Annotated[str | None, Field(strict=True, pattern=_CRON, description=_CRON
 Weight = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 _BASE = Field(description="a folder, relative to the recipe file")
 _POSITIVE = Field(strict=True, gt=0, allow_inf_nan=False, description="a finite number > 0")
+_FRACTION = Field(ge=0, le=1, allow_inf_nan=False, description="a number from 0 to 1")
+SEED_MAX = 2**32 - 1  # numpy's RandomState seed range, which the index builders use
 
 
 class _Config(BaseModel):
@@ -181,6 +186,9 @@ class DatasetConfig(_Config):
     on_bad_record: Literal["fail", "quarantine"] = "quarantine"
     glob: Annotated[Text, _rule(lambda v: "/" not in v and "\\" not in v, _GLOB)] = "*.jsonl*"
     format: Literal["jsonl", "hf"] = "jsonl"
+    # The share of a dataset's records that may be quarantined before its merge fails (a
+    # systematic problem such as a wrong text_key, not a few bad lines).
+    max_quarantine_fraction: Annotated[float, _FRACTION] = 0.01
 
     @model_validator(mode="before")
     @classmethod
@@ -210,7 +218,7 @@ class DatasetConfig(_Config):
 class NanosetConfig(_Config):
     """Index settings shared by every dataset and blend of the recipe."""
 
-    semantics: Literal["megatron", "nanotron"] = "megatron"
+    semantics: Literal["megatron", "nanotron", "growing"] = "megatron"
     sequence_length: Annotated[int, _int(2)] = 2048
     split: Annotated[str, Field(strict=True, description=_SPLIT), _rule(_split_ok)] = "949,50,1"
     seed: Annotated[int, _int(0)] = 1234
@@ -221,6 +229,27 @@ class NanosetConfig(_Config):
     # latter for the valid split only; train and test always drop). nanotron: both true.
     add_extra_token: Flag = True
     drop_last_partial_validation: Flag = True
+    # growing semantics: samples per shuffled era (tokenmill.indices.growing; other semantics
+    # ignore it)
+    era_samples: Annotated[int, _int(1)] = ERA_SAMPLES
+
+    @model_validator(mode="after")
+    def _seed_range(self) -> NanosetConfig:
+        """The index builders seed numpy's RandomState, which takes 0 to 2**32 - 1."""
+        if self.seed > SEED_MAX:
+            raise _expected(f"an integer from 0 to {SEED_MAX}", at=("seed",), value=self.seed)
+        return self
+
+    @model_validator(mode="after")
+    def _samples_need_a_share(self) -> NanosetConfig:
+        """A split the ``split`` shares give nothing cannot be asked for samples."""
+        shares = [float(part) for part in self.split.replace("/", ",").split(",")]
+        for name, share in zip(("train", "valid", "test"), shares, strict=True):
+            wanted = getattr(self, f"{name}_samples")
+            if share == 0 and wanted is not None and name != "train":  # train: Recipe's rule
+                expected = f"null (split {self.split!r} gives the {name} split no share)"
+                raise _expected(expected, at=(f"{name}_samples",), value=wanted)
+        return self
 
     @model_validator(mode="after")
     def _nanotron_flags(self) -> NanosetConfig:
@@ -229,7 +258,19 @@ class NanosetConfig(_Config):
             if self.semantics == "nanotron" and not getattr(self, flag):
                 wanted = "true with semantics nanotron (nanotron always uses it)"
                 raise _expected(wanted, at=(flag,), value=False)
+        if self.semantics == "growing" and not self.drop_last_partial_validation:
+            wanted = "true with semantics growing (a partial sample would change as data grows)"
+            raise _expected(wanted, at=("drop_last_partial_validation",), value=False)
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The settings; ``era_samples`` only with growing semantics (the others ignore it, so
+        their dump, and the data versions hashed from it, stay as they were)."""
+        data: dict[str, Any] = handler(self)
+        if self.semantics != "growing":
+            data.pop("era_samples", None)
+        return data
 
 
 class BlendConfig(_Config):
@@ -241,6 +282,9 @@ class BlendConfig(_Config):
     datasets: Annotated[tuple[str, ...], _rule(_distinct, _DISTINCT, before=True)] = ()
     weights: Annotated[tuple[Weight, ...] | None, Field(description="a finite number >= 0")] = None
     temperature: Annotated[float | None, _POSITIVE] = None
+    # False: a weighted dataset that would get no sample in a configured split fails the blend.
+    # Left out of model_dump (the data version): it changes no byte of a blend.
+    allow_empty_splits: Annotated[Flag, Field(exclude=True)] = False
 
     @model_validator(mode="wrap")
     @classmethod
@@ -371,11 +415,40 @@ class Recipe(_Config):
         return tuple(b.model_copy(update={"datasets": b.datasets or known}) for b in blends)
 
     @model_validator(mode="after")
+    def _train_share(self) -> Recipe:
+        """A blend is built from the train split; ``train_samples`` needs one too."""
+        if float(self.nanoset.split.replace("/", ",").split(",")[0]) > 0:
+            return self
+        if self.blends:
+            wanted = "a positive train share (a blend needs a train split)"
+            raise _expected(wanted, at=("nanoset", "split"), value=self.nanoset.split)
+        if self.nanoset.train_samples is not None:
+            expected = f"null (split {self.nanoset.split!r} gives the train split no share)"
+            at = ("nanoset", "train_samples")
+            raise _expected(expected, at=at, value=self.nanoset.train_samples)
+        return self
+
+    @model_validator(mode="after")
     def _train_size(self) -> Recipe:
-        """A blend needs a train size."""
-        if self.blends and self.nanoset.train_samples is None:
+        """A blend needs a train size (growing semantics: None = every emitted sample)."""
+        growing = self.nanoset.semantics == "growing"
+        if self.blends and self.nanoset.train_samples is None and not growing:
             wanted = "an integer >= 1 (a blend needs a train size)"
             raise _expected(wanted, at=("nanoset", "train_samples"), value=None)
+        return self
+
+    @model_validator(mode="after")
+    def _megatron_weights(self) -> Recipe:
+        """Megatron's BlendedDataset refuses a weight of 0 (the blend step would fail)."""
+        for blend in self.blends if self.nanoset.semantics == "megatron" else ():
+            for name, weight in (blend.weight_map() or {}).items():
+                if weight == 0:
+                    expected = (
+                        "a weight > 0 with nanoset.semantics megatron (Megatron refuses 0 "
+                        "weights): leave the dataset out of the blend instead"
+                    )
+                    at = ("blends", blend.name, "weights", name)
+                    raise _expected(expected, at=at, value=weight)
         return self
 
     def dataset(self, name: str) -> DatasetConfig:

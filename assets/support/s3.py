@@ -15,6 +15,13 @@ replaces an existing object is deleted before its data is overwritten, a pointer
 overwritten: a PUT is atomic) and deletes the fetched files the step removed, so a failed or
 killed transfer never leaves a marker that describes files which are not there.
 
+A pointer the step fetched is written back by a conditional PUT (compare-and-swap, as
+``tokenmill.storage.versions.swap_pointer`` locally): ``If-Match`` the ETag it had when fetched,
+or ``If-None-Match: *`` when it was not there. When another writer moved it meanwhile, S3
+answers 412 and the push raises ConflictError naming the pointer and the versions (the
+step's immutable files are uploaded; the pointer stays at the other writer's version). A
+pointer the step never fetched is written unconditionally (the sole writer of a tree).
+
 :class:`RunCache` is a run's download cache on this host: steps of one run (in one process or
 several) that read the same object download it once. An entry is named by the object's bucket,
 key, ETag and size (a changed object is a new entry), written read-only with a fixed mtime
@@ -41,10 +48,15 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill.atomic import commit, create_temp, is_temp, temp_path_for
-from tokenmill.errors import InputError
+from tokenmill.errors import ConflictError, InputError
 from tokenmill.paths import relative_path_problem
-from tokenmill.storage.publish import delete_first, publish
-from tokenmill.storage.s3 import MAX_ATTEMPTS, call
+from tokenmill.storage.publish import delete_first, is_pointer, publish
+from tokenmill.storage.s3 import MAX_ATTEMPTS, call, read_object
+from tokenmill.storage.versions import pointer_version, version_named
+
+# S3's answers to a conditional PUT whose condition failed: the object changed (412), another
+# conditional write to it is in flight (409), or an If-Match object is gone.
+CONFLICT_CODES = ("PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey")
 
 MULTIPART_BYTES = 64 << 20  # larger files go up (and down) in parts of this size
 
@@ -136,6 +148,43 @@ def upload(client: Any, path: Path, bucket: str, key: str) -> None:
         f"uploading {path.name} to s3://{bucket}/{key}",
         lambda: client.upload_file(str(path), bucket, key, Config=_transfer_config()),
     )
+
+
+@dataclass(frozen=True)
+class ReadPointer:
+    """A pointer as a step fetched it: its ETag (None: it was not there) and version."""
+
+    etag: str | None
+    version: str | None
+
+
+def put_pointer(client: Any, path: Path, bucket: str, key: str, read: ReadPointer) -> str | None:
+    """Compare-and-swap ``path`` (a pointer file) to ``s3://bucket/key``: one PUT, ``If-Match``
+    the ETag ``read`` names (``If-None-Match: *`` when there was none). Returns the new ETag
+    (None when the object already named this version). ConflictError when the object moved
+    to another version meanwhile; finding this version there (e.g. our own PUT, retried after
+    a lost answer, now answered 412) is success."""
+    from botocore.exceptions import ClientError
+
+    uri = f"s3://{bucket}/{key}"
+    data = path.read_bytes()
+    condition = {"IfNoneMatch": "*"} if read.etag is None else {"IfMatch": f'"{read.etag}"'}
+
+    def run() -> str | None:
+        try:
+            response = client.put_object(Bucket=bucket, Key=key, Body=data, **condition)
+            return str(response["ETag"]).strip('"')
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in CONFLICT_CODES:
+                raise
+        version = pointer_version(path)
+        found = read_object(client, bucket, key)
+        found_version = None if found is None else version_named(found)
+        if found is not None and found_version == version:
+            return None
+        raise ConflictError(uri, read.version, found_version, str(version))
+
+    return call(f"uploading pointer {path.name} to {uri}", run)
 
 
 def delete(client: Any, bucket: str, key: str) -> None:
@@ -277,6 +326,7 @@ class S3Stage:
     local: Path
     cache: RunCache | None = None
     fetched: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    pointers: dict[str, ReadPointer] = field(default_factory=dict)  # as fetched: CAS on push
 
     def key(self, rel: str) -> str:
         """The object key of a path relative to the root."""
@@ -292,16 +342,23 @@ class S3Stage:
         that would land outside the stage is refused (``local_name``) before any download."""
         base = f"{self.prefix}/" if self.prefix else ""
         wanted: dict[str, S3Object] = {}
+        listed: dict[str, S3Object] = {}
         for rel in inputs:
             folder = rel.endswith("/")
             for obj in list_objects(self.client, self.bucket, self.key(rel), recursive=True):
                 name = obj.key[len(base) :]
+                listed[name] = obj
                 if not (folder or name == rel or name.startswith(rel + ".")):
                     continue
                 if not is_temp(name) and name not in self.fetched:
                     wanted[local_name(self.bucket, obj.key, base)] = obj
         for name, obj in wanted.items():
             self.get(obj, name)
+        for rel in inputs:
+            if is_pointer(rel) and rel not in self.pointers:
+                obj = listed.get(rel)
+                etag = None if obj is None else obj.etag
+                self.pointers[rel] = ReadPointer(etag, pointer_version(self.local / rel))
 
     def listing(self, rel_prefix: str) -> dict[str, S3Object]:
         """``{path relative to the root: object}`` of every object whose path starts with
@@ -351,7 +408,13 @@ class S3Stage:
                 delete(self.client, self.bucket, self.key(rel))
 
         def put(rel: str) -> str:
-            upload(self.client, self.local / rel, self.bucket, self.key(rel))
+            if rel in self.pointers:
+                etag = put_pointer(
+                    self.client, self.local / rel, self.bucket, self.key(rel), self.pointers[rel]
+                )
+                self.pointers[rel] = ReadPointer(etag, pointer_version(self.local / rel))
+            else:
+                upload(self.client, self.local / rel, self.bucket, self.key(rel))
             if self.cache is not None:
                 self.cache.keep(self.client, self.bucket, self.key(rel), self.local / rel)
             return rel

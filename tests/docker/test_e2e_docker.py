@@ -266,7 +266,11 @@ def test_sensor_backfill_refresh_in_containers(
     remote = make_recipe(
         storage={"root": f"s3://{s3.bucket}/root", "s3_endpoint_url": s3.endpoint},
         datasets={
-            "docs": {"source": f"s3://{s3.bucket}/sources/docs/", "on_bad_record": "quarantine"},
+            "docs": {
+                "source": f"s3://{s3.bucket}/sources/docs/",
+                "on_bad_record": "quarantine",
+                "max_quarantine_fraction": 0.25,
+            },
             "code": {"source": f"s3://{s3.bucket}/sources/code/"},
         },
     )

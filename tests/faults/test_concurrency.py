@@ -40,10 +40,10 @@ from concurrency_tasks import (
 from pipeline_project import make_project
 
 from tokenmill.atomic import TMP_DIR, TMP_MARK, remove_stale_temps, writer_alive
-from tokenmill.formats.dataset_manifest import check_dataset_files
+from tokenmill.formats.dataset_manifest import check_dataset_files, read_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.recipe import Recipe
-from tokenmill.storage.versions import pointer_target
+from tokenmill.storage.versions import pointer_target, pointer_version
 
 PIPELINE = ("dagster", "pipelines.build", "tokenmill.tokenize.run", "tokenmill.tokenize.merge")
 LOADER = ("tokenmill.loader", "tokenmill.indices.nanoset", "tokenmill.indices.blend_build")
@@ -235,6 +235,54 @@ def test_two_runs_of_the_merged_asset(runners: Workers, clean: Clean, gate: str 
     assert merged is not None and check_dataset_files(merged, full=True) == []
     assert temps(project.root) == []
     assert snapshot(project.root) == clean.files
+
+
+def test_a_refresh_that_read_older_inputs_never_moves_the_pointer_back(
+    runners: Workers, make_recipe: Callable[..., Recipe], tmp_path: Path
+) -> None:
+    """Refresh A of ``docs/merged`` reads two shards and pauses while writing its version; a
+    third shard arrives and refresh B moves the pointer to the three-shard version. A then
+    finishes its (complete, immutable) version, its compare-and-swap is refused, and its step
+    runs again against B's pointer: its inputs are now B's, so it moves nothing and reports
+    ``superseded_by``. The pointer never goes back to the two-shard version."""
+    from dagster import AssetKey, DagsterInstance
+
+    from assets.support.partitions import partitions_name
+
+    project = new_project(make_recipe(), tmp_path / "dagster_home", ["part-00000", "part-00001"])
+    first = runners.one(project.spec("docs_shard_job", partitions=("part-00000", "part-00001")))
+    assert (first.success, first.errors) == ([True, True], [])
+    pointer = project.root / "merged" / "docs" / "current.json"
+    merged = project.spec("refresh_job", assets=(("docs", "merged"),))
+    runners.reset()
+    slow = runners.pool.submit(
+        run_job, replace(merged, role="paused", gate="/docs_text_document.manifest.json")
+    )
+    assert runners.arrive.wait(TIMEOUT)  # A's version is written, not yet renamed into place
+    source = Path(project.recipe.dataset("docs").source)
+    shutil.copy(source / "part-00000.jsonl", source / "part-00003.jsonl")
+    with DagsterInstance.from_config(str(project.home)) as instance:
+        instance.add_dynamic_partitions(partitions_name("docs"), ["part-00003"])
+    shard = runners.one(project.spec("docs_shard_job", partitions=("part-00003",)))
+    fast = runners.one(merged)
+    newer = pointer_version(pointer)
+    runners.release.set()
+    outcome = slow.result(TIMEOUT)
+    assert (shard.success, fast.success) == ([True], [True])
+    assert (outcome.success, outcome.errors, outcome.gated) == ([True], [], True)
+    assert pointer_version(pointer) == newer
+    assert read_dataset_manifest(pointer_target(pointer))["counts"]["sequences"] > 0
+    with DagsterInstance.from_config(str(project.home)) as instance:
+        event = instance.get_latest_materialization_event(AssetKey(["docs", "merged"]))
+    assert event is not None and event.asset_materialization is not None
+    metadata = event.asset_materialization.metadata
+    assert metadata["superseded_by"].value == newer
+    older = str(metadata["superseded_version"].value)
+    assert older != newer
+    # A's own version is complete and stays for pinned readers until gc
+    older_prefix = project.root / "merged" / "docs" / older[:16] / "docs_text_document"
+    assert check_dataset_files(older_prefix, full=True) == []
+    assert temps(project.root) == []
 
 
 # -- 2. sensor ticks during a backfill ------------------------------------------------------

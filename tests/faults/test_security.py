@@ -294,7 +294,7 @@ def test_pickle_or_python_in_place_of_a_manifest_is_never_run(
     assert main(["verify", str(built["root"] / "merged/a")]) == 1
     assert "manifest: not valid JSON" in capsys.readouterr().out
     built["index"].write_text(f"__import__('builtins').open({str(marker)!r}, 'w')")
-    with pytest.raises(FormatError, match="description: unreadable"):
+    with pytest.raises(FormatError, match="description: not valid JSON"):
         open_nanoset(built["root"] / "merged/b", index=built["index"])
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(f"datasets: !!python/object/apply:builtins.open [{str(marker)!r}, w]\n")

@@ -230,3 +230,23 @@ def test_a_pair_whose_manifest_records_its_tokens_opens_without_scanning(tmp_pat
     sidecar_manifest_path(prefix).write_text(json.dumps(manifest))
     with pytest.raises(FormatError, match="size"):  # the .bin size disagrees with the record
         open_dataset(prefix)
+
+
+def test_rewriting_a_pair_never_exposes_a_missing_idx(tmp_path, monkeypatch):
+    """A second writer of the same prefix (two runs of one step) renames over the pair: a reader
+    between its two renames finds both files, never "P.idx: missing"."""
+    import tokenmill.formats.indexed as indexed
+
+    docs = [[1, 2, 3], [4, 5]]
+    _write(tmp_path / "p", docs)
+    seen = []
+
+    def commit(tmp, final):
+        seen.append((tmp_path / "p.bin").exists() and (tmp_path / "p.idx").exists())
+        real_commit(tmp, final)
+
+    real_commit = indexed.commit
+    monkeypatch.setattr(indexed, "commit", commit)
+    ds = _write(tmp_path / "p", docs)
+    assert seen == [True, True]
+    assert [ds.get(i).tolist() for i in range(len(ds))] == docs

@@ -26,6 +26,7 @@ from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices import blend_build as blend_manifest
 from tokenmill.indices.blend_build import build_blend, read_blend_manifest
 from tokenmill.loader import open_blend, open_nanoset
+from tokenmill.storage import versions as pointer_store
 
 S = 8
 
@@ -186,14 +187,14 @@ def test_a_failed_build_after_the_version_keeps_the_pointer(
     next build reuses the complete version and moves the pointer."""
     build(root)
     pointer = (root / "blends/mix/manifest.json").read_bytes()
-    real = blend_manifest.write_json
+    real = pointer_store.write_bytes  # the pointer moves through swap_pointer
 
-    def failing_pointer(path: Path, obj: object) -> None:
+    def failing_pointer(path: Path, data: bytes) -> None:
         if Path(path).parent.name == "mix":
             raise OSError(errno.ENOSPC, "simulated")
-        real(path, obj)
+        real(path, data)
 
-    monkeypatch.setattr(blend_manifest, "write_json", failing_pointer)
+    monkeypatch.setattr(pointer_store, "write_bytes", failing_pointer)
     with pytest.raises(OSError, match="simulated"):
         build(root, seed=6)
     monkeypatch.undo()

@@ -184,9 +184,11 @@ def test_blend_passes_the_megatron_flags_and_reports_empty_splits(
     make_recipe: Callable[..., Recipe], instance: DagsterInstance
 ) -> None:
     """The recipe's nanoset flags reach the blend; a dataset with no test sequences (80 of
-    them with "949,50,1") is left out of the test split, reported in the metadata."""
+    them with "949,50,1") is left out of the test split (``allow_empty_splits``; without it the
+    blend fails: tests/pipeline/test_bad_input.py), reported in the metadata."""
     flags = {"add_extra_token": False, "drop_last_partial_validation": False}
-    recipe = make_recipe(nanoset={"split": "949,50,1", **flags})
+    mix = {"weights": {"docs": 0.7, "code": 0.3}, "allow_empty_splits": True}
+    recipe = make_recipe(nanoset={"split": "949,50,1", **flags}, blends={"mix": mix})
     resources = resources_for(recipe)
     storage = resources["storage"]
     assert isinstance(storage, StorageResource)

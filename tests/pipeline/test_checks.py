@@ -48,6 +48,7 @@ def test_every_check_passes_on_good_artifacts(defs: Definitions, built: DagsterI
         "idx_bin_consistent": True,
         "documents_match_export": True,
         "sum_of_shards": True,
+        "quarantine_share": True,
         "shards_left_out": True,
         "index_bounds": True,
         "proportions": True,

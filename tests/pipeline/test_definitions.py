@@ -37,6 +37,7 @@ DEMO_ASSET_KEYS = [
 DEMO_CHECKS = [
     "blend/demo:proportions",
     "code/hf_dataset:rows_match_raw",
+    "code/merged:quarantine_share",
     "code/merged:shards_left_out",
     "code/merged:sum_of_shards",
     "code/nanoset:index_bounds",
@@ -45,6 +46,7 @@ DEMO_CHECKS = [
     "code/tokens:documents_match_export",
     "code/tokens:idx_bin_consistent",
     "docs/hf_dataset:rows_match_raw",
+    "docs/merged:quarantine_share",
     "docs/merged:shards_left_out",
     "docs/merged:sum_of_shards",
     "docs/nanoset:index_bounds",

@@ -97,16 +97,27 @@ def test_whole_graph_then_incremental(
 
 
 def test_bad_record_in_fail_mode_fails_only_that_dataset(
-    make_recipe: object, instance: DagsterInstance, capsys: pytest.CaptureFixture[str]
+    make_recipe: object,
+    instance: DagsterInstance,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     recipe = make_recipe(  # type: ignore[operator]
         datasets={"docs": {"source": "sources/docs", "on_bad_record": "fail"}},
         blends={},
     )
-    assert materialize_recipe(recipe, instance) == 1
+    assert materialize_recipe(recipe, instance, home=tmp_path) == 1
     out = capsys.readouterr().out
-    # the bad shard fails its range: it is named, and the whole range is left to run again
-    assert "docs/extra-00000..part-00002 (4 shards): FAILED at extra-00000 (see" in out
+    # the bad shard fails its range: it is named (from the failure's metadata), with its cause
+    # in one line, and the whole range is left to run again
+    assert "docs/extra-00000..part-00002 (4 shards): FAILED at extra-00000; no shard" in out
+    source = Path(recipe.dataset("docs").source) / "extra-00000.jsonl"
+    cause = f"FAILED extra-00000: docs/raw_jsonl: BadRecordError: {source}:2: invalid JSON"
+    assert cause in out and "Traceback" not in out and "redoes" not in out
+    assert "docs/dataset_info, docs/merged, docs/pruned, docs/nanoset: NOT rebuilt" in out
+    [log] = (tmp_path / "logs").glob("*.log")
+    assert f"Full errors with tracebacks: {log} (or run with -v)" in out
+    assert "raise BadRecordError(" in log.read_text()  # the stack, kept out of the summary
     assert "failed: ['extra-00000', 'part-00000', 'part-00001', 'part-00002']" in out
     assert "downstream rebuilt: code/dataset_info, code/merged, code/pruned, code/nanoset" in out
 
@@ -139,6 +150,7 @@ def test_dagster_materialize_end_to_end(recipe: Recipe, instance: DagsterInstanc
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert evaluations == {
         "sum_of_shards": True,
+        "quarantine_share": True,
         "shards_left_out": True,
         "index_bounds": True,
         "proportions": True,

@@ -79,6 +79,8 @@ def test_shipped_recipes_load() -> None:
     assert demo.storage.root == str(ROOT / "data")
     example = load_recipe(ROOT / "recipes" / "example-temperature.yaml")
     assert example.schedules.reprocess is None and example.nanoset.semantics == "nanotron"
+    growing = load_recipe(ROOT / "recipes" / "example-growing.yaml")
+    assert growing.nanoset.semantics == "growing" and growing.nanoset.train_samples is None
 
 
 @pytest.mark.parametrize(
@@ -163,6 +165,37 @@ def test_shipped_recipes_load() -> None:
             "nanoset.add_extra_token: bad value False; expected true with semantics nanotron",
         ),
         ({"tokenizer": {"path": ""}}, "tokenizer.path: bad value ''; expected a non-empty string"),
+        # rules the index and blend builders enforce, checked at load (issue 21)
+        (
+            {"blends": {"mix": {"weights": {"web": 1, "code": 0}}}},
+            "blends.mix.weights.code: bad value 0.0; expected a weight > 0 with "
+            "nanoset.semantics megatron",
+        ),
+        (
+            {"nanoset": {"train_samples": 10, "seed": 2**32}},
+            "nanoset.seed: bad value 4294967296; expected an integer from 0 to 4294967295",
+        ),
+        (
+            {"nanoset": {"train_samples": 10, "split": "100,0,0", "valid_samples": 5}},
+            "nanoset.valid_samples: bad value 5; expected null (split '100,0,0' gives the valid "
+            "split no share)",
+        ),
+        (
+            {"nanoset": {"train_samples": 10, "split": "0,1,1"}},
+            "nanoset.split: bad value '0,1,1'; expected a positive train share (a blend needs",
+        ),
+        (
+            {"blends": {}, "nanoset": {"train_samples": 4, "split": "0,1,1"}},
+            "nanoset.train_samples: bad value 4; expected null (split '0,1,1' gives the train",
+        ),
+        (
+            {"datasets": {"web": {"source": "raw", "max_quarantine_fraction": 1.5}}},
+            "datasets.web.max_quarantine_fraction: bad value 1.5; expected a number from 0 to 1",
+        ),
+        (
+            {"blends": {"mix": {"weights": {"web": 1}, "allow_empty_splits": "yes"}}},
+            "blends.mix.allow_empty_splits: bad value 'yes'; expected true or false",
+        ),
     ],
 )
 def test_bad_fields_name_file_field_value_and_allowed(
@@ -268,6 +301,17 @@ def test_every_problem_is_reported_one_per_line(tmp_path: Path) -> None:
     ]
 
 
+def test_zero_weights_pass_under_nanotron_and_new_settings_keep_versions(tmp_path: Path) -> None:
+    """nanotron blends accept a 0 weight; ``allow_empty_splits`` changes no blend byte, so it
+    stays out of the data version (``model_dump``)."""
+    nanotron = {"semantics": "nanotron", "train_samples": 10}
+    data = {**GOOD, "nanoset": nanotron, "blends": {"mix": {"weights": {"web": 1, "code": 0}}}}
+    assert parse_recipe(data, tmp_path / "r.yaml").blends[0].weights == (1.0, 0.0)
+    allowed = {"mix": {"weights": {"web": 1}, "allow_empty_splits": True}}
+    [blend] = parse_recipe({**GOOD, "blends": allowed}, tmp_path / "r.yaml").blends
+    assert blend.allow_empty_splits and "allow_empty_splits" not in blend.model_dump()
+
+
 def test_defaults_match_the_config_classes(tmp_path: Path) -> None:
     """A recipe that says nothing optional gets exactly the config classes' defaults."""
     minimal = {"tokenizer": {"path": "tok"}, "datasets": {"web": {"source": "raw"}}}
@@ -318,3 +362,17 @@ def test_data_versions_match_the_dataclass_era() -> None:
 )
 def test_refresh_interval_is_a_cron_that_ticks_evenly(minutes: int, cron: str) -> None:
     assert ScheduleConfig(refresh_interval_minutes=minutes).refresh_interval_cron == cron
+
+
+def test_growing_semantics_settings(tmp_path: Path) -> None:
+    """growing: era_samples is read (and dumped, so data versions see it), blends need no
+    train size, and the partial valid sample cannot be kept; other semantics dump no era."""
+    nanoset = {"semantics": "growing", "era_samples": 64, "train_samples": None}
+    recipe = parse_recipe({**GOOD, "nanoset": nanoset}, tmp_path / "r.yaml")
+    assert recipe.nanoset.era_samples == 64 and recipe.nanoset.train_samples is None
+    assert recipe.nanoset.model_dump()["era_samples"] == 64
+    assert "era_samples" not in parse_recipe(GOOD, tmp_path / "r.yaml").nanoset.model_dump()
+    keep = {**nanoset, "drop_last_partial_validation": False}
+    assert "true with semantics growing" in bad(tmp_path, nanoset=keep)
+    zero = {**nanoset, "era_samples": 0}
+    assert "nanoset.era_samples: bad value 0" in bad(tmp_path, nanoset=zero)

@@ -38,7 +38,11 @@ def s3_project(make_recipe: Callable[..., Recipe], s3: S3) -> Recipe:
     return make_recipe(
         storage={"root": f"s3://{s3.bucket}/root", "s3_endpoint_url": s3.endpoint},
         datasets={
-            "docs": {"source": f"s3://{s3.bucket}/sources/docs/", "on_bad_record": "quarantine"},
+            "docs": {
+                "source": f"s3://{s3.bucket}/sources/docs/",
+                "on_bad_record": "quarantine",
+                "max_quarantine_fraction": 0.25,
+            },
             "code": {"source": f"s3://{s3.bucket}/sources/code/"},
         },
     )

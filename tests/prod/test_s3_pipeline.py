@@ -67,7 +67,7 @@ def s3_recipe(
         "storage": {"root": root or f"s3://{root_bucket}/root", "s3_endpoint_url": s3.endpoint},
         "tokenizer": {"path": str(gpt2_dir), "append_eod": True},
         "datasets": {
-            "docs": {"source": f"s3://{s3.bucket}/sources/docs/"},
+            "docs": {"source": f"s3://{s3.bucket}/sources/docs/", "max_quarantine_fraction": 0.25},
             "code": {"source": f"s3://{s3.bucket}/sources/code/"},
         },
         "nanoset": {"sequence_length": 32, "split": "80,10,10", "seed": 7, "train_samples": 100},
@@ -135,9 +135,9 @@ def test_every_stage_on_s3_then_pull_and_open(
         results = run_everything(recipe, instance, work)
         assert all(r.success for r in results)
         evaluations = [e for r in results for e in r.get_asset_check_evaluations()]
-        # per shard: 4 checks + not_empty; per dataset: sum_of_shards, shards_left_out,
-        # index_bounds; the blend: proportions
-        assert len(evaluations) == 4 * 5 + 2 * 3 + 1 and all(e.passed for e in evaluations)
+        # per shard: 4 checks + not_empty; per dataset: sum_of_shards, quarantine_share,
+        # shards_left_out, index_bounds; the blend: proportions
+        assert len(evaluations) == 4 * 5 + 2 * 4 + 1 and all(e.passed for e in evaluations)
         logged = everything_logged(instance)
     assert SECRET not in logged
     assert f"s3://{s3.bucket}/root/blends/mix/manifest.json" in logged  # metadata paths: S3 URIs

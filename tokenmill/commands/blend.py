@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tokenmill.errors import ConfigError
 from tokenmill.indices.blend_build import SEMANTICS, build_blend, describe_blend, skipped_warnings
+from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.storage.layout import POINTER_NAME
 from tokenmill.storage.versions import pointer_target
 
@@ -53,7 +54,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--seed", type=int, default=1234, help="index shuffle seed (default: %(default)s)"
     )
-    p.add_argument("--train-samples", type=int, required=True, metavar="N")
+    p.add_argument(
+        "--train-samples",
+        type=int,
+        metavar="N",
+        help="train size; required unless --semantics growing (there: a cap, default none)",
+    )
     p.add_argument(
         "--valid-samples",
         type=int,
@@ -70,7 +76,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--semantics",
         choices=SEMANTICS,
         default="megatron",
-        help="index rules (default: %(default)s)",
+        help="index rules; growing: splits by document identity, each version extends the "
+        "previous one (default: %(default)s)",
+    )
+    p.add_argument(
+        "--era-samples",
+        type=int,
+        default=ERA_SAMPLES,
+        metavar="N",
+        help="growing semantics: samples per shuffled era (default: %(default)s)",
     )
     p.add_argument(
         "--add-extra-token",
@@ -147,9 +161,12 @@ def run(args: argparse.Namespace) -> int:
         semantics=args.semantics,
         add_extra_token=args.add_extra_token,
         drop_last_partial_validation=args.drop_last_partial_validation,
+        era_samples=args.era_samples,
     )
     for warning in skipped_warnings(manifest):
         print(f"warning: {warning}", file=sys.stderr)
     print(describe_blend(output))
     print(f"\nversion {manifest['version']} (versions/{manifest['version'][:16]}/)")
+    if manifest["semantics"] == "growing":
+        print(f"extends {manifest.get('extends') or 'nothing (built from scratch)'}")
     return 0

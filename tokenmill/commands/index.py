@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from tokenmill.errors import ConfigError
+from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.indices.nanoset import SEMANTICS, SPLITS, build_or_load
 
 
@@ -14,8 +15,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "index",
         help="build the train/valid/test document, sample and shuffle indices of a dataset",
         description="Build Megatron- or nanotron-compatible index caches for every non-empty "
-        "split (valid and test cover one epoch). Existing caches with the same settings and "
-        "data are reused.",
+        "split (valid and test cover one epoch), or growing ones (splits by document identity, "
+        "extended as shards are appended). Existing caches with the same settings and data are "
+        "reused.",
     )
     p.add_argument("--dataset", required=True, metavar="PREFIX", help=".bin/.idx prefix")
     p.add_argument("--cache-dir", required=True, metavar="DIR")
@@ -24,6 +26,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--seed", type=int, default=1234, help="index shuffle seed")
     p.add_argument("--train-samples", type=int, metavar="N", help="default: one epoch")
     p.add_argument("--semantics", choices=SEMANTICS, default="megatron", help="index rules")
+    p.add_argument(
+        "--era-samples",
+        type=int,
+        default=ERA_SAMPLES,
+        metavar="N",
+        help=f"growing semantics: samples per shuffled era (default {ERA_SAMPLES})",
+    )
     p.add_argument(
         "--no-extra-token",
         action="store_true",
@@ -55,15 +64,17 @@ def run(args: argparse.Namespace) -> int:
             semantics=args.semantics,
             add_extra_token=not args.no_extra_token,
             drop_last_partial=False if args.keep_last_partial_valid and split == "valid" else None,
+            era_samples=args.era_samples,
         )
         if index is None:
             print(f"{split}: empty split, no index")
             continue
         counts = index.description["counts"]
-        print(
-            f"{split}: {len(index)} samples, {counts['num_epochs']} epoch(s), "
-            f"cache {index.cache_hash}"
-        )
+        if "num_epochs" in counts:
+            how = f"{counts['num_epochs']} epoch(s)"
+        else:  # growing: no epochs; the partial era waits for more data
+            how = f"{counts['held_back_samples']} held back until the era fills"
+        print(f"{split}: {len(index)} samples, {how}, cache {index.cache_hash}")
         for name, path in index.paths.items():
             print(f"  {name}: {path}")
     return 0

@@ -6,12 +6,17 @@ repo root: the folder holding ``workspace.yaml`` and ``pipelines/``). That folde
 ``--code-location``, ``$TOKENMILL_CODE_LOCATION``, the current directory or one of its parents,
 or the checkout this package was installed from (``pip install -e``). ``DAGSTER_HOME`` defaults
 to ``<code location>/.dagster_home`` (Dagster's SQLite storage). The exit code is the child's.
+
+SIGINT, SIGTERM and SIGHUP sent to this command are passed on to the child, which ends its run
+cleanly (the run is marked failed), and this command waits for it: no child outlives it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +26,7 @@ from tokenmill.errors import ConfigError
 CODE_LOCATION_ENV = "TOKENMILL_CODE_LOCATION"
 ENTRY_MODULE = "pipelines.materialize"
 DISPLAY_DIR_ENV = "TOKENMILL_DISPLAY_DIR"  # the caller's directory: paths are shown relative to it
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def is_code_location(path: Path) -> bool:
@@ -68,6 +74,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="folder with workspace.yaml and pipelines/ (default: $TOKENMILL_CODE_LOCATION, "
         "the current folder or a parent, or the checkout tokenmill was installed from)",
     )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print Dagster's warnings and full tracebacks (by default each failure is one line "
+        "of the summary and the tracebacks go to a log file it names)",
+    )
     p.set_defaults(func=run)
 
 
@@ -80,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         if not recipe.is_file():
             raise ConfigError(f"--recipe {args.recipe}: no such file")
         command += ["--recipe", str(recipe)]
+    if args.verbose:
+        command.append("--verbose")
     env = dict(os.environ)
     env.setdefault("DAGSTER_HOME", str(root / ".dagster_home"))
     env[DISPLAY_DIR_ENV] = str(Path.cwd())
@@ -87,4 +102,22 @@ def run(args: argparse.Namespace) -> int:
     for name in ("DAGSTER_HOME", "TOKENMILL_RECIPE"):
         if env.get(name) and not Path(env[name]).is_absolute():
             env[name] = str(Path(env[name]).resolve())
-    return subprocess.run(command, cwd=root, env=env, check=False).returncode
+    return wait_forwarding(subprocess.Popen(command, cwd=root, env=env))
+
+
+def wait_forwarding(child: subprocess.Popen[bytes]) -> int:
+    """Wait for ``child``, passing on each SIGINT/SIGTERM/SIGHUP this process gets (a Ctrl-C
+    from the terminal reaches both; the child's runs take a repeated interrupt as one). The
+    child's exit code, 128 + N when signal N ended it."""
+
+    def forward(signum: int, frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED}
+    try:
+        code = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code

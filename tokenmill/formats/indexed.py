@@ -310,8 +310,8 @@ class IndexedDatasetWriter:
                 fh.write(index)
                 fh.flush()
                 os.fsync(fh.fileno())
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(idx_final)
+            # Renamed over, never unlinked first: a concurrent writer of the same pair (same
+            # bytes) or a reader between the two renames never meets a missing .idx.
             commit(self._bin_tmp, data_file_path(self.prefix))
             commit(idx_tmp, idx_final)
         except BaseException:

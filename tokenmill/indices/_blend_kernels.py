@@ -124,6 +124,21 @@ def greedy_blend(
     return di, dsi, counts.astype(np.int64)
 
 
+def greedy_continue(
+    weights: np.ndarray, counts: np.ndarray, start: int, stop: int, *, index_dtype: type
+) -> tuple[np.ndarray, np.ndarray]:
+    """(dataset_index, dataset_sample_index) of steps ``[start, stop)`` of the plain loop run
+    from ``counts`` (the state after ``start`` steps, e.g. of a blend built with other
+    weights): how a growing temperature blend continues its previous version. One thread; the
+    numba kernel when available, else the loop in Python (slow past ~10^6 steps)."""
+    w = np.ascontiguousarray(weights, dtype=np.float64)
+    state = np.array(counts, dtype=np.float64)
+    di: np.ndarray = np.empty(max(stop, start), dtype=index_dtype)
+    dsi = np.empty(max(stop, start), dtype=np.int64)
+    _run_chunk(w, np.empty(0), state, start, stop, di, dsi)
+    return di[start:], dsi[start:]
+
+
 def guess_counts(w: np.ndarray, limits: np.ndarray, steps: np.ndarray) -> np.ndarray:
     """Plausible counts after ``steps`` steps (largest-remainder rounding of ``steps·w``)."""
     ideal = steps.astype(np.float64)[:, None] * w[None, :]

@@ -14,7 +14,9 @@ A build computes the version first (:func:`blend_version`: sha256 of the canonic
 setting, each dataset's content hash and path, and each Nanoset cache hash), so rebuilding an
 unchanged blend finds the complete version folder and reuses it (same bytes, nothing rewritten).
 A new version is written into a temp folder ``versions/.tmp/<version16>.tmp-<host>-<pid>-<rand>``
-and renamed into place when complete; only then is the pointer replaced. A failed build (any
+and renamed into place when complete; only then is the pointer replaced, by compare-and-swap
+under the pointer's lock against the version read before the inputs (a build that lost a race
+to a newer one leaves the pointer at the newer version: ConflictError). A failed build (any
 exception, a full disk, a kill) leaves the previous pointer and version untouched.
 
 ``manifest.json`` (keys sorted; lists keep the blend's dataset order, which the indices use)::
@@ -65,7 +67,7 @@ import os
 import posixpath
 import shutil
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -109,18 +111,28 @@ from tokenmill.formats.dataset_manifest import (
 from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file_path
 from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.indices import blend as blending
+from tokenmill.indices import growing_blend
 from tokenmill.indices._nanoset_indices import parse_split
 from tokenmill.indices._sample_index import count_samples
+from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.indices.nanoset import (
     FetchEntry,
     NanosetIndex,
     build_or_load,
     cache_key,
+    entry_key,
     split_ranges,
 )
-from tokenmill.storage.versions import version_hash
+from tokenmill.storage.versions import (
+    READ_AT_START,
+    Expected,
+    pointer_version,
+    swap_pointer,
+    version_hash,
+)
 
 __all__ = [
+    "blend_skips",
     "blend_version",
     "build_blend",
     "describe_blend",
@@ -129,7 +141,7 @@ __all__ = [
     "verify_blend",
 ]
 
-SEMANTICS = ("megatron", "nanotron")
+SEMANTICS = ("megatron", "nanotron", "growing")  # growing: see tokenmill.indices.growing_blend
 # Megatron's add_extra_token_to_sequence and drop_last_partial_validation_sequence (both on by
 # default; the second applies to the valid split only: train and test always drop).
 FLAGS = ("add_extra_token", "drop_last_partial_validation")
@@ -245,8 +257,13 @@ def _check_settings(
             f"sample: add_extra_token and drop_last_partial_validation must be true, got "
             f"{settings['add_extra_token']} and {settings['drop_last_partial_validation']}"
         )
+    if semantics == "growing" and not settings["drop_last_partial_validation"]:
+        raise ConfigError(
+            "growing semantics always drops the last partial sample (it would change as data "
+            "grows): drop_last_partial_validation must be true"
+        )
     for split, n in sizes.items():
-        if (n is None and split == "train") or (n is not None and n < 1):
+        if (n is None and split == "train" and semantics != "growing") or (n is not None and n < 1):
             raise ConfigError(f"{split}_samples must be an integer >= 1, got {n!r}")
 
 
@@ -264,10 +281,13 @@ class _Plan:
     sizes: dict[str, int | None]
     content_hashes: dict[str, str]
     fetch: FetchEntry | None = None  # brings a stored index entry (remote storage) before a build
+    growing: growing_blend.GrowingState | None = None  # growing semantics only
 
     def ranges(self, position: int) -> dict[str, tuple[int, int] | None]:
-        """Each dataset's range of split ``SPLITS[position]``."""
+        """Each dataset's range of split ``SPLITS[position]`` (growing: None, no range)."""
         semantics = self.settings["semantics"]
+        if self.growing is not None:
+            return {n: None for n in self.lengths}
         return {
             n: split_ranges(self.settings["split_spec"], len(lengths), semantics)[position]
             for n, lengths in self.lengths.items()
@@ -280,7 +300,9 @@ class _Plan:
 
     def index_settings(self, split: str) -> dict[str, Any]:
         """The keyword settings of ``build_or_load`` for ``split`` (without num_samples)."""
+        era = {} if self.growing is None else {"era_samples": self.growing.era_samples}
         return {
+            **era,
             "split": split,
             "split_spec": self.settings["split_spec"],
             "sequence_length": self.settings["sequence_length"],
@@ -296,6 +318,10 @@ class _Plan:
         split = SPLITS[position]
         spec, seq = self.settings["split_spec"], self.settings["sequence_length"]
         extra = 1 if self.settings["add_extra_token"] else 0
+        if self.growing is not None:  # every dataset stays in (growing_blend's docstring)
+            if parse_split(spec)[position] > 0:
+                return {}
+            return {n: f"split {split!r} has weight 0 in {spec!r}" for n in self.prefixes}
         out = {}
         for name, r in self.ranges(position).items():
             if r is None or r[0] >= r[1]:
@@ -334,7 +360,7 @@ class _Plan:
         """The ``num_samples`` each present dataset's index of ``split`` is built with."""
         position = SPLITS.index(split)
         requested = self.sizes[split]
-        if requested is None:
+        if requested is None or self.growing is not None:  # growing: the cap is the blend's
             return [None] * len(self.present(position))
         semantics = self.settings["semantics"]
         weights = self.split_weights(position)
@@ -350,6 +376,18 @@ class _Plan:
                 continue
             nums = dict(zip(present, self.counts(split), strict=True))
             hashes: list[str | None] = []
+            if self.growing is not None:
+                for name in self.prefixes:
+                    entry = entry_key(
+                        len(self.lengths[name]),
+                        self.content_hashes[name],
+                        num_samples=None,
+                        shards=self.growing.shards[name],
+                        **self.index_settings(split),
+                    )
+                    hashes.append(None if entry is None else entry[1])
+                found[split] = hashes
+                continue
             for name in self.prefixes:
                 r = ranges[name]
                 if name not in nums or r is None:
@@ -378,8 +416,9 @@ def _version_of(
     """The version of a blend: sha256 (``tokenmill.storage.versions.version_hash``) of everything
     its samples and manifest depend on: format version, semantics, sequence length, flags, split,
     seed, configured weighting, requested sizes, each dataset's name, path and content hash, and
-    each Nanoset cache hash with the cache's path."""
-    description = {
+    each Nanoset cache hash with the cache's path; growing blends add the era size, each
+    dataset's shard lineage and the version they extend."""
+    description: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "kind": KIND,
         "semantics": plan.settings["semantics"],
@@ -395,7 +434,81 @@ def _version_of(
         "cache_dir": os.path.relpath(plan.cache_dir, plan.base),
         "indices": plan.cache_hashes(),
     }
+    if plan.growing is not None:
+        description["growing"] = {
+            "era_samples": plan.growing.era_samples,
+            "lineage": [e["shards"] for e in entries],
+            "extends": plan.growing.extends,
+        }
     return version_hash(description)
+
+
+def _weighting(
+    prefixes: Mapping[str, Path], weights: Mapping[str, float] | None, temperature: float | None
+) -> dict[str, Any]:
+    """The configured weighting as a manifest records it (without the normalized weights)."""
+    configured = None if weights is None else {n: float(weights[n]) for n in prefixes}
+    return {"weights": configured, "temperature": temperature}
+
+
+def _current_manifest(root: Path) -> dict[str, Any] | None:
+    """The blend's current pointer manifest, or None when there is none, it is unreadable or
+    its version folder is incomplete (a build then extends nothing, and replaces it)."""
+    mpath = root / MANIFEST_NAME
+    try:
+        current = read_blend_manifest(mpath) if mpath.is_file() else None
+    except FormatError:
+        return None
+    if current is None:
+        return None
+    version = str(current["version"])
+    return current if _complete_version(root / VERSIONS_DIR / version[:16], version) else None
+
+
+def _grow(
+    entries: list[dict[str, Any]],
+    plan: _Plan,
+    root: Path,
+    weights: Mapping[str, float] | None,
+    temperature: float | None,
+) -> tuple[_Plan, str]:
+    """The plan and version of a growing blend: its shard lineages recorded in ``entries``, and
+    whether it extends the current version (``growing_blend``'s docstring)."""
+    lineages = {n: growing_blend.dataset_lineage(p) for n, p in plan.prefixes.items()}
+    for entry in entries:
+        entry["shards"] = growing_blend.lineage_record(lineages[entry["name"]])
+    state = growing_blend.GrowingState(
+        era_samples=plan.settings["era_samples"],
+        shards={n: [(k, d) for k, d, _ in rows] for n, rows in lineages.items()},
+    )
+    plan = replace(plan, growing=state)
+    inputs = _version_of(entries, plan, weights, temperature)  # the inputs, extending nothing
+    current = _current_manifest(root)
+    if current is not None and current.get("growing", {}).get("inputs") == inputs:
+        state = replace(state, inputs=inputs, extends=current.get("extends"))
+        return replace(plan, growing=state), str(current["version"])  # unchanged: reuse it
+    header = {
+        "semantics": "growing",
+        "sequence_length": plan.settings["sequence_length"],
+        "add_extra_token": plan.settings["add_extra_token"],
+        "drop_last_partial_validation": plan.settings["drop_last_partial_validation"],
+        "split": plan.settings["split_spec"],
+        "seed": plan.settings["seed"],
+        "weighting": _weighting(plan.prefixes, weights, temperature),
+        "growing": {"era_samples": state.era_samples},
+    }
+    state = replace(state, inputs=inputs)
+    if current is not None and growing_blend.extends_previous(
+        current, header, lineages, plan.sizes
+    ):
+        state = replace(
+            state,
+            extends=str(current["version"]),
+            previous=current,
+            previous_path=root / MANIFEST_NAME,
+        )
+    plan = replace(plan, growing=state)
+    return plan, _version_of(entries, plan, weights, temperature)
 
 
 def _prepare(
@@ -435,6 +548,9 @@ def _prepare(
         sizes=sizes,
         content_hashes={e["name"]: e["content_hash"] for e in entries},
     )
+    if settings["semantics"] == "growing":
+        plan, version = _grow(entries, plan, root, weights, temperature)
+        return entries, plan, version
     return entries, plan, _version_of(entries, plan, weights, temperature)
 
 
@@ -449,12 +565,13 @@ def blend_version(
     sequence_length: int,
     split_spec: str = "949,50,1",
     seed: int = 1234,
-    train_samples: int,
+    train_samples: int | None,
     valid_samples: int | None = None,
     test_samples: int | None = None,
     semantics: str = "megatron",
     add_extra_token: bool = True,
     drop_last_partial_validation: bool = True,
+    era_samples: int = ERA_SAMPLES,
 ) -> str:
     """The version :func:`build_blend` with the same arguments builds or reuses, computed
     without building anything (reads the datasets' manifests and ``.idx`` only): e.g. to
@@ -467,9 +584,49 @@ def blend_version(
         "semantics": semantics,
         "add_extra_token": add_extra_token,
         "drop_last_partial_validation": drop_last_partial_validation,
+        "era_samples": era_samples,
     }
     root, cache = Path(output_dir), Path(cache_dir)
     return _prepare(name, datasets, root, cache, weights, temperature, sizes, settings)[2]
+
+
+def blend_skips(
+    name: str,
+    datasets: Mapping[str, str | os.PathLike[str]],
+    output_dir: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str],
+    *,
+    weights: Mapping[str, float] | None = None,
+    temperature: float | None = None,
+    sequence_length: int,
+    split_spec: str = "949,50,1",
+    seed: int = 1234,
+    train_samples: int | None,
+    valid_samples: int | None = None,
+    test_samples: int | None = None,
+    semantics: str = "megatron",
+    add_extra_token: bool = True,
+    drop_last_partial_validation: bool = True,
+    era_samples: int = ERA_SAMPLES,
+) -> dict[str, dict[str, str]]:
+    """``{split: {dataset: reason}}``: the datasets :func:`build_blend` with the same arguments
+    would leave out of each split the spec gives a share, computed without building anything
+    (so a caller can refuse a blend where a weighted dataset would vanish, before it exists)."""
+    sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
+    settings = {
+        "sequence_length": sequence_length,
+        "split_spec": split_spec,
+        "seed": seed,
+        "semantics": semantics,
+        "add_extra_token": add_extra_token,
+        "drop_last_partial_validation": drop_last_partial_validation,
+        "era_samples": era_samples,
+    }
+    root, cache = Path(output_dir), Path(cache_dir)
+    plan = _prepare(name, datasets, root, cache, weights, temperature, sizes, settings)[1]
+    shares = parse_split(split_spec)
+    skips = {split: plan.skipped(i) for i, split in enumerate(SPLITS) if shares[i] > 0}
+    return {split: out for split, out in skips.items() if out}
 
 
 def build_blend(
@@ -483,13 +640,15 @@ def build_blend(
     sequence_length: int,
     split_spec: str = "949,50,1",
     seed: int = 1234,
-    train_samples: int,
+    train_samples: int | None,
     valid_samples: int | None = None,
     test_samples: int | None = None,
     semantics: str = "megatron",
     add_extra_token: bool = True,
     drop_last_partial_validation: bool = True,
     fetch: FetchEntry | None = None,
+    era_samples: int = ERA_SAMPLES,
+    expected: Expected = READ_AT_START,
 ) -> dict[str, Any]:
     """Build (or reuse) the blend's version, then point ``output_dir/manifest.json`` at it.
 
@@ -501,15 +660,26 @@ def build_blend(
     ``add_extra_token`` and ``drop_last_partial_validation`` are Megatron's
     ``add_extra_token_to_sequence`` and ``drop_last_partial_validation_sequence`` (the latter
     for the valid split only). A dataset left out of a split is listed in the returned
-    manifest's ``splits.<split>.skipped``.
+    manifest's ``splits.<split>.skipped``. ``semantics="growing"``: ``train_samples`` may be
+    None (no cap), ``era_samples`` is the era size, and the manifest says whether the version
+    ``extends`` the current one (``tokenmill.indices.growing_blend``).
+
+    The pointer moves by compare-and-swap (``tokenmill.storage.versions.swap_pointer``) against
+    ``expected`` (the pointer's version read by the caller before it read the inputs; by
+    default the version this call reads before anything else): ConflictError, with this
+    build's version complete and the pointer left as found, when another build moved it
+    meanwhile to another version.
     """
     sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
     root = Path(output_dir)
+    mpath = root / MANIFEST_NAME
+    read_at_start = pointer_version(mpath) if expected == READ_AT_START else expected
     entries, plan, version = _prepare(
         name, datasets, root, Path(cache_dir), weights, temperature, sizes,
         {"sequence_length": sequence_length, "split_spec": split_spec, "seed": seed,
          "semantics": semantics, "add_extra_token": add_extra_token,
-         "drop_last_partial_validation": drop_last_partial_validation},
+         "drop_last_partial_validation": drop_last_partial_validation,
+         "era_samples": era_samples},
     )  # fmt: skip
     configured, prefixes = plan.weights, plan.prefixes
     vdir = root / VERSIONS_DIR / version[:16]
@@ -535,23 +705,24 @@ def build_blend(
             "split": split_spec,
             "seed": seed,
             "weighting": {
-                "weights": None if weights is None else {n: float(weights[n]) for n in prefixes},
-                "temperature": temperature,
+                **_weighting(prefixes, weights, temperature),
                 "normalized": dict(zip(prefixes, normalized, strict=True)),
             },
             "datasets": entries,
         }
+        if plan.growing is not None:
+            header["growing"] = {"era_samples": era_samples, "inputs": plan.growing.inputs}
+            header["extends"] = plan.growing.extends
         with _versions_locked(vdir.parent):  # a build that waited finds the version done
             manifest = _complete_version(vdir, version) or _write_version(
                 plan, vdir, header, caches
             )
     pointer = seal(_rebased(manifest, f"{VERSIONS_DIR}/{vdir.name}"))
-    mpath = root / MANIFEST_NAME
     remove_stale_temps(mpath)
     with contextlib.suppress(FormatError):
         if mpath.is_file() and read_blend_manifest(mpath) == pointer:
             return pointer  # already current: nothing is rewritten
-    write_json(mpath, pointer)
+    swap_pointer(mpath, version, pointer, expected=read_at_start)
     return pointer
 
 
@@ -707,6 +878,10 @@ def _blend_arrays(
     lengths = [len(ix) for ix in indices]
     where = f"blend {plan.name!r} split {split!r} (datasets in order: {', '.join(present)})"
     try:
+        if plan.growing is not None:
+            previous = plan.growing.previous_arrays(split, weights, present)
+            grown = growing_blend.grow_blend(weights, lengths, requested, previous=previous)
+            return grown[0], grown[1], "growing"
         if requested is None and semantics == "megatron":
             dataset_index, sample_index = blending.exhaustive_blend_indices(lengths)
             return dataset_index, sample_index, "exhaustive"
@@ -743,9 +918,13 @@ def _build_split(
     present = plan.present(position)
     parts = []
     for name, ix, num, n_used in zip(present, indices, counts, used.tolist(), strict=True):
-        lo, hi = ranges[name]  # type: ignore[misc]  # not None: the index was built
-        tokens = int(plan.lengths[name][lo:hi].sum(dtype=np.int64))
-        per_epoch = max(1, (tokens - 1) // plan.settings["sequence_length"])
+        span = ranges[name]  # None under growing semantics only (no range)
+        if span is None:
+            tokens = int(ix.description["counts"]["tokens"])
+            per_epoch = max(1, len(ix))  # no epochs: the share of the emitted samples used
+        else:
+            tokens = int(plan.lengths[name][span[0] : span[1]].sum(dtype=np.int64))
+            per_epoch = max(1, (tokens - 1) // plan.settings["sequence_length"])
         records = ix.description["files"]
         index_files = {
             k: _file_entry(Path(p), plan.base, records[k]["sha256"] if k in records else None)
@@ -754,7 +933,7 @@ def _build_split(
         parts.append(
             {
                 "name": name,
-                "split_range": [lo, hi],
+                "split_range": None if span is None else list(span),
                 "tokens": tokens,
                 "num_samples": num,
                 "length": len(ix),
@@ -858,7 +1037,7 @@ def realized_shares(manifest: dict[str, Any], mpath: Path) -> list[Share]:
                     realized=count / max(1, len(dataset_index)),
                     samples=count,
                     size=len(dataset_index),
-                    weighted=info["mode"] == "weighted",
+                    weighted=info["mode"] in ("weighted", "growing"),
                 )
             )
     return shares
@@ -875,6 +1054,10 @@ def _describe(manifest: dict[str, Any], mpath: Path) -> str:
         info = manifest["splits"][split]
         if info["mode"] == "exhaustive":
             how = "exhaustive: one epoch of every dataset, shares follow dataset sizes"
+        elif info["mode"] == "growing":
+            cap = info["samples_requested"]
+            how = f"growing, weighted, {'no cap' if cap is None else f'cap {cap}'}"
+            how += f", extends {manifest.get('extends') or 'nothing'}"
         elif info["samples_requested"] is None:
             how = "weighted, one epoch of every dataset"
         else:

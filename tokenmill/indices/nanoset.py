@@ -9,6 +9,10 @@ JSON key holding everything that changes the arrays: the dataset's content hash,
 split string and range, sequence length, seed, num_samples, both flags and the format version
 (both references leave some of these out, so they can reuse a stale cache; we do not).
 
+``semantics="growing"`` (``tokenmill.indices.growing``) splits by document identity and only
+ever extends as shards are appended; its key has no split range but the sha256 of the dataset's
+shard table (keys and document counts, which decide the splits) and the era size.
+
 An entry needs only the dataset's sequence lengths (its ``.idx``) and content hash:
 :func:`entry_key` names a split's entry without building it and :func:`build_or_load_lengths`
 builds from the lengths, so remote storage can be asked for an entry by name first; the
@@ -31,11 +35,12 @@ from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     open_dataset,
 )
+from tokenmill.indices import growing
 from tokenmill.indices._nanoset_indices import (
-    SEMANTICS,
     SPLITS,
     check_int,
     compute_indices,
+    parse_split,
     split_ranges,
 )
 
@@ -55,6 +60,8 @@ __all__ = [
 
 FORMAT_VERSION = 1
 ARRAYS = cache.ARRAYS
+SEMANTICS = ("megatron", "nanotron", "growing")  # growing: tokenmill.indices.growing
+ShardTable = Sequence[tuple[str, int]]
 
 
 def build_nanoset_indices(
@@ -120,6 +127,7 @@ def build_or_load(
     drop_last_partial: bool | None = None,
     build: bool = True,
     fetch: FetchEntry | None = None,
+    era_samples: int = growing.ERA_SAMPLES,
 ) -> NanosetIndex | None:
     """Load the split's cached indices, building them first if needed; None if the split is
     empty for this dataset. Safe when many processes call it at once: one builds under an
@@ -130,7 +138,8 @@ def build_or_load(
     an S3 step need not stage it); a hand-made pair without one is hashed whole.
     ``fetch(paths)``, if given, is called with the entry's :func:`cache_paths` when its
     description is not in ``cache_dir``, to bring a stored copy there (e.g. from S3) before
-    anything is loaded or built.
+    anything is loaded or built. ``era_samples`` is used by growing semantics only (its shard
+    table is read from the dataset's manifest, see ``growing.shard_table``).
     """
     _check_choices(split, semantics)
     index_only = dataset_manifest_path(dataset_prefix).is_file()  # lengths + hash suffice
@@ -148,6 +157,8 @@ def build_or_load(
         drop_last_partial=drop_last_partial,
         build=build,
         fetch=fetch,
+        era_samples=era_samples,
+        shards=growing.shard_table(dataset_prefix) if semantics == "growing" else None,
     )
 
 
@@ -166,9 +177,12 @@ def build_or_load_lengths(
     drop_last_partial: bool | None = None,
     build: bool = True,
     fetch: FetchEntry | None = None,
+    era_samples: int = growing.ERA_SAMPLES,
+    shards: ShardTable | None = None,
 ) -> NanosetIndex | None:
     """:func:`build_or_load` from a dataset's sequence lengths (e.g. of
-    ``IndexedDataset(prefix, index_only=True)``) and content hash: no ``.bin`` is needed."""
+    ``IndexedDataset(prefix, index_only=True)``) and content hash: no ``.bin`` is needed.
+    Growing semantics also needs ``shards``, the dataset's ``growing.shard_table``."""
     found = entry_key(
         len(lengths),
         content_hash,
@@ -180,6 +194,8 @@ def build_or_load_lengths(
         semantics=semantics,
         add_extra_token=add_extra_token,
         drop_last_partial=drop_last_partial,
+        era_samples=era_samples,
+        shards=shards,
     )
     if found is None:
         return None
@@ -200,7 +216,7 @@ def build_or_load_lengths(
     with cache.exclusive_lock(Path(cache_dir) / f"{digest}-Nanoset-{split}.lock"):
         loaded = _load_entry(paths, key, digest, partial_ok=True)
         if loaded is None:
-            _build_entry(paths, key, digest, np.asarray(lengths))
+            _build_entry(paths, key, digest, np.asarray(lengths), shards)
             loaded = _load_entry(paths, key, digest)
     if loaded is None:
         raise CacheError(f"{paths['description']}: written but not readable back")
@@ -219,10 +235,27 @@ def entry_key(
     semantics: str = "megatron",
     add_extra_token: bool = True,
     drop_last_partial: bool | None = None,
+    era_samples: int = growing.ERA_SAMPLES,
+    shards: ShardTable | None = None,
 ) -> tuple[dict[str, Any], str] | None:
     """``(key, hash)`` of a split's cache entry (its :func:`cache_key` and the ``<hash>`` of
-    its file names) for a dataset of ``num_sequences`` sequences; None if the split is empty."""
+    its file names) for a dataset of ``num_sequences`` sequences; None if the split is empty
+    (growing: if its split weight is 0; an entry may hold 0 samples until one era is there)."""
     _check_choices(split, semantics)
+    if semantics == "growing":
+        return _growing_entry_key(
+            num_sequences,
+            content_hash,
+            split=split,
+            split_spec=split_spec,
+            sequence_length=sequence_length,
+            seed=seed,
+            num_samples=num_samples,
+            add_extra_token=add_extra_token,
+            drop_last_partial=drop_last_partial,
+            era_samples=era_samples,
+            shards=shards,
+        )
     split_range = split_ranges(split_spec, num_sequences, semantics)[SPLITS.index(split)]
     if split_range is None or split_range[0] >= split_range[1]:
         return None
@@ -241,6 +274,43 @@ def entry_key(
     return key, cache.key_hash(key)
 
 
+def _growing_entry_key(
+    num_sequences: int,
+    content_hash: str,
+    *,
+    split: str,
+    shards: ShardTable | None,
+    drop_last_partial: bool | None,
+    **settings: Any,
+) -> tuple[dict[str, Any], str] | None:
+    """:func:`entry_key` of growing semantics (checks the shard table against the dataset)."""
+    if shards is None:
+        raise ConfigError("growing semantics needs the dataset's shard table (shards=...)")
+    if sum(n for _, n in shards) != num_sequences:
+        raise ConfigError(
+            f"the shard table counts {sum(n for _, n in shards)} documents, the dataset has "
+            f"{num_sequences} sequences: growing semantics needs one sequence per document"
+        )
+    if drop_last_partial is False:
+        raise ConfigError(
+            "growing semantics always drops the last partial sample (it would change when data "
+            "is added): drop_last_partial must be true"
+        )
+    if parse_split(settings["split_spec"])[SPLITS.index(split)] == 0:
+        return None
+    settings["era_samples"] = growing.split_era(split, settings["era_samples"])  # effective
+    key = cache_key(
+        content_hash,
+        semantics="growing",
+        split=split,
+        split_range=None,
+        drop_last_partial=True,
+        shard_table_sha256=growing.shard_table_hash(shards),
+        **settings,
+    )
+    return key, cache.key_hash(key)
+
+
 def _check_choices(split: str, semantics: str) -> None:
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
@@ -254,22 +324,27 @@ def cache_key(
     semantics: str,
     split: str,
     split_spec: str,
-    split_range: tuple[int, int],
+    split_range: tuple[int, int] | None,
     sequence_length: int,
     seed: int,
     num_samples: int | None,
     add_extra_token: bool,
     drop_last_partial: bool,
+    era_samples: int | None = None,
+    shard_table_sha256: str | None = None,
 ) -> dict[str, Any]:
-    """The ordered description of everything that changes a split's arrays (hashed for names)."""
-    return {
+    """The ordered description of everything that changes a split's arrays (hashed for names).
+
+    Growing semantics has no split range (None) and adds ``era_samples`` and
+    ``shard_table_sha256``; the megatron and nanotron keys are unchanged by them."""
+    key = {
         "class": "Nanoset",
         "format_version": FORMAT_VERSION,
         "dataset_content_hash": content_hash,
         "semantics": semantics,
         "split": split,
         "split_spec": split_spec,
-        "split_range": list(split_range),
+        "split_range": None if split_range is None else list(split_range),
         "sequence_length": check_int("sequence_length", sequence_length, minimum=2),
         "seed": check_int("seed", seed, minimum=0, maximum=2**32 - 1),
         "num_samples": None
@@ -278,6 +353,10 @@ def cache_key(
         "add_extra_token": bool(add_extra_token),
         "drop_last_partial": bool(drop_last_partial),
     }
+    if semantics == "growing":
+        key["era_samples"] = check_int("era_samples", era_samples, minimum=1)
+        key["shard_table_sha256"] = shard_table_sha256
+    return key
 
 
 def cache_paths(cache_dir: str | Path, digest: str, split: str) -> dict[str, Path]:
@@ -323,22 +402,46 @@ def _load_entry(
 
 
 def _build_entry(
-    paths: dict[str, Path], key: dict[str, Any], digest: str, lengths: np.ndarray
+    paths: dict[str, Path],
+    key: dict[str, Any],
+    digest: str,
+    lengths: np.ndarray,
+    shards: ShardTable | None,
 ) -> None:
     """Compute the arrays and commit them: arrays first, the description last."""
     entry = [paths["description"], *(paths[name] for name in ARRAYS)]
     cache.remove_entry(entry)
     try:
-        _write_entry(paths, key, digest, lengths)
+        _write_entry(paths, key, digest, lengths, shards)
     except BaseException:  # e.g. a full disk: no arrays stay without their description
         cache.remove_entry(entry)
         raise
 
 
 def _write_entry(
-    paths: dict[str, Path], key: dict[str, Any], digest: str, lengths: np.ndarray
+    paths: dict[str, Path],
+    key: dict[str, Any],
+    digest: str,
+    lengths: np.ndarray,
+    shards: ShardTable | None,
 ) -> None:
     """The arrays of one entry, then its description."""
+    if key["semantics"] == "growing":
+        if shards is None or growing.shard_table_hash(shards) != key["shard_table_sha256"]:
+            raise CacheError(f"{paths['description']}: the shard table does not match the key")
+        *arrays, grown = growing.build_growing_indices(
+            lengths,
+            shards,
+            key["split"],
+            split_spec=key["split_spec"],
+            sequence_length=key["sequence_length"],
+            seed=key["seed"],
+            num_samples=key["num_samples"],
+            era_samples=key["era_samples"],
+            add_extra_token=key["add_extra_token"],
+        )
+        _commit_arrays(paths, key, digest, arrays, grown.counts())
+        return
     document_index, sample_index, shuffle_index, plan = compute_indices(
         lengths,
         tuple(key["split_range"]),
@@ -349,8 +452,6 @@ def _write_entry(
         add_extra_token=key["add_extra_token"],
         drop_last_partial=key["drop_last_partial"],
     )
-    arrays = {"document": document_index, "sample": sample_index, "shuffle": shuffle_index}
-    files = {name: cache.save_array(paths[name], arrays[name]) for name in ARRAYS}
     counts = {
         "num_samples": len(shuffle_index),
         "sample_index_rows": len(sample_index),
@@ -358,5 +459,18 @@ def _write_entry(
         "tokens_per_epoch": plan.tokens_per_epoch,
         "separate_final_epoch": plan.separate_final_epoch,
     }
+    _commit_arrays(paths, key, digest, [document_index, sample_index, shuffle_index], counts)
+
+
+def _commit_arrays(
+    paths: dict[str, Path],
+    key: dict[str, Any],
+    digest: str,
+    arrays: Sequence[np.ndarray],
+    counts: dict[str, Any],
+) -> None:
+    """Save the document, sample and shuffle arrays, then the description (last)."""
+    named = dict(zip(("document", "sample", "shuffle"), arrays, strict=True))
+    files = {name: cache.save_array(paths[name], named[name]) for name in ARRAYS}
     description = {"key": key, "hash": digest, "counts": counts, "files": files}
     cache.write_description(paths["description"], description)

@@ -408,3 +408,22 @@ def _handle_bad(
     raw = BOM + line if line_no == 1 and stats.bom else line
     quarantine.add(name, line_no, reason, raw)
     stats.quarantined += 1
+
+
+def quarantine_cause(path: str | os.PathLike[str], text_key: str, sample: int = 5) -> str:
+    """The likely cause when every record of a shard was quarantined, read from the first
+    ``sample`` records of its quarantine file: the text key against the keys those records
+    have (a wrong ``text_key`` is the usual one), else the first record's reason."""
+    keys: dict[str, None] = {}
+    reasons: list[str] = []
+    with open(path, "rb") as fh:
+        for _, line in zip(range(sample), fh, strict=False):
+            entry = json.loads(line)
+            reasons.append(str(entry["reason"]))
+            with contextlib.suppress(ValueError, RecursionError):
+                record = json.loads(base64.b64decode(entry["raw_b64"]))
+                keys.update(dict.fromkeys(map(str, record) if isinstance(record, dict) else ()))
+    if keys and text_key not in keys:
+        shown = ", ".join(sorted(keys)[:20]) + (", …" if len(keys) > 20 else "")
+        return f"text_key {text_key!r} not found; the first records have keys: {shown}"
+    return f"the first record's reason: {reasons[0]}" if reasons else "no record was read"

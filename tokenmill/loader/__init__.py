@@ -9,7 +9,9 @@
 
 ``ds[k]`` is one sample assembled as Megatron's GPTDataset does (FORMATS §5.5); inputs are
 ``tokens[:, :-1]`` and labels ``tokens[:, 1:]``. ``tokenmill.loader.torch`` adapts this to a
-PyTorch map-style Dataset when torch is installed.
+PyTorch map-style Dataset when torch is installed. A blend with growing semantics can be
+followed at step boundaries (``FollowGrowth``, ``reopen_if_extended``: ``ds.extends`` names the
+version a version extends).
 """
 
 from __future__ import annotations
@@ -49,15 +51,19 @@ from tokenmill.formats.nanoset_cache import (
 )
 from tokenmill.formats.virtual_merge import VirtualDataset
 from tokenmill.loader._datasets import PAD_ID, BlendedDataset, NanosetDataset
+from tokenmill.loader._growth import newest_extension
 from tokenmill.loader._sampler import BatchSampler
 
 __all__ = [
     "BatchSampler",
     "BlendedDataset",
+    "FollowGrowth",
     "NanosetDataset",
+    "newest_extension",
     "open_blend",
     "open_blend_split",
     "open_nanoset",
+    "reopen_if_extended",
 ]
 
 VERIFY_MODES = ("fast", "full")
@@ -157,6 +163,83 @@ def open_blend_split(
         array_paths=(str(array_paths[0]), str(array_paths[1])),
         version=str(info["version"]),
     )
+
+
+def reopen_if_extended(
+    ds: BlendedDataset,
+    manifest: str | os.PathLike[str],
+    *,
+    verify: str = "fast",
+    pad_id: int = PAD_ID,
+) -> BlendedDataset:
+    """The same split of the blend's current version when that version extends ``ds``'s (its
+    first ``len(ds)`` samples are ``ds``'s), else ``ds`` itself (same version, or no extension)."""
+    if ds.version is None:
+        raise ConfigError("the dataset has no blend version: open it with open_blend")
+    newest = newest_extension(manifest, ds.version)
+    if newest is None or newest == ds.version:
+        return ds
+    return open_blend(manifest, ds.split, version=newest, verify=verify, pad_id=pad_id)
+
+
+class FollowGrowth:
+    """One split of a blend that moves to newer versions extending the one in use.
+
+    ::
+
+        follow = FollowGrowth("blends/mix", "train", version=ckpt.get("version"),
+                              global_batch_size=512, rank=r, world_size=w)
+        step = ckpt.get("step", 0)
+        while True:
+            for indices in follow.sampler(step):      # this rank's slice of each global batch
+                train_on(follow.ds.get_batch(indices)); step += 1
+                if step % checkpoint_every == 0:
+                    save(step=step, version=follow.version)
+                    if follow.refresh():              # a newer version extends ours: switch
+                        break
+            else:
+                if not follow.refresh():              # out of whole batches and no new data
+                    break
+
+    Steps count global batches, so ``step · global_batch_size`` samples were consumed; after a
+    switch the sampler starts at the same step of the larger version.
+    """
+
+    def __init__(
+        self,
+        manifest: str | os.PathLike[str],
+        split: str = "train",
+        *,
+        global_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        version: str | None = None,
+        verify: str = "fast",
+        pad_id: int = PAD_ID,
+    ) -> None:
+        self.manifest = Path(manifest)
+        self.global_batch_size = global_batch_size
+        self.rank, self.world_size = rank, world_size
+        self.verify, self.pad_id = verify, pad_id
+        self.ds = open_blend(manifest, split, version=version, verify=verify, pad_id=pad_id)
+
+    @property
+    def version(self) -> str | None:
+        """The version in use (record it with the checkpoint; pass it back on resume)."""
+        return self.ds.version
+
+    def refresh(self) -> bool:
+        """Switch to the current version if it extends the one in use; True when switched."""
+        newer = reopen_if_extended(self.ds, self.manifest, verify=self.verify, pad_id=self.pad_id)
+        switched = newer is not self.ds
+        self.ds = newer
+        return switched
+
+    def sampler(self, start_step: int = 0) -> BatchSampler:
+        """This rank's batches of the version in use, from ``start_step`` on."""
+        return BatchSampler(
+            len(self.ds), self.global_batch_size, self.rank, self.world_size, start_step
+        )
 
 
 def _open_data(prefix: str | os.PathLike[str], *, full: bool) -> IndexedDataset | VirtualDataset:

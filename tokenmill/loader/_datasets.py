@@ -554,7 +554,7 @@ class BlendedDataset:
             )
         if int(dsi.min()) < 0:
             raise FormatError(self.split, "dataset_sample_index", "has negative values")
-        high = np.zeros(len(self._parts), dtype=np.int64)
+        high = np.full(len(self._parts), -1, dtype=np.int64)  # -1: a dataset never asked
         np.maximum.at(high, di.astype(np.int64), dsi.astype(np.int64))
         for d, ds in enumerate(self._parts):
             if int(high[d]) >= len(ds):
@@ -566,6 +566,14 @@ class BlendedDataset:
 
     def __len__(self) -> int:
         return len(self.dataset_index)
+
+    @property
+    def extends(self) -> str | None:
+        """The blend version this one extends (growing semantics: sample i of every split is
+        the same for every i below that version's length), or None (another semantics, a first
+        version, or one that edited, removed or reordered data or changed a setting)."""
+        found = self.manifest.get("extends")
+        return None if found is None else str(found)
 
     @property
     def proportions(self) -> dict[str, float]:

@@ -20,6 +20,13 @@ Megatron-style training inputs (FORMATS §11: loss mask, position ids, attention
     loader = DataLoader(ds, batch_sampler=sampler, collate_fn=packed_collate)
     # {"input_ids", "labels" (-100 where the loss mask is 0), "position_ids"}
 
+Following a growing blend (``tokenmill.loader.FollowGrowth``): a new DataLoader from the same
+step after each switch to a newer version that extends the one in use::
+
+    follow = FollowGrowth("blends/mix", "train", global_batch_size=512, rank=r, world_size=w)
+    loader = growth_loader(follow, step, num_workers=2)
+    ...  # at a checkpoint: if follow.refresh(): loader = growth_loader(follow, step, ...)
+
 nanotron's trainer takes per-sample ``{"input_ids": S + 1 tokens}`` dicts and a torch
 ``DistributedSampler`` over data-parallel ranks; ``NanotronDataset`` and ``nanotron_sampler``
 give both, so its collator and its training order work unchanged::
@@ -38,9 +45,10 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from tokenmill.errors import ConfigError
+from tokenmill.loader import FollowGrowth
 
 
 class _Samples(Protocol):
@@ -216,3 +224,15 @@ def nanotron_sampler(
     if consumed_train_samples > 0:
         return NanotronSkipSampler(sampler, int(consumed_train_samples) // int(dp_size))
     return sampler
+
+
+def growth_loader(follow: FollowGrowth, start_step: int = 0, **kwargs: Any) -> DataLoader:  # type: ignore[type-arg]
+    """A DataLoader over the version ``follow`` uses, from ``start_step`` (this rank's slice of
+    each global batch, :func:`collate`d unless ``collate_fn`` is given). Make a new one from
+    the same step after ``follow.refresh()`` switched versions: workers hold the old one."""
+    kwargs.setdefault("collate_fn", collate)
+    # BlendedDataset and BatchSampler fit _Samples and DataLoader's batch_sampler structurally
+    # (keyword flags; index arrays for lists), which mypy's protocol check cannot see
+    samples: Any = follow.ds
+    batches: Any = follow.sampler(start_step)
+    return DataLoader(TokenDataset(samples), batch_sampler=batches, **kwargs)

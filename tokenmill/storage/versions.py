@@ -5,6 +5,14 @@ A version's files are written under a folder that names it and never rewritten. 
 last, atomically (temp → fsync → rename locally; on S3 the object is uploaded after every file
 it names), so a reader sees the old version or the new one, never a mix, and a failed refresh
 leaves the pointer where it was.
+
+Pointers only move forward, with one writer at a time: a write is a compare-and-swap
+(:func:`swap_pointer`). A build reads the pointer *before* its inputs, and at the end writes
+under an exclusive lock on ``<folder>/.tmp/<pointer>.lock`` (``flock``: released by the kernel
+when the holder dies, so a killed build never blocks the next one) only when the pointer still
+names what it read, or already names the build's own version; otherwise ConflictError, and the
+pointer stays at the version a build that read newer inputs wrote. On S3 the same check is a
+conditional PUT (``assets.support.s3``).
 """
 
 from __future__ import annotations
@@ -12,14 +20,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Final
 
-from tokenmill.atomic import load_json, write_json
-from tokenmill.errors import FormatError
+from tokenmill.atomic import load_json, temp_dir, write_bytes
+from tokenmill.errors import ConflictError, FormatError
+from tokenmill.formats.nanoset_cache import exclusive_lock
 from tokenmill.storage.layout import version_dir_name
 
 POINTER_FORMAT = 1
+LOCK_SUFFIX = ".lock"
+# ``expected`` of a writer that checks nothing: the only writer there is (a test fixture, a tree
+# being set up). Every build passes the pointer it read at its start instead.
+UNCHECKED: Final = "<unchecked>"
+# ``expected`` of a builder that reads the pointer itself, first thing (``build_blend``).
+READ_AT_START: Final = "<read at start>"
+Expected = Mapping[str, Any] | str | None
 
 
 def version_hash(description: Any) -> str:
@@ -29,12 +47,81 @@ def version_hash(description: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def write_pointer(path: str | os.PathLike[str], version: str, target: str) -> dict[str, Any]:
+def pointer_version(path: str | os.PathLike[str]) -> str | None:
+    """The version any pointer file names (a merged ``current.json`` or a blend's
+    ``manifest.json``): None when there is no pointer, ``""`` when it is not JSON naming a
+    version (a damaged pointer: a build that read it so may replace it)."""
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+    return version_named(data)
+
+
+def version_named(data: bytes) -> str:
+    """The version a pointer's bytes name, ``""`` when they are not JSON naming one."""
+    try:
+        record = load_json(data, "pointer")
+    except FormatError:
+        return ""
+    version = record.get("version") if isinstance(record, dict) else None
+    return version if isinstance(version, str) else ""
+
+
+def expected_version(expected: Expected) -> str | None:
+    """The version of what a build read: a pointer record (its ``version``), a version, or
+    None (there was no pointer)."""
+    if expected is None or isinstance(expected, str):
+        return expected
+    return str(expected["version"])
+
+
+@contextmanager
+def pointer_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold the exclusive lock of the pointer ``path``: ``<folder>/.tmp/<name>.lock`` (in
+    ``.tmp/``, so never uploaded, listed or fetched; unlinked on release, and a file a killed
+    holder left does not block: its ``flock`` died with it)."""
+    path = Path(path)
+    with exclusive_lock(temp_dir(path.parent) / f"{path.name}{LOCK_SUFFIX}"):
+        yield
+
+
+def swap_pointer(
+    path: str | os.PathLike[str], version: str, record: Mapping[str, Any], *, expected: Expected
+) -> bool:
+    """Compare-and-swap: under :func:`pointer_lock`, write ``record`` (sorted JSON, atomic) at
+    ``path`` when the pointer still names ``expected`` (what the build read before its inputs)
+    or already names ``version``. True when written, False when the file already held exactly
+    these bytes. ConflictError naming the pointer and the versions when it moved elsewhere:
+    another build that read it later (so read newer inputs) won, and its version stays."""
+    path = Path(path)
+    data = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode("utf-8")
+    with pointer_lock(path):
+        found = pointer_version(path)
+        if expected != UNCHECKED:
+            want = expected_version(expected)
+            if found not in (want, version):
+                raise ConflictError(path, want, found, version)
+        try:
+            if path.read_bytes() == data:
+                return False
+        except FileNotFoundError:
+            pass
+        write_bytes(path, data)
+    return True
+
+
+def write_pointer(
+    path: str | os.PathLike[str], version: str, target: str, *, expected: Expected = UNCHECKED
+) -> dict[str, Any]:
     """Point ``path`` at ``version``, whose files live at ``target`` (relative to the pointer's
-    folder); atomic. Returns the record written."""
+    folder): atomic, and a compare-and-swap against ``expected`` (the pointer record or version
+    read at the start of the build, before its inputs; None: there was none) under the
+    pointer's lock (:func:`swap_pointer`; ConflictError when it moved). Leave ``expected`` out
+    only as the sole writer (``UNCHECKED``). Returns the record written."""
     version_dir_name(version)  # refuses a malformed version before anything is written
     record = {"format_version": POINTER_FORMAT, "version": version, "target": target}
-    write_json(path, record)
+    swap_pointer(path, version, record, expected=expected)
     return record
 
 

@@ -1,0 +1,286 @@
+"""Growing index semantics: indices that only ever extend as shards are appended (pure functions).
+
+A merged dataset is a list of shards in merge (= append) order; a document is named by its shard
+key and its ordinal in that shard, and its global sequence id is its position in merge order
+(one sequence per document). Three steps, each stable under appending shards:
+
+1. **Split by identity.** A document's split is a function of (shard key, ordinal, seed) only:
+   ``h = splitmix64(base(key, seed) + (ordinal + 1)·φ)`` with ``base`` the first 8 bytes of
+   sha256 over the seed and the key and φ = 0x9E3779B97F4A7C15 (splitmix64's increment); the
+   top 53 bits of ``h`` are compared with the cumulative split fractions (``"80,10,10"``,
+   normalized, scaled to 2**53): below the first is train, below the second valid, else test.
+   The dataset's size never enters, so adding shards never moves a document between splits.
+2. **Pack.** A split's documents in merge order are one unshuffled epoch; samples are packed
+   across document (and shard) boundaries exactly as Megatron's sample index over that document
+   index (``sequence_length`` + the extra token, drop-last). Sample k starts at token k·S of the
+   split's stream, so appending documents only adds samples after the old last one.
+3. **Era shuffle** (Levanter's ``EraShufflingDataset``), train only: samples are cut into eras
+   of ``era_samples``; complete era e is permuted by sorting 64-bit keys
+   ``splitmix64(base(split, seed) + (i + 1)·φ)`` of its global sample positions i, a function
+   of (seed, split, e) alone. The trailing incomplete era is held back, also when no more data
+   will come (a finished dataset never emits its last ``< era_samples`` train samples), so
+   sample i never changes once emitted. Valid and test are evaluation sets, read whole or as a
+   stable prefix: they keep merge order (an era of 1 sample), so they hold nothing back but the
+   partial last sample and a small dataset has them from the start.
+
+There are no epochs: ``num_samples`` (``train_samples`` …) is a cap, the length is
+``min(num_samples, emitted)``; as data grows the length grows up to the cap (None = no cap).
+The arrays have the shapes and dtypes of Megatron's (document_index int32/int64, sample_index
+(rows, 2), shuffle_index uint32/int64), so the loader reads them unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenmill.errors import ConfigError
+from tokenmill.formats.dataset_manifest import (
+    dataset_content_hash,
+    dataset_manifest_path,
+    read_dataset_manifest,
+)
+from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.indices._nanoset_indices import SPLITS, check_int, parse_split, shuffle_index_dtype
+from tokenmill.indices._sample_index import build_sample_index, count_samples
+
+__all__ = [
+    "ERA_SAMPLES",
+    "GrowingPlan",
+    "build_growing_indices",
+    "document_splits",
+    "lineage_hash",
+    "shard_lineage",
+    "shard_table",
+    "shard_table_hash",
+    "split_documents",
+    "split_era",
+]
+
+# Default era (train): small, so that a small dataset's train split holds a whole era early.
+# An era no larger than the global batch changes only the order inside each batch, not which
+# samples it holds: for real shuffling set many global batches (e.g. 100 × the global batch).
+ERA_SAMPLES = 64
+
+
+def split_era(split: str, era_samples: int) -> int:
+    """The era a split is shuffled in: ``era_samples`` for train, 1 (merge order) for valid and
+    test (see the module docstring)."""
+    return check_int("era_samples", era_samples, minimum=1) if split == "train" else 1
+
+
+_PHI = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_UNIT_BITS = 53
+INT32_MAX = int(np.iinfo(np.int32).max)
+
+
+# -- the shard table -----------------------------------------------------------------------------
+def shard_table(
+    manifest_or_prefix: Mapping[str, Any] | str | os.PathLike[str],
+) -> list[tuple[str, int]]:
+    """``[(shard key, documents), ...]`` of a dataset in merge order.
+
+    From a manifest's ``shards`` when present; a pair without them (``tokenmill tokenize``, or
+    made by hand, with or without a manifest) is one shard keyed by its prefix name. ConfigError
+    when a shard holds more sequences than documents (growing semantics needs one each).
+    """
+    return [(key, docs) for key, docs, _ in shard_lineage(manifest_or_prefix)]
+
+
+def shard_lineage(
+    manifest_or_prefix: Mapping[str, Any] | str | os.PathLike[str],
+) -> list[tuple[str, int, str]]:
+    """``[(shard key, documents, content hash), ...]`` in merge order (see :func:`shard_table`;
+    a pair without ``shards`` is one shard with the pair's content hash): a version extends
+    another when the other's lineage is a prefix of its own."""
+    if isinstance(manifest_or_prefix, Mapping):
+        manifest: Mapping[str, Any] = manifest_or_prefix
+        where = str(manifest.get("prefix", "manifest"))
+    else:
+        prefix = Path(manifest_or_prefix)
+        where = str(prefix)
+        has_manifest = dataset_manifest_path(prefix).is_file()
+        manifest = read_dataset_manifest(prefix) if has_manifest else {}
+        if "documents" not in manifest.get("counts", {}) and not manifest.get("shards"):
+            data = IndexedDataset(prefix, index_only=True)  # counts from the .idx
+            counts = {"documents": data.num_documents, "sequences": len(data)}
+            content = dataset_content_hash(prefix, index_only=has_manifest)
+            manifest = {"prefix": prefix.name, "counts": counts, "content_hash": content}
+    rows = manifest.get("shards") or [
+        {
+            "key": str(manifest["prefix"]),
+            "documents": manifest["counts"]["documents"],
+            "sequences": manifest["counts"].get("sequences", manifest["counts"]["documents"]),
+            "content_hash": str(manifest["content_hash"]),
+        }
+    ]
+    table = []
+    for i, row in enumerate(rows):
+        key = str(row["key"])
+        docs = check_int(f"shards[{i}].documents", row["documents"], minimum=0)
+        if row.get("sequences", docs) != docs:
+            raise ConfigError(
+                f"{where}: shard {key!r} has {row['sequences']} sequences for {docs} documents; "
+                "growing semantics needs one sequence per document (use megatron or nanotron)"
+            )
+        table.append((key, docs, str(row.get("content_hash", ""))))
+    if len({row[0] for row in table}) != len(table):
+        raise ConfigError(f"{where}: shard keys repeat; each shard needs its own key")
+    return table
+
+
+def lineage_hash(rows: Sequence[tuple[str, int, str]]) -> str:
+    """sha256 of :func:`shard_lineage` rows (canonical JSON); compare it over a prefix."""
+    text = json.dumps([[str(k), int(n), str(h)] for k, n, h in rows], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def shard_table_hash(shards: Sequence[tuple[str, int]]) -> str:
+    """sha256 of the table's canonical JSON: the identity the growing cache key records."""
+    text = json.dumps([[str(k), int(n)] for k, n in shards], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# -- stable splits -------------------------------------------------------------------------------
+def _base(*parts: object) -> np.uint64:
+    """A 64-bit stream base from sha256 over the parts (NUL-separated)."""
+    text = "\0".join(str(p) for p in ("tokenmill-growing", *parts))
+    return np.uint64(int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little"))
+
+
+def _splitmix64(state: np.ndarray) -> np.ndarray:
+    """splitmix64's output function over uint64 states, in place (wrapping arithmetic)."""
+    state ^= state >> np.uint64(30)
+    state *= _MIX1
+    state ^= state >> np.uint64(27)
+    state *= _MIX2
+    state ^= state >> np.uint64(31)
+    return state
+
+
+def _stream(base: np.ndarray | np.uint64, ordinals: np.ndarray) -> np.ndarray:
+    """``splitmix64(base + (ordinal + 1)·φ)`` for each ordinal (uint64)."""
+    state = ordinals.astype(np.uint64)
+    state += np.uint64(1)
+    state *= _PHI
+    state += base
+    return _splitmix64(state)
+
+
+def document_splits(shards: Sequence[tuple[str, int]], split_spec: str, seed: int) -> np.ndarray:
+    """The split (0 train, 1 valid, 2 test) of every document, in merge order (uint8)."""
+    seed = check_int("seed", seed, minimum=0, maximum=2**32 - 1)
+    counts = np.array([n for _, n in shards], dtype=np.int64)
+    total = int(counts.sum())
+    bases = np.array([_base("split", seed, key) for key, _ in shards], dtype=np.uint64)
+    # base + (ordinal + 1)·φ = global·φ + (base − start·φ): one per-shard term, one arange
+    starts = (np.cumsum(counts) - counts).astype(np.uint64)
+    unit = _stream(np.repeat(bases - starts * _PHI, counts), np.arange(total, dtype=np.int64))
+    unit >>= np.uint64(64 - _UNIT_BITS)
+    weights = parse_split(split_spec)
+    scale = 1 << _UNIT_BITS
+    first = round(weights[0] * scale)
+    second = scale if weights[2] == 0 else round((weights[0] + weights[1]) * scale)
+    out = (unit >= np.uint64(first)).astype(np.uint8)
+    out += unit >= np.uint64(second)
+    return out
+
+
+def split_documents(
+    shards: Sequence[tuple[str, int]], split_spec: str, seed: int, split: str
+) -> np.ndarray:
+    """Global ids (merge order) of ``split``'s documents, ascending (int64)."""
+    return np.flatnonzero(document_splits(shards, split_spec, seed) == SPLITS.index(split))
+
+
+# -- indices -------------------------------------------------------------------------------------
+class GrowingPlan:
+    """Sizes of one split's growing index: samples packed, emitted (whole eras), returned."""
+
+    def __init__(self, tokens: int, available: int, era_samples: int, cap: int | None) -> None:
+        self.tokens = tokens
+        self.available = available  # complete samples in the split's stream
+        self.emitted = available // era_samples * era_samples  # held back: the partial era
+        self.num_samples = self.emitted if cap is None else min(cap, self.emitted)
+        self.era_samples = era_samples
+
+    def counts(self) -> dict[str, int]:
+        """The description's ``counts`` of an index entry."""
+        return {
+            "num_samples": self.num_samples,
+            "sample_index_rows": self.emitted + 1,
+            "tokens": self.tokens,
+            "available_samples": self.available,
+            "held_back_samples": self.available - self.emitted,
+            "era_samples": self.era_samples,
+        }
+
+
+def build_growing_indices(
+    sequence_lengths: np.ndarray | Sequence[int],
+    shards: Sequence[tuple[str, int]],
+    split: str,
+    *,
+    split_spec: str,
+    sequence_length: int,
+    seed: int,
+    num_samples: int | None,
+    era_samples: int = ERA_SAMPLES,
+    add_extra_token: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, GrowingPlan]:
+    """(document_index, sample_index, shuffle_index, plan) of ``split`` (module docstring).
+
+    ``sequence_lengths`` are all of the dataset's, one per document, ``shards`` its
+    :func:`shard_table`. ``era_samples`` applies to train (:func:`split_era`). A split without
+    one complete era has 0 samples (the arrays are then
+    ``document_index`` of its documents, a one-row sample index, none without documents, and
+    an empty shuffle index).
+    """
+    if split not in SPLITS:
+        raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    seq = check_int("sequence_length", sequence_length, minimum=2)
+    era = split_era(split, era_samples)
+    cap = None if num_samples is None else check_int("num_samples", num_samples, minimum=0)
+    sizes = np.asarray(sequence_lengths)
+    total = sum(n for _, n in shards)
+    if sizes.ndim != 1 or len(sizes) != total:
+        raise ConfigError(
+            f"the shard table counts {total} documents but the dataset has {len(sizes)} "
+            "sequences: growing semantics needs one sequence per document"
+        )
+    extra = 1 if add_extra_token else 0
+    ids = split_documents(shards, split_spec, seed, split)
+    document_index = ids.astype(np.int32 if total <= INT32_MAX else np.int64)
+    tokens = int(np.sum(sizes[ids], dtype=np.int64))
+    available = count_samples(tokens, seq, extra, True) if tokens > extra else 0
+    plan = GrowingPlan(tokens, available, era, cap)
+    if plan.emitted:  # rows of the emitted samples only: they depend on the stream's prefix
+        sample_index = build_sample_index(
+            sizes,
+            document_index,
+            sequence_length=seq,
+            total_tokens=plan.emitted * seq + extra,
+            drop_last=True,
+            extra=extra,
+        )
+    else:  # row 0 points at the first document; with no document there is no row at all
+        sample_index = np.zeros((1 if len(document_index) else 0, 2), dtype=np.int32)
+    return document_index, sample_index, era_shuffle(plan, seed, split), plan
+
+
+def era_shuffle(plan: GrowingPlan, seed: int, split: str) -> np.ndarray:
+    """The first ``plan.num_samples`` entries of the era-shuffled order of the emitted samples."""
+    era, n = plan.era_samples, plan.num_samples
+    eras = -(-n // era)
+    keys = _stream(_base("era", seed, split), np.arange(eras * era, dtype=np.int64))
+    order = np.argsort(keys.reshape(eras, era), axis=1, kind="stable")
+    order += np.arange(0, eras * era, era, dtype=np.int64)[:, None]
+    return order.reshape(-1)[:n].astype(shuffle_index_dtype(n, "megatron"))

@@ -1,0 +1,195 @@
+"""Blends of growing datasets: each version of a split starts with its predecessor's samples.
+
+Under growing semantics every dataset's index of a split only ever extends (see
+``tokenmill.indices.growing``), and the blend keeps that property:
+
+- **Weighted blends.** Megatron's greedy interleave with fixed weights picks step i's dataset
+  from the step and the counts so far only, never from the datasets' sizes, so its first n picks
+  are the same for any sizes. The blend is cut at the first pick a dataset cannot supply yet
+  (the largest size every dataset can supply without oversampling: no epochs), then at the cap
+  (``*_samples``; None = no cap). Growth only moves the cut later.
+- **Temperature blends.** The weights follow the datasets' token counts, so they change as data
+  grows. A version that extends its predecessor keeps the predecessor's arrays and continues
+  the greedy loop from its per-dataset counts with the new weights (then cuts as above).
+- **Extends.** A build extends the blend's current version (``"extends": <version>``) when the
+  current version is growing, every setting but the caps is the same (sequence length, flags,
+  split, seed, era size, weighting, the datasets and their order), each dataset's shard lineage
+  (``growing.shard_lineage``: key, documents, content hash per shard) starts with the one
+  recorded by the current version, and no cap is below the current split size. Otherwise
+  (edited or removed shards, changed settings, no current version) ``"extends": null`` and the
+  arrays are built from scratch. A rebuild with unchanged inputs reuses the current version.
+
+Every dataset of the blend stays in every split with a non-zero weight (a dataset whose split
+has no whole era yet has length 0, which holds the blend at 0 samples until it has one),
+because leaving one out would renormalize the weights and change the order later on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenmill.errors import ConfigError
+from tokenmill.formats.blend_manifest import load_index_array, resolve
+from tokenmill.indices._blend_kernels import greedy_blend, greedy_continue
+from tokenmill.indices.blend import normalize_weights
+from tokenmill.indices.growing import lineage_hash, shard_lineage
+
+__all__ = [
+    "GrowingState",
+    "dataset_lineage",
+    "extends_previous",
+    "grow_blend",
+    "growing_weights",
+    "lineage_record",
+]
+
+# Settings of a blend manifest that must match for a version to extend another.
+SAME_SETTINGS = (
+    "semantics",
+    "sequence_length",
+    "add_extra_token",
+    "drop_last_partial_validation",
+    "split",
+    "seed",
+)
+
+
+@dataclass(frozen=True)
+class GrowingState:
+    """What a growing blend build needs beyond the reference plan."""
+
+    era_samples: int
+    shards: dict[str, list[tuple[str, int]]]  # each dataset's shard table
+    extends: str | None = None  # the version this one extends
+    previous: dict[str, Any] | None = None  # its manifest (when ``extends``)
+    previous_path: Path | None = None  # that manifest's path (its arrays resolve against it)
+    inputs: str = ""  # hash of the version's description without ``extends``
+
+    def previous_arrays(
+        self, split: str, weights: Sequence[float], names: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The predecessor's arrays of ``split`` when the loop must continue from them (its
+        normalized weights differ from ``weights``: a temperature blend that grew); None when
+        the blend is built from scratch (no predecessor, or the same weights, which replay it).
+        """
+        if self.previous is None or self.previous_path is None:
+            return None
+        info = self.previous["splits"].get(split)
+        old = self.previous["weighting"]["normalized"]
+        same = [float(old[n]) for n in names] == growing_weights(weights).tolist()
+        if info is None or same or info["size"] == 0:
+            return None
+        arrays = [
+            load_index_array(resolve(self.previous_path, info["files"][a]["path"]), ndim=1, what=a)
+            for a in ("dataset_index", "dataset_sample_index")
+        ]
+        return np.asarray(arrays[0]), np.asarray(arrays[1])
+
+
+def growing_weights(weights: Sequence[float]) -> np.ndarray:
+    """The weights normalized once; ConfigError for a zero weight (the greedy loop would pick
+    that dataset once the others' errors turn negative: leave it out of the blend instead)."""
+    w = normalize_weights(weights)
+    if np.any(w == 0):
+        raise ConfigError(
+            f"weights {list(weights)}: growing blends need every weight > 0; leave the dataset "
+            "out of the blend instead"
+        )
+    return w
+
+
+def grow_blend(
+    weights: Sequence[float],
+    lengths: Sequence[int],
+    cap: int | None,
+    *,
+    previous: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(dataset_index int16, dataset_sample_index int64) of a growing split (module docstring).
+
+    ``lengths`` are the datasets' index lengths, ``cap`` the requested size (None: none).
+    ``previous``: the predecessor's arrays to keep and continue from with these weights.
+    """
+    w = growing_weights(weights)
+    sizes = np.asarray(lengths, dtype=np.int64)
+    stop = int(sizes.sum()) if cap is None else min(int(cap), int(sizes.sum()))
+    start, counts = 0, np.zeros(len(w), dtype=np.int64)
+    if previous is not None:
+        start = len(previous[0])
+        counts = np.bincount(previous[0].astype(np.int64), minlength=len(w))
+        if start > stop or len(counts) != len(w) or np.any(counts > sizes):
+            raise ConfigError(
+                f"the previous blend version ({start} samples, per dataset {counts.tolist()}) "
+                f"does not fit the datasets' {sizes.tolist()} samples and the cap {cap}"
+            )
+    # The loop keeps every count near w·i, so the first dataset to run out does so near
+    # min((size − count) / w) steps on: run that far, and twice as far while no pick overflows.
+    bound = min(stop, start + int(np.min((sizes - counts) / w)) + len(w) + 1)
+    while True:
+        if previous is None:
+            di, dsi, _ = greedy_blend(w, bound, index_dtype=np.int16)
+        else:
+            di, dsi = greedy_continue(w, counts, start, bound, index_dtype=np.int16)
+        over = dsi >= sizes[di.astype(np.int64)]
+        if over.any() or bound == stop:
+            break
+        bound = min(stop, start + 2 * (bound - start) + 1)
+    end = int(np.argmax(over)) if over.any() else len(di)
+    if previous is None:
+        return di[:end], dsi[:end]
+    return (
+        np.concatenate([previous[0].astype(np.int16), di[:end]]),
+        np.concatenate([previous[1].astype(np.int64), dsi[:end]]),
+    )
+
+
+Lineage = list[tuple[str, int, str]]
+
+
+def dataset_lineage(prefix: str | Path) -> Lineage:
+    """A dataset's shard lineage (``growing.shard_lineage``)."""
+    return shard_lineage(prefix)
+
+
+def lineage_record(rows: Lineage) -> dict[str, Any]:
+    """``{"count", "sha256"}`` of a shard lineage: what a blend records per dataset."""
+    return {"count": len(rows), "sha256": lineage_hash(rows)}
+
+
+def extends_previous(
+    previous: Mapping[str, Any] | None,
+    header: Mapping[str, Any],
+    lineages: Mapping[str, Lineage],
+    sizes: Mapping[str, int | None],
+) -> bool:
+    """True when a blend with ``header`` (settings, ``weighting``, ``growing.era_samples``)
+    over datasets with ``lineages`` (in blend order) extends the ``previous`` manifest."""
+    if previous is None or previous.get("semantics") != "growing":
+        return False
+    if any(previous.get(k) != header[k] for k in SAME_SETTINGS):
+        return False
+    if previous.get("growing", {}).get("era_samples") != header["growing"]["era_samples"]:
+        return False
+    old_weighting, new_weighting = previous["weighting"], header["weighting"]
+    if [old_weighting.get(k) for k in ("weights", "temperature")] != [
+        new_weighting.get(k) for k in ("weights", "temperature")
+    ]:
+        return False
+    if [ds["name"] for ds in previous["datasets"]] != list(lineages):
+        return False
+    for ds in previous["datasets"]:
+        recorded = ds.get("shards") or {}
+        rows = lineages[ds["name"]]
+        count = recorded.get("count", -1)
+        if not 0 <= count <= len(rows) or lineage_hash(rows[:count]) != recorded.get("sha256"):
+            return False
+    for split, info in previous["splits"].items():
+        cap = sizes.get(split)
+        if cap is not None and cap < int(info["size"]):
+            return False
+    return True
