@@ -188,11 +188,11 @@ def shard_result(
     if done:
         context.log.info(range_table(done))
     errors = {key: _error(exc) for key, exc in failed.items()}
-    stage = context.asset_key.to_user_string()
+    # The cause alone for one failed shard (the summary prefixes shard and step); each shard's
+    # cause for several.
+    causes = list(errors.values()) if len(errors) == 1 else [f"{k}: {e}" for k, e in errors.items()]
     raise Failure(
-        description=f"{stage}: {len(failed)} of {len(done) + len(failed)} shards failed "
-        f"({', '.join(failed)}), {len(done)} recorded: "
-        + "; ".join(f"{k}: {e}" for k, e in errors.items()),
+        description="; ".join(causes),
         metadata={
             "shard": next(iter(failed)),  # the first failed one (what runs of one shard name)
             "failed_shards": MetadataValue.json(list(failed)),
