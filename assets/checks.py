@@ -2,7 +2,8 @@
 
 - ``<ds>/raw_jsonl``  ``documents_accounted``: lines = documents + quarantined + blank, the
   quarantine file holds exactly the quarantined lines, and not all of them (the likely cause,
-  e.g. a wrong ``text_key`` against the keys the records have, is named).
+  e.g. a wrong ``text_key`` against the keys the records have, is named); ``not_empty`` (WARN,
+  non-blocking): an empty shard (0 bytes or 0 documents) is counted and shown.
 - ``<ds>/hf_dataset`` ``rows_match_raw``: Parquet rows = the shard's good documents, so
   documents in = documents out + quarantined (an ``hf``-format dataset, which has no raw stage:
   and its quarantine file complete).
@@ -11,7 +12,9 @@
 - ``<ds>/merged``     ``sum_of_shards``: documents, sequences and tokens of the current version =
   Σ over the inputs its manifest records (not the live partition set, which moves);
   ``quarantine_share``: the quarantined share of the dataset's records (from the shards'
-  validation records) at most the dataset's ``max_quarantine_fraction``.
+  validation records) at most the dataset's ``max_quarantine_fraction``;
+  ``shards_left_out`` (WARN, non-blocking): the registered shards the current version left out
+  (not tokenized yet, in progress, failed), each with its reason.
 - ``<ds>/nanoset``    ``index_bounds``: every split's cached index present (never built here),
   hashes intact, every value inside its array/split.
 
@@ -32,14 +35,18 @@ from dagster import (
     AssetCheckExecutionContext,
     AssetCheckResult,
     AssetChecksDefinition,
+    AssetCheckSeverity,
     AssetKey,
     DagsterInstance,
+    MetadataValue,
     PreviewWarning,
     asset_check,
 )
 
 from assets.hf_export import read_export_record
+from assets.raw import empty_reason
 from assets.shards import each_shard
+from assets.support.complete import LEFT_OUT
 from assets.support.partitions import shard_keys, shard_partitions
 from assets.support.resources import StorageResource, display_path
 from assets.support.staleness import latest_records
@@ -76,9 +83,13 @@ PROPORTION_TOLERANCE = 0.01
 COUNTS = ("documents", "sequences", "tokens")
 
 
-def _result(problems: list[str], **metadata: Any) -> AssetCheckResult:
+def _result(
+    problems: list[str], severity: AssetCheckSeverity = AssetCheckSeverity.ERROR, **metadata: Any
+) -> AssetCheckResult:
     return AssetCheckResult(
-        passed=not problems, metadata={**metadata, "problems": "\n".join(problems) or "none"}
+        passed=not problems,
+        severity=severity,
+        metadata={**metadata, "problems": "\n".join(problems) or "none"},
     )
 
 
@@ -108,7 +119,25 @@ def raw_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
             problems += quarantine_problems(ws.storage, ds, key, stats)
             return _result(problems, lines=stats["lines"], quarantined=stats["quarantined"])
 
-    return [documents_accounted]
+    @asset_check(
+        asset=AssetKey([ds.name, "raw_jsonl"]),
+        blocking=False,
+        partitions_def=shard_partitions(ds.name),
+        description="the shard has documents (WARN for an empty one: 0 bytes or 0 documents)",
+    )
+    def not_empty(
+        context: AssetCheckExecutionContext, storage: StorageResource
+    ) -> AssetCheckResult:
+        return each_shard(context, lambda key: has_documents(storage, key))
+
+    def has_documents(storage: StorageResource, key: str) -> AssetCheckResult:
+        with storage.workspace([layout.raw_stats(ds.name, key)], upload=False) as ws:
+            stats_path = ws.storage.raw_stats_path(ds.name, key)
+            stats = read_record(stats_path, shown=display_path(stats_path))
+            problems = [] if stats["documents"] else [f"empty shard: {empty_reason(stats)}"]
+            return _result(problems, AssetCheckSeverity.WARN, documents=stats["documents"])
+
+    return [documents_accounted, not_empty]
 
 
 def quarantine_problems(
@@ -257,7 +286,28 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         counts = recorded_counts(context.instance, ds)
         return _result(quarantine_share_problems(ds, counts), **counts)
 
-    return [sum_of_shards, quarantine_share]
+    @asset_check(
+        asset=AssetKey([ds.name, "merged"]),
+        blocking=False,
+        description="every registered shard is in the current version (WARN names those left "
+        "out: not tokenized yet, in progress, or failed)",
+    )
+    def shards_left_out(context: AssetCheckExecutionContext) -> AssetCheckResult:
+        event = context.instance.get_latest_materialization_event(AssetKey([ds.name, "merged"]))
+        found = event.asset_materialization if event else None
+        value = found.metadata.get(LEFT_OUT) if found else None
+        left_out: dict[str, str] = dict(value.value) if value is not None else {}  # type: ignore[arg-type]
+        problems = [f"{key}: {reason}" for key, reason in left_out.items()]
+        return AssetCheckResult(
+            passed=not problems,
+            severity=AssetCheckSeverity.WARN,
+            metadata={
+                "left_out": MetadataValue.json(sorted(left_out)),
+                "problems": "\n".join(problems) or "none",
+            },
+        )
+
+    return [sum_of_shards, quarantine_share, shards_left_out]
 
 
 def recorded_counts(instance: DagsterInstance, ds: DatasetConfig) -> dict[str, int]:

@@ -10,7 +10,7 @@ stats itself, in the same form, stats last. Each shard step then writes its smal
 other shard's files. A backfill run exports a range of shards in one step (``assets/shards.py``).
 
 ``<ds>/dataset_info`` (unpartitioned) assembles ``hf/<ds>/dataset_info.json`` for the dataset's
-current shards from those records alone, so
+current shards that are exported (the others are left out and named) from those records alone, so
 ``datasets.load_dataset("parquet", data_files="hf/<ds>/data/*.parquet")`` sees the same data; its
 ``tokenmill`` key records the inputs, config and counts.
 """
@@ -30,11 +30,12 @@ from dagster import (
 
 from assets.metadata import path_value
 from assets.raw import stamp, stats_record
-from assets.shards import per_shard, shard_asset, source_shards, step_result
+from assets.shards import process_shards, shard_asset, shard_result, source_fingerprint
+from assets.support.complete import left_out_reasons, report_left_out
 from assets.support.partitions import shard_keys, shard_partitions
 from assets.support.pointers import DATASET_INFO_POOL
 from assets.support.resources import StorageResource, Workspace, display_path
-from assets.support.sources import ShardFile
+from assets.support.sources import ShardFile, find_shard
 from assets.support.staleness import SOURCE_FINGERPRINT
 from tokenmill.atomic import file_sha256
 from tokenmill.errors import InputError
@@ -214,14 +215,15 @@ def build_hf_dataset(ds: DatasetConfig) -> AssetsDefinition:
     )
     def hf_dataset(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
         keys = context.partition_keys
-        shards = source_shards(ds, keys, storage.s3_endpoint_url)
+        endpoint = storage.s3_endpoint_url
         stats = [layout.raw_stats(ds.name, key) for key in keys] if ds.has_raw_stage else []
-        with storage.workspace(stats) as ws:
-            return step_result(
+        with storage.workspace(stats) as ws:  # uploads the good shards' files, then fails
+            done, failed = process_shards(
                 context,
-                per_shard(shards, lambda shard: export_one(context, ws, ds, shard)),
-                recorded=(SOURCE_FINGERPRINT, "documents", "quarantined"),
+                lambda key: export_one(context, ws, ds, find_shard(ds, key, endpoint)),
+                fingerprint=lambda key: source_fingerprint(ds, key, endpoint),
             )
+        return shard_result(context, done, failed)
 
     return hf_dataset
 
@@ -241,8 +243,12 @@ def build_dataset_info(
         pool=DATASET_INFO_POOL,
     )
     def dataset_info(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
-        keys = shard_keys(context.instance, ds)
+        registered = shard_keys(context.instance, ds)
         with storage.workspace([f"{layout.hf_dir(ds.name)}/shards/"]) as ws:
+            # Shards not exported yet (new, in progress, failed) are left out and named.
+            keys = [k for k in registered if ws.storage.export_record_path(ds.name, k).is_file()]
+            missing = [k for k in registered if k not in set(keys)]
+            report_left_out(context, ds, keys, left_out_reasons(context.instance, ds, missing))
             path = write_dataset_info(ws.storage, ds, keys)
             info = json.loads(path.read_text(encoding="utf-8"))
             return MaterializeResult(

@@ -28,6 +28,7 @@ from dagster import (
 )
 
 from assets.metadata import token_dataset_metadata
+from assets.support.complete import complete_shards, report_left_out
 from assets.support.partitions import shard_keys
 from assets.support.pointers import MERGED_POOL, PRUNED_POOL, rerun_superseded
 from assets.support.resources import StorageResource, display_path
@@ -91,13 +92,11 @@ def build_merged(
         with storage.workspace([pointer_key, *manifests]) as ws:
             previous = read_pointer(ws.storage.path(pointer_key))
             prefixes = [ws.storage.path(t) for t in tokens]
-            missing = [
-                k
-                for k, p in zip(keys, prefixes, strict=True)
-                if not dataset_manifest_path(p).is_file()
-            ]
-            if missing:
-                raise Failure(f"{ds.name}: shards not tokenized yet: {missing}")
+            found = dict(zip(keys, prefixes, strict=True))
+            keys, left_out = complete_shards(context.instance, ds, found)
+            report_left_out(context, ds, keys, left_out)
+            tokens = [layout.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
+            prefixes = [ws.storage.path(t) for t in tokens]
             identities = shard_identities(ws.storage, ds, keys)
             version = merged_data_version(ds, identities, merge)
             out_key = layout.merged_prefix(ds.name, ds.text_key, version)

@@ -23,10 +23,10 @@ from dagster import (
 )
 
 from assets.metadata import histogram_md, path_value
-from assets.shards import per_shard, shard_asset, source_shards, step_result
+from assets.shards import shard_asset, shard_step, source_fingerprint
 from assets.support.partitions import shard_partitions
 from assets.support.resources import StorageResource
-from assets.support.sources import ShardFile
+from assets.support.sources import ShardFile, find_shard
 from tokenmill.errors import InputError
 from tokenmill.formats.dataset_manifest import input_sha256
 from tokenmill.formats.shard_records import (
@@ -123,6 +123,9 @@ def shard_metadata(
         seconds = round(time.perf_counter() - start, 3)
         if record["quarantined"]:
             context.log.warning(f"{shard.location}: {record['quarantined']} bad lines quarantined")
+        empty = not record["documents"]
+        if empty:
+            context.log.warning(f"{shard.location}: empty shard ({empty_reason(record)})")
         metadata: dict[str, Any] = {
             name: record[name]
             for name in ("lines", "documents", "blank", "quarantined", "empty_documents")
@@ -134,11 +137,21 @@ def shard_metadata(
             source_sha256=record["input"]["sha256"],
             path=path_value(stats_path),
             length_histogram=histogram_md(lengths, "characters"),
+            empty_shard=empty,
             seconds=seconds,
         )
         if record["quarantine"]:
             metadata["quarantine"] = path_value(quarantine_path)
         return metadata
+
+
+def empty_reason(stats: dict[str, Any]) -> str:
+    """Why a shard without documents is empty, from its stats: 0 bytes, or its lines."""
+    if not stats["input"]["bytes"]:
+        return "0 bytes"
+    return f"0 documents in {stats['lines']} lines ({stats['blank']} blank, " + (
+        f"{stats['quarantined']} quarantined)"
+    )
 
 
 def build_raw_jsonl(ds: DatasetConfig) -> AssetsDefinition:
@@ -154,11 +167,11 @@ def build_raw_jsonl(ds: DatasetConfig) -> AssetsDefinition:
         f"{'quarantined' if ds.on_bad_record == 'quarantine' else 'fail the run'}.",
     )
     def raw_jsonl(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
-        shards = source_shards(ds, context.partition_keys, storage.s3_endpoint_url)
-        return step_result(
+        endpoint = storage.s3_endpoint_url
+        return shard_step(
             context,
-            per_shard(shards, lambda shard: shard_metadata(context, ds, storage, shard)),
-            recorded=("documents", "quarantined"),
+            lambda key: shard_metadata(context, ds, storage, find_shard(ds, key, endpoint)),
+            fingerprint=lambda key: source_fingerprint(ds, key, endpoint),
         )
 
     return raw_jsonl

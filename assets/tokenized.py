@@ -6,10 +6,12 @@ Megatron ``preprocess_data.py`` on the shard's good lines. A backfill run tokeni
 shards in one step (``assets/shards.py``).
 """
 
+from typing import Any
+
 from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult
 
 from assets.metadata import token_dataset_metadata
-from assets.shards import shard_asset, step_result
+from assets.shards import process_shards, shard_asset, shard_result, source_fingerprint
 from assets.support.partitions import shard_partitions
 from assets.support.resources import StorageResource, TokenizerResource, display_path
 from assets.support.staleness import CONTENT_HASH, SETTINGS, tokens_settings
@@ -34,30 +36,33 @@ def build_tokens(ds: DatasetConfig) -> AssetsDefinition:
         context: AssetExecutionContext, storage: StorageResource, tokenizer: TokenizerResource
     ) -> MaterializeResult:
         keys = context.partition_keys
-        with storage.workspace([layout.parquet(ds.name, key) for key in keys]) as ws:
-            per_shard = {}
-            for key in keys:
-                result = tokenize_files(
-                    [ws.storage.parquet_path(ds.name, key)],
-                    ws.storage.tokens_output_prefix(ds.name, key),
-                    tokenizer.path,
-                    text_key=ds.text_key,
-                    append_eod=tokenizer.append_eod,
-                    workers=tokenizer.workers,
-                    on_bad_record="fail",
-                    progress=False,
-                    input_uri=display_path,
-                )
-                context.log.info(f"{key}: {result.tokens} tokens with engine {result.engine}")
-                fingerprint = str(result.manifest["config"]["tokenizer_fingerprint"])
-                metadata = token_dataset_metadata(
-                    result.prefix, seconds=result.seconds, tokenizer=fingerprint
-                )
-                settings = tokens_settings(fingerprint, tokenizer.append_eod, ds)
-                per_shard[key] = {**metadata, "engine": result.engine, SETTINGS: settings}
-            versions = {key: str(meta[CONTENT_HASH]) for key, meta in per_shard.items()}
-            return step_result(
-                context, per_shard, recorded=(CONTENT_HASH, SETTINGS), data_versions=versions
+        endpoint = storage.s3_endpoint_url
+
+        def one(key: str) -> dict[str, Any]:
+            result = tokenize_files(
+                [ws.storage.parquet_path(ds.name, key)],
+                ws.storage.tokens_output_prefix(ds.name, key),
+                tokenizer.path,
+                text_key=ds.text_key,
+                append_eod=tokenizer.append_eod,
+                workers=tokenizer.workers,
+                on_bad_record="fail",
+                progress=False,
+                input_uri=display_path,
             )
+            context.log.info(f"{key}: {result.tokens} tokens with engine {result.engine}")
+            fingerprint = str(result.manifest["config"]["tokenizer_fingerprint"])
+            metadata = token_dataset_metadata(
+                result.prefix, seconds=result.seconds, tokenizer=fingerprint
+            )
+            settings = tokens_settings(fingerprint, tokenizer.append_eod, ds)
+            return {**metadata, "engine": result.engine, SETTINGS: settings}
+
+        parquets = [layout.parquet(ds.name, key) for key in keys]
+        with storage.workspace(parquets) as ws:  # uploads the good shards' files, then fails
+            done, failed = process_shards(
+                context, one, fingerprint=lambda key: source_fingerprint(ds, key, endpoint)
+            )
+        return shard_result(context, done, failed, version=CONTENT_HASH)
 
     return tokens

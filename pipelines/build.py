@@ -8,7 +8,7 @@ from assets.factory import build_assets
 from assets.support.resources import StorageResource, TokenizerResource
 from pipelines.jobs import merge_job, refresh_job, shard_job
 from pipelines.schedules import build_refresh_schedule, build_reprocess_schedule
-from pipelines.sensors import automation_sensor, build_shard_sensor
+from pipelines.sensors import automation_sensor, build_recipe_sensor, build_shard_sensor
 from tokenmill.recipe import Recipe
 
 
@@ -32,7 +32,7 @@ def build_definitions(recipe: Recipe) -> Definitions:
     assets, checks = build_assets(recipe)
     refresh = refresh_job(recipe)
     jobs = [refresh]
-    sensors: list[SensorDefinition] = [automation_sensor()]
+    sensors: list[SensorDefinition] = [automation_sensor(), build_recipe_sensor(recipe, refresh)]
     schedules = []
     for ds in recipe.datasets:
         per_dataset = [shard_job(ds), merge_job(ds.name)]

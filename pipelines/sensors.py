@@ -1,4 +1,5 @@
-"""Sensors: one per dataset watching its source for shards, and the automation sensor.
+"""Sensors: one per dataset watching its source for shards, the recipe sensor (indices and
+blends follow recipe edits, read from the file at each tick), and the automation sensor.
 
 The shard sensor is a plain function (:func:`plan_tick`) diffing the source listing against a
 JSON cursor ``{shard: fingerprint}``, wrapped in a sensor returning one ``SensorResult``:
@@ -9,8 +10,14 @@ JSON cursor ``{shard: fingerprint}``, wrapped in a sensor returning one ``Sensor
   a plain single-partition run. ``run_key`` = the range and its shards' fingerprints, so a tick
   never requests the same work twice;
 - changed shards (new size/mtime): run again, in ranges of consecutive partitions likewise;
+- unrecorded shards (registered, no tokens recorded: never run, or left behind by a range whose
+  neighbour failed): run again, unless in progress, or failed at the file listed now (a failed
+  shard waits until its file is fixed, replaced or removed, then runs with no manual step);
 - vanished shards: removed from the partition set, reported in the log, and one merge run so
   the merged dataset (and what follows it) drops them; never silently.
+
+Refused files (e.g. ``x.jsonl`` beside ``x.jsonl.gz``) and failed shards waiting for a change
+are logged on the tick and, on a tick without runs, are its skip reason: both show in the UI.
 
 Dagster's automation sensor starts stopped; ours starts running so that ``merged``, ``nanoset``
 and ``blend/*`` follow new shards without a click.
@@ -18,11 +25,12 @@ and ``blend/*`` follow new shards without a click.
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from dagster import (
     AddDynamicPartitionsRequest,
+    AssetKey,
     AssetSelection,
     AutomationConditionSensorDefinition,
     DagsterInstance,
@@ -38,9 +46,16 @@ from dagster import (
 from assets.shards import PARTITIONS_PER_BACKFILL_RUN
 from assets.support.partitions import partitions_name, shard_partitions
 from assets.support.sources import Listing, diff_listing, list_shards
-from assets.support.staleness import current_shards
-from pipelines.jobs import AssetJob, merge_job_name, shard_job_name
-from tokenmill.recipe import DatasetConfig
+from assets.support.staleness import (
+    current_shards,
+    failed_shards,
+    recipe_code_versions,
+    recorded_code_version,
+    token_status,
+)
+from pipelines.jobs import AssetJob, merge_job_name, shard_job_name, shard_stages
+from tokenmill.errors import ConfigError
+from tokenmill.recipe import DatasetConfig, Recipe, load_recipe
 
 SENSOR_INTERVAL_SECONDS = 30
 AUTOMATION_SENSOR = "tokenmill_automation"
@@ -148,16 +163,26 @@ def _previous(cursor: str | None) -> dict[str, str]:
     return value if isinstance(value, dict) else {}
 
 
-def plan_tick(cursor: str | None, listing: Listing, registered: set[str]) -> TickPlan:
-    """Diff the listing against the cursor and the registered partitions."""
-    messages = list(listing.rejected)
+def plan_tick(
+    cursor: str | None,
+    listing: Listing,
+    registered: set[str],
+    unrecorded: Collection[str] = (),
+) -> TickPlan:
+    """Diff the listing against the cursor and the registered partitions; ``unrecorded``
+    (registered shards with no tokens recorded, neither in progress nor failed at the file
+    listed now: see :func:`unrecorded_shards`) run again too."""
+    messages = [f"refused: {reason}" for reason in listing.rejected]
     previous = _previous(cursor)
     if cursor and not previous and cursor.strip() != "{}":
         messages.append(f"unreadable cursor {cursor[:80]!r}; treating every shard as new")
     current = listing.fingerprints()
     diff = diff_listing(previous, current)
     add = sorted(set(current) - registered)
-    run = sorted(set(diff.new) | set(diff.changed) | set(add))
+    retry = sorted((set(unrecorded) & set(current)) - set(diff.new) - set(diff.changed))
+    run = sorted(set(diff.new) | set(diff.changed) | set(add) | set(retry))
+    if retry:
+        messages.append(f"shards not recorded yet, requested again: {retry}")
     vanished = sorted((set(diff.vanished) | registered) - set(current))
     if diff.changed:
         messages.append(f"changed shards, running again: {diff.changed}")
@@ -171,6 +196,27 @@ def plan_tick(cursor: str | None, listing: Listing, registered: set[str]) -> Tic
         cursor=json.dumps(current, sort_keys=True),
         messages=messages,
     )
+
+
+def unrecorded_shards(
+    instance: DagsterInstance, ds: DatasetConfig, listing: Listing, registered: set[str]
+) -> tuple[list[str], list[str]]:
+    """``(unrecorded, waiting messages)``: the registered shards of the listing that have no
+    tokens recorded (never run, or lost with a failed range) and are neither in progress nor
+    failed at the file listed now; and one line per shard that failed at that file, which
+    waits for the file to change (fixed, replaced or removed)."""
+    keys = sorted(registered & set(listing.shards))
+    status = token_status(instance, ds, keys)
+    pending = [k for k in keys if status[k] not in ("MATERIALIZED", "IN_PROGRESS")]
+    failures = failed_shards(instance, ds, pending, shard_stages(ds))
+    unrecorded, waiting = [], []
+    for key in pending:
+        failure = failures.get(key)
+        if failure is not None and failure.fingerprint == listing.shards[key].fingerprint:
+            waiting.append(f"{key} failed ({failure.error}); runs again once its file changes")
+        else:
+            unrecorded.append(key)
+    return unrecorded, waiting
 
 
 def build_shard_sensor(
@@ -190,9 +236,11 @@ def build_shard_sensor(
     def shard_sensor(context: SensorEvaluationContext) -> SensorResult:
         listing = list_shards(ds, endpoint_url)
         order = list(context.instance.get_dynamic_partitions(partitions_name(ds.name)))
-        plan = plan_tick(context.cursor, listing, set(order))
-        for message in plan.messages:
-            context.log.warning(f"{ds.name}: {message}")
+        unrecorded, waiting = unrecorded_shards(context.instance, ds, listing, set(order))
+        plan = plan_tick(context.cursor, listing, set(order), unrecorded)
+        messages = [f"{ds.name}: {m}" for m in [*plan.messages, *waiting]]
+        for message in messages:
+            context.log.warning(message)
         # The partition order once this tick's additions are applied (the daemon adds them
         # before it creates the runs): ranges are cut from it.
         order = [k for k in order if k not in set(plan.delete)] + plan.add
@@ -205,11 +253,92 @@ def build_shard_sensor(
             changes.append(partitions.build_add_request(plan.add))
         if plan.delete:
             changes.append(partitions.build_delete_request(plan.delete))
+        # A tick without runs says why on the tick itself (the UI's tick list), refusals and
+        # failures waiting for a change included; a tick with runs has them in its log.
+        skip = None
+        if not requests:
+            skip = "; ".join(messages) or f"{ds.name}: no new, changed or unrecorded shards"
         return SensorResult(
-            run_requests=requests, dynamic_partitions_requests=changes, cursor=plan.cursor
+            run_requests=requests,
+            dynamic_partitions_requests=changes,
+            cursor=plan.cursor,
+            skip_reason=skip,
         )
 
     return shard_sensor
+
+
+RECIPE_SENSOR = "recipe_sensor"
+
+
+@dataclass(frozen=True)
+class RecipePlan:
+    """What one recipe-sensor tick does: the assets to rebuild with the recipe as it is now
+    (in dependency order), and what it cannot do until the code location reloads."""
+
+    rebuild: list[AssetKey]
+    messages: list[str]
+
+    def run_key(self, versions: Mapping[AssetKey, str]) -> str:
+        """The same edit always gets the same key (a tick never asks for it twice)."""
+        settings = sorted((k.to_user_string(), versions[k]) for k in self.rebuild)
+        return "recipe:" + hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]
+
+
+def plan_recipe(
+    loaded: Mapping[AssetKey, str],
+    now: Mapping[AssetKey, str],
+    recorded: Mapping[AssetKey, str | None],
+) -> RecipePlan:
+    """Compare the recipe settings' code versions as loaded, as in the file now, and as the
+    assets' latest materializations recorded: an asset built with other settings than the
+    file's is rebuilt (never-built ones are automation's); assets the file adds or drops need a
+    reload of the code location, and are named."""
+    rebuild = [k for k in loaded if k in now and recorded.get(k) not in (None, now[k])]
+    messages = []
+    added = sorted(k.to_user_string() for k in set(now) - set(loaded))
+    dropped = sorted(k.to_user_string() for k in set(loaded) - set(now))
+    if added or dropped:
+        messages.append(
+            f"the recipe adds {added or 'nothing'} and drops {dropped or 'nothing'}: "
+            "reload the code location to apply that"
+        )
+    if rebuild:
+        shown = [k.to_user_string() for k in rebuild]
+        messages.append(f"recipe settings changed: rebuilding {shown}")
+    return RecipePlan(rebuild, messages)
+
+
+def build_recipe_sensor(recipe: Recipe, job: AssetJob) -> SensorDefinition:
+    """``recipe_sensor`` (default running): reads the recipe file at every tick and rebuilds,
+    through ``job`` (the refresh job), every index and blend whose recorded settings differ
+    from the file's; the run loads the code location afresh, so it builds with the file as it
+    is. A recipe that does not load is reported on the tick and changes nothing."""
+    loaded = recipe_code_versions(recipe)
+
+    @sensor(
+        name=RECIPE_SENSOR,
+        job=job,
+        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
+        default_status=DefaultSensorStatus.RUNNING,
+        description=f"Rebuilds indices and blends whose settings in {recipe.path} changed.",
+    )
+    def recipe_sensor(context: SensorEvaluationContext) -> SensorResult:
+        try:
+            now = recipe_code_versions(load_recipe(recipe.path))
+        except ConfigError as exc:
+            return SensorResult(skip_reason=f"recipe not applied: {exc}")
+        recorded = {key: recorded_code_version(context.instance, key) for key in loaded}
+        plan = plan_recipe(loaded, now, recorded)
+        for message in plan.messages:
+            context.log.warning(message)
+        if not plan.rebuild:
+            skip = "; ".join(plan.messages) or "every index and blend matches the recipe"
+            return SensorResult(skip_reason=skip)
+        request = RunRequest(run_key=plan.run_key(now), asset_selection=plan.rebuild)
+        return SensorResult(run_requests=[request])
+
+    return recipe_sensor
 
 
 def automation_sensor() -> AutomationConditionSensorDefinition:

@@ -83,6 +83,7 @@ SLOW_MODULES = frozenset(
         "pipeline/test_checks.py",
         "pipeline/test_definitions.py",
         "pipeline/test_hf_source.py",
+        "pipeline/test_isolation.py",
         "pipeline/test_materialize.py",
         "pipeline/test_provenance.py",
         "pipeline/test_schedules.py",

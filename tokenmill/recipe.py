@@ -315,11 +315,33 @@ class BlendConfig(_Config):
         return None if self.weights is None else dict(zip(self.datasets, self.weights, strict=True))
 
 
+def _interval_ok(minutes: int) -> bool:
+    """True for a whole number of minutes a cron can tick at evenly: a divisor of 60, or a
+    whole number of hours dividing 24."""
+    return 60 % minutes == 0 or (minutes % 60 == 0 and 1440 % minutes == 0)
+
+
+_INTERVAL = "minutes dividing 60 (1, 2, 5, 10, 15, 30, ...) or hours dividing 24 (60, 120, ...)"
+
+
 class ScheduleConfig(_Config):
-    """Cron strings (None = no schedule): re-tokenize every shard, rebuild indices and blends."""
+    """Cron strings (None = no schedule): re-tokenize every shard, rebuild indices and blends;
+    and the least time between two automatic refreshes of a downstream asset."""
 
     reprocess: Cron = "0 2 * * 0"
     refresh: Cron = "0 3 * * *"
+    refresh_interval_minutes: Annotated[
+        int, Field(strict=True, ge=1, le=1440, description=_INTERVAL), _rule(_interval_ok)
+    ] = 5
+
+    @property
+    def refresh_interval_cron(self) -> str:
+        """A cron ticking every ``refresh_interval_minutes``: automation refreshes a downstream
+        asset at most once between two of its ticks."""
+        minutes = self.refresh_interval_minutes
+        if minutes < 60:
+            return f"*/{minutes} * * * *"
+        return "0 0 * * *" if minutes == 1440 else f"0 */{minutes // 60} * * *"
 
 
 _STAGES = ("raw", "hf", "tokens", "merged", "nanoset", "blends")  # storage folders written

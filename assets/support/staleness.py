@@ -20,7 +20,7 @@ records and nothing else (no run tags, no copy of the storage root):
 A shard is current (:func:`current_shards`) when its latest ``hf_dataset`` record carries the
 source fingerprint listed now, its latest ``tokens`` record is newer and made with the current
 settings (when given), and the run that made the tokens succeeded (so its blocking checks
-passed).
+passed), or recorded the shard on its own when another shard of its range failed.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from dagster import (
     RunsFilter,
 )
 
+from assets.support.partitions import shard_partitions
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig, Recipe
 from tokenmill.storage.versions import version_hash
 from tokenmill.tokenize.merged_versions import merged_version
@@ -46,11 +47,20 @@ from tokenmill.tokenize.merged_versions import merged_version
 # The tag under which Dagster stores the data version of a materialization (``DataVersion``);
 # the public record APIs hand back events, whose tags carry it.
 DATA_VERSION_TAG = "dagster/data_version"
+DATA_VERSION_USER_TAG = "dagster/data_version_is_user_provided"
+CODE_VERSION_TAG = "dagster/code_version"
+# Observation metadata of a shard stage's partition whose step failed on it: the source
+# fingerprint it read ("unknown" when the file was not found).
+FAILED = "failed_source_fingerprint"
+# Tag of a shard's materialization recorded on its own by a range step another shard failed
+# (``assets.shards.shard_step``): its run failed, but not on it.
+RECORDED_ALONE = "tokenmill/recorded_alone"
 SOURCE_FINGERPRINT = "source_fingerprint"  # per-shard metadata of <ds>/hf_dataset
 CONTENT_HASH = "content_hash"  # per-shard metadata of <ds>/tokens
 SETTINGS = "settings"  # per-shard metadata of <ds>/tokens
 SOURCE_STAGE = "hf_dataset"  # every dataset has it; it exports exactly the validated file
 LAST_SHARD_STAGE = "tokens"
+SHARD_STAGES = ("raw_jsonl", "hf_dataset", LAST_SHARD_STAGE)  # an ``hf`` dataset has no raw
 QUERY_CHUNK = 500  # storage ids per records query
 
 
@@ -93,6 +103,32 @@ def blend_data_version(
     )
 
 
+def recipe_code_versions(recipe: Recipe) -> dict[AssetKey, str]:
+    """The code version of each asset built from recipe settings beyond its inputs' data: a
+    hash of those settings (the merge mode for ``<ds>/merged``; every index setting for
+    ``<ds>/nanoset``; those and the blend's own for ``blend/<name>``). Dagster records it with
+    each materialization, so an edited recipe shows as "code version changed" once the code
+    location reloads, and the recipe sensor (``pipelines/sensors.py``) compares it with the
+    file as read at each tick."""
+    nanoset = recipe.nanoset.model_dump()
+    versions = {}
+    for ds in recipe.datasets:
+        merged = {"kind": "merged", "merge": recipe.merge}
+        versions[AssetKey([ds.name, "merged"])] = version_hash(merged)
+        versions[AssetKey([ds.name, "nanoset"])] = version_hash({"kind": "nanoset", **nanoset})
+    for blend in recipe.blends:
+        settings = {"kind": "blend", "blend": blend.model_dump(), "nanoset": nanoset}
+        versions[AssetKey(["blend", blend.name])] = version_hash(settings)
+    return versions
+
+
+def recorded_code_version(instance: DagsterInstance, key: AssetKey) -> str | None:
+    """The code version an unpartitioned asset's latest materialization was made with."""
+    event = instance.get_latest_materialization_event(key)
+    materialization = event.asset_materialization if event else None
+    return materialization.tags.get(CODE_VERSION_TAG) if materialization else None
+
+
 def range_data_version(per_shard: Mapping[str, str]) -> DataVersion:
     """A step's data version: the shard's own for one shard, one hash over a range."""
     if len(per_shard) == 1:
@@ -108,26 +144,31 @@ class ShardRecord:
     content_hash: str | None = None
     settings: str | None = None
     tokens_after_source: bool = False
-    tokens_run_ok: bool = False
+    tokens_ok: bool = False
 
 
 def latest_records(
-    instance: DagsterInstance, key: AssetKey, partitions: Iterable[str]
+    instance: DagsterInstance,
+    key: AssetKey,
+    partitions: Iterable[str],
+    kind: DagsterEventType = DagsterEventType.ASSET_MATERIALIZATION,
 ) -> dict[str, EventLogRecord]:
-    """The latest materialization record of each partition: one query for the storage ids,
-    then one per ``QUERY_CHUNK`` records."""
+    """The latest materialization (or observation) record of each partition: one query for
+    the storage ids, then one per ``QUERY_CHUNK`` records."""
     wanted = set(partitions)
-    ids = instance.get_latest_storage_id_by_partition(
-        key, DagsterEventType.ASSET_MATERIALIZATION, wanted
-    )
+    ids = instance.get_latest_storage_id_by_partition(key, kind, wanted)
     ids = {p: i for p, i in ids.items() if p in wanted}  # storages may answer for more
     chosen = sorted(ids.values())
+    fetch = (
+        instance.fetch_observations
+        if kind == DagsterEventType.ASSET_OBSERVATION
+        else instance.fetch_materializations
+    )
     found: dict[str, EventLogRecord] = {}
     for start in range(0, len(chosen), QUERY_CHUNK):
         part = chosen[start : start + QUERY_CHUNK]
-        records = instance.fetch_materializations(
-            AssetRecordsFilter(asset_key=key, storage_ids=part), limit=len(part)
-        ).records
+        query = AssetRecordsFilter(asset_key=key, storage_ids=part)
+        records = fetch(query, limit=len(part)).records
         for record in records:
             if record.partition_key is not None:
                 found[record.partition_key] = record
@@ -135,9 +176,14 @@ def latest_records(
 
 
 def _metadata(record: EventLogRecord | None, name: str) -> str | None:
-    materialization = record.asset_materialization if record else None
-    value = materialization.metadata.get(name) if materialization else None
+    event = (record.asset_materialization or record.asset_observation) if record else None
+    value = event.metadata.get(name) if event else None
     return None if value is None else str(value.value)
+
+
+def _recorded_alone(record: EventLogRecord) -> bool:
+    materialization = record.asset_materialization
+    return bool(materialization and materialization.tags.get(RECORDED_ALONE) == "true")
 
 
 def shard_records(
@@ -167,7 +213,7 @@ def shard_records(
             tokens_after_source=src is not None
             and tok is not None
             and tok.storage_id > src.storage_id,
-            tokens_run_ok=tok is not None and tok.run_id in ok,
+            tokens_ok=tok is not None and (tok.run_id in ok or _recorded_alone(tok)),
         )
     return records
 
@@ -187,9 +233,54 @@ def current_shards(
         for key, record in records.items()
         if record.source_fingerprint == fingerprints[key]
         and record.tokens_after_source
-        and record.tokens_run_ok
+        and record.tokens_ok
         and (settings is None or record.settings == settings)
     }
+
+
+@dataclass(frozen=True)
+class ShardFailure:
+    """A shard's latest failed attempt: the source fingerprint it read ("unknown" if the file
+    was not found) and the error."""
+
+    fingerprint: str
+    error: str
+
+
+def failed_shards(
+    instance: DagsterInstance, ds: DatasetConfig, keys: Iterable[str], stages: Sequence[str]
+) -> dict[str, ShardFailure]:
+    """The shards of ``keys`` whose latest event at the shard ``stages`` is a failure
+    (recorded by ``assets.shards.shard_step``), newer than their latest tokens."""
+    keys = list(keys)
+    tokens = latest_records(instance, AssetKey([ds.name, LAST_SHARD_STAGE]), keys)
+    latest: dict[str, EventLogRecord] = {}
+    for stage in stages:
+        observed = latest_records(
+            instance, AssetKey([ds.name, stage]), keys, DagsterEventType.ASSET_OBSERVATION
+        )
+        for key, record in observed.items():
+            if key not in latest or record.storage_id > latest[key].storage_id:
+                latest[key] = record
+    failures = {}
+    for key, record in latest.items():
+        fingerprint = _metadata(record, FAILED)
+        made = tokens.get(key)
+        if fingerprint is not None and (made is None or made.storage_id < record.storage_id):
+            failures[key] = ShardFailure(fingerprint, _metadata(record, "error") or "")
+    return failures
+
+
+def token_status(
+    instance: DagsterInstance, ds: DatasetConfig, keys: Sequence[str]
+) -> dict[str, str | None]:
+    """Each shard's status at ``<ds>/tokens`` as Dagster tracks it (``MATERIALIZED``,
+    ``IN_PROGRESS``, ``FAILED``; None: never attempted), from its partition status cache."""
+    status = instance.get_status_by_partition(
+        AssetKey([ds.name, LAST_SHARD_STAGE]), keys, shard_partitions(ds.name)
+    )
+    found = status or {}
+    return {key: found[key].value if found.get(key) else None for key in keys}
 
 
 def recorded_version(instance: DagsterInstance, key: AssetKey) -> str | None:
@@ -204,12 +295,15 @@ def expected_versions(
     instance: DagsterInstance, recipe: Recipe, keys: Mapping[str, list[str]]
 ) -> dict[AssetKey, str]:
     """The data version each merged, nanoset and blend asset would record if rebuilt now, from
-    the shard records of ``keys`` (dataset -> current shards in merge order) alone."""
+    the shard records of ``keys`` (dataset -> current shards in merge order) alone: a merge
+    is built from the shards whose tokens are recorded by a good run
+    (``assets.support.complete``)."""
     expected: dict[AssetKey, str] = {}
     nanosets: dict[str, str] = {}
     for ds in recipe.datasets:
         records = shard_records(instance, ds, keys[ds.name])
-        inputs = [(k, records[k].content_hash) for k in keys[ds.name]]
+        complete = [k for k in keys[ds.name] if records[k].content_hash and records[k].tokens_ok]
+        inputs = [(k, records[k].content_hash) for k in complete]
         merged = merged_data_version(ds, inputs, recipe.merge)
         nanosets[ds.name] = nanoset_data_version(merged, recipe.nanoset)
         expected[AssetKey([ds.name, "merged"])] = merged

@@ -152,6 +152,7 @@ def test_dagster_materialize_end_to_end(recipe: Recipe, instance: DagsterInstanc
     assert evaluations == {
         "sum_of_shards": True,
         "quarantine_share": True,
+        "shards_left_out": True,
         "index_bounds": True,
         "proportions": True,
     }

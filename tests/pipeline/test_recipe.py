@@ -141,6 +141,14 @@ def test_shipped_recipes_load() -> None:
             "schedules.refresh: bad value 'every night'; expected a 5-field cron string",
         ),
         (
+            {"schedules": {"refresh_interval_minutes": 7}},
+            "schedules.refresh_interval_minutes: bad value 7; expected minutes dividing 60",
+        ),
+        (
+            {"schedules": {"refresh_interval_minutes": 0}},
+            "schedules.refresh_interval_minutes: bad value 0; expected minutes dividing 60",
+        ),
+        (
             {"nanoset": {}},
             "nanoset.train_samples: bad value None; expected an integer >= 1 (a blend needs",
         ),
@@ -340,6 +348,20 @@ def test_data_versions_match_the_dataclass_era() -> None:
             b.name: blend_data_version(b, recipe.nanoset, members[b.name]) for b in recipe.blends
         }
         assert got == blend_versions
+
+
+@pytest.mark.parametrize(
+    ("minutes", "cron"),
+    [
+        (1, "*/1 * * * *"),
+        (5, "*/5 * * * *"),
+        (30, "*/30 * * * *"),
+        (120, "0 */2 * * *"),
+        (1440, "0 0 * * *"),
+    ],
+)
+def test_refresh_interval_is_a_cron_that_ticks_evenly(minutes: int, cron: str) -> None:
+    assert ScheduleConfig(refresh_interval_minutes=minutes).refresh_interval_cron == cron
 
 
 def test_growing_semantics_settings(tmp_path: Path) -> None:

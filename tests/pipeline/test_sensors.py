@@ -9,7 +9,14 @@ import os
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, Definitions, RunRequest, SensorResult, build_sensor_context
+from dagster import (
+    AssetKey,
+    DagsterInstance,
+    Definitions,
+    RunRequest,
+    SensorResult,
+    build_sensor_context,
+)
 
 from assets.support.partitions import partitions_name
 from assets.support.sources import Listing, ShardFile, diff_listing, find_shard, list_shards
@@ -19,6 +26,7 @@ from pipelines.sensors import (
     MAX_SHARDS_PER_RUN,
     RANGE_END,
     RANGE_START,
+    plan_recipe,
     plan_tick,
     range_run_key,
     shard_ranges,
@@ -64,6 +72,42 @@ def test_diff_and_plan() -> None:
     assert (again.add, again.run, again.delete) == ([], [], [])
     broken = plan_tick("{not json", listing(b="2"), registered=set())
     assert broken.run == ["b"] and "unreadable cursor" in broken.messages[0]
+    # registered shards with nothing recorded run again (if still listed), with a message
+    retry = plan_tick(plan.cursor, listing(b="2", c="1"), {"b", "c"}, unrecorded=["c", "x"])
+    assert retry.run == ["c"] and any("requested again: ['c']" in m for m in retry.messages)
+    refused = Listing(listing(b="2").shards, rejected=["/src/b.jsonl.gz: shard name 'b' is taken"])
+    assert plan_tick(None, refused, set()).messages[0].startswith("refused: /src/b.jsonl.gz")
+
+
+def test_recipe_plan_rebuilds_what_was_built_with_other_settings() -> None:
+    blend, nanoset = AssetKey(["blend", "mix"]), AssetKey(["docs", "nanoset"])
+    new = AssetKey(["blend", "hot"])
+    loaded = {nanoset: "n1", blend: "b1"}
+    plan = plan_recipe(loaded, {nanoset: "n1", blend: "b2"}, {nanoset: "n1", blend: "b1"})
+    assert plan.rebuild == [blend]
+    assert plan.messages == ["recipe settings changed: rebuilding ['blend/mix']"]
+    assert plan.run_key({nanoset: "n1", blend: "b2"}) == plan.run_key({blend: "b2"})
+    assert plan_recipe(loaded, loaded, {nanoset: "n1", blend: None}).rebuild == []  # never built
+    grown = plan_recipe(loaded, {**loaded, new: "h"}, {nanoset: "n1", blend: "b1"})
+    assert grown.rebuild == [] and "adds ['blend/hot']" in grown.messages[0]
+    assert "reload the code location" in grown.messages[0]
+
+
+def test_refused_files_show_on_the_tick(
+    recipe: Recipe, defs: Definitions, instance: DagsterInstance
+) -> None:
+    """``x.jsonl`` beside ``x.jsonl.gz``: refused, and the tick's skip reason says so."""
+    first = tick(defs, instance, None)
+    apply(instance, first)
+    assert execute(defs, instance, first.run_requests[0])
+    source = Path(recipe.dataset("docs").source)
+    (source / "part-00000.jsonl.gz").write_bytes(b"")
+    result = tick(defs, instance, first.cursor)
+    assert result.run_requests == []
+    assert "refused:" in str(result.skip_reason)
+    assert "part-00000.jsonl.gz: shard name 'part-00000' is taken by part-00000.jsonl" in str(
+        result.skip_reason
+    )
 
 
 def execute(defs: Definitions, instance: DagsterInstance, request: RunRequest) -> bool:
@@ -121,7 +165,10 @@ def test_sensor_new_changed_vanished(
     assert run.run_key == range_run_key(fingerprints)
     assert (run.tags[RANGE_START], run.tags[RANGE_END]) == (shards[0], shards[-1])
     apply(instance, first)
-    assert tick(defs, instance, first.cursor).run_requests == []
+    # not run yet, so still unrecorded: asked for again with the same run key, which the
+    # sensor daemon never launches twice
+    [same] = tick(defs, instance, first.cursor).run_requests
+    assert same.run_key == run.run_key
 
     assert execute(defs, instance, run)
     assert current_shards(instance, recipe.dataset("docs"), fingerprints) == set(shards)

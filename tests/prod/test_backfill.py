@@ -27,6 +27,8 @@ from prod_servers import S3, Postgres
 from assets.factory import build_assets
 from assets.shards import PARTITIONS_PER_BACKFILL_RUN, POOLS, each_shard
 from assets.support.partitions import partitions_name
+from assets.support.sources import list_shards
+from assets.support.staleness import FAILED
 from pipelines.build import build_definitions, resources_for
 from pipelines.jobs import SHARD_STAGES
 from tokenmill.recipe import Recipe
@@ -140,13 +142,26 @@ def test_range_run_matches_single_shard_runs_and_checks_every_shard(
         assert {k: sorted(v) for k, v in by_asset.items()} == {
             f"docs/{stage}": sorted(keys) for stage in SHARD_STAGES
         }
-        raws = [e.materialization.metadata for e in events if e.asset_key == selection[0]]
-        # each shard's materialization carries its own counts (and the range's table)
-        assert sum(m["documents"].value for m in raws) == 40
-        assert sum(m["quarantined"].value for m in raws) == 3
-        assert all(m["shards_in_run"].value == len(keys) for m in raws)
+        raws = {
+            e.partition: e.materialization.metadata for e in events if e.asset_key == selection[0]
+        }
+        # each shard's materialization carries its own counts, path and histogram, and no
+        # range totals (those go to the run's log)
+        assert {k: m["documents"].value for k, m in raws.items()} == dict.fromkeys(keys, 10)
+        assert {k: m["quarantined"].value for k, m in raws.items() if m["quarantined"].value} == {
+            "extra-00000": 3
+        }
+        assert all(m["path"].value.endswith(f"{k}.stats.json") for k, m in raws.items())
+        assert all("shards_in_run" not in m and "length_histogram" in m for m in raws.values())
+        toks = {
+            e.partition: e.materialization.metadata for e in events if e.asset_key == selection[2]
+        }
+        for key, meta in toks.items():
+            assert meta["path"].value.endswith(f"{key}_text_document")
+            assert meta["dtype"].value == "uint16" and "tokenizer_fingerprint" in meta
+        assert len({m["content_hash"].value for m in toks.values()}) == len(keys)
         evaluations = result.get_asset_check_evaluations()
-        assert len(evaluations) == 4 and all(e.passed for e in evaluations)
+        assert len(evaluations) == 5 and all(e.passed for e in evaluations)
         assert all(e.metadata["shards_in_run"].value == len(keys) for e in evaluations)
         ranged = token_files(tokens)
 
@@ -180,11 +195,12 @@ def test_range_check_passes_only_when_every_shard_passes() -> None:
     assert fine.passed and fine.metadata["problems"].value == "none"
 
 
-def test_failing_shard_fails_its_whole_range(
+def test_failing_shard_fails_alone_in_its_range(
     make_recipe: Callable[..., Recipe],
 ) -> None:
-    """``on_bad_record: fail``: the bad shard fails the range step, so no shard of the range is
-    recorded as materialized (a later run redoes the range)."""
+    """``on_bad_record: fail``: the bad shard fails the range step, its neighbour is recorded
+    with its own metadata and data version, the bad one is recorded as failed at the source
+    fingerprint it read, and the failure names it in structured metadata."""
     recipe = make_recipe(datasets={"docs": {"source": "sources/docs", "on_bad_record": "fail"}})
     assets, checks = build_assets(recipe)
     keys = ["extra-00000", "part-00000"]
@@ -194,13 +210,28 @@ def test_failing_shard_fails_its_whole_range(
             [*assets, *checks],
             instance=instance,
             resources=resources_for(recipe),
-            selection=[AssetKey(["docs", "raw_jsonl"])],
+            selection=[AssetKey(["docs", stage]) for stage in SHARD_STAGES],
             tags={RANGE_START: keys[0], RANGE_END: keys[-1]},
             raise_on_error=False,
         )
-    assert not result.success and result.get_asset_materialization_events() == []
-    failure = next(e for e in result.all_events if e.is_step_failure)
-    assert "extra-00000.jsonl:2" in failure.event_specific_data.error.to_string()
+        assert not result.success
+        raw = AssetKey(["docs", "raw_jsonl"])
+        [good] = instance.fetch_materializations(raw, limit=5).records
+        assert good.partition_key == "part-00000"
+        assert good.asset_materialization.metadata["documents"].value == 10
+        assert good.asset_materialization.metadata["path"].value.endswith("part-00000.stats.json")
+        failure = next(e for e in result.all_events if e.is_step_failure)
+        data = failure.event_specific_data
+        assert "extra-00000.jsonl:2" in data.error.to_string()
+        meta = data.user_failure_data.metadata
+        assert meta["failed_shards"].value == ["extra-00000"]
+        assert meta["shard"].value == "extra-00000"
+        assert meta["recorded_shards"].value == ["part-00000"]
+        assert "extra-00000.jsonl:2" in meta["errors"].value["extra-00000"]
+        [observed] = instance.fetch_observations(raw, limit=5).records
+        source = list_shards(recipe.dataset("docs")).shards["extra-00000"]
+        assert observed.partition_key == "extra-00000"
+        assert observed.asset_observation.metadata[FAILED].value == source.fingerprint
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize
 from pipeline_project import BAD_LINES, write_shard
 from prod_servers import S3
 
+import assets.tokenized as assets_tokenized
 from assets.factory import build_assets
 from assets.support import s3 as s3_stage
 from assets.support.partitions import partitions_name
@@ -24,7 +25,7 @@ from assets.support.sources import diff_listing, list_shards
 from pipelines.build import build_definitions, resources_for
 from pipelines.jobs import SHARD_STAGES
 from pipelines.materialize import materialize_recipe
-from pipelines.sensors import range_run_key
+from pipelines.sensors import RANGE_END, RANGE_START, range_run_key
 from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe, load_recipe
 from tokenmill.storage import layout
@@ -134,7 +135,9 @@ def test_every_stage_on_s3_then_pull_and_open(
         results = run_everything(recipe, instance, work)
         assert all(r.success for r in results)
         evaluations = [e for r in results for e in r.get_asset_check_evaluations()]
-        assert len(evaluations) == 4 * 4 + 2 * 2 + 2 + 1 and all(e.passed for e in evaluations)
+        # per shard: 4 checks + not_empty; per dataset: sum_of_shards, quarantine_share,
+        # shards_left_out, index_bounds; the blend: proportions
+        assert len(evaluations) == 4 * 5 + 2 * 4 + 1 and all(e.passed for e in evaluations)
         logged = everything_logged(instance)
     assert SECRET not in logged
     assert f"s3://{s3.bucket}/root/blends/mix/manifest.json" in logged  # metadata paths: S3 URIs
@@ -415,3 +418,38 @@ def test_hf_format_source_on_s3(s3: S3, gpt2_dir: Path, tmp_path: Path) -> None:
     [bad] = [json.loads(line) for line in body.read().splitlines()]
     assert (bad["source"], bad["line"]) == (uri, 2)
     assert "root/tokens/wiki/manifests/w_text_document.manifest.json" in s3.keys("root/")
+
+
+def test_a_range_uploads_its_good_shards_before_failing_on_s3(
+    s3: S3, gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One shard of a range fails at ``tokens``: its neighbour's pair reaches the bucket and is
+    recorded on its own; nothing of the failed shard's tokens is uploaded."""
+    recipe = s3_recipe(tmp_path, s3, gpt2_dir, s3.bucket)
+    assets, checks = build_assets(recipe)
+    real = assets_tokenized.tokenize_files
+
+    def failing(inputs: list[Path], *args: Any, **kwargs: Any) -> Any:
+        if "part-00001" in str(inputs[0]):
+            raise OSError("disk full")
+        return real(inputs, *args, **kwargs)
+
+    monkeypatch.setattr(assets_tokenized, "tokenize_files", failing)
+    keys = sorted(list_shards(recipe.dataset("docs")).shards)
+    assert keys == ["part-00000", "part-00001"]
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_dynamic_partitions(partitions_name("docs"), keys)
+        result = materialize(
+            [*assets, *checks],
+            instance=instance,
+            resources=resources_for(recipe),
+            selection=[AssetKey(["docs", stage]) for stage in SHARD_STAGES],
+            tags={RANGE_START: keys[0], RANGE_END: keys[-1]},
+            raise_on_error=False,
+        )
+        assert not result.success
+        [tokens] = instance.fetch_materializations(AssetKey(["docs", "tokens"]), limit=5).records
+        assert tokens.partition_key == "part-00000"
+    uploaded = s3.keys("root/tokens/docs/")
+    assert any(k.endswith("part-00000_text_document.bin") for k in uploaded)
+    assert not any("part-00001" in k for k in uploaded)
