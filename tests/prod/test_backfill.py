@@ -52,8 +52,9 @@ def test_shard_assets_carry_pools_and_the_backfill_policy(
     seen = {}
     for assets_def in defs.assets:  # type: ignore[union-attr]
         stage = assets_def.key.path[-1]
-        if assets_def.partitions_def is None:
-            assert assets_def.backfill_policy is None and assets_def.op.pool is None
+        if assets_def.partitions_def is None:  # one writer at a time: a single-slot pool
+            assert assets_def.backfill_policy is None
+            assert assets_def.op.pool not in (None, *POOLS.values())
             continue
         assert assets_def.backfill_policy == policy
         seen[assets_def.key.to_user_string()] = assets_def.op.pool
