@@ -121,11 +121,20 @@ def process_shards(
             outcome.processed.extend(shards)
             continue
         failures = run_failures(result)
-        named = sorted({f.shard for f in failures if f.shard}, key=natural_key)
+        named = sorted(
+            {s.strip() for f in failures if f.shard for s in f.shard.split(",")} & set(shards),
+            key=natural_key,
+        )
         at = f" at {', '.join(named)}" if named else ""
-        unrecorded = "; no shard of this range was recorded" if len(shards) > 1 else ""
-        print(f"  {name}: FAILED{at}{unrecorded}", flush=True)
-        outcome.failed.extend(shards)
+        rest = len(shards) - len(named) if named else 0
+        others = (
+            f"; the other {rest} shards were recorded at the stages they reached (the next run "
+            "finishes them)"
+            if rest
+            else ""
+        )
+        print(f"  {name}: FAILED{at}{others}", flush=True)
+        outcome.failed.extend(named or shards)
         outcome.failures.extend(failures)
     return outcome
 

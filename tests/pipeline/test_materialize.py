@@ -109,9 +109,10 @@ def test_bad_record_in_fail_mode_fails_only_that_dataset(
     )
     assert materialize_recipe(recipe, instance, home=tmp_path) == 1
     out = capsys.readouterr().out
-    # the bad shard fails its range: it is named (from the failure's metadata), with its cause
-    # in one line, and the whole range is left to run again
-    assert "docs/extra-00000..part-00002 (4 shards): FAILED at extra-00000; no shard" in out
+    # the bad shard fails alone in its range: it is named (from the failure's metadata), with
+    # its cause in one line; the good shards are recorded and the next run finishes them
+    line = "docs/extra-00000..part-00002 (4 shards): FAILED at extra-00000; the other 3 shards"
+    assert line in out
     source = Path(recipe.dataset("docs").source) / "extra-00000.jsonl"
     cause = f"FAILED extra-00000: docs/raw_jsonl: BadRecordError: {source}:2: invalid JSON"
     assert cause in out and "Traceback" not in out and "redoes" not in out
@@ -119,7 +120,7 @@ def test_bad_record_in_fail_mode_fails_only_that_dataset(
     [log] = (tmp_path / "logs").glob("*.log")
     assert f"Full errors with tracebacks: {log} (or run with -v)" in out
     assert "raise BadRecordError(" in log.read_text()  # the stack, kept out of the summary
-    assert "failed: ['extra-00000', 'part-00000', 'part-00001', 'part-00002']" in out
+    assert "failed: ['extra-00000']" in out
     assert "downstream rebuilt: code/dataset_info, code/merged, code/pruned, code/nanoset" in out
 
 

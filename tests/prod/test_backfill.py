@@ -287,6 +287,7 @@ def test_backfill_of_k_shards_queues_ceil_k_over_n_runs(
         assert run.asset_selection == {AssetKey(["docs", s]) for s in SHARD_STAGES}
         assert {c.name for c in run.asset_check_selection or ()} == {
             "documents_accounted",
+            "not_empty",
             "rows_match_raw",
             "idx_bin_consistent",
             "documents_match_export",
