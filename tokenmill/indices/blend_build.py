@@ -554,7 +554,7 @@ def _prepare(
     return entries, plan, _version_of(entries, plan, weights, temperature)
 
 
-def blend_version(
+def _prepared(
     name: str,
     datasets: Mapping[str, str | os.PathLike[str]],
     output_dir: str | os.PathLike[str],
@@ -572,10 +572,8 @@ def blend_version(
     add_extra_token: bool = True,
     drop_last_partial_validation: bool = True,
     era_samples: int = ERA_SAMPLES,
-) -> str:
-    """The version :func:`build_blend` with the same arguments builds or reuses, computed
-    without building anything (reads the datasets' manifests and ``.idx`` only): e.g. to
-    stage ``versions/<v16>/`` from remote storage before building, or to compare."""
+) -> tuple[list[dict[str, Any]], _Plan, str]:
+    """:func:`_prepare` from :func:`build_blend`'s arguments (less ``fetch`` and ``expected``)."""
     sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
     settings = {
         "sequence_length": sequence_length,
@@ -587,7 +585,20 @@ def blend_version(
         "era_samples": era_samples,
     }
     root, cache = Path(output_dir), Path(cache_dir)
-    return _prepare(name, datasets, root, cache, weights, temperature, sizes, settings)[2]
+    return _prepare(name, datasets, root, cache, weights, temperature, sizes, settings)
+
+
+def blend_version(
+    name: str,
+    datasets: Mapping[str, str | os.PathLike[str]],
+    output_dir: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str],
+    **arguments: Any,
+) -> str:
+    """The version :func:`build_blend` with the same arguments builds or reuses, computed
+    without building anything (reads the datasets' manifests and ``.idx`` only): e.g. to
+    stage ``versions/<v16>/`` from remote storage before building, or to compare."""
+    return _prepared(name, datasets, output_dir, cache_dir, **arguments)[2]
 
 
 def blend_skips(
@@ -595,36 +606,13 @@ def blend_skips(
     datasets: Mapping[str, str | os.PathLike[str]],
     output_dir: str | os.PathLike[str],
     cache_dir: str | os.PathLike[str],
-    *,
-    weights: Mapping[str, float] | None = None,
-    temperature: float | None = None,
-    sequence_length: int,
-    split_spec: str = "949,50,1",
-    seed: int = 1234,
-    train_samples: int | None,
-    valid_samples: int | None = None,
-    test_samples: int | None = None,
-    semantics: str = "megatron",
-    add_extra_token: bool = True,
-    drop_last_partial_validation: bool = True,
-    era_samples: int = ERA_SAMPLES,
+    **arguments: Any,
 ) -> dict[str, dict[str, str]]:
     """``{split: {dataset: reason}}``: the datasets :func:`build_blend` with the same arguments
     would leave out of each split the spec gives a share, computed without building anything
     (so a caller can refuse a blend where a weighted dataset would vanish, before it exists)."""
-    sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
-    settings = {
-        "sequence_length": sequence_length,
-        "split_spec": split_spec,
-        "seed": seed,
-        "semantics": semantics,
-        "add_extra_token": add_extra_token,
-        "drop_last_partial_validation": drop_last_partial_validation,
-        "era_samples": era_samples,
-    }
-    root, cache = Path(output_dir), Path(cache_dir)
-    plan = _prepare(name, datasets, root, cache, weights, temperature, sizes, settings)[1]
-    shares = parse_split(split_spec)
+    plan = _prepared(name, datasets, output_dir, cache_dir, **arguments)[1]
+    shares = parse_split(str(arguments.get("split_spec", "949,50,1")))
     skips = {split: plan.skipped(i) for i, split in enumerate(SPLITS) if shares[i] > 0}
     return {split: out for split, out in skips.items() if out}
 
