@@ -118,6 +118,7 @@ def build_merged(
                 )
                 seconds = result.seconds
             target = out_key.removeprefix(layout.merged_dir(ds.name) + "/")
+            ws.fetch_index(out_key)  # the shard .idx files a virtual merge's histogram reads
             write_pointer(ws.storage.path(pointer_key), version, target, expected=previous)
             metadata: dict[str, Any] = token_dataset_metadata(out)
             manifest = read_dataset_manifest(out)

@@ -14,7 +14,11 @@ import numpy.typing as npt
 from dagster import MetadataValue
 
 from assets.support.resources import display_path
-from tokenmill.formats.dataset_manifest import read_dataset_manifest, sidecar_manifest_path
+from tokenmill.formats.dataset_manifest import (
+    open_dataset,
+    read_dataset_manifest,
+    sidecar_manifest_path,
+)
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.tokenize.stats import histogram_markdown, length_histogram
@@ -62,10 +66,13 @@ def token_dataset_metadata(
 
 
 def virtual_dataset_metadata(prefix: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """What the UI shows about a virtual merge, from its manifest alone (no shard is read):
-    counts, the bytes of the shard pairs it names, the bytes it wrote (its manifest)."""
+    """What the UI shows about a virtual merge: counts from its manifest, the bytes of the shard
+    pairs it names, the bytes it wrote (its manifest), and the length histogram from the shard
+    ``.idx`` files (the index step of the same run reads them too; no ``.bin`` is read)."""
     counts = manifest["counts"]
     shards = manifest["shards"]
+    with open_dataset(prefix, index_only=True) as ds:
+        histogram = histogram_md(ds.sequence_lengths)
     return {
         "documents": int(counts["documents"]),
         "sequences": int(counts["sequences"]),
@@ -77,4 +84,5 @@ def virtual_dataset_metadata(prefix: Path, manifest: dict[str, Any]) -> dict[str
         "extends": str(manifest.get("extends")),
         "content_hash": str(manifest["content_hash"]),
         "path": path_value(sidecar_manifest_path(prefix)),
+        "length_histogram": histogram,
     }

@@ -24,6 +24,7 @@ once with the cause if the retry daemon passes over the failure again.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -48,8 +49,9 @@ from servers import free_port
 
 from assets.support.partitions import partitions_name
 from pipelines.materialize import materialize_recipe
+from tokenmill.formats.dataset_manifest import read_dataset_manifest
 from tokenmill.recipe import Recipe
-from tokenmill.storage.layout import merged_pointer
+from tokenmill.storage.layout import dataset_manifest, merged_pointer
 from tokenmill.storage.versions import pointer_target
 
 BIN = Path(sys.executable).parent
@@ -218,25 +220,29 @@ def all_done(instance: DagsterInstance, job: str, count: int) -> list[Any] | Non
     return runs if len(runs) >= count and all(r.status in DONE for r in runs) else None
 
 
-def merged_bytes_local(root: Path, ds: str) -> dict[str, bytes]:
+def merged_identity(manifest: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
+    """What a merged version is made of: its content hash and its shards' (key, content hash)
+    in order (a virtual merge copies no token: equal identities read equal samples)."""
+    shards = [(str(s["key"]), str(s["content_hash"])) for s in manifest["shards"]]
+    return str(manifest["content_hash"]), shards
+
+
+def merged_identity_local(root: Path, ds: str) -> tuple[str, list[tuple[str, str]]]:
     prefix = pointer_target(root / merged_pointer(ds))
     assert prefix is not None, f"{ds}: no merged pointer in {root}"
-    return {ext: Path(f"{prefix}{ext}").read_bytes() for ext in (".bin", ".idx")}
+    return merged_identity(read_dataset_manifest(prefix))
 
 
-def merged_bytes_s3(s3: S3, mirror: Path, ds: str) -> dict[str, bytes]:
+def merged_identity_s3(s3: S3, mirror: Path, ds: str) -> tuple[str, list[tuple[str, str]]]:
     """The current merged version of ``ds`` on S3, found through its pointer like a reader."""
     pointer = mirror / merged_pointer(ds)
     pointer.parent.mkdir(parents=True, exist_ok=True)
     s3.client.download_file(s3.bucket, f"root/{merged_pointer(ds)}", str(pointer))
     prefix = pointer_target(pointer)
     assert prefix is not None
-    rel = prefix.relative_to(mirror).as_posix()
-    get = s3.client.get_object
-    return {
-        ext: get(Bucket=s3.bucket, Key=f"root/{rel}{ext}")["Body"].read()
-        for ext in (".bin", ".idx")
-    }
+    key = dataset_manifest(prefix.relative_to(mirror).as_posix())
+    body = s3.client.get_object(Bucket=s3.bucket, Key=f"root/{key}")["Body"].read()
+    return merged_identity(json.loads(body))
 
 
 def leaked(where: str, data: str | bytes) -> list[str]:
@@ -423,7 +429,7 @@ def test_sensor_backfill_refresh_in_containers(
         for split in SPLITS:
             assert len(got[split]) > 0 and np.array_equal(got[split], expected[split]), split
         for ds in ("docs", "code"):
-            assert merged_bytes_s3(s3, tmp_path / "mirror", ds) == merged_bytes_local(
+            assert merged_identity_s3(s3, tmp_path / "mirror", ds) == merged_identity_local(
                 Path(local.storage.root), ds
             ), ds
     finally:

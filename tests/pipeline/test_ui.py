@@ -145,7 +145,7 @@ def test_asset_page_renders_histogram_and_metadata(ui: tuple[int, Path]) -> None
         browser.navigate(f"http://127.0.0.1:{port}/assets/docs/merged")
         browser.wait_for("document.body.innerText.includes('length_histogram')")
         text = browser.evaluate("document.body.innerText")
-        for label in ("documents", "tokens", "copy_mb_per_second", "content_hash", "version"):
+        for label in ("documents", "tokens", "bytes_written", "extends", "content_hash", "version"):
             assert label in text
         browser.evaluate(SKIP_COMMUNITY_DIALOG)
         rows, bars = browser.wait_for(HISTOGRAM_INLINE, timeout=30)

@@ -215,8 +215,8 @@ def test_persistent_s3_error_fails_cleanly(s3_secret: S3, gpt2_dir: Path, tmp_pa
         message = failure.event_specific_data.error.to_string()
         logged = everything_logged(instance)
     assert (
-        # a clean shard writes no quarantine file: its stats record is the first upload
-        f"InputError: uploading part-00000.stats.json to s3://{missing}/root/raw/docs/" in message
+        # a clean shard writes no quarantine file: its document hashes are the first upload
+        f"InputError: uploading part-00000.dochash.npy to s3://{missing}/root/raw/docs/" in message
         and "NoSuchBucket" in message
     )
     assert SECRET not in logged
