@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -327,15 +326,3 @@ class VirtualDataset:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def read_manifest_file(path: Path) -> dict[str, Any]:
-    """A virtual-merge manifest at ``path``, schema-checked; FormatError naming it otherwise."""
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as exc:
-        raise FormatError(path, "manifest", f"not valid JSON ({exc})") from exc
-    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
-        raise FormatError(path, "format_version", f"expected {FORMAT_VERSION}")
-    check_manifest(path, manifest)
-    return manifest

@@ -116,13 +116,7 @@ def open_blend(
     if version is not None:
         mpath = version_manifest_path(mpath, version)
     info = read_blend_manifest(mpath)
-    if split not in info["splits"]:
-        raise ConfigError(
-            f"{mpath}: blend {info['name']!r} has no {split!r} split "
-            f"(it has: {', '.join(info['splits']) or 'none'})"
-        )
-    if version is not None and not str(info["version"]).startswith(version):
-        raise CacheError(f"{mpath}: records version {info['version']}, not {version}")
+    _check_split(info, mpath, split, version)
     full = verify == "full"
     problems = verify_manifest(mpath, [split], full=full)
     if problems:
@@ -132,6 +126,17 @@ def open_blend(
         )
     with schema_errors(mpath):
         return open_blend_split(info, mpath, split, full=full, pad_id=pad_id)
+
+
+def _check_split(info: dict[str, Any], where: object, split: str, version: str | None) -> None:
+    """ConfigError when the blend has no ``split``; CacheError when it is not ``version``."""
+    if split not in info["splits"]:
+        raise ConfigError(
+            f"{where}: blend {info['name']!r} has no {split!r} split "
+            f"(it has: {', '.join(info['splits']) or 'none'})"
+        )
+    if version is not None and not str(info["version"]).startswith(version):
+        raise CacheError(f"{where}: records version {info['version']}, not {version}")
 
 
 def _open_s3_blend(
@@ -147,13 +152,7 @@ def _open_s3_blend(
 
     root, mpath, bins = mirror_blend(uri, version, cache_dir)
     info = read_blend_manifest(mpath)
-    if split not in info["splits"]:
-        raise ConfigError(
-            f"{uri}: blend {info['name']!r} has no {split!r} split "
-            f"(it has: {', '.join(info['splits']) or 'none'})"
-        )
-    if version is not None and not str(info["version"]).startswith(version):
-        raise CacheError(f"{uri}: records version {info['version']}, not {version}")
+    _check_split(info, uri, split, version)
     with schema_errors(mpath):
         problems = split_problems(info, mpath, split, full=False)
     if problems:

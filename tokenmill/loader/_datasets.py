@@ -253,13 +253,14 @@ class NanosetDataset:
             raise FormatError(self.name, "sample_index", "a token offset lies outside its sequence")
         part, base = self.data.locate(seq)
         ends_at = base + stop * self._itemsize
-        if len(pos) and int(base.min()) < 0:
+        outside = len(pos) > 0 and int(base.min()) < 0
+        if len(pos) and self.data.num_parts == 1:  # a pair: one bound, no grouping by part
+            outside = outside or int(ends_at.max()) > len(self._buffer(0))
+        elif len(pos):
+            for p in np.unique(part).tolist():
+                outside = outside or int(ends_at[part == p].max()) > len(self._buffer(p))
+        if outside:
             raise FormatError(self.name, "sequence_pointers", "a sequence lies outside the .bin")
-        for p in np.unique(part).tolist() if len(pos) else []:
-            if int(ends_at[part == p].max()) > len(self._buffer(p)):
-                raise FormatError(
-                    self.name, "sequence_pointers", "a sequence lies outside the .bin"
-                )
         return part, base + start * self._itemsize, ends_at, count
 
     def read(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

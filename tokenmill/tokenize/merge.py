@@ -111,18 +111,28 @@ def _virtual_shards(prefix: Path) -> list[Path] | None:
 PROVENANCE = ("tokenizer_fingerprint", "text_key", "append_eod", "eod_id")
 
 
-def _provenance(prefixes: list[Path]) -> tuple[dict[str, Any], int]:
-    """What the inputs' manifests say produced them (tokenizer fingerprint, text key, EOD), and
-    the documents they quarantined in all. Inputs made by different tokenizers or settings are
-    refused: their ids would mean different things in one dataset. Inputs without a manifest
-    (hand-made Megatron datasets) add nothing; a setting no manifest states is recorded as null.
+def _manifests(prefixes: list[Path]) -> list[tuple[Path, dict[str, Any] | None]]:
+    """Each input with its dataset manifest (None for a hand-made pair without one)."""
+    return [
+        (q, read_dataset_manifest(q) if dataset_manifest_path(q).is_file() else None)
+        for q in prefixes
+    ]
+
+
+def _provenance(
+    inputs: list[tuple[Path, dict[str, Any] | None]],
+) -> tuple[dict[str, Any], int]:
+    """What the inputs' manifests (``_manifests``) say produced them (tokenizer fingerprint,
+    text key, EOD), and the documents they quarantined in all. Inputs made by different
+    tokenizers or settings are refused: their ids would mean different things in one dataset.
+    Inputs without a manifest (hand-made Megatron datasets) add nothing; a setting no manifest
+    states is recorded as null.
     """
     seen: dict[str, tuple[Any, Path]] = {}
     quarantined = 0
-    for q in prefixes:
-        if not dataset_manifest_path(q).is_file():
+    for q, manifest in inputs:
+        if manifest is None:
             continue
-        manifest = read_dataset_manifest(q)
         quarantined += int(manifest["counts"].get("quarantined", 0))
         for key in PROVENANCE:
             if manifest["config"].get(key) is None:
@@ -182,7 +192,7 @@ def merge_datasets(
     first = IndexedDataset(prefixes[0])
     dtype = first.dtype
     first.close()
-    provenance, quarantined = _provenance(prefixes)
+    provenance, quarantined = _provenance(_manifests(prefixes))
     # The old manifest goes first: it must never vouch for a new pair of the same sizes.
     outputs = (dataset_manifest_path(out), data_file_path(out), index_file_path(out))
     outputs[0].unlink(missing_ok=True)
@@ -243,13 +253,14 @@ def virtual_merge(
         raise ConfigError("no shards to merge")
     out = Path(output_prefix)
     prefixes = [prefix for _, prefix in shards]
-    for q in prefixes:
-        if not dataset_manifest_path(q).is_file():
+    read = _manifests(prefixes)  # each shard's manifest, read once
+    for q, found in read:
+        if found is None:
             raise InputError(f"{dataset_manifest_path(q)}: missing; a virtual merge needs it")
-    provenance, quarantined = _provenance(prefixes)
+    provenance, quarantined = _provenance(read)
+    manifests = [found for _, found in read if found is not None]
     entries, dtypes = [], set()
-    for key, q in shards:
-        manifest = read_dataset_manifest(q)
+    for (key, q), manifest in zip(shards, manifests, strict=True):
         dtype = manifest["config"].get("dtype")
         if dtype is None:  # a manifest that does not say: the .idx header does
             with IndexedDataset(q, index_only=True) as data:
