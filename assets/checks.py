@@ -59,7 +59,6 @@ from tokenmill.formats.dataset_manifest import (
 from tokenmill.formats.indexed import IndexedDataset, index_file_path
 from tokenmill.formats.shard_records import read_record
 from tokenmill.formats.virtual_merge import is_virtual
-from tokenmill.indices.blend_build import realized_shares, verify_blend
 from tokenmill.indices.nanoset import (
     SPLITS,
     NanosetIndex,
@@ -70,7 +69,7 @@ from tokenmill.indices.nanoset import (
 from tokenmill.ingest.records import quarantine_cause
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
-from tokenmill.verify import verify_dataset
+from tokenmill.verify import realized_shares, verify_blend, verify_dataset
 
 # A shard's checks must run per partition; Dagster 1.13 supports that (``partitions_def`` on a
 # check) but labels it preview. We rely on it deliberately, so its warning is not news.

@@ -46,7 +46,7 @@ from tokenmill.formats.dataset_manifest import (
 )
 from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, index_file_path
 from tokenmill.formats.nanoset_cache import load_array, read_description
-from tokenmill.indices.blend_build import verify_blend
+from tokenmill.verify import verify_blend
 from tokenmill_dev.corpus import stdlib_documents
 
 PARK_SECONDS = 60  # how long a child may take to reach its parking point

@@ -442,7 +442,7 @@ def test_sixteen_ranks_open_one_cold_nanoset(ranks: Workers, tmp_path: Path) -> 
 def test_sixteen_ranks_build_and_open_one_cold_blend(ranks: Workers, tmp_path: Path) -> None:
     """``build_blend`` then ``open_blend`` in 16 processes at once on an empty cache: each
     dataset split's index is built once, and every rank reads what one process alone builds."""
-    from tokenmill.indices.blend_build import verify_blend
+    from tokenmill.verify import verify_blend
 
     manifest = tmp_path / "blends" / "mix" / "manifest.json"
     cache = tmp_path / "nanoset"

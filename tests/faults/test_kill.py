@@ -25,9 +25,9 @@ from tokenmill.atomic import TMP_DIR
 from tokenmill.cli import main
 from tokenmill.errors import FormatError
 from tokenmill.formats.dataset_manifest import check_dataset_files
-from tokenmill.indices.blend_build import verify_blend
 from tokenmill.loader import open_blend
 from tokenmill.storage.pull import pull
+from tokenmill.verify import verify_blend
 
 IDX_WRITER = "tokenmill.formats.indexed"
 TOKENIZER = tokenizer_dir("gpt2")  # built by the gpt2_dir fixture

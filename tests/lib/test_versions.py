@@ -17,6 +17,7 @@ from tokenmill.cli import main
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats import blend_manifest as blend_reader
 from tokenmill.formats import dataset_manifest
+from tokenmill.formats.blend_manifest import read_blend_manifest
 from tokenmill.formats.dataset_manifest import (
     bin_parts,
     read_dataset_manifest,
@@ -24,9 +25,12 @@ from tokenmill.formats.dataset_manifest import (
 )
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices import blend_build as blend_manifest
-from tokenmill.indices.blend_build import build_blend, read_blend_manifest
+from tokenmill.indices import blend_plan
+from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.blend_versioning import blend_version
 from tokenmill.loader import open_blend, open_nanoset
 from tokenmill.storage import versions as pointer_store
+from tokenmill.verify import verify_blend
 
 S = 8
 
@@ -222,7 +226,7 @@ def test_merged_datasets_are_recorded_by_their_parts_and_never_read(
     path.write_bytes(bytes(data))
     hashed: list[str] = []
     for module in (
-        blend_manifest,
+        blend_plan,
         blend_reader,
         dataset_manifest,
     ):
@@ -239,7 +243,7 @@ def test_merged_datasets_are_recorded_by_their_parts_and_never_read(
     assert {k: v for k, v in entry.items() if k != "path"} == digests  # block hashes stay there
     assert set(entry) == {"path", "bytes", "parts", "sha256_of_parts"}
     assert manifest["datasets"][0]["content_hash"] == recorded["content_hash"]
-    problems = blend_manifest.verify_blend(root / "blends/mix", full=True)
+    problems = verify_blend(root / "blends/mix", full=True)
     assert any("docs_text_document.bin: sha256 of part 0" in p for p in problems)
 
 
@@ -354,10 +358,10 @@ def test_blend_version_is_known_before_building(root: Path) -> None:
     build_blend then writes: a caller can stage ``versions/<v16>/`` first."""
     datasets = mix_datasets(root)
     out, cache = root / "blends/mix", root / "nanoset"
-    version = blend_manifest.blend_version("mix", datasets, out, cache, **SETTINGS)
+    version = blend_version("mix", datasets, out, cache, **SETTINGS)
     assert not out.exists() and not cache.exists()
     assert build(root)["version"] == version
-    assert blend_manifest.blend_version("mix", datasets, out, cache, **SETTINGS) == version
+    assert blend_version("mix", datasets, out, cache, **SETTINGS) == version
 
 
 def test_open_nanoset_fast_hashes_no_array_full_does(
