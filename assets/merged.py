@@ -40,11 +40,11 @@ from tokenmill.formats.dataset_manifest import (
     prefix_of_manifest,
     read_dataset_manifest,
 )
+from tokenmill.formats.merge import natural_key
 from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.recipe import DatasetConfig
 from tokenmill.storage import layout
 from tokenmill.storage.versions import read_pointer, write_pointer
-from tokenmill.tokenize.merge import natural_key
 from tokenmill.tokenize.merged_versions import extends, previous_manifest, write_merged
 
 

@@ -57,7 +57,7 @@ DATASET_MANIFEST = ".manifest.json"
 _CHILD = """
 import importlib, sys, threading, time
 marker, target, call, when, *argv = sys.argv[1:]
-LIBRARY = {"tokenize": "tokenize.run", "merge": "tokenize.merge", "index": "indices.nanoset",
+LIBRARY = {"tokenize": "tokenize.run", "merge": "formats.merge", "index": "indices.nanoset",
            "blend": "indices.blend_build", "pull": "storage.pull"}
 importlib.import_module("tokenmill.commands." + argv[0])
 importlib.import_module("tokenmill." + LIBRARY[argv[0]])

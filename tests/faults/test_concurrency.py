@@ -45,7 +45,7 @@ from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.recipe import Recipe
 from tokenmill.storage.versions import pointer_target, pointer_version
 
-PIPELINE = ("dagster", "pipelines.build", "tokenmill.tokenize.run", "tokenmill.tokenize.merge")
+PIPELINE = ("dagster", "pipelines.build", "tokenmill.tokenize.run", "tokenmill.formats.merge")
 LOADER = ("tokenmill.loader", "tokenmill.indices.nanoset", "tokenmill.indices.blend_build")
 RANKS = 16
 SHARD = "extra-00000"  # the shard with bad lines: stats, quarantine, Parquet and tokens

@@ -23,13 +23,13 @@ from tokenmill.formats.dataset_manifest import (
     sidecar_manifest_path,
     write_dataset_manifest,
 )
+from tokenmill.formats.merge import merge_datasets
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.loader import open_blend
 from tokenmill.paths import name_problem
 from tokenmill.storage import layout
 from tokenmill.storage.layout import check_name
 from tokenmill.storage.pull import pull
-from tokenmill.tokenize.merge import merge_datasets
 from tokenmill.tokenize.run import tokenize_files
 from tokenmill.verify import verify_dataset
 

@@ -17,11 +17,11 @@ from tokenmill.formats.dataset_manifest import (
     read_dataset_manifest,
     sidecar_manifest_path,
 )
+from tokenmill.formats.merge import merge_datasets, virtual_merge
 from tokenmill.formats.virtual_merge import VirtualDataset
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import build_or_load
 from tokenmill.loader import open_blend, open_nanoset
-from tokenmill.tokenize.merge import merge_datasets, virtual_merge
 from tokenmill.verify import verify_blend, verify_dataset
 
 FLAGS = (
