@@ -412,7 +412,7 @@ def open_everywhere(workers: Workers, *args: Any) -> list[RankReport]:
 def test_sixteen_ranks_open_one_cold_nanoset(ranks: Workers, tmp_path: Path) -> None:
     """``open_nanoset`` in 16 processes at once on an empty cache: one build, the reference
     arrays, read identically everywhere."""
-    from tokenmill.indices.nanoset import build_nanoset_indices, split_ranges
+    from tokenmill.indices.nanoset import build_nanoset_indices, build_or_load, split_ranges
     from tokenmill.loader import open_nanoset
 
     prefix = make_dataset(tmp_path / "data" / "docs_text_document", seed=1)
@@ -424,7 +424,7 @@ def test_sixteen_ranks_open_one_cold_nanoset(ranks: Workers, tmp_path: Path) -> 
     assert sum(len(r.builds) for r in reports) == 1
     assert len(list(cache.glob("*-description.json"))) == 1
     assert all(r.digests == reports[0].digests for r in reports)
-    mine = open_nanoset(prefix, cache, **settings)  # loads what the ranks built
+    mine = open_nanoset(prefix, build_or_load(prefix, cache, **settings))  # what ranks built
     want = build_nanoset_indices(
         np.asarray(mine.data.sequence_lengths),
         split_ranges("949,50,1", 300, "megatron")[0],

@@ -28,6 +28,7 @@ from tokenmill.indices import blend_build as blend_manifest
 from tokenmill.indices import blend_plan
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.blend_versioning import blend_version
+from tokenmill.indices.nanoset import build_or_load
 from tokenmill.loader import open_blend, open_nanoset
 from tokenmill.storage import versions as pointer_store
 from tokenmill.verify import verify_blend
@@ -333,12 +334,11 @@ def test_pickles_carry_paths_not_index_arrays(root: Path) -> None:
     assert not copy.dataset_index.flags.owndata  # mapped, not unpickled
     picks = np.random.default_rng(0).integers(0, len(ds), 4096)
     assert np.array_equal(copy.get_batch(picks), ds.get_batch(picks))
-    nano = open_nanoset(
-        root / "merged/docs/v1/docs_text_document",
-        root / "nanoset",
-        sequence_length=S,
-        num_samples=300_000,
+    prefix = root / "merged/docs/v1/docs_text_document"
+    built = build_or_load(
+        prefix, root / "nanoset", split="train", sequence_length=S, num_samples=300_000
     )
+    nano = open_nanoset(prefix, built)
     assert nano.version and len(pickle.dumps(nano)) < 10_000
     assert np.array_equal(pickle.loads(pickle.dumps(nano)).get_batch(picks), nano.get_batch(picks))
 
@@ -368,7 +368,10 @@ def test_open_nanoset_fast_hashes_no_array_full_does(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     prefix = root / "merged/docs/v1/docs_text_document"
-    nano = open_nanoset(prefix, root / "nanoset", sequence_length=S, num_samples=500)
+    built = build_or_load(
+        prefix, root / "nanoset", split="train", sequence_length=S, num_samples=500
+    )
+    nano = open_nanoset(prefix, built)
     shuffle = Path(nano.index_paths[2])  # type: ignore[index]
     assert nano.version == shuffle.name.split("-", 1)[0]
     before = nano.get_batch([0, 1])

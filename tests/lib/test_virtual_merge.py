@@ -84,7 +84,7 @@ def test_every_sample_over_a_virtual_merge_equals_the_physical_one(
             "num_samples": 40 if split == "train" else None,
         }
         opened = [
-            open_nanoset(prefix, tmp_path / f"cache-{n}", **settings)
+            open_nanoset(prefix, build_or_load(prefix, tmp_path / f"cache-{n}", **settings))
             for n, prefix in enumerate((physical, virtual))
         ]
         a, b = opened
