@@ -245,7 +245,7 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         with storage.workspace([pointer], upload=False) as ws:
             rel = ws.storage.merged_key(ds.name, ds.text_key)
             prefix = ws.storage.path(rel)
-            ws.fetch(layout.dataset_manifests(rel))
+            ws.fetch([layout.dataset_manifest(rel)])
             manifest = read_dataset_manifest(prefix)
             if is_virtual(manifest):
                 return _virtual_sum_of_shards(ws, ds, prefix, manifest)
@@ -347,7 +347,7 @@ def _virtual_sum_of_shards(
     shards = manifest["shards"]
     keys = [str(s["key"]) for s in shards]
     tokens = [layout.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
-    ws.fetch([m for t in tokens for m in layout.dataset_manifests(t)])
+    ws.fetch([layout.dataset_manifest(t) for t in tokens])
     problems = []
     for shard, key in zip(shards, tokens, strict=True):
         pair = Path(os.path.normpath(prefix.parent / str(shard["prefix"])))

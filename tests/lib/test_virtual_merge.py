@@ -13,9 +13,9 @@ from tiny_pairs import random_dataset
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError
 from tokenmill.formats.dataset_manifest import (
+    dataset_manifest_path,
     open_dataset,
     read_dataset_manifest,
-    sidecar_manifest_path,
 )
 from tokenmill.formats.merge import merge_datasets, virtual_merge
 from tokenmill.formats.virtual_merge import VirtualDataset
@@ -171,7 +171,7 @@ def test_a_virtual_merge_opens_after_its_tree_is_moved(tmp_path: Path) -> None:
 )
 def test_a_tampered_shard_path_is_a_format_error(tmp_path: Path, prefix: str) -> None:
     _, virtual = _merges(tmp_path, "docs", [3], seed=1)
-    path = sidecar_manifest_path(virtual)
+    path = dataset_manifest_path(virtual)
     manifest = json.loads(path.read_text())
     manifest["shards"][0]["prefix"] = prefix
     path.write_text(json.dumps(manifest))

@@ -18,7 +18,7 @@ from tokenmill.storage.layout import (
     DATASET_MANIFESTS,
     POINTER_NAME,
     VERSION_CHARS,
-    dataset_manifests,
+    dataset_manifest,
 )
 from tokenmill.storage.store import Store, StoredFile
 from tokenmill.storage.versions import parse_pointer
@@ -121,7 +121,7 @@ def referenced(manifest: dict[str, Any], folder: str) -> set[str]:
             if not key.startswith(".."):
                 keys.add(key)
     prefixes = {k for k in keys if not posixpath.splitext(k)[1]}
-    keys |= {m for p in prefixes for m in dataset_manifests(p)}
+    keys |= {dataset_manifest(p) for p in prefixes}
     return keys
 
 
@@ -216,8 +216,11 @@ def list_root(store: Store) -> Listing:
     unversioned = []
     for f in merged_files:  # unversioned pairs (merged/<ds>_..._document.*): never removed
         parts = f.key.split("/")
-        flat = len(parts) == 2 or (len(parts) == 3 and parts[1] == DATASET_MANIFESTS)
-        if flat and f.key.endswith(DATASET_MANIFEST_SUFFIX):
+        if (
+            len(parts) == 3
+            and parts[1] == DATASET_MANIFESTS
+            and f.key.endswith(DATASET_MANIFEST_SUFFIX)
+        ):
             unversioned.append(f.key)
     by_dataset: dict[str, dict[str, list[StoredFile]]] = {}
     for (name, version), files in sorted(groups(merged_files, 2).items()):
@@ -226,7 +229,7 @@ def list_root(store: Store) -> Listing:
         else:
             pairs = [f.key[: -len(".bin")] for f in files if f.key.count("/") == 3]
             pairs = [p for p in pairs if f"{p}.bin" in {f.key for f in files}]
-            half("merged", name, version, files, dataset_manifests(pairs[0])[0] if pairs else "")
+            half("merged", name, version, files, dataset_manifest(pairs[0]) if pairs else "")
     entries: dict[str, list[StoredFile]] = {}
     for f in store.files("nanoset"):
         match = NANOSET_ENTRY.match(posixpath.basename(f.key))
