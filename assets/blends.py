@@ -116,16 +116,7 @@ def build_blend_asset(
             settings: dict[str, Any] = {
                 "weights": blend.weight_map(),
                 "temperature": blend.temperature,
-                "sequence_length": cfg.sequence_length,
-                "split_spec": cfg.split,
-                "seed": cfg.seed,
-                "train_samples": cfg.train_samples,
-                "valid_samples": cfg.valid_samples,
-                "test_samples": cfg.test_samples,
-                "semantics": cfg.semantics,
-                "add_extra_token": cfg.add_extra_token,
-                "drop_last_partial_validation": cfg.drop_last_partial_validation,
-                "era_samples": cfg.era_samples,
+                **cfg.settings().blend_keywords(),
             }
             if cfg.semantics == "growing":  # the current version, which a new one may extend
                 stage_current_blend(ws, blend.name)

@@ -400,8 +400,8 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
                 lengths = np.asarray(data.sequence_lengths, dtype=np.int64).copy()
             growing = cfg.semantics == "growing"  # no ranges: splits by document identity
             ranges = [None] * 3 if growing else split_ranges(cfg.split, len(lengths), cfg.semantics)
-            requested = {"train": cfg.train_samples, "valid": cfg.valid_samples}
-            requested["test"] = cfg.test_samples
+            settings = cfg.settings()
+            requested = settings.sizes()
             if growing:  # the nanoset asset's growing entries are uncapped
                 requested = dict.fromkeys(requested)
             problems: list[str] = []
@@ -410,15 +410,10 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
                     index = build_or_load(
                         prefix,
                         ws.storage.nanoset_dir(),
-                        split=split,
-                        split_spec=cfg.split,
-                        sequence_length=cfg.sequence_length,
-                        seed=cfg.seed,
                         num_samples=requested[split],
-                        semantics=cfg.semantics,
-                        era_samples=cfg.era_samples,
                         build=False,
                         fetch=ws.fetch_index_entry,
+                        **settings.index_keywords(split),
                     )
                     if index is None:
                         continue

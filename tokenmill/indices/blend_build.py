@@ -72,7 +72,12 @@ from tokenmill.formats.blend_manifest import (
 from tokenmill.indices import blend as blending
 from tokenmill.indices import growing_blend
 from tokenmill.indices.blend_plan import Plan, file_entry
-from tokenmill.indices.blend_versioning import complete_version, prepare, weighting
+from tokenmill.indices.blend_versioning import (
+    complete_version,
+    prepared,
+    settings_header,
+    weighting,
+)
 from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.indices.nanoset import (
     FetchEntry,
@@ -128,16 +133,15 @@ def build_blend(
     build's version complete and the pointer left as found, when another build moved it
     meanwhile to another version.
     """
-    sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
     root = Path(output_dir)
     mpath = root / MANIFEST_NAME
     read_at_start = pointer_version(mpath) if expected == READ_AT_START else expected
-    entries, plan, version = prepare(
-        name, datasets, root, Path(cache_dir), weights, temperature, sizes,
-        {"sequence_length": sequence_length, "split_spec": split_spec, "seed": seed,
-         "semantics": semantics, "add_extra_token": add_extra_token,
-         "drop_last_partial_validation": drop_last_partial_validation,
-         "era_samples": era_samples},
+    entries, plan, version = prepared(
+        name, datasets, root, cache_dir, weights=weights, temperature=temperature,
+        sequence_length=sequence_length, split_spec=split_spec, seed=seed,
+        train_samples=train_samples, valid_samples=valid_samples, test_samples=test_samples,
+        semantics=semantics, add_extra_token=add_extra_token,
+        drop_last_partial_validation=drop_last_partial_validation, era_samples=era_samples,
     )  # fmt: skip
     configured, prefixes = plan.weights, plan.prefixes
     vdir = root / VERSIONS_DIR / version[:16]
@@ -156,12 +160,7 @@ def build_blend(
             "kind": KIND,
             "name": name,
             "version": version,
-            "semantics": semantics,
-            "sequence_length": sequence_length,
-            "add_extra_token": add_extra_token,
-            "drop_last_partial_validation": drop_last_partial_validation,
-            "split": split_spec,
-            "seed": seed,
+            **settings_header(plan.settings),
             "weighting": {
                 **weighting(prefixes, weights, temperature),
                 "normalized": dict(zip(prefixes, normalized, strict=True)),
@@ -281,7 +280,7 @@ def _split_caches(
                 plan.cache_dir,
                 num_samples=num,
                 fetch=plan.fetch,
-                **plan.index_settings(split),
+                **plan.settings.index_keywords(split),
             )
         except ConfigError as exc:
             raise ConfigError(
@@ -290,7 +289,7 @@ def _split_caches(
         if built is None:
             raise ConfigError(
                 f"blend {plan.name!r}: dataset {name!r} has no sequences in split {split!r} "
-                f"with split {plan.settings['split_spec']!r}; change the split or the datasets"
+                f"with split {plan.settings.split_spec!r}; change the split or the datasets"
             )
         if built.cache_hash != expected:
             raise CacheError(
@@ -306,8 +305,8 @@ def _blend_arrays(
     plan: Plan, split: str, indices: list[NanosetIndex]
 ) -> tuple[np.ndarray, np.ndarray, str]:
     """The blend arrays of one split over its present datasets' indices, and the blend mode."""
-    semantics = plan.settings["semantics"]
-    requested = plan.sizes[split]
+    semantics = plan.settings.semantics
+    requested = plan.settings.sizes()[split]
     position = SPLITS.index(split)
     weights, present = plan.split_weights(position), plan.present(position)
     lengths = [len(ix) for ix in indices]
@@ -359,7 +358,7 @@ def _build_split(
             per_epoch = max(1, len(ix))  # no epochs: the share of the emitted samples used
         else:
             tokens = int(plan.lengths[name][span[0] : span[1]].sum(dtype=np.int64))
-            per_epoch = max(1, (tokens - 1) // plan.settings["sequence_length"])
+            per_epoch = max(1, (tokens - 1) // plan.settings.sequence_length)
         records = ix.description["files"]
         index_files = {
             k: file_entry(Path(p), plan.base, records[k]["sha256"] if k in records else None)
@@ -379,7 +378,7 @@ def _build_split(
         )
     return {
         "mode": mode,
-        "samples_requested": plan.sizes[split],
+        "samples_requested": plan.settings.sizes()[split],
         "size": len(dataset_index),
         "files": files,
         "datasets": parts,

@@ -55,6 +55,7 @@ from tokenmill.indices.nanoset import (
     entry_key,
     split_ranges,
 )
+from tokenmill.indices.settings import NanosetSettings
 
 # Megatron's add_extra_token_to_sequence and drop_last_partial_validation_sequence (both on by
 # default; the second applies to the valid split only: train and test always drop).
@@ -138,12 +139,10 @@ def check_settings(
     datasets: Mapping[str, Any],
     weights: Mapping[str, float] | None,
     temperature: float | None,
-    semantics: str,
-    sizes: dict[str, int | None],
-    settings: dict[str, Any],
+    settings: NanosetSettings,
 ) -> None:
     """ConfigError for every setting build_blend cannot use, naming the setting and value."""
-    sequence_length = settings["sequence_length"]
+    semantics, sequence_length = settings.semantics, settings.sequence_length
     if not datasets:
         raise ConfigError("a blend needs at least one dataset")
     if (weights is None) == (temperature is None):
@@ -162,21 +161,22 @@ def check_settings(
         raise ConfigError(f"semantics must be one of {SEMANTICS}, got {semantics!r}")
     if sequence_length < 2:
         raise ConfigError(f"sequence_length must be >= 2, got {sequence_length}")
-    for flag in FLAGS:
-        if not isinstance(settings[flag], bool):
-            raise ConfigError(f"{flag} must be true or false, got {settings[flag]!r}")
-    if semantics == "nanotron" and not all(settings[flag] for flag in FLAGS):
+    flags = {flag: getattr(settings, flag) for flag in FLAGS}
+    for flag, value in flags.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"{flag} must be true or false, got {value!r}")
+    if semantics == "nanotron" and not all(flags.values()):
         raise ConfigError(
             "nanotron semantics always adds the extra token and drops the last partial "
             f"sample: add_extra_token and drop_last_partial_validation must be true, got "
-            f"{settings['add_extra_token']} and {settings['drop_last_partial_validation']}"
+            f"{settings.add_extra_token} and {settings.drop_last_partial_validation}"
         )
-    if semantics == "growing" and not settings["drop_last_partial_validation"]:
+    if semantics == "growing" and not settings.drop_last_partial_validation:
         raise ConfigError(
             "growing semantics always drops the last partial sample (it would change as data "
             "grows): drop_last_partial_validation must be true"
         )
-    for split, n in sizes.items():
+    for split, n in settings.sizes().items():
         if (n is None and split == "train" and semantics != "growing") or (n is not None and n < 1):
             raise ConfigError(f"{split}_samples must be an integer >= 1, got {n!r}")
 
@@ -191,47 +191,27 @@ class Plan:
     prefixes: dict[str, Path]
     lengths: dict[str, np.ndarray]
     weights: list[float]
-    settings: dict[str, Any]
-    sizes: dict[str, int | None]
+    settings: NanosetSettings
     content_hashes: dict[str, str]
     fetch: FetchEntry | None = None  # brings a stored index entry (remote storage) before a build
     growing: growing_blend.GrowingState | None = None  # growing semantics only
 
     def ranges(self, position: int) -> dict[str, tuple[int, int] | None]:
         """Each dataset's range of split ``SPLITS[position]`` (growing: None, no range)."""
-        semantics = self.settings["semantics"]
         if self.growing is not None:
             return {n: None for n in self.lengths}
+        spec, semantics = self.settings.split_spec, self.settings.semantics
         return {
-            n: split_ranges(self.settings["split_spec"], len(lengths), semantics)[position]
+            n: split_ranges(spec, len(lengths), semantics)[position]
             for n, lengths in self.lengths.items()
-        }
-
-    def drop_last(self, split: str) -> bool:
-        """The effective drop-last flag of ``split`` (the validation setting applies to valid
-        only; train and test always drop, as Megatron)."""
-        return split != "valid" or bool(self.settings["drop_last_partial_validation"])
-
-    def index_settings(self, split: str) -> dict[str, Any]:
-        """The keyword settings of ``build_or_load`` for ``split`` (without num_samples)."""
-        era = {} if self.growing is None else {"era_samples": self.growing.era_samples}
-        return {
-            **era,
-            "split": split,
-            "split_spec": self.settings["split_spec"],
-            "sequence_length": self.settings["sequence_length"],
-            "seed": self.settings["seed"],
-            "semantics": self.settings["semantics"],
-            "add_extra_token": bool(self.settings["add_extra_token"]),
-            "drop_last_partial": self.drop_last(split),
         }
 
     def skipped(self, position: int) -> dict[str, str]:
         """The datasets left out of split ``SPLITS[position]`` (their index would hold no
         sample), each with the reason, in blend order."""
         split = SPLITS[position]
-        spec, seq = self.settings["split_spec"], self.settings["sequence_length"]
-        extra = 1 if self.settings["add_extra_token"] else 0
+        spec, seq = self.settings.split_spec, self.settings.sequence_length
+        extra = 1 if self.settings.add_extra_token else 0
         if self.growing is not None:  # every dataset stays in (growing_blend's docstring)
             if parse_split(spec)[position] > 0:
                 return {}
@@ -245,13 +225,13 @@ class Plan:
                 )
                 continue
             tokens = int(self.lengths[name][r[0] : r[1]].sum(dtype=np.int64))
-            if self.settings["semantics"] == "nanotron":
+            if self.settings.semantics == "nanotron":
                 empty = (tokens - 1) // seq < 1
             elif tokens <= 1:
                 empty = True
             else:  # with a requested size Megatron repeats the split: any token suffices
-                one_epoch = count_samples(tokens, seq, extra, self.drop_last(split))
-                empty = self.sizes[split] is None and one_epoch == 0
+                one_epoch = count_samples(tokens, seq, extra, self.settings.drop_last(split))
+                empty = self.settings.sizes()[split] is None and one_epoch == 0
             if empty:
                 out[name] = (
                     f"no sample in split {split!r}: its {r[1] - r[0]} sequences hold {tokens} "
@@ -273,10 +253,10 @@ class Plan:
     def counts(self, split: str) -> list[int | None]:
         """The ``num_samples`` each present dataset's index of ``split`` is built with."""
         position = SPLITS.index(split)
-        requested = self.sizes[split]
+        requested = self.settings.sizes()[split]
         if requested is None or self.growing is not None:  # growing: the cap is the blend's
             return [None] * len(self.present(position))
-        semantics = self.settings["semantics"]
+        semantics = self.settings.semantics
         weights = self.split_weights(position)
         return list(blending.blend_sample_counts(weights, requested, semantics=semantics))
 
@@ -297,7 +277,7 @@ class Plan:
                         self.content_hashes[name],
                         num_samples=None,
                         shards=self.growing.shards[name],
-                        **self.index_settings(split),
+                        **self.settings.index_keywords(split),
                     )
                     hashes.append(None if entry is None else entry[1])
                 found[split] = hashes
@@ -307,7 +287,7 @@ class Plan:
                 if name not in nums or r is None:
                     hashes.append(None)
                     continue
-                settings = self.index_settings(split)
+                settings = self.settings.index_keywords(split)
                 del settings["split"]
                 key = cache_key(
                     self.content_hashes[name],

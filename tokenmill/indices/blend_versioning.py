@@ -32,6 +32,7 @@ from tokenmill.indices import growing_blend
 from tokenmill.indices._nanoset_indices import parse_split
 from tokenmill.indices.blend_plan import Plan, check_settings, dataset_entry
 from tokenmill.indices.growing import ERA_SAMPLES
+from tokenmill.indices.settings import NanosetSettings
 from tokenmill.storage.versions import (
     version_hash,
 )
@@ -51,15 +52,15 @@ def version_of(
     description: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "kind": KIND,
-        "semantics": plan.settings["semantics"],
-        "sequence_length": plan.settings["sequence_length"],
-        "add_extra_token": bool(plan.settings["add_extra_token"]),
-        "drop_last_partial": bool(plan.settings["drop_last_partial_validation"]),
-        "split": plan.settings["split_spec"],
-        "seed": plan.settings["seed"],
+        "semantics": plan.settings.semantics,
+        "sequence_length": plan.settings.sequence_length,
+        "add_extra_token": bool(plan.settings.add_extra_token),
+        "drop_last_partial": bool(plan.settings.drop_last_partial_validation),
+        "split": plan.settings.split_spec,
+        "seed": plan.settings.seed,
         "weights": None if weights is None else {n: float(weights[n]) for n in plan.prefixes},
         "temperature": temperature,
-        "samples": plan.sizes,
+        "samples": plan.settings.sizes(),
         "datasets": [[e["name"], e["prefix"], e["content_hash"]] for e in entries],
         "cache_dir": os.path.relpath(plan.cache_dir, plan.base),
         "indices": plan.cache_hashes(),
@@ -71,6 +72,18 @@ def version_of(
             "extends": plan.growing.extends,
         }
     return version_hash(description)
+
+
+def settings_header(settings: NanosetSettings) -> dict[str, Any]:
+    """The settings as a blend manifest records them."""
+    return {
+        "semantics": settings.semantics,
+        "sequence_length": settings.sequence_length,
+        "add_extra_token": settings.add_extra_token,
+        "drop_last_partial_validation": settings.drop_last_partial_validation,
+        "split": settings.split_spec,
+        "seed": settings.seed,
+    }
 
 
 def weighting(
@@ -108,7 +121,7 @@ def _grow(
     for entry in entries:
         entry["shards"] = growing_blend.lineage_record(lineages[entry["name"]])
     state = growing_blend.GrowingState(
-        era_samples=plan.settings["era_samples"],
+        era_samples=plan.settings.era_samples,
         shards={n: [(k, d) for k, d, _ in rows] for n, rows in lineages.items()},
     )
     plan = replace(plan, growing=state)
@@ -118,18 +131,13 @@ def _grow(
         state = replace(state, inputs=inputs, extends=current.get("extends"))
         return replace(plan, growing=state), str(current["version"])  # unchanged: reuse it
     header = {
-        "semantics": "growing",
-        "sequence_length": plan.settings["sequence_length"],
-        "add_extra_token": plan.settings["add_extra_token"],
-        "drop_last_partial_validation": plan.settings["drop_last_partial_validation"],
-        "split": plan.settings["split_spec"],
-        "seed": plan.settings["seed"],
+        **settings_header(plan.settings),
         "weighting": weighting(plan.prefixes, weights, temperature),
         "growing": {"era_samples": state.era_samples},
     }
     state = replace(state, inputs=inputs)
     if current is not None and growing_blend.extends_previous(
-        current, header, lineages, plan.sizes
+        current, header, lineages, plan.settings.sizes()
     ):
         state = replace(
             state,
@@ -148,12 +156,11 @@ def prepare(
     cache_dir: Path,
     weights: Mapping[str, float] | None,
     temperature: float | None,
-    sizes: dict[str, int | None],
-    settings: dict[str, Any],
+    settings: NanosetSettings,
 ) -> tuple[list[dict[str, Any]], Plan, str]:
     """Checked settings, dataset entries (from the datasets' manifests and ``.idx``), the plan
     and the version, without building anything."""
-    check_settings(datasets, weights, temperature, settings["semantics"], sizes, settings)
+    check_settings(datasets, weights, temperature, settings)
     base = root / VERSIONS_DIR / ("0" * 16)  # any version folder: all sit at the same depth
     prefixes = {n: Path(p) for n, p in datasets.items()}
     entries = [dataset_entry(n, p, base) for n, p in prefixes.items()]
@@ -174,11 +181,10 @@ def prepare(
             for n, p in prefixes.items()
         },
         weights=configured,
-        settings=dict(settings),
-        sizes=sizes,
+        settings=settings,
         content_hashes={e["name"]: e["content_hash"] for e in entries},
     )
-    if settings["semantics"] == "growing":
+    if settings.semantics == "growing":
         plan, version = _grow(entries, plan, root, weights, temperature)
         return entries, plan, version
     return entries, plan, version_of(entries, plan, weights, temperature)
@@ -203,19 +209,21 @@ def prepared(
     drop_last_partial_validation: bool = True,
     era_samples: int = ERA_SAMPLES,
 ) -> tuple[list[dict[str, Any]], Plan, str]:
-    """:func:`_prepare` from :func:`build_blend`'s arguments (less ``fetch`` and ``expected``)."""
-    sizes = {"train": train_samples, "valid": valid_samples, "test": test_samples}
-    settings = {
-        "sequence_length": sequence_length,
-        "split_spec": split_spec,
-        "seed": seed,
-        "semantics": semantics,
-        "add_extra_token": add_extra_token,
-        "drop_last_partial_validation": drop_last_partial_validation,
-        "era_samples": era_samples,
-    }
+    """:func:`prepare` from :func:`build_blend`'s arguments (less ``fetch`` and ``expected``)."""
+    settings = NanosetSettings(
+        sequence_length=sequence_length,
+        split_spec=split_spec,
+        seed=seed,
+        semantics=semantics,
+        add_extra_token=add_extra_token,
+        drop_last_partial_validation=drop_last_partial_validation,
+        era_samples=era_samples,
+        train_samples=train_samples,
+        valid_samples=valid_samples,
+        test_samples=test_samples,
+    )
     root, cache = Path(output_dir), Path(cache_dir)
-    return prepare(name, datasets, root, cache, weights, temperature, sizes, settings)
+    return prepare(name, datasets, root, cache, weights, temperature, settings)
 
 
 def blend_version(
@@ -242,7 +250,7 @@ def blend_skips(
     would leave out of each split the spec gives a share, computed without building anything
     (so a caller can refuse a blend where a weighted dataset would vanish, before it exists)."""
     plan = prepared(name, datasets, output_dir, cache_dir, **arguments)[1]
-    shares = parse_split(str(arguments.get("split_spec", "949,50,1")))
+    shares = parse_split(plan.settings.split_spec)
     skips = {split: plan.skipped(i) for i, split in enumerate(SPLITS) if shares[i] > 0}
     return {split: out for split, out in skips.items() if out}
 
