@@ -18,7 +18,6 @@ from prod_servers import S3
 
 import assets.tokenized as assets_tokenized
 from assets.factory import build_assets
-from assets.support import s3 as s3_stage
 from assets.support.partitions import partitions_name
 from assets.support.resources import StorageResource
 from assets.support.sources import diff_listing, list_shards
@@ -29,7 +28,9 @@ from pipelines.sensors import RANGE_END, RANGE_START, range_run_key
 from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe, load_recipe
 from tokenmill.storage import layout
+from tokenmill.storage import staging as s3_stage
 from tokenmill.storage.pull import pull
+from tokenmill.storage.s3 import shared_client
 from tokenmill_dev.corpus import stdlib_documents, write_jsonl_shards
 
 SECRET = "tm-secret-access-key-4f1c"  # the fake secret key: must never show up in a run
@@ -261,7 +262,7 @@ def test_stage_uploads_multipart_manifests_last_and_propagates_deletions(
     ]:
         s3.client.put_object(Bucket=s3.bucket, Key=key, Body=body)
     local = tmp_path / "root"
-    stage = s3_stage.S3Stage(s3_stage.s3_client(s3.endpoint), s3.bucket, "root", local)
+    stage = s3_stage.S3Stage(shared_client(s3.endpoint), s3.bucket, "root", local)
     stage.fetch(["merged/a_text_document", "tokens/"])
     assert sorted(stage.fetched) == [
         "merged/a_text_document.bin",

@@ -6,7 +6,7 @@ The cache (``cache_dir``) is shared by every process on the node: a block is dow
 records, written to a temp, fsynced and renamed (a reader never sees a partial block; a
 killed writer leaves only a temp), and evicted oldest-first (mtime, refreshed on use) when
 ``cache_bytes`` would be exceeded. boto3 is imported only here, lazily, through
-``tokenmill.storage.s3.make_client`` (endpoint and credentials from the AWS environment).
+``tokenmill.storage.s3.shared_client`` (endpoint and credentials from the AWS environment).
 """
 
 from __future__ import annotations
@@ -86,9 +86,9 @@ class BlockCache:
         """One boto3 client per process (a forked worker makes its own), made on first GET."""
         with self._lock:
             if self._client is None or self._pid != os.getpid():
-                from tokenmill.storage.s3 import make_client
+                from tokenmill.storage.s3 import shared_client
 
-                self._client = make_client(None, max_pool_connections=FETCH_THREADS + 2)
+                self._client = shared_client(None, max_pool_connections=FETCH_THREADS + 2)
                 self._pid = os.getpid()
             return self._client
 
