@@ -44,10 +44,9 @@ ROOT = Path(__file__).resolve().parents[2]
 UPLOADER = """
 import sys
 from pathlib import Path
-from tokenmill.storage import staging as s3
-from tokenmill.storage.s3 import shared_client
+from tokenmill.storage.staging import S3Stage
 endpoint, bucket, prefix, local = sys.argv[1:]
-s3.S3Stage(shared_client(endpoint), bucket, prefix, Path(local)).push()
+S3Stage.open(f"s3://{bucket}/{prefix}", endpoint, Path(local)).push()
 """
 
 POINTERS = ("merged/docs/current.json", "blends/mix/manifest.json")

@@ -28,6 +28,7 @@ from pipelines.sensors import RANGE_END, RANGE_START, range_run_key
 from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe, load_recipe
 from tokenmill.storage import layout
+from tokenmill.storage import s3 as storage_s3
 from tokenmill.storage import staging as s3_stage
 from tokenmill.storage.pull import pull
 from tokenmill.storage.s3 import shared_client
@@ -254,7 +255,7 @@ def test_s3_listing_by_etag_and_size(s3: S3, gpt2_dir: Path, tmp_path: Path) -> 
 def test_stage_uploads_multipart_manifests_last_and_propagates_deletions(
     s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(s3_stage, "MULTIPART_BYTES", 5 << 20)  # S3's smallest part size
+    monkeypatch.setattr(storage_s3, "MULTIPART_BYTES", 5 << 20)  # S3's smallest part size
     for key, body in [
         ("root/merged/a_text_document.bin", b"old"),
         ("root/merged/a_text_document.manifest.json", b"{}"),

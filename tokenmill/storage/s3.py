@@ -45,20 +45,6 @@ MISSING_CODES = ("NoSuchKey", "404", "NotFound")
 CONNECT_TIMEOUT_ENV = "TOKENMILL_S3_CONNECT_TIMEOUT"
 READ_TIMEOUT_ENV = "TOKENMILL_S3_READ_TIMEOUT"
 TIMEOUT_DEFAULTS = {CONNECT_TIMEOUT_ENV: 10.0, READ_TIMEOUT_ENV: 30.0}
-# The environment a client is built from besides the endpoint: a change means a new client.
-CLIENT_ENVIRONMENT = (
-    "AWS_ENDPOINT_URL",
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_PROFILE",
-    "AWS_REGION",
-    "AWS_DEFAULT_REGION",
-    "AWS_CONFIG_FILE",
-    "AWS_SHARED_CREDENTIALS_FILE",
-    CONNECT_TIMEOUT_ENV,
-    READ_TIMEOUT_ENV,
-)
 MULTIPART_BYTES = 64 << 20  # larger files go up (and down) in parts of this size
 SLOW_AFTER_MAX = 5.0  # seconds without an answer before the "waiting" line
 WAITING_EVERY = 10.0  # seconds between two "waiting" lines of one process
@@ -121,12 +107,11 @@ _CLIENTS_LOCK = threading.Lock()
 
 def shared_client(endpoint_url: str | None = None, **config: Any) -> Any:
     """This process's client for these settings (:func:`make_client`, built on first use): one
-    per endpoint, ``config`` and environment (keyed by a hash: no credential is kept in the
-    key); a forked process builds its own. boto3 clients are thread-safe."""
-    timeouts()  # a bad setting fails here, even when a client was built before it changed
-    settings = [str(os.getpid()), str(endpoint_url), repr(sorted(config.items()))]
-    settings += [os.environ.get(name, "") for name in CLIENT_ENVIRONMENT]
-    key = hashlib.sha256("\0".join(settings).encode()).hexdigest()
+    per endpoint, ``config``, timeouts and ``AWS_*`` environment (keyed by a hash: no credential
+    is kept in the key); a forked process builds its own. boto3 clients are thread-safe."""
+    aws = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))
+    settings = (os.getpid(), endpoint_url, sorted(config.items()), sorted(timeouts().items()), aws)
+    key = hashlib.sha256(repr(settings).encode()).hexdigest()
     with _CLIENTS_LOCK:
         if key not in _CLIENTS:
             _CLIENTS[key] = make_client(endpoint_url, **config)
