@@ -104,8 +104,12 @@ def run_failures(result: Any) -> list[RunFailure]:
         cause = user.description if user and user.description else _cause_text(data.error)
         where = (event.step_key or "run").replace("__", "/")
         failures.append(RunFailure(where, shard, cause, data.error.to_string()))
-    for evaluation in result.get_asset_check_evaluations():
-        if evaluation.passed:
+    evaluations = result.get_asset_check_evaluations()
+    # A range step's check records each shard's evaluation and one for the range, which names
+    # the failed shards: report that one alone.
+    ranges = {e.asset_check_key for e in evaluations if e.partition is None}
+    for evaluation in evaluations:
+        if evaluation.passed or (evaluation.partition and evaluation.asset_check_key in ranges):
             continue
         problems = str(_metadata_value(evaluation.metadata, "problems") or evaluation.description)
         named = _metadata_value(evaluation.metadata, "failed_shards")

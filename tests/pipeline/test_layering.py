@@ -56,6 +56,10 @@ PRIVATE_KEPT = {
         "dagster._daemon.auto_run_reexecution.event_log_consumer",
     ): ("the retry daemon, driven in process"),
     ("tests/docker/test_e2e_docker.py", "dagster._core.storage.tags"): "retry tag names",
+    (
+        "assets/support/dagster_private.py",
+        "dagster._core.definitions.asset_checks.asset_check_evaluation",
+    ): "a range check's per-partition evaluation",
 }
 
 
