@@ -16,6 +16,8 @@ from dagster import (
     AssetCheckResult,
     AssetKey,
     AssetRecordsFilter,
+    DagsterInstance,
+    DagsterRun,
 )
 
 # The Dagster releases this module was checked against (pyproject pins the first).
@@ -84,3 +86,16 @@ def log_partition_check(
         partition=key,
     )
     context.op_execution_context.log_event(evaluation)
+
+
+def set_run_tags(instance: DagsterInstance, run_id: str, tags: dict[str, str]) -> None:
+    """Add or overwrite tags of an existing run (a run lease's renewal). ``add_run_tags`` is the
+    instance method Dagster's own daemons use; it is not marked ``@public``."""
+    instance.add_run_tags(run_id, tags)
+
+
+def mark_run_failed(instance: DagsterInstance, run: DagsterRun, reason: str) -> None:
+    """Fail an unfinished run whose process is gone, with ``reason`` as its failure message,
+    the way Dagster's run monitoring does (``report_run_failed``, not ``@public``): the run's
+    status and a ``RUN_FAILURE`` event in one call."""
+    instance.report_run_failed(run, reason)
