@@ -84,7 +84,7 @@ COUNTS = ("documents", "sequences", "tokens")
 
 
 def _result(
-    problems: list[str], severity: AssetCheckSeverity = AssetCheckSeverity.ERROR, **metadata: Any
+    problems: list[str], *, severity: AssetCheckSeverity = AssetCheckSeverity.ERROR, **metadata: Any
 ) -> AssetCheckResult:
     return AssetCheckResult(
         passed=not problems,
@@ -143,7 +143,7 @@ def not_empty_check(ds: DatasetConfig, stage: str) -> AssetChecksDefinition:
             stats_path = ws.storage.raw_stats_path(ds.name, key)
             stats = read_record(stats_path, shown=display_path(stats_path))
             problems = [] if stats["documents"] else [f"empty shard: {empty_reason(stats)}"]
-            return _result(problems, AssetCheckSeverity.WARN, documents=stats["documents"])
+            return _result(problems, severity=AssetCheckSeverity.WARN, documents=stats["documents"])
 
     return not_empty
 
@@ -281,11 +281,8 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
                 for n in COUNTS
                 if found[n] != expected[n]
             ]
-            return _result(
-                problems,
-                inputs=len(manifest["inputs"]),
-                **{f"expected_{n}": v for n, v in expected.items()},
-            )
+            totals: dict[str, Any] = {f"expected_{n}": v for n, v in expected.items()}
+            return _result(problems, inputs=len(manifest["inputs"]), **totals)
 
     @asset_check(
         asset=AssetKey([ds.name, "merged"]),
@@ -295,7 +292,8 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
     def quarantine_share(context: AssetCheckExecutionContext) -> AssetCheckResult:
         """From the shards' validation records in the instance (no file is read)."""
         counts = recorded_counts(context.instance, ds)
-        return _result(quarantine_share_problems(ds, counts), **counts)
+        metadata: dict[str, Any] = dict(counts)
+        return _result(quarantine_share_problems(ds, counts), **metadata)
 
     @asset_check(
         asset=AssetKey([ds.name, "merged"]),

@@ -364,8 +364,8 @@ class S3Stage:
             self.get(obj, name)
         for rel in inputs:
             if is_pointer(rel) and rel not in self.pointers:
-                obj = listed.get(rel)
-                etag = None if obj is None else obj.etag
+                listed_obj = listed.get(rel)
+                etag = None if listed_obj is None else listed_obj.etag
                 self.pointers[rel] = ReadPointer(etag, pointer_version(self.local / rel))
 
     def listing(self, rel_prefix: str) -> dict[str, S3Object]:
