@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -174,8 +175,11 @@ def run_lease(
     def renew() -> None:
         mine = RunsFilter(tags={PROCESS_TAG: tag}, statuses=UNFINISHED)
         while not stop.wait(seconds / 5):
-            for record in instance.get_run_records(mine):
-                set_run_tags(instance, record.dagster_run.run_id, lease_tags(seconds))
+            try:
+                for record in instance.get_run_records(mine):
+                    set_run_tags(instance, record.dagster_run.run_id, lease_tags(seconds))
+            except Exception as exc:  # a busy database: said, and tried again at the next turn
+                print(f"tokenmill: could not renew the run lease: {exc}", file=sys.stderr)
 
     thread = threading.Thread(target=renew, name="tokenmill-run-lease", daemon=True)
     thread.start()
