@@ -29,6 +29,7 @@ COMMANDS = [
     "gc",
     "explain",
     "find",
+    "takedown",
 ]
 
 

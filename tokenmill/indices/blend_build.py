@@ -105,7 +105,6 @@ from tokenmill.formats.dataset_manifest import (
     dataset_content_hash,
     dataset_manifest_path,
     file_problems,
-    open_dataset,
     read_dataset_manifest,
 )
 from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file_path
@@ -122,6 +121,7 @@ from tokenmill.indices.nanoset import (
     build_or_load,
     cache_key,
     entry_key,
+    index_lengths,
     split_ranges,
 )
 from tokenmill.storage.versions import (
@@ -208,8 +208,9 @@ def _dataset_entry(name: str, prefix: Path, base: Path) -> dict[str, Any]:
 
 def _virtual_entry(name: str, prefix: Path, base: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """A virtual merge's identity: its manifest's digest (the manifest records every shard
-    pair's digests in turn), content hash, dtype and counts; no shard file is read."""
-    return {
+    pair's digests in turn), content hash, dtype and counts, and its ``takedown`` record when it
+    masks documents; no shard file is read."""
+    entry = {
         "name": name,
         "prefix": os.path.relpath(prefix, base),
         "content_hash": str(manifest["content_hash"]),
@@ -218,6 +219,9 @@ def _virtual_entry(name: str, prefix: Path, base: Path, manifest: dict[str, Any]
         "num_tokens": int(manifest["counts"]["tokens"]),
         "files": {"manifest": _file_entry(dataset_manifest_path(prefix), base)},
     }
+    if "takedown" in manifest:
+        entry["takedown"] = manifest["takedown"]
+    return entry
 
 
 def _check_settings(
@@ -537,12 +541,7 @@ def _prepare(
         base=base,
         cache_dir=cache_dir,
         prefixes=prefixes,
-        lengths={
-            n: np.asarray(
-                open_dataset(p, index_only=dataset_manifest_path(p).is_file()).sequence_lengths
-            )
-            for n, p in prefixes.items()
-        },
+        lengths={n: index_lengths(p, settings["semantics"]) for n, p in prefixes.items()},
         weights=configured,
         settings=dict(settings),
         sizes=sizes,

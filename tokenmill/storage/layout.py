@@ -15,6 +15,7 @@ version; a small pointer names the current version and is the only thing a refre
     blends/<name>/manifest.json                               pointer: the current manifest
     blends/<name>/versions/<version>/manifest.json            + <split>-*.npy
     nanoset/<hash>-Nanoset-<split>-*                          content-addressed, never rewritten
+    takedowns/<id>.json                                       audit records (tokenmill.takedown)
 
 A pair's manifest lives in a ``manifests/`` folder beside the pair, never beside the pair itself:
 Megatron's and nanotron's ``tools/merge_datasets.py`` take every regular file of a folder as half
@@ -216,3 +217,11 @@ def blend_manifest(name: str) -> str:
 def blend_version_dir(name: str, version: str) -> str:
     """``blends/<name>/versions/<version>``: one immutable blend version."""
     return f"{blend_dir(name)}/versions/{version_dir_name(version)}"
+
+
+TAKEDOWNS = "takedowns"
+
+
+def takedown_record(record_id: str) -> str:
+    """``takedowns/<id>.json``: one takedown's audit record (``tokenmill.takedown``)."""
+    return f"{TAKEDOWNS}/{check_name(record_id, 'takedown id')}.json"
