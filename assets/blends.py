@@ -38,6 +38,7 @@ from tokenmill.indices.blend_build import (
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
 from tokenmill.storage.versions import pointer_version
+from tokenmill.takedown import blend_takedowns
 
 # What a blend stages of a merged dataset: its index and manifest, never the .bin.
 
@@ -156,6 +157,11 @@ def build_blend_asset(
                 content_hash=hashlib.sha256(mpath.read_bytes()).hexdigest(),
                 path=path_value(mpath),
             )
+            taken = blend_takedowns(manifest)
+            metadata["takedown_removed"] = taken["total"]
+            if taken["records"]:  # the audit records: what was removed, when, why
+                metadata["takedown"] = MetadataValue.json(taken)
+                metadata["takedown_record"] = path_value(ws.storage.path(taken["records"][-1]))
             skipped = skipped_warnings(manifest)
             for warning in skipped:
                 context.log.warning(warning)

@@ -54,6 +54,7 @@ __all__ = [
     "KIND",
     "TakedownReport",
     "apply_takedown",
+    "blend_takedowns",
     "list_sha256",
     "masks_for",
     "read_ledger",
@@ -115,6 +116,24 @@ def takedown_summary(
     }
 
 
+def blend_takedowns(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """What a blend version's datasets mask, from the ``takedown`` records its manifest copied
+    from their merged manifests: ``{"removed": {dataset: count}, "total", "lists", "records"}``
+    (a blend without takedowns: zero and empty lists)."""
+    removed, lists, records = {}, set(), []
+    for entry in manifest["datasets"]:
+        record = entry.get("takedown") or {}
+        removed[str(entry["name"])] = int(record.get("removed", 0))
+        lists.update(record.get("lists", []))
+        records += [r for r in record.get("records", []) if r not in records]
+    return {
+        "removed": removed,
+        "total": sum(removed.values()),
+        "lists": sorted(lists),
+        "records": sorted(records),
+    }
+
+
 def _utc(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
@@ -149,6 +168,14 @@ def _documents(root: Path, refs: Sequence[DocumentRef]) -> list[dict[str, Any]]:
     return [d for d in found.values() if d["content_hash"] is not None]
 
 
+def _named(documents: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, str, int]]:
+    """The identities of documents (dataset, shard, content hash, ordinal), sorted."""
+    return sorted(
+        (str(d["dataset"]), str(d["shard"]), str(d["content_hash"]), int(d["document"]))
+        for d in documents
+    )
+
+
 def record_takedown(
     root: str | os.PathLike[str],
     list_path: str | os.PathLike[str],
@@ -157,7 +184,8 @@ def record_takedown(
     now: float | None = None,
 ) -> dict[str, Any]:
     """Resolve a takedown list on a local storage root and write its audit record (module
-    docstring), or return the record already written for a list with the same sha256.
+    docstring), or return the record already written for the same list resolved to the same
+    documents (a list resolved again after new shards came in may name more: a new record).
     ConfigError for an empty reason or list, or a query of no known form."""
     base = Path(root)
     if not reason.strip():
@@ -166,13 +194,15 @@ def record_takedown(
     if not queries:
         raise ConfigError(f"{list_path}: the takedown list holds no query")
     digest = list_sha256(list_path)
-    for record in read_ledger(base):
-        if record["list"]["sha256"] == digest:
-            return record
     refs = resolve_queries(base, queries)
-    moment = time.time() if now is None else now
-    record_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(moment)) + f"-{digest[:12]}"
     documents = _documents(base, refs)
+    named = _named(documents)
+    for record in read_ledger(base):
+        if record["list"]["sha256"] == digest and _named(record["documents"]) == named:
+            return record
+    moment = time.time() if now is None else now
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(moment))
+    record_id = f"{stamp}-{digest[:12]}-{hashlib.sha256(repr(named).encode()).hexdigest()[:8]}"
     held = []
     for hit in find(base, queries, refs=refs):
         held.append(

@@ -13,18 +13,22 @@ from typing import Any
 
 import numpy as np
 import pytest
-from dagster import DagsterInstance
+import yaml
+from dagster import AssetKey, DagsterInstance, SensorResult, build_sensor_context
+from pipeline_project import write_shard
 
+from pipelines.build import build_definitions
 from pipelines.materialize import materialize_recipe
 from tokenmill.cli import main
 from tokenmill.errors import ConfigError, FormatError
 from tokenmill.formats.blend_manifest import read_blend_manifest
 from tokenmill.formats.dataset_manifest import read_dataset_manifest
 from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.ingest.records import document_lines
 from tokenmill.loader import open_blend
 from tokenmill.loader._datasets import NanosetDataset
 from tokenmill.provenance import explain, find
-from tokenmill.recipe import Recipe
+from tokenmill.recipe import Recipe, load_recipe
 from tokenmill.storage.gc import gc
 from tokenmill.storage.versions import read_pointer
 from tokenmill.takedown import list_sha256, read_ledger
@@ -213,3 +217,94 @@ def test_loader_refuses_an_index_that_reads_a_masked_document(
         lazy.get_batch([k])
     records = list((root / "takedowns").glob("*.json"))
     assert len(records) == 1 and json.loads(records[0].read_text())["status"] == "applied"
+
+
+def _with_takedown_list(recipe: Recipe, listing: Path) -> Recipe:
+    """The recipe with ``takedown: {list, reason}`` added to its file, loaded again."""
+    data = yaml.safe_load(recipe.path.read_text())
+    data["takedown"] = {"list": str(listing), "reason": "eval contamination"}
+    recipe.path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_recipe(recipe.path)
+
+
+def _unique_line(documents: dict[str, list[dict[str, str]]], text: str) -> str:
+    """The longest line of ``text`` that no other document of the corpus holds."""
+    others = [d["text"] for ds in documents.values() for d in ds if d["text"] != text]
+    for line in sorted(text.splitlines(), key=len, reverse=True):
+        if line.strip() and not any(line in other for other in others):
+            return line
+    raise AssertionError("no line of the document is its own")
+
+
+def _removed(root: Path, ds: str) -> tuple[str, dict[str, Any]]:
+    pointer = read_pointer(root / "merged" / ds / "current.json")
+    assert pointer is not None
+    manifest = read_dataset_manifest(root / "merged" / ds / pointer["target"])
+    return str(pointer["version"]), manifest
+
+
+def test_recipe_takedown_list_is_watched_and_every_refresh_masks_the_ledger(
+    make_recipe: Callable[..., Recipe],
+    instance: DagsterInstance,
+    documents: dict[str, list[dict[str, str]]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    listing = tmp_path / "takedown.txt"
+    docs_text, code_text = documents["docs"][5]["text"], documents["code"][3]["text"]
+    listing.write_text(f"text:{_unique_line(documents, docs_text)}\n")
+    recipe = _with_takedown_list(make_recipe(), listing)
+    assert materialize_recipe(recipe, instance) == 0
+    root = Path(recipe.storage.root)
+    mpath = root / "blends" / "mix" / "manifest.json"
+    [record] = read_ledger(root)
+    assert record["reason"] == "eval contamination" and len(record["documents"]) == 1
+    assert _removed(root, "docs")[1]["takedown"]["removed"] == 1
+    # the blend's page: its takedown count and the audit record
+    event = instance.get_latest_materialization_event(AssetKey(["blend", "mix"]))
+    assert event is not None and event.asset_materialization is not None
+    metadata = event.asset_materialization.metadata
+    assert metadata["takedown_removed"].value == 1
+    audit = root / "takedowns" / f"{record['id']}.json"
+    assert metadata["takedown_record"].value == str(audit)
+    assert audit.is_file()
+    capsys.readouterr()
+    assert materialize_recipe(recipe, instance) == 0  # the ledger is part of the versions
+    assert "downstream: everything up to date" in capsys.readouterr().out
+
+    # the sensor: a changed list requests the refresh once; the same list, nothing
+    defs = build_definitions(recipe)
+    sensor_def = defs.get_sensor_def("takedown_sensor")
+    first = sensor_def(build_sensor_context(instance=instance))
+    assert isinstance(first, SensorResult) and first.run_requests
+    again = sensor_def(build_sensor_context(instance=instance, cursor=first.cursor))
+    assert isinstance(again, SensorResult) and not again.run_requests
+    lines = [_unique_line(documents, t) for t in (docs_text, code_text)]
+    listing.write_text(f"text:{lines[0]}\ntext:{lines[1]}\n")
+    changed = sensor_def(build_sensor_context(instance=instance, cursor=first.cursor))
+    assert isinstance(changed, SensorResult) and changed.run_requests
+    assert materialize_recipe(recipe, instance) == 0
+    assert len(read_ledger(root)) == 2
+    assert _removed(root, "code")[1]["takedown"]["removed"] == 1
+
+    # a CLI takedown, then a new shard: the refresh keeps every mask and extends the version
+    cli_list = tmp_path / "cli.txt"
+    cli_list.write_text(f"text:{_unique_line(documents, documents['docs'][12]['text'])}\n")
+    argv = ["takedown", "--root", str(root), "--list", str(cli_list), "--reason", "request"]
+    assert main(argv) == 0
+    masked_version, masked = _removed(root, "docs")
+    assert masked["takedown"]["removed"] == 2 and masked["extends"] is None
+    write_shard(Path(recipe.dataset("docs").source) / "zz-00009.jsonl", documents["docs"][:4])
+    assert materialize_recipe(recipe, instance) == 0
+    version, grown = _removed(root, "docs")
+    assert version != masked_version and grown["extends"] == masked_version
+    assert grown["takedown"]["removed"] == 2
+    removed_texts = [docs_text, code_text, documents["docs"][12]["text"]]
+    texts = {}
+    for split in SPLITS:
+        for prov in explain(mpath, split, range(len(open_blend(mpath, split)))):
+            for p in prov.pieces:
+                if p.source not in texts:
+                    texts[p.source] = dict(document_lines(str(p.source)))
+                assert texts[p.source][p.line]["text"] not in removed_texts
+    assert sum(len(t) for t in texts.values()) > 40
