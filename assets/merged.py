@@ -33,7 +33,7 @@ from assets.support.partitions import shard_keys
 from assets.support.pointers import MERGED_POOL, PRUNED_POOL, rerun_superseded
 from assets.support.resources import StorageResource, display_path
 from assets.support.staleness import merged_data_version
-from assets.takedowns import TAKEDOWNS, read_storage_ledger
+from assets.support.takedowns import TAKEDOWNS, read_storage_ledger
 from tokenmill.formats.dataset_manifest import (
     DATASET_MANIFEST_SUFFIX,
     check_dataset_files,

@@ -3,16 +3,14 @@
 The asset resolves the list on the storage root and writes its audit record
 (``tokenmill.takedown.record_takedown``: ``takedowns/<id>.json``); every ``<ds>/merged`` takes it
 as an input, so a changed list makes them stale, and each merge masks what the ledger names
-(:func:`read_storage_ledger`, CLI takedowns included). The takedown sensor
+(``assets.support.takedowns``, CLI takedowns included). The takedown sensor
 (``pipelines/sensors.py``) requests this asset when the list file changes.
 """
 
-from pathlib import Path
 from typing import Any
 
 from dagster import (
     AssetExecutionContext,
-    AssetKey,
     AssetsDefinition,
     DataVersion,
     Failure,
@@ -23,29 +21,10 @@ from dagster import (
 
 from assets.metadata import path_value
 from assets.support.resources import StorageResource
+from assets.support.takedowns import TAKEDOWNS
 from tokenmill.recipe import TakedownConfig
 from tokenmill.storage import layout
-from tokenmill.takedown import list_sha256, read_ledger, record_takedown
-
-TAKEDOWNS = AssetKey(["takedowns"])
-
-
-def read_storage_ledger(storage: StorageResource) -> list[dict[str, Any]]:
-    """Every audit record on the storage root (staged from S3 first; a few small files)."""
-    keys = [k for k in storage.list_keys([f"{layout.TAKEDOWNS}/"]) if k.endswith(".json")]
-    if not keys:
-        return []
-    with storage.workspace(keys, upload=False) as ws:
-        return read_ledger(ws.storage.local_root())
-
-
-def list_recorded(ledger: list[dict[str, Any]], path: str) -> bool:
-    """True when the ledger holds a record of the list file at ``path`` as it is now (its
-    sha256); False for a new or changed list, or one not there (the asset then says why)."""
-    if not Path(path).is_file():
-        return False
-    digest = list_sha256(path)
-    return any(record["list"]["sha256"] == digest for record in ledger)
+from tokenmill.takedown import record_takedown
 
 
 def build_takedowns(cfg: TakedownConfig) -> AssetsDefinition:

@@ -46,7 +46,7 @@ from assets.support.staleness import (
     recorded_version,
     tokens_settings,
 )
-from assets.takedowns import TAKEDOWNS, list_recorded, read_storage_ledger
+from assets.support.takedowns import TAKEDOWNS, list_recorded, read_storage_ledger
 from pipelines.build import build_definitions
 from pipelines.instance import ensure_dagster_home, ensure_pool_limits
 from pipelines.jobs import DOWNSTREAM_STAGES as DATASET_STAGES
