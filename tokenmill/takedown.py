@@ -186,7 +186,8 @@ def record_takedown(
     """Resolve a takedown list on a local storage root and write its audit record (module
     docstring), or return the record already written for the same list resolved to the same
     documents (a list resolved again after new shards came in may name more: a new record).
-    ConfigError for an empty reason or list, or a query of no known form."""
+    ConfigError for an empty reason or list, a query of no known form, or a document of a
+    dataset whose current merged version is physical (nothing is written then)."""
     base = Path(root)
     if not reason.strip():
         raise ConfigError("--reason: say why the documents are removed (it goes in the record)")
@@ -200,6 +201,8 @@ def record_takedown(
     for record in read_ledger(base):
         if record["list"]["sha256"] == digest and _named(record["documents"]) == named:
             return record
+    for dataset in sorted({d["dataset"] for d in documents}):
+        _refuse_physical(base, dataset)  # before anything is written
     moment = time.time() if now is None else now
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(moment))
     record_id = f"{stamp}-{digest[:12]}-{hashlib.sha256(repr(named).encode()).hexdigest()[:8]}"
@@ -272,6 +275,18 @@ def _current_merge(root: Path, dataset: str) -> tuple[dict[str, Any], Path] | No
     return pointer, root / layout.merged_dir(dataset) / str(pointer["target"])
 
 
+def _refuse_physical(root: Path, dataset: str) -> None:
+    """ConfigError when the current merged version of ``dataset`` is a physical merge."""
+    found = _current_merge(root, dataset)
+    if found is not None and not is_virtual(read_dataset_manifest(found[1])):
+        raise ConfigError(
+            f"dataset {dataset!r}: its current merged version {found[1]} is a physical merge "
+            "(merge: physical): a takedown masks documents of a virtual merge and never "
+            "rewrites a copied .bin; set merge: virtual in the recipe, refresh, and run the "
+            "takedown again"
+        )
+
+
 def _remask(root: Path, dataset: str, ledger: list[dict[str, Any]]) -> dict[str, Any] | None:
     """A new virtual merged version of ``dataset`` masking what the ledger names, the pointer
     moved to it; None when its current version already masks exactly that."""
@@ -284,12 +299,7 @@ def _remask(root: Path, dataset: str, ledger: list[dict[str, Any]]) -> dict[str,
     masks = masks_for(ledger, dataset, identities)
     if not is_virtual(manifest):
         if masks:
-            raise ConfigError(
-                f"dataset {dataset!r}: its current merged version {prefix} is a physical merge "
-                "(merge: physical): a takedown masks documents of a virtual merge and never "
-                "rewrites a copied .bin; set merge: virtual in the recipe, refresh, and run the "
-                "takedown again"
-            )
+            _refuse_physical(root, dataset)
         return None
     text_key = str(manifest["config"]["text_key"])
     version = merged_version(text_key, identities, "virtual", masks)

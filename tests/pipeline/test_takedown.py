@@ -308,3 +308,24 @@ def test_recipe_takedown_list_is_watched_and_every_refresh_masks_the_ledger(
                     texts[p.source] = dict(document_lines(str(p.source)))
                 assert texts[p.source][p.line]["text"] not in removed_texts
     assert sum(len(t) for t in texts.values()) > 40
+
+
+def test_a_physical_merge_is_refused_before_anything_is_written(
+    make_recipe: Callable[..., Recipe],
+    instance: DagsterInstance,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    recipe = make_recipe(merge="physical")
+    assert materialize_recipe(recipe, instance) == 0
+    root = Path(recipe.storage.root)
+    mpath = root / "blends" / "mix" / "manifest.json"
+    before = read_blend_manifest(mpath)["version"]
+    piece = explain(mpath, "train", [0])[0].pieces[0]
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"line:{piece.source}:{piece.line}\n")
+    capsys.readouterr()
+    assert main(["takedown", "--root", str(root), "--list", str(listing), "--reason", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "is a physical merge" in err and "set merge: virtual" in err
+    assert read_ledger(root) == [] and read_blend_manifest(mpath)["version"] == before
