@@ -26,6 +26,7 @@ from assets.support.pointers import BLEND_POOL, rerun_superseded
 from assets.support.resources import StorageResource, Workspace
 from assets.support.staleness import blend_data_version, nanoset_data_version
 from tokenmill.errors import ConfigError, FormatError
+from tokenmill.formats.takedown_records import blend_takedowns
 from tokenmill.indices.blend_build import (
     Share,
     blend_skips,
@@ -38,7 +39,6 @@ from tokenmill.indices.blend_build import (
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
 from tokenmill.storage.versions import pointer_version
-from tokenmill.takedown import blend_takedowns
 
 # What a blend stages of a merged dataset: its index and manifest, never the .bin.
 

@@ -41,11 +41,11 @@ from tokenmill.formats.dataset_manifest import (
     prefix_of_manifest,
     read_dataset_manifest,
 )
+from tokenmill.formats.takedown_records import merge_masks
 from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.recipe import DatasetConfig
 from tokenmill.storage import layout
 from tokenmill.storage.versions import read_pointer, write_pointer
-from tokenmill.takedown import masks_for, takedown_summary
 from tokenmill.tokenize.merge import natural_key
 from tokenmill.tokenize.merged_versions import extends, previous_manifest, write_merged
 
@@ -104,14 +104,9 @@ def build_merged(
             tokens = [layout.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
             prefixes = [ws.storage.path(t) for t in tokens]
             identities = shard_identities(ws.storage, ds, keys)
-            ledger = read_storage_ledger(storage)  # takedowns: documents every merge masks
-            masks = masks_for(ledger, ds.name, identities)
-            if masks and merge == "physical":
-                raise Failure(
-                    f"{ds.name}: the takedown ledger ({layout.TAKEDOWNS}/) masks documents of "
-                    f"{sorted(masks)}, but merge: physical copies them into one .bin; set "
-                    "merge: virtual in the recipe (takedowns mask, never rewrite)"
-                )
+            # the takedown ledger: documents every merge masks (ConfigError for a physical one)
+            ledger = read_storage_ledger(storage)
+            masks, taken = merge_masks(ledger, ds.name, identities, merge)
             version = merged_data_version(ds, identities, merge, masks)
             out_key = layout.merged_prefix(ds.name, ds.text_key, version)
             ws.fetch(layout.dataset_manifests(out_key))
@@ -134,7 +129,7 @@ def build_merged(
                     extends=base,
                     input_uri=display_path,
                     masks=masks,
-                    takedown=takedown_summary(ledger, ds.name, identities),
+                    takedown=taken,
                 )
                 seconds = result.seconds
             target = out_key.removeprefix(layout.merged_dir(ds.name) + "/")

@@ -57,8 +57,8 @@ from assets.support.staleness import (
 )
 from pipelines.jobs import AssetJob, merge_job_name, shard_job_name, shard_stages
 from tokenmill.errors import ConfigError
+from tokenmill.formats.takedown_records import list_sha256
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe
-from tokenmill.takedown import list_sha256
 
 SENSOR_INTERVAL_SECONDS = 30
 AUTOMATION_SENSOR = "tokenmill_automation"

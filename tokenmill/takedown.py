@@ -2,13 +2,13 @@
 
 A takedown list is a file of ``tokenmill find`` queries, one a line (``id:``, ``line:FILE:N``,
 ``text:``, ``sha256:``). :func:`record_takedown` resolves it on a local storage root
-(``tokenmill.provenance.resolve_queries``) and writes an **audit record** (JSON, temp -> fsync
--> rename) at ``takedowns/<id>.json``: what is removed (dataset, shard, the shard's content hash,
+(``tokenmill.provenance.resolve_queries``) and writes an **audit record**
+(``tokenmill.formats.takedown_records``; JSON, temp -> fsync -> rename) at
+``takedowns/<id>.json``: what is removed (dataset, shard, the shard's content hash,
 ordinal, source file:line, record id), which blend versions held each document then (``find``),
 when, why, and the list's sha256. The audit records of a root are its takedown ledger: every
-merge made afterwards masks the documents they name (:func:`masks_for`, by shard key *and*
-content hash, so a re-tokenized shard is not masked by a stale ordinal), whether the CLI or the
-pipeline makes it, so a later refresh never brings a removed document back.
+merge made afterwards, by the CLI or the pipeline, masks the documents they name (by shard key
+*and* content hash: ``takedown_records.masks_for``), so a refresh never brings one back.
 
 :func:`apply_takedown` then writes, for each dataset whose current merged version holds a listed
 document, a new virtual merged version (the same shard pairs with ``masked`` ordinals, see
@@ -29,15 +29,26 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import read_json, write_json
-from tokenmill.errors import ConfigError, FormatError
+from tokenmill.atomic import read_json
+from tokenmill.errors import ConfigError
 from tokenmill.formats.blend_manifest import MANIFEST_NAME, read_blend_manifest, resolve
 from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
+from tokenmill.formats.takedown_records import (
+    FORMAT_VERSION,
+    KIND,
+    list_sha256,
+    masks_for,
+    named,
+    read_ledger,
+    record_key,
+    takedown_summary,
+    write_record,
+)
 from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.provenance import DocumentRef, find, query_lines, resolve_queries
@@ -50,88 +61,7 @@ from tokenmill.tokenize.merged_versions import (
     write_merged,
 )
 
-__all__ = [
-    "KIND",
-    "TakedownReport",
-    "apply_takedown",
-    "blend_takedowns",
-    "list_sha256",
-    "masks_for",
-    "read_ledger",
-    "record_takedown",
-    "takedown",
-    "takedown_summary",
-]
-
-KIND = "takedown"
-FORMAT_VERSION = 1
-Identities = Sequence[tuple[str, str | None]]
-
-
-def list_sha256(path: str | os.PathLike[str]) -> str:
-    """sha256 of a takedown list file's bytes: its identity in audit records and manifests."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def read_ledger(root: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Every audit record under ``root/takedowns/`` (oldest first by id); FormatError naming a
-    file that is not one."""
-    folder = Path(root) / layout.TAKEDOWNS
-    records = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        record = read_json(path, "takedown record")
-        if not isinstance(record, dict) or record.get("kind") != KIND:
-            raise FormatError(path, "kind", f"expected a {KIND!r} record")
-        records.append(record)
-    return records
-
-
-def masks_for(
-    records: Iterable[Mapping[str, Any]], dataset: str, identities: Identities
-) -> dict[str, list[int]]:
-    """``{shard key: ordinals}`` the ledger masks in a merge of ``identities`` (``(key, content
-    hash)`` in merge order) of ``dataset``: documents of a shard with that same content."""
-    current = {k: h for k, h in identities if h is not None}
-    masks: dict[str, set[int]] = {}
-    for record in records:
-        for doc in record.get("documents", []):
-            key = str(doc["shard"])
-            if doc["dataset"] == dataset and current.get(key) == doc["content_hash"]:
-                masks.setdefault(key, set()).add(int(doc["document"]))
-    return {k: sorted(v) for k, v in masks.items()}
-
-
-def takedown_summary(
-    records: Iterable[Mapping[str, Any]], dataset: str, identities: Identities
-) -> dict[str, Any] | None:
-    """The ``takedown`` record of a merged manifest (None when nothing is masked): the lists'
-    sha256, the documents masked in all, and the audit records (keys under the root)."""
-    used = [r for r in records if masks_for([r], dataset, identities)]
-    if not used:
-        return None
-    return {
-        "lists": sorted({str(r["list"]["sha256"]) for r in used}),
-        "removed": sum(len(v) for v in masks_for(used, dataset, identities).values()),
-        "records": [layout.takedown_record(str(r["id"])) for r in used],
-    }
-
-
-def blend_takedowns(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """What a blend version's datasets mask, from the ``takedown`` records its manifest copied
-    from their merged manifests: ``{"removed": {dataset: count}, "total", "lists", "records"}``
-    (a blend without takedowns: zero and empty lists)."""
-    removed, lists, records = {}, set(), []
-    for entry in manifest["datasets"]:
-        record = entry.get("takedown") or {}
-        removed[str(entry["name"])] = int(record.get("removed", 0))
-        lists.update(record.get("lists", []))
-        records += [r for r in record.get("records", []) if r not in records]
-    return {
-        "removed": removed,
-        "total": sum(removed.values()),
-        "lists": sorted(lists),
-        "records": sorted(records),
-    }
+__all__ = ["TakedownReport", "apply_takedown", "record_takedown", "takedown"]
 
 
 def _utc(seconds: float) -> str:
@@ -168,14 +98,6 @@ def _documents(root: Path, refs: Sequence[DocumentRef]) -> list[dict[str, Any]]:
     return [d for d in found.values() if d["content_hash"] is not None]
 
 
-def _named(documents: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, str, int]]:
-    """The identities of documents (dataset, shard, content hash, ordinal), sorted."""
-    return sorted(
-        (str(d["dataset"]), str(d["shard"]), str(d["content_hash"]), int(d["document"]))
-        for d in documents
-    )
-
-
 def record_takedown(
     root: str | os.PathLike[str],
     list_path: str | os.PathLike[str],
@@ -197,15 +119,15 @@ def record_takedown(
     digest = list_sha256(list_path)
     refs = resolve_queries(base, queries)
     documents = _documents(base, refs)
-    named = _named(documents)
+    identity = named(documents)
     for record in read_ledger(base):
-        if record["list"]["sha256"] == digest and _named(record["documents"]) == named:
+        if record["list"]["sha256"] == digest and named(record["documents"]) == identity:
             return record
     for dataset in sorted({d["dataset"] for d in documents}):
         _refuse_physical(base, dataset)  # before anything is written
     moment = time.time() if now is None else now
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(moment))
-    record_id = f"{stamp}-{digest[:12]}-{hashlib.sha256(repr(named).encode()).hexdigest()[:8]}"
+    record_id = f"{stamp}-{digest[:12]}-{hashlib.sha256(repr(identity).encode()).hexdigest()[:8]}"
     held = []
     for hit in find(base, queries, refs=refs):
         held.append(
@@ -231,14 +153,8 @@ def record_takedown(
         "held_by": held,
         "status": "recorded",
     }
-    _write_record(base, record)
+    write_record(base, record)
     return record
-
-
-def _write_record(root: Path, record: dict[str, Any]) -> None:
-    path = root / layout.takedown_record(str(record["id"]))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, record)
 
 
 @dataclass
@@ -254,7 +170,7 @@ class TakedownReport:
         record = self.record
         out = [
             f"takedown {record['id']}: {len(record['documents'])} documents "
-            f"({record['reason']}); audit record {layout.takedown_record(record['id'])}"
+            f"({record['reason']}); audit record {record_key(record['id'])}"
         ]
         for ds, made in self.merged.items():
             out.append(
@@ -391,7 +307,7 @@ def apply_takedown(root: str | os.PathLike[str], record: dict[str, Any]) -> Take
     report.blends = _rebuild_blends(base, moved)
     applied = {"at": _utc(time.time()), "merged": report.merged, "blends": report.blends}
     record = {**record, "status": "applied", "applied": applied}
-    _write_record(base, record)
+    write_record(base, record)
     report.record = record
     return report
 

@@ -41,9 +41,9 @@ from dagster import (
 )
 
 from assets.support.partitions import shard_partitions
+from tokenmill.formats.takedown_records import masks_for
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig, Recipe
 from tokenmill.storage.versions import version_hash
-from tokenmill.takedown import masks_for
 from tokenmill.tokenize.merged_versions import merged_version
 
 # The tag under which Dagster stores the data version of a materialization (``DataVersion``);

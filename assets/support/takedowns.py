@@ -7,8 +7,8 @@ from typing import Any
 from dagster import AssetKey
 
 from assets.support.resources import StorageResource
+from tokenmill.formats.takedown_records import list_sha256, read_ledger
 from tokenmill.storage import layout
-from tokenmill.takedown import list_sha256, read_ledger
 
 TAKEDOWNS = AssetKey(["takedowns"])
 

@@ -24,6 +24,7 @@ from tokenmill.errors import ConfigError, FormatError
 from tokenmill.formats.blend_manifest import read_blend_manifest
 from tokenmill.formats.dataset_manifest import read_dataset_manifest
 from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.formats.takedown_records import list_sha256, read_ledger
 from tokenmill.ingest.records import document_lines
 from tokenmill.loader import open_blend
 from tokenmill.loader._datasets import NanosetDataset
@@ -31,7 +32,6 @@ from tokenmill.provenance import explain, find
 from tokenmill.recipe import Recipe, load_recipe
 from tokenmill.storage.gc import gc
 from tokenmill.storage.versions import read_pointer
-from tokenmill.takedown import list_sha256, read_ledger
 
 SPLITS = ("train", "valid", "test")
 WINDOW = 6  # tokens: a window of a removed document found nowhere else in the corpus

@@ -32,6 +32,8 @@ from tokenmill.atomic import TEMP_NAME_EXTRA
 from tokenmill.errors import ConfigError
 from tokenmill.formats.dataset_manifest import DATASET_MANIFEST_SUFFIX as DATASET_MANIFEST_SUFFIX
 from tokenmill.formats.dataset_manifest import DATASET_MANIFESTS as DATASET_MANIFESTS
+from tokenmill.formats.takedown_records import TAKEDOWNS as TAKEDOWNS
+from tokenmill.formats.takedown_records import record_key
 from tokenmill.paths import VERSION_CHARS as VERSION_CHARS
 from tokenmill.paths import is_lower_hex, name_problem
 
@@ -219,9 +221,6 @@ def blend_version_dir(name: str, version: str) -> str:
     return f"{blend_dir(name)}/versions/{version_dir_name(version)}"
 
 
-TAKEDOWNS = "takedowns"
-
-
 def takedown_record(record_id: str) -> str:
     """``takedowns/<id>.json``: one takedown's audit record (``tokenmill.takedown``)."""
-    return f"{TAKEDOWNS}/{check_name(record_id, 'takedown id')}.json"
+    return record_key(record_id)
