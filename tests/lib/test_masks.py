@@ -14,11 +14,11 @@ from tiny_pairs import random_dataset
 from tokenmill.errors import FormatError
 from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
 from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
+from tokenmill.formats.merge import merge_datasets, virtual_merge
 from tokenmill.formats.virtual_merge import check_manifest, masked_sequences
 from tokenmill.indices import growing
 from tokenmill.indices.nanoset import build_or_load
 from tokenmill.loader import open_nanoset
-from tokenmill.tokenize.merge import merge_datasets, virtual_merge
 from tokenmill.tokenize.merged_versions import extends, merged_version, shard_identities
 
 SIZES = [9, 3, 25, 14, 6]
@@ -66,8 +66,8 @@ def test_a_masked_merge_indexes_as_the_physical_merge_of_the_rest(
             "semantics": semantics,
             "num_samples": 60 if split == "train" else None,
         }
-        a = open_nanoset(masked, tmp_path / "cache-a", verify="full", **settings)
-        b = open_nanoset(rest, tmp_path / "cache-b", **settings)
+        a = open_nanoset(masked, build_or_load(masked, tmp_path / "a", **settings), verify="full")
+        b = open_nanoset(rest, build_or_load(rest, tmp_path / "b", **settings))
         assert len(a) == len(b) > 0
         assert not np.isin(a.document_index, ids).any()
         everything = np.arange(len(a))

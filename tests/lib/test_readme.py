@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from tokenmill.cli import main
+from tokenmill.formats.merge import natural_key, virtual_merge
 from tokenmill.formats.shard_records import IngestStats, raw_stats_record, write_record
 from tokenmill.ingest.records import Quarantine, read_jsonl_batches
 from tokenmill.storage import layout
 from tokenmill.storage.versions import version_hash, write_pointer
-from tokenmill.tokenize.merge import natural_key, virtual_merge
 from tokenmill.tokenize.run import tokenize_files
 from tokenmill_dev.bundled import BUILDERS
 from tokenmill_dev.corpus import stdlib_documents
