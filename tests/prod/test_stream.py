@@ -113,6 +113,57 @@ def test_a_block_corrupted_in_the_cache_is_fetched_again(
     assert victim.read_bytes() != bytes(data)
 
 
+def test_a_checked_block_is_trusted_by_its_stamp_until_written_again(
+    blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local_manifest, uri = blend
+    cache = tmp_path / "cache"
+    want = batch_digest(open_blend(local_manifest, "train"))
+    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    hashed: list[int] = []
+    digest = _s3.block_digest
+    monkeypatch.setattr(_s3, "block_digest", lambda data: hashed.append(len(data)) or digest(data))
+    monkeypatch.setattr(_s3, "_CACHES", {})  # a restarted job: its blocks were checked once
+    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    assert hashed == []
+    victim = block_files(cache)[0]
+    victim.write_bytes(victim.read_bytes())  # written again (same bytes): checked again
+    monkeypatch.setattr(_s3, "_CACHES", {})
+    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    assert hashed == [victim.stat().st_size]
+
+
+def test_missing_consecutive_blocks_come_by_one_range_get(
+    blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local_manifest, uri = blend
+    ranges: list[str] = []
+    make = _s3.BlockCache.client
+
+    def counting(self: _s3.BlockCache) -> object:
+        client = make(self)
+        if not hasattr(client, "real_get"):  # the process's one client, wrapped once
+            client.real_get = client.get_object
+
+            def get_object(**kwargs: object) -> object:
+                ranges.append(str(kwargs["Range"]))
+                return client.real_get(**kwargs)
+
+            client.get_object = get_object
+        return client
+
+    monkeypatch.setattr(_s3.BlockCache, "client", counting)
+    cache = tmp_path / "cache"
+    remote = open_blend(uri, "train", cache_dir=cache)
+    assert batch_digest(remote) == batch_digest(open_blend(local_manifest, "train"))
+    stored = len(block_files(cache))
+    objects = 5  # three shards, the physical merge, code: runs never join two objects
+    assert len(ranges) <= stored // _s3.RUN_BLOCKS + objects
+    assert _s3.cache_for(cache, None).bytes_fetched == sum(
+        p.stat().st_size for p in block_files(cache)
+    )
+
+
 def test_an_object_corrupted_in_s3_is_refused_naming_object_and_block(
     s3: S3, blend: tuple[Path, str], tmp_path: Path
 ) -> None:
