@@ -20,6 +20,8 @@ from prod_servers import S3
 from servers import build_stream_root
 
 import tokenmill.formats.dataset_manifest as dataset_manifest
+import tokenmill.storage.pull as pull_module
+import tokenmill.storage.s3 as s3_helpers
 from tokenmill.errors import CacheError
 from tokenmill.loader import BatchSampler, _s3, open_blend
 
@@ -97,6 +99,30 @@ def test_a_pinned_version_and_pickles_send_no_data(blend: tuple[Path, str], tmp_
     assert batch_digest(again) == batch_digest(local)
 
 
+def test_a_mirrored_version_reopens_without_a_request_until_a_file_changes(
+    blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local_manifest, uri = blend
+    cache = tmp_path / "cache"
+    want = batch_digest(open_blend(local_manifest, "train"))
+    version = open_blend(uri, "train", cache_dir=cache).version  # through the pointer
+    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    made: list[str] = []
+    real = s3_helpers.make_client
+    for module in (s3_helpers, pull_module):  # pull imports it by name
+        monkeypatch.setattr(
+            module, "make_client", lambda *a, **k: made.append("c") or real(*a, **k)
+        )
+    monkeypatch.setattr(_s3, "_CACHES", {})  # a resumed job, same node: no S3 client at all
+    assert batch_digest(open_blend(uri, "train", version=version, cache_dir=cache)) == want
+    assert made == []
+    idx = next((cache / "files").rglob("s1_text_document.idx"))
+    idx.write_bytes(idx.read_bytes())  # written since it was checked: mirrored again
+    monkeypatch.setattr(_s3, "_CACHES", {})
+    assert batch_digest(open_blend(uri, "train", version=version, cache_dir=cache)) == want
+    assert made
+
+
 def test_a_block_corrupted_in_the_cache_is_fetched_again(
     blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -146,7 +172,8 @@ def test_missing_consecutive_blocks_come_by_one_range_get(
             client.real_get = client.get_object
 
             def get_object(**kwargs: object) -> object:
-                ranges.append(str(kwargs["Range"]))
+                if "Range" in kwargs:  # not the pointer, read whole
+                    ranges.append(str(kwargs["Range"]))
                 return client.real_get(**kwargs)
 
             client.get_object = get_object

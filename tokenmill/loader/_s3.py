@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.atomic import create_temp, fsync_dir, remove_stale_temps, write_bytes
+from tokenmill.atomic import create_temp, fsync_dir, remove_stale_temps
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.dataset_manifest import (
     BLOCK_BYTES,
@@ -37,7 +37,6 @@ from tokenmill.formats.dataset_manifest import (
 from tokenmill.formats.indexed import IndexedDataset, data_file_path
 from tokenmill.formats.virtual_merge import VirtualDataset
 
-CACHE_ENV = "TOKENMILL_CACHE_DIR"
 OPEN_BLOCKS = 64  # cached blocks a process keeps memory-mapped (address space, not RSS)
 FETCH_THREADS = 8  # parallel range GETs for one batch or one prefetch
 GET_ATTEMPTS = 2  # a block that fails its check is fetched once more, then refused
@@ -605,55 +604,6 @@ def _reopen_remote(
     return RemoteData(open_dataset(prefix, index_only=True), files, cache_for(root, capacity))
 
 
-def default_cache_dir() -> Path:
-    """``$TOKENMILL_CACHE_DIR``, else ``~/.cache/tokenmill/s3``."""
-    found = os.environ.get(CACHE_ENV)
-    return Path(found) if found else Path.home() / ".cache" / "tokenmill" / "s3"
-
-
-def mirror_blend(
-    uri: str, version: str | None, cache_dir: str | os.PathLike[str] | None
-) -> tuple[Path, Path, dict[Path, RemoteFile]]:
-    """Fetch a blend's manifest and small files (index descriptions and arrays, dataset
-    manifests, ``.idx``) into ``<cache_dir>/files/<bucket>/...``, each checked by its sha256
-    (re-hashed on every open: they are small), and describe its token files.
-
-    Returns the cache root, the local blend manifest and ``{local .bin path: RemoteFile}``.
-    """
-    from tokenmill.storage.pull import plan_blend, sync_file
-
-    root_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    source, raw, plan = plan_blend(uri, version=version)
-    bucket = str(getattr(source, "bucket", ""))
-    base = ""
-    for want in plan.wanted:
-        base = want.key[: len(want.key) - len(want.rel)]
-        break
-    mirror = root_dir / "files" / bucket / base
-    remote: dict[Path, Any] = {}
-    for want in plan.wanted:
-        if want.rel.endswith(".bin"):
-            remote[(mirror / want.rel).resolve()] = want
-        else:
-            sync_file(source, want, mirror)
-    for rel, data in plan.dataset_manifests.items():
-        path = mirror / rel
-        if not (path.is_file() and path.read_bytes() == data):
-            write_bytes(path, data)
-    if plan.version_manifest is not None:
-        path = mirror / plan.version_manifest[0]
-        if not (path.is_file() and path.read_bytes() == plan.version_manifest[1]):
-            write_bytes(path, plan.version_manifest[1])
-    mpath = mirror / plan.manifest_rel
-    if not (mpath.is_file() and mpath.read_bytes() == raw):
-        write_bytes(mpath, raw)
-    return (
-        root_dir,
-        mpath,
-        {p: RemoteFile(bucket, w.key, w.size, BLOCK_BYTES, ()) for p, w in remote.items()},
-    )
-
-
 def _bin_entries(prefix: Path) -> list[tuple[Path, dict[str, Any]]]:
     """(local ``.bin`` path, its manifest record) of each part of the dataset at ``prefix``."""
     manifest = read_dataset_manifest(prefix)
@@ -677,7 +627,7 @@ def _record(prefix: Path, found: RemoteFile, info: dict[str, Any]) -> RemoteFile
     return RemoteFile(found.bucket, found.key, found.size, size, hashes)
 
 
-def remote_files(prefix: Path, bins: dict[Path, RemoteFile]) -> list[RemoteFile]:
+def remote_files(prefix: Path, bins: dict[Path, tuple[str, str, int]]) -> list[RemoteFile]:
     """The token files of the dataset at (local) ``prefix``, one per part, with the per-block
     hashes its dataset manifest records (a virtual merge: each shard's record)."""
     out = []
@@ -685,5 +635,5 @@ def remote_files(prefix: Path, bins: dict[Path, RemoteFile]) -> list[RemoteFile]
         found = bins.get(Path(path).resolve())
         if found is None:
             raise FormatError(prefix, "files", f"{path.name} is not among the blend's files")
-        out.append(_record(prefix, found, info))
+        out.append(_record(prefix, RemoteFile(*found, BLOCK_BYTES, ()), info))
     return out
