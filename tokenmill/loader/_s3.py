@@ -254,17 +254,29 @@ class BlockCache:
             self._checked.add(str(path))
 
     def _fill_run(self, f: RemoteFile, first: int, stop: int) -> None:
-        """Download blocks ``first..stop-1`` of ``f`` with one range GET (the fewest requests),
-        storing each as it arrives once it passes its check; a block that fails its check or a
-        body cut short falls back to block-by-block fetches (``_fill``: fetched once more,
-        then refused naming the block). Blocks another process holds or stored are skipped."""
+        """Download the missing blocks of ``first..stop-1`` of ``f`` with one range GET (the
+        fewest requests), once on this node: the blocks' locks are taken in ascending order
+        (no two runs deadlock), then the blocks still missing are fetched and each stored once
+        it passes its check. A block that fails its check, or a body cut short, ends the run:
+        what it did not deliver is fetched block by block when read (``block``: once more,
+        then refused naming the block)."""
         if stop - first == 1:
             self.block(f, first)
             return
+        with contextlib.ExitStack() as held:
+            paths = [Path(self._name(f, i)) for i in range(first, stop)]
+            for path in paths:
+                held.enter_context(self._locked(path))
+            missing = [first + k for k, path in enumerate(paths) if not path.is_file()]
+            if missing:
+                self._get_run(f, missing[0], missing[-1] + 1)
+
+    def _get_run(self, f: RemoteFile, first: int, stop: int) -> None:
+        """One range GET of blocks ``first..stop-1`` (their locks held), storing each absent
+        block that passes its check, until one does not or the body is cut."""
         from tokenmill.storage.s3 import is_cut_body, s3_errors
 
         lo, hi = f.span(first)[0], f.span(stop - 1)[1]
-        done = first
         with s3_errors(f"reading block {first} (bytes {lo}..{hi}) of {f.uri}"):
             resp = self.client().get_object(
                 Bucket=f.bucket, Key=f.key, Range=f"bytes={lo}-{hi - 1}"
@@ -275,19 +287,15 @@ class BlockCache:
                     data = bytes(resp["Body"].read(b - a))
                     self.bytes_fetched += len(data)
                     if len(data) != b - a or not f.matches(i, data):
-                        break
+                        return
                     path = Path(self._name(f, i))
-                    with self._locked(path):
-                        if not path.is_file():
-                            self._store(f, i, path, data)
-                    done = i + 1
+                    if not path.is_file():
+                        self._store(f, i, path, data)
             except Exception as exc:
                 if not is_cut_body(exc):
                     raise
             finally:
                 resp["Body"].close()
-        for i in range(done, stop):  # what the run did not deliver, block by block
-            self.block(f, i)
 
     def _get(self, f: RemoteFile, i: int) -> bytes:
         """Block ``i`` by a range GET, checked (size, and sha256 when recorded), fetched once
