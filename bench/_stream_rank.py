@@ -53,9 +53,8 @@ class Anchor(Dataset):  # type: ignore[type-arg]
 
     def __init__(self, tool: str, source: str, cache: str, size: int) -> None:
         self.tool, self.source, self.cache, self.size = tool, source, cache, size
-        # mosaic: made in the rank (its workers get a forked copy, as its docs do it);
-        # litdata: made in each worker on first use (a forked reader returns empty items)
-        self.inner = self.open() if tool == "mosaic" else None
+        self.inner = self.open()  # in the rank: its DataLoader workers get a forked copy
+        self.ready = tool == "mosaic"  # litdata: its reader is made in each worker
 
     def __len__(self) -> int:
         return self.size
@@ -70,25 +69,37 @@ class Anchor(Dataset):  # type: ignore[type-arg]
             )
         import litdata.streaming.downloader as downloader
         from litdata import StreamingDataset as LitDataset
-        from litdata.utilities.env import _WorkerEnv
 
         downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True  # obstore refuses http://
-        ds = LitDataset(
-            self.source,
-            cache_dir=self.cache,
-            storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]},
-        )
-        # random access defaults to per-item range reads, which return empty items against
-        # moto here; chunks downloaded into its cache, as its own iteration does it
+        for attempt in range(50):  # the other rank may be writing index.json into the cache
+            try:
+                return LitDataset(
+                    self.source,
+                    cache_dir=self.cache,
+                    storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]},
+                )
+            except ValueError:
+                if attempt == 49:
+                    raise
+                time.sleep(0.1)
+        raise AssertionError("unreachable")
+
+    def reader(self) -> None:
+        """litdata's reader in this worker: random access defaults to per-item range reads,
+        which return empty items against moto here, so chunks are downloaded into its cache,
+        as its own iteration does it."""
+        from litdata.utilities.env import _WorkerEnv
+
+        ds = self.inner
         ds.worker_env = _WorkerEnv.detect()
         ds.cache = ds._create_cache(worker_env=ds.worker_env)
         ds.shuffler = ds._create_shuffler(ds.cache)
         ds.on_demand_bytes = False
-        return ds
+        self.ready = True
 
     def __getitems__(self, indices: list[int]) -> torch.Tensor:
-        if self.inner is None:
-            self.inner = self.open()
+        if not self.ready:
+            self.reader()
         rows = [np.frombuffer(self.inner[i]["tokens"], dtype=np.uint16) for i in indices]
         return torch.from_numpy(np.stack(rows).astype(np.int64))
 
