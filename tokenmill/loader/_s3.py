@@ -1,12 +1,16 @@
-"""A blend read straight from S3 (``open_blend("s3://...")``): small files fetched whole and
-checked by sha256, token files read by fixed-size blocks through a node-local block cache.
+"""A blend read straight from S3 (``open_blend("s3://...")``): token files read by fixed-size
+blocks through a node-local block cache (the small files: ``_s3_open``).
 
 The cache (``cache_dir``) is shared by every process on the node: a block is downloaded once
-(an ``flock`` per block), checked against the per-block sha256 list its dataset manifest
-records, written to a temp, fsynced and renamed (a reader never sees a partial block; a
-killed writer leaves only a temp), and evicted oldest-first (mtime, refreshed on use) when
-``cache_bytes`` would be exceeded. boto3 is imported only here, lazily, through
-``tokenmill.storage.s3.make_client`` (endpoint and credentials from the AWS environment).
+(an ``flock`` per block; consecutive missing blocks of one object by one range GET, their
+locks taken in ascending order), checked against the per-block sha256 list its dataset
+manifest records, written to a temp, fsynced and renamed (a reader never sees a partial block;
+a killed writer leaves only a temp), stamped checked (inode, size, mtime: later processes map
+it without hashing until it is written again), and evicted least recently used first (the
+stamp's mtime, refreshed when a process maps the block) when ``cache_bytes`` would be exceeded.
+A batch reads one memoryview slice of a mapped block per piece, as from a local memmap. boto3
+is imported only here, lazily, through ``tokenmill.storage.s3.make_client`` (endpoint and
+credentials from the AWS environment).
 """
 
 from __future__ import annotations
