@@ -8,7 +8,9 @@ every engine, and writes the verdicts to RECORD. A tokenizer whose normalizer is
 gets a copy without it (``*.fast.json``) for the fast engines, which are probed as they run: texts
 normalized by Python, behind the guard whose ranges (``unicodedata``'s unassigned code points and
 ``tokenmill.tokenize.tokenizer_guard.normalization_differences``) are computed here. A child keeps
-transformers (seconds to import, hundreds of MB) and any thread pools out of the tokenizing process.
+transformers (a second to import, hundreds of MB) and any thread pools out of the tokenizing
+process. The child hides torch from transformers (``hide_torch``): importing it was 3 s of a
+first use here and most of 19 s on a GPU node, for nothing a tokenizer call uses.
 """
 
 from __future__ import annotations
@@ -403,8 +405,23 @@ def _is_isolated_split(step: dict[str, Any]) -> bool:
     )
 
 
+def hide_torch() -> None:
+    """Make this process look torch-free to transformers, before transformers is imported.
+
+    transformers (>= 5) imports torch only because ``is_torch_available()`` finds it with
+    ``importlib.util.find_spec``, which returns None for a module whose ``sys.modules`` entry is
+    None (as ``import torch`` then raises ImportError). A tokenizer call never uses torch: with no
+    ``return_tensors``, ``tokenizer(text).input_ids`` are Python lists from the ``tokenizers``
+    backend, so the ids are the same (the tests compare them with transformers imported with
+    torch). Only for this child: a process that already imported torch keeps it.
+    """
+    if "torch" not in sys.modules:
+        sys.modules["torch"] = None  # type: ignore[assignment]
+
+
 def main(argv: list[str]) -> int:
     """Child entry point: verify and write the record atomically."""
+    hide_torch()
     source, definition, fingerprint, record = argv
     record_path = Path(record)
     record_path.parent.mkdir(parents=True, exist_ok=True)
