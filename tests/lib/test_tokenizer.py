@@ -14,9 +14,9 @@ import pytest
 
 from tokenmill.errors import ConfigError
 from tokenmill.tokenize import tokenizer
+from tokenmill.tokenize.engines import _assemble
 from tokenmill.tokenize.tokenizer import (
     ENGINES,
-    _assemble,
     inspect_tokenizer,
     load_encoder,
     load_tokenizer,

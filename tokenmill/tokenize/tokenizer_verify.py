@@ -29,23 +29,15 @@ import orjson
 
 from tokenmill.atomic import write_bytes, write_json
 from tokenmill.errors import ConfigError
-from tokenmill.tokenize.tokenizer import (
-    CACHE_VERSION,
-    ENCODERS,
-    Encoder,
-    RankFiles,
-    TokenizerInfo,
-    _assemble,
-    _library_versions,
-    first_mismatch,
-    load_reference,
-)
+from tokenmill.tokenize.engines import ENCODERS, Encoder, _assemble, load_reference
+from tokenmill.tokenize.tokenizer import CACHE_VERSION, _library_versions, first_mismatch
 from tokenmill.tokenize.tokenizer_guard import (
     normalization_differences,
     to_ranges,
     unassigned_code_points,
     unicode_form,
 )
+from tokenmill.tokenize.tokenizer_info import RankFiles, TokenizerInfo
 
 # Methods on the path from ``tokenizer(text)`` to the backend; a subclass overriding one may
 # change the ids, so only the transformers engine can reproduce it.
