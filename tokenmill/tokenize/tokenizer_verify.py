@@ -10,7 +10,9 @@ normalized by Python, behind the guard whose ranges (``unicodedata``'s unassigne
 ``tokenmill.tokenize.tokenizer_guard.normalization_differences``) are computed here. A child keeps
 transformers (a second to import, hundreds of MB) and any thread pools out of the tokenizing
 process. The child hides torch from transformers (``hide_torch``): importing it was 3 s of a
-first use here and most of 19 s on a GPU node, for nothing a tokenizer call uses.
+first use here and most of 19 s on a GPU node, for nothing a tokenizer call uses. While it loads
+the reference, a forked helper does the engines' part on the definition on disk (``Speculation``),
+kept only if the reference loads that same definition.
 """
 
 from __future__ import annotations
