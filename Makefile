@@ -55,7 +55,7 @@ test-fast: install-test
 lint: install-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy tokenmill
+	$(BIN)/mypy tokenmill assets pipelines
 
 format: install-test
 	$(BIN)/ruff format .
