@@ -155,7 +155,7 @@ def test_tokenize_killed_over_a_previous_result(src: Path, clean: dict, tmp_path
     ("hook", "call", "orphans"),
     [
         (f"{IDX_WRITER}:IndexedDatasetWriter.add_index", 2, []),  # one input copied
-        (f"{IDX_WRITER}:_copy_file", 3, []),
+        ("tokenmill.formats._writer_io:copy_file", 3, []),
         ("tokenmill.tokenize.merge:write_dataset_manifest", 1, ["m.bin", "m.idx"]),
     ],
     ids=["between-inputs", "copying-the-last-input", "before-manifest"],

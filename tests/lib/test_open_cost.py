@@ -4,6 +4,8 @@ their own manifests (megabytes of per-block hashes) nor from scans of the index.
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 import struct
 from pathlib import Path
 
@@ -97,3 +99,14 @@ def test_a_dtype_that_disagrees_with_the_blend_is_refused(blend: Path) -> None:
     _rewrite_idx(idx, {17: bytes([3])})  # int16: the same item size as uint16
     with pytest.raises(FormatError, match=r"int16 sequences, the manifest records 120 uint16"):
         open_blend(blend)
+
+
+def test_the_loader_does_not_import_the_writer_machinery() -> None:
+    """Every training process imports the loader: the writers' I/O (writeback thread, in-kernel
+    copies, the block-hash thread pool) stays out of it."""
+    code = (
+        "import sys, tokenmill.loader; print(sorted(m for m in sys.modules if m in "
+        "('tokenmill.formats._writer_io', 'concurrent.futures', 'mmap', 'queue')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +84,8 @@ def block_sha256(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTES) -
     """The sha256 of each ``block_bytes`` block of a file, the last one possibly short: what
     a streaming reader checks every block against when it enters its cache. One read pass,
     blocks hashed in parallel threads (hashlib releases the GIL): a post-pass of the writers."""
+    from concurrent.futures import ThreadPoolExecutor  # writers only: readers skip the import
+
     count = -(-os.path.getsize(path) // block_bytes)
     with open(path, "rb") as fh:
 
