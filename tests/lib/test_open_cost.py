@@ -4,9 +4,9 @@ their own manifests (megabytes of per-block hashes) nor from scans of the index.
 from __future__ import annotations
 
 import pickle
+import struct
 import subprocess
 import sys
-import struct
 from pathlib import Path
 
 import numpy as np
