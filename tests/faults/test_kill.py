@@ -276,10 +276,10 @@ def test_blend_rebuild_killed_keeps_the_previous_version(
 @pytest.mark.parametrize(
     ("hook", "call", "after", "jobs"),
     [
-        ("tokenmill.storage.pull:_Hasher.update", 1, True, 1),  # first file half-way (temp)
-        ("tokenmill.storage.pull:commit", 3, True, 1),  # three files complete
+        ("tokenmill.storage.pull_blocks:Hasher.update", 1, True, 1),  # first file half-way (temp)
+        ("tokenmill.storage.pull_blocks:commit", 3, True, 1),  # three files complete
         ("tokenmill.storage.pull:_commit_manifest", 1, False, 1),  # all files, no manifest
-        ("tokenmill.storage.pull:_Hasher.update", 4, True, 8),  # eight transfers at once
+        ("tokenmill.storage.pull_blocks:Hasher.update", 4, True, 8),  # eight transfers at once
     ],
     ids=["mid-file", "after-three-files", "before-manifest", "parallel"],
 )
