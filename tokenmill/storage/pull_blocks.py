@@ -204,7 +204,6 @@ def _fetch_block(
 
     for attempt in range(1, BODY_ATTEMPTS + 1):
         seen[0], streaming = 0, False
-
         try:
             with source.chunks(want.key, lo, hi) as chunks:
                 streaming = True
@@ -242,7 +241,9 @@ def _fill(
     uri = f"{source.uri(want.key)} ({want.what})"
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(open(partial, "r+b", buffering=0))
-        src = out if local in (None, partial) else stack.enter_context(open(local, "rb"))  # type: ignore[arg-type]
+        src: Any = out  # where blocks in ``good`` are read: the partial, or an older copy
+        if local is not None and local != partial:
+            src = stack.enter_context(open(local, "rb"))
         for i, block in enumerate(blocks):
             lo, hi, digest = block
             taken = None
@@ -250,6 +251,7 @@ def _fill(
                 src.seek(lo)
                 copy = None if src is out else out
                 taken = _take(ranged(src, hi - lo), copy, lo, hi, digest, running, partial)
+                advance(hi - lo if taken is not None else 0)
             fresh = taken is None or src is not out
             for attempt in range(1, BLOCK_ATTEMPTS + 1):
                 if taken is not None:
@@ -328,8 +330,11 @@ def sync(
         partial = temp_path_for(path)
     else:
         partial = temp_dir(path.parent) / f"{path.name}{PARTIAL_SUFFIX}"
+    recorded = set()
     if local is None and ledger is not None and _sized(partial, want.size):
-        good, local = ledger.blocks(want.rel, key), partial
+        recorded = ledger.blocks(want.rel, key)  # empty: the partial of other content
+    if recorded:
+        good, local = recorded, partial
     else:
         with name_os_errors(partial), open(partial, "wb") as fh:
             fh.truncate(want.size)
