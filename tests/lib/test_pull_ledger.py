@@ -13,21 +13,21 @@ def test_a_torn_last_line_is_ignored_and_the_next_record_starts_a_new_line(
 ) -> None:
     ledger = Ledger(tmp_path)
     ledger.start("a.bin", "k1")
-    ledger.block("a.bin", "k1", 0)
+    ledger.blocks_done("a.bin", "k1", [0])
     ledger.release()
     with open(tmp_path / LEDGER_NAME, "ab") as fh:  # a crash in the middle of a write
-        fh.write(b'{"block":"a.bin","key":"k1","i":')
+        fh.write(b'{"block":"a.bin","key":"k1","i":[')
     ledger = Ledger(tmp_path)
     assert ledger.blocks("a.bin", "k1") == {0}
-    ledger.block("a.bin", "k1", 2)
+    ledger.blocks_done("a.bin", "k1", [2, 3])
     ledger.release()
-    assert Ledger(tmp_path).blocks("a.bin", "k1") == {0, 2}
+    assert Ledger(tmp_path).blocks("a.bin", "k1") == {0, 2, 3}
 
 
 def test_blocks_belong_to_one_partial_and_one_content(tmp_path: Path) -> None:
     ledger = Ledger(tmp_path)
     ledger.start("a.bin", "k1")
-    ledger.block("a.bin", "k1", 3)
+    ledger.blocks_done("a.bin", "k1", [3])
     assert ledger.blocks("a.bin", "k2") == set()  # other content wanted: nothing to trust
     ledger.start("a.bin", "k1")  # a fresh partial: the earlier blocks are void
     assert ledger.blocks("a.bin", "k1") == set()

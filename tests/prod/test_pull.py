@@ -243,12 +243,15 @@ class Killed(BaseException):
 
 @pytest.fixture
 def small_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """``build_storage_root`` with per-block sha256 lists of BLOCK bytes (many blocks per .bin)."""
+    """``build_storage_root`` with per-block sha256 lists of BLOCK bytes (many blocks per .bin),
+    each new block recorded in the ledger at once (production: every 64 MiB)."""
     from servers import build_storage_root
 
     from tokenmill.formats import dataset_manifest
+    from tokenmill.storage import pull_blocks
 
     monkeypatch.setattr(dataset_manifest, "BLOCK_BYTES", BLOCK)
+    monkeypatch.setattr(pull_blocks, "SYNC_BYTES", BLOCK)
     build_storage_root(tmp_path / "src")
     return tmp_path / "src"
 

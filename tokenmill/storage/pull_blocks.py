@@ -26,6 +26,7 @@ from tokenmill.storage.s3 import BODY_ATTEMPTS, is_s3_error
 
 CHUNK = 1 << 22
 BLOCK_ATTEMPTS = 2  # a block failing its sha256 is fetched once more, then refused
+SYNC_BYTES = 64 << 20  # new blocks are fsynced and recorded at least this often
 PARTIAL_SUFFIX = ".partial"
 
 
@@ -234,10 +235,13 @@ def _fill(
     """Complete ``partial`` block by block, in order: a block in ``good`` is taken from ``local``
     (the partial itself, or an older copy of the file) when it still matches its sha256, any
     other is fetched by range GET (once more if it fails its sha256, then CacheError naming the
-    object and block). Each new block is fsynced, then recorded in the ledger; the whole file
-    is checked at the end. Returns the bytes fetched."""
+    object and block). New blocks are fsynced, then recorded in the ledger, every ``SYNC_BYTES``
+    (a crash loses at most that much); the whole file is checked at the end. Returns the bytes
+    fetched."""
     running, fetched = Hasher(want), 0
     blocks = want.blocks()
+    pending: list[int] = []  # new blocks written since the last fsync (recorded after it)
+    pending_bytes = 0
     uri = f"{source.uri(want.key)} ({want.what})"
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(open(partial, "r+b", buffering=0))
@@ -265,9 +269,14 @@ def _fill(
                     )
             running = taken  # type: ignore[assignment]
             if fresh and ledger is not None and len(blocks) > 1:
+                pending.append(i)
+                pending_bytes += hi - lo
+            last = i == len(blocks) - 1
+            if ledger is not None and pending and (pending_bytes >= SYNC_BYTES or last):
                 with name_os_errors(partial):
                     os.fsync(out.fileno())
-                ledger.block(want.rel, want.identity, i)
+                ledger.blocks_done(want.rel, want.identity, pending)
+                pending, pending_bytes = [], 0
         with name_os_errors(partial):
             os.fsync(out.fileno())
     problem = running.problem()

@@ -6,8 +6,8 @@ line being written (a torn last line is ignored: it vouched for nothing). Record
 
     {"start": rel, "key": K}                         a fresh partial download of rel begins
                                                      (blocks of an earlier partial are void)
-    {"block": rel, "key": K, "i": i}                 block i of that partial is written,
-                                                     fsynced and matched its sha256
+    {"block": rel, "key": K, "i": [i, ...]}          blocks of that partial are written,
+                                                     fsynced and matched their sha256
     {"done": rel, "key": K, "ino": .., "mtime_ns": .., "size": ..}
                                                      rel is complete and verified
 
@@ -72,7 +72,7 @@ class Ledger:
         elif "block" in record:
             owner = self._partial.get(str(record["block"]))
             if owner is not None and owner[0] == key:
-                owner[1].add(int(record["i"]))
+                owner[1].update(int(i) for i in record["i"])
 
     def trusted(self, rel: str, key: str, path: Path) -> bool:
         """True when ``path`` is the complete, verified file recorded for ``rel`` and ``key``."""
@@ -94,9 +94,9 @@ class Ledger:
         """Record that a fresh partial download of ``rel`` begins."""
         self._append({"start": rel, "key": key})
 
-    def block(self, rel: str, key: str, i: int) -> None:
-        """Record block ``i`` of ``rel``'s partial as durable and verified (after its fsync)."""
-        self._append({"block": rel, "key": key, "i": i})
+    def blocks_done(self, rel: str, key: str, blocks: list[int]) -> None:
+        """Record ``blocks`` of ``rel``'s partial as durable and verified (after their fsync)."""
+        self._append({"block": rel, "key": key, "i": list(blocks)})
 
     def done(self, rel: str, key: str, path: Path) -> None:
         """Record ``path`` (renamed into place, verified) as the complete file of ``rel``."""
