@@ -40,10 +40,11 @@ from typing import Any
 import numpy as np
 from _util import table, write_results
 
-from tokenmill.atomic import write_json
+from tokenmill.atomic import file_sha256, write_json
 from tokenmill.formats import nanoset_cache as _index_cache
 from tokenmill.formats.blend_manifest import FORMAT_VERSION, seal
 from tokenmill.formats.indexed import HEADER_SIZE, MAGIC, VERSION, dtype_code
+from tokenmill.formats.virtual_merge import is_virtual, shard_entry, write_virtual_manifest
 from tokenmill.indices.nanoset import cache_key
 from tokenmill.storage.versions import version_hash
 
@@ -73,11 +74,33 @@ def sparse_npy(path: Path, dtype: str, shape: tuple[int, ...], window: np.ndarra
     return path.stat().st_size
 
 
-def dataset(root: Path, name: str, n: int, length: int, seed: int) -> tuple[Path, dict]:
-    """A sparse pair of ``n`` sequences of ``length`` tokens (real in the window) + manifest."""
+def dataset(
+    root: Path, name: str, n: int, length: int, seed: int, shards: int
+) -> tuple[Path, dict]:
+    """The merged dataset ``name``: one sparse pair of ``n`` sequences, or (``shards`` > 0) a
+    virtual merge of that many sparse shard pairs; its prefix and manifest."""
     prefix = root / f"merged/{name}/{'0' * 16}/{name}_text_document"
+    if not shards:
+        return prefix, pair(prefix, n, length, seed, kind="merged")
+    records = []
+    for k in range(shards):
+        lo, hi = k * n // shards, (k + 1) * n // shards
+        shard = root / f"tokens/{name}/s{k:05d}_text_document"
+        made = pair(shard, hi - lo, length, seed + k, kind="tokenized", window=k == 0)
+        records.append(shard_entry(f"s{k:05d}", shard, prefix.parent, made))
+    config = {"merge": "virtual"}
+    path = prefix.parent / "manifests" / f"{prefix.name}.manifest.json"
+    manifest = write_virtual_manifest(
+        path, name=prefix.name, shards=records, dtype="uint16", config=config, quarantined=0,
+        extends=None,
+    )  # fmt: skip
+    return prefix, manifest
+
+
+def pair(prefix: Path, n: int, length: int, seed: int, *, kind: str, window: bool = True) -> dict:
+    """A sparse pair of ``n`` sequences of ``length`` tokens (real in the window) + manifest."""
     itemsize = 2
-    w = min(n, WINDOW)
+    w = min(n, WINDOW) if window else 0
     lengths = np.full(w, length, "<i4")
     pointers = np.arange(w, dtype="<i8") * length * itemsize
     docs_head = np.arange(w + 1, dtype="<i8")
@@ -110,16 +133,16 @@ def dataset(root: Path, name: str, n: int, length: int, seed: int) -> tuple[Path
     }
     manifest = {
         "format_version": 1,
-        "kind": "merged",
+        "kind": kind,
         "prefix": prefix.name,
         "inputs": [],
         "config": {},
         "counts": {"documents": n, "sequences": n, "tokens": n * length, "quarantined": 0},
         "files": files,
-        "content_hash": version_hash({"bench_open": name, "n": n}),
+        "content_hash": version_hash({"bench_open": str(prefix), "n": n}),
     }
     write_json(prefix.parent / "manifests" / f"{prefix.name}.manifest.json", manifest)
-    return prefix, manifest
+    return manifest
 
 
 def cache_entry(root: Path, content: str, n: int, length: int) -> tuple[str, dict, dict]:
@@ -167,6 +190,15 @@ def cache_entry(root: Path, content: str, n: int, length: int) -> tuple[str, dic
     return digest, {k: p for k, p in paths.items()}, {"samples": samples, "window": w}
 
 
+def dataset_files(prefix: Path, manifest: dict, entry: Any) -> dict[str, Any]:
+    """A blend's record of a dataset's files: the pair, or a virtual merge's manifest (whose
+    sha256 open_blend checks: a real one)."""
+    if not is_virtual(manifest):
+        return {k: entry(Path(f"{prefix}.{k}")) for k in ("bin", "idx")}
+    path = prefix.parent / "manifests" / f"{prefix.name}.manifest.json"
+    return {"manifest": {**entry(path), "sha256": file_sha256(path)}}
+
+
 def blend_manifest(
     base: Path, version: str, datasets: list[dict], split: dict, files: dict[str, Path]
 ) -> dict[str, Any]:
@@ -186,7 +218,7 @@ def blend_manifest(
             "dtype": "uint16",
             "num_sequences": d["manifest"]["counts"]["sequences"],
             "num_tokens": d["manifest"]["counts"]["tokens"],
-            "files": {k: entry(Path(f"{d['prefix']}.{k}")) for k in ("bin", "idx")},
+            "files": dataset_files(d["prefix"], d["manifest"], entry),
         }
         for d in datasets
     ]
@@ -235,11 +267,11 @@ def blend_manifest(
     )
 
 
-def build(root: Path, n: int, length: int) -> Path:
+def build(root: Path, n: int, length: int, shards: int = 0) -> Path:
     """The sparse blend (see the module docstring); returns the pointer manifest path."""
     datasets = []
     for i, name in enumerate(("docs", "code")):
-        prefix, manifest = dataset(root, name, n, length, i)
+        prefix, manifest = dataset(root, name, n, length, i, shards)
         digest, paths, sizes = cache_entry(root, manifest["content_hash"], n, length)
         entry = {"name": name, "prefix": prefix, "manifest": manifest, "digest": digest}
         datasets.append({**entry, "paths": paths, **sizes})
@@ -319,6 +351,9 @@ def main() -> int:
     parser.add_argument("--sequences", type=int, default=250_000_000)
     parser.add_argument("--tokens-per-sequence", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument(
+        "--virtual", type=int, default=0, metavar="SHARDS", help="virtual merges of SHARDS pairs"
+    )
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--dir", type=Path, help="where to build (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the built blend")
@@ -326,7 +361,7 @@ def main() -> int:
     root = args.dir or Path(tempfile.mkdtemp(prefix="bench-open-"))
     try:
         start = time.perf_counter()
-        pointer = build(root, args.sequences, args.tokens_per_sequence)
+        pointer = build(root, args.sequences, args.tokens_per_sequence, args.virtual)
         built = time.perf_counter() - start
         apparent = sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
         res = measure(pointer, args.batch, args.repeat)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -172,14 +173,18 @@ def shard_problems(
     records = manifest["shards"]
     for i in shards if shards is not None else range(len(records)):
         shard = records[i]
-        prefix = base / shard["prefix"]
+        prefix = os.path.join(base, shard["prefix"])  # strings, one stat per file: O(shards)
         for kind in kinds:
-            path = data_file_path(prefix) if kind == "bin" else index_file_path(prefix)
+            path = f"{prefix}.{kind}"
             info = shard["files"][kind]
-            if not path.is_file():
+            try:
+                st = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                st = None
+            if st is None or not stat.S_ISREG(st.st_mode):
                 problems.append(f"{path}: missing (shard {shard['key']!r} of the merge)")
                 continue
-            size = path.stat().st_size
+            size = st.st_size
             if size != info["bytes"]:
                 problems.append(
                     f"{path}: {size} bytes, the merge recorded {info['bytes']} "
