@@ -110,3 +110,43 @@ def test_the_loader_does_not_import_the_writer_machinery() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_blend_of_a_virtual_merge_reads_its_manifest_once_and_keeps_no_block_lists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenmill.formats import blend_manifest
+    from tokenmill.formats.merge import virtual_merge
+
+    shards = [
+        random_dataset(
+            tmp_path / f"tokens/part-{i}_text_document", 50, i, kind="tokens", counted=True
+        )
+        for i in range(3)
+    ]
+    keys = [(p.name.removesuffix("_text_document"), p) for p in shards]
+    merged = virtual_merge(keys, tmp_path / "merged/v1/docs_text_document").prefix
+    build_blend(
+        "one",
+        {"docs": merged},
+        tmp_path / "blends/one",
+        tmp_path / "nanoset",
+        weights={"docs": 1},
+        sequence_length=S,
+        split_spec="80,10,10",
+        train_samples=20,
+    )
+    reads = []
+    real_read = dataset_manifest.read_dataset_manifest
+
+    def counting(prefix: object) -> dict:
+        reads.append(prefix)
+        return real_read(prefix)
+
+    monkeypatch.setattr(dataset_manifest, "read_dataset_manifest", counting)
+    monkeypatch.setattr(blend_manifest, "read_dataset_manifest", counting)
+    ds = open_blend(tmp_path / "blends/one")
+    assert len(reads) == 1
+    kept = ds.datasets["docs"].data.manifest
+    assert all("block_sha256" not in f for s in kept["shards"] for f in s["files"].values())
+    assert ds.get_batch(np.arange(len(ds))).shape == (len(ds), S + 1)

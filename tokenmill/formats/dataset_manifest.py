@@ -216,7 +216,11 @@ def open_dataset(
     ``recorded``: the pair's ``num_sequences``, ``num_tokens`` and ``dtype`` as a manifest
     already read and checked records them (a blend's dataset entry): the pair opens from those
     and its header, without parsing its own manifest (megabytes of per-block hashes for a large
-    ``.bin``); a header that disagrees is a FormatError."""
+    ``.bin``); a header that disagrees is a FormatError. For a virtual merge, ``recorded`` may
+    be its manifest, already read and checked (not read again)."""
+    if recorded is not None and is_virtual(recorded) and not index_file_path(prefix).is_file():
+        path = dataset_manifest_path(prefix)
+        return VirtualDataset(prefix, recorded, path, index_only=index_only)
     if recorded is not None and _counts_recorded(recorded):
         return _open_recorded(Path(prefix), recorded, index_only=index_only)
     path = dataset_manifest_path(prefix)

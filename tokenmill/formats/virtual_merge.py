@@ -195,6 +195,22 @@ def shard_problems(
     return problems
 
 
+def _without_block_lists(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest without its shards' per-block sha256 lists: what a reader keeps (the lists
+    are megabytes of strings for a large merge; the streaming reader reads them itself)."""
+    shards = [
+        {
+            **shard,
+            "files": {
+                kind: {k: v for k, v in info.items() if k != "block_sha256"}
+                for kind, info in shard["files"].items()
+            },
+        }
+        for shard in manifest["shards"]
+    ]
+    return {**manifest, "shards": shards}
+
+
 class VirtualDataset:
     """A virtual merge read as one dataset, with the reading surface of ``IndexedDataset``:
     ``len``, ``dtype``, counts, ``lengths_of``/``locate``/``buffer`` for sample reads, and
@@ -211,7 +227,7 @@ class VirtualDataset:
     ) -> None:
         self.prefix = Path(prefix)
         self.idx_path = manifest_file  # what errors name
-        self.manifest = manifest
+        self.manifest = _without_block_lists(manifest)  # kept for the life of the dataset
         self.dtype = np.dtype(str(manifest["dtype"]))
         shards = manifest["shards"]
         self.keys = [str(s["key"]) for s in shards]

@@ -118,14 +118,15 @@ def open_blend(
     info = read_blend_manifest(mpath)
     _check_split(info, mpath, split, version)
     full = verify == "full"
-    problems = verify_manifest(mpath, [split], full=full)
+    merges: dict[str, dict[str, Any]] = {}  # virtual merges' manifests, read once
+    problems = verify_manifest(mpath, [split], full=full, merges=merges)
     if problems:
         raise CacheError(
             f"{mpath}: blend is stale or incomplete; {rebuild_hint(info, mpath)}:\n  "
             + "\n  ".join(problems)
         )
     with schema_errors(mpath):
-        return open_blend_split(info, mpath, split, full=full, pad_id=pad_id)
+        return open_blend_split(info, mpath, split, full=full, pad_id=pad_id, merges=merges)
 
 
 def _check_split(info: dict[str, Any], where: object, split: str, version: str | None) -> None:
@@ -175,16 +176,22 @@ def open_blend_split(
     full: bool,
     pad_id: int = PAD_ID,
     open_data: Any = None,
+    merges: dict[str, dict[str, Any]] | None = None,
 ) -> BlendedDataset:
     """Open the checked files of one split as a BlendedDataset (memory-mapped; ``full`` also
     checks every index value). ``info`` and ``mpath``: a manifest already read and verified
     (``open_blend`` does both; ``tokenmill verify`` reuses this for its value checks).
     ``open_data(prefix, full=..., recorded=...)`` opens each dataset (default: the local pair or
     merge); ``recorded`` is the blend's entry of a pair (its counts and dtype: the pair opens
-    from them without reading its own manifest), None for a virtual merge."""
+    from them without reading its own manifest), or a virtual merge's manifest already read and
+    checked (``merges``, by dataset name), else None."""
     opener = _open_data if open_data is None else open_data
     prefixes = {ds["name"]: resolve(mpath, ds["prefix"]) for ds in info["datasets"]}
-    recorded = {ds["name"]: None if "manifest" in ds["files"] else ds for ds in info["datasets"]}
+    known = merges or {}
+    recorded = {
+        ds["name"]: known.get(ds["name"]) if "manifest" in ds["files"] else ds
+        for ds in info["datasets"]
+    }
     part = info["splits"][split]
     datasets = {}
     for ds in part["datasets"]:
