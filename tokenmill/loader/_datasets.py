@@ -224,7 +224,11 @@ class NanosetDataset(_TrainingBatches):
             self.sample_index,
             self.shuffle_index,
         )
-        data = self.data if getattr(self.data, "remote", False) else str(self.data.prefix)
+        data: Any = str(self.data.prefix)  # a virtual merge: its manifest is read again
+        if getattr(self.data, "remote", False):
+            data = self.data
+        elif isinstance(self.data, IndexedDataset):  # a pair: its checked token count travels
+            data = (data, self.data.num_tokens)
         return (_reopen, (data, *arrays, settings))
 
     def _buffer(self, part: int) -> memoryview:
@@ -387,7 +391,10 @@ def _reopen(
         if all(isinstance(a, str) for a in arrays):
             paths = (str(arrays[0]), str(arrays[1]), str(arrays[2]))
             arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
-        data = open_dataset(prefix) if isinstance(prefix, str) else prefix
+        if isinstance(prefix, tuple):  # a pair with the token count the sender checked: O(1)
+            data: Any = IndexedDataset(prefix[0], num_tokens=prefix[1])
+        else:
+            data = open_dataset(prefix) if isinstance(prefix, str) else prefix
     except FileNotFoundError as exc:
         raise CacheError(
             f"{exc.filename}: missing when a DataLoader worker reopened index cache "
