@@ -425,10 +425,11 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
                     index = build_or_load(
                         prefix,
                         ws.storage.nanoset_dir(),
-                        num_samples=requested[split],
+                        split,
+                        settings,
+                        requested[split],
                         build=False,
                         fetch=ws.fetch_index_entry,
-                        **settings.index_keywords(split),
                     )
                     if index is None:
                         continue

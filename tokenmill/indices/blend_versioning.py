@@ -25,9 +25,8 @@ from tokenmill.indices import blend as blending
 from tokenmill.indices import growing_blend
 from tokenmill.indices._nanoset_indices import parse_split
 from tokenmill.indices.blend_plan import Plan, check_settings, dataset_entry
-from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.indices.nanoset import index_lengths
-from tokenmill.indices.settings import NanosetSettings
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.storage.versions import (
     version_hash,
 )
@@ -185,35 +184,13 @@ def prepared(
     datasets: Mapping[str, str | os.PathLike[str]],
     output_dir: str | os.PathLike[str],
     cache_dir: str | os.PathLike[str],
-    *,
-    weights: Mapping[str, float] | None = None,
-    temperature: float | None = None,
-    sequence_length: int,
-    split_spec: str = "949,50,1",
-    seed: int = 1234,
-    train_samples: int | None,
-    valid_samples: int | None = None,
-    test_samples: int | None = None,
-    semantics: str = "megatron",
-    add_extra_token: bool = True,
-    drop_last_partial_validation: bool = True,
-    era_samples: int = ERA_SAMPLES,
+    settings: BlendSettings,
 ) -> tuple[list[dict[str, Any]], Plan, str]:
     """:func:`prepare` from :func:`build_blend`'s arguments (less ``fetch`` and ``expected``)."""
-    settings = NanosetSettings(
-        sequence_length=sequence_length,
-        split_spec=split_spec,
-        seed=seed,
-        semantics=semantics,
-        add_extra_token=add_extra_token,
-        drop_last_partial_validation=drop_last_partial_validation,
-        era_samples=era_samples,
-        train_samples=train_samples,
-        valid_samples=valid_samples,
-        test_samples=test_samples,
-    )
     root, cache = Path(output_dir), Path(cache_dir)
-    return prepare(name, datasets, root, cache, weights, temperature, settings)
+    return prepare(
+        name, datasets, root, cache, settings.weights, settings.temperature, settings.nanoset
+    )
 
 
 def blend_version(
@@ -221,12 +198,12 @@ def blend_version(
     datasets: Mapping[str, str | os.PathLike[str]],
     output_dir: str | os.PathLike[str],
     cache_dir: str | os.PathLike[str],
-    **arguments: Any,
+    settings: BlendSettings,
 ) -> str:
     """The version :func:`build_blend` with the same arguments builds or reuses, computed
     without building anything (reads the datasets' manifests and ``.idx`` only): e.g. to
     stage ``versions/<v16>/`` from remote storage before building, or to compare."""
-    return prepared(name, datasets, output_dir, cache_dir, **arguments)[2]
+    return prepared(name, datasets, output_dir, cache_dir, settings)[2]
 
 
 def blend_skips(
@@ -234,12 +211,12 @@ def blend_skips(
     datasets: Mapping[str, str | os.PathLike[str]],
     output_dir: str | os.PathLike[str],
     cache_dir: str | os.PathLike[str],
-    **arguments: Any,
+    settings: BlendSettings,
 ) -> dict[str, dict[str, str]]:
     """``{split: {dataset: reason}}``: the datasets :func:`build_blend` with the same arguments
     would leave out of each split the spec gives a share, computed without building anything
     (so a caller can refuse a blend where a weighted dataset would vanish, before it exists)."""
-    plan = prepared(name, datasets, output_dir, cache_dir, **arguments)[1]
+    plan = prepared(name, datasets, output_dir, cache_dir, settings)[1]
     shares = parse_split(plan.settings.split_spec)
     skips = {split: plan.skipped(i) for i, split in enumerate(SPLITS) if shares[i] > 0}
     return {split: out for split, out in skips.items() if out}
