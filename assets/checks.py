@@ -416,9 +416,7 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
                 [None] * 3 if unranged else split_ranges(cfg.split, len(lengths), cfg.semantics)
             )
             settings = cfg.settings()
-            requested = settings.sizes()
-            if growing:  # the nanoset asset's growing entries are uncapped
-                requested = dict.fromkeys(requested)
+            requested = settings.index_sizes()  # what the nanoset asset requests
             problems: list[str] = []
             for position, split in enumerate(SPLITS):
                 try:

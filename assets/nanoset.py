@@ -60,12 +60,6 @@ def merged_lengths(prefix: Path) -> tuple[np.ndarray, str]:
     return lengths, dataset_content_hash(prefix, index_only=index_only)
 
 
-def split_samples(cfg: NanosetConfig, split: str) -> int | None:
-    """The requested size of one split's index (None = one epoch of the split). Growing
-    semantics: no cap (a blend caps its own size; the index grows)."""
-    return None if cfg.semantics == "growing" else cfg.settings().sizes()[split]
-
-
 def merged_version(storage: StorageResource, ds: DatasetConfig) -> str:
     """The current merged version of a dataset, as its pointer names it."""
     pointer = read_pointer(storage.path(layout.merged_pointer(ds.name)))
@@ -127,7 +121,8 @@ def split_entry(
 ) -> tuple[int, str | None, str]:
     """(samples, cache hash, how) of one split's entry: ``stored`` when S3 already holds it
     complete, else ``loaded``/``built`` from the workspace's cache; (0, None, "-") if empty."""
-    settings, samples = cfg.settings(), split_samples(cfg, split)
+    settings = cfg.settings()
+    samples = settings.index_sizes()[split]
     where = {"shards": shards, "masked": masked}
     found = entry_key(len(lengths), content, split, settings, samples, **where)
     if found is None:

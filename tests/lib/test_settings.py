@@ -12,7 +12,7 @@ from tiny_pairs import random_dataset
 from tokenmill.commands import blend as blend_command
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.growing import ERA_SAMPLES
-from tokenmill.indices.nanoset import build_or_load, entry_key
+from tokenmill.indices.nanoset import SPLITS, build_or_load, entry_key, index_version
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.recipe import BlendConfig, NanosetConfig
 
@@ -87,3 +87,22 @@ def test_a_blend_and_a_lone_index_from_one_value_share_the_cache_entry(tmp_path:
     lone = build_or_load(prefix, tmp_path / "nanoset", "valid", settings, None, build=False)
     assert lone is not None and lone.cache_hash == recorded
     assert lone.description["key"]["drop_last_partial"] is False
+
+
+def test_the_index_version_moves_with_the_entry_keys() -> None:
+    """``index_version`` (the nanoset data version) changes exactly when a split's entry key
+    would: the era size is no part of a megatron key, a seed or the valid flag is."""
+    base = NanosetSettings(sequence_length=8, train_samples=50)
+
+    def both(settings: NanosetSettings) -> tuple[object, str]:
+        keys = [entry_key(1000, "h", s, settings, settings.sizes()[s]) for s in SPLITS]
+        return keys, index_version("v", settings, settings.index_sizes())
+
+    same = both(base)
+    assert both(NanosetSettings(sequence_length=8, train_samples=50, era_samples=3)) == same
+    for change in ({"seed": 7}, {"drop_last_partial_validation": False}, {"train_samples": 51}):
+        keys, version = both(
+            NanosetSettings(**{"sequence_length": 8, "train_samples": 50, **change})
+        )
+        assert keys != same[0] and version != same[1]
+    assert index_version("w", base, base.index_sizes()) != same[1]  # another dataset version

@@ -5,7 +5,7 @@ version folder, and whether a growing blend extends the current version."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,18 +43,9 @@ def version_of(
     seed, configured weighting, requested sizes, each dataset's name, path and content hash, and
     each Nanoset cache hash with the cache's path; growing blends add the era size, each
     dataset's shard lineage and the version they extend."""
+    settings = BlendSettings(plan.settings, weights=weights, temperature=temperature)
     description: dict[str, Any] = {
-        "format_version": FORMAT_VERSION,
-        "kind": KIND,
-        "semantics": plan.settings.semantics,
-        "sequence_length": plan.settings.sequence_length,
-        "add_extra_token": bool(plan.settings.add_extra_token),
-        "drop_last_partial": bool(plan.settings.drop_last_partial_validation),
-        "split": plan.settings.split_spec,
-        "seed": plan.settings.seed,
-        "weights": None if weights is None else {n: float(weights[n]) for n in plan.prefixes},
-        "temperature": temperature,
-        "samples": plan.settings.sizes(),
+        **settings_description(settings, list(plan.prefixes)),
         "datasets": [[e["name"], e["prefix"], e["content_hash"]] for e in entries],
         "cache_dir": os.path.relpath(plan.cache_dir, plan.base),
         "indices": plan.cache_hashes(),
@@ -65,6 +56,37 @@ def version_of(
             "lineage": [e["shards"] for e in entries],
             "extends": plan.growing.extends,
         }
+    return version_hash(description)
+
+
+def settings_description(settings: BlendSettings, names: Sequence[str]) -> dict[str, Any]:
+    """The part of a blend's version description its settings give (datasets ``names`` in
+    blend order): shared by :func:`version_of` and :func:`blend_data_version`."""
+    nanoset, weights = settings.nanoset, settings.weights
+    return {
+        "format_version": FORMAT_VERSION,
+        "kind": KIND,
+        "semantics": nanoset.semantics,
+        "sequence_length": nanoset.sequence_length,
+        "add_extra_token": bool(nanoset.add_extra_token),
+        "drop_last_partial": bool(nanoset.drop_last_partial_validation),
+        "split": nanoset.split_spec,
+        "seed": nanoset.seed,
+        "weights": None if weights is None else {n: float(weights[n]) for n in names},
+        "temperature": settings.temperature,
+        "samples": nanoset.sizes(),
+    }
+
+
+def blend_data_version(settings: BlendSettings, members: Sequence[tuple[str, str | None]]) -> str:
+    """A blend's version as known before its inputs are read: :func:`version_of`'s description
+    of the settings with each member's ``(name, index version)`` (``nanoset.index_version``) in
+    place of the datasets and their index caches, which those fix. An orchestrator records it
+    (e.g. as a Dagster data version) to tell a stale blend from its upstream versions alone."""
+    names = [name for name, _ in members]
+    description = {**settings_description(settings, names), "members": [list(m) for m in members]}
+    if settings.nanoset.semantics == "growing":
+        description["growing"] = {"era_samples": settings.nanoset.era_samples}
     return version_hash(description)
 
 

@@ -54,6 +54,7 @@ from tokenmill.indices._nanoset_indices import (
     split_ranges,
 )
 from tokenmill.indices.settings import NanosetSettings
+from tokenmill.storage.versions import version_hash
 
 __all__ = [
     "SEMANTICS",
@@ -66,6 +67,7 @@ __all__ = [
     "cache_paths",
     "entry_key",
     "index_lengths",
+    "index_version",
     "masked_of",
     "split_key",
     "split_ranges",
@@ -265,6 +267,38 @@ def entry_key(
         return None
     key = split_key(content_hash, split, settings, split_range, num_samples)
     return key, cache.key_hash(key)
+
+
+def index_version(
+    dataset_version: str | None,
+    settings: NanosetSettings,
+    num_samples: Mapping[str, int | None],
+) -> str:
+    """The version of a dataset's indices as known before the dataset is read: the hash of the
+    :func:`cache_key` of each split (``num_samples``: its requested size) with the dataset's
+    version (e.g. its merged version, which fixes its content) in place of its content hash
+    and no split range or shard table (the content fixes them). An orchestrator records it
+    (e.g. as a Dagster data version) to tell stale indices from their upstream versions alone."""
+    _check_choices(SPLITS[0], settings.semantics)
+    growing_era = settings.semantics == "growing"
+    keys = [
+        cache_key(
+            "",
+            semantics=settings.semantics,
+            split=split,
+            split_spec=settings.split_spec,
+            split_range=None,
+            sequence_length=settings.sequence_length,
+            seed=settings.seed,
+            num_samples=num_samples[split],
+            add_extra_token=settings.add_extra_token,
+            drop_last_partial=settings.drop_last(split),
+            era_samples=growing.split_era(split, settings.era_samples) if growing_era else None,
+        )
+        | {"dataset_content_hash": dataset_version}
+        for split in SPLITS
+    ]
+    return version_hash({"kind": "nanoset", "keys": keys})
 
 
 def split_key(

@@ -36,6 +36,11 @@ class NanosetSettings:
         """The requested sample count of each split."""
         return {"train": self.train_samples, "valid": self.valid_samples, "test": self.test_samples}
 
+    def index_sizes(self) -> dict[str, int | None]:
+        """The requested sample count of each split of a dataset's own indices: :meth:`sizes`;
+        under growing semantics none is capped (a blend caps its own size; the index grows)."""
+        return dict.fromkeys(self.sizes()) if self.semantics == "growing" else self.sizes()
+
     def drop_last(self, split: str) -> bool:
         """The effective drop-last flag of ``split``: the validation setting applies to valid
         only; train and test always drop, as Megatron."""
