@@ -38,10 +38,12 @@ from tokenmill.formats.blend_manifest import (
     resolve,
 )
 from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
-from tokenmill.formats.shard_records import read_dochash, read_record, text_digest
+from tokenmill.formats.shard_records import parse_record, read_dochash, read_record, text_digest
 from tokenmill.formats.virtual_merge import VirtualDataset
 from tokenmill.ingest.records import document_lines
 from tokenmill.loader import NanosetDataset, open_blend
+from tokenmill.storage.mirror import local_root, root_of_blend
+from tokenmill.storage.store import Store, open_store
 
 __all__ = [
     "DocumentRef",
@@ -124,6 +126,7 @@ class _Shard:
     prefix: Path
     root: Path | None
     documents: int
+    remote: Store | None = None  # the S3 root when ``root`` is a loader mirror without records
     _stats: dict[str, Any] | None = None
     _lines: tuple[np.ndarray, list[str | None]] | None = None
 
@@ -131,7 +134,14 @@ class _Shard:
         """``raw/<ds>/<shard>.stats.json`` (read once), or None when there is none."""
         if self._stats is None and self.root is not None:
             path = self.root / "raw" / self.dataset / f"{self.key}.stats.json"
-            self._stats = read_record(path) if path.is_file() else None
+            if path.is_file():
+                self._stats = read_record(path)
+            elif self.remote is not None:
+                key = f"raw/{self.dataset}/{self.key}.stats.json"
+                data = self.remote.read(key)
+                if data is not None:
+                    shown = f"{getattr(self.remote, 'uri', '')}/{key}"
+                    self._stats = parse_record(data, shown)
         return self._stats
 
     def dochash(self) -> np.ndarray | None:
@@ -216,7 +226,9 @@ def _pair_of_physical(prefix: Path, key: str) -> Path:
 class _Merge:
     """The shard records of one merged dataset (virtual or pipeline-made physical)."""
 
-    def __init__(self, name: str, prefix: Path, manifest: dict[str, Any]) -> None:
+    def __init__(
+        self, name: str, prefix: Path, manifest: dict[str, Any], remote: Store | None = None
+    ) -> None:
         self.name = name
         records = manifest.get("shards") or []
         self.records = records
@@ -229,9 +241,8 @@ class _Merge:
             else:  # a physical merge at merged/<ds>/<v16>/<ds>_<text_key>_document
                 sp = _pair_of_physical(prefix, str(s["key"]))
             ds = sp.parent.name
-            self.shards.append(
-                _Shard(ds, str(s["key"]), sp, _storage_root(sp, ds), int(s["documents"]))
-            )
+            root = _storage_root(sp, ds)
+            self.shards.append(_Shard(ds, str(s["key"]), sp, root, int(s["documents"]), remote))
         self.where = {(s.dataset, s.key): k for k, s in enumerate(self.shards)}
 
     def split(self, seq: int) -> tuple[_Shard | None, int]:
@@ -241,13 +252,13 @@ class _Merge:
         return self.shards[k], seq - int(self.first[k])
 
 
-def _merge_of(name: str, ds: NanosetDataset) -> _Merge:
+def _merge_of(name: str, ds: NanosetDataset, remote: Store | None) -> _Merge:
     data = ds.data
     if isinstance(data, VirtualDataset):
-        return _Merge(name, data.prefix, data.manifest)
+        return _Merge(name, data.prefix, data.manifest, remote)
     path = dataset_manifest_path(data.prefix)
     manifest = read_dataset_manifest(data.prefix) if path.is_file() else {}
-    return _Merge(name, Path(data.prefix), manifest)
+    return _Merge(name, Path(data.prefix), manifest, remote)
 
 
 def _pieces(ds: NanosetDataset, k: int) -> list[tuple[int, int, int]]:
@@ -275,12 +286,15 @@ def explain(
     """The documents each blend sample of ``split`` holds, piece by piece in sample order:
     dataset, shard key, ordinal, source file and 1-based line, the record's ``id``, and the
     token range of the piece in the sample and in its document (an extra token, when the blend
-    adds one, is counted in the last piece)."""
+    adds one, is counted in the last piece). An ``s3://…/blends/<name>`` blend is opened through
+    the streaming loader and its shards' raw stats are read from its storage root."""
     blend = open_blend(blend_manifest_path, split, version=version)
+    root_uri = root_of_blend(os.fspath(blend_manifest_path))
+    remote = None if root_uri is None else open_store(root_uri)
     ids = np.asarray(list(sample_ids), dtype=np.int64)
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= len(blend)):
         raise IndexError(f"split {split!r}: samples must lie in [0, {len(blend)})")
-    merges = {name: _merge_of(name, ds) for name, ds in blend.datasets.items()}
+    merges = {name: _merge_of(name, ds, remote) for name, ds in blend.datasets.items()}
     out = []
     for i in ids.tolist():
         name = blend.names[int(blend.dataset_index[i])]
@@ -354,7 +368,11 @@ def resolve_queries(root: str | os.PathLike[str], queries: Sequence[str]) -> lis
     """Every shard document a query names. A shard's source is read only when a query may match
     in it: a ``line`` query reads just its own file; ``sha256`` queries look in the shard's
     ``.dochash.npy`` first (one vectorized compare) and read the source only on a match; ``id``
-    and ``text`` queries read every source once (for all of them together)."""
+    and ``text`` queries read every source once (for all of them together). An ``s3://`` root
+    is read through a local mirror of its records (``tokenmill.storage.mirror``)."""
+    if os.fspath(root).startswith("s3://"):
+        with local_root(root) as base:
+            return resolve_queries(base, queries)
     parsed = [(q, *_parse(q)) for q in queries]
     scans = [(q, kind, value) for q, kind, value in parsed if kind in ("id", "text")]
     hashes = [(q, value.lower()) for q, kind, value in parsed if kind == "sha256"]
@@ -470,7 +488,11 @@ def find(
     """Every blend version on the storage ``root`` holding a document a query names, with the
     samples of each split that hold it. Queries: ``id:<id>``, ``line:<file>:<line>``,
     ``text:<exact substring>``, ``sha256:<text_hash of the text>`` (``refs``: what
-    ``resolve_queries`` already returned for them, so the sources are not read again)."""
+    ``resolve_queries`` already returned for them, so the sources are not read again). An
+    ``s3://`` root is read through a local mirror of its records (``tokenmill.storage.mirror``)."""
+    if os.fspath(root).startswith("s3://"):
+        with local_root(root) as local:
+            return find(local, queries, refs=refs)
     base = Path(root)
     refs = resolve_queries(base, queries) if refs is None else refs
     hits: list[Hit] = []
