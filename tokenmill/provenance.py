@@ -9,7 +9,9 @@ merges both have them) map to ``(shard key, document ordinal)``. The ordinal bec
 line through the shard's source file named in its raw stats (``raw/<ds>/<shard>.stats.json``,
 checked against the recorded size): the n-th line that ``read_jsonl_batches`` accepts is the
 n-th document (blank and quarantined lines skipped), and the document id is that record's
-``id`` field (the same record the shard's Parquet export holds). No new file is written.
+``id`` field (the same record the shard's Parquet export holds). A Parquet/Arrow source
+(``format: hf``) names the 1-based row instead (null texts skipped, ``document_rows``), and a
+``line:FILE:N`` query of such a file means row N. No new file is written.
 
 ``find`` goes the other way: queries (document id, ``file:line``, text substring, or the sha256
 of normalized text) resolve to ``(dataset, shard, ordinal)`` by reading the named source files
@@ -40,7 +42,8 @@ from tokenmill.formats.blend_manifest import (
 from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
 from tokenmill.formats.shard_records import parse_record, read_dochash, read_record, text_digest
 from tokenmill.formats.virtual_merge import VirtualDataset
-from tokenmill.ingest.records import document_lines
+from tokenmill.ingest.records import JSONL_SUFFIXES, TABLE_SUFFIXES, document_lines
+from tokenmill.ingest.tables import document_rows
 from tokenmill.loader import NanosetDataset, open_blend
 from tokenmill.storage.mirror import local_root, root_of_blend
 from tokenmill.storage.store import Store, open_store
@@ -69,7 +72,7 @@ class Piece:
     document: int  # the document's ordinal in its shard (0-based; one sequence per document)
     sequence: int  # its global sequence id in the merged dataset
     source: str | None  # the shard's source file (the uri its raw stats record)
-    line: int | None  # 1-based line of the document in ``source``
+    line: int | None  # 1-based line of the document in ``source`` (its row for Parquet/Arrow)
     doc_id: str | None  # the record's ``id`` field, if it has one
     sample_range: tuple[int, int]  # [start, stop) of the piece in the sample
     document_range: tuple[int, int]  # [start, stop) of the piece in the document
@@ -159,14 +162,16 @@ class _Shard:
         return str((self.stats() or {}).get("config", {}).get("text_key", "text"))
 
     def records(self) -> Iterator[tuple[int, dict[str, Any]]] | None:
-        """``(1-based line, record)`` of each document from the source file (None when the
-        source is not a local JSONL file); FormatError when it no longer matches its stats."""
+        """``(1-based line, record)`` of each document from the source file, or ``(1-based row,
+        record)`` for a Parquet/Arrow source (None when the source is not a local JSONL or table
+        file); FormatError when it no longer matches its stats."""
         stats = self.stats()
         if stats is None:
             return None
         uri = str(stats["input"]["uri"])
         path = Path(uri)
-        if not uri.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")) or not path.is_file():
+        table = uri.endswith(TABLE_SUFFIXES)
+        if not (table or uri.endswith(JSONL_SUFFIXES)) or not path.is_file():
             return None
         if path.stat().st_size != int(stats["input"]["bytes"]):
             raise FormatError(
@@ -175,7 +180,10 @@ class _Shard:
                 f"{path.stat().st_size}, the raw stats recorded {stats['input']['bytes']}: "
                 f"the source changed after shard {self.key!r} was read",
             )
-        return self._checked(path, document_lines(path, self.text_key()))
+        found = (
+            document_rows(path, self.text_key()) if table else document_lines(path, self.text_key())
+        )
+        return self._checked(path, found)
 
     def _checked(
         self, path: Path, found: Iterator[tuple[int, dict[str, Any]]]
