@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 from dagster import DagsterInstance
 from prod_servers import S3
 
@@ -20,7 +21,7 @@ from tokenmill.errors import ConflictError
 from tokenmill.formats.takedown_records import read_ledger
 from tokenmill.loader import open_blend
 from tokenmill.provenance import explain, find
-from tokenmill.recipe import Recipe
+from tokenmill.recipe import Recipe, load_recipe
 from tokenmill.storage import mirror
 from tokenmill.storage.publish import commit_rank, publish
 from tokenmill.storage.store import S3Store
@@ -149,3 +150,42 @@ def test_a_pointer_moved_on_s3_meanwhile_is_refused(s3: S3, tmp_path: Path) -> N
         (base / "merged/d/v/data.idx").write_bytes(b"new")
     assert json.loads(store.read("merged/d/current.json") or b"")["version"] == "b" * 64
     assert store.read("merged/d/v/data.idx") == b"new"  # data first; the pointer refused
+
+
+def test_the_recipe_takedown_list_on_an_s3_root(
+    make_recipe: Callable[..., Recipe],
+    instance: DagsterInstance,
+    documents: dict[str, list[dict[str, str]]],
+    s3: S3,
+    tmp_path: Path,
+) -> None:
+    listing = tmp_path / "takedown.txt"
+    text = documents["docs"][5]["text"]
+    line = max(text.splitlines(), key=len)
+    assert sum(line in d["text"] for ds in documents.values() for d in ds) == 1
+    listing.write_text(f"text:{line}\n")
+    uri = f"s3://{s3.bucket}/root"
+    made = make_recipe(storage={"root": uri, "s3_endpoint_url": s3.endpoint})
+    data = yaml.safe_load(made.path.read_text())
+    data["takedown"] = {"list": str(listing), "reason": "eval contamination"}
+    made.path.write_text(yaml.safe_dump(data, sort_keys=False))
+    recipe = load_recipe(made.path)
+    assert materialize_recipe(recipe, instance) == 0
+    store = S3Store(uri, s3.endpoint)
+    [key] = [f.key for f in store.files("takedowns")]
+    record = json.loads(store.read(key) or b"")
+    assert record["reason"] == "eval contamination" and len(record["documents"]) == 1
+    [doc] = record["documents"]
+    pointer = json.loads(store.read("merged/docs/current.json") or b"")
+    folder, name = pointer["target"].rsplit("/", 1)
+    merged = json.loads(store.read(f"merged/docs/{folder}/manifests/{name}.manifest.json") or b"")
+    assert merged["takedown"]["removed"] == 1
+    [shard] = [s for s in merged["shards"] if s["key"] == doc["shard"]]
+    assert shard["masked"] == [doc["document"]]
+    mpath = f"{uri}/blends/mix/manifest.json"
+    for split in ("train", "valid", "test"):
+        n = len(open_blend(mpath, split))
+        for prov in explain(mpath, split, range(n)):
+            assert all(
+                (p.shard, p.document) != (doc["shard"], doc["document"]) for p in prov.pieces
+            )
