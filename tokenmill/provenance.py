@@ -10,7 +10,8 @@ line through the shard's source file named in its raw stats (``raw/<ds>/<shard>.
 checked against the recorded size): the n-th line that ``read_jsonl_batches`` accepts is the
 n-th document (blank and quarantined lines skipped), and the document id is that record's
 ``id`` field (the same record the shard's Parquet export holds). A Parquet/Arrow source
-(``format: hf``) names the 1-based row instead (null texts skipped, ``document_rows``), and a
+(``format: hf``) names the 1-based row instead; an ``s3://`` source is downloaded once (a temporary
+copy) (null texts skipped, ``document_rows``), and a
 ``line:FILE:N`` query of such a file means row N. No new file is written.
 
 ``find`` goes the other way: queries (document id, ``file:line``, text substring, or the sha256
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenmill.atomic import write_bytes
 from tokenmill.errors import ConfigError, FormatError
 from tokenmill.formats.blend_manifest import (
     BLEND_ARRAYS,
@@ -132,6 +135,7 @@ class _Shard:
     remote: Store | None = None  # the S3 root when ``root`` is a loader mirror without records
     _stats: dict[str, Any] | None = None
     _lines: tuple[np.ndarray, list[str | None]] | None = None
+    _copy: tempfile.TemporaryDirectory[str] | None = None  # an s3:// source, downloaded once
 
     def stats(self) -> dict[str, Any] | None:
         """``raw/<ds>/<shard>.stats.json`` (read once), or None when there is none."""
@@ -163,19 +167,21 @@ class _Shard:
 
     def records(self) -> Iterator[tuple[int, dict[str, Any]]] | None:
         """``(1-based line, record)`` of each document from the source file, or ``(1-based row,
-        record)`` for a Parquet/Arrow source (None when the source is not a local JSONL or table
-        file); FormatError when it no longer matches its stats."""
+        record)`` for a Parquet/Arrow source (None when the source is not a JSONL or table file,
+        local or ``s3://``, or is gone); FormatError when it no longer matches its stats."""
         stats = self.stats()
         if stats is None:
             return None
         uri = str(stats["input"]["uri"])
-        path = Path(uri)
         table = uri.endswith(TABLE_SUFFIXES)
-        if not (table or uri.endswith(JSONL_SUFFIXES)) or not path.is_file():
+        if not (table or uri.endswith(JSONL_SUFFIXES)):
+            return None
+        path = self._local_source(uri)
+        if path is None or not path.is_file():
             return None
         if path.stat().st_size != int(stats["input"]["bytes"]):
             raise FormatError(
-                path,
+                uri,
                 "bytes",
                 f"{path.stat().st_size}, the raw stats recorded {stats['input']['bytes']}: "
                 f"the source changed after shard {self.key!r} was read",
@@ -184,6 +190,20 @@ class _Shard:
             document_rows(path, self.text_key()) if table else document_lines(path, self.text_key())
         )
         return self._checked(path, found)
+
+    def _local_source(self, uri: str) -> Path | None:
+        """The source file as a local path: itself, or for an ``s3://`` source a copy in a
+        temporary folder (downloaded once, removed with this object); None when not there."""
+        if not uri.startswith("s3://"):
+            return Path(uri)
+        if self._copy is None:
+            folder, _, name = uri.rpartition("/")
+            data = open_store(folder).read(name)
+            if data is None:
+                return None
+            self._copy = tempfile.TemporaryDirectory(prefix="tokenmill-source-")
+            write_bytes(Path(self._copy.name) / name, data)
+        return Path(self._copy.name) / uri.rpartition("/")[2]
 
     def _checked(
         self, path: Path, found: Iterator[tuple[int, dict[str, Any]]]

@@ -165,7 +165,16 @@ def test_the_recipe_takedown_list_on_an_s3_root(
     assert sum(line in d["text"] for ds in documents.values() for d in ds) == 1
     listing.write_text(f"text:{line}\n")
     uri = f"s3://{s3.bucket}/root"
-    made = make_recipe(storage={"root": uri, "s3_endpoint_url": s3.endpoint})
+    make_recipe()  # writes the sources; docs is read from S3
+    s3.upload_tree(tmp_path / "sources" / "docs", "sources/docs")
+    docs = {
+        "source": f"s3://{s3.bucket}/sources/docs/",
+        "on_bad_record": "quarantine",
+        "max_quarantine_fraction": 0.25,
+    }
+    made = make_recipe(
+        storage={"root": uri, "s3_endpoint_url": s3.endpoint}, datasets={"docs": docs}
+    )
     data = yaml.safe_load(made.path.read_text())
     data["takedown"] = {"list": str(listing), "reason": "eval contamination"}
     made.path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -176,6 +185,8 @@ def test_the_recipe_takedown_list_on_an_s3_root(
     record = json.loads(store.read(key) or b"")
     assert record["reason"] == "eval contamination" and len(record["documents"]) == 1
     [doc] = record["documents"]
+    assert doc["source"].startswith(f"s3://{s3.bucket}/sources/docs/")
+    assert doc["line"] >= 1 and doc["queries"] == [f"text:{line}"]
     pointer = json.loads(store.read("merged/docs/current.json") or b"")
     folder, name = pointer["target"].rsplit("/", 1)
     merged = json.loads(store.read(f"merged/docs/{folder}/manifests/{name}.manifest.json") or b"")
