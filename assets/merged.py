@@ -242,8 +242,8 @@ def build_pruned(ds: DatasetConfig, automation_condition: AutomationCondition) -
         current = set(shard_keys(context.instance, ds))
         folders = shard_files(ds)
         stale, kept = [], set()
-        candidates = [(shard_of(rel, folders), rel) for rel in storage.list_keys(list(folders))]
-        candidates = [(s, rel) for s, rel in candidates if s is not None and s not in current]
+        listed = [(shard_of(rel, folders), rel) for rel in storage.list_keys(list(folders))]
+        candidates = [(s, rel) for s, rel in listed if s is not None and s not in current]
         named = referenced_shards(storage, ds) if candidates else set()
         tokens_folder = f"{layout.tokens_dir(ds.name)}/"
         for shard, rel in candidates:

@@ -234,7 +234,11 @@ class NanosetDataset(_TrainingBatches):
             self.sample_index,
             self.shuffle_index,
         )
-        data = self.data if getattr(self.data, "remote", False) else str(self.data.prefix)
+        data: Any = str(self.data.prefix)  # a virtual merge: its manifest is read again
+        if getattr(self.data, "remote", False):
+            data = self.data
+        elif isinstance(self.data, IndexedDataset):  # a pair: its checked token count travels
+            data = (data, self.data.num_tokens)
         return (_reopen, (data, *arrays, settings))
 
     def _buffer(self, part: int) -> memoryview:
@@ -338,14 +342,15 @@ class NanosetDataset(_TrainingBatches):
         with fix-ups, ``np.concatenate`` of the slices and per-piece copies were all slower).
         """
         parts, starts, stops, counts = self.pieces(ks)
-        ensure = getattr(self.data, "ensure", None)  # a remote dataset fetches blocks first
-        if ensure is not None:
-            ensure(parts, starts, stops)
-        los, his = starts.tolist(), stops.tolist()
-        if self.data.num_parts == 1:
+        gather = getattr(self.data, "gather", None)  # a remote dataset: through its blocks
+        if gather is not None:
+            blob = gather(parts, starts, stops)
+        elif self.data.num_parts == 1:
+            los, his = starts.tolist(), stops.tolist()
             view = self._buffer(0)
             blob = b"".join([view[lo:hi] for lo, hi in zip(los, his, strict=True)])
         else:
+            los, his = starts.tolist(), stops.tolist()
             views = [self._buffer(p) for p in parts.tolist()]
             blob = b"".join([v[lo:hi] for v, lo, hi in zip(views, los, his, strict=True)])
         return (
@@ -396,7 +401,10 @@ def _reopen(
         if all(isinstance(a, str) for a in arrays):
             paths = (str(arrays[0]), str(arrays[1]), str(arrays[2]))
             arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
-        data = open_dataset(prefix) if isinstance(prefix, str) else prefix
+        if isinstance(prefix, tuple):  # a pair with the token count the sender checked: O(1)
+            data: Any = IndexedDataset(prefix[0], num_tokens=prefix[1])
+        else:
+            data = open_dataset(prefix) if isinstance(prefix, str) else prefix
     except FileNotFoundError as exc:
         raise CacheError(
             f"{exc.filename}: missing when a DataLoader worker reopened index cache "
