@@ -1,7 +1,8 @@
 """Takedowns: remove documents from every merged dataset and blend by masking, never by copying.
 
 A takedown list is a file of ``tokenmill find`` queries, one a line (``id:``, ``line:FILE:N``,
-``text:``, ``sha256:``). :func:`record_takedown` resolves it on a local storage root
+``text:``, ``sha256:``). :func:`record_takedown` resolves it on a storage root (an ``s3://``
+one through a local mirror of its records, ``tokenmill.storage.mirror``)
 (``tokenmill.provenance.resolve_queries``) and writes an **audit record**
 (``tokenmill.formats.takedown_records``; JSON, temp -> fsync -> rename) at
 ``takedowns/<id>.json``: what is removed (dataset, shard, the shard's content hash,
@@ -54,6 +55,7 @@ from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.provenance import DocumentRef, find, query_lines, resolve_queries
 from tokenmill.storage import layout
+from tokenmill.storage.mirror import local_root
 from tokenmill.storage.versions import read_pointer, write_pointer
 from tokenmill.tokenize.merged_versions import (
     extends,
@@ -110,7 +112,11 @@ def record_takedown(
     docstring), or return the record already written for the same list resolved to the same
     documents (a list resolved again after new shards came in may name more: a new record).
     ConfigError for an empty reason or list, a query of no known form, or a document of a
-    dataset whose current merged version is physical (nothing is written then)."""
+    dataset whose current merged version is physical (nothing is written then). An ``s3://``
+    root is read through a local mirror and the record uploaded (:func:`takedown`)."""
+    if os.fspath(root).startswith("s3://"):
+        with local_root(root, write=True) as local:
+            return record_takedown(local, list_path, reason, now=now)
     base = Path(root)
     if not reason.strip():
         raise ConfigError("--reason: say why the documents are removed (it goes in the record)")
@@ -318,5 +324,9 @@ def takedown(
     *,
     now: float | None = None,
 ) -> TakedownReport:
-    """:func:`record_takedown` then :func:`apply_takedown` (``tokenmill takedown``)."""
-    return apply_takedown(root, record_takedown(root, list_path, reason, now=now))
+    """:func:`record_takedown` then :func:`apply_takedown` (``tokenmill takedown``). An
+    ``s3://`` root is worked on in a local mirror of its records and the audit record, merged
+    and blend versions and moved pointers are uploaded in commit order
+    (``tokenmill.storage.mirror``; a pointer another writer moved meanwhile: ConflictError)."""
+    with local_root(root, write=True) as base:
+        return apply_takedown(base, record_takedown(base, list_path, reason, now=now))
