@@ -123,8 +123,7 @@ def split_entry(
     complete, else ``loaded``/``built`` from the workspace's cache; (0, None, "-") if empty."""
     settings = cfg.settings()
     samples = settings.index_sizes()[split]
-    where = {"shards": shards, "masked": masked}
-    found = entry_key(len(lengths), content, split, settings, samples, **where)
+    found = entry_key(len(lengths), content, split, settings, samples, shards=shards, masked=masked)
     if found is None:
         return 0, None, "-"
     key, digest = found
@@ -133,6 +132,8 @@ def split_entry(
     if stored is not None:
         return int(stored["counts"]["num_samples"]), digest, "stored"
     held = cache_paths(cache_dir, digest, split)["description"].is_file()
-    index = build_or_load_lengths(lengths, content, cache_dir, split, settings, samples, **where)
+    index = build_or_load_lengths(
+        lengths, content, cache_dir, split, settings, samples, shards=shards, masked=masked
+    )
     assert index is not None  # the split is not empty: entry_key said so
     return len(index), digest, "loaded" if held else "built"
