@@ -102,7 +102,14 @@ def test_explain_find_and_takedown_on_an_s3_root_match_the_local_root(
         written.append(key)
         real_write(self, key, data)
 
+    real_pointer = mirror.put_pointer
+
+    def spy_pointer(client: object, path: Path, bucket: str, key: str, read: object) -> object:
+        written.append(key.removeprefix("root/"))
+        return real_pointer(client, path, bucket, key, read)  # type: ignore[arg-type]
+
     monkeypatch.setattr(S3Store, "write", spy)
+    monkeypatch.setattr(mirror, "put_pointer", spy_pointer)
     remote = takedown(uri, listing, "licence", now=NOW)
     ref = takedown(local, listing, "licence", now=NOW)
     assert remote.merged == ref.merged and remote.blends == ref.blends

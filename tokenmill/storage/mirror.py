@@ -8,9 +8,10 @@ never read a ``.bin``), downloaded through ``tokenmill.storage.store.S3Store``. 
 then runs unchanged on the mirror. With ``write=True`` the files it added or changed are uploaded
 when the block succeeds, in the commit order of ``tokenmill.storage.publish`` (data, markers,
 merged pointers, blend pointers last), so a cut upload never leaves a marker or pointer naming a
-file that is not there. Each pointer is compared first with what was mirrored (one GET): when
-another writer moved it meanwhile, ConflictError names it and the versions, and it keeps the
-other writer's version (the immutable files already uploaded stay for ``tokenmill gc``).
+file that is not there. Each pointer is a compare-and-swap against the ETag it was mirrored at
+(``tokenmill.storage.staging.put_pointer``): when another writer moved it meanwhile,
+ConflictError names it and the versions, and it keeps the other writer's version (the immutable
+files already uploaded stay for ``tokenmill gc``).
 The mirror is removed at the end, whatever happens.
 """
 
@@ -25,10 +26,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tokenmill.atomic import is_temp, write_bytes
-from tokenmill.errors import ConflictError
 from tokenmill.paths import relative_path_problem
 from tokenmill.storage import layout
 from tokenmill.storage.publish import is_pointer, publish
+from tokenmill.storage.s3 import is_missing, s3_errors
+from tokenmill.storage.staging import ReadPointer, put_pointer
 from tokenmill.storage.store import S3Store
 from tokenmill.storage.versions import version_named
 
@@ -60,20 +62,37 @@ class RootMirror:
         self.store = store
         self.local = local
         self.fetched: dict[str, str] = {}
-        self.pointers: dict[str, bytes] = {}  # pointer key -> its bytes when mirrored
+        self.pointers: dict[str, ReadPointer] = {}  # pointer key -> as mirrored (ETag, version)
 
     def fetch(self) -> None:
         """Download every mirrored object (one listing of the root)."""
         for item in self.store.files(""):
             if not mirrored(item.key):
                 continue
-            data = self.store.read(item.key)
+            if is_pointer(item.key):
+                data = self._fetch_pointer(item.key)
+            else:
+                data = self.store.read(item.key)
             if data is None:  # removed since the listing (gc): not part of the root now
                 continue
             write_bytes(self.local / item.key, data)
             self.fetched[item.key] = _digest(data)
-            if is_pointer(item.key):
-                self.pointers[item.key] = data
+
+    def _fetch_pointer(self, key: str) -> bytes | None:
+        """A pointer's bytes, its ETag and version kept for the compare-and-swap at push."""
+        store = self.store
+        with s3_errors(f"reading {store.uri.rstrip('/')}/{key}"):
+            try:
+                response = store.client.get_object(Bucket=store.bucket, Key=store.key(key))
+            except Exception as exc:
+                if is_missing(exc):
+                    return None
+                raise
+            with response["Body"] as body:
+                data = bytes(body.read())
+        etag = str(response["ETag"]).strip('"')
+        self.pointers[key] = ReadPointer(etag, version_named(data))
+        return data
 
     def written(self) -> list[str]:
         """Keys of the files added or changed under the mirror since :meth:`fetch`."""
@@ -88,29 +107,18 @@ class RootMirror:
         """Upload what changed in commit order; pointers checked against what was mirrored
         (ConflictError when one moved meanwhile). Returns the keys uploaded, in order."""
 
+        store = self.store
+
         def put(key: str) -> str:
-            data = (self.local / key).read_bytes()
+            path = self.local / key
             if is_pointer(key):
-                self._check_pointer(key, data)
-            self.store.write(key, data)
+                read = self.pointers.get(key, ReadPointer(None, None))
+                put_pointer(store.client, path, store.bucket, store.key(key), read)
+            else:
+                store.write(key, path.read_bytes())
             return key
 
         return publish(self.written(), put)
-
-    def _check_pointer(self, key: str, data: bytes) -> None:
-        """ConflictError when the pointer at ``key`` is neither what was mirrored nor ``data``."""
-        found = self.store.read(key)
-        before = self.pointers.get(key)
-        if found in (before, data):
-            return
-        uri = f"{self.store.uri.rstrip('/')}/{key}"
-        expected = None if before is None else version_named(before)
-        raise ConflictError(
-            uri,
-            expected,
-            None if found is None else version_named(found),
-            version_named(data),
-        )
 
 
 @contextmanager

@@ -83,34 +83,35 @@ class S3Store:
         self.uri = uri
         self.client = shared_client(endpoint_url)
 
-    def _key(self, key: str) -> str:
+    def key(self, key: str) -> str:
+        """The S3 key of ``key`` (a path relative to the storage root)."""
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def files(self, top: str) -> Iterator[StoredFile]:
         """Every object under ``top/`` (``""``: the whole root; one paginated listing, nothing is
         downloaded)."""
-        start = self._key(top) + "/" if top else (f"{self.prefix}/" if self.prefix else "")
+        start = self.key(top) + "/" if top else (f"{self.prefix}/" if self.prefix else "")
         cut = len(self.prefix) + 1 if self.prefix else 0
         for obj in list_objects(self.client, self.bucket, start, recursive=True):
             yield StoredFile(obj.key[cut:], obj.size, obj.mtime)
 
     def read(self, key: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
-        return read_object(self.client, self.bucket, self._key(key))
+        return read_object(self.client, self.bucket, self.key(key))
 
     def write(self, key: str, data: bytes) -> None:
         """Upload (replace) the object."""
-        where = f"s3://{self.bucket}/{self._key(key)}"
+        where = f"s3://{self.bucket}/{self.key(key)}"
         call(
             f"writing {where}",
-            lambda: self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data),
+            lambda: self.client.put_object(Bucket=self.bucket, Key=self.key(key), Body=data),
         )
 
     def delete(self, keys: Sequence[str]) -> None:
         """Remove the objects, 1,000 per request (absent ones are fine)."""
         keys = list(keys)
         for start in range(0, len(keys), 1000):
-            batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
+            batch = [{"Key": self.key(k)} for k in keys[start : start + 1000]]
 
             def remove(batch: list[dict[str, str]] = batch) -> None:
                 answer = self.client.delete_objects(
