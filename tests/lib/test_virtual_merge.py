@@ -18,7 +18,7 @@ from tokenmill.formats.dataset_manifest import (
     read_dataset_manifest,
 )
 from tokenmill.formats.merge import merge_datasets, virtual_merge
-from tokenmill.formats.virtual_merge import VirtualDataset
+from tokenmill.formats.virtual_merge import VirtualDataset, block_list_digest
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import build_or_load
 from tokenmill.loader import open_blend, open_nanoset
@@ -68,6 +68,35 @@ def test_a_virtual_merge_reads_as_the_physical_merge(tmp_path: Path) -> None:
     assert manifest["kind"] == "virtual_merge" and manifest["extends"] is None
     assert [s["key"] for s in manifest["shards"]] == [f"part-{i:05d}" for i in range(4)]
     assert verify_dataset(virtual) == []
+
+
+def test_the_manifest_refers_to_block_lists_and_a_version_1_manifest_still_opens(
+    tmp_path: Path,
+) -> None:
+    physical, virtual = _merges(tmp_path, "docs", [7, 1, 30, 12], seed=5)
+    path = dataset_manifest_path(virtual)
+    manifest = json.loads(path.read_text())
+    assert manifest["format_version"] == 2 and "block_sha256" not in path.read_text()
+    for shard in manifest["shards"]:  # only the digest of each shard's own list
+        own = read_dataset_manifest(virtual.parent / shard["prefix"])["files"]
+        recorded = own[f"{Path(shard['prefix']).name}.bin"]
+        assert shard["files"]["bin"]["block_list_sha256"] == block_list_digest(
+            recorded["block_sha256"]
+        )
+        shard["files"]["bin"]["block_sha256"] = recorded["block_sha256"]  # as version 1 had
+        del shard["files"]["bin"]["block_list_sha256"]
+    path.write_text(json.dumps({**manifest, "format_version": 1}))
+    with open_dataset(physical) as p, open_dataset(virtual) as v:
+        assert [v[i].tolist() for i in range(len(v))] == [p[i].tolist() for i in range(len(p))]
+        kept = v.manifest["shards"]  # what the reader holds: no block lists
+        assert all("block_sha256" not in f for s in kept for f in s["files"].values())
+    assert verify_dataset(virtual) == []
+    path.write_text(json.dumps({**manifest, "format_version": 2}))  # lists inline: not version 2
+    with pytest.raises(FormatError, match=r"shards\[0\]\.files\.bin: a version-2 merge records"):
+        read_dataset_manifest(virtual)
+    path.write_text(json.dumps({**manifest, "format_version": 3}))
+    with pytest.raises(FormatError, match=r"format_version: 3; this reader opens \[1, 2\]"):
+        read_dataset_manifest(virtual)
 
 
 @pytest.mark.parametrize("semantics", ["megatron", "nanotron"])

@@ -190,13 +190,16 @@ def read_dataset_manifest(prefix: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.is_file():
         raise FormatError(path, "manifest", "missing: the dataset was never completed")
     manifest = load_json(path.read_bytes(), path, "manifest")
-    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+    virtual = isinstance(manifest, dict) and is_virtual(manifest)  # its own versions
+    if not isinstance(manifest, dict) or (
+        not virtual and manifest.get("format_version") != FORMAT_VERSION
+    ):
         found = manifest.get("format_version") if isinstance(manifest, dict) else manifest
         raise FormatError(path, "format_version", f"found {found!r}, expected {FORMAT_VERSION}")
     for key in ("files", "counts", "content_hash"):
         if key not in manifest:
             raise FormatError(path, key, "missing from the manifest")
-    if is_virtual(manifest):
+    if virtual:
         check_manifest(path, manifest)
     else:
         _check_schema(path, Path(prefix).name, manifest)
