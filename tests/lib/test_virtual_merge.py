@@ -244,6 +244,28 @@ def test_pull_copies_a_blend_of_virtual_merges_with_its_shards(tmp_path: Path) -
     ids = np.arange(len(a))
     assert np.array_equal(a.get_batch(ids), b.get_batch(ids))
     assert len(list(dest.rglob("part-*_text_document.bin"))) == 3
+    shards = sorted(dest.rglob("manifests/part-*_text_document.manifest.json"))  # block lists
+    assert [p.read_bytes() for p in shards] == [
+        dataset_manifest_path(p.with_suffix("")).read_bytes()
+        for p in sorted((root / "tokens" / "docs").glob("part-*_text_document.bin"))
+    ]
+
+
+def test_pull_refuses_a_shard_block_list_the_merge_did_not_record(tmp_path: Path) -> None:
+    from tokenmill.storage.pull import pull
+
+    root = tmp_path / "root"
+    _, virtual = _merges(root, "docs", [6, 10], seed=17)
+    build_blend(
+        "one", {"docs": virtual}, root / "blends" / "one", root / "nanoset",
+        weights={"docs": 1}, sequence_length=6, train_samples=20,
+    )  # fmt: skip
+    shard = dataset_manifest_path(root / "tokens" / "docs" / "part-00001_text_document")
+    manifest = json.loads(shard.read_text())
+    manifest["files"]["part-00001_text_document.bin"]["block_sha256"][0] = "0" * 64
+    shard.write_text(json.dumps(manifest))
+    with pytest.raises(FormatError, match=r"part-00001_text_document.manifest.json: block_sha256"):
+        pull(str(root / "blends" / "one" / "manifest.json"), tmp_path / "copy")
 
 
 def test_inspect_and_verify_take_a_virtual_merge(
