@@ -77,14 +77,13 @@ def test_the_manifest_refers_to_block_lists_and_a_version_1_manifest_still_opens
     path = dataset_manifest_path(virtual)
     manifest = json.loads(path.read_text())
     assert manifest["format_version"] == 2 and "block_sha256" not in path.read_text()
-    for shard in manifest["shards"]:  # only the digest of each shard's own list
+    for shard in manifest["shards"]:  # only the digest of each shard's own lists
         own = read_dataset_manifest(virtual.parent / shard["prefix"])["files"]
-        recorded = own[f"{Path(shard['prefix']).name}.bin"]
-        assert shard["files"]["bin"]["block_list_sha256"] == block_list_digest(
-            recorded["block_sha256"]
-        )
-        shard["files"]["bin"]["block_sha256"] = recorded["block_sha256"]  # as version 1 had
-        del shard["files"]["bin"]["block_list_sha256"]
+        for kind in ("bin", "idx"):
+            recorded = own[f"{Path(shard['prefix']).name}.{kind}"]["block_sha256"]
+            info = shard["files"][kind]
+            assert info.pop("block_list_sha256") == block_list_digest(recorded)
+            info["block_sha256"] = recorded  # as version 1 had it
     path.write_text(json.dumps({**manifest, "format_version": 1}))
     with open_dataset(physical) as p, open_dataset(virtual) as v:
         assert [v[i].tolist() for i in range(len(v))] == [p[i].tolist() for i in range(len(p))]

@@ -343,10 +343,12 @@ def test_torch_dataloader_workers_read_an_s3_blend(blend: tuple[Path, str], tmp_
 def test_block_hash_list_recorded_by_writers(blend: tuple[Path, str]) -> None:
     local_manifest, _ = blend
     root = local_manifest.parents[2]
-    for prefix in ("merged/code", "merged/phys", "tokens/docs/s0_text_document"):
+    for prefix, kind in itertools.product(
+        ("merged/code", "merged/phys", "tokens/docs/s0_text_document"), ("bin", "idx")
+    ):
         path = dataset_manifest.dataset_manifest_path(root / prefix)
-        entry = json.loads(path.read_text())["files"][f"{Path(prefix).name}.bin"]
-        data = (root / f"{prefix}.bin").read_bytes()
+        entry = json.loads(path.read_text())["files"][f"{Path(prefix).name}.{kind}"]
+        data = (root / f"{prefix}.{kind}").read_bytes()
         assert entry["block_bytes"] == BLOCK
         assert entry["block_sha256"] == [
             hashlib.sha256(data[i : i + BLOCK]).hexdigest() for i in range(0, len(data), BLOCK)

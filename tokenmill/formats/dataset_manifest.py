@@ -60,7 +60,7 @@ def describe_files(paths: list[Path], *, root: Path) -> dict[str, dict[str, Any]
     }
 
 
-BLOCK_BYTES = 8 << 20  # the block size of the per-block sha256 list of a .bin (streaming)
+BLOCK_BYTES = 8 << 20  # the block size of the per-block sha256 lists of .bin and .idx
 HASH_THREADS = min(4, os.cpu_count() or 1)
 
 
@@ -121,9 +121,10 @@ def write_dataset_manifest(
     else:
         files = describe_files([index_file_path(prefix)], root=prefix.parent)
         files[data_file_path(prefix).name] = _parts_entry(data_file_path(prefix), bin_parts)
-    bin_entry = files[data_file_path(prefix).name]
-    bin_entry["block_bytes"] = BLOCK_BYTES  # a post-pass: streaming checks blocks by these
-    bin_entry["block_sha256"] = block_sha256(data_file_path(prefix), BLOCK_BYTES)
+    for path in (data_file_path(prefix), index_file_path(prefix)):
+        entry = files[path.name]  # a post-pass: streaming and pull check blocks by these
+        entry["block_bytes"] = BLOCK_BYTES
+        entry["block_sha256"] = block_sha256(path, BLOCK_BYTES)
     manifest = {
         "format_version": FORMAT_VERSION,
         "kind": kind,

@@ -12,19 +12,18 @@ version=...)`` works on the copy too; ``version=`` pulls a named version instead
 
 Files are fetched in parallel threads, block by block into a partial file
 (``<folder>/.tmp/<name>.partial``), each block checked against the per-block sha256 list of its
-dataset manifest (a ``.bin``; other files are one block, or the parts a merge records) and the
-whole file against its sha256, then renamed into place. The destination's ledger
-(``tokenmill.storage.pull_ledger``) records each verified block of a partial and each complete
-file, so a resumed pull trusts complete files without re-hashing them, continues a partial file
-at its first missing block, and fetches by range GET only blocks that are missing or fail their
-hash (a complete file changed since it was recorded is re-checked block by block, and only its
-bad blocks are fetched again, into a new file renamed over it). They arrive in
-the commit order the pipeline uploads in (``tokenmill.storage.publish``: data, then index-cache
-descriptions and dataset manifests once all data is complete), and the blend manifest is
-written last (and a different one already in the destination is removed first), so
-its presence means "complete". Sources: a local path, or ``s3://bucket/key`` through boto3
-(imported lazily; credentials only from the environment, endpoint from ``endpoint_url`` or
-``$AWS_ENDPOINT_URL``).
+dataset manifest (a ``.bin`` or ``.idx``; other files are one block, or the parts a merge
+records) and the whole file against its sha256, then renamed into place. The destination's
+ledger (``tokenmill.storage.pull_ledger``) records each verified block of a partial and each
+complete file, so a resumed pull trusts complete files without re-hashing them, continues a
+partial file at its first missing block, and fetches by range GET only blocks that are missing
+or fail their hash (a complete file changed since it was recorded is re-checked block by block,
+and only its bad blocks are fetched again, into a new file renamed over it). They arrive in the
+commit order the pipeline uploads in (``tokenmill.storage.publish``: data, then index-cache
+descriptions and dataset manifests once all data is complete), and the blend manifest is written
+last (and a different one already in the destination is removed first), so its presence means
+"complete". Sources: a local path, or ``s3://bucket/key`` through boto3 (imported lazily;
+credentials only from the environment, endpoint from ``endpoint_url`` or ``$AWS_ENDPOINT_URL``).
 """
 
 from __future__ import annotations
