@@ -162,12 +162,22 @@ class NanosetDataset(_TrainingBatches):
         at = np.minimum(np.searchsorted(self._masked, seq), len(self._masked) - 1)
         hit = self._masked[at] == seq
         if hit.any():
+            first = int(seq[hit][0])
             raise FormatError(
                 self.name,
                 "document_index",
-                f"references sequence {int(seq[hit][0])}, which the merge masks (taken down): "
-                "rebuild the index over the masked merge (tokenmill takedown does)",
+                f"references sequence {first}{self._document_of(first)}, which the merge masks "
+                "(taken down): rebuild the index over the masked merge (tokenmill takedown does)",
             )
+
+    def _document_of(self, seq: int) -> str:
+        """`` (shard <key> document <ordinal>)`` of a global sequence of a merge with shard
+        records (one sequence per document), else ``""``."""
+        firsts, keys = getattr(self.data, "first_sequence", None), getattr(self.data, "keys", None)
+        if firsts is None or not isinstance(keys, list) or not keys:
+            return ""
+        k = int(np.searchsorted(firsts, seq, side="right")) - 1
+        return f" (shard {keys[k]} document {seq - int(firsts[k])})"
 
     def validate(self) -> None:
         """Full check: every index value in range (reads the whole index once)."""
