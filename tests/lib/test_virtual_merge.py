@@ -252,10 +252,8 @@ def test_pull_refuses_a_shard_block_list_the_merge_did_not_record(tmp_path: Path
 
     root = tmp_path / "root"
     _, virtual = _merges(root, "docs", [6, 10], seed=17)
-    build_blend(
-        "one", {"docs": virtual}, root / "blends" / "one", root / "nanoset",
-        weights={"docs": 1}, sequence_length=6, train_samples=20,
-    )  # fmt: skip
+    settings = BlendSettings(NanosetSettings(sequence_length=6, train_samples=20), {"docs": 1})
+    build_blend("one", {"docs": virtual}, root / "blends" / "one", root / "nanoset", settings)
     shard = dataset_manifest_path(root / "tokens" / "docs" / "part-00001_text_document")
     manifest = json.loads(shard.read_text())
     manifest["files"]["part-00001_text_document.bin"]["block_sha256"][0] = "0" * 64
