@@ -18,7 +18,7 @@ from tokenmill.formats.dataset_manifest import (
     read_dataset_manifest,
 )
 from tokenmill.formats.merge import merge_datasets, virtual_merge
-from tokenmill.formats.virtual_merge import VirtualDataset
+from tokenmill.formats.virtual_merge import VirtualDataset, block_list_digest
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import build_or_load
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
@@ -69,6 +69,34 @@ def test_a_virtual_merge_reads_as_the_physical_merge(tmp_path: Path) -> None:
     assert manifest["kind"] == "virtual_merge" and manifest["extends"] is None
     assert [s["key"] for s in manifest["shards"]] == [f"part-{i:05d}" for i in range(4)]
     assert verify_dataset(virtual) == []
+
+
+def test_the_manifest_refers_to_block_lists_and_a_version_1_manifest_still_opens(
+    tmp_path: Path,
+) -> None:
+    physical, virtual = _merges(tmp_path, "docs", [7, 1, 30, 12], seed=5)
+    path = dataset_manifest_path(virtual)
+    manifest = json.loads(path.read_text())
+    assert manifest["format_version"] == 2 and "block_sha256" not in path.read_text()
+    for shard in manifest["shards"]:  # only the digest of each shard's own lists
+        own = read_dataset_manifest(virtual.parent / shard["prefix"])["files"]
+        for kind in ("bin", "idx"):
+            recorded = own[f"{Path(shard['prefix']).name}.{kind}"]["block_sha256"]
+            info = shard["files"][kind]
+            assert info.pop("block_list_sha256") == block_list_digest(recorded)
+            info["block_sha256"] = recorded  # as version 1 had it
+    path.write_text(json.dumps({**manifest, "format_version": 1}))
+    with open_dataset(physical) as p, open_dataset(virtual) as v:
+        assert [v[i].tolist() for i in range(len(v))] == [p[i].tolist() for i in range(len(p))]
+        kept = v.manifest["shards"]  # what the reader holds: no block lists
+        assert all("block_sha256" not in f for s in kept for f in s["files"].values())
+    assert verify_dataset(virtual) == []
+    path.write_text(json.dumps({**manifest, "format_version": 2}))  # lists inline: not version 2
+    with pytest.raises(FormatError, match=r"shards\[0\]\.files\.bin: a version-2 merge records"):
+        read_dataset_manifest(virtual)
+    path.write_text(json.dumps({**manifest, "format_version": 3}))
+    with pytest.raises(FormatError, match=r"format_version: 3; this reader opens \[1, 2\]"):
+        read_dataset_manifest(virtual)
 
 
 @pytest.mark.parametrize("semantics", ["megatron", "nanotron"])
@@ -212,6 +240,26 @@ def test_pull_copies_a_blend_of_virtual_merges_with_its_shards(tmp_path: Path) -
     ids = np.arange(len(a))
     assert np.array_equal(a.get_batch(ids), b.get_batch(ids))
     assert len(list(dest.rglob("part-*_text_document.bin"))) == 3
+    shards = sorted(dest.rglob("manifests/part-*_text_document.manifest.json"))  # block lists
+    assert [p.read_bytes() for p in shards] == [
+        dataset_manifest_path(p.with_suffix("")).read_bytes()
+        for p in sorted((root / "tokens" / "docs").glob("part-*_text_document.bin"))
+    ]
+
+
+def test_pull_refuses_a_shard_block_list_the_merge_did_not_record(tmp_path: Path) -> None:
+    from tokenmill.storage.pull import pull
+
+    root = tmp_path / "root"
+    _, virtual = _merges(root, "docs", [6, 10], seed=17)
+    settings = BlendSettings(NanosetSettings(sequence_length=6, train_samples=20), {"docs": 1})
+    build_blend("one", {"docs": virtual}, root / "blends" / "one", root / "nanoset", settings)
+    shard = dataset_manifest_path(root / "tokens" / "docs" / "part-00001_text_document")
+    manifest = json.loads(shard.read_text())
+    manifest["files"]["part-00001_text_document.bin"]["block_sha256"][0] = "0" * 64
+    shard.write_text(json.dumps(manifest))
+    with pytest.raises(FormatError, match=r"part-00001_text_document.manifest.json: block_sha256"):
+        pull(str(root / "blends" / "one" / "manifest.json"), tmp_path / "copy")
 
 
 def test_inspect_and_verify_take_a_virtual_merge(

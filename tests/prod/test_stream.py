@@ -344,10 +344,12 @@ def test_torch_dataloader_workers_read_an_s3_blend(blend: tuple[Path, str], tmp_
 def test_block_hash_list_recorded_by_writers(blend: tuple[Path, str]) -> None:
     local_manifest, _ = blend
     root = local_manifest.parents[2]
-    for prefix in ("merged/code", "merged/phys", "tokens/docs/s0_text_document"):
+    for prefix, kind in itertools.product(
+        ("merged/code", "merged/phys", "tokens/docs/s0_text_document"), ("bin", "idx")
+    ):
         path = dataset_manifest.dataset_manifest_path(root / prefix)
-        entry = json.loads(path.read_text())["files"][f"{Path(prefix).name}.bin"]
-        data = (root / f"{prefix}.bin").read_bytes()
+        entry = json.loads(path.read_text())["files"][f"{Path(prefix).name}.{kind}"]
+        data = (root / f"{prefix}.{kind}").read_bytes()
         assert entry["block_bytes"] == BLOCK
         assert entry["block_sha256"] == [
             hashlib.sha256(data[i : i + BLOCK]).hexdigest() for i in range(0, len(data), BLOCK)
@@ -384,5 +386,23 @@ def test_a_dataset_written_before_block_hashes_streams_unverified(s3: S3, tmp_pa
     remote = open_blend(uri, "train", cache_dir=tmp_path / "cache")
     parts = {ds.name: ds.data.files for ds in remote.datasets.values()}  # type: ignore[attr-defined]
     assert [f.block_sha256 for f in parts["code"]] == [()]
-    assert all(f.block_sha256 for f in parts["docs"])  # the virtual merge's shards: verified
+    assert all(f.verified for f in parts["docs"])  # the virtual merge's shards: verified
     assert batch_digest(remote) == batch_digest(open_blend(local_manifest, "train"))
+
+
+def test_a_shards_block_list_comes_by_reference_once_and_checked(
+    s3: S3, blend: tuple[Path, str], tmp_path: Path
+) -> None:
+    local, uri = blend
+    cache = tmp_path / "cache"
+    ds = open_blend(uri, "train", cache_dir=cache)
+    assert batch_digest(ds) == batch_digest(open_blend(local, "train"))
+    lists = sorted(p for p in (cache / "blocklists").glob("*/*") if p.is_file())
+    assert len(lists) == 3  # one per shard of the virtual merge docs, each fetched once
+    key = "data/v1/tokens/docs/manifests/s1_text_document.manifest.json"
+    manifest = json.loads(s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
+    manifest["files"]["s1_text_document.bin"]["block_sha256"][0] = "0" * 64
+    s3.client.put_object(Bucket=s3.bucket, Key=key, Body=json.dumps(manifest).encode())
+    fresh = open_blend(uri, "train", cache_dir=tmp_path / "fresh")
+    with pytest.raises(CacheError, match=rf"s3://{s3.bucket}/{key}: its block list .* not the"):
+        fresh.get_batch(np.arange(len(fresh)))

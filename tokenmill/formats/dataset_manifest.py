@@ -60,7 +60,7 @@ def describe_files(paths: list[Path], *, root: Path) -> dict[str, dict[str, Any]
     }
 
 
-BLOCK_BYTES = 8 << 20  # the block size of the per-block sha256 list of a .bin (streaming)
+BLOCK_BYTES = 8 << 20  # the block size of the per-block sha256 lists of .bin and .idx
 HASH_THREADS = min(4, os.cpu_count() or 1)
 
 
@@ -121,9 +121,10 @@ def write_dataset_manifest(
     else:
         files = describe_files([index_file_path(prefix)], root=prefix.parent)
         files[data_file_path(prefix).name] = _parts_entry(data_file_path(prefix), bin_parts)
-    bin_entry = files[data_file_path(prefix).name]
-    bin_entry["block_bytes"] = BLOCK_BYTES  # a post-pass: streaming checks blocks by these
-    bin_entry["block_sha256"] = block_sha256(data_file_path(prefix), BLOCK_BYTES)
+    for path in (data_file_path(prefix), index_file_path(prefix)):
+        entry = files[path.name]  # a post-pass: streaming and pull check blocks by these
+        entry["block_bytes"] = BLOCK_BYTES
+        entry["block_sha256"] = block_sha256(path, BLOCK_BYTES)
     manifest = {
         "format_version": FORMAT_VERSION,
         "kind": kind,
@@ -190,13 +191,16 @@ def read_dataset_manifest(prefix: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.is_file():
         raise FormatError(path, "manifest", "missing: the dataset was never completed")
     manifest = load_json(path.read_bytes(), path, "manifest")
-    if not isinstance(manifest, dict) or manifest.get("format_version") != FORMAT_VERSION:
+    virtual = isinstance(manifest, dict) and is_virtual(manifest)  # its own versions
+    if not isinstance(manifest, dict) or (
+        not virtual and manifest.get("format_version") != FORMAT_VERSION
+    ):
         found = manifest.get("format_version") if isinstance(manifest, dict) else manifest
         raise FormatError(path, "format_version", f"found {found!r}, expected {FORMAT_VERSION}")
     for key in ("files", "counts", "content_hash"):
         if key not in manifest:
             raise FormatError(path, key, "missing from the manifest")
-    if is_virtual(manifest):
+    if virtual:
         check_manifest(path, manifest)
     else:
         _check_schema(path, Path(prefix).name, manifest)

@@ -6,17 +6,26 @@ is sequence ``i - first_sequence[k]`` of the shard ``k`` holding it, so every in
 it, and every sample read through it, equals the physical merge's. Its only file is the
 manifest, at the place of a pair's manifest (``<dir>/manifests/<name>.manifest.json``)::
 
-    {"format_version": 1, "kind": "virtual_merge", "prefix": "<name>",
+    {"format_version": 2, "kind": "virtual_merge", "prefix": "<name>",
      "dtype": "uint16", "config": {...provenance of the shards...}, "extends": "<v>" | null,
      "counts": {"documents", "sequences", "tokens", "quarantined"},
      "shards": [{"key", "prefix" (relative to <dir>), "content_hash",
                  "documents", "sequences", "tokens", "masked": [ordinal, ...] (optional),
-                 "files": {"bin": {"bytes", "sha256"}, "idx": {"bytes", "sha256"}}}, ...],
+                 "files": {"bin": {"bytes", "sha256", "block_bytes", "block_list_sha256"},
+                           "idx": {"bytes", "sha256"}}}, ...],
      "takedown": {"lists", "removed", "records"} (optional),
      "files": {}, "content_hash": sha256 over the shards' content hashes (and masks) in order}
 
 Readers open a shard's pair only when a sample reads it, and check its sizes against the
 manifest then (a shard changed after the merge is a FormatError naming it).
+
+**Block lists by reference** (version 2): a shard's per-block sha256 list stays in the shard's
+own dataset manifest (``<shard dir>/manifests/<name>.manifest.json``); the merge records only
+``block_bytes`` and ``block_list_sha256`` (``block_list_digest``: sha256 of the list), so a
+merge of thousands of shards opens in milliseconds. The streaming reader fetches a shard's
+list the first time it reads a block of it and checks it against that digest. Version 1
+manifests carry the lists inline (``block_sha256``); they still open, and a rewrite (a
+takedown's new version) writes version 2.
 
 **Masks** (takedowns, ``tokenmill.takedown``): a shard's ``masked`` lists the ordinals of its
 documents that are taken down (sorted, unique, below ``documents``; only in a shard of one
@@ -47,7 +56,8 @@ from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file
 from tokenmill.paths import has_control_character, leading_parents
 
 KIND = "virtual_merge"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: block lists inline (read, never written)
 SHARD_COUNTS = ("documents", "sequences", "tokens")
 
 
@@ -90,10 +100,7 @@ def shard_entry(key: str, prefix: Path, base: Path, manifest: dict[str, Any]) ->
         info = files[path.name]
         if "sha256" not in info:
             raise FormatError(prefix, "files", "a virtual merge takes tokenized shards, not merges")
-        digests[kind] = {"bytes": int(info["bytes"]), "sha256": str(info["sha256"])}
-        if "block_sha256" in info:  # per-block hashes travel with the shard (streaming)
-            digests[kind]["block_bytes"] = int(info["block_bytes"])
-            digests[kind]["block_sha256"] = [str(h) for h in info["block_sha256"]]
+        digests[kind] = _by_reference(info)
     return {
         "key": key,
         "prefix": os.path.relpath(prefix, base),
@@ -101,6 +108,26 @@ def shard_entry(key: str, prefix: Path, base: Path, manifest: dict[str, Any]) ->
         **{c: int(counts[c]) for c in SHARD_COUNTS},
         "files": digests,
     }
+
+
+def block_list_digest(hashes: Sequence[str]) -> str:
+    """What a version-2 merge records of a file's per-block sha256 list: sha256 of the hex
+    digests joined by newlines (the reader checks a list fetched later against it)."""
+    return hashlib.sha256("\n".join(hashes).encode()).hexdigest()
+
+
+def _by_reference(info: dict[str, Any]) -> dict[str, Any]:
+    """A file's record as a version-2 merge keeps it: bytes and sha256, and of its block list
+    (inline in ``info``, as a dataset manifest or a version-1 merge has it) only the block
+    size and the list's digest."""
+    out: dict[str, Any] = {"bytes": int(info["bytes"]), "sha256": str(info["sha256"])}
+    if "block_sha256" in info:
+        out["block_bytes"] = int(info["block_bytes"])
+        out["block_list_sha256"] = block_list_digest([str(h) for h in info["block_sha256"]])
+    elif "block_list_sha256" in info:
+        out["block_bytes"] = int(info["block_bytes"])
+        out["block_list_sha256"] = str(info["block_list_sha256"])
+    return out
 
 
 def write_virtual_manifest(
@@ -116,6 +143,10 @@ def write_virtual_manifest(
 ) -> dict[str, Any]:
     """Write the manifest of a virtual merge atomically (the only file it has); ``takedown``:
     what masked its shards' ``masked`` documents (module docstring)."""
+    shards = [  # block lists by reference (a version-1 record given is slimmed)
+        {**s, "files": {kind: _by_reference(info) for kind, info in s["files"].items()}}
+        for s in shards
+    ]
     counts = {c: sum(int(s[c]) for s in shards) for c in SHARD_COUNTS}
     manifest: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
@@ -150,6 +181,11 @@ def check_manifest(path: Path, manifest: dict[str, Any]) -> None:
     """FormatError for a virtual-merge manifest of the wrong shape: counts that do not add up,
     a shard prefix that is absolute or climbs out after a folder name, a dtype that is no token
     dtype, a content hash that is not the hash of the shards'."""
+    version = manifest.get("format_version", 1)
+    if version not in READABLE_VERSIONS:
+        raise FormatError(
+            path, "format_version", f"{version!r}; this reader opens {list(READABLE_VERSIONS)}"
+        )
     shards = manifest.get("shards")
     if not isinstance(shards, list) or not shards:
         raise FormatError(path, "shards", "expected a non-empty list of shard records")
@@ -182,6 +218,8 @@ def check_manifest(path: Path, manifest: dict[str, Any]) -> None:
             for f in digests
         ):
             raise FormatError(path, f"{where}.files", f"expected bin/idx digests, found {files!r}")
+        for kind in ("bin", "idx"):
+            _check_blocks(path, f"{where}.files.{kind}", shard["files"][kind], inline=version == 1)
         if not isinstance(shard.get("content_hash"), str) or not isinstance(shard.get("key"), str):
             raise FormatError(path, where, "key and content_hash must be strings")
         _check_mask(path, where, shard)
@@ -196,6 +234,20 @@ def check_manifest(path: Path, manifest: dict[str, Any]) -> None:
     extends = manifest.get("extends")
     if extends is not None and not isinstance(extends, str):
         raise FormatError(path, "extends", f"expected a version or null, found {extends!r}")
+
+
+def _check_blocks(path: Path, where: str, info: dict[str, Any], *, inline: bool) -> None:
+    """FormatError for a file record whose block fields are malformed: a block list inline in
+    a version-2 merge (it holds only references), or a reference without its block size."""
+    if "block_sha256" in info and not inline:
+        raise FormatError(path, where, "a version-2 merge records no block_sha256 list")
+    if "block_list_sha256" in info or "block_sha256" in info:
+        size = info.get("block_bytes")
+        if not _int(size) or not size:
+            raise FormatError(path, f"{where}.block_bytes", f"{size!r} is not a block size")
+    digest = info.get("block_list_sha256")
+    if digest is not None and not (isinstance(digest, str) and len(digest) == 64):
+        raise FormatError(path, f"{where}.block_list_sha256", f"{digest!r} is not a sha256")
 
 
 def _check_mask(path: Path, where: str, shard: dict[str, Any]) -> None:
@@ -253,8 +305,10 @@ def shard_problems(
 
 
 def _without_block_lists(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The manifest without its shards' per-block sha256 lists: what a reader keeps (the lists
-    are megabytes of strings for a large merge; the streaming reader reads them itself)."""
+    """The manifest without its shards' per-block sha256 lists (a version-1 merge): what a
+    reader keeps (the lists are megabytes of strings for a large merge)."""
+    if manifest.get("format_version", 1) != 1:
+        return manifest  # holds none
     shards = [
         {
             **shard,

@@ -8,6 +8,9 @@ manifest records, written to a temp, fsynced and renamed (a reader never sees a 
 a killed writer leaves only a temp), stamped checked (inode, size, mtime: later processes map
 it without hashing until it is written again), and evicted least recently used first (the
 stamp's mtime, refreshed when a process maps the block) when ``cache_bytes`` would be exceeded.
+A shard of a version-2 virtual merge records only the digest of its block list: the list is
+fetched from the shard's dataset manifest (one GET per shard, when its first block is read),
+checked against that digest and kept in the cache (``blocklists/``) for every process.
 A batch reads one memoryview slice of a mapped block per piece, as from a local memmap. boto3
 is imported only here, lazily, through the one client factory,
 ``tokenmill.storage.s3.shared_client`` (endpoint and credentials from the AWS environment).
@@ -21,6 +24,7 @@ import fcntl
 import hashlib
 import mmap
 import os
+import posixpath
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -31,15 +35,17 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.atomic import create_temp, fsync_dir, remove_stale_temps
+from tokenmill.atomic import create_temp, fsync_dir, load_json, remove_stale_temps, write_bytes
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.dataset_manifest import (
     BLOCK_BYTES,
+    DATASET_MANIFEST_SUFFIX,
+    DATASET_MANIFESTS,
     open_dataset,
     read_dataset_manifest,
 )
 from tokenmill.formats.indexed import IndexedDataset, data_file_path
-from tokenmill.formats.virtual_merge import VirtualDataset
+from tokenmill.formats.virtual_merge import VirtualDataset, block_list_digest
 
 OPEN_BLOCKS = 64  # cached blocks a process keeps memory-mapped (address space, not RSS)
 FETCH_THREADS = 8  # parallel range GETs for one batch or one prefetch
@@ -54,22 +60,32 @@ def block_digest(data: bytes | mmap.mmap) -> str:
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One token file in S3 and what its blocks must hash to (``()``: unverified, an artifact
-    written before per-block hashes)."""
+    """One token file in S3 and what its blocks must hash to: ``block_sha256`` inline, or
+    (``block_list``) the digest of a list its dataset manifest holds (``BlockCache.hashes``
+    fetches it); neither: unverified, an artifact written before per-block hashes."""
 
     bucket: str
     key: str
     size: int
     block_bytes: int
     block_sha256: tuple[str, ...]
+    block_list: str = ""  # block_list_digest of the list in the dataset manifest
 
     @property
     def uri(self) -> str:
         return f"s3://{self.bucket}/{self.key}"
 
-    def matches(self, i: int, data: bytes | mmap.mmap) -> bool:
-        """Block ``i``'s bytes hash to the recorded sha256 (True when none is recorded)."""
-        return not self.block_sha256 or block_digest(data) == self.block_sha256[i]
+    @property
+    def verified(self) -> bool:
+        """Whether its blocks are checked against recorded hashes."""
+        return bool(self.block_sha256 or self.block_list)
+
+    @property
+    def manifest_key(self) -> str:
+        """The key of the dataset manifest of the pair this ``.bin`` belongs to."""
+        folder, name = posixpath.split(self.key)
+        name = name.removesuffix(".bin") + DATASET_MANIFEST_SUFFIX
+        return posixpath.join(folder, DATASET_MANIFESTS, name)
 
     def span(self, i: int) -> tuple[int, int]:
         """Byte range [lo, hi) of block ``i``."""
@@ -89,6 +105,7 @@ class BlockCache:
         self._maps: OrderedDict[str, memoryview] = OrderedDict()
         self._bases: dict[tuple[str, str, int], str] = {}
         self._checked: set[str] = set()  # block files this process hashed
+        self._lists: dict[str, tuple[str, ...]] = {}  # block lists fetched by reference
         self._client: Any = None
         self._pid = 0
         self._used: int | None = None  # bytes of blocks, stored or reserved (capacity set)
@@ -114,6 +131,65 @@ class BlockCache:
                 self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="tokenmill-s3")
                 self._pool_pid = os.getpid()
             return self._pool
+
+    def hashes(self, f: RemoteFile) -> tuple[str, ...]:
+        """``f``'s per-block sha256 list (``()``: none recorded): inline, or by reference from
+        the cache's ``blocklists/<digest>``, else fetched once on this node from the dataset
+        manifest ``f.manifest_key`` and checked against the recorded digest."""
+        if f.block_sha256 or not f.block_list:
+            return f.block_sha256
+        found = self._lists.get(f.block_list)
+        if found is None:
+            path = self.root / "blocklists" / f.block_list[:2] / f.block_list
+            with self._locked(path):
+                found = self._cached_list(path, f.block_list)
+                if found is None:
+                    found = self._fetch_list(f)
+                    write_bytes(path, "\n".join(found).encode())
+            self._lists[f.block_list] = found
+        if len(found) != -(-f.size // f.block_bytes):
+            raise CacheError(
+                f"{f.uri}: its block list has {len(found)} hashes of {f.block_bytes} B for "
+                f"{f.size} B"
+            )
+        return found
+
+    @staticmethod
+    def _cached_list(path: Path, digest: str) -> tuple[str, ...] | None:
+        """The block list stored at ``path`` when it is there and hashes to ``digest``."""
+        try:
+            text = path.read_bytes().decode()
+        except (FileNotFoundError, UnicodeDecodeError):
+            return None
+        found = tuple(text.split("\n")) if text else ()
+        return found if block_list_digest(found) == digest else None
+
+    def _fetch_list(self, f: RemoteFile) -> tuple[str, ...]:
+        """``f``'s block list from its dataset manifest in S3 (one GET), checked against the
+        digest the merge recorded; CacheError naming the manifest when it is not that list."""
+        from tokenmill.storage.s3 import read_object
+
+        uri = f"s3://{f.bucket}/{f.manifest_key}"
+        raw = read_object(self.client(), f.bucket, f.manifest_key)
+        if raw is None:
+            raise CacheError(f"{uri}: missing; it holds the block list of {f.uri}")
+        try:
+            info = load_json(raw, uri, "manifest")["files"][posixpath.basename(f.key)]
+            found = tuple(str(h) for h in info["block_sha256"])
+            size = int(info["block_bytes"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CacheError(f"{uri}: no block list for {f.uri} ({exc!r})") from exc
+        if size != f.block_bytes or block_list_digest(found) != f.block_list:
+            raise CacheError(
+                f"{uri}: its block list of {f.uri} is not the one the merge recorded "
+                "(the shard changed after the merge)"
+            )
+        return found
+
+    def matches(self, f: RemoteFile, i: int, data: bytes | mmap.mmap) -> bool:
+        """Block ``i``'s bytes hash to its recorded sha256 (True when none is recorded)."""
+        hashes = self.hashes(f)
+        return not hashes or block_digest(data) == hashes[i]
 
     def _name(self, f: RemoteFile, i: int) -> str:
         """The block's file: ``blocks/<h[:2]>/<h>-<i>``, ``h`` a hash of the object's URI and
@@ -192,14 +268,14 @@ class BlockCache:
             view = None
             if st.st_size == hi - lo:
                 view = mmap.mmap(fd, hi - lo, prot=mmap.PROT_READ)
-                if not f.block_sha256:
+                if not f.verified:
                     os.utime(fd)  # the eviction order (checked blocks: their stamp's mtime)
         finally:
             os.close(fd)
-        if view is not None and f.block_sha256 and str(path) not in self._checked:
+        if view is not None and f.verified and str(path) not in self._checked:
             if self._stamped(path, st):
                 self._checked.add(str(path))
-            elif not f.matches(i, view):
+            elif not self.matches(f, i, view):
                 view.close()
                 view = None
             else:
@@ -252,7 +328,7 @@ class BlockCache:
                 ) from exc
             raise
         self._release(len(data), stored=True)
-        if f.block_sha256:
+        if f.verified:
             self._stamp(path, os.stat(path))
         with self._lock:
             self._checked.add(str(path))
@@ -290,7 +366,7 @@ class BlockCache:
                     a, b = f.span(i)
                     data = bytes(resp["Body"].read(b - a))
                     self.bytes_fetched += len(data)
-                    if len(data) != b - a or not f.matches(i, data):
+                    if len(data) != b - a or not self.matches(f, i, data):
                         return
                     path = Path(self._name(f, i))
                     if not path.is_file():
@@ -325,7 +401,7 @@ class BlockCache:
             self.bytes_fetched += len(data)
             if len(data) != hi - lo:
                 why = f"{len(data)} bytes, expected {hi - lo}"
-            elif not f.matches(i, data):
+            elif not self.matches(f, i, data):
                 why = "sha256 differs from the dataset manifest's block list"
             else:
                 return data
@@ -630,14 +706,16 @@ def _bin_entries(prefix: Path) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def _record(prefix: Path, found: RemoteFile, info: dict[str, Any]) -> RemoteFile:
-    """``found`` with the block size and per-block hashes of its manifest record."""
+    """``found`` with the block size and per-block hashes of its manifest record (inline, or
+    the digest of the list a version-2 merge refers to)."""
     hashes = tuple(str(h) for h in info.get("block_sha256", ()))
     size = int(info.get("block_bytes", BLOCK_BYTES))
     if size < 1 or (hashes and len(hashes) != -(-found.size // size)):
         raise FormatError(
             prefix, "files.block_sha256", f"{len(hashes)} hashes of {size} B for {found.size} B"
         )
-    return RemoteFile(found.bucket, found.key, found.size, size, hashes)
+    listed = "" if hashes else str(info.get("block_list_sha256", ""))
+    return RemoteFile(found.bucket, found.key, found.size, size, hashes, listed)
 
 
 def remote_files(prefix: Path, bins: dict[Path, tuple[str, str, int]]) -> list[RemoteFile]:

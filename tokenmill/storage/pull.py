@@ -12,19 +12,18 @@ version=...)`` works on the copy too; ``version=`` pulls a named version instead
 
 Files are fetched in parallel threads, block by block into a partial file
 (``<folder>/.tmp/<name>.partial``), each block checked against the per-block sha256 list of its
-dataset manifest (a ``.bin``; other files are one block, or the parts a merge records) and the
-whole file against its sha256, then renamed into place. The destination's ledger
-(``tokenmill.storage.pull_ledger``) records each verified block of a partial and each complete
-file, so a resumed pull trusts complete files without re-hashing them, continues a partial file
-at its first missing block, and fetches by range GET only blocks that are missing or fail their
-hash (a complete file changed since it was recorded is re-checked block by block, and only its
-bad blocks are fetched again, into a new file renamed over it). They arrive in
-the commit order the pipeline uploads in (``tokenmill.storage.publish``: data, then index-cache
-descriptions and dataset manifests once all data is complete), and the blend manifest is
-written last (and a different one already in the destination is removed first), so
-its presence means "complete". Sources: a local path, or ``s3://bucket/key`` through boto3
-(imported lazily; credentials only from the environment, endpoint from ``endpoint_url`` or
-``$AWS_ENDPOINT_URL``).
+dataset manifest (a ``.bin`` or ``.idx``; other files are one block, or the parts a merge
+records) and the whole file against its sha256, then renamed into place. The destination's
+ledger (``tokenmill.storage.pull_ledger``) records each verified block of a partial and each
+complete file, so a resumed pull trusts complete files without re-hashing them, continues a
+partial file at its first missing block, and fetches by range GET only blocks that are missing
+or fail their hash (a complete file changed since it was recorded is re-checked block by block,
+and only its bad blocks are fetched again, into a new file renamed over it). They arrive in the
+commit order the pipeline uploads in (``tokenmill.storage.publish``: data, then index-cache
+descriptions and dataset manifests once all data is complete), and the blend manifest is written
+last (and a different one already in the destination is removed first), so its presence means
+"complete". Sources: a local path, or ``s3://bucket/key`` through boto3 (imported lazily;
+credentials only from the environment, endpoint from ``endpoint_url`` or ``$AWS_ENDPOINT_URL``).
 """
 
 from __future__ import annotations
@@ -55,7 +54,7 @@ from tokenmill.formats.blend_manifest import (
     read_blend_manifest,
     verify_manifest,
 )
-from tokenmill.formats.virtual_merge import check_manifest, is_virtual
+from tokenmill.formats.virtual_merge import block_list_digest, check_manifest, is_virtual
 from tokenmill.paths import has_control_character, leading_parents
 from tokenmill.storage.layout import dataset_manifest, version_dir_name
 from tokenmill.storage.publish import publish
@@ -214,8 +213,11 @@ class _Plan:
     version_manifest: tuple[str, bytes] | None = None  # a pointer's versions/<v>/manifest.json
 
 
-def _plan(manifest: dict[str, Any], manifest_key: str, source: _Source, uri: str) -> _Plan:
-    """What to pull, laid out relative to the deepest folder holding all of it."""
+def _plan(
+    manifest: dict[str, Any], manifest_key: str, source: _Source, uri: str, *, shards: bool
+) -> _Plan:
+    """What to pull, laid out relative to the deepest folder holding all of it (``shards``:
+    with the dataset manifests of a virtual merge's shards, for their block lists)."""
     mdir = posixpath.dirname(manifest_key)
     files: dict[str, Wanted] = {}
     try:
@@ -235,7 +237,9 @@ def _plan(manifest: dict[str, Any], manifest_key: str, source: _Source, uri: str
         if raw is not None:
             dataset_manifests[key] = raw
             _attach_parts(files, posixpath.dirname(prefix), raw, source.uri(key))
-            _attach_shards(files, prefix, raw, source.uri(key))
+            found = _attach_shards(files, prefix, raw, source.uri(key))
+            if shards and found:
+                dataset_manifests.update(_shard_blocks(files, found, source))
     version = _version_manifest(manifest, manifest_key, source)
     base = _common_dir([mdir, *(posixpath.dirname(k) for k in (*files, *dataset_manifests))])
     cut = len(base) + 1 if base else 0
@@ -312,20 +316,23 @@ def _attach_parts(files: dict[str, Wanted], folder: str, raw: bytes, uri: str) -
         raise FormatError(uri, "files", f"malformed dataset manifest ({exc!r})") from exc
 
 
-def _attach_shards(files: dict[str, Wanted], prefix: str, raw: bytes, uri: str) -> None:
+def _attach_shards(files: dict[str, Wanted], prefix: str, raw: bytes, uri: str) -> dict[str, str]:
     """For a virtual merge's manifest: check it against the blend's record (it is written with
-    the small manifests, last) and add every shard pair it names, by the digests it records."""
+    the small manifests, last) and add every shard pair it names, by the digests it records.
+    Returns ``{shard .bin/.idx key: block_list_sha256}`` of the files whose block list the
+    merge records by reference (a version-2 merge: the shard's dataset manifest holds it)."""
     key = dataset_manifest(prefix)
     if key not in files:
-        return
+        return {}
     manifest = load_json(raw, uri, "manifest")
     if not isinstance(manifest, dict) or not is_virtual(manifest):
-        return
+        return {}
     check_manifest(Path(uri), manifest)
     if hashlib.sha256(raw).hexdigest() != files[key].sha256:
         raise FormatError(uri, "sha256", "differs from the blend's record: the merge changed")
     del files[key]
     folder = posixpath.dirname(prefix)
+    by_reference = {}
     for shard in manifest["shards"]:
         pair = _source_key(folder, shard["prefix"], uri)
         for kind in ("bin", "idx"):
@@ -340,6 +347,37 @@ def _attach_shards(files: dict[str, Wanted], prefix: str, raw: bytes, uri: str) 
                 *_block_list(info, int(info["bytes"]), uri, f"{shard['prefix']}.{kind}"),
             )
             files.setdefault(want.key, want)
+            if "block_list_sha256" in info:
+                by_reference[want.key] = str(info["block_list_sha256"])
+    return by_reference
+
+
+def _shard_blocks(
+    files: dict[str, Wanted], by_reference: dict[str, str], source: _Source
+) -> dict[str, bytes]:
+    """Give the shard files a version-2 merge records by reference their block lists, read
+    from the shards' dataset manifests (in parallel; each list checked against the merge's
+    digest, FormatError naming the manifest otherwise). Returns those manifests (key: bytes):
+    the pulled copy holds them, so it streams and resumes as the source does."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    keys = sorted({dataset_manifest(k.rsplit(".", 1)[0]) for k in by_reference})
+    with ThreadPoolExecutor(8, thread_name_prefix="tokenmill-pull-plan") as pool:
+        found = dict(zip(keys, pool.map(source.read, keys), strict=True))
+    for key, digest in by_reference.items():
+        mkey = dataset_manifest(key.rsplit(".", 1)[0])
+        raw, uri = found[mkey], source.uri(mkey)
+        if raw is None:
+            raise FormatError(uri, "manifest", f"missing; it holds the block list of {key}")
+        info = load_json(raw, uri, "manifest").get("files", {}).get(posixpath.basename(key))
+        if not isinstance(info, dict) or block_list_digest(info.get("block_sha256", ())) != digest:
+            raise FormatError(
+                uri, "block_sha256", f"not the block list of {key} the merge recorded"
+            )
+        want = files[key]
+        blocks = _block_list(info, want.size, uri, posixpath.basename(key))
+        files[key] = dataclasses.replace(want, block_bytes=blocks[0], block_sha256=blocks[1])
+    return {k: raw for k, raw in found.items() if raw is not None}
 
 
 def _block_list(
@@ -405,7 +443,9 @@ def pull(
     ``versions/<v16>/manifest.json`` beside the pointer ``uri``, and its files, instead of the
     current one. ``progress=None`` shows a bar when stderr is a TTY.
     """
-    source, raw, plan = plan_blend(uri, version=version, endpoint_url=endpoint_url, jobs=jobs)
+    source, raw, plan = plan_blend(
+        uri, version=version, endpoint_url=endpoint_url, jobs=jobs, shards=True
+    )
     root = Path(dest).resolve()
     root.mkdir(parents=True, exist_ok=True)
     ledger = Ledger(root)  # held (the folder locked) until the blend manifest is in place
@@ -461,11 +501,18 @@ def _pull_into(
 
 
 def plan_blend(
-    uri: str, *, version: str | None = None, endpoint_url: str | None = None, jobs: int = 1
+    uri: str,
+    *,
+    version: str | None = None,
+    endpoint_url: str | None = None,
+    jobs: int = 1,
+    shards: bool = False,
 ) -> tuple[_Source, bytes, _Plan]:
     """The source, the blend manifest's bytes and the plan of every file the blend needs
     (``pull`` and the loader's S3 reader share it: the dataset manifests checked against the
-    blend's records, every file with its size and sha256)."""
+    blend's records, every file with its size and sha256). ``shards`` (``pull``): also the
+    dataset manifests of virtual merges' shards, whose block lists the merges refer to (the
+    S3 reader fetches those lazily: one GET per shard would slow its open)."""
     if jobs < 1:
         raise ConfigError(f"jobs must be >= 1, got {jobs}")
     source, manifest_key = _open_source(uri, endpoint_url, jobs)
@@ -480,7 +527,11 @@ def plan_blend(
         what = "no blend manifest" if version is None else f"no version {version} of the blend"
         raise InputError(f"{source.uri(manifest_key)}: {what} there")
     manifest = _parse_manifest(raw, source.uri(manifest_key))
-    return source, raw, _plan(manifest, manifest_key, source, source.uri(manifest_key))
+    return (
+        source,
+        raw,
+        _plan(manifest, manifest_key, source, source.uri(manifest_key), shards=shards),
+    )
 
 
 def sync_file(source: _Source, want: Wanted, root: Path) -> bool:
