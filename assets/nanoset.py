@@ -40,7 +40,13 @@ from tokenmill.formats.dataset_manifest import (
     open_dataset,
 )
 from tokenmill.indices.growing import shard_table
-from tokenmill.indices.nanoset import SPLITS, build_or_load_lengths, cache_paths, entry_key
+from tokenmill.indices.nanoset import (
+    SPLITS,
+    build_or_load_lengths,
+    cache_paths,
+    entry_key,
+    masked_of,
+)
 from tokenmill.recipe import DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
 from tokenmill.storage.versions import read_pointer
@@ -60,27 +66,10 @@ def split_settings(
     """The index settings of one split, as ``build_or_load``/``entry_key`` take them (samples
     from the recipe; None = one epoch of the split). Growing semantics: the era size, the
     dataset's ``shards`` table, and no cap (a blend caps its own size; the index grows)."""
-    samples = {"train": cfg.train_samples, "valid": cfg.valid_samples, "test": cfg.test_samples}
+    settings = cfg.settings()
     if cfg.semantics == "growing":
-        samples = dict.fromkeys(samples)
-        return {
-            "split": split,
-            "split_spec": cfg.split,
-            "sequence_length": cfg.sequence_length,
-            "seed": cfg.seed,
-            "num_samples": None,
-            "semantics": cfg.semantics,
-            "era_samples": cfg.era_samples,
-            "shards": shards,
-        }
-    return {
-        "split": split,
-        "split_spec": cfg.split,
-        "sequence_length": cfg.sequence_length,
-        "seed": cfg.seed,
-        "num_samples": samples[split],
-        "semantics": cfg.semantics,
-    }
+        return {**settings.index_keywords(split), "num_samples": None, "shards": shards}
+    return {**settings.index_keywords(split), "num_samples": settings.sizes()[split]}
 
 
 def merged_version(storage: StorageResource, ds: DatasetConfig) -> str:
@@ -112,11 +101,12 @@ def build_nanoset(
             lengths, content = merged_lengths(ws.storage.path(rel))
             growing = cfg.semantics == "growing"
             shards = shard_table(ws.storage.path(rel)) if growing else None
+            masked = masked_of(ws.storage.path(rel))  # taken down: left out of every index
             rows = ["| split | samples | cache hash | entry |", "|---|---:|---|---|"]
             version = nanoset_data_version(merged_version(ws.storage, ds), cfg)
             metadata: dict[str, Any] = {"version": version}
             for split in SPLITS:
-                samples, digest, how = split_entry(ws, lengths, content, cfg, split, shards)
+                samples, digest, how = split_entry(ws, lengths, content, cfg, split, shards, masked)
                 rows.append(f"| {split} | {samples} | {digest or '(empty split)'} | {how} |")
                 metadata[f"{split}_samples"] = samples
             context.log.info(f"{ds.name}: indices for {', '.join(SPLITS)} ready")
@@ -139,10 +129,11 @@ def split_entry(
     cfg: NanosetConfig,
     split: str,
     shards: list[tuple[str, int]] | None = None,
+    masked: np.ndarray | None = None,
 ) -> tuple[int, str | None, str]:
     """(samples, cache hash, how) of one split's entry: ``stored`` when S3 already holds it
     complete, else ``loaded``/``built`` from the workspace's cache; (0, None, "-") if empty."""
-    settings = split_settings(cfg, split, shards)
+    settings = {**split_settings(cfg, split, shards), "masked": masked}
     found = entry_key(len(lengths), content, **settings)
     if found is None:
         return 0, None, "-"

@@ -48,16 +48,16 @@ from assets.support.staleness import (
     recorded_version,
     tokens_settings,
 )
+from assets.support.takedowns import TAKEDOWNS, list_recorded, read_storage_ledger
 from pipelines.build import build_definitions
 from pipelines.instance import ensure_dagster_home, ensure_pool_limits
 from pipelines.jobs import DOWNSTREAM_STAGES as DATASET_STAGES
 from pipelines.jobs import REFRESH_JOB, shard_job_name
 from pipelines.runguard import (
-    PROCESS_TAG,
     fail_interrupted_runs,
     instance_errors,
     materialize_locks,
-    process_tag,
+    run_lease,
     stop_if_interrupted,
 )
 from pipelines.sensors import range_tags, shard_ranges
@@ -69,9 +69,9 @@ from pipelines.summary import (
     write_failure_log,
 )
 from tokenmill.errors import ConfigError, TokenmillError
+from tokenmill.formats.merge import natural_key
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe, recipe_path
 from tokenmill.storage.s3 import call, split_uri
-from tokenmill.tokenize.merge import natural_key
 
 # Shards per in-process run: a run costs ≈ 1.3 CPU-s however many shards it holds (the run's
 # records, resources, one step per stage and check; bench/bench_orchestration.py), so 64 cut
@@ -111,14 +111,14 @@ def process_shards(
     for shards in shard_ranges(list(order), stale, MATERIALIZE_SHARDS_PER_RUN):
         start = time.perf_counter()
         tags = range_tags(ds.name, {key: sources[key] for key in shards})
-        tags[PROCESS_TAG] = process_tag()
-        result = job.execute_in_process(
-            run_config=run_config(verbose),
-            instance=instance,
-            partition_key=shards[0] if len(shards) == 1 else None,
-            tags=tags,
-            raise_on_error=False,
-        )
+        with run_lease(instance) as lease:
+            result = job.execute_in_process(
+                run_config=run_config(verbose),
+                instance=instance,
+                partition_key=shards[0] if len(shards) == 1 else None,
+                tags={**tags, **lease},
+                raise_on_error=False,
+            )
         stop_if_interrupted(result)
         name = f"{ds.name}/{shards[0]}"
         if len(shards) > 1:
@@ -158,26 +158,38 @@ def _resources(defs: Definitions) -> tuple[StorageResource, TokenizerResource]:
     return resources["storage"], resources["tokenizer"]  # type: ignore[return-value]
 
 
-def stale_downstream(instance: DagsterInstance, recipe: Recipe, skip: set[str]) -> list[AssetKey]:
+def stale_downstream(
+    instance: DagsterInstance,
+    recipe: Recipe,
+    skip: set[str],
+    storage: StorageResource | None = None,
+) -> list[AssetKey]:
     """Unpartitioned assets whose recorded data version differs from the one their inputs'
-    records give now, plus what follows them (a changed merge rebuilds its dataset's stages).
+    records and the takedown ledger on ``storage`` give now, plus what follows them (a changed
+    merge rebuilds its dataset's stages; a takedown list not in the ledger yet, everything).
 
     Datasets in ``skip`` (a shard failed) and blends using them are left as they are.
     """
     keys = {ds.name: shard_keys(instance, ds) for ds in recipe.datasets}
-    expected = expected_versions(instance, recipe, keys)
+    ledger = read_storage_ledger(storage) if storage is not None else []
+    expected = expected_versions(instance, recipe, keys, ledger)
     stale: list[AssetKey] = []
+    if recipe.takedown.list is not None and not list_recorded(ledger, recipe.takedown.list):
+        stale.append(TAKEDOWNS)
+        expected = {}  # the new record may change every merge: rebuild them all
     for ds in recipe.datasets:
         if ds.name in skip:
             continue
         merged_key, nanoset_key = AssetKey([ds.name, "merged"]), AssetKey([ds.name, "nanoset"])
-        if recorded_version(instance, merged_key) != expected[merged_key]:
+        if not expected or recorded_version(instance, merged_key) != expected[merged_key]:
             stale += [AssetKey([ds.name, stage]) for stage in DATASET_STAGES]
         elif recorded_version(instance, nanoset_key) != expected[nanoset_key]:
             stale.append(nanoset_key)
     for blend in recipe.blends:
         key = AssetKey(["blend", blend.name])
-        if not skip & set(blend.datasets) and recorded_version(instance, key) != expected[key]:
+        if skip & set(blend.datasets):
+            continue
+        if not expected or recorded_version(instance, key) != expected[key]:
             stale.append(key)
     return stale
 
@@ -194,9 +206,12 @@ def materialize_recipe(
         print(f"{ds.name}: scanning {ds.source}", flush=True)
         outcomes.append(process_shards(defs, instance, ds, verbose=verbose))
     failed = {o.name for o in outcomes if o.failed}
-    stale = stale_downstream(instance, recipe, failed)
+    storage = _resources(defs)[0]
+    stale = stale_downstream(instance, recipe, failed, storage)
     report = run_downstream(defs, instance, stale, verbose=verbose)
-    left = [k for k in stale_downstream(instance, recipe, set()) if k not in report.rebuilt]
+    left = [
+        k for k in stale_downstream(instance, recipe, set(), storage) if k not in report.rebuilt
+    ]
     report.not_rebuilt = left
     failures = [f for o in outcomes for f in o.failures] + list(report.failures)
     if failures:
@@ -230,13 +245,14 @@ def run_downstream(
         return RunReport()
     names = ", ".join(k.to_user_string() for k in stale)
     print(f"downstream: rebuilding {names} in one run", flush=True)
-    result = defs.resolve_job_def(REFRESH_JOB).execute_in_process(
-        run_config=run_config(verbose),
-        instance=instance,
-        asset_selection=stale,
-        tags={PROCESS_TAG: process_tag()},
-        raise_on_error=False,
-    )
+    with run_lease(instance) as lease:
+        result = defs.resolve_job_def(REFRESH_JOB).execute_in_process(
+            run_config=run_config(verbose),
+            instance=instance,
+            asset_selection=stale,
+            tags=lease,
+            raise_on_error=False,
+        )
     stop_if_interrupted(result)
     if result.success:
         print("downstream: ok")

@@ -27,8 +27,10 @@ COMMANDS = [
     "materialize",
     "pull",
     "gc",
+    "migrate",
     "explain",
     "find",
+    "takedown",
 ]
 
 

@@ -39,6 +39,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from tokenmill.errors import ConfigError
 from tokenmill.indices.growing import ERA_SAMPLES
+from tokenmill.indices.settings import NanosetSettings
 from tokenmill.paths import name_problem
 
 DEFAULT_RECIPE = "recipes/demo.yaml"
@@ -263,6 +264,21 @@ class NanosetConfig(_Config):
             raise _expected(wanted, at=("drop_last_partial_validation",), value=False)
         return self
 
+    def settings(self) -> NanosetSettings:
+        """The library's value of these settings (what the index and blend builders take)."""
+        return NanosetSettings(
+            sequence_length=self.sequence_length,
+            split_spec=self.split,
+            seed=self.seed,
+            semantics=self.semantics,
+            add_extra_token=self.add_extra_token,
+            drop_last_partial_validation=self.drop_last_partial_validation,
+            era_samples=self.era_samples,
+            train_samples=self.train_samples,
+            valid_samples=self.valid_samples,
+            test_samples=self.test_samples,
+        )
+
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """The settings; ``era_samples`` only with growing semantics (the others ignore it, so
@@ -344,8 +360,17 @@ class ScheduleConfig(_Config):
         return "0 0 * * *" if minutes == 1440 else f"0 */{minutes // 60} * * *"
 
 
+class TakedownConfig(_Config):
+    """A takedown list the pipeline watches (``tokenmill.takedown``): a file of ``tokenmill
+    find`` queries, one a line; when it changes, the documents it names are masked out of new
+    merged and blend versions, with ``reason`` in the audit record. None: no list."""
+
+    list: Local | None = None
+    reason: Text = "the recipe's takedown list"
+
+
 _STAGES = ("raw", "hf", "tokens", "merged", "nanoset", "blends")  # storage folders written
-_SECTIONS = ("storage", "tokenizer", "nanoset", "blends", "schedules")  # absent: the defaults
+_SECTIONS = ("storage", "tokenizer", "nanoset", "blends", "schedules", "takedown")  # defaults
 _DATASETS = "a mapping {name: {source: ...}} with at least one entry"
 
 
@@ -366,6 +391,7 @@ class Recipe(_Config):
     # virtual: a merged version is a manifest of its shard pairs (nothing copied); physical:
     # Megatron's merged pair, a full copy per version (for Megatron's own tools)
     merge: Literal["virtual", "physical"] = "virtual"
+    takedown: TakedownConfig
 
     @model_validator(mode="before")
     @classmethod

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dagster import (
     AssetKey,
@@ -39,7 +40,9 @@ from dagster import (
     RunsFilter,
 )
 
+from assets.support.dagster_private import latest_storage_ids
 from assets.support.partitions import shard_partitions
+from tokenmill.formats.takedown_records import masks_for
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig, Recipe
 from tokenmill.storage.versions import version_hash
 from tokenmill.tokenize.merged_versions import merged_version
@@ -77,11 +80,15 @@ def tokens_settings(tokenizer_fingerprint: str, append_eod: bool, ds: DatasetCon
 
 
 def merged_data_version(
-    ds: DatasetConfig, inputs: Sequence[tuple[str, str | None]], merge: str
+    ds: DatasetConfig,
+    inputs: Sequence[tuple[str, str | None]],
+    merge: str,
+    masks: Mapping[str, Sequence[int]] | None = None,
 ) -> str:
     """The merged version of ``(shard, tokens content hash)`` inputs in merge order (a shard
-    not tokenized yet counts as None); the library's own (``merged_version``)."""
-    return merged_version(ds.text_key, inputs, merge)
+    not tokenized yet counts as None) with the takedown ``masks`` the ledger gives them; the
+    library's own (``merged_version``)."""
+    return merged_version(ds.text_key, inputs, merge, masks)
 
 
 def nanoset_data_version(merged_version: str | None, cfg: NanosetConfig) -> str:
@@ -126,7 +133,7 @@ def recorded_code_version(instance: DagsterInstance, key: AssetKey) -> str | Non
     """The code version an unpartitioned asset's latest materialization was made with."""
     event = instance.get_latest_materialization_event(key)
     materialization = event.asset_materialization if event else None
-    return materialization.tags.get(CODE_VERSION_TAG) if materialization else None
+    return (materialization.tags or {}).get(CODE_VERSION_TAG) if materialization else None
 
 
 def range_data_version(per_shard: Mapping[str, str]) -> DataVersion:
@@ -155,9 +162,7 @@ def latest_records(
 ) -> dict[str, EventLogRecord]:
     """The latest materialization (or observation) record of each partition: one query for
     the storage ids, then one per ``QUERY_CHUNK`` records."""
-    wanted = set(partitions)
-    ids = instance.get_latest_storage_id_by_partition(key, kind, wanted)
-    ids = {p: i for p, i in ids.items() if p in wanted}  # storages may answer for more
+    ids = latest_storage_ids(instance, key, kind, partitions)
     chosen = sorted(ids.values())
     fetch = (
         instance.fetch_observations
@@ -183,7 +188,7 @@ def _metadata(record: EventLogRecord | None, name: str) -> str | None:
 
 def _recorded_alone(record: EventLogRecord) -> bool:
     materialization = record.asset_materialization
-    return bool(materialization and materialization.tags.get(RECORDED_ALONE) == "true")
+    return bool(materialization and (materialization.tags or {}).get(RECORDED_ALONE) == "true")
 
 
 def shard_records(
@@ -195,9 +200,9 @@ def shard_records(
     tokens = latest_records(instance, AssetKey([ds.name, LAST_SHARD_STAGE]), keys)
     run_ids = sorted({r.run_id for r in tokens.values() if r.run_id})
     ok = {
-        run.run_id
+        run.dagster_run.run_id
         for start in range(0, len(run_ids), QUERY_CHUNK)
-        for run in instance.get_runs(
+        for run in instance.get_run_records(
             RunsFilter(
                 run_ids=run_ids[start : start + QUERY_CHUNK], statuses=[DagsterRunStatus.SUCCESS]
             )
@@ -280,31 +285,41 @@ def token_status(
         AssetKey([ds.name, LAST_SHARD_STAGE]), keys, shard_partitions(ds.name)
     )
     found = status or {}
-    return {key: found[key].value if found.get(key) else None for key in keys}
+    return {key: one.value if (one := found.get(key)) else None for key in keys}
+
+
+def latest_materialization(instance: DagsterInstance, key: AssetKey) -> EventLogRecord | None:
+    """The latest materialization record of an unpartitioned asset (None: never built)."""
+    records = instance.fetch_materializations(AssetRecordsFilter(asset_key=key), limit=1)
+    return records.records[0] if records.records else None
 
 
 def recorded_version(instance: DagsterInstance, key: AssetKey) -> str | None:
     """The data version of an unpartitioned asset's latest materialization (None: never)."""
-    record = instance.get_latest_data_version_record(key, is_source=False)
+    record = latest_materialization(instance, key)
     materialization = record.asset_materialization if record else None
     tags = materialization.tags if materialization else None
     return tags.get(DATA_VERSION_TAG) if tags else None
 
 
 def expected_versions(
-    instance: DagsterInstance, recipe: Recipe, keys: Mapping[str, list[str]]
+    instance: DagsterInstance,
+    recipe: Recipe,
+    keys: Mapping[str, list[str]],
+    ledger: Sequence[Mapping[str, Any]] = (),
 ) -> dict[AssetKey, str]:
     """The data version each merged, nanoset and blend asset would record if rebuilt now, from
-    the shard records of ``keys`` (dataset -> current shards in merge order) alone: a merge
-    is built from the shards whose tokens are recorded by a good run
-    (``assets.support.complete``)."""
+    the shard records of ``keys`` (dataset -> current shards in merge order) and the takedown
+    ``ledger`` (the audit records on the root) alone: a merge is built from the shards whose
+    tokens are recorded by a good run (``assets.support.complete``)."""
     expected: dict[AssetKey, str] = {}
     nanosets: dict[str, str] = {}
     for ds in recipe.datasets:
         records = shard_records(instance, ds, keys[ds.name])
         complete = [k for k in keys[ds.name] if records[k].content_hash and records[k].tokens_ok]
         inputs = [(k, records[k].content_hash) for k in complete]
-        merged = merged_data_version(ds, inputs, recipe.merge)
+        masks = masks_for(ledger, ds.name, inputs)
+        merged = merged_data_version(ds, inputs, recipe.merge, masks)
         nanosets[ds.name] = nanoset_data_version(merged, recipe.nanoset)
         expected[AssetKey([ds.name, "merged"])] = merged
         expected[AssetKey([ds.name, "nanoset"])] = nanosets[ds.name]

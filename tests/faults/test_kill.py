@@ -25,9 +25,9 @@ from tokenmill.atomic import TMP_DIR
 from tokenmill.cli import main
 from tokenmill.errors import FormatError
 from tokenmill.formats.dataset_manifest import check_dataset_files
-from tokenmill.indices.blend_build import verify_blend
 from tokenmill.loader import open_blend
 from tokenmill.storage.pull import pull
+from tokenmill.verify import verify_blend
 
 IDX_WRITER = "tokenmill.formats.indexed"
 TOKENIZER = tokenizer_dir("gpt2")  # built by the gpt2_dir fixture
@@ -155,8 +155,8 @@ def test_tokenize_killed_over_a_previous_result(src: Path, clean: dict, tmp_path
     ("hook", "call", "orphans"),
     [
         (f"{IDX_WRITER}:IndexedDatasetWriter.add_index", 2, []),  # one input copied
-        (f"{IDX_WRITER}:_copy_file", 3, []),
-        ("tokenmill.tokenize.merge:write_dataset_manifest", 1, ["m.bin", "m.idx"]),
+        ("tokenmill.formats._writer_io:copy_file", 3, []),
+        ("tokenmill.formats.merge:write_dataset_manifest", 1, ["m.bin", "m.idx"]),
     ],
     ids=["between-inputs", "copying-the-last-input", "before-manifest"],
 )
@@ -178,7 +178,7 @@ def test_merge_killed_over_a_previous_result(src: Path, clean: dict, tmp_path: P
     out = tmp_path / "out"
     assert main(merge_args(src, out, order="102")) == 0
     kill_parked(
-        merge_args(src, out), "tokenmill.tokenize.merge:write_dataset_manifest", tmp_path / "k"
+        merge_args(src, out), "tokenmill.formats.merge:write_dataset_manifest", tmp_path / "k"
     )
     state = audit(out)
     assert (state.orphans, state.manifests, state.problems) == (["m.bin", "m.idx"], [], [])
@@ -276,10 +276,10 @@ def test_blend_rebuild_killed_keeps_the_previous_version(
 @pytest.mark.parametrize(
     ("hook", "call", "after", "jobs"),
     [
-        ("tokenmill.storage.pull:_Hasher.update", 1, True, 1),  # first file half-way (temp)
-        ("tokenmill.storage.pull:commit", 3, True, 1),  # three files complete
+        ("tokenmill.storage.pull_blocks:Hasher.update", 1, True, 1),  # first file half-way (temp)
+        ("tokenmill.storage.pull_blocks:commit", 3, True, 1),  # three files complete
         ("tokenmill.storage.pull:_commit_manifest", 1, False, 1),  # all files, no manifest
-        ("tokenmill.storage.pull:_Hasher.update", 4, True, 8),  # eight transfers at once
+        ("tokenmill.storage.pull_blocks:Hasher.update", 4, True, 8),  # eight transfers at once
     ],
     ids=["mid-file", "after-three-files", "before-manifest", "parallel"],
 )

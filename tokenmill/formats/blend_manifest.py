@@ -34,7 +34,7 @@ import numpy as np
 
 from tokenmill.atomic import file_sha256, load_json
 from tokenmill.errors import ConfigError, FormatError
-from tokenmill.formats.dataset_manifest import read_dataset_manifest, sidecar_manifest_path
+from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
 from tokenmill.formats.virtual_merge import shard_problems
 from tokenmill.paths import VERSION_CHARS, has_control_character, is_lower_hex, leading_parents
 
@@ -331,10 +331,16 @@ def _key_problems(
 
 
 def dataset_problems(
-    manifest: dict[str, Any], mpath: Path, names: set[str], *, full: bool
+    manifest: dict[str, Any],
+    mpath: Path,
+    names: set[str],
+    *,
+    full: bool,
+    merges: dict[str, dict[str, Any]] | None = None,
 ) -> list[str]:
     """Mismatches of the datasets' ``.idx``/``.bin`` files: sizes; ``full`` also the sha256 of
-    the ``.idx`` and of the ``.bin`` (or of each recorded part of a merged ``.bin``)."""
+    the ``.idx`` and of the ``.bin`` (or of each recorded part of a merged ``.bin``). ``merges``
+    receives each virtual merge's manifest as checked, by dataset name (read once)."""
     problems = []
     unknown = names - {ds["name"] for ds in manifest["datasets"]}
     if unknown:
@@ -344,7 +350,7 @@ def dataset_problems(
             continue
         prefix = resolve(mpath, ds["prefix"])
         if "manifest" in ds["files"]:
-            problems += _virtual_problems(mpath, ds, prefix, full=full)
+            problems += _virtual_problems(mpath, ds, prefix, full=full, merges=merges)
             continue
         for kind in ("bin", "idx"):
             entry = ds["files"][kind]
@@ -365,12 +371,19 @@ def dataset_problems(
     return problems
 
 
-def _virtual_problems(mpath: Path, ds: dict[str, Any], prefix: Path, *, full: bool) -> list[str]:
+def _virtual_problems(
+    mpath: Path,
+    ds: dict[str, Any],
+    prefix: Path,
+    *,
+    full: bool,
+    merges: dict[str, dict[str, Any]] | None = None,
+) -> list[str]:
     """Mismatches of a virtual merge's manifest (size; ``full``: sha256) and, through its
     records, of every shard pair it names (sizes; ``full``: sha256)."""
     entry = ds["files"]["manifest"]
     path = resolve(mpath, entry["path"])
-    if path != sidecar_manifest_path(prefix):
+    if path != dataset_manifest_path(prefix):
         raise FormatError(
             mpath,
             f"datasets.{ds['name']}.files.manifest",
@@ -380,6 +393,8 @@ def _virtual_problems(mpath: Path, ds: dict[str, Any], prefix: Path, *, full: bo
     if why:
         return [f"dataset {ds['name']!r} manifest: {why} (the merge changed after the blend)"]
     manifest = read_dataset_manifest(prefix)
+    if merges is not None:
+        merges[ds["name"]] = manifest
     return [
         f"dataset {ds['name']!r}: {why}"
         for why in shard_problems(prefix.parent, manifest, full=full)
@@ -392,6 +407,7 @@ def verify_manifest(
     *,
     full: bool = False,
     at: str | os.PathLike[str] | None = None,
+    merges: dict[str, dict[str, Any]] | None = None,
 ) -> list[str]:
     """Problems of a blend (empty list = consistent) for ``splits`` (default: all of them).
 
@@ -399,6 +415,7 @@ def verify_manifest(
     file's size, the index descriptions' settings and array records. ``full``: also the sha256
     of every file (blend arrays, Nanoset caches, ``.idx``, ``.bin`` or its parts). ``at``: the
     manifest path its recorded paths resolve against, when ``path`` is a temp of it elsewhere.
+    ``merges`` receives the virtual merges' manifests as checked (see ``dataset_problems``).
     """
     manifest = read_blend_manifest(path)
     mpath = manifest_path(path) if at is None else Path(at)
@@ -409,7 +426,7 @@ def verify_manifest(
         for split in chosen:
             problems += split_problems(manifest, mpath, split, full=full)
             names |= {ds["name"] for ds in manifest["splits"][split]["datasets"]}
-        return dataset_problems(manifest, mpath, names, full=full) + problems
+        return dataset_problems(manifest, mpath, names, full=full, merges=merges) + problems
 
 
 def rebuild_hint(manifest: dict[str, Any], mpath: Path) -> str:

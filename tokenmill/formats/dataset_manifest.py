@@ -4,15 +4,13 @@ written last, the only thing that says "done".
 A manifest records the format version, the kind of artifact, its inputs (with content hashes),
 the config that produced it, counts, and the sizes and sha256 of its own files. It lives in a
 sidecar folder so that Megatron's and nanotron's folder scans (``tools/merge_datasets.py``) see
-only pairs. A pair whose manifest is still at the 0.1.0 place (``P.manifest.json``) is read as
-it is; readers never move it, the next write of the pair does (:func:`write_dataset_manifest`).
+only pairs (``tokenmill migrate`` moves manifests written beside the pair).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -33,40 +31,25 @@ DATASET_MANIFESTS = (
 DATASET_MANIFEST_SUFFIX = ".manifest.json"
 
 
-def sidecar_manifest_path(prefix: str | os.PathLike[str]) -> Path:
-    """``<dir>/manifests/<name>.manifest.json`` for the pair prefix ``<dir>/<name>``: where a
-    manifest is written."""
+def dataset_manifest_path(prefix: str | os.PathLike[str]) -> Path:
+    """``<dir>/manifests/<name>.manifest.json``, the manifest of the pair ``<dir>/<name>``
+    (``.is_file()`` answers "is the pair done?")."""
     prefix = Path(prefix)
     return prefix.parent / DATASET_MANIFESTS / f"{prefix.name}{DATASET_MANIFEST_SUFFIX}"
 
 
-def legacy_manifest_path(prefix: str | os.PathLike[str]) -> Path:
-    """``P.manifest.json``: where tokenmill 0.1.0 wrote the manifest of the pair ``P``."""
-    return Path(f"{os.fspath(prefix)}{DATASET_MANIFEST_SUFFIX}")
-
-
-def dataset_manifest_path(prefix: str | os.PathLike[str]) -> Path:
-    """The manifest of the pair ``P``: the sidecar one, or the 0.1.0 one beside the pair when
-    only that exists (so ``.is_file()`` answers "is the pair done?" for both layouts)."""
-    sidecar = sidecar_manifest_path(prefix)
-    if not sidecar.is_file():
-        legacy = legacy_manifest_path(prefix)
-        if legacy.is_file():
-            return legacy
-    return sidecar
-
-
 def prefix_of_manifest(path: str | os.PathLike[str]) -> Path:
-    """The pair prefix a dataset manifest path belongs to (either layout); ValueError for a
-    path that is not named ``*.manifest.json``."""
+    """The pair prefix a dataset manifest path belongs to; ValueError for a path that is not a
+    ``manifests/*.manifest.json`` (a 0.1.0 manifest beside its pair: run ``tokenmill migrate``)."""
     path = Path(path)
     if not path.name.endswith(DATASET_MANIFEST_SUFFIX):
         raise ValueError(f"{path}: not a dataset manifest (*{DATASET_MANIFEST_SUFFIX})")
-    name = path.name[: -len(DATASET_MANIFEST_SUFFIX)]
-    folder = path.parent
-    if folder.name == DATASET_MANIFESTS and not Path(f"{folder / name}.idx").exists():
-        folder = folder.parent
-    return folder / name
+    if path.parent.name != DATASET_MANIFESTS:
+        raise ValueError(
+            f"{path}: a dataset manifest lives in a {DATASET_MANIFESTS}/ folder beside its pair "
+            "(one beside the pair is tokenmill 0.1.0's layout: run tokenmill migrate ROOT)"
+        )
+    return path.parent.parent / path.name[: -len(DATASET_MANIFEST_SUFFIX)]
 
 
 def describe_files(paths: list[Path], *, root: Path) -> dict[str, dict[str, Any]]:
@@ -85,6 +68,8 @@ def block_sha256(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTES) -
     """The sha256 of each ``block_bytes`` block of a file, the last one possibly short: what
     a streaming reader checks every block against when it enters its cache. One read pass,
     blocks hashed in parallel threads (hashlib releases the GIL): a post-pass of the writers."""
+    from concurrent.futures import ThreadPoolExecutor  # writers only: readers skip the import
+
     count = -(-os.path.getsize(path) // block_bytes)
     with open(path, "rb") as fh:
 
@@ -150,9 +135,7 @@ def write_dataset_manifest(
         "content_hash": _content_hash(files),
         **(extra or {}),
     }
-    # A 0.1.0 manifest beside the pair goes first (the pair is never vouched for by both).
-    legacy_manifest_path(prefix).unlink(missing_ok=True)
-    sidecar = sidecar_manifest_path(prefix)
+    sidecar = dataset_manifest_path(prefix)
     sidecar.parent.mkdir(parents=True, exist_ok=True)
     write_json(sidecar, manifest)
     return manifest
@@ -221,11 +204,25 @@ def read_dataset_manifest(prefix: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def open_dataset(
-    prefix: str | os.PathLike[str], *, index_only: bool = False
+    prefix: str | os.PathLike[str],
+    *,
+    index_only: bool = False,
+    recorded: dict[str, Any] | None = None,
 ) -> IndexedDataset | VirtualDataset:
     """The dataset at ``prefix``: a ``.bin``/``.idx`` pair, or a virtual merge (a manifest of
     shard pairs, no pair of its own). Both offer the same reading surface; a pair whose manifest
-    records its token count opens in O(1) (``IndexedDataset(num_tokens=...)``)."""
+    records its token count opens in O(1) (``IndexedDataset(num_tokens=...)``).
+
+    ``recorded``: the pair's ``num_sequences``, ``num_tokens`` and ``dtype`` as a manifest
+    already read and checked records them (a blend's dataset entry): the pair opens from those
+    and its header, without parsing its own manifest (megabytes of per-block hashes for a large
+    ``.bin``); a header that disagrees is a FormatError. For a virtual merge, ``recorded`` may
+    be its manifest, already read and checked (not read again)."""
+    if recorded is not None and is_virtual(recorded) and not index_file_path(prefix).is_file():
+        path = dataset_manifest_path(prefix)
+        return VirtualDataset(prefix, recorded, path, index_only=index_only)
+    if recorded is not None and _counts_recorded(recorded):
+        return _open_recorded(Path(prefix), recorded, index_only=index_only)
     path = dataset_manifest_path(prefix)
     if not path.is_file():
         return IndexedDataset(prefix, index_only=index_only)
@@ -233,8 +230,28 @@ def open_dataset(
     if is_virtual(manifest) and not index_file_path(prefix).is_file():
         return VirtualDataset(prefix, manifest, path, index_only=index_only)
     tokens = manifest["counts"].get("tokens")  # recorded: an O(1) open
-    recorded = tokens if type(tokens) is int and tokens >= 0 else None
-    return IndexedDataset(prefix, index_only=index_only, num_tokens=recorded)
+    counted = tokens if type(tokens) is int and tokens >= 0 else None
+    return IndexedDataset(prefix, index_only=index_only, num_tokens=counted)
+
+
+def _counts_recorded(recorded: dict[str, Any]) -> bool:
+    """True when ``recorded`` holds a pair's counts (integers >= 0) and dtype."""
+    counts = (recorded.get("num_tokens"), recorded.get("num_sequences"))
+    return all(type(c) is int and c >= 0 for c in counts) and "dtype" in recorded
+
+
+def _open_recorded(prefix: Path, recorded: dict[str, Any], *, index_only: bool) -> IndexedDataset:
+    """``open_dataset`` of a pair from counts recorded elsewhere (header and sizes checked)."""
+    sequences = recorded["num_sequences"]
+    data = IndexedDataset(prefix, index_only=index_only, num_tokens=recorded["num_tokens"])
+    if len(data) != sequences or data.dtype.name != recorded["dtype"]:
+        raise FormatError(
+            data.idx_path,
+            "header",
+            f"{len(data)} {data.dtype} sequences, the manifest records {sequences} "
+            f"{recorded.get('dtype')}: the dataset changed after the manifest was written",
+        )
+    return data
 
 
 def _is_digest(info: object) -> bool:

@@ -118,14 +118,15 @@ def open_blend(
     info = read_blend_manifest(mpath)
     _check_split(info, mpath, split, version)
     full = verify == "full"
-    problems = verify_manifest(mpath, [split], full=full)
+    merges: dict[str, dict[str, Any]] = {}  # virtual merges' manifests, read once
+    problems = verify_manifest(mpath, [split], full=full, merges=merges)
     if problems:
         raise CacheError(
             f"{mpath}: blend is stale or incomplete; {rebuild_hint(info, mpath)}:\n  "
             + "\n  ".join(problems)
         )
     with schema_errors(mpath):
-        return open_blend_split(info, mpath, split, full=full, pad_id=pad_id)
+        return open_blend_split(info, mpath, split, full=full, pad_id=pad_id, merges=merges)
 
 
 def _check_split(info: dict[str, Any], where: object, split: str, version: str | None) -> None:
@@ -148,19 +149,21 @@ def _open_s3_blend(
     cache_bytes: int | None,
 ) -> BlendedDataset:
     """``open_blend`` of an ``s3://`` manifest (tokenmill.loader._s3, imported here only)."""
-    from tokenmill.loader._s3 import RemoteData, cache_for, mirror_blend, remote_files
+    from tokenmill.loader._s3 import RemoteData, cache_for, remote_files
+    from tokenmill.loader._s3_open import default_cache_dir, mirror_blend
 
-    root, mpath, bins = mirror_blend(uri, version, cache_dir)
+    cache = cache_for(cache_dir if cache_dir is not None else default_cache_dir(), cache_bytes)
+    _, mpath, bins = mirror_blend(uri, version, cache.root, cache.client)
     info = read_blend_manifest(mpath)
     _check_split(info, uri, split, version)
     with schema_errors(mpath):
         problems = split_problems(info, mpath, split, full=False)
     if problems:
         raise CacheError(f"{uri}: blend is stale or incomplete:\n  " + "\n  ".join(problems))
-    cache = cache_for(root, cache_bytes)
 
-    def remote(prefix: Path, *, full: bool) -> RemoteData:
-        return RemoteData(open_dataset(prefix, index_only=True), remote_files(prefix, bins), cache)
+    def remote(prefix: Path, *, full: bool, recorded: dict[str, Any] | None) -> RemoteData:
+        data = open_dataset(prefix, index_only=True, recorded=recorded)
+        return RemoteData(data, remote_files(prefix, bins), cache)
 
     with schema_errors(mpath):
         return open_blend_split(info, mpath, split, full=False, pad_id=pad_id, open_data=remote)
@@ -174,13 +177,22 @@ def open_blend_split(
     full: bool,
     pad_id: int = PAD_ID,
     open_data: Any = None,
+    merges: dict[str, dict[str, Any]] | None = None,
 ) -> BlendedDataset:
     """Open the checked files of one split as a BlendedDataset (memory-mapped; ``full`` also
     checks every index value). ``info`` and ``mpath``: a manifest already read and verified
     (``open_blend`` does both; ``tokenmill verify`` reuses this for its value checks).
-    ``open_data(prefix, full=...)`` opens each dataset (default: the local pair or merge)."""
+    ``open_data(prefix, full=..., recorded=...)`` opens each dataset (default: the local pair or
+    merge); ``recorded`` is the blend's entry of a pair (its counts and dtype: the pair opens
+    from them without reading its own manifest), or a virtual merge's manifest already read and
+    checked (``merges``, by dataset name), else None."""
     opener = _open_data if open_data is None else open_data
     prefixes = {ds["name"]: resolve(mpath, ds["prefix"]) for ds in info["datasets"]}
+    known = merges or {}
+    recorded = {
+        ds["name"]: known.get(ds["name"]) if "manifest" in ds["files"] else ds
+        for ds in info["datasets"]
+    }
     part = info["splits"][split]
     datasets = {}
     for ds in part["datasets"]:
@@ -195,7 +207,7 @@ def open_blend_split(
             for kind, path in zip(INDEX_ARRAYS, paths, strict=True)
         ]
         datasets[ds["name"]] = NanosetDataset(
-            opener(prefixes[ds["name"]], full=full),
+            opener(prefixes[ds["name"]], full=full, recorded=recorded[ds["name"]]),
             *arrays,
             sequence_length=info["sequence_length"],
             add_extra_token=info["add_extra_token"],
@@ -298,11 +310,13 @@ class FollowGrowth:
         )
 
 
-def _open_data(prefix: str | os.PathLike[str], *, full: bool) -> IndexedDataset | VirtualDataset:
-    """A ``.bin``/``.idx`` pair (header, counts and sizes checked on open) or a virtual merge of
-    pairs (each checked when first read); ``full`` also checks every pointer against the lengths
-    (samples are read through them)."""
-    data = open_dataset(prefix)
+def _open_data(
+    prefix: str | os.PathLike[str], *, full: bool, recorded: dict[str, Any] | None = None
+) -> IndexedDataset | VirtualDataset:
+    """A ``.bin``/``.idx`` pair (header, counts and sizes checked on open; ``recorded``: counts
+    from a checked blend entry) or a virtual merge of pairs (each checked when first read);
+    ``full`` also checks every pointer against the lengths (samples are read through them)."""
+    data = open_dataset(prefix, recorded=recorded)
     if full:
         data.check_pointers()
     return data
@@ -310,44 +324,29 @@ def _open_data(prefix: str | os.PathLike[str], *, full: bool) -> IndexedDataset 
 
 def open_nanoset(
     dataset_prefix: str | os.PathLike[str],
-    cache_dir: str | os.PathLike[str] | None = None,
+    index: Any,
     *,
-    split: str = "train",
-    index: Any = None,
     verify: str = "fast",
-    sequence_length: int | None = None,
-    split_spec: str = "949,50,1",
-    seed: int = 1234,
-    num_samples: int | None = None,
-    semantics: str = "megatron",
-    add_extra_token: bool = True,
     pad_id: int = PAD_ID,
 ) -> NanosetDataset:
     """One dataset's split as a NanosetDataset.
 
-    ``index`` is a ``tokenmill.indices.nanoset.NanosetIndex`` or the path of a cache entry's
-    ``<hash>-Nanoset-<split>-description.json``; the sequence length and flags come from its
-    description. Without ``index``, the entry in ``cache_dir`` is built or reused with
-    ``tokenmill.indices.nanoset.build_or_load`` and the remaining arguments. The entry is checked
-    against its description (``verify="fast"``: sizes, dtypes and shapes of the arrays, and the
-    dataset's content hash when its manifest makes that cheap; ``"full"``: also the sha256 of
-    the arrays, every index value in bounds, and the dataset's content hash always); a stale or
-    damaged entry raises CacheError. The dataset's ``.version`` is the cache entry's hash.
-    ``pad_id`` fills short samples (default -1, Megatron's when the tokenizer has no pad id).
+    ``index`` is a ``tokenmill.indices.nanoset.NanosetIndex`` (what ``build_or_load`` returns:
+    the loader builds nothing) or the path of a cache entry's
+    ``<hash>-Nanoset-<split>-description.json``; the split, sequence length and flags come from
+    its description. The entry is checked against its description (``verify="fast"``: sizes,
+    dtypes and shapes of the arrays, and the dataset's content hash when its manifest makes that
+    cheap; ``"full"``: also the sha256 of the arrays, every index value in bounds, and the
+    dataset's content hash always); a stale or damaged entry raises CacheError. The dataset's
+    ``.version`` is the cache entry's hash. ``pad_id`` fills short samples (default -1,
+    Megatron's when the tokenizer has no pad id).
     """
     if verify not in VERIFY_MODES:
         raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
     if index is None:
-        index = _build_index(
-            dataset_prefix,
-            cache_dir,
-            split=split,
-            sequence_length=sequence_length,
-            split_spec=split_spec,
-            seed=seed,
-            num_samples=num_samples,
-            semantics=semantics,
-            add_extra_token=add_extra_token,
+        raise ConfigError(
+            f"{dataset_prefix}: no index to open (build_or_load returns None for a split with "
+            "no sequences): change the split or the dataset"
         )
     path = Path(index) if isinstance(index, str | os.PathLike) else index.paths["description"]
     full = verify == "full"
@@ -365,37 +364,6 @@ def open_nanoset(
         index_paths=paths,
         version=path.name[: -len(DESCRIPTION_SUFFIX)].split("-", 1)[0],
     )
-
-
-def _build_index(
-    dataset_prefix: str | os.PathLike[str],
-    cache_dir: str | os.PathLike[str] | None,
-    *,
-    split: str,
-    sequence_length: int | None,
-    **settings: Any,
-) -> Any:
-    """Build or reuse the cache entry (imports the index builder only on this path)."""
-    if cache_dir is None or sequence_length is None:
-        raise ConfigError(
-            "open_nanoset needs either index=... or both cache_dir and "
-            "sequence_length to build the index"
-        )
-    from tokenmill.indices.nanoset import build_or_load
-
-    built = build_or_load(
-        Path(dataset_prefix),
-        Path(cache_dir),
-        split=split,
-        sequence_length=sequence_length,
-        **settings,
-    )
-    if built is None:
-        raise ConfigError(
-            f"{dataset_prefix}: split {split!r} has no sequences with split "
-            f"{settings['split_spec']!r}"
-        )
-    return built
 
 
 def _load_cache(

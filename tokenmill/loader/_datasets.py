@@ -32,7 +32,7 @@ from tokenmill.formats.dataset_manifest import (
 )
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.formats.virtual_merge import VirtualDataset
-from tokenmill.loader._training import resolve_eod, training_inputs
+from tokenmill.loader._training import TrainingFlags, resolve_eod, training_inputs
 
 PAD_ID = -1  # Megatron's _PAD_TOKEN_ID, used when the tokenizer has no pad id
 _UNREAD = object()
@@ -50,7 +50,42 @@ def _sample_ids(indices: npt.ArrayLike, size: int, what: str) -> np.ndarray:
     return ks
 
 
-class NanosetDataset:
+class _TrainingBatches:
+    """``get_training_batch``, the same for a Nanoset and a blend (DESIGN §3's signature)."""
+
+    def _training_requests(
+        self, indices: npt.ArrayLike
+    ) -> tuple[dict[str, NanosetDataset], list[tuple[NanosetDataset, np.ndarray, np.ndarray]], int]:
+        """The datasets a batch may read, the requests per dataset and the batch size (each
+        dataset class says how)."""
+        raise NotImplementedError
+
+    def get_training_batch(
+        self,
+        indices: npt.ArrayLike,
+        *,
+        eod_id: int | None = None,
+        reset_position_ids: bool = False,
+        reset_attention_mask: bool = False,
+        eod_mask_loss: bool = False,
+        create_attention_mask: bool = False,
+        inter_document_masking: bool = False,
+    ) -> dict[str, np.ndarray]:
+        """Samples ``indices`` as megatron-core ``GPTDataset.__getitem__`` training dicts with
+        these flags, stacked (FORMATS §11); ``eod_id=None`` takes the EOD id every dataset's
+        manifest records (they must agree)."""
+        flags = TrainingFlags(
+            reset_position_ids=reset_position_ids,
+            reset_attention_mask=reset_attention_mask,
+            eod_mask_loss=eod_mask_loss,
+            create_attention_mask=create_attention_mask,
+            inter_document_masking=inter_document_masking,
+        )
+        parts, requests, size = self._training_requests(indices)
+        return training_batch(parts, requests, size, eod_id=eod_id, flags=flags)
+
+
+class NanosetDataset(_TrainingBatches):
     """One (dataset, split) Nanoset: ``ds[k]`` -> int64 tokens, ``get_batch`` -> ``[B, width]``."""
 
     def __init__(
@@ -81,6 +116,8 @@ class NanosetDataset:
         self.pad_id = int(pad_id)
         if data.dtype.kind not in "iu":
             raise FormatError(data.idx_path, "dtype code", f"{data.dtype} is not a token dtype")
+        # sequences a takedown masked (sorted): never read, whatever an index says
+        self._masked = np.asarray(getattr(data, "masked", ()), dtype=np.int64)
         self._check_arrays(values=validate)
         self._itemsize = data.dtype.itemsize
         self._buffers: dict[int, memoryview] = {}  # each .bin's bytes (one per shard if virtual)
@@ -114,6 +151,33 @@ class NanosetDataset:
                 )
         if values and self.sample_index.size and int(self.sample_index[:, 1].min()) < 0:
             raise FormatError(where, "sample_index", "has a negative token offset")
+        if values:
+            self._check_unmasked(self.document_index)
+
+    def _check_unmasked(self, seq: np.ndarray) -> None:
+        """FormatError when any sequence of ``seq`` is masked (taken down) in the dataset: an
+        index built before the takedown over a merge that has it (O(len(seq) log masks))."""
+        if not self._masked.size or not seq.size:
+            return
+        at = np.minimum(np.searchsorted(self._masked, seq), len(self._masked) - 1)
+        hit = self._masked[at] == seq
+        if hit.any():
+            first = int(seq[hit][0])
+            raise FormatError(
+                self.name,
+                "document_index",
+                f"references sequence {first}{self._document_of(first)}, which the merge masks "
+                "(taken down): rebuild the index over the masked merge (tokenmill takedown does)",
+            )
+
+    def _document_of(self, seq: int) -> str:
+        """`` (shard <key> document <ordinal>)`` of a global sequence of a merge with shard
+        records (one sequence per document), else ``""``."""
+        firsts, keys = getattr(self.data, "first_sequence", None), getattr(self.data, "keys", None)
+        if firsts is None or not isinstance(keys, list) or not keys:
+            return ""
+        k = int(np.searchsorted(firsts, seq, side="right")) - 1
+        return f" (shard {keys[k]} document {seq - int(firsts[k])})"
 
     def validate(self) -> None:
         """Full check: every index value in range (reads the whole index once)."""
@@ -148,6 +212,7 @@ class NanosetDataset:
         seq = self.document_index[positions].astype(np.int64)
         if seq.size and (int(seq.min()) < 0 or int(seq.max()) >= len(self.data)):
             raise FormatError(self.name, "document_index", f"values outside [0, {len(self.data)})")
+        self._check_unmasked(seq)
         return seq
 
     def __len__(self) -> int:
@@ -169,7 +234,11 @@ class NanosetDataset:
             self.sample_index,
             self.shuffle_index,
         )
-        data = self.data if getattr(self.data, "remote", False) else str(self.data.prefix)
+        data: Any = str(self.data.prefix)  # a virtual merge: its manifest is read again
+        if getattr(self.data, "remote", False):
+            data = self.data
+        elif isinstance(self.data, IndexedDataset):  # a pair: its checked token count travels
+            data = (data, self.data.num_tokens)
         return (_reopen, (data, *arrays, settings))
 
     def _buffer(self, part: int) -> memoryview:
@@ -273,14 +342,15 @@ class NanosetDataset:
         with fix-ups, ``np.concatenate`` of the slices and per-piece copies were all slower).
         """
         parts, starts, stops, counts = self.pieces(ks)
-        ensure = getattr(self.data, "ensure", None)  # a remote dataset fetches blocks first
-        if ensure is not None:
-            ensure(parts, starts, stops)
-        los, his = starts.tolist(), stops.tolist()
-        if self.data.num_parts == 1:
+        gather = getattr(self.data, "gather", None)  # a remote dataset: through its blocks
+        if gather is not None:
+            blob = gather(parts, starts, stops)
+        elif self.data.num_parts == 1:
+            los, his = starts.tolist(), stops.tolist()
             view = self._buffer(0)
             blob = b"".join([view[lo:hi] for lo, hi in zip(los, his, strict=True)])
         else:
+            los, his = starts.tolist(), stops.tolist()
             views = [self._buffer(p) for p in parts.tolist()]
             blob = b"".join([v[lo:hi] for v, lo, hi in zip(views, los, his, strict=True)])
         return (
@@ -308,31 +378,12 @@ class NanosetDataset:
             self._eod_id = value
         return self._eod_id  # type: ignore[return-value]
 
-    def get_training_batch(
-        self,
-        indices: npt.ArrayLike,
-        *,
-        eod_id: int | None = None,
-        reset_position_ids: bool = False,
-        reset_attention_mask: bool = False,
-        eod_mask_loss: bool = False,
-        create_attention_mask: bool = False,
-        inter_document_masking: bool = False,
-    ) -> dict[str, np.ndarray]:
-        """Samples ``indices`` as megatron-core ``GPTDataset.__getitem__`` training dicts with
-        these flags, stacked (FORMATS §11); ``eod_id=None`` takes the manifest's EOD id."""
+    def _training_requests(
+        self, indices: npt.ArrayLike
+    ) -> tuple[dict[str, NanosetDataset], list[tuple[NanosetDataset, np.ndarray, np.ndarray]], int]:
+        """What ``get_training_batch`` reads: this dataset, its one request and the batch size."""
         ks = _sample_ids(indices, len(self), self.name)
-        return training_batch(
-            {self.name: self},
-            [(self, np.arange(len(ks)), ks)],
-            len(ks),
-            eod_id=eod_id,
-            reset_position_ids=reset_position_ids,
-            reset_attention_mask=reset_attention_mask,
-            eod_mask_loss=eod_mask_loss,
-            create_attention_mask=create_attention_mask,
-            inter_document_masking=inter_document_masking,
-        )
+        return {self.name: self}, [(self, np.arange(len(ks)), ks)], len(ks)
 
 
 def _reopen(
@@ -350,7 +401,10 @@ def _reopen(
         if all(isinstance(a, str) for a in arrays):
             paths = (str(arrays[0]), str(arrays[1]), str(arrays[2]))
             arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
-        data = open_dataset(prefix) if isinstance(prefix, str) else prefix
+        if isinstance(prefix, tuple):  # a pair with the token count the sender checked: O(1)
+            data: Any = IndexedDataset(prefix[0], num_tokens=prefix[1])
+        else:
+            data = open_dataset(prefix) if isinstance(prefix, str) else prefix
     except FileNotFoundError as exc:
         raise CacheError(
             f"{exc.filename}: missing when a DataLoader worker reopened index cache "
@@ -452,7 +506,7 @@ def training_batch(
     size: int,
     *,
     eod_id: int | None,
-    **flags: bool,
+    flags: TrainingFlags,
 ) -> dict[str, np.ndarray]:
     """``gather_batch`` as §11 training inputs. ``parts`` (the datasets requests may come from)
     must share ``extra`` and the pad id; ``eod_id=None`` takes the EOD id they all record. The
@@ -474,12 +528,12 @@ def training_batch(
         extra=bool(first.extra),
         eod_id=eod,
         pad_id=first.pad_id,
+        flags=flags,
         may_hold_pad=representable or bool(np.any(lengths < first.width)),
-        **flags,
     )
 
 
-class BlendedDataset:
+class BlendedDataset(_TrainingBatches):
     """A blend: sample ``i`` is ``datasets[dataset_index[i]][dataset_sample_index[i]]``."""
 
     def __init__(
@@ -629,29 +683,9 @@ class BlendedDataset:
         for part, _, ks in self._requests(indices)[1]:
             part.prefetch(ks)
 
-    def get_training_batch(
-        self,
-        indices: npt.ArrayLike,
-        *,
-        eod_id: int | None = None,
-        reset_position_ids: bool = False,
-        reset_attention_mask: bool = False,
-        eod_mask_loss: bool = False,
-        create_attention_mask: bool = False,
-        inter_document_masking: bool = False,
-    ) -> dict[str, np.ndarray]:
-        """Samples ``indices`` as megatron-core ``GPTDataset.__getitem__`` training dicts with
-        these flags, stacked (FORMATS §11); ``eod_id=None`` takes the EOD id every dataset's
-        manifest records (they must agree)."""
+    def _training_requests(
+        self, indices: npt.ArrayLike
+    ) -> tuple[dict[str, NanosetDataset], list[tuple[NanosetDataset, np.ndarray, np.ndarray]], int]:
+        """What ``get_training_batch`` reads: every dataset, the requests and the batch size."""
         size, requests = self._requests(indices)
-        return training_batch(
-            self.datasets,
-            requests,
-            size,
-            eod_id=eod_id,
-            reset_position_ids=reset_position_ids,
-            reset_attention_mask=reset_attention_mask,
-            eod_mask_loss=eod_mask_loss,
-            create_attention_mask=create_attention_mask,
-            inter_document_masking=inter_document_masking,
-        )
+        return self.datasets, requests, size

@@ -15,11 +15,12 @@ version; a small pointer names the current version and is the only thing a refre
     blends/<name>/manifest.json                               pointer: the current manifest
     blends/<name>/versions/<version>/manifest.json            + <split>-*.npy
     nanoset/<hash>-Nanoset-<split>-*                          content-addressed, never rewritten
+    takedowns/<id>.json                                       audit records (tokenmill.takedown)
 
 A pair's manifest lives in a ``manifests/`` folder beside the pair, never beside the pair itself:
 Megatron's and nanotron's ``tools/merge_datasets.py`` take every regular file of a folder as half
-of a ``.bin``/``.idx`` pair and skip folders. A manifest written by tokenmill 0.1.0 sits at
-``<prefix>.manifest.json`` (:func:`legacy_dataset_manifest`); readers still accept it.
+of a ``.bin``/``.idx`` pair and skip folders. ``tokenmill migrate`` moves the manifests tokenmill
+0.1.0 wrote beside the pair.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from tokenmill.atomic import TEMP_NAME_EXTRA
 from tokenmill.errors import ConfigError
 from tokenmill.formats.dataset_manifest import DATASET_MANIFEST_SUFFIX as DATASET_MANIFEST_SUFFIX
 from tokenmill.formats.dataset_manifest import DATASET_MANIFESTS as DATASET_MANIFESTS
+from tokenmill.formats.takedown_records import TAKEDOWNS as TAKEDOWNS
+from tokenmill.formats.takedown_records import record_key
 from tokenmill.paths import VERSION_CHARS as VERSION_CHARS
 from tokenmill.paths import is_lower_hex, name_problem
 
@@ -83,20 +86,8 @@ def dataset_manifest(prefix: str) -> str:
     return posixpath.join(head, DATASET_MANIFESTS, name + DATASET_MANIFEST_SUFFIX)
 
 
-def legacy_dataset_manifest(prefix: str) -> str:
-    """``<prefix>.manifest.json``: where tokenmill 0.1.0 wrote a pair's manifest (read only)."""
-    return prefix + DATASET_MANIFEST_SUFFIX
-
-
-def dataset_manifests(prefix: str) -> list[str]:
-    """Both places a pair's manifest may be, current first: what a step stages to read it (a
-    missing key stages nothing)."""
-    return [dataset_manifest(prefix), legacy_dataset_manifest(prefix)]
-
-
 def dataset_files(prefix: str) -> list[str]:
-    """Staging inputs for a whole pair: the prefix (``.bin``, ``.idx`` and a legacy manifest
-    beside them) and its sidecar manifest."""
+    """Staging inputs for a whole pair: the prefix (``.bin`` and ``.idx``) and its manifest."""
     return [prefix, dataset_manifest(prefix)]
 
 
@@ -216,3 +207,8 @@ def blend_manifest(name: str) -> str:
 def blend_version_dir(name: str, version: str) -> str:
     """``blends/<name>/versions/<version>``: one immutable blend version."""
     return f"{blend_dir(name)}/versions/{version_dir_name(version)}"
+
+
+def takedown_record(record_id: str) -> str:
+    """``takedowns/<id>.json``: one takedown's audit record (``tokenmill.takedown``)."""
+    return record_key(record_id)
