@@ -60,18 +60,6 @@ def merged_lengths(prefix: Path) -> tuple[np.ndarray, str]:
     return lengths, dataset_content_hash(prefix, index_only=index_only)
 
 
-def split_settings(
-    cfg: NanosetConfig, split: str, shards: list[tuple[str, int]] | None = None
-) -> dict[str, Any]:
-    """The index settings of one split, as ``build_or_load``/``entry_key`` take them (samples
-    from the recipe; None = one epoch of the split). Growing semantics: the era size, the
-    dataset's ``shards`` table, and no cap (a blend caps its own size; the index grows)."""
-    settings = cfg.settings()
-    if cfg.semantics == "growing":
-        return {**settings.index_keywords(split), "num_samples": None, "shards": shards}
-    return {**settings.index_keywords(split), "num_samples": settings.sizes()[split]}
-
-
 def merged_version(storage: StorageResource, ds: DatasetConfig) -> str:
     """The current merged version of a dataset, as its pointer names it."""
     pointer = read_pointer(storage.path(layout.merged_pointer(ds.name)))
@@ -133,8 +121,9 @@ def split_entry(
 ) -> tuple[int, str | None, str]:
     """(samples, cache hash, how) of one split's entry: ``stored`` when S3 already holds it
     complete, else ``loaded``/``built`` from the workspace's cache; (0, None, "-") if empty."""
-    settings = {**split_settings(cfg, split, shards), "masked": masked}
-    found = entry_key(len(lengths), content, **settings)
+    settings = cfg.settings()
+    samples = settings.index_sizes()[split]
+    found = entry_key(len(lengths), content, split, settings, samples, shards=shards, masked=masked)
     if found is None:
         return 0, None, "-"
     key, digest = found
@@ -143,6 +132,8 @@ def split_entry(
     if stored is not None:
         return int(stored["counts"]["num_samples"]), digest, "stored"
     held = cache_paths(cache_dir, digest, split)["description"].is_file()
-    index = build_or_load_lengths(lengths, content, cache_dir, **settings)
+    index = build_or_load_lengths(
+        lengths, content, cache_dir, split, settings, samples, shards=shards, masked=masked
+    )
     assert index is not None  # the split is not empty: entry_key said so
     return len(index), digest, "loaded" if held else "built"

@@ -239,10 +239,10 @@ def refresh_cost_s3(source_root: Path, shards: int, tokenizer: Path, work: Path)
     from _pipeline_s3 import count_transfers, moto_server
     from dagster import DagsterInstance
 
-    from assets.support import s3
     from pipelines.build import build_definitions
     from pipelines.jobs import REFRESH_JOB
     from tokenmill.recipe import load_recipe
+    from tokenmill.storage.s3 import shared_client
 
     work.mkdir(parents=True, exist_ok=True)
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
@@ -275,7 +275,7 @@ def refresh_cost_s3(source_root: Path, shards: int, tokenizer: Path, work: Path)
             path = work / f"{merge}.yaml"
             path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
             job = build_definitions(load_recipe(path)).resolve_job_def(REFRESH_JOB)
-            moved = count_transfers(s3.s3_client(url))
+            moved = count_transfers(shared_client(url))
             with DagsterInstance.ephemeral() as instance:
                 old = [f"part-{i:05d}" for i in range(shards)]
                 instance.add_dynamic_partitions("docs_shards", old)
@@ -320,6 +320,7 @@ def big_blend(gigabytes: float, work: Path) -> dict[str, Any]:
     from tokenmill.formats.dataset_manifest import write_dataset_manifest
     from tokenmill.formats.indexed import encode_index
     from tokenmill.indices.blend_build import build_blend
+    from tokenmill.indices.settings import BlendSettings, NanosetSettings
 
     root = work / "big"
     prefix = root / "merged" / "big" / "0123456789abcdef" / "big_text_document"
@@ -349,10 +350,10 @@ def big_blend(gigabytes: float, work: Path) -> dict[str, Any]:
             {"big": prefix},
             root / "blends" / "big",
             root / "nanoset",
-            weights={"big": 1.0},
-            sequence_length=2048,
-            split_spec="100,0,0",
-            train_samples=100_000,
+            BlendSettings(
+                NanosetSettings(sequence_length=2048, split_spec="100,0,0", train_samples=100_000),
+                weights={"big": 1.0},
+            ),
         )
         result["wall"] = time.perf_counter() - start
     bin_opened = [p for p in _LAST_OPENED if p.endswith(".bin")]
@@ -369,10 +370,10 @@ def s3_scale(shards: int, docs: int, tokenizer: Path, work: Path) -> dict[str, A
     from _pipeline_s3 import count_transfers, moto_server, request_kinds
     from dagster import DagsterInstance
 
-    from assets.support import s3
     from pipelines.build import build_definitions
     from pipelines.jobs import REFRESH_JOB
     from tokenmill.recipe import load_recipe
+    from tokenmill.storage.s3 import shared_client
 
     source = work / "s3-sources"
     write_shards(source, shards, docs)
@@ -397,7 +398,7 @@ def s3_scale(shards: int, docs: int, tokenizer: Path, work: Path) -> dict[str, A
         path = work / "s3-recipe.yaml"
         path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
         defs = build_definitions(load_recipe(path))
-        moved = count_transfers(s3.s3_client(url))
+        moved = count_transfers(shared_client(url))
         keys = [f"part-{i:05d}" for i in range(shards)]
         runs = []
         with DagsterInstance.ephemeral() as instance:

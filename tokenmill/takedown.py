@@ -52,6 +52,7 @@ from tokenmill.formats.takedown_records import (
 )
 from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.provenance import DocumentRef, find, query_lines, resolve_queries
 from tokenmill.storage import layout
 from tokenmill.storage.mirror import local_root
@@ -242,10 +243,10 @@ def _remask(root: Path, dataset: str, ledger: list[dict[str, Any]]) -> dict[str,
     return {"from": pointer["version"], "to": version, "removed": removed}
 
 
-def _blend_settings(manifest: dict[str, Any], mpath: Path) -> dict[str, Any]:
-    """The ``build_blend`` arguments a blend manifest records (all but the datasets)."""
+def _blend_settings(manifest: dict[str, Any], mpath: Path) -> tuple[Path, BlendSettings]:
+    """The index cache folder and the ``build_blend`` settings a blend manifest records."""
     splits = manifest["splits"]
-    sizes = {
+    sizes: dict[str, Any] = {
         f"{s}_samples": splits[s]["samples_requested"] if s in splits else None
         for s in ("train", "valid", "test")
     }
@@ -253,22 +254,21 @@ def _blend_settings(manifest: dict[str, Any], mpath: Path) -> dict[str, Any]:
     if entry is None:
         raise ConfigError(f"{mpath}: the blend has no split to take its index cache from")
     cache_dir = resolve(mpath, entry["index"]["files"]["description"]["path"]).parent
-    weighting = manifest["weighting"]
-    settings: dict[str, Any] = {
-        "cache_dir": cache_dir,
-        "weights": weighting.get("weights"),
-        "temperature": weighting.get("temperature"),
-        "sequence_length": int(manifest["sequence_length"]),
-        "split_spec": str(manifest["split"]),
-        "seed": int(manifest["seed"]),
-        "semantics": str(manifest["semantics"]),
-        "add_extra_token": bool(manifest["add_extra_token"]),
-        "drop_last_partial_validation": bool(manifest.get("drop_last_partial_validation", True)),
+    growing = manifest["semantics"] == "growing"
+    era = {"era_samples": int(manifest["growing"]["era_samples"])} if growing else {}
+    nanoset = NanosetSettings(
+        sequence_length=int(manifest["sequence_length"]),
+        split_spec=str(manifest["split"]),
+        seed=int(manifest["seed"]),
+        semantics=str(manifest["semantics"]),
+        add_extra_token=bool(manifest["add_extra_token"]),
+        drop_last_partial_validation=bool(manifest.get("drop_last_partial_validation", True)),
+        **era,
         **sizes,
-    }
-    if manifest["semantics"] == "growing":
-        settings["era_samples"] = int(manifest["growing"]["era_samples"])
-    return settings
+    )
+    weighting = manifest["weighting"]
+    weights, temperature = weighting.get("weights"), weighting.get("temperature")
+    return cache_dir, BlendSettings(nanoset, weights=weights, temperature=temperature)
 
 
 def _rebuild_blends(root: Path, moved: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
@@ -286,10 +286,9 @@ def _rebuild_blends(root: Path, moved: Mapping[str, Path]) -> dict[str, dict[str
             datasets[str(entry["name"])] = prefix
         if not hit:
             continue
-        settings = _blend_settings(manifest, mpath)
-        cache_dir = settings.pop("cache_dir")
+        cache_dir, settings = _blend_settings(manifest, mpath)
         name = str(manifest["name"])
-        built = build_blend(name, datasets, mpath.parent, cache_dir, **settings)
+        built = build_blend(name, datasets, mpath.parent, cache_dir, settings)
         if built["version"] != manifest["version"]:
             made[name] = {"from": str(manifest["version"]), "to": str(built["version"])}
     return made

@@ -17,6 +17,7 @@ from tokenmill.errors import FormatError
 from tokenmill.formats import dataset_manifest
 from tokenmill.formats.indexed import HEADER_SIZE, IndexedDataset
 from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import open_blend
 
 S = 8
@@ -33,11 +34,10 @@ def blend(tmp_path: Path) -> Path:
         {name: tmp_path / f"merged/{name}_text_document" for name in prefixes},
         tmp_path / "blends/mix",
         tmp_path / "nanoset",
-        weights={"docs": 0.7, "code": 0.3},
-        sequence_length=S,
-        split_spec="80,10,10",
-        seed=5,
-        train_samples=51,
+        BlendSettings(
+            NanosetSettings(sequence_length=S, split_spec="80,10,10", seed=5, train_samples=51),
+            weights={"docs": 0.7, "code": 0.3},
+        ),
     )
     return tmp_path / "blends/mix/manifest.json"
 
@@ -131,10 +131,10 @@ def test_a_blend_of_a_virtual_merge_reads_its_manifest_once_and_keeps_no_block_l
         {"docs": merged},
         tmp_path / "blends/one",
         tmp_path / "nanoset",
-        weights={"docs": 1},
-        sequence_length=S,
-        split_spec="80,10,10",
-        train_samples=20,
+        BlendSettings(
+            NanosetSettings(sequence_length=S, split_spec="80,10,10", train_samples=20),
+            weights={"docs": 1},
+        ),
     )
     reads = []
     real_read = dataset_manifest.read_dataset_manifest

@@ -14,6 +14,7 @@ from tokenmill.atomic import TMP_DIR
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError, InputError
 from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import open_blend
 from tokenmill.storage.pull import LEDGER_NAME, PARTIAL_SUFFIX, pull
 
@@ -73,10 +74,10 @@ def test_pull_a_named_version(storage_root: Path, tmp_path: Path) -> None:
     opens with the batches it had; the current pull carries the current version's manifest."""
     old = open_blend(storage_root / MANIFEST)
     before = old.get_batch(np.arange(len(old)))
-    settings = dict(weights={"docs": 0.5, "code": 0.5}, sequence_length=16, split_spec="90,10,0")
+    nanoset = NanosetSettings(sequence_length=16, split_spec="90,10,0", train_samples=300)
+    settings = BlendSettings(nanoset, weights={"docs": 0.5, "code": 0.5})
     merged = {n: storage_root / f"merged/{n}_text_document" for n in ("docs", "code")}
-    build_blend("mix", merged, storage_root / "blends/mix", storage_root / "nanoset",
-                train_samples=300, **settings)  # fmt: skip
+    build_blend("mix", merged, storage_root / "blends/mix", storage_root / "nanoset", settings)
     assert open_blend(storage_root / MANIFEST).version != old.version
     dest = tmp_path / "dest"
     assert main(["pull", str(storage_root / MANIFEST), str(dest), "--version", old.version]) == 0
@@ -261,18 +262,19 @@ class GetLog:
     raises Killed before the n-th range GET of DOCS is sent."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from tokenmill.storage import pull as pull_module
+        from tokenmill.storage import s3
 
         self.gets: list[tuple[str, str]] = []
         self.kill_at: int | None = None
-        real = pull_module.make_client
+        real = s3.make_client
 
         def make_client(*args: object, **kwargs: object) -> object:
             client = real(*args, **kwargs)
             client.meta.events.register("before-send.s3.GetObject", self._sent)
             return client
 
-        monkeypatch.setattr(pull_module, "make_client", make_client)
+        monkeypatch.setattr(s3, "_CLIENTS", {})  # every client of the test built (and hooked) anew
+        monkeypatch.setattr(s3, "make_client", make_client)
 
     def _sent(self, request: object, **_: object) -> None:
         url, headers = request.url, request.headers  # type: ignore[attr-defined]
