@@ -3,7 +3,8 @@
 Reads the validated Parquet (so bad lines were already quarantined upstream) and writes
 ``tokens/<ds>/<shard>_<text_key>_document.{bin,idx}`` + ``.manifest.json``, byte-identical to
 Megatron ``preprocess_data.py`` on the shard's good lines. A backfill run tokenizes a range of
-shards in one step (``assets/shards.py``).
+shards in one step (``assets/shards.py``), loading the engine and the reference checker once
+for the range (``TokenizeSession``), not once per shard.
 """
 
 from typing import Any
@@ -17,7 +18,7 @@ from assets.support.resources import StorageResource, TokenizerResource, display
 from assets.support.staleness import CONTENT_HASH, SETTINGS, tokens_settings
 from tokenmill.recipe import DatasetConfig
 from tokenmill.storage import layout
-from tokenmill.tokenize.run import tokenize_files
+from tokenmill.tokenize.run import TokenizeSession, tokenize_files
 
 
 def build_tokens(ds: DatasetConfig) -> AssetsDefinition:
@@ -49,8 +50,8 @@ def build_tokens(ds: DatasetConfig) -> AssetsDefinition:
                 on_bad_record="fail",
                 progress=False,
                 input_uri=display_path,
+                session=session,
             )
-            context.log.info(f"{key}: {result.tokens} tokens with engine {result.engine}")
             fingerprint = str(result.manifest["config"]["tokenizer_fingerprint"])
             metadata = token_dataset_metadata(
                 result.prefix, seconds=result.seconds, tokenizer=fingerprint
@@ -59,7 +60,10 @@ def build_tokens(ds: DatasetConfig) -> AssetsDefinition:
             return {**metadata, "engine": result.engine, SETTINGS: settings}
 
         parquets = [layout.parquet(ds.name, key) for key in keys]
-        with storage.workspace(parquets) as ws:  # uploads the good shards' files, then fails
+        with (
+            TokenizeSession() as session,
+            storage.workspace(parquets) as ws,  # uploads the good shards' files, then fails
+        ):
             done, failed = process_shards(
                 context, one, fingerprint=lambda key: source_fingerprint(ds, key, endpoint)
             )

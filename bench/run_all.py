@@ -63,6 +63,7 @@ BENCHES = (
     Bench("loader", "bench_loader.py", ("--tokens", "4000000", "--iters", "3", "--repeat", "2")),
     Bench("open", "bench_open.py", ("--sequences", "2000000", "--repeat", "3")),
     Bench("pipeline", "bench_pipeline.py", ("--quick",)),
+    Bench("orchestration", "bench_orchestration.py", ("--shards", "32", "--repeats", "1")),
     Bench(
         "scale",
         "bench_scale.py",

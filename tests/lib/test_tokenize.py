@@ -31,9 +31,10 @@ from tokenmill.formats.dataset_manifest import (
     read_dataset_manifest,
 )
 from tokenmill.formats.indexed import IndexedDataset, encode_index
+from tokenmill.tokenize import run as run_module
 from tokenmill.tokenize.procs import SAMPLE_CHARS
-from tokenmill.tokenize.run import dataset_prefix, tokenize_files
-from tokenmill.tokenize.tokenizer import GigatokenEncoder
+from tokenmill.tokenize.run import TokenizeSession, dataset_prefix, tokenize_files
+from tokenmill.tokenize.tokenizer import GigatokenEncoder, load_tokenizer
 from tokenmill_dev.corpus import stdlib_documents
 
 EDGE_TEXTS = [
@@ -437,3 +438,74 @@ def test_cli_throughput_never_rounds_a_small_input_to_zero() -> None:
     assert throughput(30_000, 0.1) == "0.3 MB/s"
     assert throughput(12_345_678, 1.0) == "12.3 MB/s"
     assert throughput(2_500_000_000, 2.0) == "1250 MB/s"
+
+
+def _outputs(prefix: Path) -> list[bytes]:
+    """A run's ``.bin``, ``.idx`` and manifest bytes."""
+    paths = [Path(f"{prefix}.bin"), Path(f"{prefix}.idx"), dataset_manifest_path(prefix)]
+    return [p.read_bytes() for p in paths]
+
+
+def test_session_loads_once_and_writes_what_lone_calls_write(
+    gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forks: list[object] = []
+
+    class Counted(run_module.Checker):
+        def __init__(self, info: Any) -> None:
+            forks.append(info)
+            super().__init__(info)
+
+    monkeypatch.setattr(run_module, "Checker", Counted)
+    inputs = [write_jsonl(tmp_path / f"in{i}.jsonl", [*EDGE_TEXTS, f"doc {i}"]) for i in range(3)]
+    lone = [tokenize_files([p], tmp_path / "lone" / p.stem, gpt2_dir) for p in inputs]
+    assert len(forks) == 3
+    forks.clear()
+    with TokenizeSession() as session:
+        shared = [
+            tokenize_files([p], tmp_path / "shared" / p.stem, gpt2_dir, session=session)
+            for p in inputs
+        ]
+    assert len(forks) == 1  # one checker process served the three runs
+    for a, b in zip(lone, shared, strict=True):
+        assert _outputs(a.prefix) == _outputs(b.prefix)  # manifests too: counts are per run
+        guard = b.manifest["config"]["verification"]["guard"]
+        assert guard["routed_documents"]["special_token"] == 1
+
+
+def test_a_reused_encoder_counts_each_run_alone(gpt2_dir: Path, tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", EDGE_TEXTS)
+    encoder = load_tokenizer(gpt2_dir)
+    first = tokenize_files([src], tmp_path / "a" / "o", encoder)
+    second = tokenize_files([src], tmp_path / "b" / "o", encoder)
+    assert _outputs(first.prefix) == _outputs(second.prefix)
+
+
+def test_session_replaces_its_checker_after_a_mismatch_or_a_failure(
+    gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shutil.copytree(os.environ["TOKENMILL_CACHE_DIR"], tmp_path / "cache")
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "cache"))
+    real = GigatokenEncoder._encode_flat
+
+    def corrupt(
+        self: GigatokenEncoder, texts: list[str], threads: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        flat, lengths = real(self, texts, threads)
+        if any("MAGIC" in t for t in texts):
+            return flat[:-1], np.concatenate([lengths[:-1], lengths[-1:] - 1])
+        return flat, lengths
+
+    monkeypatch.setattr(GigatokenEncoder, "_encode_flat", corrupt)
+    magic = write_jsonl(tmp_path / "magic.jsonl", ["fine", "a MAGIC word"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\nnot json\n')
+    good = write_jsonl(tmp_path / "good.jsonl", ["after", "more"])
+    with TokenizeSession() as session:
+        res = tokenize_files([magic], tmp_path / "m", gpt2_dir, session=session)
+        assert res.engine == "tiktoken" and res.fallbacks[0].startswith("gigatoken: ")
+        with pytest.raises(BadRecordError):
+            tokenize_files([bad], tmp_path / "x", gpt2_dir, session=session)
+        after = tokenize_files([good], tmp_path / "g", gpt2_dir, session=session)
+    assert read_docs(res.prefix) == expected_pair(gpt2_dir, ["fine", "a MAGIC word"], False)[0]
+    assert read_docs(after.prefix) == expected_pair(gpt2_dir, ["after", "more"], eod=False)[0]

@@ -26,6 +26,7 @@ from assets.support.staleness import (
     recorded_version,
     tokens_settings,
 )
+from pipelines import materialize as materialize_module
 from pipelines.build import build_definitions, resources_for
 from pipelines.instance import DEFAULT_HOME, REPO_ROOT
 from pipelines.materialize import (
@@ -95,6 +96,22 @@ def test_whole_graph_then_incremental(
     sensor = defs.resolve_sensor_def("docs_shard_sensor")
     with build_sensor_context(instance=instance, definitions=defs) as context:
         assert sensor(context).run_requests == []
+
+
+def test_materialize_ranges_have_their_own_size(
+    make_recipe: object,
+    instance: DagsterInstance,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In-process runs hold up to ``MATERIALIZE_SHARDS_PER_RUN`` shards (the sensors' runs,
+    which execute side by side, keep 16): 4 new shards in ranges of 3 make two runs."""
+    monkeypatch.setattr(materialize_module, "MATERIALIZE_SHARDS_PER_RUN", 3)
+    recipe = make_recipe(blends={})  # type: ignore[operator]
+    outcome = process_shards(build_definitions(recipe), instance, recipe.dataset("docs"))
+    assert runs_by_job(instance) == {"docs_shard_job": 2}
+    assert "docs/extra-00000..part-00001 (3 shards): ok" in capsys.readouterr().out
+    assert outcome.processed == outcome.shards and len(outcome.shards) == 4
 
 
 def test_bad_record_in_fail_mode_fails_only_that_dataset(

@@ -27,6 +27,7 @@ from tokenmill.tokenize.tokenizer_info import TokenizerInfo
 T = TypeVar("T")
 SAMPLE_DOCS = 64  # documents per input compared with the reference
 SAMPLE_CHARS = 2048  # characters of each sampled document the checker compares
+RUN_END = "end"  # a run's last message to the checker: answer now
 
 
 class EngineMismatch(Exception):
@@ -48,6 +49,7 @@ def fork(target: Any, args: tuple[Any, ...], foreign: list[Any]) -> Any:
 
 def _child(target: Any, args: tuple[Any, ...], foreign: list[Any], parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the handler the parent may have set
     for conn in foreign:
         conn.close()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -66,14 +68,18 @@ def _receive(conn: Any, parent: int) -> Any:
 
 
 def _check_worker(info: TokenizerInfo, conn: Any, parent: int) -> None:
-    """Checker process: load the reference, then compare each submitted sample's engine ids."""
+    """Checker process: load the reference, then compare each submitted sample's engine ids;
+    answer ``""`` at each run's end (and wait for the next run's samples), a mismatch at once
+    (and stop). Ends when the parent closes its end."""
     reference = reference_encoder(info)
     while True:
         item = _receive(conn, parent)
         if item is None:
+            return
+        if item == RUN_END:
             with contextlib.suppress(OSError):
                 conn.send("")
-            return
+            continue
         label, texts, got = item
         mismatch = first_mismatch(texts, reference.encode(texts), got)
         if mismatch is not None:
@@ -85,7 +91,9 @@ class Checker:
     """The run's sample check against the reference, in a forked process (off the hot path).
 
     Samples go through a sender thread: the checker reads them only once its reference has
-    loaded, and the reader must not wait for that.
+    loaded, and the reader must not wait for that. A checker that answered ``""`` (no mismatch)
+    serves the next run after :meth:`reuse` (``tokenmill.tokenize.run.TokenizeSession``): its
+    reference stays loaded.
     """
 
     def __init__(self, info: TokenizerInfo) -> None:
@@ -95,16 +103,20 @@ class Checker:
         self.answer: str | None = None
         self.outbox: queue.Queue[Any] = queue.Queue()
         self.sender: threading.Thread | None = None
+        self.idle = False  # between two runs of a session: nothing submitted yet
 
     def _send_all(self) -> None:
         while True:
             item = self.outbox.get()
+            if item is None:
+                return
             with contextlib.suppress(OSError):  # the checker stopped early to report
                 self.conn.send(item)
-            if item is None:
+            if item == RUN_END:
                 return
 
     def _post(self, item: Any) -> None:
+        self.idle = False
         if self.sender is None:  # started late, after any fork of encoder processes
             self.sender = threading.Thread(target=self._send_all, daemon=True)
             self.sender.start()
@@ -119,7 +131,7 @@ class Checker:
     def verdict(self, *, wait: bool) -> None:
         """Raise EngineMismatch once the checker reported one (blocking when ``wait``)."""
         if self.answer is None and wait:
-            self._post(None)
+            self._post(RUN_END)
         if self.answer is None and (wait or self.conn.poll()):
             try:
                 self.answer = self.conn.recv()
@@ -128,9 +140,23 @@ class Checker:
         if self.answer:
             raise EngineMismatch(self.answer)
 
+    def reuse(self) -> bool:
+        """Ready the checker for another run after this one passed (its sender thread has
+        ended: no thread of ours is alive across the next run's forks); False when it cannot
+        serve again (it found a mismatch, or the run did not finish its check)."""
+        if self.answer != "" or not self.proc.is_alive():
+            return False
+        if self.sender is not None:
+            self.sender.join()
+            self.sender = None
+        self.answer = None
+        self.idle = True
+        return True
+
     def close(self) -> None:
-        """Stop the checker: it has answered on success; on an error path it is not needed."""
-        if self.answer is None:
+        """Stop the checker: it has answered on success, and idle it ends when its pipe
+        closes; on an error path it is not needed."""
+        if self.answer is None and not self.idle:
             self.proc.terminate()
         if self.sender is not None:
             self.outbox.put(None)

@@ -75,6 +75,7 @@ from tokenmill.tokenize.procs import (
     EngineMismatch,
 )
 from tokenmill.tokenize.tokenizer import inspect_tokenizer, record_mismatch, verification_summary
+from tokenmill.tokenize.tokenizer_info import TokenizerInfo
 
 log = logging.getLogger(__name__)
 CHECKED_ENGINES = ("gigatoken", "tiktoken")
@@ -124,6 +125,7 @@ def tokenize_files(
     on_bad_record: str = "fail",
     progress: bool | None = None,
     input_uri: Callable[[Path], str] | None = None,
+    session: TokenizeSession | None = None,
 ) -> TokenizeResult:
     """Tokenize ``inputs`` in order into ``{output_prefix}_{text_key}_document.{bin,idx}``.
 
@@ -133,6 +135,7 @@ def tokenize_files(
     The manifest names each input by ``input_uri(path)`` (default: its absolute path), e.g.
     the object's URI when the input is a local copy, and records its size and sha256.
     ``workers`` > 1 processes share the inputs by byte ranges; the bytes are the same for any.
+    A ``session`` keeps the engine and the reference checker loaded for the next call.
     """
     start = time.perf_counter()
     if not inputs:
@@ -167,13 +170,17 @@ def tokenize_files(
         start=start,
     )
     fallbacks: list[str] = []
+    reuse = session if session is not None else TokenizeSession()
     while True:
         engine = given.name if given is not None else info.usable_engines()[0]
         # Forked before the engine loads, so the reference loads on another core meanwhile.
-        checker = Checker(info) if engine in CHECKED_ENGINES else None
+        checker = reuse.checker(info) if engine in CHECKED_ENGINES else None
+        passed = False
         try:
-            encoder = given if given is not None else load_encoder(info, engine)
-            return run.execute(encoder, checker, fallbacks)
+            encoder = given if given is not None else reuse.encoder(info, engine)
+            result = run.execute(encoder, checker, fallbacks)
+            passed = True
+            return result
         except EngineMismatch as exc:
             record_mismatch(info, engine, str(exc))
             fallbacks.append(f"{engine}: {exc}")
@@ -184,7 +191,61 @@ def tokenize_files(
             raise
         finally:
             if checker is not None:
-                checker.close()
+                reuse.release(info, checker, keep=passed and session is not None)
+
+
+class TokenizeSession:
+    """The engine and the reference checker process kept from one ``tokenize_files`` call to
+    the next (``session=``) for one tokenizer: a pipeline step over a range of small shards
+    loads them once, not per shard. Each call still clears the engine's counts, sends its own
+    sample to the checker and waits for its verdict, so its outputs and manifest are those of
+    a lone call. A checker that found a mismatch or saw a failed call is replaced. Use it as a
+    context manager: leaving it stops the checker."""
+
+    def __init__(self) -> None:
+        self._encoders: dict[tuple[str, str], Encoder] = {}
+        self._checker: tuple[tuple[str, str | None], Checker] | None = None
+
+    def encoder(self, info: TokenizerInfo, engine: str) -> Encoder:
+        """``load_encoder(info, engine)``, loaded once per tokenizer and engine."""
+        key = (info.fingerprint, engine)
+        if key not in self._encoders:
+            self._encoders[key] = load_encoder(info, engine)
+        return self._encoders[key]
+
+    def checker(self, info: TokenizerInfo) -> Checker:
+        """The idle checker for this tokenizer and reference, or a new one (forked now)."""
+        if self._checker is not None and self._checker[0] == _checker_key(info):
+            checker = self._checker[1]
+            self._checker = None
+            return checker
+        self.close()
+        return Checker(info)
+
+    def release(self, info: TokenizerInfo, checker: Checker, *, keep: bool) -> None:
+        """Keep ``checker`` for the next call when its run passed, else stop it."""
+        if keep and checker.reuse():
+            self.close()
+            self._checker = (_checker_key(info), checker)
+            return
+        checker.close()
+
+    def close(self) -> None:
+        """Stop the idle checker, if any."""
+        if self._checker is not None:
+            self._checker[1].close()
+            self._checker = None
+
+    def __enter__(self) -> TokenizeSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _checker_key(info: TokenizerInfo) -> tuple[str, str | None]:
+    """What a checker's reference depends on: the tokenizer and whether ``hf`` is verified."""
+    return info.fingerprint, info.verdicts.get("hf")
 
 
 def _clear_outputs(prefix: Path, qpath: Path) -> None:
@@ -212,6 +273,7 @@ class _Run:
         self, encoder: Encoder, checker: Checker | None, fallbacks: list[str]
     ) -> TokenizeResult:
         """One attempt with one engine; raises EngineMismatch when the checker objects."""
+        encoder.routed.clear()  # this run's documents only (a session reuses the encoder)
         ranges = plan_ranges(self.inputs, self.workers) if self.workers > 1 else []
         if len(ranges) > 1:
             job = Job(
