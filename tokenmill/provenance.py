@@ -33,7 +33,9 @@ from tokenmill.errors import ConfigError, FormatError
 from tokenmill.formats.blend_manifest import (
     BLEND_ARRAYS,
     INDEX_ARRAYS,
+    index_part_paths,
     load_index_array,
+    load_index_parts,
     read_blend_manifest,
     resolve,
 )
@@ -436,14 +438,9 @@ def _ref(query: str, shard: _Shard, ordinal: int) -> DocumentRef:
 
 def _samples_holding(ds: dict[str, Any], mpath: Path, seqs: np.ndarray, extra: int) -> np.ndarray:
     """Dataset samples (shuffled order) of one split whose pieces hold any sequence ``seqs``."""
-    files = ds["index"]["files"]
     doc, sample, shuffle = (
-        load_index_array(
-            resolve(mpath, files[kind]["path"]),
-            ndim=2 if kind == "sample" else 1,
-            what=f"{kind}_index",
-        )
-        for kind in INDEX_ARRAYS
+        np.asarray(load_index_parts(parts, ndim=2 if kind == "sample" else 1, what=f"{kind}_index"))
+        for kind, parts in zip(INDEX_ARRAYS, index_part_paths(ds, mpath), strict=True)
     )
     pos = np.flatnonzero(np.isin(doc, seqs))
     if not pos.size or len(sample) < 2:

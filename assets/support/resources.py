@@ -45,6 +45,7 @@ from assets.support.partitions import check_partition_key
 from assets.support.sources import ShardFile
 from tokenmill.errors import ConfigError
 from tokenmill.formats.dataset_manifest import read_dataset_manifest
+from tokenmill.formats.nanoset_cache import segment_files
 from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.storage import layout
 from tokenmill.storage.s3 import split_uri
@@ -105,6 +106,10 @@ class Workspace:
         for _, rel in sorted(rels.items(), key=lambda item: item[0] == "description"):
             if rel not in self.stage.fetched:
                 self.stage.get(found[rel], rel)
+        segments = segment_files(json.loads(paths["description"].read_bytes()))
+        if segments:  # a growing entry that extends: its earlier entries' files too
+            folder = rels["description"].rsplit("/", 1)[0]
+            self.fetch([f"{folder}/{name}" for name in segments])
         return True
 
     def stored_index_entry(

@@ -834,6 +834,7 @@ def _split_caches(
                 plan.cache_dir,
                 num_samples=num,
                 fetch=plan.fetch,
+                previous=None if plan.growing is None else plan.growing.previous_index(split, name),
                 **plan.index_settings(split),
             )
         except ConfigError as exc:

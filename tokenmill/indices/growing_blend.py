@@ -35,6 +35,7 @@ import numpy as np
 
 from tokenmill.errors import ConfigError
 from tokenmill.formats.blend_manifest import load_index_array, resolve
+from tokenmill.formats.nanoset_cache import read_description
 from tokenmill.indices._blend_kernels import greedy_blend, greedy_continue
 from tokenmill.indices.blend import normalize_weights
 from tokenmill.indices.growing import lineage_hash, shard_lineage
@@ -89,6 +90,17 @@ class GrowingState:
             for a in ("dataset_index", "dataset_sample_index")
         ]
         return np.asarray(arrays[0]), np.asarray(arrays[1])
+
+    def previous_index(self, split: str, name: str) -> dict[str, Any] | None:
+        """The description of the index entry the predecessor used for dataset ``name`` in
+        ``split`` (a new entry extends it: ``growing_segments``); None without one."""
+        if self.previous is None or self.previous_path is None:
+            return None
+        for ds in self.previous["splits"].get(split, {}).get("datasets", []):
+            if ds["name"] == name:
+                path = ds["index"]["files"]["description"]["path"]
+                return read_description(resolve(self.previous_path, path))
+        return None
 
 
 def growing_weights(weights: Sequence[float]) -> np.ndarray:

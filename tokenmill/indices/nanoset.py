@@ -35,7 +35,7 @@ from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     open_dataset,
 )
-from tokenmill.indices import growing
+from tokenmill.indices import growing, growing_segments
 from tokenmill.indices._nanoset_indices import (
     SPLITS,
     check_int,
@@ -128,6 +128,7 @@ def build_or_load(
     build: bool = True,
     fetch: FetchEntry | None = None,
     era_samples: int = growing.ERA_SAMPLES,
+    previous: Mapping[str, Any] | None = None,
 ) -> NanosetIndex | None:
     """Load the split's cached indices, building them first if needed; None if the split is
     empty for this dataset. Safe when many processes call it at once: one builds under an
@@ -139,7 +140,9 @@ def build_or_load(
     ``fetch(paths)``, if given, is called with the entry's :func:`cache_paths` when its
     description is not in ``cache_dir``, to bring a stored copy there (e.g. from S3) before
     anything is loaded or built. ``era_samples`` is used by growing semantics only (its shard
-    table is read from the dataset's manifest, see ``growing.shard_table``).
+    table is read from the dataset's manifest, see ``growing.shard_table``); so is
+    ``previous``, the description of the entry of a dataset version this one extends (same
+    settings): a new entry then writes only the rows after it (``growing_segments``).
     """
     _check_choices(split, semantics)
     index_only = dataset_manifest_path(dataset_prefix).is_file()  # lengths + hash suffice
@@ -159,6 +162,7 @@ def build_or_load(
         fetch=fetch,
         era_samples=era_samples,
         shards=growing.shard_table(dataset_prefix) if semantics == "growing" else None,
+        previous=previous,
     )
 
 
@@ -179,10 +183,61 @@ def build_or_load_lengths(
     fetch: FetchEntry | None = None,
     era_samples: int = growing.ERA_SAMPLES,
     shards: ShardTable | None = None,
+    previous: Mapping[str, Any] | None = None,
 ) -> NanosetIndex | None:
     """:func:`build_or_load` from a dataset's sequence lengths (e.g. of
     ``IndexedDataset(prefix, index_only=True)``) and content hash: no ``.bin`` is needed.
     Growing semantics also needs ``shards``, the dataset's ``growing.shard_table``."""
+    made = ensure_entry(
+        lengths,
+        content_hash,
+        cache_dir,
+        split=split,
+        split_spec=split_spec,
+        sequence_length=sequence_length,
+        seed=seed,
+        num_samples=num_samples,
+        semantics=semantics,
+        add_extra_token=add_extra_token,
+        drop_last_partial=drop_last_partial,
+        build=build,
+        fetch=fetch,
+        era_samples=era_samples,
+        shards=shards,
+        previous=previous,
+    )
+    if made is None:
+        return None
+    paths, key, digest = made
+    loaded = _load_entry(paths, key, digest)
+    if loaded is None:
+        raise CacheError(f"{paths['description']}: written but not readable back")
+    return loaded
+
+
+def ensure_entry(
+    lengths: np.ndarray,
+    content_hash: str,
+    cache_dir: str | Path,
+    *,
+    split: str,
+    split_spec: str = "949,50,1",
+    sequence_length: int,
+    seed: int = 1234,
+    num_samples: int | None = None,
+    semantics: str = "megatron",
+    add_extra_token: bool = True,
+    drop_last_partial: bool | None = None,
+    build: bool = True,
+    fetch: FetchEntry | None = None,
+    era_samples: int = growing.ERA_SAMPLES,
+    shards: ShardTable | None = None,
+    previous: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Path], dict[str, Any], str] | None:
+    """(paths, key, hash) of the split's committed entry, building it first if needed (as
+    :func:`build_or_load_lengths`, whose arguments these are) without mapping its arrays: a
+    growing entry's segments (earlier entries' files) need not be in ``cache_dir``, e.g. in an
+    S3 step that uploads only the new part. None if the split is empty."""
     found = entry_key(
         len(lengths),
         content_hash,
@@ -203,24 +258,34 @@ def build_or_load_lengths(
     paths = cache_paths(cache_dir, digest, split)
     if fetch is not None and not paths["description"].is_file():
         fetch(paths)
-    try:
-        loaded = _load_entry(paths, key, digest)
-    except CacheError:
-        if not build:
-            raise
-        loaded = None
-    if loaded is not None:
-        return loaded
-    if not build:
-        raise CacheError(f"{paths['description']}: missing; the index was never built")
+    if _committed(paths, key, digest) or not build:
+        if not paths["description"].is_file():
+            raise CacheError(f"{paths['description']}: missing; the index was never built")
+        return paths, key, digest
     with cache.exclusive_lock(Path(cache_dir) / f"{digest}-Nanoset-{split}.lock"):
-        loaded = _load_entry(paths, key, digest, partial_ok=True)
-        if loaded is None:
-            _build_entry(paths, key, digest, np.asarray(lengths), shards)
-            loaded = _load_entry(paths, key, digest)
-    if loaded is None:
-        raise CacheError(f"{paths['description']}: written but not readable back")
-    return loaded
+        if not _committed(paths, key, digest):  # absent, or its own arrays partial: rebuild
+            _build_entry(paths, key, digest, np.asarray(lengths), shards, previous)
+    return paths, key, digest
+
+
+def _committed(paths: dict[str, Path], key: dict[str, Any], digest: str) -> bool:
+    """True when the entry's description and its own array files (at their recorded sizes)
+    are there; CacheError when the description was made for other settings."""
+    description = cache.read_description(paths["description"])
+    if description is None:
+        return False
+    if description.get("key") != key or description.get("hash") != digest:
+        raise CacheError(
+            f"{paths['description']}: describes {description.get('key')!r}, not the requested "
+            f"{key!r}; remove the entry's files to rebuild it"
+        )
+    files = description.get("files")
+    return isinstance(files, dict) and all(
+        isinstance(files.get(name), dict)
+        and paths[name].is_file()
+        and paths[name].stat().st_size == files[name].get("bytes")
+        for name in ARRAYS
+    )
 
 
 def entry_key(
@@ -369,10 +434,8 @@ def verify_index(index: NanosetIndex) -> None:
     cache.load_entry_arrays(index.paths, index.description, full=True)
 
 
-def _load_entry(
-    paths: dict[str, Path], key: dict[str, Any], digest: str, *, partial_ok: bool = False
-) -> NanosetIndex | None:
-    """The committed entry, or None when it is absent (or partial, if ``partial_ok``).
+def _load_entry(paths: dict[str, Path], key: dict[str, Any], digest: str) -> NanosetIndex | None:
+    """The committed entry (its segments too), or None when it is absent.
 
     A description made for other settings is refused (CacheError), never overwritten.
     """
@@ -387,8 +450,6 @@ def _load_entry(
     try:
         arrays = cache.load_entry_arrays(paths, description)
     except (CacheError, FormatError, KeyError, TypeError, AttributeError) as exc:
-        if partial_ok:
-            return None
         raise CacheError(f"{paths['description']}: incomplete or damaged entry ({exc})") from exc
     return NanosetIndex(
         split=key["split"],
@@ -397,8 +458,18 @@ def _load_entry(
         document_index=arrays["document"],
         sample_index=arrays["sample"],
         shuffle_index=arrays["shuffle"],
-        paths=dict(paths),
+        paths=_all_paths(paths, description),
     )
+
+
+def _all_paths(paths: dict[str, Path], description: dict[str, Any]) -> dict[str, Path]:
+    """The entry's files keyed as its description's ``files`` (segments ``<array>.<i>`` too)
+    plus ``description``: what a blend manifest records of it."""
+    out = dict(paths)
+    for name, parts in cache.entry_array_paths(paths, description).items():
+        keys = cache.segment_keys(description["files"], name)
+        out.update(zip(keys, parts, strict=True))
+    return out
 
 
 def _build_entry(
@@ -407,12 +478,13 @@ def _build_entry(
     digest: str,
     lengths: np.ndarray,
     shards: ShardTable | None,
+    previous: Mapping[str, Any] | None = None,
 ) -> None:
     """Compute the arrays and commit them: arrays first, the description last."""
     entry = [paths["description"], *(paths[name] for name in ARRAYS)]
     cache.remove_entry(entry)
     try:
-        _write_entry(paths, key, digest, lengths, shards)
+        _write_entry(paths, key, digest, lengths, shards, previous)
     except BaseException:  # e.g. a full disk: no arrays stay without their description
         cache.remove_entry(entry)
         raise
@@ -424,12 +496,21 @@ def _write_entry(
     digest: str,
     lengths: np.ndarray,
     shards: ShardTable | None,
+    previous: Mapping[str, Any] | None = None,
 ) -> None:
-    """The arrays of one entry, then its description."""
+    """The arrays of one entry, then its description (growing: only the rows after
+    ``previous`` when it can be extended, see ``growing_segments``)."""
     if key["semantics"] == "growing":
         if shards is None or growing.shard_table_hash(shards) != key["shard_table_sha256"]:
             raise CacheError(f"{paths['description']}: the shard table does not match the key")
-        *arrays, grown = growing.build_growing_indices(
+        grown = growing_segments.plan_extension(previous, key, lengths, shards)
+        if grown is not None:
+            extra = {"growth": grown.growth()}
+            _commit_arrays(
+                paths, key, digest, grown.arrays, grown.plan.counts(), extra, grown.records()
+            )
+            return
+        *arrays, grown_plan = growing.build_growing_indices(
             lengths,
             shards,
             key["split"],
@@ -440,7 +521,9 @@ def _write_entry(
             era_samples=key["era_samples"],
             add_extra_token=key["add_extra_token"],
         )
-        _commit_arrays(paths, key, digest, arrays, grown.counts())
+        state = growing_segments.end_state(arrays[0], arrays[1], grown_plan, shards)
+        extra = {"growth": {"state": state, "segments": []}}
+        _commit_arrays(paths, key, digest, arrays, grown_plan.counts(), extra)
         return
     document_index, sample_index, shuffle_index, plan = compute_indices(
         lengths,
@@ -468,9 +551,18 @@ def _commit_arrays(
     digest: str,
     arrays: Sequence[np.ndarray],
     counts: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    segments: dict[str, dict[str, Any]] | None = None,
 ) -> None:
-    """Save the document, sample and shuffle arrays, then the description (last)."""
+    """Save the document, sample and shuffle arrays, then the description (last); ``extra``
+    adds description fields, ``segments`` the records of earlier entries' parts."""
     named = dict(zip(("document", "sample", "shuffle"), arrays, strict=True))
     files = {name: cache.save_array(paths[name], named[name]) for name in ARRAYS}
-    description = {"key": key, "hash": digest, "counts": counts, "files": files}
+    description = {
+        "key": key,
+        "hash": digest,
+        "counts": counts,
+        "files": {**(segments or {}), **files},
+        **(extra or {}),
+    }
     cache.write_description(paths["description"], description)

@@ -19,6 +19,7 @@ training inputs megatron-core's ``GPTDataset.__getitem__`` returns (``_training`
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,8 +32,12 @@ from tokenmill.formats.dataset_manifest import (
     read_dataset_manifest,
 )
 from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.formats.nanoset_cache import SegmentedArray
 from tokenmill.formats.virtual_merge import VirtualDataset
 from tokenmill.loader._training import resolve_eod, training_inputs
+
+# Each array's ``.npy`` file, or its parts' files (a segmented growing entry), in order.
+IndexPaths = tuple[str | tuple[str, ...], ...]
 
 PAD_ID = -1  # Megatron's _PAD_TOKEN_ID, used when the tokenizer has no pad id
 _UNREAD = object()
@@ -65,16 +70,16 @@ class NanosetDataset:
         pad_id: int = PAD_ID,
         name: str = "",
         validate: bool = True,
-        index_paths: tuple[str, str, str] | None = None,
+        index_paths: IndexPaths | None = None,
         version: str | None = None,
     ) -> None:
         self.data = data
         self.index_paths = index_paths  # the arrays' .npy files: pickles send these, not data
         self.version = version
         self.name = name or str(data.prefix)
-        self.document_index = np.asarray(document_index)
-        self.sample_index = np.asarray(sample_index)
-        self.shuffle_index = np.asarray(shuffle_index)
+        self.document_index: Any = _as_index(document_index)
+        self.sample_index: Any = _as_index(sample_index)
+        self.shuffle_index: Any = _as_index(shuffle_index)
         self.sequence_length = int(sequence_length)
         self.extra = int(bool(add_extra_token))
         self.width = self.sequence_length + self.extra
@@ -335,21 +340,39 @@ class NanosetDataset:
         )
 
 
+def _as_index(values: Any) -> Any:
+    """An index array as given when segmented (reads touch only their parts), else ndarray."""
+    return values if isinstance(values, SegmentedArray) else np.asarray(values)
+
+
+def part_names(parts: list[list[Path]]) -> IndexPaths:
+    """The ``index_paths`` of a dataset's three arrays: a file name each, or a tuple of them
+    for a segmented array (what a pickle sends; :func:`_reopen` maps them again)."""
+    return tuple(str(p[0]) if len(p) == 1 else tuple(str(x) for x in p) for p in parts)
+
+
+def _load_parts(names: str | tuple[str, ...]) -> Any:
+    """Memory-map one array's file, or its parts as a SegmentedArray."""
+    if isinstance(names, str):
+        return np.load(names, mmap_mode="r", allow_pickle=False)
+    return SegmentedArray([np.load(n, mmap_mode="r", allow_pickle=False) for n in names])
+
+
 def _reopen(
     prefix: Any,
-    document_index: np.ndarray | str,
-    sample_index: np.ndarray | str,
-    shuffle_index: np.ndarray | str,
+    document_index: np.ndarray | str | tuple[str, ...],
+    sample_index: np.ndarray | str | tuple[str, ...],
+    shuffle_index: np.ndarray | str | tuple[str, ...],
     settings: dict[str, Any],
 ) -> NanosetDataset:
     """Inverse of ``NanosetDataset.__reduce__``: index files are memory-mapped again
     (``allow_pickle=False``); the sender verified them, so only the O(1) checks run."""
-    arrays = [document_index, sample_index, shuffle_index]
-    paths: tuple[str, str, str] | None = None
+    arrays: list[Any] = [document_index, sample_index, shuffle_index]
+    paths: IndexPaths | None = None
     try:
-        if all(isinstance(a, str) for a in arrays):
-            paths = (str(arrays[0]), str(arrays[1]), str(arrays[2]))
-            arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
+        if all(isinstance(a, str | tuple) for a in arrays):
+            paths = tuple(arrays)
+            arrays = [_load_parts(a) for a in arrays]
         data = open_dataset(prefix) if isinstance(prefix, str) else prefix
     except FileNotFoundError as exc:
         raise CacheError(

@@ -55,6 +55,7 @@ from typing import Any
 from tokenmill.atomic import load_json
 from tokenmill.errors import ConfigError, FormatError
 from tokenmill.formats.blend_manifest import MANIFEST_NAME, VERSIONS_DIR, parse_blend_manifest
+from tokenmill.formats.nanoset_cache import segment_files
 from tokenmill.storage.layout import (
     DATASET_MANIFEST_SUFFIX,
     DATASET_MANIFESTS,
@@ -533,27 +534,43 @@ def _plan(
                 )
             )
 
-    # Nanoset cache entries (complete ones: a description) nothing kept needs.
-    for stem, files in sorted(listing.entries.items()):
-        description_key = f"nanoset/{stem}{DESCRIPTION}"
-        keys = {f.key for f in files}
-        description = _json(store, description_key) or {}
-        content = (description.get("key") or {}).get("dataset_content_hash")
+    # Nanoset cache entries (complete ones: a description) nothing kept needs; a kept entry
+    # keeps the earlier entries whose files are its segments (a growing entry that extends).
+    entries = sorted(listing.entries.items())
+    descriptions = {stem: _json(store, f"nanoset/{stem}{DESCRIPTION}") or {} for stem, _ in entries}
+    keep_stems = set()
+    for stem, files in entries:
+        content = (descriptions[stem].get("key") or {}).get("dataset_content_hash")
         mtime = max(f.mtime for f in files)
-        if keys & protected or content in kept_content or rules.recent(mtime):
+        if {f.key for f in files} & protected or content in kept_content or rules.recent(mtime):
+            keep_stems.add(stem)
+    queue = list(keep_stems)
+    while queue:
+        for stem in _segment_stems(descriptions.get(queue.pop()) or {}):
+            if stem not in keep_stems:
+                keep_stems.add(stem)
+                queue.append(stem)
+    for stem, files in entries:
+        if stem in keep_stems:
             continue
         doomed.append(
             Removal(
                 "nanoset",
                 stem,
                 stem.split("-", 1)[0],
-                sorted(keys),
+                sorted(f.key for f in files),
                 sum(f.size for f in files),
-                mtime,
-                description_key,
+                max(f.mtime for f in files),
+                f"nanoset/{stem}{DESCRIPTION}",
             )
         )
     return doomed, kept_lines
+
+
+def _segment_stems(description: dict[str, Any]) -> set[str]:
+    """The entry stems (``<hash>-Nanoset-<split>``) of a description's segment files (earlier
+    entries' arrays this entry reads)."""
+    return {name.rsplit("-", 1)[0] for name in segment_files(description) if "-" in name}
 
 
 def _still_old(store: Store, removal: Removal) -> bool:

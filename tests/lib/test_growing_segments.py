@@ -1,0 +1,211 @@
+"""Growing entries that extend their predecessor (tokenmill.indices.growing_segments): only the
+new rows are written, the predecessor's files are referenced as segments, and every array read
+back equals, value for value and dtype for dtype, the arrays a full build of the same data
+makes."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_growing_blend import _build as _build_blend
+from test_growing_blend import _shards as _blend_shards
+
+from tokenmill.errors import CacheError
+from tokenmill.formats.nanoset_cache import SegmentedArray, read_description
+from tokenmill.indices import growing_segments
+from tokenmill.indices._nanoset_indices import SPLITS
+from tokenmill.indices.blend_build import verify_blend
+from tokenmill.indices.nanoset import NanosetIndex, build_or_load_lengths, ensure_entry
+from tokenmill.loader import open_blend
+from tokenmill.storage.gc import gc
+
+SETTINGS = {"split_spec": "80,10,10", "sequence_length": 16, "seed": 7, "semantics": "growing"}
+
+
+def _data(seed: int, count: int) -> tuple[list[tuple[str, int]], np.ndarray]:
+    """``count`` shards of 20-80 documents of 1-60 tokens: (shard table, lengths)."""
+    rng = np.random.default_rng(seed)
+    table = [(f"shard-{i:03d}", int(rng.integers(20, 80))) for i in range(count)]
+    lengths = rng.integers(1, 60, size=sum(n for _, n in table)).astype(np.int32)
+    return table, lengths
+
+
+def _build(
+    cache: Path,
+    table: list[tuple[str, int]],
+    lengths: np.ndarray,
+    split: str,
+    previous: NanosetIndex | None = None,
+    **kw: object,
+) -> NanosetIndex:
+    n = sum(d for _, d in table)
+    content = f"content-{len(table)}"
+    built = build_or_load_lengths(
+        lengths[:n],
+        content,
+        cache,
+        split=split,
+        shards=table,
+        previous=None if previous is None else previous.description,
+        **{**SETTINGS, "era_samples": 4, **kw},  # type: ignore[arg-type]
+    )
+    assert built is not None
+    return built
+
+
+def _same(a: NanosetIndex, b: NanosetIndex) -> None:
+    for name in ("document_index", "sample_index", "shuffle_index"):
+        x, y = np.asarray(getattr(a, name)), np.asarray(getattr(b, name))
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        assert x.tobytes() == y.tobytes(), name
+    assert a.description["counts"] == b.description["counts"]
+
+
+@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_extended_entries_equal_full_builds(tmp_path: Path, split: str, seed: int) -> None:
+    """Shards arrive 1-3 at a time for 12 refreshes: each extended entry reads back as the full
+    build of the same shards, its own files hold only the new rows, and compaction keeps the
+    segments few (each more than twice the next)."""
+    table, lengths = _data(seed, 30)
+    rng = np.random.default_rng(seed)
+    count, index = 4, None
+    written_rows, extended = 0, 0
+    while count < len(table):
+        index = _build(tmp_path / "grown", table[:count], lengths, split, index)
+        full = _build(tmp_path / f"full-{count}", table[:count], lengths, split)
+        _same(index, full)
+        own = np.load(index.paths["document"], mmap_mode="r")
+        written_rows += len(own)
+        segments = index.description["growth"]["segments"]
+        extended += isinstance(index.document_index, SegmentedArray)
+        sizes = [
+            sum(index.description["files"][f"{a}.{i}"]["bytes"] for a in ("document", "sample"))
+            for i in range(len(segments))
+        ]
+        assert all(x > 2 * y for x, y in itertools.pairwise(sizes))
+        count += int(rng.integers(1, 4))
+    assert index is not None and extended >= 5
+    # each row is rewritten O(log size) times over the growth (compaction), not per refresh
+    final = len(index.document_index)
+    assert written_rows <= final * (2 + np.log2(final))
+
+
+def test_extension_writes_only_the_new_rows(tmp_path: Path) -> None:
+    """One shard more: the new entry's own document file holds that shard's train documents
+    only, its description records the predecessor's files as segment 0, and reading it needs
+    them (a missing segment is a CacheError naming the file)."""
+    table, lengths = _data(3, 40)
+    old = _build(tmp_path, table[:39], lengths, "train")
+    new = _build(tmp_path, table, lengths, "train", old)
+    own = np.load(new.paths["document"])
+    assert len(own) == len(new.document_index) - len(old.document_index)
+    assert int(own.min()) >= sum(n for _, n in table[:39])
+    files = new.description["files"]
+    assert files["document.0"] == old.description["files"]["document"]
+    assert new.description["growth"]["segments"][0]["entry"] == old.cache_hash
+    Path(old.paths["sample"]).unlink()
+    with pytest.raises(CacheError, match=r"sample_index\.npy"):
+        build_or_load_lengths(
+            lengths, "content-40", tmp_path, split="train", shards=table, era_samples=4, **SETTINGS
+        )
+
+
+def test_cap_and_changed_settings_build_whole(tmp_path: Path) -> None:
+    """A predecessor with other settings (here the era) is not extended; a capped one is, up
+    to the cap."""
+    table, lengths = _data(4, 20)
+    other = _build(tmp_path, table[:19], lengths, "train", era_samples=8)
+    whole = _build(tmp_path / "b", table, lengths, "train", other)
+    assert whole.description["growth"]["segments"] == []
+    capped = _build(tmp_path / "c", table[:19], lengths, "train", num_samples=50)
+    grown = _build(tmp_path / "c", table, lengths, "train", capped, num_samples=50)
+    _same(grown, _build(tmp_path / "d", table, lengths, "train", num_samples=50))
+
+
+def test_entry_without_its_segments_can_be_described(tmp_path: Path) -> None:
+    """``ensure_entry`` commits an extension without reading the segments (an S3 step holds
+    only the predecessor's description): the description names them, nothing else."""
+    table, lengths = _data(5, 12)
+    old = _build(tmp_path / "a", table[:11], lengths, "train")
+    made = ensure_entry(
+        lengths,
+        "content-12",
+        tmp_path / "b",
+        split="train",
+        shards=table,
+        era_samples=4,
+        previous=json.loads(Path(old.paths["description"]).read_text()),
+        **SETTINGS,
+    )
+    assert made is not None
+    description = read_description(made[0]["description"])
+    assert description is not None and "document.0" in description["files"]
+    assert sorted(p.name for p in (tmp_path / "b").iterdir() if p.suffix == ".npy") == sorted(
+        Path(made[0][a]).name for a in ("document", "sample", "shuffle")
+    )
+
+
+@pytest.mark.parametrize("weighting", [{}, {"temperature": 2.0}])
+def test_blends_over_extended_entries_equal_whole_rebuilds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, weighting: dict[str, float]
+) -> None:
+    """Three refreshes of a three-dataset blend (weighted and temperature): with extended
+    entries every sample of every split equals, token for token, the same builds with whole
+    entries; the manifest names the segments and a full verify and a pickle round trip pass."""
+    shards = {
+        "docs": _blend_shards(1, 12),
+        "code": _blend_shards(2, 12),
+        "web": _blend_shards(3, 12),
+    }
+    for upto in (8, 10, 12):
+        grown = _build_blend(tmp_path / "a", shards, upto, f"v{upto}", **weighting)
+    monkeypatch.setattr(growing_segments, "plan_extension", lambda *a, **k: None)
+    for upto in (8, 10, 12):
+        whole = _build_blend(tmp_path / "b", shards, upto, f"v{upto}", **weighting)
+    segmented = 0
+    for split in whole["splits"]:
+        a = open_blend(tmp_path / "a" / "blends" / "mix", split, verify="full")
+        b = open_blend(tmp_path / "b" / "blends" / "mix", split, verify="full")
+        assert len(a) == len(b) > 0
+        ids = np.arange(len(b))
+        np.testing.assert_array_equal(a.get_batch(ids), b.get_batch(ids))
+        np.testing.assert_array_equal(
+            pickle.loads(pickle.dumps(a)).get_batch(ids), b.get_batch(ids)
+        )
+        segmented += sum(
+            "document.0" in ds["index"]["files"] for ds in grown["splits"][split]["datasets"]
+        )
+    assert segmented >= 3
+    assert verify_blend(tmp_path / "a" / "blends" / "mix" / "manifest.json", full=True) == []
+
+
+def test_gc_keeps_the_segments_of_a_kept_entry(tmp_path: Path) -> None:
+    """An entry kept for its dataset's content keeps the earlier entries its segments are;
+    unreferenced ones go. Before segments were followed, gc removed the first entry and the
+    kept one no longer opened."""
+    table, lengths = _data(6, 40)
+    cache = tmp_path / "nanoset"
+    v1 = _build(cache, table[:30], lengths, "train")
+    v2 = _build(cache, table[:35], lengths, "train", v1)
+    v3 = _build(cache, table, lengths, "train", v2)
+    chain = [s["entry"] for s in v3.description["growth"]["segments"]]
+    assert chain and chain[0] == v1.cache_hash
+    manifests = tmp_path / "merged" / "manifests"
+    manifests.mkdir(parents=True)
+    (manifests / "docs_text_document.manifest.json").write_text(
+        json.dumps({"content_hash": "content-40"})
+    )
+    for path in cache.iterdir():
+        os.utime(path, (1, 1))
+    gc(tmp_path, keep=0)
+    left = {p.name.split("-", 1)[0] for p in cache.iterdir() if p.is_file()}
+    assert left == {v3.cache_hash, *chain}
+    again = _build(cache, table, lengths, "train")
+    _same(again, v3)
