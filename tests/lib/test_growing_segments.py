@@ -21,6 +21,7 @@ from tokenmill.formats.nanoset_cache import SegmentedArray, read_description
 from tokenmill.indices import growing_segments
 from tokenmill.indices._nanoset_indices import SPLITS
 from tokenmill.indices.blend_build import verify_blend
+from tokenmill.indices.growing_segments import NPY_HEADER
 from tokenmill.indices.nanoset import NanosetIndex, build_or_load_lengths, ensure_entry
 from tokenmill.loader import open_blend
 from tokenmill.storage.gc import gc
@@ -85,8 +86,9 @@ def test_extended_entries_equal_full_builds(tmp_path: Path, split: str, seed: in
         written_rows += len(own)
         segments = index.description["growth"]["segments"]
         extended += isinstance(index.document_index, SegmentedArray)
-        sizes = [
-            sum(index.description["files"][f"{a}.{i}"]["bytes"] for a in ("document", "sample"))
+        files = index.description["files"]
+        sizes = [  # array bytes of each segment (its files less their .npy headers)
+            sum(files[f"{a}.{i}"]["bytes"] - NPY_HEADER for a in ("document", "sample", "shuffle"))
             for i in range(len(segments))
         ]
         assert all(x > 2 * y for x, y in itertools.pairwise(sizes))
@@ -164,25 +166,20 @@ def test_blends_over_extended_entries_equal_whole_rebuilds(
         "code": _blend_shards(2, 12),
         "web": _blend_shards(3, 12),
     }
-    for upto in (8, 10, 12):
-        grown = _build_blend(tmp_path / "a", shards, upto, f"v{upto}", **weighting)
+    grown = [_build_blend(tmp_path / "a", shards, n, f"v{n}", **weighting) for n in (8, 10, 12)]
+    parts = [ds for m in grown for info in m["splits"].values() for ds in info["datasets"]]
+    assert sum("document.0" in ds["index"]["files"] for ds in parts) >= 9
     monkeypatch.setattr(growing_segments, "plan_extension", lambda *a, **k: None)
-    for upto in (8, 10, 12):
-        whole = _build_blend(tmp_path / "b", shards, upto, f"v{upto}", **weighting)
-    segmented = 0
-    for split in whole["splits"]:
-        a = open_blend(tmp_path / "a" / "blends" / "mix", split, verify="full")
-        b = open_blend(tmp_path / "b" / "blends" / "mix", split, verify="full")
-        assert len(a) == len(b) > 0
-        ids = np.arange(len(b))
-        np.testing.assert_array_equal(a.get_batch(ids), b.get_batch(ids))
-        np.testing.assert_array_equal(
-            pickle.loads(pickle.dumps(a)).get_batch(ids), b.get_batch(ids)
-        )
-        segmented += sum(
-            "document.0" in ds["index"]["files"] for ds in grown["splits"][split]["datasets"]
-        )
-    assert segmented >= 3
+    whole = [_build_blend(tmp_path / "b", shards, n, f"v{n}", **weighting) for n in (8, 10, 12)]
+    for mine, theirs in zip(grown, whole, strict=True):
+        for split in theirs["splits"]:
+            a = open_blend(tmp_path / "a/blends/mix", split, version=mine["version"], verify="full")
+            b = open_blend(tmp_path / "b/blends/mix", split, version=theirs["version"])
+            assert len(a) == len(b) > 0
+            ids = np.arange(len(b))
+            np.testing.assert_array_equal(a.get_batch(ids), b.get_batch(ids))
+            again = pickle.loads(pickle.dumps(a))
+            np.testing.assert_array_equal(again.get_batch(ids), b.get_batch(ids))
     assert verify_blend(tmp_path / "a" / "blends" / "mix" / "manifest.json", full=True) == []
 
 
