@@ -217,10 +217,13 @@ def build_pruned(ds: DatasetConfig, automation_condition: AutomationCondition) -
         pool=PRUNED_POOL,
     )
     def pruned(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
-        current = set(shard_keys(context.instance, ds))
         folders = shard_files(ds)
+        listed = storage.list_keys(list(folders))
+        # partitions read after the listing: a shard is registered before any file of it is
+        # written, so a shard whose files were listed is in ``current`` unless it vanished
+        current = set(shard_keys(context.instance, ds))
         stale, kept = [], set()
-        candidates = [(shard_of(rel, folders), rel) for rel in storage.list_keys(list(folders))]
+        candidates = [(shard_of(rel, folders), rel) for rel in listed]
         candidates = [(s, rel) for s, rel in candidates if s is not None and s not in current]
         named = referenced_shards(storage, ds) if candidates else set()
         tokens_folder = f"{layout.tokens_dir(ds.name)}/"
