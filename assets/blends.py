@@ -26,18 +26,14 @@ from assets.support.pointers import BLEND_POOL, rerun_superseded
 from assets.support.resources import StorageResource, Workspace
 from assets.support.staleness import blend_data_version, nanoset_data_version
 from tokenmill.errors import ConfigError, FormatError
-from tokenmill.indices.blend_build import (
-    Share,
-    blend_skips,
-    blend_version,
-    build_blend,
-    read_blend_manifest,
-    realized_shares,
-    skipped_warnings,
-)
+from tokenmill.formats.blend_manifest import read_blend_manifest
+from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.blend_plan import skipped_warnings
+from tokenmill.indices.blend_versioning import blend_skips, blend_version
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
 from tokenmill.storage.versions import pointer_version
+from tokenmill.verify import Share, realized_shares
 
 # What a blend stages of a merged dataset: its index and manifest, never the .bin.
 
@@ -120,16 +116,7 @@ def build_blend_asset(
             settings: dict[str, Any] = {
                 "weights": blend.weight_map(),
                 "temperature": blend.temperature,
-                "sequence_length": cfg.sequence_length,
-                "split_spec": cfg.split,
-                "seed": cfg.seed,
-                "train_samples": cfg.train_samples,
-                "valid_samples": cfg.valid_samples,
-                "test_samples": cfg.test_samples,
-                "semantics": cfg.semantics,
-                "add_extra_token": cfg.add_extra_token,
-                "drop_last_partial_validation": cfg.drop_last_partial_validation,
-                "era_samples": cfg.era_samples,
+                **cfg.settings().blend_keywords(),
             }
             if cfg.semantics == "growing":  # the current version, which a new one may extend
                 stage_current_blend(ws, blend.name)

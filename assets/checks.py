@@ -59,7 +59,6 @@ from tokenmill.formats.dataset_manifest import (
 from tokenmill.formats.indexed import IndexedDataset, index_file_path
 from tokenmill.formats.shard_records import read_record
 from tokenmill.formats.virtual_merge import is_virtual
-from tokenmill.indices.blend_build import realized_shares, verify_blend
 from tokenmill.indices.nanoset import (
     SPLITS,
     NanosetIndex,
@@ -70,7 +69,7 @@ from tokenmill.indices.nanoset import (
 from tokenmill.ingest.records import quarantine_cause
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
-from tokenmill.verify import verify_dataset
+from tokenmill.verify import realized_shares, verify_blend, verify_dataset
 
 # A shard's checks must run per partition; Dagster 1.13 supports that (``partitions_def`` on a
 # check) but labels it preview. We rely on it deliberately, so its warning is not news.
@@ -246,7 +245,7 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         with storage.workspace([pointer], upload=False) as ws:
             rel = ws.storage.merged_key(ds.name, ds.text_key)
             prefix = ws.storage.path(rel)
-            ws.fetch(layout.dataset_manifests(rel))
+            ws.fetch([layout.dataset_manifest(rel)])
             manifest = read_dataset_manifest(prefix)
             if is_virtual(manifest):
                 return _virtual_sum_of_shards(ws, ds, prefix, manifest)
@@ -348,7 +347,7 @@ def _virtual_sum_of_shards(
     shards = manifest["shards"]
     keys = [str(s["key"]) for s in shards]
     tokens = [layout.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
-    ws.fetch([m for t in tokens for m in layout.dataset_manifests(t)])
+    ws.fetch([layout.dataset_manifest(t) for t in tokens])
     problems = []
     for shard, key in zip(shards, tokens, strict=True):
         pair = Path(os.path.normpath(prefix.parent / str(shard["prefix"])))
@@ -401,8 +400,8 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
                 lengths = np.asarray(data.sequence_lengths, dtype=np.int64).copy()
             growing = cfg.semantics == "growing"  # no ranges: splits by document identity
             ranges = [None] * 3 if growing else split_ranges(cfg.split, len(lengths), cfg.semantics)
-            requested = {"train": cfg.train_samples, "valid": cfg.valid_samples}
-            requested["test"] = cfg.test_samples
+            settings = cfg.settings()
+            requested = settings.sizes()
             if growing:  # the nanoset asset's growing entries are uncapped
                 requested = dict.fromkeys(requested)
             problems: list[str] = []
@@ -411,15 +410,10 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
                     index = build_or_load(
                         prefix,
                         ws.storage.nanoset_dir(),
-                        split=split,
-                        split_spec=cfg.split,
-                        sequence_length=cfg.sequence_length,
-                        seed=cfg.seed,
                         num_samples=requested[split],
-                        semantics=cfg.semantics,
-                        era_samples=cfg.era_samples,
                         build=False,
                         fetch=ws.fetch_index_entry,
+                        **settings.index_keywords(split),
                     )
                     if index is None:
                         continue

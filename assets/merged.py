@@ -40,11 +40,11 @@ from tokenmill.formats.dataset_manifest import (
     prefix_of_manifest,
     read_dataset_manifest,
 )
+from tokenmill.formats.merge import natural_key
 from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.recipe import DatasetConfig
 from tokenmill.storage import layout
 from tokenmill.storage.versions import read_pointer, write_pointer
-from tokenmill.tokenize.merge import natural_key
 from tokenmill.tokenize.merged_versions import extends, previous_manifest, write_merged
 
 
@@ -88,7 +88,7 @@ def build_merged(
             raise Failure(f"{ds.name}: no shards at all")
         tokens = [layout.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
         pointer_key = layout.merged_pointer(ds.name)
-        manifests = [m for t in tokens for m in layout.dataset_manifests(t)]
+        manifests = [layout.dataset_manifest(t) for t in tokens]
         with storage.workspace([pointer_key, *manifests]) as ws:
             previous = read_pointer(ws.storage.path(pointer_key))
             prefixes = [ws.storage.path(t) for t in tokens]
@@ -100,7 +100,7 @@ def build_merged(
             identities = shard_identities(ws.storage, ds, keys)
             version = merged_data_version(ds, identities, merge)
             out_key = layout.merged_prefix(ds.name, ds.text_key, version)
-            ws.fetch(layout.dataset_manifests(out_key))
+            ws.fetch([layout.dataset_manifest(out_key)])
             out = ws.storage.path(out_key)
             reused = dataset_manifest_path(out).is_file()
             if reused and merge == "physical":
@@ -152,7 +152,7 @@ def _extended(
     if previous is None:
         return None
     prev_key = f"{layout.merged_dir(ds.name)}/{previous['target']}"
-    ws.fetch(layout.dataset_manifests(prev_key))
+    ws.fetch([layout.dataset_manifest(prev_key)])
     old = previous_manifest(ws.storage.path(prev_key))
     return extends(str(previous["version"]), old, [(k, str(h)) for k, h in shards])
 

@@ -15,9 +15,9 @@ from dagster import MetadataValue
 
 from assets.support.resources import display_path
 from tokenmill.formats.dataset_manifest import (
+    dataset_manifest_path,
     open_dataset,
     read_dataset_manifest,
-    sidecar_manifest_path,
 )
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.formats.virtual_merge import is_virtual
@@ -79,10 +79,10 @@ def virtual_dataset_metadata(prefix: Path, manifest: dict[str, Any]) -> dict[str
         "tokens": int(counts["tokens"]),
         "dtype": str(manifest["dtype"]),
         "bytes": sum(int(f["bytes"]) for s in shards for f in s["files"].values()),
-        "bytes_written": sidecar_manifest_path(prefix).stat().st_size,
+        "bytes_written": dataset_manifest_path(prefix).stat().st_size,
         "merge": "virtual",
         "extends": str(manifest.get("extends")),
         "content_hash": str(manifest["content_hash"]),
-        "path": path_value(sidecar_manifest_path(prefix)),
+        "path": path_value(dataset_manifest_path(prefix)),
         "length_histogram": histogram,
     }

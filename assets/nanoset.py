@@ -68,27 +68,10 @@ def split_settings(
     """The index settings of one split, as ``build_or_load``/``entry_key`` take them (samples
     from the recipe; None = one epoch of the split). Growing semantics: the era size, the
     dataset's ``shards`` table, and no cap (a blend caps its own size; the index grows)."""
-    samples = {"train": cfg.train_samples, "valid": cfg.valid_samples, "test": cfg.test_samples}
+    settings = cfg.settings()
     if cfg.semantics == "growing":
-        samples = dict.fromkeys(samples)
-        return {
-            "split": split,
-            "split_spec": cfg.split,
-            "sequence_length": cfg.sequence_length,
-            "seed": cfg.seed,
-            "num_samples": None,
-            "semantics": cfg.semantics,
-            "era_samples": cfg.era_samples,
-            "shards": shards,
-        }
-    return {
-        "split": split,
-        "split_spec": cfg.split,
-        "sequence_length": cfg.sequence_length,
-        "seed": cfg.seed,
-        "num_samples": samples[split],
-        "semantics": cfg.semantics,
-    }
+        return {**settings.index_keywords(split), "num_samples": None, "shards": shards}
+    return {**settings.index_keywords(split), "num_samples": settings.sizes()[split]}
 
 
 def merged_version(storage: StorageResource, ds: DatasetConfig) -> str:

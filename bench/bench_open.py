@@ -40,7 +40,8 @@ from tokenmill.formats import nanoset_cache as _index_cache
 from tokenmill.formats.blend_manifest import FORMAT_VERSION, seal
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
-from tokenmill.indices.blend_build import _dataset_entry, _file_entry, _rebased
+from tokenmill.indices.blend_build import _rebased
+from tokenmill.indices.blend_plan import dataset_entry, file_entry
 from tokenmill.indices.nanoset import cache_key
 from tokenmill.loader import open_blend
 from tokenmill.storage.versions import version_hash
@@ -109,7 +110,7 @@ def cache_entry(root: Path, content_hash: str, n: int) -> tuple[str, dict[str, P
     files = {}
     for kind in ("document", "sample", "shuffle"):
         arr = np.load(paths[kind], mmap_mode="r", allow_pickle=False)
-        entry = _file_entry(paths[kind], paths[kind].parent)
+        entry = file_entry(paths[kind], paths[kind].parent)
         files[kind] = {
             "file": paths[kind].name,
             "dtype": arr.dtype.str,
@@ -128,7 +129,7 @@ def build(root: Path, samples: int) -> Path:
     prefixes = {"docs": dataset(root, "docs", 1), "code": dataset(root, "code", 2)}
     blend = root / "blends/bench"
     provisional = blend / "versions" / ("0" * 16)
-    entries = [_dataset_entry(n, p, provisional) for n, p in prefixes.items()]
+    entries = [dataset_entry(n, p, provisional) for n, p in prefixes.items()]
     caches = [cache_entry(root, e["content_hash"], per) for e in entries]
     version = version_hash(
         {"bench_open": samples, "datasets": [e["content_hash"] for e in entries]}
@@ -142,7 +143,7 @@ def build(root: Path, samples: int) -> Path:
     parts = []
     for entry, (digest, paths, description) in zip(entries, caches, strict=True):
         index_files = {
-            kind: _file_entry(path, vdir, description["files"].get(kind, {}).get("sha256"))
+            kind: file_entry(path, vdir, description["files"].get(kind, {}).get("sha256"))
             for kind, path in paths.items()
         }
         parts.append(
@@ -180,7 +181,7 @@ def build(root: Path, samples: int) -> Path:
                     "samples_requested": 2 * per,
                     "size": 2 * per,
                     "files": {
-                        k: {**_file_entry(p, vdir), "path": p.name} for k, p in arrays.items()
+                        k: {**file_entry(p, vdir), "path": p.name} for k, p in arrays.items()
                     },
                     "datasets": parts,
                 }

@@ -42,10 +42,10 @@ from _util import table, write_results
 import tokenmill.formats.dataset_manifest as dataset_manifest
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
+from tokenmill.formats.merge import virtual_merge
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.loader import BatchSampler, _s3, open_blend
 from tokenmill.storage.pull import pull
-from tokenmill.tokenize.merge import virtual_merge
 from tokenmill_dev.moto import moto_server
 
 SEQ = 2048

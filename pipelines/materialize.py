@@ -67,9 +67,9 @@ from pipelines.summary import (
     write_failure_log,
 )
 from tokenmill.errors import ConfigError, TokenmillError
+from tokenmill.formats.merge import natural_key
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe, recipe_path
 from tokenmill.storage.s3 import call, split_uri
-from tokenmill.tokenize.merge import natural_key
 
 
 def sync_partitions(instance: DagsterInstance, ds: DatasetConfig, listing: Listing) -> list[str]:

@@ -23,9 +23,9 @@ import pytest
 from prod_servers import S3, Postgres
 from tiny_pairs import random_dataset
 
+from tokenmill.formats.merge import merge_datasets
+from tokenmill.formats.merge import virtual_merge as merge_virtually
 from tokenmill.indices.blend_build import build_blend
-from tokenmill.tokenize.merge import merge_datasets
-from tokenmill.tokenize.merge import virtual_merge as merge_virtually
 from tokenmill_dev.moto import free_port, moto_server
 
 SERVER_START_SECONDS = 60

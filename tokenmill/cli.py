@@ -27,6 +27,7 @@ COMMANDS = [
     "materialize",
     "pull",
     "gc",
+    "migrate",
     "explain",
     "find",
 ]

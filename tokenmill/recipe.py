@@ -39,6 +39,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from tokenmill.errors import ConfigError
 from tokenmill.indices.growing import ERA_SAMPLES
+from tokenmill.indices.settings import NanosetSettings
 from tokenmill.paths import name_problem
 
 DEFAULT_RECIPE = "recipes/demo.yaml"
@@ -262,6 +263,21 @@ class NanosetConfig(_Config):
             wanted = "true with semantics growing (a partial sample would change as data grows)"
             raise _expected(wanted, at=("drop_last_partial_validation",), value=False)
         return self
+
+    def settings(self) -> NanosetSettings:
+        """The library's value of these settings (what the index and blend builders take)."""
+        return NanosetSettings(
+            sequence_length=self.sequence_length,
+            split_spec=self.split,
+            seed=self.seed,
+            semantics=self.semantics,
+            add_extra_token=self.add_extra_token,
+            drop_last_partial_validation=self.drop_last_partial_validation,
+            era_samples=self.era_samples,
+            train_samples=self.train_samples,
+            valid_samples=self.valid_samples,
+            test_samples=self.test_samples,
+        )
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -1,20 +1,35 @@
-"""Consistency checks of a ``.bin``/``.idx`` dataset and, when present, its manifest; and of an
-HF export's ``dataset_info.json`` against its Parquet shards."""
+"""Owns the consistency checks: a ``.bin``/``.idx`` dataset against its manifest, an HF export's
+``dataset_info.json`` against its Parquet shards, a blend against its files and indices, and a
+blend's realized shares against its weights."""
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from tokenmill.atomic import file_sha256
-from tokenmill.errors import FormatError
+from tokenmill.errors import CacheError, FormatError
+from tokenmill.formats.blend_manifest import (
+    SPLITS,
+    load_index_array,
+    manifest_path,
+    read_blend_manifest,
+    resolve,
+    schema_errors,
+    verify_manifest,
+)
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     file_problems,
     open_dataset,
     read_dataset_manifest,
 )
+from tokenmill.loader import open_blend_split
 
 
 def verify_dataset(prefix: str | os.PathLike[str], *, full: bool = True) -> list[str]:
@@ -89,3 +104,66 @@ def _parquet_rows(path: Path) -> int:
     import pyarrow.parquet as pq
 
     return int(pq.read_metadata(path).num_rows)
+
+
+def verify_blend(path: str | os.PathLike[str], *, full: bool = False) -> list[str]:
+    """Problems between a blend manifest and its files (empty list = consistent).
+
+    Fast (O(1) in the index sizes): the manifest's schema and own hash, every file's size, the
+    index descriptions' records. ``full``: also the sha256 of every file (``.bin`` by its parts
+    when recorded so) and every index value in bounds (what ``open_blend(verify="full")``
+    checks).
+    """
+    problems = verify_manifest(path, full=full)
+    if full and not problems:  # the files hash right: now every index value and pointer
+        mpath = manifest_path(path)
+        manifest = read_blend_manifest(mpath)
+        for split in manifest["splits"]:
+            try:
+                with schema_errors(mpath):
+                    open_blend_split(manifest, mpath, split, full=True)
+            except (FormatError, CacheError) as exc:
+                problems.append(f"split {split!r}: {exc}")
+    return problems
+
+
+@dataclass(frozen=True)
+class Share:
+    """One dataset's part of one split of a blend: requested (normalized weight) vs realized."""
+
+    split: str
+    dataset: str
+    requested: float
+    realized: float
+    samples: int
+    size: int
+    weighted: bool
+
+
+def realized_shares(manifest: dict[str, Any], mpath: Path) -> list[Share]:
+    """Requested against realized share per split and dataset (exhaustive splits follow the
+    dataset sizes by design, so only weighted ones are expected to match the weights)."""
+    normalized = manifest["weighting"]["normalized"]
+    shares = []
+    for split in (s for s in SPLITS if s in manifest["splits"]):
+        info = manifest["splits"][split]
+        # a dataset left out of the split: the others' weights are renormalized
+        total = sum(float(normalized[ds["name"]]) for ds in info["datasets"]) or 1.0
+        entry = info["files"]["dataset_index"]
+        dataset_index = load_index_array(
+            resolve(mpath, entry["path"]), ndim=1, what="dataset_index"
+        )
+        counts = np.bincount(dataset_index.astype(np.int64), minlength=len(info["datasets"]))
+        for ds, count in zip(info["datasets"], counts.tolist(), strict=True):
+            shares.append(
+                Share(
+                    split=split,
+                    dataset=ds["name"],
+                    requested=float(normalized[ds["name"]]) / total,
+                    realized=count / max(1, len(dataset_index)),
+                    samples=count,
+                    size=len(dataset_index),
+                    weighted=info["mode"] in ("weighted", "growing"),
+                )
+            )
+    return shares

@@ -12,10 +12,10 @@ import os
 
 from dagster import DagsterInstance, DynamicPartitionsDefinition
 
+from tokenmill.formats.merge import natural_key
 from tokenmill.ingest.records import shard_name
 from tokenmill.recipe import DatasetConfig
 from tokenmill.storage.layout import check_name
-from tokenmill.tokenize.merge import natural_key
 
 
 def partitions_name(dataset: str) -> str:

@@ -8,9 +8,9 @@ directory with the same layout, filled with the inputs before the step and uploa
 ``tokenmill.storage.publish`` commit order) after it succeeds, and removed on exit, also on failure.
 
 Inputs are exact: ``dir/`` is a folder (recursively), any other path is that file and its
-``path.*`` siblings, so ``P`` stages a dataset's ``.bin`` and ``.idx`` (and a 0.1.0 manifest
-beside them), ``layout.dataset_files(P)`` adds its manifest from ``manifests/``, and ``P.idx``
-plus ``layout.dataset_manifests(P)`` stage just the index and manifest (a check that reads no
+``path.*`` siblings, so ``P`` stages a dataset's ``.bin`` and ``.idx``,
+``layout.dataset_files(P)`` adds its manifest from ``manifests/``, and ``P.idx`` plus
+``layout.dataset_manifest(P)`` stage just the index and manifest (a check that reads no
 tokens never downloads a ``.bin``).
 
 Within one run an object is downloaded at most once per host: the resource learns the run id
@@ -162,7 +162,7 @@ class Workspace:
         or, for a virtual merge, every shard pair's ``.idx`` it names (never a ``.bin``)."""
         if self.stage is None:
             return
-        self.fetch([f"{rel}.idx", *layout.dataset_manifests(rel)])
+        self.fetch([f"{rel}.idx", layout.dataset_manifest(rel)])
         manifest_file = self.storage.path(layout.dataset_manifest(rel))
         if manifest_file.is_file() and not self.storage.path(f"{rel}.idx").is_file():
             manifest = read_dataset_manifest(self.storage.path(rel))

@@ -217,9 +217,10 @@ def _digest(array: np.ndarray) -> str:
 
 
 def _nanoset_digests(prefix: str, cache_dir: str, settings: dict[str, Any]) -> dict[str, str]:
+    from tokenmill.indices.nanoset import build_or_load
     from tokenmill.loader import open_nanoset
 
-    ds = open_nanoset(prefix, cache_dir, verify="full", **settings)
+    ds = open_nanoset(prefix, build_or_load(prefix, cache_dir, **settings), verify="full")
     return {
         "document_index": _digest(ds.document_index),
         "sample_index": _digest(ds.sample_index),

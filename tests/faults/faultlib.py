@@ -46,7 +46,7 @@ from tokenmill.formats.dataset_manifest import (
 )
 from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, index_file_path
 from tokenmill.formats.nanoset_cache import load_array, read_description
-from tokenmill.indices.blend_build import verify_blend
+from tokenmill.verify import verify_blend
 from tokenmill_dev.corpus import stdlib_documents
 
 PARK_SECONDS = 60  # how long a child may take to reach its parking point
@@ -57,7 +57,7 @@ DATASET_MANIFEST = ".manifest.json"
 _CHILD = """
 import importlib, sys, threading, time
 marker, target, call, when, *argv = sys.argv[1:]
-LIBRARY = {"tokenize": "tokenize.run", "merge": "tokenize.merge", "index": "indices.nanoset",
+LIBRARY = {"tokenize": "tokenize.run", "merge": "formats.merge", "index": "indices.nanoset",
            "blend": "indices.blend_build", "pull": "storage.pull"}
 importlib.import_module("tokenmill.commands." + argv[0])
 importlib.import_module("tokenmill." + LIBRARY[argv[0]])

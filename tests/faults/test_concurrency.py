@@ -45,7 +45,7 @@ from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.recipe import Recipe
 from tokenmill.storage.versions import pointer_target, pointer_version
 
-PIPELINE = ("dagster", "pipelines.build", "tokenmill.tokenize.run", "tokenmill.tokenize.merge")
+PIPELINE = ("dagster", "pipelines.build", "tokenmill.tokenize.run", "tokenmill.formats.merge")
 LOADER = ("tokenmill.loader", "tokenmill.indices.nanoset", "tokenmill.indices.blend_build")
 RANKS = 16
 SHARD = "extra-00000"  # the shard with bad lines: stats, quarantine, Parquet and tokens
@@ -412,7 +412,7 @@ def open_everywhere(workers: Workers, *args: Any) -> list[RankReport]:
 def test_sixteen_ranks_open_one_cold_nanoset(ranks: Workers, tmp_path: Path) -> None:
     """``open_nanoset`` in 16 processes at once on an empty cache: one build, the reference
     arrays, read identically everywhere."""
-    from tokenmill.indices.nanoset import build_nanoset_indices, split_ranges
+    from tokenmill.indices.nanoset import build_nanoset_indices, build_or_load, split_ranges
     from tokenmill.loader import open_nanoset
 
     prefix = make_dataset(tmp_path / "data" / "docs_text_document", seed=1)
@@ -424,7 +424,7 @@ def test_sixteen_ranks_open_one_cold_nanoset(ranks: Workers, tmp_path: Path) -> 
     assert sum(len(r.builds) for r in reports) == 1
     assert len(list(cache.glob("*-description.json"))) == 1
     assert all(r.digests == reports[0].digests for r in reports)
-    mine = open_nanoset(prefix, cache, **settings)  # loads what the ranks built
+    mine = open_nanoset(prefix, build_or_load(prefix, cache, **settings))  # what ranks built
     want = build_nanoset_indices(
         np.asarray(mine.data.sequence_lengths),
         split_ranges("949,50,1", 300, "megatron")[0],
@@ -442,7 +442,7 @@ def test_sixteen_ranks_open_one_cold_nanoset(ranks: Workers, tmp_path: Path) -> 
 def test_sixteen_ranks_build_and_open_one_cold_blend(ranks: Workers, tmp_path: Path) -> None:
     """``build_blend`` then ``open_blend`` in 16 processes at once on an empty cache: each
     dataset split's index is built once, and every rank reads what one process alone builds."""
-    from tokenmill.indices.blend_build import verify_blend
+    from tokenmill.verify import verify_blend
 
     manifest = tmp_path / "blends" / "mix" / "manifest.json"
     cache = tmp_path / "nanoset"

@@ -24,11 +24,11 @@ from faultlib import WriteFault, audit, build_sources, failing_writes, tree_dige
 from tokenmill.atomic import TMP_MARK
 from tokenmill.cli import main
 from tokenmill.errors import TokenmillError
+from tokenmill.formats.merge import merge_datasets
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import SPLITS, build_or_load
 from tokenmill.ingest.export import export_shard, write_dataset_info
 from tokenmill.storage.pull import pull
-from tokenmill.tokenize.merge import merge_datasets
 from tokenmill.tokenize.run import tokenize_files
 
 ENOSPC, EIO = errno.ENOSPC, errno.EIO

@@ -65,7 +65,6 @@ from tokenmill.cli import main
 from tokenmill.errors import ConfigError, FormatError, InputError, TokenmillError
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import build_or_load
-from tokenmill.loader import open_nanoset
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe
 from tokenmill.storage import layout
 from tokenmill.storage.pull import pull
@@ -293,7 +292,9 @@ def test_sequence_length_below_two_is_refused(
     message = f"sequence_length must be >= 2, got {length}"
     refused_api(lambda: blend_api(root, sequence_length=length), root.parent, message)
     refused_api(
-        lambda: open_nanoset(root / "merged/a", root / "cache", sequence_length=length),
+        lambda: build_or_load(
+            root / "merged/a", root / "cache", split="train", sequence_length=length
+        ),
         root.parent,
         message,
     )

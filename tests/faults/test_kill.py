@@ -25,9 +25,9 @@ from tokenmill.atomic import TMP_DIR
 from tokenmill.cli import main
 from tokenmill.errors import FormatError
 from tokenmill.formats.dataset_manifest import check_dataset_files
-from tokenmill.indices.blend_build import verify_blend
 from tokenmill.loader import open_blend
 from tokenmill.storage.pull import pull
+from tokenmill.verify import verify_blend
 
 IDX_WRITER = "tokenmill.formats.indexed"
 TOKENIZER = tokenizer_dir("gpt2")  # built by the gpt2_dir fixture
@@ -156,7 +156,7 @@ def test_tokenize_killed_over_a_previous_result(src: Path, clean: dict, tmp_path
     [
         (f"{IDX_WRITER}:IndexedDatasetWriter.add_index", 2, []),  # one input copied
         (f"{IDX_WRITER}:_copy_file", 3, []),
-        ("tokenmill.tokenize.merge:write_dataset_manifest", 1, ["m.bin", "m.idx"]),
+        ("tokenmill.formats.merge:write_dataset_manifest", 1, ["m.bin", "m.idx"]),
     ],
     ids=["between-inputs", "copying-the-last-input", "before-manifest"],
 )
@@ -178,7 +178,7 @@ def test_merge_killed_over_a_previous_result(src: Path, clean: dict, tmp_path: P
     out = tmp_path / "out"
     assert main(merge_args(src, out, order="102")) == 0
     kill_parked(
-        merge_args(src, out), "tokenmill.tokenize.merge:write_dataset_manifest", tmp_path / "k"
+        merge_args(src, out), "tokenmill.formats.merge:write_dataset_manifest", tmp_path / "k"
     )
     state = audit(out)
     assert (state.orphans, state.manifests, state.problems) == (["m.bin", "m.idx"], [], [])

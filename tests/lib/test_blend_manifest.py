@@ -14,22 +14,22 @@ import numpy as np
 import pytest
 from tiny_pairs import random_dataset
 
+from tokenmill import verify
 from tokenmill.atomic import TMP_DIR, file_sha256
 from tokenmill.cli import main
+from tokenmill.commands.blend_report import describe_blend
 from tokenmill.errors import CacheError, ConfigError, FormatError
-from tokenmill.formats.blend_manifest import manifest_digest, seal
+from tokenmill.formats.blend_manifest import manifest_digest, read_blend_manifest, seal
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices import blend_build as blend_manifest
-from tokenmill.indices.blend_build import (
-    build_blend,
-    describe_blend,
-    read_blend_manifest,
-    verify_blend,
-)
+from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.blend_plan import skipped_warnings
+from tokenmill.indices.blend_versioning import blend_version
 from tokenmill.indices.nanoset import NanosetIndex
 from tokenmill.loader import open_blend
 from tokenmill.storage.versions import write_pointer
+from tokenmill.verify import verify_blend
 
 S = 8
 
@@ -354,7 +354,7 @@ def test_a_dataset_with_an_empty_test_split_is_left_out_of_it(tmp_path: Path) ->
     assert "no sequences in split 'test'" in test["skipped"][0]["reason"]
     assert "[80, 80]" in test["skipped"][0]["reason"]
     assert manifest["splits"]["train"]["skipped"] == manifest["splits"]["valid"]["skipped"] == []
-    warnings = blend_manifest.skipped_warnings(manifest)
+    warnings = skipped_warnings(manifest)
     assert len(warnings) == 1
     assert "dataset 'code' is left out of split 'test'" in warnings[0]
     assert verify_blend(tmp_path / "blends/mix", full=True) == []
@@ -379,7 +379,7 @@ def test_a_weighted_split_renormalizes_over_the_datasets_left(tmp_path: Path) ->
     )
     for array in ("dataset_index", "dataset_sample_index"):
         assert test["files"][array]["sha256"] == test_alone["files"][array]["sha256"]
-    shares = blend_manifest.realized_shares(both, tmp_path / "blends/mix/manifest.json")
+    shares = verify.realized_shares(both, tmp_path / "blends/mix/manifest.json")
     assert [(s.dataset, s.requested) for s in shares if s.split == "test"] == [("docs", 1.0)]
     # the train split still blends both with the configured weights
     assert [d["name"] for d in both["splits"]["train"]["datasets"]] == ["docs", "code"]
@@ -392,7 +392,7 @@ def test_a_split_empty_in_every_dataset_is_absent(
     with "counts must all be >= 1" naming no dataset)."""
     manifest = build(root, split_spec="949,50,1", test_samples=None)
     assert sorted(manifest["splits"]) == ["train", "valid"]
-    assert blend_manifest.skipped_warnings(manifest) == [
+    assert skipped_warnings(manifest) == [
         "blend 'mix': split 'test' is absent: every dataset's test split is empty with "
         "split '949,50,1'"
     ]
@@ -455,7 +455,7 @@ def test_flags_enter_the_version_the_manifest_and_match_tokenmill_index(
     assert flagged["add_extra_token"] is False
     assert flagged["drop_last_partial_validation"] is False
     assert len({default["version"], flagged["version"], only_drop["version"]}) == 3
-    assert blend_manifest.blend_version(
+    assert blend_version(
         "mix", datasets(root), root / "blends/mix", root / "nanoset",
         weights={"docs": 0.7, "code": 0.3}, sequence_length=S, split_spec="80,10,10", seed=5,
         train_samples=51, test_samples=10, add_extra_token=False,

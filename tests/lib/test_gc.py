@@ -16,9 +16,7 @@ from test_versions import make_merged
 from tokenmill.atomic import TMP_DIR
 from tokenmill.cli import main
 from tokenmill.formats.dataset_manifest import (
-    legacy_manifest_path,
     read_dataset_manifest,
-    sidecar_manifest_path,
 )
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import build_or_load
@@ -199,15 +197,11 @@ def test_s3_root(store: dict, s3: Any, tmp_path: Path) -> None:
     assert open_blend(pulled.manifest, verify="full").version == v3
 
 
-@pytest.mark.parametrize("layout_of", ["sidecar", "0.1.0"])
-def test_an_unversioned_pair_and_its_caches_stay(store: dict, layout_of: str) -> None:
+def test_an_unversioned_pair_and_its_caches_stay(store: dict) -> None:
     """``merged/<prefix>`` pairs outside any version are never removed, nor the cache entries
-    built for their content, whichever place their manifest is in (``merged/manifests/`` is
-    not taken for a dataset)."""
+    built for their content (``merged/manifests/`` is not taken for a dataset)."""
     root = store["root"]
     flat = make_merged(root / "merged/flat_text_document", 60, 7)
-    if layout_of == "0.1.0":
-        sidecar_manifest_path(flat).rename(legacy_manifest_path(flat))
     build_or_load(flat, root / "nanoset", split="train", sequence_length=8)
     ours = {k for k in tree(root) if "flat" in k}
     entry = {f"nanoset/{p.name}" for p in (root / "nanoset").iterdir() if p.is_file()} - {

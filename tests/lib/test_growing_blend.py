@@ -14,11 +14,13 @@ import numpy as np
 import pytest
 
 from tokenmill.cli import main
+from tokenmill.commands.blend_report import describe_blend
 from tokenmill.errors import ConfigError
+from tokenmill.formats.blend_manifest import read_blend_manifest
 from tokenmill.formats.dataset_manifest import dataset_manifest_path, write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices._blend_kernels import greedy_blend
-from tokenmill.indices.blend_build import build_blend, describe_blend, read_blend_manifest
+from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.growing_blend import grow_blend
 from tokenmill.loader import FollowGrowth, newest_extension, open_blend, reopen_if_extended
 

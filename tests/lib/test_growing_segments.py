@@ -20,11 +20,11 @@ from tokenmill.errors import CacheError
 from tokenmill.formats.nanoset_cache import SegmentedArray, read_description
 from tokenmill.indices import growing_segments
 from tokenmill.indices._nanoset_indices import SPLITS
-from tokenmill.indices.blend_build import verify_blend
 from tokenmill.indices.growing_segments import NPY_HEADER
 from tokenmill.indices.nanoset import NanosetIndex, build_or_load_lengths, ensure_entry
 from tokenmill.loader import open_blend
 from tokenmill.storage.gc import gc
+from tokenmill.verify import verify_blend
 
 SETTINGS = {"split_spec": "80,10,10", "sequence_length": 16, "seed": 7, "semantics": "growing"}
 

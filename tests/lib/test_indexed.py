@@ -214,7 +214,7 @@ def test_a_pair_whose_manifest_records_its_tokens_opens_without_scanning(tmp_pat
     catches lengths that disagree with the recorded count."""
     from tiny_pairs import random_dataset
 
-    from tokenmill.formats.dataset_manifest import open_dataset, sidecar_manifest_path
+    from tokenmill.formats.dataset_manifest import dataset_manifest_path, open_dataset
 
     prefix = random_dataset(tmp_path / "p", 50, 3, counted=True)
     scans = []
@@ -225,9 +225,9 @@ def test_a_pair_whose_manifest_records_its_tokens_opens_without_scanning(tmp_pat
     with IndexedDataset(prefix) as ds:  # no recorded count: the scan runs
         assert len(scans) == 1
     monkeypatch.setattr(IndexedDataset, "_scan_index", original)
-    manifest = json.loads(sidecar_manifest_path(prefix).read_text())
+    manifest = json.loads(dataset_manifest_path(prefix).read_text())
     manifest["counts"]["tokens"] += 1
-    sidecar_manifest_path(prefix).write_text(json.dumps(manifest))
+    dataset_manifest_path(prefix).write_text(json.dumps(manifest))
     with pytest.raises(FormatError, match="size"):  # the .bin size disagrees with the record
         open_dataset(prefix)
 

@@ -138,10 +138,8 @@ def test_built_indices_give_the_vector_samples(tmp_path: Path, four: IndexedData
     )
     assert built is not None
     from_cache = open_nanoset(four.prefix, index=built.paths["description"])
-    via_build = open_nanoset(
-        four.prefix, tmp_path / "cache", split_spec="1,0,0", sequence_length=4, seed=42
-    )
-    for other in (from_cache, via_build):
+    via_index = open_nanoset(four.prefix, built)
+    for other in (from_cache, via_index):
         assert np.array_equal(other.get_batch(range(len(other))), ds.get_batch(range(len(ds))))
 
 

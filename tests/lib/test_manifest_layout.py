@@ -1,13 +1,15 @@
 """Dataset manifests live in a ``manifests/`` sidecar folder, so Megatron's and nanotron's folder
-scan (``tools/merge_datasets.py``) pairs every file of a tokenmill folder; 0.1.0 manifests
-beside the pair are still read, and move on the next write."""
+scan (``tools/merge_datasets.py``) pairs every file of a tokenmill folder; ``tokenmill migrate``
+moves the manifests tokenmill 0.1.0 wrote beside the pair, which nothing else reads."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tiny_pairs import random_pair
@@ -17,19 +19,15 @@ from tokenmill.cli import main
 from tokenmill.errors import ConfigError
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
-    legacy_manifest_path,
     prefix_of_manifest,
     read_dataset_manifest,
-    sidecar_manifest_path,
     write_dataset_manifest,
 )
-from tokenmill.indices.blend_build import build_blend
-from tokenmill.loader import open_blend
+from tokenmill.formats.merge import merge_datasets
 from tokenmill.paths import name_problem
 from tokenmill.storage import layout
 from tokenmill.storage.layout import check_name
-from tokenmill.storage.pull import pull
-from tokenmill.tokenize.merge import merge_datasets
+from tokenmill.storage.migrate import migrate
 from tokenmill.tokenize.run import tokenize_files
 from tokenmill.verify import verify_dataset
 
@@ -86,29 +84,66 @@ def test_megatron_scan_pairs_every_file_of_tokens_and_merged_folders(
         assert sorted(p.name for p in (folder / "manifests").iterdir() if p.is_file()) == [
             f"{name}.manifest.json" for name in expected
         ]
-    assert sidecar_manifest_path(merged).is_file() and verify_dataset(merged) == []
+    assert dataset_manifest_path(merged).is_file() and verify_dataset(merged) == []
     assert read_dataset_manifest(merged)["counts"]["documents"] == 7
     # The scan is faithful: a manifest beside the pair (the 0.1.0 layout) makes it fail.
-    legacy_manifest_path(merged).write_bytes(sidecar_manifest_path(merged).read_bytes())
+    legacy_path(merged).write_bytes(dataset_manifest_path(merged).read_bytes())
     with pytest.raises(AssertionError, match=r"\.idx file not provided for .*\.manifest$"):
         megatron_merge_scan(str(merged.parent))
 
 
-def test_a_legacy_manifest_is_read_in_place_and_moved_by_the_next_write(tmp_path: Path) -> None:
-    prefix = random_pair(tmp_path / "old_text_document", 20, seed=3)
-    write_dataset_manifest(prefix, kind="tokens", inputs=[], config={}, counts={"documents": 20})
-    sidecar = sidecar_manifest_path(prefix)
-    sidecar.rename(legacy_manifest_path(prefix))  # as tokenmill 0.1.0 left it
-    before = sorted(p.name for p in tmp_path.rglob("*"))
-    assert dataset_manifest_path(prefix) == legacy_manifest_path(prefix)
-    assert read_dataset_manifest(prefix)["counts"] == {"documents": 20}
-    assert verify_dataset(prefix) == []
-    assert main(["verify", str(legacy_manifest_path(prefix))]) == 0
-    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # readers never move it
-    write_dataset_manifest(prefix, kind="tokens", inputs=[], config={}, counts={"documents": 20})
-    assert sidecar.is_file() and not legacy_manifest_path(prefix).exists()
-    assert dataset_manifest_path(prefix) == sidecar
-    assert megatron_merge_scan(str(tmp_path)) == ["old_text_document"]
+def legacy_path(prefix: Path) -> Path:
+    """``P.manifest.json``: where tokenmill 0.1.0 wrote the manifest of the pair ``P``."""
+    return Path(f"{prefix}.manifest.json")
+
+
+def old_layout(root: Path) -> dict[str, Path]:
+    """A storage root as tokenmill 0.1.0 left it: two shards and a merged pair, each with its
+    manifest beside the pair; the merged pair also has a sidecar copy (a migrate killed after
+    writing it), byte-equal, which the next run keeps."""
+    pairs = {
+        "a": root / "tokens/docs/part-00000_text_document",
+        "b": root / "tokens/docs/part-00001_text_document",
+        "m": root / "merged/docs_text_document",
+    }
+    for i, prefix in enumerate(pairs.values()):
+        random_pair(prefix, 20 + i, seed=i)
+        write_dataset_manifest(prefix, kind="tokens", inputs=[], config={}, counts={"n": i})
+        legacy_path(prefix).write_bytes(dataset_manifest_path(prefix).read_bytes())
+    shutil.rmtree(root / "tokens/docs/manifests")  # 0.1.0 had no sidecar folder
+    return pairs
+
+
+def test_migrate_moves_0_1_0_manifests_into_the_sidecar_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "root"
+    pairs = old_layout(root)
+    recorded = {n: legacy_path(p).read_bytes() for n, p in pairs.items()}
+    assert not dataset_manifest_path(pairs["a"]).is_file()  # readers look in manifests/ only
+    with pytest.raises(ValueError, match="run tokenmill migrate"):
+        prefix_of_manifest(legacy_path(pairs["a"]))
+    before = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+    planned = migrate(root, dry_run=True)
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == before
+    assert [(m.old, m.new, m.stale) for m in planned] == [
+        ("merged/docs_text_document.manifest.json",
+         "merged/manifests/docs_text_document.manifest.json", True),
+        ("tokens/docs/part-00000_text_document.manifest.json",
+         "tokens/docs/manifests/part-00000_text_document.manifest.json", False),
+        ("tokens/docs/part-00001_text_document.manifest.json",
+         "tokens/docs/manifests/part-00001_text_document.manifest.json", False),
+    ]  # fmt: skip
+    assert main(["migrate", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "removed merged/docs_text_document.manifest.json (stale" in out
+    assert "3 manifest(s) migrated" in out
+    for name, prefix in pairs.items():
+        assert not legacy_path(prefix).exists()
+        assert dataset_manifest_path(prefix).read_bytes() == recorded[name]
+        assert verify_dataset(prefix) == []
+        assert prefix.name in megatron_merge_scan(str(prefix.parent))  # no stray file
+    assert migrate(root) == []  # once is enough: a second run changes nothing
 
 
 def test_manifest_paths_and_keys_agree(tmp_path: Path) -> None:
@@ -116,42 +151,13 @@ def test_manifest_paths_and_keys_agree(tmp_path: Path) -> None:
     assert layout.dataset_manifest("merged/d/0123456789abcdef/d_text_document") == (
         "merged/d/0123456789abcdef/manifests/d_text_document.manifest.json"
     )
-    assert layout.dataset_manifests("a/b") == ["a/manifests/b.manifest.json", "a/b.manifest.json"]
-    assert prefix_of_manifest(sidecar_manifest_path(prefix)) == prefix
-    random_pair(prefix, 3, seed=1)
-    assert prefix_of_manifest(legacy_manifest_path(prefix)) == prefix
+    assert prefix_of_manifest(dataset_manifest_path(prefix)) == prefix
+    with pytest.raises(ValueError, match="layout: run tokenmill migrate"):
+        prefix_of_manifest(legacy_path(tmp_path / "x_text_document"))
     with pytest.raises(ValueError, match="not a dataset manifest"):
         prefix_of_manifest(tmp_path / "manifest.json")
     with pytest.raises(Exception, match="reserved for manifest folders"):
         layout.merged_dir("manifests")
-
-
-def test_pull_from_a_legacy_source_writes_sidecar_manifests(tmp_path: Path) -> None:
-    """A blend over 0.1.0-layout datasets is read where it is; its copy has the new layout
-    (a stale 0.1.0 manifest in the destination goes) and opens."""
-    src = tmp_path / "src"
-    sets = {}
-    for name, seed in (("docs", 1), ("code", 2)):
-        prefix = random_pair(src / "merged" / f"{name}_text_document", 60, seed)
-        write_dataset_manifest(prefix, kind="merged", inputs=[], config={}, counts={})
-        sidecar_manifest_path(prefix).rename(legacy_manifest_path(prefix))
-        sets[name] = prefix
-    build_blend("mix", sets, src / "blends/mix", src / "nanoset", weights={"docs": 1, "code": 1},
-                sequence_length=8, split_spec="80,10,10", train_samples=20)  # fmt: skip
-    dest = tmp_path / "dest"
-    (dest / "merged").mkdir(parents=True)
-    (dest / "merged/docs_text_document.manifest.json").write_text("{}")  # an earlier copy's
-    report = pull(str(src / "blends/mix"), dest, jobs=1)
-    assert sorted(p.name for p in (dest / "merged").iterdir()) == [
-        TMP_DIR, "code_text_document.bin", "code_text_document.idx",
-        "docs_text_document.bin", "docs_text_document.idx", "manifests",
-    ]  # fmt: skip
-    assert list((dest / "merged" / TMP_DIR).iterdir()) == []
-    for name in sets:
-        copied = dest / "merged" / "manifests" / f"{name}_text_document.manifest.json"
-        assert copied.read_bytes() == legacy_manifest_path(sets[name]).read_bytes()
-    assert megatron_merge_scan(str(dest / "merged")) == ["code_text_document", "docs_text_document"]
-    assert len(open_blend(report.manifest, split="train")) >= 20
 
 
 def test_a_shard_name_is_refused_when_a_derived_temp_name_could_be_too_long(
@@ -217,3 +223,19 @@ def test_one_lowercase_hex_rule_for_versions() -> None:
     assert not is_lower_hex("00FF") and not is_lower_hex("0g")
     with pytest.raises(ConfigError, match="expected >= 16 lowercase hex digits"):
         layout.version_dir_name("0123456789ABCDEF")
+
+
+def test_migrate_on_an_s3_root(tmp_path: Path, s3: Any) -> None:
+    """The same moves on ``s3://bucket/prefix`` (one listing of the whole root)."""
+    root = tmp_path / "root"
+    pairs = old_layout(root)
+    s3.upload_tree(root, "data")
+    uri = f"s3://{s3.bucket}/data"
+    moves = migrate(uri, endpoint_url=s3.endpoint)
+    assert [m.stale for m in moves] == [True, False, False]
+    keys = s3.keys("data/")
+    for prefix in pairs.values():
+        rel = prefix.relative_to(root).as_posix()
+        assert f"data/{rel}.manifest.json" not in keys
+        assert f"data/{layout.dataset_manifest(rel)}" in keys
+    assert migrate(uri, endpoint_url=s3.endpoint) == []

@@ -9,7 +9,7 @@ from tokenmill.cli import main
 from tokenmill.errors import ConfigError, FormatError, InputError
 from tokenmill.formats.dataset_manifest import read_dataset_manifest, write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
-from tokenmill.tokenize.merge import merge_datasets, natural_key, resolve_inputs
+from tokenmill.formats.merge import merge_datasets, natural_key, resolve_inputs
 from tokenmill.verify import verify_dataset
 
 

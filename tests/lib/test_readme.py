@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tokenmill.cli import main
+from tokenmill.formats.merge import merge_datasets
 from tokenmill.storage import layout
 from tokenmill.storage.versions import version_hash, write_pointer
-from tokenmill.tokenize.merge import merge_datasets
 from tokenmill.tokenize.run import tokenize_files
 from tokenmill_dev.bundled import BUILDERS
 from tokenmill_dev.corpus import stdlib_documents

@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from tokenmill.errors import ConfigError, FormatError, InputError
 from tokenmill.formats.dataset_manifest import read_dataset_manifest, write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
+from tokenmill.formats.merge import merge_datasets
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import build_nanoset_indices, build_or_load
 from tokenmill.loader import BlendedDataset, NanosetDataset, open_blend, open_nanoset
-from tokenmill.tokenize.merge import merge_datasets
 
 EOD = 3
 S = 12

@@ -17,6 +17,7 @@ from tokenmill.cli import main
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats import blend_manifest as blend_reader
 from tokenmill.formats import dataset_manifest
+from tokenmill.formats.blend_manifest import read_blend_manifest
 from tokenmill.formats.dataset_manifest import (
     bin_parts,
     read_dataset_manifest,
@@ -24,9 +25,13 @@ from tokenmill.formats.dataset_manifest import (
 )
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices import blend_build as blend_manifest
-from tokenmill.indices.blend_build import build_blend, read_blend_manifest
+from tokenmill.indices import blend_plan
+from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.blend_versioning import blend_version
+from tokenmill.indices.nanoset import build_or_load
 from tokenmill.loader import open_blend, open_nanoset
 from tokenmill.storage import versions as pointer_store
+from tokenmill.verify import verify_blend
 
 S = 8
 
@@ -222,7 +227,7 @@ def test_merged_datasets_are_recorded_by_their_parts_and_never_read(
     path.write_bytes(bytes(data))
     hashed: list[str] = []
     for module in (
-        blend_manifest,
+        blend_plan,
         blend_reader,
         dataset_manifest,
     ):
@@ -239,7 +244,7 @@ def test_merged_datasets_are_recorded_by_their_parts_and_never_read(
     assert {k: v for k, v in entry.items() if k != "path"} == digests  # block hashes stay there
     assert set(entry) == {"path", "bytes", "parts", "sha256_of_parts"}
     assert manifest["datasets"][0]["content_hash"] == recorded["content_hash"]
-    problems = blend_manifest.verify_blend(root / "blends/mix", full=True)
+    problems = verify_blend(root / "blends/mix", full=True)
     assert any("docs_text_document.bin: sha256 of part 0" in p for p in problems)
 
 
@@ -329,12 +334,11 @@ def test_pickles_carry_paths_not_index_arrays(root: Path) -> None:
     assert not copy.dataset_index.flags.owndata  # mapped, not unpickled
     picks = np.random.default_rng(0).integers(0, len(ds), 4096)
     assert np.array_equal(copy.get_batch(picks), ds.get_batch(picks))
-    nano = open_nanoset(
-        root / "merged/docs/v1/docs_text_document",
-        root / "nanoset",
-        sequence_length=S,
-        num_samples=300_000,
+    prefix = root / "merged/docs/v1/docs_text_document"
+    built = build_or_load(
+        prefix, root / "nanoset", split="train", sequence_length=S, num_samples=300_000
     )
+    nano = open_nanoset(prefix, built)
     assert nano.version and len(pickle.dumps(nano)) < 10_000
     assert np.array_equal(pickle.loads(pickle.dumps(nano)).get_batch(picks), nano.get_batch(picks))
 
@@ -354,17 +358,20 @@ def test_blend_version_is_known_before_building(root: Path) -> None:
     build_blend then writes: a caller can stage ``versions/<v16>/`` first."""
     datasets = mix_datasets(root)
     out, cache = root / "blends/mix", root / "nanoset"
-    version = blend_manifest.blend_version("mix", datasets, out, cache, **SETTINGS)
+    version = blend_version("mix", datasets, out, cache, **SETTINGS)
     assert not out.exists() and not cache.exists()
     assert build(root)["version"] == version
-    assert blend_manifest.blend_version("mix", datasets, out, cache, **SETTINGS) == version
+    assert blend_version("mix", datasets, out, cache, **SETTINGS) == version
 
 
 def test_open_nanoset_fast_hashes_no_array_full_does(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     prefix = root / "merged/docs/v1/docs_text_document"
-    nano = open_nanoset(prefix, root / "nanoset", sequence_length=S, num_samples=500)
+    built = build_or_load(
+        prefix, root / "nanoset", split="train", sequence_length=S, num_samples=500
+    )
+    nano = open_nanoset(prefix, built)
     shuffle = Path(nano.index_paths[2])  # type: ignore[index]
     assert nano.version == shuffle.name.split("-", 1)[0]
     before = nano.get_batch([0, 1])

@@ -13,16 +13,16 @@ from tiny_pairs import random_dataset
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError
 from tokenmill.formats.dataset_manifest import (
+    dataset_manifest_path,
     open_dataset,
     read_dataset_manifest,
-    sidecar_manifest_path,
 )
+from tokenmill.formats.merge import merge_datasets, virtual_merge
 from tokenmill.formats.virtual_merge import VirtualDataset
-from tokenmill.indices.blend_build import build_blend, verify_blend
+from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import build_or_load
 from tokenmill.loader import open_blend, open_nanoset
-from tokenmill.tokenize.merge import merge_datasets, virtual_merge
-from tokenmill.verify import verify_dataset
+from tokenmill.verify import verify_blend, verify_dataset
 
 FLAGS = (
     {},
@@ -84,7 +84,7 @@ def test_every_sample_over_a_virtual_merge_equals_the_physical_one(
             "num_samples": 40 if split == "train" else None,
         }
         opened = [
-            open_nanoset(prefix, tmp_path / f"cache-{n}", **settings)
+            open_nanoset(prefix, build_or_load(prefix, tmp_path / f"cache-{n}", **settings))
             for n, prefix in enumerate((physical, virtual))
         ]
         a, b = opened
@@ -171,7 +171,7 @@ def test_a_virtual_merge_opens_after_its_tree_is_moved(tmp_path: Path) -> None:
 )
 def test_a_tampered_shard_path_is_a_format_error(tmp_path: Path, prefix: str) -> None:
     _, virtual = _merges(tmp_path, "docs", [3], seed=1)
-    path = sidecar_manifest_path(virtual)
+    path = dataset_manifest_path(virtual)
     manifest = json.loads(path.read_text())
     manifest["shards"][0]["prefix"] = prefix
     path.write_text(json.dumps(manifest))

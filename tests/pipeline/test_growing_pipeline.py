@@ -12,8 +12,8 @@ from dagster import DagsterInstance
 from pipeline_project import write_shard
 
 from pipelines.materialize import materialize_recipe
+from tokenmill.formats.blend_manifest import read_blend_manifest
 from tokenmill.formats.dataset_manifest import read_dataset_manifest
-from tokenmill.indices.blend_build import read_blend_manifest
 from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe
 

@@ -31,8 +31,8 @@ from assets.support.sources import list_shards
 from assets.support.staleness import FAILED
 from pipelines.build import build_definitions, resources_for
 from pipelines.jobs import SHARD_STAGES
+from tokenmill.formats.merge import natural_key
 from tokenmill.recipe import Recipe
-from tokenmill.tokenize.merge import natural_key
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"

@@ -192,7 +192,7 @@ def test_a_workspace_stages_exact_files(s3: S3, requests: Requests, tmp_path: Pa
     storage = StorageResource(root=f"s3://{s3.bucket}/root", work_dir=str(tmp_path / "work"))
     rel = "merged/d_text_document"
     manifest = layout.dataset_manifest(rel)  # merged/manifests/d_text_document.manifest.json
-    with storage.workspace([f"{rel}.idx", *layout.dataset_manifests(rel)], upload=False) as ws:
+    with storage.workspace([f"{rel}.idx", layout.dataset_manifest(rel)], upload=False) as ws:
         assert ws.stage is not None
         assert sorted(ws.stage.fetched) == sorted([f"{rel}.idx", manifest])
         assert not (ws.storage.local_root() / f"{rel}.bin").exists()

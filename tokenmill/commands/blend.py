@@ -6,9 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from tokenmill.commands.blend_report import describe_blend
 from tokenmill.errors import ConfigError
-from tokenmill.indices.blend_build import SEMANTICS, build_blend, describe_blend, skipped_warnings
+from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.blend_plan import skipped_warnings
 from tokenmill.indices.growing import ERA_SAMPLES
+from tokenmill.indices.nanoset import SEMANTICS
 from tokenmill.storage.layout import POINTER_NAME
 from tokenmill.storage.versions import pointer_target
 

@@ -7,6 +7,7 @@ import argparse
 from tokenmill.errors import ConfigError
 from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.indices.nanoset import SEMANTICS, SPLITS, build_or_load
+from tokenmill.indices.settings import NanosetSettings
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -52,19 +53,22 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--train-samples must be >= 1 (omit it for one epoch), got {args.train_samples}"
         )
+    settings = NanosetSettings(
+        sequence_length=args.sequence_length,
+        split_spec=args.split,
+        seed=args.seed,
+        semantics=args.semantics,
+        add_extra_token=not args.no_extra_token,
+        drop_last_partial_validation=not args.keep_last_partial_valid,
+        era_samples=args.era_samples,
+        train_samples=args.train_samples,
+    )
     for split in SPLITS:
         index = build_or_load(
             args.dataset,
             args.cache_dir,
-            split=split,
-            split_spec=args.split,
-            sequence_length=args.sequence_length,
-            seed=args.seed,
-            num_samples=args.train_samples if split == "train" else None,
-            semantics=args.semantics,
-            add_extra_token=not args.no_extra_token,
-            drop_last_partial=False if args.keep_last_partial_valid and split == "valid" else None,
-            era_samples=args.era_samples,
+            num_samples=settings.sizes()[split],
+            **settings.index_keywords(split),
         )
         if index is None:
             print(f"{split}: empty split, no index")

@@ -76,7 +76,7 @@ def _print_decoded(tok: Any, title: str, ids: list[int], max_tokens: int) -> Non
 
 def _blend(mpath: Path, args: argparse.Namespace) -> None:
     """Print the proportions table, then the decoded samples of ``--split``."""
-    from tokenmill.indices.blend_build import describe_blend
+    from tokenmill.commands.blend_report import describe_blend
 
     print(describe_blend(mpath))
     if not args.decode:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from tokenmill.commands import throughput
-from tokenmill.tokenize.merge import ORDERS, merge_datasets
+from tokenmill.formats.merge import ORDERS, merge_datasets
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

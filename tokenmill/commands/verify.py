@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     """Print each problem; exit 1 if there is any."""
     kind, path = classify(args.target)
     if kind == "blend":
-        from tokenmill.indices.blend_build import verify_blend
+        from tokenmill.verify import verify_blend
 
         problems = verify_blend(path, full=not args.fast)
     elif kind == "hf":

@@ -34,7 +34,7 @@ import numpy as np
 
 from tokenmill.atomic import file_sha256, load_json
 from tokenmill.errors import CacheError, ConfigError, FormatError
-from tokenmill.formats.dataset_manifest import read_dataset_manifest, sidecar_manifest_path
+from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
 from tokenmill.formats.nanoset_cache import SegmentedArray, segment_keys
 from tokenmill.formats.virtual_merge import shard_problems
 from tokenmill.paths import VERSION_CHARS, has_control_character, is_lower_hex, leading_parents
@@ -399,7 +399,7 @@ def _virtual_problems(mpath: Path, ds: dict[str, Any], prefix: Path, *, full: bo
     records, of every shard pair it names (sizes; ``full``: sha256)."""
     entry = ds["files"]["manifest"]
     path = resolve(mpath, entry["path"])
-    if path != sidecar_manifest_path(prefix):
+    if path != dataset_manifest_path(prefix):
         raise FormatError(
             mpath,
             f"datasets.{ds['name']}.files.manifest",

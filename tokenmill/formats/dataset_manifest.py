@@ -4,8 +4,7 @@ written last, the only thing that says "done".
 A manifest records the format version, the kind of artifact, its inputs (with content hashes),
 the config that produced it, counts, and the sizes and sha256 of its own files. It lives in a
 sidecar folder so that Megatron's and nanotron's folder scans (``tools/merge_datasets.py``) see
-only pairs. A pair whose manifest is still at the 0.1.0 place (``P.manifest.json``) is read as
-it is; readers never move it, the next write of the pair does (:func:`write_dataset_manifest`).
+only pairs (``tokenmill migrate`` moves manifests written beside the pair).
 """
 
 from __future__ import annotations
@@ -33,40 +32,25 @@ DATASET_MANIFESTS = (
 DATASET_MANIFEST_SUFFIX = ".manifest.json"
 
 
-def sidecar_manifest_path(prefix: str | os.PathLike[str]) -> Path:
-    """``<dir>/manifests/<name>.manifest.json`` for the pair prefix ``<dir>/<name>``: where a
-    manifest is written."""
+def dataset_manifest_path(prefix: str | os.PathLike[str]) -> Path:
+    """``<dir>/manifests/<name>.manifest.json``, the manifest of the pair ``<dir>/<name>``
+    (``.is_file()`` answers "is the pair done?")."""
     prefix = Path(prefix)
     return prefix.parent / DATASET_MANIFESTS / f"{prefix.name}{DATASET_MANIFEST_SUFFIX}"
 
 
-def legacy_manifest_path(prefix: str | os.PathLike[str]) -> Path:
-    """``P.manifest.json``: where tokenmill 0.1.0 wrote the manifest of the pair ``P``."""
-    return Path(f"{os.fspath(prefix)}{DATASET_MANIFEST_SUFFIX}")
-
-
-def dataset_manifest_path(prefix: str | os.PathLike[str]) -> Path:
-    """The manifest of the pair ``P``: the sidecar one, or the 0.1.0 one beside the pair when
-    only that exists (so ``.is_file()`` answers "is the pair done?" for both layouts)."""
-    sidecar = sidecar_manifest_path(prefix)
-    if not sidecar.is_file():
-        legacy = legacy_manifest_path(prefix)
-        if legacy.is_file():
-            return legacy
-    return sidecar
-
-
 def prefix_of_manifest(path: str | os.PathLike[str]) -> Path:
-    """The pair prefix a dataset manifest path belongs to (either layout); ValueError for a
-    path that is not named ``*.manifest.json``."""
+    """The pair prefix a dataset manifest path belongs to; ValueError for a path that is not a
+    ``manifests/*.manifest.json`` (a 0.1.0 manifest beside its pair: run ``tokenmill migrate``)."""
     path = Path(path)
     if not path.name.endswith(DATASET_MANIFEST_SUFFIX):
         raise ValueError(f"{path}: not a dataset manifest (*{DATASET_MANIFEST_SUFFIX})")
-    name = path.name[: -len(DATASET_MANIFEST_SUFFIX)]
-    folder = path.parent
-    if folder.name == DATASET_MANIFESTS and not Path(f"{folder / name}.idx").exists():
-        folder = folder.parent
-    return folder / name
+    if path.parent.name != DATASET_MANIFESTS:
+        raise ValueError(
+            f"{path}: a dataset manifest lives in a {DATASET_MANIFESTS}/ folder beside its pair "
+            "(one beside the pair is tokenmill 0.1.0's layout: run tokenmill migrate ROOT)"
+        )
+    return path.parent.parent / path.name[: -len(DATASET_MANIFEST_SUFFIX)]
 
 
 def describe_files(paths: list[Path], *, root: Path) -> dict[str, dict[str, Any]]:
@@ -150,9 +134,7 @@ def write_dataset_manifest(
         "content_hash": _content_hash(files),
         **(extra or {}),
     }
-    # A 0.1.0 manifest beside the pair goes first (the pair is never vouched for by both).
-    legacy_manifest_path(prefix).unlink(missing_ok=True)
-    sidecar = sidecar_manifest_path(prefix)
+    sidecar = dataset_manifest_path(prefix)
     sidecar.parent.mkdir(parents=True, exist_ok=True)
     write_json(sidecar, manifest)
     return manifest

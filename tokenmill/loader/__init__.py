@@ -316,44 +316,29 @@ def _open_data(prefix: str | os.PathLike[str], *, full: bool) -> IndexedDataset 
 
 def open_nanoset(
     dataset_prefix: str | os.PathLike[str],
-    cache_dir: str | os.PathLike[str] | None = None,
+    index: Any,
     *,
-    split: str = "train",
-    index: Any = None,
     verify: str = "fast",
-    sequence_length: int | None = None,
-    split_spec: str = "949,50,1",
-    seed: int = 1234,
-    num_samples: int | None = None,
-    semantics: str = "megatron",
-    add_extra_token: bool = True,
     pad_id: int = PAD_ID,
 ) -> NanosetDataset:
     """One dataset's split as a NanosetDataset.
 
-    ``index`` is a ``tokenmill.indices.nanoset.NanosetIndex`` or the path of a cache entry's
-    ``<hash>-Nanoset-<split>-description.json``; the sequence length and flags come from its
-    description. Without ``index``, the entry in ``cache_dir`` is built or reused with
-    ``tokenmill.indices.nanoset.build_or_load`` and the remaining arguments. The entry is checked
-    against its description (``verify="fast"``: sizes, dtypes and shapes of the arrays, and the
-    dataset's content hash when its manifest makes that cheap; ``"full"``: also the sha256 of
-    the arrays, every index value in bounds, and the dataset's content hash always); a stale or
-    damaged entry raises CacheError. The dataset's ``.version`` is the cache entry's hash.
-    ``pad_id`` fills short samples (default -1, Megatron's when the tokenizer has no pad id).
+    ``index`` is a ``tokenmill.indices.nanoset.NanosetIndex`` (what ``build_or_load`` returns:
+    the loader builds nothing) or the path of a cache entry's
+    ``<hash>-Nanoset-<split>-description.json``; the split, sequence length and flags come from
+    its description. The entry is checked against its description (``verify="fast"``: sizes,
+    dtypes and shapes of the arrays, and the dataset's content hash when its manifest makes that
+    cheap; ``"full"``: also the sha256 of the arrays, every index value in bounds, and the
+    dataset's content hash always); a stale or damaged entry raises CacheError. The dataset's
+    ``.version`` is the cache entry's hash. ``pad_id`` fills short samples (default -1,
+    Megatron's when the tokenizer has no pad id).
     """
     if verify not in VERIFY_MODES:
         raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
     if index is None:
-        index = _build_index(
-            dataset_prefix,
-            cache_dir,
-            split=split,
-            sequence_length=sequence_length,
-            split_spec=split_spec,
-            seed=seed,
-            num_samples=num_samples,
-            semantics=semantics,
-            add_extra_token=add_extra_token,
+        raise ConfigError(
+            f"{dataset_prefix}: no index to open (build_or_load returns None for a split with "
+            "no sequences): change the split or the dataset"
         )
     path = Path(index) if isinstance(index, str | os.PathLike) else index.paths["description"]
     full = verify == "full"
@@ -371,37 +356,6 @@ def open_nanoset(
         index_paths=paths,
         version=path.name[: -len(DESCRIPTION_SUFFIX)].split("-", 1)[0],
     )
-
-
-def _build_index(
-    dataset_prefix: str | os.PathLike[str],
-    cache_dir: str | os.PathLike[str] | None,
-    *,
-    split: str,
-    sequence_length: int | None,
-    **settings: Any,
-) -> Any:
-    """Build or reuse the cache entry (imports the index builder only on this path)."""
-    if cache_dir is None or sequence_length is None:
-        raise ConfigError(
-            "open_nanoset needs either index=... or both cache_dir and "
-            "sequence_length to build the index"
-        )
-    from tokenmill.indices.nanoset import build_or_load
-
-    built = build_or_load(
-        Path(dataset_prefix),
-        Path(cache_dir),
-        split=split,
-        sequence_length=sequence_length,
-        **settings,
-    )
-    if built is None:
-        raise ConfigError(
-            f"{dataset_prefix}: split {split!r} has no sequences with split "
-            f"{settings['split_spec']!r}"
-        )
-    return built
 
 
 def _load_cache(

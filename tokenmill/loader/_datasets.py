@@ -34,7 +34,7 @@ from tokenmill.formats.dataset_manifest import (
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.formats.nanoset_cache import SegmentedArray
 from tokenmill.formats.virtual_merge import VirtualDataset
-from tokenmill.loader._training import resolve_eod, training_inputs
+from tokenmill.loader._training import TrainingFlags, resolve_eod, training_inputs
 
 # Each array's ``.npy`` file, or its parts' files (a segmented growing entry), in order.
 IndexPaths = tuple[str | tuple[str, ...], ...]
@@ -55,7 +55,42 @@ def _sample_ids(indices: npt.ArrayLike, size: int, what: str) -> np.ndarray:
     return ks
 
 
-class NanosetDataset:
+class _TrainingBatches:
+    """``get_training_batch``, the same for a Nanoset and a blend (DESIGN §3's signature)."""
+
+    def _training_requests(
+        self, indices: npt.ArrayLike
+    ) -> tuple[dict[str, NanosetDataset], list[tuple[NanosetDataset, np.ndarray, np.ndarray]], int]:
+        """The datasets a batch may read, the requests per dataset and the batch size (each
+        dataset class says how)."""
+        raise NotImplementedError
+
+    def get_training_batch(
+        self,
+        indices: npt.ArrayLike,
+        *,
+        eod_id: int | None = None,
+        reset_position_ids: bool = False,
+        reset_attention_mask: bool = False,
+        eod_mask_loss: bool = False,
+        create_attention_mask: bool = False,
+        inter_document_masking: bool = False,
+    ) -> dict[str, np.ndarray]:
+        """Samples ``indices`` as megatron-core ``GPTDataset.__getitem__`` training dicts with
+        these flags, stacked (FORMATS §11); ``eod_id=None`` takes the EOD id every dataset's
+        manifest records (they must agree)."""
+        flags = TrainingFlags(
+            reset_position_ids=reset_position_ids,
+            reset_attention_mask=reset_attention_mask,
+            eod_mask_loss=eod_mask_loss,
+            create_attention_mask=create_attention_mask,
+            inter_document_masking=inter_document_masking,
+        )
+        parts, requests, size = self._training_requests(indices)
+        return training_batch(parts, requests, size, eod_id=eod_id, flags=flags)
+
+
+class NanosetDataset(_TrainingBatches):
     """One (dataset, split) Nanoset: ``ds[k]`` -> int64 tokens, ``get_batch`` -> ``[B, width]``."""
 
     def __init__(
@@ -313,31 +348,12 @@ class NanosetDataset:
             self._eod_id = value
         return self._eod_id  # type: ignore[return-value]
 
-    def get_training_batch(
-        self,
-        indices: npt.ArrayLike,
-        *,
-        eod_id: int | None = None,
-        reset_position_ids: bool = False,
-        reset_attention_mask: bool = False,
-        eod_mask_loss: bool = False,
-        create_attention_mask: bool = False,
-        inter_document_masking: bool = False,
-    ) -> dict[str, np.ndarray]:
-        """Samples ``indices`` as megatron-core ``GPTDataset.__getitem__`` training dicts with
-        these flags, stacked (FORMATS §11); ``eod_id=None`` takes the manifest's EOD id."""
+    def _training_requests(
+        self, indices: npt.ArrayLike
+    ) -> tuple[dict[str, NanosetDataset], list[tuple[NanosetDataset, np.ndarray, np.ndarray]], int]:
+        """What ``get_training_batch`` reads: this dataset, its one request and the batch size."""
         ks = _sample_ids(indices, len(self), self.name)
-        return training_batch(
-            {self.name: self},
-            [(self, np.arange(len(ks)), ks)],
-            len(ks),
-            eod_id=eod_id,
-            reset_position_ids=reset_position_ids,
-            reset_attention_mask=reset_attention_mask,
-            eod_mask_loss=eod_mask_loss,
-            create_attention_mask=create_attention_mask,
-            inter_document_masking=inter_document_masking,
-        )
+        return {self.name: self}, [(self, np.arange(len(ks)), ks)], len(ks)
 
 
 def _as_index(values: Any) -> Any:
@@ -475,7 +491,7 @@ def training_batch(
     size: int,
     *,
     eod_id: int | None,
-    **flags: bool,
+    flags: TrainingFlags,
 ) -> dict[str, np.ndarray]:
     """``gather_batch`` as §11 training inputs. ``parts`` (the datasets requests may come from)
     must share ``extra`` and the pad id; ``eod_id=None`` takes the EOD id they all record. The
@@ -497,12 +513,12 @@ def training_batch(
         extra=bool(first.extra),
         eod_id=eod,
         pad_id=first.pad_id,
+        flags=flags,
         may_hold_pad=representable or bool(np.any(lengths < first.width)),
-        **flags,
     )
 
 
-class BlendedDataset:
+class BlendedDataset(_TrainingBatches):
     """A blend: sample ``i`` is ``datasets[dataset_index[i]][dataset_sample_index[i]]``."""
 
     def __init__(
@@ -652,29 +668,9 @@ class BlendedDataset:
         for part, _, ks in self._requests(indices)[1]:
             part.prefetch(ks)
 
-    def get_training_batch(
-        self,
-        indices: npt.ArrayLike,
-        *,
-        eod_id: int | None = None,
-        reset_position_ids: bool = False,
-        reset_attention_mask: bool = False,
-        eod_mask_loss: bool = False,
-        create_attention_mask: bool = False,
-        inter_document_masking: bool = False,
-    ) -> dict[str, np.ndarray]:
-        """Samples ``indices`` as megatron-core ``GPTDataset.__getitem__`` training dicts with
-        these flags, stacked (FORMATS §11); ``eod_id=None`` takes the EOD id every dataset's
-        manifest records (they must agree)."""
+    def _training_requests(
+        self, indices: npt.ArrayLike
+    ) -> tuple[dict[str, NanosetDataset], list[tuple[NanosetDataset, np.ndarray, np.ndarray]], int]:
+        """What ``get_training_batch`` reads: every dataset, the requests and the batch size."""
         size, requests = self._requests(indices)
-        return training_batch(
-            self.datasets,
-            requests,
-            size,
-            eod_id=eod_id,
-            reset_position_ids=reset_position_ids,
-            reset_attention_mask=reset_attention_mask,
-            eod_mask_loss=eod_mask_loss,
-            create_attention_mask=create_attention_mask,
-            inter_document_masking=inter_document_masking,
-        )
+        return self.datasets, requests, size

@@ -16,6 +16,7 @@ its own, as §11 specifies.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -27,6 +28,18 @@ class _RecordsEod(Protocol):
     def recorded_eod_id(self) -> int | None: ...
 
 
+@dataclass(frozen=True)
+class TrainingFlags:
+    """megatron-core's five training-input flags (``GPTDatasetConfig``; FORMATS §11), made once
+    by ``get_training_batch`` from its keywords and passed whole."""
+
+    reset_position_ids: bool = False
+    reset_attention_mask: bool = False
+    eod_mask_loss: bool = False
+    create_attention_mask: bool = False
+    inter_document_masking: bool = False
+
+
 def training_inputs(
     text: np.ndarray,
     piece_rows: np.ndarray,
@@ -35,18 +48,17 @@ def training_inputs(
     extra: bool,
     eod_id: int,
     pad_id: int,
+    flags: TrainingFlags,
     may_hold_pad: bool = True,
-    reset_position_ids: bool = False,
-    reset_attention_mask: bool = False,
-    eod_mask_loss: bool = False,
-    create_attention_mask: bool = False,
-    inter_document_masking: bool = False,
 ) -> dict[str, np.ndarray]:
     """The §11 training dict of every row of ``text`` (see the module docstring).
 
     ``may_hold_pad=False`` (no sample was padded and no token can equal ``pad_id``) skips the
     three full passes that map padding; the last label without the extra token is still pad.
     """
+    reset_position_ids, reset_attention_mask = flags.reset_position_ids, flags.reset_attention_mask
+    eod_mask_loss, create_attention_mask = flags.eod_mask_loss, flags.create_attention_mask
+    inter_document_masking = flags.inter_document_masking
     tokens, labels = _shift(text, extra, pad_id)
     batch, seq = tokens.shape
     need_eods = eod_mask_loss or (

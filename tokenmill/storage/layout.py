@@ -18,8 +18,8 @@ version; a small pointer names the current version and is the only thing a refre
 
 A pair's manifest lives in a ``manifests/`` folder beside the pair, never beside the pair itself:
 Megatron's and nanotron's ``tools/merge_datasets.py`` take every regular file of a folder as half
-of a ``.bin``/``.idx`` pair and skip folders. A manifest written by tokenmill 0.1.0 sits at
-``<prefix>.manifest.json`` (:func:`legacy_dataset_manifest`); readers still accept it.
+of a ``.bin``/``.idx`` pair and skip folders. ``tokenmill migrate`` moves the manifests tokenmill
+0.1.0 wrote beside the pair.
 """
 
 from __future__ import annotations
@@ -83,20 +83,8 @@ def dataset_manifest(prefix: str) -> str:
     return posixpath.join(head, DATASET_MANIFESTS, name + DATASET_MANIFEST_SUFFIX)
 
 
-def legacy_dataset_manifest(prefix: str) -> str:
-    """``<prefix>.manifest.json``: where tokenmill 0.1.0 wrote a pair's manifest (read only)."""
-    return prefix + DATASET_MANIFEST_SUFFIX
-
-
-def dataset_manifests(prefix: str) -> list[str]:
-    """Both places a pair's manifest may be, current first: what a step stages to read it (a
-    missing key stages nothing)."""
-    return [dataset_manifest(prefix), legacy_dataset_manifest(prefix)]
-
-
 def dataset_files(prefix: str) -> list[str]:
-    """Staging inputs for a whole pair: the prefix (``.bin``, ``.idx`` and a legacy manifest
-    beside them) and its sidecar manifest."""
+    """Staging inputs for a whole pair: the prefix (``.bin`` and ``.idx``) and its manifest."""
     return [prefix, dataset_manifest(prefix)]
 
 

@@ -1,7 +1,7 @@
 """The commit order of a storage tree: data first, commit markers after, pointers last.
 
 Every artifact has a small file whose presence says "the files I name are complete": a dataset's
-``manifests/<name>.manifest.json`` (0.1.0: ``P.manifest.json``), a shard's ``.stats.json``, a
+``manifests/<name>.manifest.json``, a shard's ``.stats.json``, a
 Nanoset cache entry's ``-description.json``, an HF dataset's ``dataset_info.json``, a blend
 version's ``manifest.json``; and the pointers that name the current version (``current.json``, a
 blend's ``blends/<name>/manifest.json``). A copy that is cut short at any file must never leave

@@ -2,10 +2,9 @@
 
 The blend manifest lists every file a blend reads (blend arrays, Nanoset index caches with their
 descriptions, each dataset's ``.bin``/``.idx``), each as ``{path relative to the manifest's
-directory, bytes, sha256}``; the datasets' own manifests are copied too (to the sidecar
-``manifests/<name>.manifest.json`` beside each pair, also from a 0.1.0 source that has them at
-``P.manifest.json``), and a
-``.bin`` they record by parts (a merge) is also verified part by part. The relative layout is
+directory, bytes, sha256}``; the datasets' own manifests are copied too (the sidecar
+``manifests/<name>.manifest.json`` beside each pair), and a ``.bin`` they record by parts (a
+merge) is also verified part by part. The relative layout is
 kept under the destination, rooted at the deepest folder holding all of them (the storage root
 for a pipeline blend), so ``open_blend(<dest>/blends/<name>/manifest.json)`` works. A pointer's
 version manifest (``versions/<v16>/manifest.json``) comes along, so ``open_blend(...,
@@ -49,10 +48,9 @@ from tokenmill.formats.blend_manifest import (
     read_blend_manifest,
     verify_manifest,
 )
-from tokenmill.formats.dataset_manifest import legacy_manifest_path, prefix_of_manifest
 from tokenmill.formats.virtual_merge import check_manifest, is_virtual
 from tokenmill.paths import has_control_character, leading_parents
-from tokenmill.storage.layout import dataset_manifest, legacy_dataset_manifest, version_dir_name
+from tokenmill.storage.layout import dataset_manifest, version_dir_name
 from tokenmill.storage.publish import publish
 from tokenmill.storage.s3 import (
     BODY_ATTEMPTS,
@@ -221,13 +219,12 @@ def _plan(manifest: dict[str, Any], manifest_key: str, source: _Source, uri: str
         raise FormatError(uri, "manifest", f"malformed ({exc!r})") from exc
     dataset_manifests = {}
     for prefix in prefixes:
-        for key in (dataset_manifest(prefix), legacy_dataset_manifest(prefix)):
-            raw = source.read(key)
-            if raw is not None:  # the copy gets it at the sidecar place whatever the source's
-                dataset_manifests[dataset_manifest(prefix)] = raw
-                _attach_parts(files, posixpath.dirname(prefix), raw, source.uri(key))
-                _attach_shards(files, prefix, raw, source.uri(key))
-                break
+        key = dataset_manifest(prefix)
+        raw = source.read(key)
+        if raw is not None:
+            dataset_manifests[key] = raw
+            _attach_parts(files, posixpath.dirname(prefix), raw, source.uri(key))
+            _attach_shards(files, prefix, raw, source.uri(key))
     version = _version_manifest(manifest, manifest_key, source)
     base = _common_dir([mdir, *(posixpath.dirname(k) for k in (*files, *dataset_manifests))])
     cut = len(base) + 1 if base else 0
@@ -494,8 +491,6 @@ def pull(
         path, data = root / rel, plan.dataset_manifests[rel]
         if not (path.is_file() and path.read_bytes() == data):
             write_bytes(path, data)
-        # A 0.1.0 copy's manifest beside the pair would trip Megatron's folder scan.
-        legacy_manifest_path(prefix_of_manifest(path)).unlink(missing_ok=True)
         return None
 
     try:

@@ -88,8 +88,9 @@ class S3Store:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def files(self, top: str) -> Iterator[StoredFile]:
-        """Every object under ``top/`` (one paginated listing; nothing is downloaded)."""
-        start = self._key(top) + "/"
+        """Every object under ``top/`` (``""``: the whole root; one paginated listing, nothing is
+        downloaded)."""
+        start = self._key(top) + "/" if top else (f"{self.prefix}/" if self.prefix else "")
         cut = len(self.prefix) + 1 if self.prefix else 0
 
         def pages() -> list[dict[str, Any]]:

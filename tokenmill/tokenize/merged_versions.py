@@ -22,8 +22,8 @@ from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     read_dataset_manifest,
 )
+from tokenmill.formats.merge import MergeResult, merge_datasets, virtual_merge
 from tokenmill.storage.versions import version_hash
-from tokenmill.tokenize.merge import MergeResult, merge_datasets, virtual_merge
 
 MERGE_MODES = ("virtual", "physical")
 

@@ -1,4 +1,4 @@
-"""Merge ``.bin``/``.idx`` datasets into one (Megatron ``merge_datasets.py`` / ``add_index``).
+"""Owns merging ``.bin``/``.idx`` datasets into one (Megatron ``merge_datasets.py``, ``add_index``).
 
 Inputs are concatenated in the order given by default; ``order="lexicographic"`` reproduces
 Megatron's ``sorted()`` order of prefixes and ``order="natural"`` sorts numeric runs by value

@@ -1,0 +1,276 @@
+"""Owns a blend's version: the hash of everything its samples depend on, computed from the plan
+without building anything (``blend_version``, ``blend_skips``), the reuse check of a complete
+version folder, and whether a growing blend extends the current version."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenmill.errors import FormatError
+from tokenmill.formats.blend_manifest import (
+    FORMAT_VERSION,
+    KIND,
+    MANIFEST_NAME,
+    SPLITS,
+    VERSIONS_DIR,
+    check_file,
+    read_blend_manifest,
+    resolve,
+)
+from tokenmill.formats.dataset_manifest import (
+    dataset_manifest_path,
+    open_dataset,
+)
+from tokenmill.indices import blend as blending
+from tokenmill.indices import growing_blend
+from tokenmill.indices._nanoset_indices import parse_split
+from tokenmill.indices.blend_plan import Plan, check_settings, dataset_entry
+from tokenmill.indices.growing import ERA_SAMPLES
+from tokenmill.indices.settings import NanosetSettings
+from tokenmill.storage.versions import (
+    version_hash,
+)
+
+
+def version_of(
+    entries: list[dict[str, Any]],
+    plan: Plan,
+    weights: Mapping[str, float] | None,
+    temperature: float | None,
+) -> str:
+    """The version of a blend: sha256 (``tokenmill.storage.versions.version_hash``) of everything
+    its samples and manifest depend on: format version, semantics, sequence length, flags, split,
+    seed, configured weighting, requested sizes, each dataset's name, path and content hash, and
+    each Nanoset cache hash with the cache's path; growing blends add the era size, each
+    dataset's shard lineage and the version they extend."""
+    description: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "kind": KIND,
+        "semantics": plan.settings.semantics,
+        "sequence_length": plan.settings.sequence_length,
+        "add_extra_token": bool(plan.settings.add_extra_token),
+        "drop_last_partial": bool(plan.settings.drop_last_partial_validation),
+        "split": plan.settings.split_spec,
+        "seed": plan.settings.seed,
+        "weights": None if weights is None else {n: float(weights[n]) for n in plan.prefixes},
+        "temperature": temperature,
+        "samples": plan.settings.sizes(),
+        "datasets": [[e["name"], e["prefix"], e["content_hash"]] for e in entries],
+        "cache_dir": os.path.relpath(plan.cache_dir, plan.base),
+        "indices": plan.cache_hashes(),
+    }
+    if plan.growing is not None:
+        description["growing"] = {
+            "era_samples": plan.growing.era_samples,
+            "lineage": [e["shards"] for e in entries],
+            "extends": plan.growing.extends,
+        }
+    return version_hash(description)
+
+
+def settings_header(settings: NanosetSettings) -> dict[str, Any]:
+    """The settings as a blend manifest records them."""
+    return {
+        "semantics": settings.semantics,
+        "sequence_length": settings.sequence_length,
+        "add_extra_token": settings.add_extra_token,
+        "drop_last_partial_validation": settings.drop_last_partial_validation,
+        "split": settings.split_spec,
+        "seed": settings.seed,
+    }
+
+
+def weighting(
+    prefixes: Mapping[str, Path], weights: Mapping[str, float] | None, temperature: float | None
+) -> dict[str, Any]:
+    """The configured weighting as a manifest records it (without the normalized weights)."""
+    configured = None if weights is None else {n: float(weights[n]) for n in prefixes}
+    return {"weights": configured, "temperature": temperature}
+
+
+def _current_manifest(root: Path) -> dict[str, Any] | None:
+    """The blend's current pointer manifest, or None when there is none, it is unreadable or
+    its version folder is incomplete (a build then extends nothing, and replaces it)."""
+    mpath = root / MANIFEST_NAME
+    try:
+        current = read_blend_manifest(mpath) if mpath.is_file() else None
+    except FormatError:
+        return None
+    if current is None:
+        return None
+    version = str(current["version"])
+    return current if complete_version(root / VERSIONS_DIR / version[:16], version) else None
+
+
+def _grow(
+    entries: list[dict[str, Any]],
+    plan: Plan,
+    root: Path,
+    weights: Mapping[str, float] | None,
+    temperature: float | None,
+) -> tuple[Plan, str]:
+    """The plan and version of a growing blend: its shard lineages recorded in ``entries``, and
+    whether it extends the current version (``growing_blend``'s docstring)."""
+    lineages = {n: growing_blend.dataset_lineage(p) for n, p in plan.prefixes.items()}
+    for entry in entries:
+        entry["shards"] = growing_blend.lineage_record(lineages[entry["name"]])
+    state = growing_blend.GrowingState(
+        era_samples=plan.settings.era_samples,
+        shards={n: [(k, d) for k, d, _ in rows] for n, rows in lineages.items()},
+    )
+    plan = replace(plan, growing=state)
+    inputs = version_of(entries, plan, weights, temperature)  # the inputs, extending nothing
+    current = _current_manifest(root)
+    if current is not None and current.get("growing", {}).get("inputs") == inputs:
+        state = replace(state, inputs=inputs, extends=current.get("extends"))
+        return replace(plan, growing=state), str(current["version"])  # unchanged: reuse it
+    header = {
+        **settings_header(plan.settings),
+        "weighting": weighting(plan.prefixes, weights, temperature),
+        "growing": {"era_samples": state.era_samples},
+    }
+    state = replace(state, inputs=inputs)
+    if current is not None and growing_blend.extends_previous(
+        current, header, lineages, plan.settings.sizes()
+    ):
+        state = replace(
+            state,
+            extends=str(current["version"]),
+            previous=current,
+            previous_path=root / MANIFEST_NAME,
+        )
+    plan = replace(plan, growing=state)
+    return plan, version_of(entries, plan, weights, temperature)
+
+
+def prepare(
+    name: str,
+    datasets: Mapping[str, str | os.PathLike[str]],
+    root: Path,
+    cache_dir: Path,
+    weights: Mapping[str, float] | None,
+    temperature: float | None,
+    settings: NanosetSettings,
+) -> tuple[list[dict[str, Any]], Plan, str]:
+    """Checked settings, dataset entries (from the datasets' manifests and ``.idx``), the plan
+    and the version, without building anything."""
+    check_settings(datasets, weights, temperature, settings)
+    base = root / VERSIONS_DIR / ("0" * 16)  # any version folder: all sit at the same depth
+    prefixes = {n: Path(p) for n, p in datasets.items()}
+    entries = [dataset_entry(n, p, base) for n, p in prefixes.items()]
+    if temperature is not None:
+        tokens = [e["num_tokens"] for e in entries]
+        configured = [float(w) for w in blending.temperature_weights(tokens, temperature)]
+    else:
+        configured = [float(weights[n]) for n in prefixes]  # type: ignore[index]
+    plan = Plan(
+        name=name,
+        base=base,
+        cache_dir=cache_dir,
+        prefixes=prefixes,
+        lengths={
+            n: np.asarray(
+                open_dataset(p, index_only=dataset_manifest_path(p).is_file()).sequence_lengths
+            )
+            for n, p in prefixes.items()
+        },
+        weights=configured,
+        settings=settings,
+        content_hashes={e["name"]: e["content_hash"] for e in entries},
+    )
+    if settings.semantics == "growing":
+        plan, version = _grow(entries, plan, root, weights, temperature)
+        return entries, plan, version
+    return entries, plan, version_of(entries, plan, weights, temperature)
+
+
+def prepared(
+    name: str,
+    datasets: Mapping[str, str | os.PathLike[str]],
+    output_dir: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str],
+    *,
+    weights: Mapping[str, float] | None = None,
+    temperature: float | None = None,
+    sequence_length: int,
+    split_spec: str = "949,50,1",
+    seed: int = 1234,
+    train_samples: int | None,
+    valid_samples: int | None = None,
+    test_samples: int | None = None,
+    semantics: str = "megatron",
+    add_extra_token: bool = True,
+    drop_last_partial_validation: bool = True,
+    era_samples: int = ERA_SAMPLES,
+) -> tuple[list[dict[str, Any]], Plan, str]:
+    """:func:`prepare` from :func:`build_blend`'s arguments (less ``fetch`` and ``expected``)."""
+    settings = NanosetSettings(
+        sequence_length=sequence_length,
+        split_spec=split_spec,
+        seed=seed,
+        semantics=semantics,
+        add_extra_token=add_extra_token,
+        drop_last_partial_validation=drop_last_partial_validation,
+        era_samples=era_samples,
+        train_samples=train_samples,
+        valid_samples=valid_samples,
+        test_samples=test_samples,
+    )
+    root, cache = Path(output_dir), Path(cache_dir)
+    return prepare(name, datasets, root, cache, weights, temperature, settings)
+
+
+def blend_version(
+    name: str,
+    datasets: Mapping[str, str | os.PathLike[str]],
+    output_dir: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str],
+    **arguments: Any,
+) -> str:
+    """The version :func:`build_blend` with the same arguments builds or reuses, computed
+    without building anything (reads the datasets' manifests and ``.idx`` only): e.g. to
+    stage ``versions/<v16>/`` from remote storage before building, or to compare."""
+    return prepared(name, datasets, output_dir, cache_dir, **arguments)[2]
+
+
+def blend_skips(
+    name: str,
+    datasets: Mapping[str, str | os.PathLike[str]],
+    output_dir: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str],
+    **arguments: Any,
+) -> dict[str, dict[str, str]]:
+    """``{split: {dataset: reason}}``: the datasets :func:`build_blend` with the same arguments
+    would leave out of each split the spec gives a share, computed without building anything
+    (so a caller can refuse a blend where a weighted dataset would vanish, before it exists)."""
+    plan = prepared(name, datasets, output_dir, cache_dir, **arguments)[1]
+    shares = parse_split(plan.settings.split_spec)
+    skips = {split: plan.skipped(i) for i, split in enumerate(SPLITS) if shares[i] > 0}
+    return {split: out for split, out in skips.items() if out}
+
+
+def complete_version(vdir: Path, version: str) -> dict[str, Any] | None:
+    """The manifest of an existing, complete version folder (its own hash and version check
+    out, and every file of the folder has its recorded size), or None when there is none to
+    reuse. Only the folder's own files are looked at: the datasets and index caches it reads
+    are fixed by the version hash, and a remote step need not stage a merged ``.bin``."""
+    mpath = vdir / MANIFEST_NAME
+    if not mpath.is_file():
+        return None
+    try:
+        manifest = read_blend_manifest(mpath)
+        if manifest.get("version") != version:
+            return None
+        for info in manifest["splits"].values():
+            for entry in info["files"].values():
+                if check_file(resolve(mpath, entry["path"]), entry, hash_it=False):
+                    return None
+    except (FormatError, KeyError, TypeError, AttributeError):
+        return None
+    return manifest
