@@ -134,7 +134,7 @@ def previous_merged(ws: Workspace, ds: DatasetConfig, rel: str) -> dict[str, Any
     if not extends:
         return None
     before = layout.merged_prefix(ds.name, ds.text_key, str(extends))
-    ws.fetch(layout.dataset_manifests(before))
+    ws.fetch([layout.dataset_manifest(before)])
     path = ws.storage.path(before)
     return read_dataset_manifest(path) if dataset_manifest_path(path).is_file() else None
 

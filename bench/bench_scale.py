@@ -561,6 +561,12 @@ def main() -> None:
         action="store_false",
         help="skip the virtual/physical refresh on an S3 root",
     )
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        default=None,
+        help="part 4 alone, on the shard artifacts of an earlier run's --work folder",
+    )
     args = parser.parse_args()
     if args.work.exists():
         import shutil
@@ -568,6 +574,17 @@ def main() -> None:
         shutil.rmtree(args.work)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.addaudithook(_audit)
+    if args.reuse is not None:
+        costs = refresh_cost(args.reuse / "data", args.shards, args.tokenizer, args.work)
+        remote = None
+        if args.s3_refresh:
+            remote = refresh_cost_s3(
+                args.reuse / "data", args.shards, args.tokenizer, args.work / "s3-refresh"
+            )
+        print("\n" + refresh_report(costs, remote))
+        path = write_results("scale_refresh", {"refresh_cost": costs, "refresh_cost_s3": remote})
+        print(f"\nwrote {path}")
+        return
     local = local_scale(args.shards, args.docs, args.tokenizer, args.work)
     print(report(local))
     source_root = args.work / "data"

@@ -31,10 +31,9 @@ import numpy as np
 
 from tokenmill.errors import ConfigError, FormatError
 from tokenmill.formats.blend_manifest import (
-    BLEND_ARRAYS,
     INDEX_ARRAYS,
     index_part_paths,
-    load_index_array,
+    load_blend_arrays,
     load_index_parts,
     read_blend_manifest,
     resolve,
@@ -483,7 +482,6 @@ def find(
         for ref in refs:
             hit = Hit(ref, str(info["name"]), str(info["version"]))
             for split, part in info["splits"].items():
-                files = part["files"]
                 blend_arrays: list[np.ndarray] = []
                 for d, ds in enumerate(part["datasets"]):
                     merge = merges[ds["name"]]
@@ -495,10 +493,7 @@ def find(
                     if not ks.size:
                         continue
                     if not blend_arrays:
-                        blend_arrays = [
-                            load_index_array(resolve(mfile, files[a]["path"]), ndim=1, what=a)
-                            for a in BLEND_ARRAYS
-                        ]
+                        blend_arrays = load_blend_arrays(part, mfile)
                     di, dsi = blend_arrays
                     ids = np.flatnonzero((di == d) & np.isin(dsi, ks))
                     if ids.size:

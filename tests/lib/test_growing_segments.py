@@ -18,7 +18,7 @@ from test_growing_blend import _shards as _blend_shards
 
 from tokenmill.errors import CacheError
 from tokenmill.formats.nanoset_cache import SegmentedArray, read_description
-from tokenmill.indices import growing_segments
+from tokenmill.indices import growing_blend, growing_segments
 from tokenmill.indices._nanoset_indices import SPLITS
 from tokenmill.indices.growing_segments import NPY_HEADER
 from tokenmill.indices.nanoset import NanosetIndex, build_or_load_lengths, ensure_entry
@@ -159,8 +159,9 @@ def test_blends_over_extended_entries_equal_whole_rebuilds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, weighting: dict[str, float]
 ) -> None:
     """Three refreshes of a three-dataset blend (weighted and temperature): with extended
-    entries every sample of every split equals, token for token, the same builds with whole
-    entries; the manifest names the segments and a full verify and a pickle round trip pass."""
+    entries and blend arrays every sample of every split of every version equals, token for
+    token, the same builds written whole; the manifests name the segments and a full verify and
+    a pickle round trip pass."""
     shards = {
         "docs": _blend_shards(1, 12),
         "code": _blend_shards(2, 12),
@@ -169,7 +170,10 @@ def test_blends_over_extended_entries_equal_whole_rebuilds(
     grown = [_build_blend(tmp_path / "a", shards, n, f"v{n}", **weighting) for n in (8, 10, 12)]
     parts = [ds for m in grown for info in m["splits"].values() for ds in info["datasets"]]
     assert sum("document.0" in ds["index"]["files"] for ds in parts) >= 9
+    splits = [info for m in grown for info in m["splits"].values()]
+    assert sum("dataset_index.0" in info["files"] for info in splits) >= 3  # blend arrays too
     monkeypatch.setattr(growing_segments, "plan_extension", lambda *a, **k: None)
+    monkeypatch.setattr(growing_blend, "blend_segments", lambda *a, **k: ({}, 0))
     whole = [_build_blend(tmp_path / "b", shards, n, f"v{n}", **weighting) for n in (8, 10, 12)]
     for mine, theirs in zip(grown, whole, strict=True):
         for split in theirs["splits"]:
@@ -206,3 +210,28 @@ def test_gc_keeps_the_segments_of_a_kept_entry(tmp_path: Path) -> None:
     assert left == {v3.cache_hash, *chain}
     again = _build(cache, table, lengths, "train")
     _same(again, v3)
+
+
+def test_gc_keeps_the_blend_versions_a_kept_version_reads(tmp_path: Path) -> None:
+    """A kept growing blend version reads older versions' blend arrays as segments: gc keeps
+    those versions (and removes others), and the kept one still opens in full. Before, gc
+    removed every version but the current one and its arrays were gone."""
+    shards = {"docs": _blend_shards(1, 14)}
+    for n in (8, 9, 10, 11, 12, 13, 14):
+        last = _build_blend(tmp_path, shards, n, f"v{n}")
+    read = {
+        Path(info["files"][key]["path"]).parent.name
+        for info in last["splits"].values()
+        for key in info["files"]
+        if "." in key
+    }
+    assert read  # older versions' folders
+    versions = tmp_path / "blends" / "mix" / "versions"
+    for path in versions.rglob("*"):
+        os.utime(path, (1, 1))
+    gc(tmp_path, keep=1)
+    left = {p.name for p in versions.iterdir() if p.name != ".tmp"}
+    # kept: the current version, those it reads and (whole versions stay whole) theirs
+    assert {last["version"][:16], *read} <= left and len(left) < 7
+    for split in last["splits"]:
+        assert len(open_blend(tmp_path / "blends" / "mix", split, verify="full")) > 0

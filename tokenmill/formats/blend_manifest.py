@@ -219,6 +219,24 @@ def index_part_paths(ds: dict[str, Any], mpath: Path) -> list[list[Path]]:
     ]
 
 
+def blend_part_paths(info: dict[str, Any], mpath: Path) -> list[list[Path]]:
+    """The files of a split's two blend arrays, each in part order (a growing version that
+    extends its predecessor records the predecessor's parts as ``<array>.<i>``)."""
+    files = info["files"]
+    return [
+        [resolve(mpath, files[key]["path"]) for key in segment_keys(files, array)]
+        for array in BLEND_ARRAYS
+    ]
+
+
+def load_blend_arrays(info: dict[str, Any], mpath: Path) -> list[np.ndarray]:
+    """A split's two blend arrays as plain arrays (parts concatenated): for whole-array use."""
+    return [
+        np.asarray(load_index_parts(parts, ndim=1, what=array))
+        for array, parts in zip(BLEND_ARRAYS, blend_part_paths(info, mpath), strict=True)
+    ]
+
+
 def load_index_parts(paths: list[Path], *, ndim: int, what: str) -> Any:
     """:func:`load_index_array` of one file, or a SegmentedArray over several parts."""
     parts = [load_index_array(p, ndim=ndim, what=what) for p in paths]

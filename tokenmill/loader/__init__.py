@@ -25,8 +25,8 @@ from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.blend_manifest import (
     BLEND_ARRAYS,
     INDEX_ARRAYS,
+    blend_part_paths,
     index_part_paths,
-    load_index_array,
     load_index_parts,
     manifest_path,
     read_blend_manifest,
@@ -211,10 +211,10 @@ def open_blend_split(
             index_paths=part_names(paths),
             version=ds["index"]["cache_hash"],
         )
-    array_paths = [resolve(mpath, part["files"][a]["path"]) for a in BLEND_ARRAYS]
+    array_paths = blend_part_paths(part, mpath)
     blend_arrays = [
-        load_index_array(path, ndim=1, what=a)
-        for a, path in zip(BLEND_ARRAYS, array_paths, strict=True)
+        load_index_parts(paths, ndim=1, what=a)
+        for a, paths in zip(BLEND_ARRAYS, array_paths, strict=True)
     ]
     return BlendedDataset(
         datasets,
@@ -222,7 +222,7 @@ def open_blend_split(
         manifest=info,
         split=split,
         validate=full,
-        array_paths=(str(array_paths[0]), str(array_paths[1])),
+        array_paths=part_names(array_paths),
         version=str(info["version"]),
     )
 

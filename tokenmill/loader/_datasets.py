@@ -408,20 +408,20 @@ def _reopen(
 
 def _reopen_blend(
     parts: dict[str, tuple[Any, ...]],
-    dataset_index: np.ndarray | str,
-    dataset_sample_index: np.ndarray | str,
+    dataset_index: np.ndarray | str | tuple[str, ...],
+    dataset_sample_index: np.ndarray | str | tuple[str, ...],
     settings: dict[str, Any],
 ) -> BlendedDataset:
     """Inverse of ``BlendedDataset.__reduce__`` (datasets reopened from ``_reopen`` arguments,
     blend arrays memory-mapped from their files); a file gone since the job opened the blend
     (gc removed its version) is a CacheError naming the blend version."""
-    arrays = [dataset_index, dataset_sample_index]
-    paths = None
+    arrays: list[Any] = [dataset_index, dataset_sample_index]
+    paths: IndexPaths | None = None
     try:
         datasets = {name: _reopen(*args) for name, args in parts.items()}
-        if all(isinstance(a, str) for a in arrays):
-            paths = (str(dataset_index), str(dataset_sample_index))
-            arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
+        if all(isinstance(a, str | tuple) for a in arrays):
+            paths = tuple(arrays)
+            arrays = [_load_parts(a) for a in arrays]
     except (FileNotFoundError, CacheError) as exc:
         version = settings.get("version")
         name = settings.get("manifest", {}).get("name", "?")
@@ -530,7 +530,7 @@ class BlendedDataset(_TrainingBatches):
         manifest: dict[str, Any] | None = None,
         split: str = "train",
         validate: bool = True,
-        array_paths: tuple[str, str] | None = None,
+        array_paths: IndexPaths | None = None,
         version: str | None = None,
     ) -> None:
         self.datasets = dict(datasets)
@@ -538,8 +538,8 @@ class BlendedDataset(_TrainingBatches):
         self.version = version
         self.names = list(self.datasets)
         self._parts = list(self.datasets.values())
-        self.dataset_index = np.asarray(dataset_index)
-        self.dataset_sample_index = np.asarray(dataset_sample_index)
+        self.dataset_index: Any = _as_index(dataset_index)
+        self.dataset_sample_index: Any = _as_index(dataset_sample_index)
         self.manifest = manifest or {}
         self.split = split
         widths = {ds.width for ds in self._parts}

@@ -314,8 +314,11 @@ def _plan_blends(
         dated = newest(versions, functools.partial(blend_version_manifest, folder))
         kept, why = rules.choose("blend", name, dated, current)
         lines += why
-        for version, mtime in dated:
+        for version, mtime in dated:  # newest first: a version reads only older ones' arrays
             vdir = f"{folder}/{VERSIONS_DIR}/{version}"
+            if version not in kept and protected & {f.key for f in versions[version]}:
+                kept.add(version)  # a growing version reads its blend arrays as segments
+                lines.append(f"blend {name} {version} (a kept version reads its arrays)")
             if version in kept:
                 kept_manifest = read_json(store, f"{vdir}/{MANIFEST_NAME}") or {}
                 protected |= referenced(kept_manifest, vdir)
