@@ -27,6 +27,7 @@ from assets.support.resources import StorageResource, Workspace
 from assets.support.staleness import blend_data_version, nanoset_data_version
 from tokenmill.errors import ConfigError, FormatError
 from tokenmill.formats.blend_manifest import read_blend_manifest
+from tokenmill.formats.takedown_records import blend_takedowns
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.blend_plan import skipped_warnings
 from tokenmill.indices.blend_versioning import blend_skips, blend_version
@@ -143,6 +144,11 @@ def build_blend_asset(
                 content_hash=hashlib.sha256(mpath.read_bytes()).hexdigest(),
                 path=path_value(mpath),
             )
+            taken = blend_takedowns(manifest)
+            metadata["takedown_removed"] = taken["total"]
+            if taken["records"]:  # the audit records: what was removed, when, why
+                metadata["takedown"] = MetadataValue.json(taken)
+                metadata["takedown_record"] = path_value(ws.storage.path(taken["records"][-1]))
             skipped = skipped_warnings(manifest)
             for warning in skipped:
                 context.log.warning(warning)

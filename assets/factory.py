@@ -33,6 +33,7 @@ from assets.merged import build_merged, build_pruned
 from assets.nanoset import build_nanoset
 from assets.raw import build_raw_jsonl
 from assets.support.staleness import SHARD_STAGES, recipe_code_versions
+from assets.takedowns import build_takedowns
 from assets.tokenized import build_tokens
 from tokenmill.recipe import Recipe
 
@@ -114,12 +115,14 @@ def build_assets(recipe: Recipe) -> tuple[list[AssetsDefinition], list[AssetChec
             build_hf_dataset(ds),
             build_dataset_info(ds, condition),
             build_tokens(ds),
-            build_merged(ds, recipe.merge, condition),
+            build_merged(ds, recipe.merge, condition, recipe.takedown.list is not None),
             build_pruned(ds, condition),
             build_nanoset(ds, recipe.nanoset, condition),
         ]
         checks += export_checks(ds) + token_checks(ds) + merged_checks(ds)
         checks += nanoset_checks(ds, recipe.nanoset)
+    if recipe.takedown.list is not None:
+        assets.append(build_takedowns(recipe.takedown))
     for blend in recipe.blends:
         members = [recipe.dataset(name) for name in blend.datasets]
         assets.append(build_blend_asset(blend, recipe.nanoset, members, condition))

@@ -33,6 +33,7 @@ from assets.support.partitions import shard_keys
 from assets.support.pointers import MERGED_POOL, PRUNED_POOL, rerun_superseded
 from assets.support.resources import StorageResource, display_path
 from assets.support.staleness import merged_data_version
+from assets.support.takedowns import TAKEDOWNS, read_storage_ledger
 from tokenmill.formats.dataset_manifest import (
     DATASET_MANIFEST_SUFFIX,
     check_dataset_files,
@@ -41,6 +42,7 @@ from tokenmill.formats.dataset_manifest import (
     read_dataset_manifest,
 )
 from tokenmill.formats.merge import natural_key
+from tokenmill.formats.takedown_records import merge_masks
 from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.recipe import DatasetConfig
 from tokenmill.storage import layout
@@ -62,9 +64,13 @@ def shard_identities(
 
 
 def build_merged(
-    ds: DatasetConfig, merge: str, automation_condition: AutomationCondition
+    ds: DatasetConfig,
+    merge: str,
+    automation_condition: AutomationCondition,
+    takedown_list: bool = False,
 ) -> AssetsDefinition:
-    """The ``<ds>/merged`` asset of one dataset (``merge``: the recipe's merge mode)."""
+    """The ``<ds>/merged`` asset of one dataset (``merge``: the recipe's merge mode;
+    ``takedown_list``: the recipe names one, so the ``takedowns`` asset is an input)."""
     what = (
         "a manifest of its shard pairs (virtual: nothing is copied)"
         if merge == "virtual"
@@ -73,7 +79,7 @@ def build_merged(
 
     @asset(
         key=AssetKey([ds.name, "merged"]),
-        deps=[AssetKey([ds.name, "tokens"])],
+        deps=[AssetKey([ds.name, "tokens"]), *([TAKEDOWNS] if takedown_list else [])],
         group_name=ds.name,
         kinds={"megatron"},
         automation_condition=automation_condition,
@@ -98,7 +104,10 @@ def build_merged(
             tokens = [layout.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
             prefixes = [ws.storage.path(t) for t in tokens]
             identities = shard_identities(ws.storage, ds, keys)
-            version = merged_data_version(ds, identities, merge)
+            # the takedown ledger: documents every merge masks (ConfigError for a physical one)
+            ledger = read_storage_ledger(storage)
+            masks, taken = merge_masks(ledger, ds.name, identities, merge)
+            version = merged_data_version(ds, identities, merge, masks)
             out_key = layout.merged_prefix(ds.name, ds.text_key, version)
             ws.fetch([layout.dataset_manifest(out_key)])
             out = ws.storage.path(out_key)
@@ -109,12 +118,18 @@ def build_merged(
                 reused = not check_dataset_files(out)
             seconds, base = None, None
             if not reused:
-                base = _extended(ws, ds, previous, identities)
+                base = _extended(ws, ds, previous, identities, masks)
                 if merge == "physical":
                     ws.fetch([f"{t}.bin" for t in tokens] + [f"{t}.idx" for t in tokens])
                 shards = list(zip(keys, prefixes, strict=True))
                 result = write_merged(
-                    shards, out, merge=merge, extends=base, input_uri=display_path
+                    shards,
+                    out,
+                    merge=merge,
+                    extends=base,
+                    input_uri=display_path,
+                    masks=masks,
+                    takedown=taken,
                 )
                 seconds = result.seconds
             target = out_key.removeprefix(layout.merged_dir(ds.name) + "/")
@@ -133,7 +148,10 @@ def build_merged(
                 previous_version=str(before),
                 extends=str(manifest.get("extends")),
                 reused_version=reused,
+                takedown_removed=sum(len(v) for v in masks.values()),
             )
+            if "takedown" in manifest:
+                metadata["takedown"] = MetadataValue.json(manifest["takedown"])
             context.log.info(
                 f"{ds.name}: version {version[:16]} "
                 f"({'unchanged inputs, reused' if reused else merge + ' merge'}); pointer moved "
@@ -145,16 +163,20 @@ def build_merged(
 
 
 def _extended(
-    ws: Any, ds: DatasetConfig, previous: dict[str, Any] | None, shards: list[tuple[str, Any]]
+    ws: Any,
+    ds: DatasetConfig,
+    previous: dict[str, Any] | None,
+    shards: list[tuple[str, Any]],
+    masks: dict[str, list[int]],
 ) -> str | None:
-    """The previous version when the new one only appends shards to it (else None); reads the
-    previous version's manifest (staged from S3 first)."""
+    """The previous version when the new one only appends shards to it, with the same masks
+    (else None); reads the previous version's manifest (staged from S3 first)."""
     if previous is None:
         return None
     prev_key = f"{layout.merged_dir(ds.name)}/{previous['target']}"
     ws.fetch([layout.dataset_manifest(prev_key)])
     old = previous_manifest(ws.storage.path(prev_key))
-    return extends(str(previous["version"]), old, [(k, str(h)) for k, h in shards])
+    return extends(str(previous["version"]), old, [(k, str(h)) for k, h in shards], masks)
 
 
 def shard_files(ds: DatasetConfig) -> dict[str, tuple[str, ...]]:

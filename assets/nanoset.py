@@ -48,6 +48,7 @@ from tokenmill.indices.nanoset import (
     cache_paths,
     ensure_entry,
     entry_key,
+    masked_of,
 )
 from tokenmill.recipe import DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
@@ -103,6 +104,7 @@ def build_nanoset(
             lengths, content = merged_lengths(ws.storage.path(rel))
             growing = cfg.semantics == "growing"
             shards = shard_table(ws.storage.path(rel)) if growing else None
+            masked = masked_of(ws.storage.path(rel))  # taken down: left out of every index
             rows = ["| split | samples | cache hash | entry |", "|---|---:|---|---|"]
             version = nanoset_data_version(merged_version(ws.storage, ds), cfg)
             metadata: dict[str, Any] = {"version": version}
@@ -110,7 +112,7 @@ def build_nanoset(
             for split in SPLITS:
                 previous = previous_entry(ws, before, cfg, split)
                 samples, digest, how = split_entry(
-                    ws, lengths, content, cfg, split, shards, previous
+                    ws, lengths, content, cfg, split, shards, masked, previous
                 )
                 rows.append(f"| {split} | {samples} | {digest or '(empty split)'} | {how} |")
                 metadata[f"{split}_samples"] = samples
@@ -163,12 +165,13 @@ def split_entry(
     cfg: NanosetConfig,
     split: str,
     shards: list[tuple[str, int]] | None = None,
+    masked: np.ndarray | None = None,
     previous: dict[str, Any] | None = None,
 ) -> tuple[int, str | None, str]:
     """(samples, cache hash, how) of one split's entry: ``stored`` when S3 already holds it
     complete, else ``loaded``/``built`` from the workspace's cache (``extended`` when it
     extends ``previous``); (0, None, "-") if empty."""
-    settings = split_settings(cfg, split, shards)
+    settings = {**split_settings(cfg, split, shards), "masked": masked}
     found = entry_key(len(lengths), content, **settings)
     if found is None:
         return 0, None, "-"

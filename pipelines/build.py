@@ -8,7 +8,12 @@ from assets.factory import build_assets
 from assets.support.resources import StorageResource, TokenizerResource
 from pipelines.jobs import merge_job, refresh_job, shard_job
 from pipelines.schedules import build_refresh_schedule, build_reprocess_schedule
-from pipelines.sensors import automation_sensor, build_recipe_sensor, build_shard_sensor
+from pipelines.sensors import (
+    automation_sensor,
+    build_recipe_sensor,
+    build_shard_sensor,
+    build_takedown_sensor,
+)
 from tokenmill.recipe import Recipe
 
 
@@ -33,6 +38,8 @@ def build_definitions(recipe: Recipe) -> Definitions:
     refresh = refresh_job(recipe)
     jobs = [refresh]
     sensors: list[SensorDefinition] = [automation_sensor(), build_recipe_sensor(recipe, refresh)]
+    if recipe.takedown.list is not None:
+        sensors.append(build_takedown_sensor(recipe, refresh))
     schedules = []
     for ds in recipe.datasets:
         per_dataset = [shard_job(ds), merge_job(ds.name)]

@@ -54,8 +54,10 @@ def merge_job(dataset: str) -> AssetJob:
 
 
 def downstream_keys(recipe: Recipe) -> list[AssetKey]:
-    """Every unpartitioned asset: merged and nanoset per dataset, then every blend."""
-    keys = [AssetKey([ds.name, stage]) for ds in recipe.datasets for stage in DOWNSTREAM_STAGES]
+    """Every unpartitioned asset: the takedown list (when the recipe names one), merged and
+    nanoset per dataset, then every blend."""
+    keys = [AssetKey(["takedowns"])] if recipe.takedown.list is not None else []
+    keys += [AssetKey([ds.name, stage]) for ds in recipe.datasets for stage in DOWNSTREAM_STAGES]
     return keys + [AssetKey(["blend", blend.name]) for blend in recipe.blends]
 
 

@@ -46,6 +46,7 @@ from assets.support.staleness import (
     recorded_version,
     tokens_settings,
 )
+from assets.support.takedowns import TAKEDOWNS, list_recorded, read_storage_ledger
 from pipelines.build import build_definitions
 from pipelines.instance import ensure_dagster_home, ensure_pool_limits
 from pipelines.jobs import DOWNSTREAM_STAGES as DATASET_STAGES
@@ -151,26 +152,38 @@ def _resources(defs: Definitions) -> tuple[StorageResource, TokenizerResource]:
     return resources["storage"], resources["tokenizer"]  # type: ignore[return-value]
 
 
-def stale_downstream(instance: DagsterInstance, recipe: Recipe, skip: set[str]) -> list[AssetKey]:
+def stale_downstream(
+    instance: DagsterInstance,
+    recipe: Recipe,
+    skip: set[str],
+    storage: StorageResource | None = None,
+) -> list[AssetKey]:
     """Unpartitioned assets whose recorded data version differs from the one their inputs'
-    records give now, plus what follows them (a changed merge rebuilds its dataset's stages).
+    records and the takedown ledger on ``storage`` give now, plus what follows them (a changed
+    merge rebuilds its dataset's stages; a takedown list not in the ledger yet, everything).
 
     Datasets in ``skip`` (a shard failed) and blends using them are left as they are.
     """
     keys = {ds.name: shard_keys(instance, ds) for ds in recipe.datasets}
-    expected = expected_versions(instance, recipe, keys)
+    ledger = read_storage_ledger(storage) if storage is not None else []
+    expected = expected_versions(instance, recipe, keys, ledger)
     stale: list[AssetKey] = []
+    if recipe.takedown.list is not None and not list_recorded(ledger, recipe.takedown.list):
+        stale.append(TAKEDOWNS)
+        expected = {}  # the new record may change every merge: rebuild them all
     for ds in recipe.datasets:
         if ds.name in skip:
             continue
         merged_key, nanoset_key = AssetKey([ds.name, "merged"]), AssetKey([ds.name, "nanoset"])
-        if recorded_version(instance, merged_key) != expected[merged_key]:
+        if not expected or recorded_version(instance, merged_key) != expected[merged_key]:
             stale += [AssetKey([ds.name, stage]) for stage in DATASET_STAGES]
         elif recorded_version(instance, nanoset_key) != expected[nanoset_key]:
             stale.append(nanoset_key)
     for blend in recipe.blends:
         key = AssetKey(["blend", blend.name])
-        if not skip & set(blend.datasets) and recorded_version(instance, key) != expected[key]:
+        if skip & set(blend.datasets):
+            continue
+        if not expected or recorded_version(instance, key) != expected[key]:
             stale.append(key)
     return stale
 
@@ -187,9 +200,12 @@ def materialize_recipe(
         print(f"{ds.name}: scanning {ds.source}", flush=True)
         outcomes.append(process_shards(defs, instance, ds, verbose=verbose))
     failed = {o.name for o in outcomes if o.failed}
-    stale = stale_downstream(instance, recipe, failed)
+    storage = _resources(defs)[0]
+    stale = stale_downstream(instance, recipe, failed, storage)
     report = run_downstream(defs, instance, stale, verbose=verbose)
-    left = [k for k in stale_downstream(instance, recipe, set()) if k not in report.rebuilt]
+    left = [
+        k for k in stale_downstream(instance, recipe, set(), storage) if k not in report.rebuilt
+    ]
     report.not_rebuilt = left
     failures = [f for o in outcomes for f in o.failures] + list(report.failures)
     if failures:

@@ -1,5 +1,6 @@
 """Sensors: one per dataset watching its source for shards, the recipe sensor (indices and
-blends follow recipe edits, read from the file at each tick), and the automation sensor.
+blends follow recipe edits, read from the file at each tick), the takedown sensor (the recipe's
+takedown list file: a changed list reruns the refresh), and the automation sensor.
 
 The shard sensor is a plain function (:func:`plan_tick`) diffing the source listing against a
 JSON cursor ``{shard: fingerprint}``, wrapped in a sensor returning one ``SensorResult``:
@@ -27,6 +28,7 @@ import hashlib
 import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dagster import (
     AddDynamicPartitionsRequest,
@@ -55,6 +57,7 @@ from assets.support.staleness import (
 )
 from pipelines.jobs import AssetJob, merge_job_name, shard_job_name, shard_stages
 from tokenmill.errors import ConfigError
+from tokenmill.formats.takedown_records import list_sha256
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe
 
 SENSOR_INTERVAL_SECONDS = 30
@@ -339,6 +342,35 @@ def build_recipe_sensor(recipe: Recipe, job: AssetJob) -> SensorDefinition:
         return SensorResult(run_requests=[request])
 
     return recipe_sensor
+
+
+TAKEDOWN_SENSOR = "takedown_sensor"
+
+
+def build_takedown_sensor(recipe: Recipe, job: AssetJob) -> SensorDefinition:
+    """``takedown_sensor`` (default running): its cursor is the sha256 of the recipe's
+    takedown list file; a new or changed list requests ``job`` (the refresh: the ``takedowns``
+    asset records the list, every merge masks what it names, indices and blends follow), with
+    the digest as run key. A missing list is the tick's skip reason."""
+    path = Path(str(recipe.takedown.list))
+
+    @sensor(
+        name=TAKEDOWN_SENSOR,
+        job=job,
+        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
+        default_status=DefaultSensorStatus.RUNNING,
+        description=f"Applies the takedown list {path} when it changes.",
+    )
+    def takedown_sensor(context: SensorEvaluationContext) -> SensorResult:
+        if not path.is_file():
+            return SensorResult(skip_reason=f"takedown list {path}: not there")
+        digest = list_sha256(path)
+        if digest == context.cursor:
+            return SensorResult(skip_reason=f"takedown list {path}: unchanged")
+        request = RunRequest(run_key=f"takedown:{digest}")
+        return SensorResult(run_requests=[request], cursor=digest)
+
+    return takedown_sensor
 
 
 def automation_sensor() -> AutomationConditionSensorDefinition:

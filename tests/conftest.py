@@ -88,6 +88,7 @@ SLOW_MODULES = frozenset(
         "pipeline/test_materialize.py",
         "pipeline/test_provenance.py",
         "pipeline/test_schedules.py",
+        "pipeline/test_takedown.py",
         "pipeline/test_sensors.py",
         "prod/test_backfill.py",
     }

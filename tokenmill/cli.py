@@ -30,6 +30,7 @@ COMMANDS = [
     "migrate",
     "explain",
     "find",
+    "takedown",
 ]
 
 

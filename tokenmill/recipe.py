@@ -360,8 +360,17 @@ class ScheduleConfig(_Config):
         return "0 0 * * *" if minutes == 1440 else f"0 */{minutes // 60} * * *"
 
 
+class TakedownConfig(_Config):
+    """A takedown list the pipeline watches (``tokenmill.takedown``): a file of ``tokenmill
+    find`` queries, one a line; when it changes, the documents it names are masked out of new
+    merged and blend versions, with ``reason`` in the audit record. None: no list."""
+
+    list: Local | None = None
+    reason: Text = "the recipe's takedown list"
+
+
 _STAGES = ("raw", "hf", "tokens", "merged", "nanoset", "blends")  # storage folders written
-_SECTIONS = ("storage", "tokenizer", "nanoset", "blends", "schedules")  # absent: the defaults
+_SECTIONS = ("storage", "tokenizer", "nanoset", "blends", "schedules", "takedown")  # defaults
 _DATASETS = "a mapping {name: {source: ...}} with at least one entry"
 
 
@@ -382,6 +391,7 @@ class Recipe(_Config):
     # virtual: a merged version is a manifest of its shard pairs (nothing copied); physical:
     # Megatron's merged pair, a full copy per version (for Megatron's own tools)
     merge: Literal["virtual", "physical"] = "virtual"
+    takedown: TakedownConfig
 
     @model_validator(mode="before")
     @classmethod

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dagster import (
     AssetKey,
@@ -40,6 +41,7 @@ from dagster import (
 )
 
 from assets.support.partitions import shard_partitions
+from tokenmill.formats.takedown_records import masks_for
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig, Recipe
 from tokenmill.storage.versions import version_hash
 from tokenmill.tokenize.merged_versions import merged_version
@@ -77,11 +79,15 @@ def tokens_settings(tokenizer_fingerprint: str, append_eod: bool, ds: DatasetCon
 
 
 def merged_data_version(
-    ds: DatasetConfig, inputs: Sequence[tuple[str, str | None]], merge: str
+    ds: DatasetConfig,
+    inputs: Sequence[tuple[str, str | None]],
+    merge: str,
+    masks: Mapping[str, Sequence[int]] | None = None,
 ) -> str:
     """The merged version of ``(shard, tokens content hash)`` inputs in merge order (a shard
-    not tokenized yet counts as None); the library's own (``merged_version``)."""
-    return merged_version(ds.text_key, inputs, merge)
+    not tokenized yet counts as None) with the takedown ``masks`` the ledger gives them; the
+    library's own (``merged_version``)."""
+    return merged_version(ds.text_key, inputs, merge, masks)
 
 
 def nanoset_data_version(merged_version: str | None, cfg: NanosetConfig) -> str:
@@ -292,19 +298,23 @@ def recorded_version(instance: DagsterInstance, key: AssetKey) -> str | None:
 
 
 def expected_versions(
-    instance: DagsterInstance, recipe: Recipe, keys: Mapping[str, list[str]]
+    instance: DagsterInstance,
+    recipe: Recipe,
+    keys: Mapping[str, list[str]],
+    ledger: Sequence[Mapping[str, Any]] = (),
 ) -> dict[AssetKey, str]:
     """The data version each merged, nanoset and blend asset would record if rebuilt now, from
-    the shard records of ``keys`` (dataset -> current shards in merge order) alone: a merge
-    is built from the shards whose tokens are recorded by a good run
-    (``assets.support.complete``)."""
+    the shard records of ``keys`` (dataset -> current shards in merge order) and the takedown
+    ``ledger`` (the audit records on the root) alone: a merge is built from the shards whose
+    tokens are recorded by a good run (``assets.support.complete``)."""
     expected: dict[AssetKey, str] = {}
     nanosets: dict[str, str] = {}
     for ds in recipe.datasets:
         records = shard_records(instance, ds, keys[ds.name])
         complete = [k for k in keys[ds.name] if records[k].content_hash and records[k].tokens_ok]
         inputs = [(k, records[k].content_hash) for k in complete]
-        merged = merged_data_version(ds, inputs, recipe.merge)
+        masks = masks_for(ledger, ds.name, inputs)
+        merged = merged_data_version(ds, inputs, recipe.merge, masks)
         nanosets[ds.name] = nanoset_data_version(merged, recipe.nanoset)
         expected[AssetKey([ds.name, "merged"])] = merged
         expected[AssetKey([ds.name, "nanoset"])] = nanosets[ds.name]

@@ -42,6 +42,7 @@ APP = {
     "tokenmill.nanoset",
     "tokenmill.blend",
     "tokenmill.provenance",
+    "tokenmill.takedown",
 }
 FORBIDDEN_TOP = {"dagster", "assets", "pipelines", "tokenmill_dev"}
 # the imports that point up, with their reasons: open_blend("s3://...") reuses pull's plan of a

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from tokenmill.cli import main
-from tokenmill.formats.merge import merge_datasets
+from tokenmill.formats.merge import natural_key, virtual_merge
+from tokenmill.formats.shard_records import IngestStats, raw_stats_record, write_record
+from tokenmill.ingest.records import Quarantine, read_jsonl_batches
 from tokenmill.storage import layout
 from tokenmill.storage.versions import version_hash, write_pointer
 from tokenmill.tokenize.run import tokenize_files
@@ -105,9 +107,12 @@ def _write_jsonl(path: Path, docs: list[dict[str, str]], bad: list[bytes] = ()) 
 @pytest.fixture(scope="module")
 def demo_root(tmp_path_factory: pytest.TempPathFactory, gpt2_dir: Path) -> Path:
     """``make demo``'s outputs, small: ``data/sources/{docs,code}`` (one docs shard with bad
-    lines), ``.tokenizers/gpt2``, and ``data/merged/<ds>/<v16>/`` + ``current.json`` tokenized
-    and merged by the library the pipeline runs."""
+    lines), ``.tokenizers/gpt2``, the shards' raw stats and tokens, and ``data/merged/<ds>/<v16>/``
+    + ``current.json`` (virtual merges) made by the library the pipeline runs; the repo's
+    ``docs/takedown-example.txt``."""
     root = tmp_path_factory.mktemp("demo")
+    (root / "docs").mkdir()
+    (root / "docs" / "takedown-example.txt").symlink_to(ROOT / "docs" / "takedown-example.txt")
     (root / ".tokenizers").mkdir()
     (root / ".tokenizers" / "gpt2").symlink_to(gpt2_dir)
     docs = list(itertools.islice(stdlib_documents(kind="docs"), 90))
@@ -122,19 +127,36 @@ def demo_root(tmp_path_factory: pytest.TempPathFactory, gpt2_dir: Path) -> Path:
         "code": [_write_jsonl(sources / "code/part-00000.jsonl", code)],
     }
     for ds, paths in shards.items():
-        prefixes = []
+        pairs = []
         for path in paths:
-            out = root / "data" / layout.tokens_dir(ds) / path.name.removesuffix(".jsonl")
+            key = path.name.removesuffix(".jsonl")
+            out = root / "data" / layout.tokens_dir(ds) / key
             result = tokenize_files(
                 [path], out, gpt2_dir, append_eod=True, on_bad_record="quarantine"
             )
-            prefixes.append(result.prefix)
+            pairs.append((key, result.prefix))
+            _write_raw_stats(root / "data", ds, key, path)
         version = version_hash({"demo": ds})
         merged = root / "data" / layout.merged_prefix(ds, "text", version)
-        merge_datasets(prefixes, merged, order="natural")
+        virtual_merge(sorted(pairs, key=lambda p: natural_key(p[0])), merged)  # merge: virtual
         target = merged.relative_to(root / "data" / layout.merged_dir(ds)).as_posix()
         write_pointer(root / "data" / layout.merged_pointer(ds), version, target)
     return root
+
+
+def _write_raw_stats(root: Path, ds: str, key: str, path: Path) -> None:
+    """The shard's ``raw/<ds>/<key>.stats.json`` as the pipeline's raw step writes it (what
+    ``find``, ``explain`` and ``takedown`` read to map documents to source lines)."""
+    stats = IngestStats(path=str(path.resolve()))
+    with Quarantine(root / layout.raw_dir(ds) / f"{key}.quarantine.jsonl") as quarantine:
+        for _ in read_jsonl_batches(
+            path, on_bad_record="quarantine", quarantine=quarantine, stats=stats
+        ):
+            pass
+    source = {"uri": str(path.resolve()), "bytes": path.stat().st_size, "sha256": "unused"}
+    config = {"text_key": "text", "on_bad_record": "quarantine"}
+    record = raw_stats_record(key, source, config, stats, None)
+    write_record(root / layout.raw_stats(ds, key), record)
 
 
 def test_every_documented_command_runs_as_written(
@@ -144,6 +166,7 @@ def test_every_documented_command_runs_as_written(
     run = [c for c in commands if c[0] not in NOT_HERE]
     assert len(run) >= 13 and {c[0] for c in run} >= {
         "tokenize", "merge", "index", "blend", "export", "inspect", "verify", "pull", "gc",
+        "explain", "find", "takedown",
     }  # fmt: skip
     monkeypatch.chdir(demo_root)
     for argv in run:

@@ -1,10 +1,12 @@
 """``tokenmill.provenance`` on a pipeline-built blend (GPT-2, real text, several shards, two
 datasets, a quarantined shard and a gzip shard): every sample of every split maps back to source
 lines whose re-encoded tokens are the sample's, EOD and document boundaries in place, for the
-three semantics; ``find`` finds every planted document and nothing else."""
+three semantics, and the training inputs of every ``get_training_batch`` flag follow the
+document boundaries it gives; ``find`` finds every planted document and nothing else."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import unicodedata
 from collections.abc import Callable
@@ -21,12 +23,62 @@ from tokenmill.cli import main
 from tokenmill.formats.shard_records import read_dochash, text_digest
 from tokenmill.ingest.records import document_lines
 from tokenmill.loader import open_blend
-from tokenmill.provenance import explain, find, resolve_queries, text_hash
+from tokenmill.provenance import Piece, explain, find, resolve_queries, text_hash
 from tokenmill.recipe import Recipe
 from tokenmill.tokenize.tokenizer import load_tokenizer
 
 SPLITS = ("train", "valid", "test")
 EOD = 50256
+
+
+FLAGS = (
+    "reset_position_ids",
+    "reset_attention_mask",
+    "eod_mask_loss",
+    "create_attention_mask",
+    "inter_document_masking",
+)
+
+
+def _training_inputs(
+    row: np.ndarray, pieces: list[Piece], doc_sizes: list[int], seq: int, flags: dict[str, bool]
+) -> dict[str, np.ndarray]:
+    """One sample's megatron training dict (FORMATS §11) from the sample and the document
+    boundaries ``explain`` gives (not from scanning for EOD): each piece that ends its document
+    ends with its EOD; with inter-document masking each piece is its own sequence."""
+    tokens, labels = row[:seq].copy(), row[1 : seq + 1].copy()
+    eods = [
+        p.sample_range[1] - 1
+        for p, size in zip(pieces, doc_sizes, strict=True)
+        if p.document_range[1] == size and p.sample_range[1] - 1 < seq
+    ]
+    loss = np.ones(seq, dtype=np.float32)
+    if flags["eod_mask_loss"]:
+        loss[eods] = 0.0
+    starts = np.zeros(seq, dtype=np.int64)  # where the document run of each position starts
+    for e in eods:
+        starts[e + 1 :] = e + 1
+    positions = np.arange(seq) - starts if flags["reset_position_ids"] else np.arange(seq)
+    out: dict[str, np.ndarray] = {}
+    if flags["inter_document_masking"]:
+        lengths = [p.sample_range[1] - p.sample_range[0] for p in pieces]
+        lengths[-1] -= 1  # the extra token
+        lengths = [n for n in lengths if n] or [0]
+        lengths[-1] += seq - sum(lengths)  # padding joins the last piece
+        bounds = np.cumsum([0, *lengths])
+        cu = np.full(seq + 1, seq, dtype=np.int32)
+        cu[: len(bounds)] = bounds
+        out |= {"cu_seqlens": cu, "max_seqlen": np.int32(max(lengths))}
+        positions = np.arange(seq) - bounds[np.searchsorted(bounds, np.arange(seq), "right") - 1]
+    elif flags["create_attention_mask"]:
+        run = starts if flags["reset_attention_mask"] else np.zeros(seq, dtype=np.int64)
+        columns = np.arange(seq)
+        mask = (columns[None, :] > columns[:, None]) | (columns[None, :] < run[:, None])
+        out["attention_mask"] = mask[None]
+    loss[labels == -1] = 0.0
+    tokens[tokens == -1] = 0
+    labels[labels == -1] = 0
+    return out | {"tokens": tokens, "labels": labels, "loss_mask": loss, "position_ids": positions}
 
 
 def _source_line(path: str, line: int) -> dict[str, Any]:
@@ -90,6 +142,17 @@ def test_explain_maps_every_sample_to_its_source_lines(
             for piece in prov.pieces[:-1]:
                 assert piece.document_range[1] == len(cache[(piece.source, piece.line)])
                 assert row[piece.sample_range[1] - 1] == EOD
+        # the training inputs agree with the boundaries explain gives, under every flag
+        ids = np.arange(len(blend))
+        for values in itertools.product([False, True], repeat=len(FLAGS)):
+            flags = dict(zip(FLAGS, values, strict=True))
+            got = blend.get_training_batch(ids, **flags)
+            for i, prov in enumerate(found):
+                ends = [len(cache[(p.source, p.line)]) for p in prov.pieces]
+                want = _training_inputs(batch[i], prov.pieces, ends, blend.sequence_length, flags)
+                assert set(got) == set(want), flags
+                for name, value in want.items():
+                    np.testing.assert_array_equal(got[name][i], value, err_msg=f"{name} {flags}")
     # the gzip shard and the quarantined shard (bad lines after its first) are both explained
     assert any(src.endswith(".jsonl.gz") for src, _ in seen_lines)
     assert any(src.endswith("extra-00000.jsonl") and line > 2 for src, line in seen_lines)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,12 +242,15 @@ def virtual_merge(
     output_prefix: str | os.PathLike[str],
     *,
     extends: str | None = None,
+    masks: Mapping[str, Sequence[int]] | None = None,
+    takedown: dict[str, Any] | None = None,
 ) -> MergeResult:
     """Merge shard pairs virtually: write only the manifest of ``(key, prefix)`` pairs in the
     order given (``tokenmill.formats.virtual_merge``), read from their dataset manifests; no
     token is copied and no ``.bin`` is opened. Every shard needs a tokenmill manifest, and all
     must share dtype, tokenizer and settings (as for a physical merge). ``extends``: the version
-    this one only appends shards to, recorded for training that follows growth."""
+    this one only appends shards to, recorded for training that follows growth. ``masks``:
+    shard key -> ordinals of documents taken down (``takedown``: the record of what did)."""
     start = time.perf_counter()
     if not shards:
         raise ConfigError("no shards to merge")
@@ -266,7 +269,10 @@ def virtual_merge(
             with IndexedDataset(q, index_only=True) as data:
                 dtype = data.dtype.name
         dtypes.add(str(dtype))
-        entries.append(shard_entry(key, q, out.parent, manifest))
+        entry = shard_entry(key, q, out.parent, manifest)
+        if masks and len(masks.get(key, ())):
+            entry["masked"] = sorted({int(o) for o in masks[key]})
+        entries.append(entry)
     if len(dtypes) != 1:
         raise InputError(f"{out}: shards have token dtypes {sorted(dtypes)}; merge only one dtype")
     (dtype,) = dtypes
@@ -278,6 +284,7 @@ def virtual_merge(
         config={"merge": "virtual", "dtype": dtype, **provenance},
         quarantined=quarantined,
         extends=extends,
+        takedown=takedown,
     )
     counts = manifest["counts"]
     return MergeResult(

@@ -10,18 +10,29 @@ manifest, at the place of a pair's manifest (``<dir>/manifests/<name>.manifest.j
      "dtype": "uint16", "config": {...provenance of the shards...}, "extends": "<v>" | null,
      "counts": {"documents", "sequences", "tokens", "quarantined"},
      "shards": [{"key", "prefix" (relative to <dir>), "content_hash",
-                 "documents", "sequences", "tokens",
+                 "documents", "sequences", "tokens", "masked": [ordinal, ...] (optional),
                  "files": {"bin": {"bytes", "sha256"}, "idx": {"bytes", "sha256"}}}, ...],
-     "files": {}, "content_hash": sha256 over the shards' content hashes in order}
+     "takedown": {"lists", "removed", "records"} (optional),
+     "files": {}, "content_hash": sha256 over the shards' content hashes (and masks) in order}
 
 Readers open a shard's pair only when a sample reads it, and check its sizes against the
 manifest then (a shard changed after the merge is a FormatError naming it).
+
+**Masks** (takedowns, ``tokenmill.takedown``): a shard's ``masked`` lists the ordinals of its
+documents that are taken down (sorted, unique, below ``documents``; only in a shard of one
+sequence per document). The counts stay the shards' own (sequence ids do not move); every index
+built over the merge leaves the masked sequences out (``tokenmill.indices.nanoset``), and the
+loader refuses to read one. The content hash covers the masks, so a masked merge is another
+dataset to every cache key. ``takedown`` records what masked them: the sha256 of each takedown
+list applied, the number of documents masked in all, and the audit records (keys under the
+storage root).
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,12 +50,34 @@ FORMAT_VERSION = 1
 SHARD_COUNTS = ("documents", "sequences", "tokens")
 
 
-def content_hash(shard_hashes: Sequence[str]) -> str:
-    """The content hash of a virtual merge: sha256 over its shards' content hashes in order."""
+def content_hash(shard_hashes: Sequence[str], masks: Sequence[Sequence[int]] = ()) -> str:
+    """The content hash of a virtual merge: sha256 over its shards' content hashes in order,
+    then each non-empty mask (``masks[k]``: shard k's masked ordinals); without masks the hash
+    is the unmasked merge's."""
     h = hashlib.sha256(KIND.encode() + b"\0")
     for value in shard_hashes:
         h.update(value.encode() + b"\0")
+    for k, ordinals in enumerate(masks):
+        if len(ordinals):
+            h.update(f"masked:{k}:".encode() + ",".join(str(int(o)) for o in ordinals).encode())
+            h.update(b"\0")
     return h.hexdigest()
+
+
+def shard_masks(shards: Sequence[dict[str, Any]]) -> list[list[int]]:
+    """Each shard record's masked ordinals (empty when it has none)."""
+    return [[int(o) for o in s.get("masked") or []] for s in shards]
+
+
+def masked_sequences(manifest: dict[str, Any]) -> np.ndarray:
+    """The global sequence ids a virtual merge masks, ascending (int64; empty for a manifest
+    without masks, e.g. a pair's)."""
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or not any(s.get("masked") for s in shards):
+        return np.zeros(0, dtype=np.int64)
+    first = np.cumsum([0] + [int(s["sequences"]) for s in shards])
+    parts = [np.asarray(m, dtype=np.int64) + first[k] for k, m in enumerate(shard_masks(shards))]
+    return np.concatenate(parts)
 
 
 def shard_entry(key: str, prefix: Path, base: Path, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -78,10 +111,12 @@ def write_virtual_manifest(
     config: dict[str, Any],
     quarantined: int,
     extends: str | None,
+    takedown: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write the manifest of a virtual merge atomically (the only file it has)."""
+    """Write the manifest of a virtual merge atomically (the only file it has); ``takedown``:
+    what masked its shards' ``masked`` documents (module docstring)."""
     counts = {c: sum(int(s[c]) for s in shards) for c in SHARD_COUNTS}
-    manifest = {
+    manifest: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "kind": KIND,
         "prefix": name,
@@ -91,8 +126,10 @@ def write_virtual_manifest(
         "counts": {**counts, "quarantined": int(quarantined)},
         "shards": shards,
         "files": {},
-        "content_hash": content_hash([s["content_hash"] for s in shards]),
+        "content_hash": content_hash([s["content_hash"] for s in shards], shard_masks(shards)),
     }
+    if takedown is not None:
+        manifest["takedown"] = takedown
     check_manifest(path, manifest)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, manifest)
@@ -146,16 +183,36 @@ def check_manifest(path: Path, manifest: dict[str, Any]) -> None:
             raise FormatError(path, f"{where}.files", f"expected bin/idx digests, found {files!r}")
         if not isinstance(shard.get("content_hash"), str) or not isinstance(shard.get("key"), str):
             raise FormatError(path, where, "key and content_hash must be strings")
+        _check_mask(path, where, shard)
     counts = manifest.get("counts")
     if not isinstance(counts, dict) or any(
         counts.get(c) != sum(s[c] for s in shards) for c in SHARD_COUNTS
     ):
         raise FormatError(path, "counts", "do not add up to the shards' counts")
-    if manifest.get("content_hash") != content_hash([s["content_hash"] for s in shards]):
+    hashes = [s["content_hash"] for s in shards]
+    if manifest.get("content_hash") != content_hash(hashes, shard_masks(shards)):
         raise FormatError(path, "content_hash", "is not the hash of the shards' content hashes")
     extends = manifest.get("extends")
     if extends is not None and not isinstance(extends, str):
         raise FormatError(path, "extends", f"expected a version or null, found {extends!r}")
+
+
+def _check_mask(path: Path, where: str, shard: dict[str, Any]) -> None:
+    """FormatError for a ``masked`` list that is not sorted unique ordinals of the shard's
+    documents, or one in a shard of more sequences than documents."""
+    masked = shard.get("masked")
+    if masked is None:
+        return
+    ok = isinstance(masked, list) and all(_int(o) for o in masked)
+    if not ok or any(b <= a for a, b in itertools.pairwise(masked)):
+        raise FormatError(path, f"{where}.masked", "expected ascending unique ordinals")
+    if masked and (masked[-1] >= shard["documents"] or shard["sequences"] != shard["documents"]):
+        raise FormatError(
+            path,
+            f"{where}.masked",
+            f"ordinals must lie below the shard's {shard['documents']} documents, one sequence "
+            "each",
+        )
 
 
 def shard_problems(
@@ -216,6 +273,7 @@ class VirtualDataset:
         self.num_tokens = int(manifest["counts"]["tokens"])
         self._num_documents = int(manifest["counts"]["documents"])
         self._index_only = index_only
+        self.masked = masked_sequences(manifest)  # global sequence ids taken down
         self._open: dict[int, IndexedDataset] = {}
         self._lengths: np.ndarray | None = None
         self.num_parts = len(shards)

@@ -123,8 +123,9 @@ def dataset_entry(name: str, prefix: Path, base: Path) -> dict[str, Any]:
 
 def _virtual_entry(name: str, prefix: Path, base: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     """A virtual merge's identity: its manifest's digest (the manifest records every shard
-    pair's digests in turn), content hash, dtype and counts; no shard file is read."""
-    return {
+    pair's digests in turn), content hash, dtype and counts, and its ``takedown`` record when it
+    masks documents; no shard file is read."""
+    entry = {
         "name": name,
         "prefix": os.path.relpath(prefix, base),
         "content_hash": str(manifest["content_hash"]),
@@ -133,6 +134,9 @@ def _virtual_entry(name: str, prefix: Path, base: Path, manifest: dict[str, Any]
         "num_tokens": int(manifest["counts"]["tokens"]),
         "files": {"manifest": file_entry(dataset_manifest_path(prefix), base)},
     }
+    if "takedown" in manifest:
+        entry["takedown"] = manifest["takedown"]
+    return entry
 
 
 def check_settings(

@@ -10,8 +10,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tokenmill.errors import FormatError
 from tokenmill.formats.blend_manifest import (
     FORMAT_VERSION,
@@ -23,15 +21,12 @@ from tokenmill.formats.blend_manifest import (
     read_blend_manifest,
     resolve,
 )
-from tokenmill.formats.dataset_manifest import (
-    dataset_manifest_path,
-    open_dataset,
-)
 from tokenmill.indices import blend as blending
 from tokenmill.indices import growing_blend
 from tokenmill.indices._nanoset_indices import parse_split
 from tokenmill.indices.blend_plan import Plan, check_settings, dataset_entry
 from tokenmill.indices.growing import ERA_SAMPLES
+from tokenmill.indices.nanoset import index_lengths
 from tokenmill.indices.settings import NanosetSettings
 from tokenmill.storage.versions import (
     version_hash,
@@ -174,12 +169,7 @@ def prepare(
         base=base,
         cache_dir=cache_dir,
         prefixes=prefixes,
-        lengths={
-            n: np.asarray(
-                open_dataset(p, index_only=dataset_manifest_path(p).is_file()).sequence_lengths
-            )
-            for n, p in prefixes.items()
-        },
+        lengths={n: index_lengths(p, settings.semantics) for n, p in prefixes.items()},
         weights=configured,
         settings=settings,
         content_hashes={e["name"]: e["content_hash"] for e in entries},

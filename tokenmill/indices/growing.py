@@ -132,10 +132,21 @@ def shard_lineage(
                 f"{where}: shard {key!r} has {row['sequences']} sequences for {docs} documents; "
                 "growing semantics needs one sequence per document (use megatron or nanotron)"
             )
-        table.append((key, docs, str(row.get("content_hash", ""))))
+        table.append((key, docs, _identity(row)))
     if len({row[0] for row in table}) != len(table):
         raise ConfigError(f"{where}: shard keys repeat; each shard needs its own key")
     return table
+
+
+def _identity(row: Mapping[str, Any]) -> str:
+    """A shard's content hash in a lineage; a masked shard (takedown) adds its mask, so a
+    version that masks more of an old shard never extends the one before."""
+    content = str(row.get("content_hash", ""))
+    masked = row.get("masked")
+    if not masked:
+        return content
+    text = ",".join(str(int(o)) for o in masked)
+    return f"{content}+masked:{hashlib.sha256(text.encode()).hexdigest()}"
 
 
 def lineage_hash(rows: Sequence[tuple[str, int, str]]) -> str:
@@ -236,6 +247,7 @@ def build_growing_indices(
     num_samples: int | None,
     era_samples: int = ERA_SAMPLES,
     add_extra_token: bool = True,
+    masked: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, GrowingPlan]:
     """(document_index, sample_index, shuffle_index, plan) of ``split`` (module docstring).
 
@@ -243,7 +255,8 @@ def build_growing_indices(
     :func:`shard_table`. ``era_samples`` applies to train (:func:`split_era`). A split without
     one complete era has 0 samples (the arrays are then
     ``document_index`` of its documents, a one-row sample index, none without documents, and
-    an empty shuffle index).
+    an empty shuffle index). ``masked`` (global ids of taken-down documents) leave their
+    split: the others keep theirs, and samples packed before the first removed one stay.
     """
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
@@ -259,6 +272,8 @@ def build_growing_indices(
         )
     extra = 1 if add_extra_token else 0
     ids = split_documents(shards, split_spec, seed, split)
+    if masked is not None and len(masked):
+        ids = ids[~np.isin(ids, masked)]
     document_index = ids.astype(np.int32 if total <= INT32_MAX else np.int64)
     tokens = int(np.sum(sizes[ids], dtype=np.int64))
     available = count_samples(tokens, seq, extra, True) if tokens > extra else 0

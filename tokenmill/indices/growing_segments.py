@@ -73,10 +73,12 @@ def rows_after(
     lengths: np.ndarray,
     shards: ShardTable,
     key: Mapping[str, Any],
+    masked: np.ndarray | None = None,
 ) -> tuple[list[np.ndarray], GrowingPlan, dict[str, Any]]:
     """The rows of the three arrays after ``state`` for the dataset ``lengths``/``shards``
     (whose first ``state["shards"]`` shards are those the state was taken over), the split's
-    plan and the state at the new end. ``key``: the entry's cache key (its settings)."""
+    plan and the state at the new end. ``key``: the entry's cache key (its settings);
+    ``masked``: taken-down documents, left out as ``growing.build_growing_indices`` does."""
     split, seq = key["split"], int(key["sequence_length"])
     extra = 1 if key["add_extra_token"] else 0
     counts = np.array([n for _, n in shards], dtype=np.int64)
@@ -89,6 +91,8 @@ def rows_after(
     local = document_splits(shards[first:], key["split_spec"], key["seed"])
     ids = np.flatnonzero(local == SPLITS.index(split)) + int(starts[first])
     ids = ids[ids >= at]
+    if masked is not None and len(masked):
+        ids = ids[~np.isin(ids, masked)]
     new = ids[ids >= old]
     sizes = np.asarray(lengths)
     tokens = int(state["tokens"]) + int(np.sum(sizes[new], dtype=np.int64))
@@ -196,6 +200,7 @@ def plan_extension(
     key: Mapping[str, Any],
     lengths: np.ndarray,
     shards: ShardTable,
+    masked: np.ndarray | None = None,
 ) -> Extension | None:
     """The extension of ``previous`` (the description of the predecessor's entry: same
     settings, a dataset version this one extends) to the entry ``key`` over ``lengths`` and
@@ -212,7 +217,7 @@ def plan_extension(
     ):
         return None
     chain = _chain(previous)
-    arrays, plan, after = rows_after(state, lengths, shards, key)
+    arrays, plan, after = rows_after(state, lengths, shards, key, masked)
     size = sum(a.nbytes for a in arrays)
     absorbed = False
     while chain and _data_bytes(chain[-1]) <= 2 * size:
@@ -221,7 +226,7 @@ def plan_extension(
     if not chain:
         return None
     if absorbed:
-        arrays, plan, after = rows_after(chain[-1]["end"], lengths, shards, key)
+        arrays, plan, after = rows_after(chain[-1]["end"], lengths, shards, key, masked)
     if not _dtypes(chain, arrays):
         return None
     return Extension(arrays, plan, after, chain)

@@ -13,6 +13,14 @@ split string and range, sequence length, seed, num_samples, both flags and the f
 ever extends as shards are appended; its key has no split range but the sha256 of the dataset's
 shard table (keys and document counts, which decide the splits) and the era size.
 
+A virtual merge with masked (taken-down) documents (``tokenmill.formats.virtual_merge``) is
+indexed without them: megatron and nanotron index it exactly as the physical merge of its
+unmasked documents (split ranges over the unmasked count, then each document id mapped back to
+its sequence id in the merge), so every sample after the first removed document's position can
+change; growing drops them from their split by identity (the other documents keep their split,
+samples packed before the first removed document stay as they were). The mask enters the key
+through the dataset's content hash.
+
 An entry needs only the dataset's sequence lengths (its ``.idx``) and content hash:
 :func:`entry_key` names a split's entry without building it and :func:`build_or_load_lengths`
 builds from the lengths, so remote storage can be asked for an entry by name first; the
@@ -34,7 +42,9 @@ from tokenmill.formats.dataset_manifest import (
     dataset_content_hash,
     dataset_manifest_path,
     open_dataset,
+    read_dataset_manifest,
 )
+from tokenmill.formats.virtual_merge import masked_sequences
 from tokenmill.indices import growing, growing_segments
 from tokenmill.indices._nanoset_indices import (
     SPLITS,
@@ -54,6 +64,8 @@ __all__ = [
     "cache_key",
     "cache_paths",
     "entry_key",
+    "index_lengths",
+    "masked_of",
     "split_ranges",
     "verify_index",
 ]
@@ -113,6 +125,35 @@ class NanosetIndex:
 FetchEntry = Callable[[Mapping[str, Path]], object]
 
 
+def masked_of(dataset_prefix: str | Path) -> np.ndarray:
+    """The sequence ids a dataset masks (taken down; ascending int64, empty when none): the
+    ``masked`` shard records of a virtual merge's manifest."""
+    if not dataset_manifest_path(dataset_prefix).is_file():
+        return np.zeros(0, dtype=np.int64)
+    return masked_sequences(read_dataset_manifest(dataset_prefix))
+
+
+def unmasked(num_sequences: int, masked: np.ndarray | None) -> np.ndarray | None:
+    """The sequence ids an index of a masked dataset draws from (ascending), None without a
+    mask."""
+    if masked is None or not len(masked):
+        return None
+    keep = np.ones(num_sequences, dtype=bool)
+    keep[np.asarray(masked, dtype=np.int64)] = False
+    return np.flatnonzero(keep)
+
+
+def index_lengths(dataset_prefix: str | Path, semantics: str) -> np.ndarray:
+    """The sequence lengths a split's range and tokens count over (from the ``.idx`` files):
+    under megatron and nanotron, the unmasked sequences' (a masked merge indexes as the physical
+    merge of its unmasked documents); under growing, every sequence's (masked documents leave
+    their split by identity)."""
+    index_only = dataset_manifest_path(dataset_prefix).is_file()
+    lengths = np.asarray(open_dataset(dataset_prefix, index_only=index_only).sequence_lengths)
+    kept = None if semantics == "growing" else unmasked(len(lengths), masked_of(dataset_prefix))
+    return lengths if kept is None else lengths[kept]
+
+
 def build_or_load(
     dataset_prefix: str | Path,
     cache_dir: str | Path,
@@ -163,6 +204,7 @@ def build_or_load(
         era_samples=era_samples,
         shards=growing.shard_table(dataset_prefix) if semantics == "growing" else None,
         previous=previous,
+        masked=masked_of(dataset_prefix),
     )
 
 
@@ -184,10 +226,12 @@ def build_or_load_lengths(
     era_samples: int = growing.ERA_SAMPLES,
     shards: ShardTable | None = None,
     previous: Mapping[str, Any] | None = None,
+    masked: np.ndarray | None = None,
 ) -> NanosetIndex | None:
     """:func:`build_or_load` from a dataset's sequence lengths (e.g. of
-    ``IndexedDataset(prefix, index_only=True)``) and content hash: no ``.bin`` is needed.
-    Growing semantics also needs ``shards``, the dataset's ``growing.shard_table``."""
+    ``IndexedDataset(prefix, index_only=True)``, every sequence's) and content hash: no ``.bin``
+    is needed. Growing semantics also needs ``shards``, the dataset's ``growing.shard_table``;
+    ``masked``: the sequence ids the dataset masks (:func:`masked_of`), left out of the index."""
     made = ensure_entry(
         lengths,
         content_hash,
@@ -205,6 +249,7 @@ def build_or_load_lengths(
         era_samples=era_samples,
         shards=shards,
         previous=previous,
+        masked=masked,
     )
     if made is None:
         return None
@@ -233,6 +278,7 @@ def ensure_entry(
     era_samples: int = growing.ERA_SAMPLES,
     shards: ShardTable | None = None,
     previous: Mapping[str, Any] | None = None,
+    masked: np.ndarray | None = None,
 ) -> tuple[dict[str, Path], dict[str, Any], str] | None:
     """(paths, key, hash) of the split's committed entry, building it first if needed (as
     :func:`build_or_load_lengths`, whose arguments these are) without mapping its arrays: a
@@ -251,6 +297,7 @@ def ensure_entry(
         drop_last_partial=drop_last_partial,
         era_samples=era_samples,
         shards=shards,
+        masked=masked,
     )
     if found is None:
         return None
@@ -264,7 +311,7 @@ def ensure_entry(
         return paths, key, digest
     with cache.exclusive_lock(Path(cache_dir) / f"{digest}-Nanoset-{split}.lock"):
         if not _committed(paths, key, digest):  # absent, or its own arrays partial: rebuild
-            _build_entry(paths, key, digest, np.asarray(lengths), shards, previous)
+            _build_entry(paths, key, digest, np.asarray(lengths), shards, previous, masked)
     return paths, key, digest
 
 
@@ -302,10 +349,12 @@ def entry_key(
     drop_last_partial: bool | None = None,
     era_samples: int = growing.ERA_SAMPLES,
     shards: ShardTable | None = None,
+    masked: np.ndarray | None = None,
 ) -> tuple[dict[str, Any], str] | None:
     """``(key, hash)`` of a split's cache entry (its :func:`cache_key` and the ``<hash>`` of
     its file names) for a dataset of ``num_sequences`` sequences; None if the split is empty
-    (growing: if its split weight is 0; an entry may hold 0 samples until one era is there)."""
+    (growing: if its split weight is 0; an entry may hold 0 samples until one era is there).
+    ``masked``: the sequence ids the dataset masks (megatron and nanotron split the rest)."""
     _check_choices(split, semantics)
     if semantics == "growing":
         return _growing_entry_key(
@@ -321,7 +370,8 @@ def entry_key(
             era_samples=era_samples,
             shards=shards,
         )
-    split_range = split_ranges(split_spec, num_sequences, semantics)[SPLITS.index(split)]
+    indexed = num_sequences - (0 if masked is None else len(masked))
+    split_range = split_ranges(split_spec, indexed, semantics)[SPLITS.index(split)]
     if split_range is None or split_range[0] >= split_range[1]:
         return None
     key = cache_key(
@@ -479,12 +529,13 @@ def _build_entry(
     lengths: np.ndarray,
     shards: ShardTable | None,
     previous: Mapping[str, Any] | None = None,
+    masked: np.ndarray | None = None,
 ) -> None:
     """Compute the arrays and commit them: arrays first, the description last."""
     entry = [paths["description"], *(paths[name] for name in ARRAYS)]
     cache.remove_entry(entry)
     try:
-        _write_entry(paths, key, digest, lengths, shards, previous)
+        _write_entry(paths, key, digest, lengths, shards, previous, masked)
     except BaseException:  # e.g. a full disk: no arrays stay without their description
         cache.remove_entry(entry)
         raise
@@ -497,13 +548,15 @@ def _write_entry(
     lengths: np.ndarray,
     shards: ShardTable | None,
     previous: Mapping[str, Any] | None = None,
+    masked: np.ndarray | None = None,
 ) -> None:
     """The arrays of one entry, then its description (growing: only the rows after
-    ``previous`` when it can be extended, see ``growing_segments``)."""
+    ``previous`` when it can be extended, see ``growing_segments``; module docstring: masked
+    documents)."""
     if key["semantics"] == "growing":
         if shards is None or growing.shard_table_hash(shards) != key["shard_table_sha256"]:
             raise CacheError(f"{paths['description']}: the shard table does not match the key")
-        grown = growing_segments.plan_extension(previous, key, lengths, shards)
+        grown = growing_segments.plan_extension(previous, key, lengths, shards, masked)
         if grown is not None:
             extra = {"growth": grown.growth()}
             _commit_arrays(
@@ -520,13 +573,15 @@ def _write_entry(
             num_samples=key["num_samples"],
             era_samples=key["era_samples"],
             add_extra_token=key["add_extra_token"],
+            masked=masked,
         )
         state = growing_segments.end_state(arrays[0], arrays[1], grown_plan, shards)
         extra = {"growth": {"state": state, "segments": []}}
         _commit_arrays(paths, key, digest, arrays, grown_plan.counts(), extra)
         return
+    kept = unmasked(len(lengths), masked)
     document_index, sample_index, shuffle_index, plan = compute_indices(
-        lengths,
+        lengths if kept is None else lengths[kept],
         tuple(key["split_range"]),
         sequence_length=key["sequence_length"],
         seed=key["seed"],
@@ -535,6 +590,10 @@ def _write_entry(
         add_extra_token=key["add_extra_token"],
         drop_last_partial=key["drop_last_partial"],
     )
+    if kept is not None:  # positions among the unmasked sequences -> sequence ids of the merge
+        if len(lengths) > np.iinfo(document_index.dtype).max:
+            raise ConfigError(f"{len(lengths)} sequences do not fit a {document_index.dtype} index")
+        document_index = kept[document_index].astype(document_index.dtype)
     counts = {
         "num_samples": len(shuffle_index),
         "sample_index_rows": len(sample_index),

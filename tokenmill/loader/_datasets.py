@@ -121,6 +121,8 @@ class NanosetDataset(_TrainingBatches):
         self.pad_id = int(pad_id)
         if data.dtype.kind not in "iu":
             raise FormatError(data.idx_path, "dtype code", f"{data.dtype} is not a token dtype")
+        # sequences a takedown masked (sorted): never read, whatever an index says
+        self._masked = np.asarray(getattr(data, "masked", ()), dtype=np.int64)
         self._check_arrays(values=validate)
         self._itemsize = data.dtype.itemsize
         self._buffers: dict[int, memoryview] = {}  # each .bin's bytes (one per shard if virtual)
@@ -154,6 +156,23 @@ class NanosetDataset(_TrainingBatches):
                 )
         if values and self.sample_index.size and int(self.sample_index[:, 1].min()) < 0:
             raise FormatError(where, "sample_index", "has a negative token offset")
+        if values:
+            self._check_unmasked(self.document_index)
+
+    def _check_unmasked(self, seq: np.ndarray) -> None:
+        """FormatError when any sequence of ``seq`` is masked (taken down) in the dataset: an
+        index built before the takedown over a merge that has it (O(len(seq) log masks))."""
+        if not self._masked.size or not seq.size:
+            return
+        at = np.minimum(np.searchsorted(self._masked, seq), len(self._masked) - 1)
+        hit = self._masked[at] == seq
+        if hit.any():
+            raise FormatError(
+                self.name,
+                "document_index",
+                f"references sequence {int(seq[hit][0])}, which the merge masks (taken down): "
+                "rebuild the index over the masked merge (tokenmill takedown does)",
+            )
 
     def validate(self) -> None:
         """Full check: every index value in range (reads the whole index once)."""
@@ -188,6 +207,7 @@ class NanosetDataset(_TrainingBatches):
         seq = self.document_index[positions].astype(np.int64)
         if seq.size and (int(seq.min()) < 0 or int(seq.max()) >= len(self.data)):
             raise FormatError(self.name, "document_index", f"values outside [0, {len(self.data)})")
+        self._check_unmasked(seq)
         return seq
 
     def __len__(self) -> int:

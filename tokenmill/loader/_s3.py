@@ -369,6 +369,7 @@ class RemoteData:
         self.prefix, self.dtype, self.idx_path = data.prefix, data.dtype, data.idx_path
         self.num_parts = data.num_parts
         self.num_tokens = data.num_tokens
+        self.masked = getattr(data, "masked", np.zeros(0, dtype=np.int64))  # taken down
         total = sum(f.size for f in files)
         if total != data.num_tokens * data.dtype.itemsize:
             raise FormatError(

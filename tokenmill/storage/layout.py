@@ -15,6 +15,7 @@ version; a small pointer names the current version and is the only thing a refre
     blends/<name>/manifest.json                               pointer: the current manifest
     blends/<name>/versions/<version>/manifest.json            + <split>-*.npy
     nanoset/<hash>-Nanoset-<split>-*                          content-addressed, never rewritten
+    takedowns/<id>.json                                       audit records (tokenmill.takedown)
 
 A pair's manifest lives in a ``manifests/`` folder beside the pair, never beside the pair itself:
 Megatron's and nanotron's ``tools/merge_datasets.py`` take every regular file of a folder as half
@@ -31,6 +32,8 @@ from tokenmill.atomic import TEMP_NAME_EXTRA
 from tokenmill.errors import ConfigError
 from tokenmill.formats.dataset_manifest import DATASET_MANIFEST_SUFFIX as DATASET_MANIFEST_SUFFIX
 from tokenmill.formats.dataset_manifest import DATASET_MANIFESTS as DATASET_MANIFESTS
+from tokenmill.formats.takedown_records import TAKEDOWNS as TAKEDOWNS
+from tokenmill.formats.takedown_records import record_key
 from tokenmill.paths import VERSION_CHARS as VERSION_CHARS
 from tokenmill.paths import is_lower_hex, name_problem
 
@@ -204,3 +207,8 @@ def blend_manifest(name: str) -> str:
 def blend_version_dir(name: str, version: str) -> str:
     """``blends/<name>/versions/<version>``: one immutable blend version."""
     return f"{blend_dir(name)}/versions/{version_dir_name(version)}"
+
+
+def takedown_record(record_id: str) -> str:
+    """``takedowns/<id>.json``: one takedown's audit record (``tokenmill.takedown``)."""
+    return record_key(record_id)

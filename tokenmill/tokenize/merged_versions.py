@@ -7,13 +7,15 @@ whose inputs did not change finds its version complete and writes nothing. Merge
 natural order of the shard keys (``part-2`` before ``part-10``); a version *extends* the previous
 one when the previous one's shards, with the same content, are the first shards of the new
 one: only shards named after every existing one were added, so every old sequence keeps its
-position (what ``nanoset.semantics: growing`` builds on). Pure functions over local paths: the
-Dagster asset stages the files and moves the pointer.
+position (what ``nanoset.semantics: growing`` builds on). A takedown masks documents of a
+virtual merge (``masks``: shard key -> ordinals): the masks enter the version, and a version
+extends another only when the old shards carry the same masks (a new removal never extends).
+Pure functions over local paths: the Dagster asset stages the files and moves the pointer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +28,24 @@ from tokenmill.formats.merge import MergeResult, merge_datasets, virtual_merge
 from tokenmill.storage.versions import version_hash
 
 MERGE_MODES = ("virtual", "physical")
+Masks = Mapping[str, Sequence[int]]
 
 
-def merged_version(text_key: str, inputs: Sequence[tuple[str, str | None]], merge: str) -> str:
+def merged_version(
+    text_key: str,
+    inputs: Sequence[tuple[str, str | None]],
+    merge: str,
+    masks: Masks | None = None,
+) -> str:
     """The merged version of ``(shard, tokens content hash)`` inputs in merge order (a shard
     not tokenized yet counts as None); also the name of the version's folder. Physical
-    versions hash as they always did, so an upgrade re-merges nothing."""
+    versions hash as they always did, so an upgrade re-merges nothing; ``masks`` (virtual only:
+    shard key -> masked ordinals) enter the hash when any is non-empty."""
     if merge not in MERGE_MODES:
         raise ValueError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
+    found = {k: sorted(int(o) for o in v) for k, v in (masks or {}).items() if len(v)}
+    if found and merge != "virtual":
+        raise ValueError("masks (takedowns) apply to virtual merges only")
     description: dict[str, Any] = {
         "kind": "merged",
         "format_version": FORMAT_VERSION,
@@ -42,7 +54,17 @@ def merged_version(text_key: str, inputs: Sequence[tuple[str, str | None]], merg
     }
     if merge == "virtual":
         description["merge"] = merge
+    if found:
+        description["masked"] = [[k, found[k]] for k, _ in inputs if k in found]
     return version_hash(description)
+
+
+def shard_masks(manifest: dict[str, Any]) -> dict[str, list[int]]:
+    """``{shard key: masked ordinals}`` of a merged manifest's shards that mask any."""
+    shards = manifest.get("shards")
+    if not isinstance(shards, list):
+        return {}
+    return {str(s["key"]): [int(o) for o in s["masked"]] for s in shards if s.get("masked")}
 
 
 def shard_identities(manifest: dict[str, Any]) -> list[tuple[str, str]]:
@@ -58,13 +80,18 @@ def extends(
     previous_version: str | None,
     previous_manifest: dict[str, Any] | None,
     shards: Sequence[tuple[str, str]],
+    masks: Masks | None = None,
 ) -> str | None:
     """``previous_version`` when its shards are a strict prefix of ``shards`` (same keys, same
-    content, same order), else None: an edit, a removal or an insertion breaks extension."""
+    content, same order) with the same masks, and no new shard is masked, else None: an edit,
+    a removal (a shard's, or a document's by takedown) or an insertion breaks extension."""
     if previous_version is None or previous_manifest is None:
         return None
     old = shard_identities(previous_manifest)
     if not old or len(old) >= len(shards) or list(shards[: len(old)]) != old:
+        return None
+    new = {k: sorted(int(o) for o in v) for k, v in (masks or {}).items() if len(v)}
+    if new != shard_masks(previous_manifest):
         return None
     return previous_version
 
@@ -76,10 +103,15 @@ def write_merged(
     merge: str,
     extends: str | None,
     input_uri: Callable[[Path], str] | None = None,
+    masks: Masks | None = None,
+    takedown: dict[str, Any] | None = None,
 ) -> MergeResult:
-    """Write the merged version at ``out`` from ``(key, pair prefix)`` shards in merge order."""
+    """Write the merged version at ``out`` from ``(key, pair prefix)`` shards in merge order
+    (``masks`` and their ``takedown`` record: virtual merges only)."""
     if merge == "virtual":
-        return virtual_merge(shards, out, extends=extends)
+        return virtual_merge(shards, out, extends=extends, masks=masks, takedown=takedown)
+    if masks:
+        raise ValueError("masks (takedowns) apply to virtual merges only")
     return merge_datasets(
         [prefix for _, prefix in shards],
         out,
