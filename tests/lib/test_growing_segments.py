@@ -235,3 +235,15 @@ def test_gc_keeps_the_blend_versions_a_kept_version_reads(tmp_path: Path) -> Non
     assert {last["version"][:16], *read} <= left and len(left) < 7
     for split in last["splits"]:
         assert len(open_blend(tmp_path / "blends" / "mix", split, verify="full")) > 0
+
+
+def test_extension_after_a_takedown_leaves_the_masked_documents_out(tmp_path: Path) -> None:
+    """Shards added after a takedown (same masks): the extended entry equals the whole build,
+    and no masked document is in it."""
+    table, lengths = _data(7, 30)
+    masked = np.array([3, 40, 41, 500, 900], dtype=np.int64)
+    old = _build(tmp_path / "a", table[:28], lengths, "train", masked=masked)
+    new = _build(tmp_path / "a", table, lengths, "train", old, masked=masked)
+    assert "document.0" in new.description["files"]
+    _same(new, _build(tmp_path / "b", table, lengths, "train", masked=masked))
+    assert not np.isin(np.asarray(new.document_index), masked).any()
