@@ -41,7 +41,7 @@ test-fast: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy tokenmill
+	$(BIN)/mypy tokenmill assets pipelines
 
 format: install
 	$(BIN)/ruff format .

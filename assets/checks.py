@@ -6,7 +6,7 @@
   non-blocking): an empty shard (0 bytes or 0 documents) is counted and shown.
 - ``<ds>/hf_dataset`` ``rows_match_raw``: Parquet rows = the shard's good documents, so
   documents in = documents out + quarantined (an ``hf``-format dataset, which has no raw stage:
-  and its quarantine file complete).
+  and its quarantine file complete, and ``not_empty`` as above).
 - ``<ds>/tokens``     ``idx_bin_consistent`` (header, pointers, sizes, sha256 vs manifest) and
   ``documents_match_export`` (tokenized documents = Parquet rows).
 - ``<ds>/merged``     ``sum_of_shards``: documents, sequences and tokens of the current version =
@@ -84,7 +84,7 @@ COUNTS = ("documents", "sequences", "tokens")
 
 
 def _result(
-    problems: list[str], severity: AssetCheckSeverity = AssetCheckSeverity.ERROR, **metadata: Any
+    problems: list[str], *, severity: AssetCheckSeverity = AssetCheckSeverity.ERROR, **metadata: Any
 ) -> AssetCheckResult:
     return AssetCheckResult(
         passed=not problems,
@@ -119,8 +119,16 @@ def raw_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
             problems += quarantine_problems(ws.storage, ds, key, stats)
             return _result(problems, lines=stats["lines"], quarantined=stats["quarantined"])
 
+    return [documents_accounted, not_empty_check(ds, "raw_jsonl")]
+
+
+def not_empty_check(ds: DatasetConfig, stage: str) -> AssetChecksDefinition:
+    """``not_empty`` (WARN) on the dataset's validation stage (``raw_jsonl``, or ``hf_dataset``
+    for an ``hf``-format dataset): an empty shard is counted and shown, never silent. Both
+    stages write the same raw stats record, which is all it reads."""
+
     @asset_check(
-        asset=AssetKey([ds.name, "raw_jsonl"]),
+        asset=AssetKey([ds.name, stage]),
         blocking=False,
         partitions_def=shard_partitions(ds.name),
         description="the shard has documents (WARN for an empty one: 0 bytes or 0 documents)",
@@ -135,9 +143,9 @@ def raw_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
             stats_path = ws.storage.raw_stats_path(ds.name, key)
             stats = read_record(stats_path, shown=display_path(stats_path))
             problems = [] if stats["documents"] else [f"empty shard: {empty_reason(stats)}"]
-            return _result(problems, AssetCheckSeverity.WARN, documents=stats["documents"])
+            return _result(problems, severity=AssetCheckSeverity.WARN, documents=stats["documents"])
 
-    return [documents_accounted, not_empty]
+    return not_empty
 
 
 def quarantine_problems(
@@ -161,7 +169,8 @@ def quarantine_problems(
 
 
 def export_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
-    """Checks of ``<ds>/hf_dataset``."""
+    """Checks of ``<ds>/hf_dataset`` (with ``not_empty`` for an ``hf``-format dataset, which
+    has no raw stage)."""
 
     @asset_check(
         asset=AssetKey([ds.name, "hf_dataset"]),
@@ -192,7 +201,9 @@ def export_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
                 problems += quarantine_problems(ws.storage, ds, key, stats)
             return _result(problems, documents_in=documents_in, rows=rows)
 
-    return [rows_match_raw]
+    if ds.has_raw_stage:
+        return [rows_match_raw]
+    return [rows_match_raw, not_empty_check(ds, "hf_dataset")]
 
 
 def token_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
@@ -270,11 +281,8 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
                 for n in COUNTS
                 if found[n] != expected[n]
             ]
-            return _result(
-                problems,
-                inputs=len(manifest["inputs"]),
-                **{f"expected_{n}": v for n, v in expected.items()},
-            )
+            totals: dict[str, Any] = {f"expected_{n}": v for n, v in expected.items()}
+            return _result(problems, inputs=len(manifest["inputs"]), **totals)
 
     @asset_check(
         asset=AssetKey([ds.name, "merged"]),
@@ -284,7 +292,8 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
     def quarantine_share(context: AssetCheckExecutionContext) -> AssetCheckResult:
         """From the shards' validation records in the instance (no file is read)."""
         counts = recorded_counts(context.instance, ds)
-        return _result(quarantine_share_problems(ds, counts), **counts)
+        metadata: dict[str, Any] = dict(counts)
+        return _result(quarantine_share_problems(ds, counts), **metadata)
 
     @asset_check(
         asset=AssetKey([ds.name, "merged"]),

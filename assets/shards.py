@@ -5,9 +5,9 @@ A backfill of K shards launches ``ceil(K / PARTITIONS_PER_BACKFILL_RUN)`` runs, 
 range of shards, instead of K runs: a run's start-up (process, code location, resources,
 Postgres bookkeeping) is paid once per range. Sensor and ``tokenmill materialize`` runs use the
 same ranges. In a range run each shard asset and each shard check handles every key of
-``context.partition_keys``; Dagster records one materialization per shard, all carrying the
-step's metadata (totals, and a per-shard table) plus the shard's own recorded entries, and one
-check evaluation for the range.
+``context.partition_keys``; Dagster records one materialization per shard with that shard's
+own metadata (the range's totals go to the run's log), and a check records one evaluation per
+shard plus one for the range.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from dagster import (
     asset,
 )
 
+from assets.support.dagster_private import log_partition_check
 from assets.support.sources import find_shard
 from assets.support.staleness import (
     DATA_VERSION_TAG,
@@ -207,11 +208,15 @@ def each_shard(
 ) -> AssetCheckResult:
     """Run a shard check for every shard of the step: one shard gives its own result; a range
     passes when every shard passes, with each failing shard's problems prefixed by its key, at
-    the worst severity among them (a WARN check stays a warning)."""
+    the worst severity among them (a WARN check stays a warning). Each shard's own result is
+    recorded on its partition too, so the check's partition list and its latest evaluation agree.
+    """
     keys = context.partition_keys
     if len(keys) == 1:
         return check(keys[0])
     results = {key: check(key) for key in keys}
+    for key, result in results.items():  # each partition's own status (the UI's check list)
+        log_partition_check(context, key, result)
     failing = {key: r for key, r in results.items() if not r.passed}
     problems = [
         f"{key}: {line}"

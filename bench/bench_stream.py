@@ -1,37 +1,43 @@
 """Benchmark reading a pinned blend straight from S3 (moto_server on loopback) as a training
-job would, against reading the local copy after ``tokenmill pull``, all in one run.
+job would, against MosaicML streaming, litdata and the local copy after ``tokenmill pull``, all
+in one run over the same samples.
 
 The blend: a virtual merge of ``--shards`` random shards (``--tokens`` uint16 tokens in all,
-documents of 100..4,000 tokens), sequence length 2,048 (+1), batches of ``--batch`` samples;
-uploaded once to a fresh bucket (not timed). One process, one rank, this rank's next two
-batches prefetched while the current one is read (``ds.prefetch``). Measured:
+documents of 100..4,000 tokens), sequence length 2,048 (+1), one epoch of samples; uploaded
+once to a fresh bucket, and its samples, in blend order, converted once to MDS
+(mosaicml-streaming ``MDSWriter``) and to litdata chunks (64 MB shards, uncompressed) and
+uploaded beside it (not timed). Measured:
 
-* start-up: ``open_blend("s3://...")`` plus the first batch, cold cache, and the requests
-  moto logged for each;
-* cold and warm tokens/s over ``--steps`` batches (warm: the same cache, a fresh BlockCache as
-  a restarted job has; blocks are re-hashed once on first use; then a second warm pass);
-* bytes fetched (block GETs) against bytes used (the batches' tokens);
-* peak RSS of this process while reading (``VmHWM`` reset after the build; moto runs in its
-  own), file-backed pages of mapped cache blocks included;
-* ``tokenmill pull`` of the blend (wall time), then the same batches from the local copy.
-
-* moto alone: range GETs of every block of every token file, 8 at once (the cache's fetch
-  threads), nothing stored or hashed: the server's own bound.
+* one process, cold cache: ``open_blend("s3://...", version=...)`` plus the first batch, and
+  the requests moto logged before that batch;
+* the job, per tool: ``--ranks`` rank processes at once, each a torch DataLoader with
+  ``--workers`` workers reading its slice of ``--steps`` global batches of ``--batch``
+  samples (the same indices for every tool: each anchor reads sample i of its copy by random
+  access, the order its conversion fixed). Cold (empty cache dir) then warm (the same cache,
+  a restarted job): start-up (slowest rank, from before the tool's import to its first
+  batch), tokens/s after the first batch (all ranks' tokens over the slowest rank's time),
+  bytes in the cache dir after the cold job against the tokens' bytes, peak RSS (ranks and
+  their largest worker, summed over ranks), and a digest of every batch (all tools agree);
+* ``tokenmill pull`` (wall time), then the same job over the local copy;
+* moto alone: range GETs of every block of every token file, 8 at once, nothing stored or
+  hashed: the server's own bound.
 
     python bench/bench_stream.py [--tokens 40000000] [--shards 4] [--steps 40] [--batch 64]
-        [--block-mib 8]
+        [--ranks 2] [--workers 2] [--block-mib 8] [--tools tokenmill,mosaic,litdata]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
-import resource
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,10 +55,11 @@ from tokenmill.storage.pull import pull
 from tokenmill_dev.moto import moto_server
 
 SEQ = 2048
+RANK = Path(__file__).resolve().parent / "_stream_rank.py"
 
 
-def build(root: Path, tokens: int, shards: int, steps: int, batch: int) -> Path:
-    """The blend ``stream`` under ``root``; returns its manifest."""
+def build(root: Path, tokens: int, shards: int) -> Path:
+    """The blend ``stream`` (one epoch of samples) under ``root``; returns its manifest."""
     rng = np.random.default_rng(0)
     prefixes = []
     for k in range(shards):
@@ -72,14 +79,47 @@ def build(root: Path, tokens: int, shards: int, steps: int, batch: int) -> Path:
         weights={"web": 1.0},
         sequence_length=SEQ,
         split_spec="100,0,0",
-        train_samples=steps * batch,
+        train_samples=tokens // (SEQ + 1) - 1,
     )
     return root / "blends" / "stream" / "manifest.json"
 
 
-def upload(client: object, bucket: str, root: Path) -> None:
+def convert(manifest: Path, out: Path, tools: list[str]) -> None:
+    """The blend's samples, in blend order, as MDS and as litdata chunks (``tokens``: the
+    uint16 bytes of the sample), 64 MB shards, uncompressed."""
+    ds = open_blend(manifest, "train")
+    step = 512
+    chunks = [
+        ds.get_batch(np.arange(lo, min(len(ds), lo + step))).astype(np.uint16)
+        for lo in range(0, len(ds), step)
+    ]
+    if "mosaic" in tools:
+        from _stream_rank import stand_in_torchvision
+
+        stand_in_torchvision()
+        from streaming import MDSWriter
+
+        with MDSWriter(out=str(out / "mds"), columns={"tokens": "bytes"}, size_limit=1 << 26) as w:
+            for chunk in chunks:
+                for row in chunk:
+                    w.write({"tokens": row.tobytes()})
+    if "litdata" in tools:
+        from litdata.streaming.writer import BinaryWriter
+
+        writer = BinaryWriter(str(out / "litdata"), chunk_bytes=1 << 26)
+        k = 0
+        for chunk in chunks:
+            for row in chunk:
+                writer.add_item(k, {"tokens": row.tobytes()})
+                k += 1
+        writer.done()
+        writer.merge()
+
+
+def upload(client: object, bucket: str, root: Path, prefix: str = "") -> None:
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        client.upload_file(str(path), bucket, path.relative_to(root).as_posix())  # type: ignore[attr-defined]
+        key = prefix + path.relative_to(root).as_posix()
+        client.upload_file(str(path), bucket, key)  # type: ignore[attr-defined]
 
 
 def requests(log: Path) -> int:
@@ -88,26 +128,12 @@ def requests(log: Path) -> int:
     return len(re.findall(rb"(?:GET|HEAD|PUT|POST) /\S* HTTP/", log.read_bytes()))
 
 
-def reset_peak_rss() -> None:
-    """Start the peak RSS (``VmHWM``) again from the current RSS (Linux ``clear_refs``)."""
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")
-
-
-def peak_rss_mib() -> float:
-    """``VmHWM`` of this process, MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024
-
-
 def moto_alone(client: object, bucket: str, block: int, threads: int = 8) -> float:
     """MB/s of moto itself: every block of every ``.bin`` by range GET, ``threads`` at once
     (the cache's fetch threads), nothing stored or hashed."""
     from concurrent.futures import ThreadPoolExecutor
 
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket)  # type: ignore[attr-defined]
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="tokens/")  # type: ignore[attr-defined]
     objects = [(o["Key"], o["Size"]) for p in pages for o in p["Contents"]]
     ranges = [
         (key, lo, min(size, lo + block) - 1)
@@ -126,17 +152,51 @@ def moto_alone(client: object, bucket: str, block: int, threads: int = 8) -> flo
     return total / (time.perf_counter() - start) / 1e6
 
 
-def read_all(ds: object, batches: list[np.ndarray], prefetch: bool) -> float:
-    """Seconds to read every batch (prefetching the next two when asked)."""
-    start = time.perf_counter()
-    for step, indices in enumerate(batches):
-        if prefetch:  # keep the next two batches in flight: each is asked for once
-            for ahead in (
-                batches[step + 1 : step + 3] if step == 0 else batches[step + 2 : step + 3]
-            ):
-                ds.prefetch(ahead)  # type: ignore[attr-defined]
-        ds.get_batch(indices)  # type: ignore[attr-defined]
-    return time.perf_counter() - start
+def first_batch(uri: str, version: str, cache: Path, log: Path, batch: int) -> dict[str, Any]:
+    """One process: open plus first batch, and the requests before it, with a cold cache, then
+    again with it warm (a restarted job, same version: a fresh BlockCache)."""
+    found = {}
+    for kind in ("cold", "warm"):
+        seen = requests(log)
+        start = time.perf_counter()
+        ds = open_blend(uri, "train", version=version, cache_dir=cache)
+        opened = time.perf_counter() - start
+        ds.get_batch(next(iter(BatchSampler(len(ds), global_batch_size=batch))))
+        startup = time.perf_counter() - start
+        _s3._CACHES.clear()
+        found[kind] = {"open_s": opened, "startup_s": startup, "requests": requests(log) - seen}
+    return found
+
+
+def du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+
+
+def job(
+    tool: str, source: str, cache: Path, args: argparse.Namespace, env: dict[str, str]
+) -> dict[str, Any]:
+    """``args.ranks`` rank processes at once (``_stream_rank.py``); their results combined."""
+    outs = [cache.parent / f"{cache.name}-{tool}-rank{r}.json" for r in range(args.ranks)]
+    procs = []
+    for r in range(args.ranks):
+        rank_env = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.ranks))
+        rank_env.update(LOCAL_WORLD_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1")
+        rank_env["MASTER_PORT"] = env["BENCH_MASTER_PORT"]
+        cmd = [sys.executable, str(RANK), tool, source, str(cache), str(r), str(args.ranks)]
+        cmd += [str(args.steps), str(args.batch), str(args.workers), str(outs[r])]
+        procs.append(subprocess.Popen(cmd, env=rank_env))
+    for proc in procs:
+        if proc.wait(timeout=1800) != 0:
+            raise RuntimeError(f"{tool} rank exited with {proc.returncode}")
+    got = [json.loads(o.read_text()) for o in outs]
+    seconds = max(g["seconds"] for g in got)
+    return {
+        "startup_s": max(g["startup_s"] for g in got),
+        "tokens_per_s": sum(g["tokens"] for g in got) / seconds,
+        "digest": [g["digest"] for g in got],
+        "peak_rss_mib": sum(g["peak_rss_mib"] for g in got),
+        "cache_bytes": du(cache),
+    }
 
 
 def main() -> None:
@@ -145,99 +205,109 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--block-mib", type=float, default=8.0, help="per-block hash size")
+    parser.add_argument("--tools", default="tokenmill,mosaic,litdata")
     args = parser.parse_args()
+    tools = args.tools.split(",")
     dataset_manifest.BLOCK_BYTES = int(args.block_mib * (1 << 20))  # what the writers record
     import boto3
 
+    from tokenmill_dev.moto import free_port
+
+    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench_stream_") as tmp:
         work = Path(tmp)
-        manifest = build(work / "src", args.tokens, args.shards, args.steps, args.batch)
-        with moto_server(work / "moto.log") as endpoint:
-            os.environ.update(
+        manifest = build(work / "src", args.tokens, args.shards)
+        convert(manifest, work / "anchors", tools)
+        log = work / "moto.log"
+        with moto_server(log) as endpoint:
+            env = dict(
+                os.environ,
                 AWS_ACCESS_KEY_ID="testing",
                 AWS_SECRET_ACCESS_KEY="testing",
                 AWS_DEFAULT_REGION="us-east-1",
                 AWS_ENDPOINT_URL=endpoint,
+                S3_ENDPOINT_URL=endpoint,  # mosaicml-streaming's variable
+                BENCH_MASTER_PORT=str(free_port()),
+                PYTHONPATH=str(Path(__file__).resolve().parents[1]),
             )
+            os.environ.update(env)
             client = boto3.session.Session().client("s3", endpoint_url=endpoint)
             client.create_bucket(Bucket="bench")
             upload(client, "bench", work / "src")
+            for name in ("mds", "litdata"):
+                if (work / "anchors" / name).is_dir():
+                    upload(client, "bench", work / "anchors" / name, f"{name}/")
             uri = "s3://bench/blends/stream/manifest.json"
-            reset_peak_rss()  # the reads' peak, not the build's (again for the warm job)
-            version = open_blend(manifest, "train").version
-            cache = work / "cache"
-            log = work / "moto.log"
-            seen = requests(log)
-            start = time.perf_counter()
-            ds = open_blend(uri, "train", version=version, cache_dir=cache)
-            opened = requests(log)
-            batches = list(BatchSampler(len(ds), global_batch_size=args.batch))
-            ds.get_batch(batches[0])
-            startup = time.perf_counter() - start
-            first = requests(log)
-            cold = read_all(ds, batches[1:], prefetch=True)
-            fetched = _s3.cache_for(cache, None).bytes_fetched
-            cold_rss = peak_rss_mib()
-            del ds  # a restarted job on the same node: warm cache, nothing mapped yet
-            _s3._CACHES.clear()
-            reset_peak_rss()
-            warm_ds = open_blend(uri, "train", version=version, cache_dir=cache)
-            warm = read_all(warm_ds, batches, prefetch=True)
-            hot = read_all(warm_ds, batches, prefetch=True)  # same process: blocks checked
+            version = str(open_blend(manifest, "train").version)
+            env["BENCH_VERSION"] = version
+            results["first_batch"] = first_batch(uri, version, work / "c0", log, args.batch)
+            sources = {
+                "tokenmill": uri,
+                "mosaic": "s3://bench/mds",
+                "litdata": "s3://bench/litdata",
+            }
+            for tool in tools:
+                cache = work / f"cache-{tool}"
+                cold = job(tool, sources[tool], cache, args, env)
+                warm = job(tool, sources[tool], cache, args, env)
+                results[tool] = {"cold": cold, "warm": warm}
             start = time.perf_counter()
             pulled = pull(uri, work / "pulled", progress=False)
-            pull_s = time.perf_counter() - start
-            local = open_blend(pulled.manifest, "train")
-            local_s = read_all(local, batches, prefetch=False)
-            moto_mbs = moto_alone(client, "bench", dataset_manifest.BLOCK_BYTES)
-    width = SEQ + 1
-    used = len(batches) * args.batch * width * 2
-    tok = args.batch * width
-    rows = [
-        ["reading", "start-up s", "tokens/s", "note"],
+            results["pull_s"] = time.perf_counter() - start
+            results["local"] = job("local", str(pulled.manifest), work / "cache-local", args, env)
+            results["moto_alone_mb_per_s"] = moto_alone(
+                client, "bench", dataset_manifest.BLOCK_BYTES
+            )
+    report(results, args, tools)
+
+
+def report(results: dict[str, Any], args: argparse.Namespace, tools: list[str]) -> None:
+    """Print the table and write the JSON."""
+    used = args.steps * args.batch * (SEQ + 1) * 2
+    digests = {json.dumps(results[t]["cold"]["digest"]) for t in tools}
+    digests |= {json.dumps(results[t]["warm"]["digest"]) for t in tools}
+    digests.add(json.dumps(results["local"]["digest"]))
+    rows = [["reading", "start-up s", "tokens/s", "cache bytes / used", "peak RSS MiB"]]
+    for tool in tools:
+        for kind in ("cold", "warm"):
+            got = results[tool][kind]
+            rows.append(
+                [
+                    f"{tool}, {kind}",
+                    f"{got['startup_s']:.2f}",
+                    f"{got['tokens_per_s']:,.0f}",
+                    f"{got['cache_bytes'] / used:.1f}x" if kind == "cold" else "",
+                    f"{got['peak_rss_mib']:.0f}",
+                ]
+            )
+    local = results["local"]
+    rows.append(
         [
-            "S3, cold cache",
-            f"{startup:.2f}",
-            f"{(len(batches) - 1) * tok / cold:,.0f}",
-            "first batch in start-up",
-        ],
-        ["S3, warm cache", "", f"{len(batches) * tok / warm:,.0f}", "blocks re-hashed once"],
-        ["S3, warm, 2nd pass", "", f"{len(batches) * tok / hot:,.0f}", "blocks already checked"],
-        ["local after pull", f"pull {pull_s:.2f}", f"{len(batches) * tok / local_s:,.0f}", ""],
-    ]
+            f"local after pull ({results['pull_s']:.2f} s)",
+            f"{local['startup_s']:.2f}",
+            f"{local['tokens_per_s']:,.0f}",
+            "",
+            f"{local['peak_rss_mib']:.0f}",
+        ]
+    )
     print(table(rows))
+    fb = results["first_batch"]
+    for kind in ("cold", "warm"):
+        got = fb[kind]
+        print(
+            f"one process, {kind}: open {got['open_s']:.2f} s, first batch at "
+            f"{got['startup_s']:.2f} s, {got['requests']} requests before it"
+        )
     print(
-        f"requests: {opened - seen} to open, {first - opened} more for the first batch "
-        f"({first - seen} before it)"
+        f"moto alone {results['moto_alone_mb_per_s']:.0f} "
+        f"MB/s; {args.ranks} ranks x {args.workers} workers, {args.steps} batches of "
+        f"{args.batch} x {SEQ + 1} tokens, blend of {args.tokens:,} tokens, block "
+        f"{args.block_mib:g} MiB; same tokens everywhere: {len(digests) == 1}"
     )
-    rss = peak_rss_mib()  # from the warm job on (the local read and moto alone included)
-    print(
-        f"block {args.block_mib} MiB; moto alone {moto_mbs:.0f} MB/s; "
-        f"bytes fetched {fetched:,} / used {used:,} "
-        f"({fetched / used:.2f}x); peak RSS cold {cold_rss:.0f} MiB, warm {rss:.0f} MiB; "
-        f"{len(batches)} batches of "
-        f"{args.batch} x {width} tokens, blend of {args.tokens:,} tokens"
-    )
-    write_results(
-        f"bench_stream_{args.block_mib:g}mib",
-        {
-            "startup_s": startup,
-            "cold_tokens_per_s": (len(batches) - 1) * tok / cold,
-            "warm_tokens_per_s": len(batches) * tok / warm,
-            "warm_second_pass_tokens_per_s": len(batches) * tok / hot,
-            "local_tokens_per_s": len(batches) * tok / local_s,
-            "pull_s": pull_s,
-            "requests_open": opened - seen,
-            "requests_first_batch": first - opened,
-            "moto_alone_mb_per_s": moto_mbs,
-            "bytes_fetched": fetched,
-            "bytes_used": used,
-            "peak_rss_cold_mib": cold_rss,
-            "peak_rss_warm_mib": rss,
-            "args": vars(args),
-        },
-    )
+    write_results(f"bench_stream_{args.block_mib:g}mib", {**results, "args": vars(args)})
 
 
 if __name__ == "__main__":

@@ -53,20 +53,20 @@ def ensure_pool_limits(instance: DagsterInstance) -> list[str]:
     a finished run would hold every later build of its asset."""
     from dagster import DagsterRunStatus
 
+    from assets.support.dagster_private import free_pool_slots, pool_slots, set_pool_slots
     from assets.support.pointers import SINGLE_WRITER_POOLS
 
-    storage = instance.event_log_storage
     ended = (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
     changed = []
     for pool in SINGLE_WRITER_POOLS:
-        info = storage.get_concurrency_info(pool)
-        if info.slot_count != 1 or info.using_default_limit:
-            storage.set_concurrency_slots(pool, 1)
+        slots, default, holders = pool_slots(instance, pool)
+        if slots != 1 or default:
+            set_pool_slots(instance, pool, 1)
             changed.append(pool)
-        for run_id in {slot.run_id for slot in info.claimed_slots}:
+        for run_id in holders:
             run = instance.get_run_by_id(run_id)
             if run is None or run.status in ended:
-                storage.free_concurrency_slots_for_run(run_id)
+                free_pool_slots(instance, run_id)
     return changed
 
 
@@ -74,6 +74,7 @@ if __name__ == "__main__":
     from dagster import DagsterInstance
 
     home = ensure_dagster_home(sys.argv[1] if len(sys.argv) > 1 else None)
-    with DagsterInstance.from_config(str(home)) as dagster_instance:
+    os.environ["DAGSTER_HOME"] = str(home)
+    with DagsterInstance.get() as dagster_instance:
         ensure_pool_limits(dagster_instance)
     print(home)

@@ -52,11 +52,10 @@ from pipelines.instance import ensure_dagster_home, ensure_pool_limits
 from pipelines.jobs import DOWNSTREAM_STAGES as DATASET_STAGES
 from pipelines.jobs import REFRESH_JOB, shard_job_name
 from pipelines.runguard import (
-    PROCESS_TAG,
     fail_interrupted_runs,
     instance_errors,
     materialize_locks,
-    process_tag,
+    run_lease,
     stop_if_interrupted,
 )
 from pipelines.sensors import range_tags, shard_ranges
@@ -105,14 +104,14 @@ def process_shards(
     for shards in shard_ranges(list(order), stale):
         start = time.perf_counter()
         tags = range_tags(ds.name, {key: sources[key] for key in shards})
-        tags[PROCESS_TAG] = process_tag()
-        result = job.execute_in_process(
-            run_config=run_config(verbose),
-            instance=instance,
-            partition_key=shards[0] if len(shards) == 1 else None,
-            tags=tags,
-            raise_on_error=False,
-        )
+        with run_lease(instance) as lease:
+            result = job.execute_in_process(
+                run_config=run_config(verbose),
+                instance=instance,
+                partition_key=shards[0] if len(shards) == 1 else None,
+                tags={**tags, **lease},
+                raise_on_error=False,
+            )
         stop_if_interrupted(result)
         name = f"{ds.name}/{shards[0]}"
         if len(shards) > 1:
@@ -239,13 +238,14 @@ def run_downstream(
         return RunReport()
     names = ", ".join(k.to_user_string() for k in stale)
     print(f"downstream: rebuilding {names} in one run", flush=True)
-    result = defs.resolve_job_def(REFRESH_JOB).execute_in_process(
-        run_config=run_config(verbose),
-        instance=instance,
-        asset_selection=stale,
-        tags={PROCESS_TAG: process_tag()},
-        raise_on_error=False,
-    )
+    with run_lease(instance) as lease:
+        result = defs.resolve_job_def(REFRESH_JOB).execute_in_process(
+            run_config=run_config(verbose),
+            instance=instance,
+            asset_selection=stale,
+            tags=lease,
+            raise_on_error=False,
+        )
     stop_if_interrupted(result)
     if result.success:
         print("downstream: ok")

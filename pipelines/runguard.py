@@ -2,10 +2,13 @@
 a one-line error for an instance that cannot be written.
 
 - Every run ``materialize`` executes carries ``tokenmill/process`` naming its process (host,
-  boot, pid and the pid's start time, so a reused pid or a reboot does not pass for it). A run
-  killed with its process (SIGKILL, OOM, a closed terminal) stays STARTED in the instance; the
-  next ``materialize`` and the schedules mark such runs of this host failed
-  (``fail_interrupted_runs``), so a stale run never blocks a schedule's tick.
+  boot, pid and the pid's start time, so a reused pid or a reboot does not pass for it) and a
+  lease, ``tokenmill/lease_until`` (epoch seconds), that the process renews while the run
+  executes (``run_lease``). A run killed with its process (SIGKILL, OOM, a closed terminal, a
+  lost host) stays STARTED in the instance; the next ``materialize`` and the schedules mark it
+  failed (``fail_interrupted_runs``): a run of this host once its process is gone, a run of
+  another host once its lease has expired (hosts sharing an instance need clocks that agree
+  to well within ``LEASE_SECONDS``). So a stale run never blocks a schedule's tick.
 - ``materialize_locks`` takes one exclusive ``flock`` per instance (``DAGSTER_HOME``) and one
   per storage root; a second ``materialize`` stops with "another materialize is running (pid N)"
   instead of racing the first in the instance's tables and the root's files.
@@ -20,7 +23,10 @@ import fcntl
 import hashlib
 import os
 import socket
+import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,10 +34,14 @@ from typing import Any
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, RunsFilter
 from sqlalchemy.exc import SQLAlchemyError
 
+from assets.support.dagster_private import mark_run_failed, set_run_tags
 from tokenmill.atomic import name_os_errors
 from tokenmill.errors import TokenmillError
 
 PROCESS_TAG = "tokenmill/process"
+LEASE_TAG = "tokenmill/lease_until"
+# How long a run of another host counts as alive without a renewal; renewed 5 times as often.
+LEASE_SECONDS = 300.0
 # A run in one of these states with a dead process will never finish on its own.
 UNFINISHED = [
     DagsterRunStatus.NOT_STARTED,
@@ -97,24 +107,87 @@ def process_gone(tag: str) -> bool:
     return bool(start) and _start_time(pid) != start
 
 
-def interrupted(run: DagsterRun) -> bool:
-    """An unfinished run whose ``materialize`` process has ended: it will never finish."""
+def _here(tag: str) -> bool:
+    return tag.split("/", 1)[0] == socket.gethostname()
+
+
+def lease_tags(seconds: float = LEASE_SECONDS, now: float | None = None) -> dict[str, str]:
+    """The lease tag of a run this process keeps alive for ``seconds`` from ``now``."""
+    return {LEASE_TAG: f"{(time.time() if now is None else now) + seconds:.0f}"}
+
+
+def lease_expired(run: DagsterRun, now: float | None = None) -> bool:
+    """The run carries a lease and nobody renewed it in time (an unreadable lease never
+    expires: it cannot prove the run dead)."""
+    lease = run.tags.get(LEASE_TAG, "")
+    try:
+        return float(lease) < (time.time() if now is None else now)
+    except ValueError:
+        return False
+
+
+def interrupted(run: DagsterRun, now: float | None = None) -> bool:
+    """An unfinished run whose ``materialize`` process has ended (this host: the process is
+    gone; another host: its lease expired): it will never finish."""
     tag = run.tags.get(PROCESS_TAG)
-    return run.status in UNFINISHED and tag is not None and process_gone(tag)
+    if run.status not in UNFINISHED or tag is None:
+        return False
+    return process_gone(tag) if _here(tag) else lease_expired(run, now)
 
 
-def fail_interrupted_runs(instance: DagsterInstance) -> list[str]:
+def why_interrupted(run: DagsterRun) -> str:
+    """The failure reason recorded for an interrupted run."""
+    tag = run.tags[PROCESS_TAG]
+    if _here(tag):
+        return (
+            f"interrupted: the process that ran it ({tag}) is gone (killed, out of memory or "
+            "stopped); marked failed by tokenmill"
+        )
+    until = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(run.tags[LEASE_TAG])))
+    return (
+        f"interrupted: the process that ran it ({tag}) stopped renewing its lease, which "
+        f"expired at {until} (killed, out of memory, or its host is gone); marked failed by "
+        f"tokenmill on {socket.gethostname()}"
+    )
+
+
+def fail_interrupted_runs(instance: DagsterInstance, now: float | None = None) -> list[str]:
     """Mark every interrupted run failed, with the reason; the ids of the runs marked."""
     marked = []
-    for run in instance.get_runs(RunsFilter(statuses=UNFINISHED)):
-        if interrupted(run):
-            instance.report_run_failed(
-                run,
-                f"interrupted: the process that ran it ({run.tags[PROCESS_TAG]}) is gone "
-                "(killed, out of memory or stopped); marked failed by tokenmill",
-            )
+    for record in instance.get_run_records(RunsFilter(statuses=UNFINISHED)):
+        run = record.dagster_run
+        if interrupted(run, now):
+            mark_run_failed(instance, run, why_interrupted(run))
             marked.append(run.run_id)
     return marked
+
+
+@contextlib.contextmanager
+def run_lease(
+    instance: DagsterInstance, seconds: float = LEASE_SECONDS
+) -> Iterator[dict[str, str]]:
+    """The tags of a run this process executes inside the block (its process tag and lease);
+    a thread renews the lease of this process's unfinished runs every ``seconds / 5`` until the
+    block ends, so another host can tell a live run from one whose host vanished."""
+    tag = process_tag()
+    stop = threading.Event()
+
+    def renew() -> None:
+        mine = RunsFilter(tags={PROCESS_TAG: tag}, statuses=UNFINISHED)
+        while not stop.wait(seconds / 5):
+            try:
+                for record in instance.get_run_records(mine):
+                    set_run_tags(instance, record.dagster_run.run_id, lease_tags(seconds))
+            except Exception as exc:  # a busy database: said, and tried again at the next turn
+                print(f"tokenmill: could not renew the run lease: {exc}", file=sys.stderr)
+
+    thread = threading.Thread(target=renew, name="tokenmill-run-lease", daemon=True)
+    thread.start()
+    try:
+        yield {PROCESS_TAG: tag, **lease_tags(seconds)}
+    finally:
+        stop.set()
+        thread.join()
 
 
 def stop_if_interrupted(result: Any) -> None:

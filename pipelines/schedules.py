@@ -45,7 +45,7 @@ def busy_runs(instance: DagsterInstance, runs: RunsFilter) -> int:
     """How many ``runs`` are queued or in progress, once the interrupted ones (their process is
     gone) are marked failed."""
     fail_interrupted_runs(instance)
-    return instance.get_runs_count(runs)
+    return len(instance.get_run_records(runs))
 
 
 def build_reprocess_schedule(

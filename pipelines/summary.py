@@ -16,7 +16,7 @@ from dagster import AssetKey, DagsterInstance, EventLogRecord
 from dagster_shared.error import SerializableErrorInfo
 
 from assets.support.partitions import shard_keys
-from assets.support.staleness import latest_records, recorded_version
+from assets.support.staleness import latest_materialization, latest_records, recorded_version
 from pipelines.instance import DEFAULT_HOME, REPO_ROOT
 from pipelines.jobs import shard_stages
 from tokenmill.atomic import write_bytes
@@ -104,8 +104,12 @@ def run_failures(result: Any) -> list[RunFailure]:
         cause = user.description if user and user.description else _cause_text(data.error)
         where = (event.step_key or "run").replace("__", "/")
         failures.append(RunFailure(where, shard, cause, data.error.to_string()))
-    for evaluation in result.get_asset_check_evaluations():
-        if evaluation.passed:
+    evaluations = result.get_asset_check_evaluations()
+    # A range step's check records each shard's evaluation and one for the range, which names
+    # the failed shards: report that one alone.
+    ranges = {e.asset_check_key for e in evaluations if e.partition is None}
+    for evaluation in evaluations:
+        if evaluation.passed or (evaluation.partition and evaluation.asset_check_key in ranges):
             continue
         problems = str(_metadata_value(evaluation.metadata, "problems") or evaluation.description)
         named = _metadata_value(evaluation.metadata, "failed_shards")
@@ -149,7 +153,7 @@ def dataset_line(ds: DatasetConfig, outcome: DatasetOutcome, instance: DagsterIn
         meta = _metadata(record)
         documents += int(meta.get("documents", 0))
         quarantined += int(meta.get("quarantined", 0))
-    merged = _metadata(instance.get_latest_data_version_record(AssetKey([ds.name, "merged"])))
+    merged = _metadata(latest_materialization(instance, AssetKey([ds.name, "merged"])))
     tokens = f"{merged['tokens']:,} tokens" if "tokens" in merged else "not merged"
     fresh = len(outcome.shards) - len(outcome.processed) - len(outcome.failed)
     text = (
@@ -167,7 +171,7 @@ def dataset_line(ds: DatasetConfig, outcome: DatasetOutcome, instance: DagsterIn
 def blend_line(name: str, cfg: NanosetConfig, instance: DagsterInstance) -> tuple[str, str] | None:
     """One line per blend (samples per split, where its manifest is) and that place; None when
     the blend was never built."""
-    meta = _metadata(instance.get_latest_data_version_record(AssetKey(["blend", name])))
+    meta = _metadata(latest_materialization(instance, AssetKey(["blend", name])))
     if "path" not in meta:
         return None
     where = str(meta["path"]) if str(meta["path"]).startswith("s3://") else shown(meta["path"])
@@ -194,7 +198,7 @@ def open_hint(manifest: str, name: str, endpoint_url: str | None = None) -> list
 
 def still_current(instance: DagsterInstance, key: AssetKey) -> str:
     """``NOT rebuilt; current version is still <v16> from <time>`` (or that none was built)."""
-    record = instance.get_latest_data_version_record(key)
+    record = latest_materialization(instance, key)
     version = recorded_version(instance, key)
     if record is None or version is None:
         return "NOT rebuilt; no version was ever built"
@@ -243,8 +247,8 @@ def print_summary(
     for key in report.not_rebuilt:
         if key.path[0] != "blend":
             left.setdefault(still_current(instance, key), []).append(key.to_user_string())
-    for status, names in left.items():
-        print(f"  {', '.join(names)}: {status}")
+    for status, keys in left.items():
+        print(f"  {', '.join(keys)}: {status}")
     built = []
     for blend in recipe.blends:
         key = AssetKey(["blend", blend.name])

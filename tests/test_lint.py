@@ -1,5 +1,5 @@
-"""The tree stays ruff-clean (lint and format) and the library mypy-clean, so CI catches what
-`make lint` would."""
+"""The tree stays ruff-clean (lint and format) and the library and the Dagster code location
+mypy-clean, so CI catches what `make lint` would."""
 
 from __future__ import annotations
 
@@ -20,9 +20,14 @@ def test_ruff(args: list[str]) -> None:
 
 
 def test_mypy() -> None:
-    """The library type-checks (``make lint``'s mypy), so a type error fails CI too."""
+    """The library and the code location (``assets``, ``pipelines``) type-check (``make
+    lint``'s mypy), so a type error fails CI too."""
     mypy = Path(sys.executable).with_name("mypy")
     proc = subprocess.run(
-        [str(mypy), "tokenmill"], cwd=ROOT, capture_output=True, text=True, timeout=600
+        [str(mypy), "tokenmill", "assets", "pipelines"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,8 +1,10 @@
 """S3 for the pipeline: listing, transfers with retries, and a local stage for an ``s3://`` root.
 
-The client comes from dagster-aws ``S3Resource`` (endpoint from the recipe's
-``storage.s3_endpoint_url`` or ``$AWS_ENDPOINT_URL``; credentials only from the environment, so they
-never pass through config, logs or metadata). Transient errors (5xx, throttling, dropped
+The client comes from the library's one factory, ``tokenmill.storage.s3.make_client``, as for
+``tokenmill pull`` and ``gc`` (endpoint from the recipe's ``storage.s3_endpoint_url`` or
+``$AWS_ENDPOINT_URL``; credentials only from the environment, so they never pass through config,
+logs or metadata; timeouts from ``$TOKENMILL_S3_CONNECT_TIMEOUT`` / ``$TOKENMILL_S3_READ_TIMEOUT``;
+a stalled request says "waiting for S3"). Transient errors (5xx, throttling, dropped
 connections) are retried by botocore's standard retry mode (``tokenmill.storage.s3.MAX_ATTEMPTS``),
 and by s3transfer for a download cut mid-stream; what still fails raises ``InputError`` naming the
 ``s3://`` URI (``tokenmill.storage.s3.call``), which fails the run.
@@ -51,7 +53,14 @@ from tokenmill.atomic import commit, create_temp, is_temp, temp_path_for
 from tokenmill.errors import ConflictError, InputError
 from tokenmill.paths import relative_path_problem
 from tokenmill.storage.publish import delete_first, is_pointer, publish
-from tokenmill.storage.s3 import MAX_ATTEMPTS, call, read_object
+from tokenmill.storage.s3 import (
+    CONNECT_TIMEOUT_ENV,
+    MAX_ATTEMPTS,
+    READ_TIMEOUT_ENV,
+    call,
+    make_client,
+    read_object,
+)
 from tokenmill.storage.versions import pointer_version, version_named
 
 # S3's answers to a conditional PUT whose condition failed: the object changed (412), another
@@ -71,28 +80,27 @@ CLIENT_ENVIRONMENT = (
     "AWS_DEFAULT_REGION",
     "AWS_CONFIG_FILE",
     "AWS_SHARED_CREDENTIALS_FILE",
+    CONNECT_TIMEOUT_ENV,
+    READ_TIMEOUT_ENV,
 )
 _CLIENTS: dict[str, Any] = {}
 _CLIENTS_LOCK = threading.Lock()
 
 
 def s3_client(endpoint_url: str | None) -> Any:
-    """A boto3 S3 client built by dagster-aws ``S3Resource`` (credentials from the environment).
+    """The pipeline's boto3 S3 client: ``tokenmill.storage.s3.make_client`` (retries, timeouts,
+    "waiting" line; credentials from the environment).
 
     Building one costs ~0.1-0.5 s (botocore loads its service models), so a process keeps one
     per endpoint and environment (keyed by a hash: no credential is kept in the key); boto3
     clients are thread-safe."""
-    from dagster_aws.s3 import S3Resource
-
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
     settings = [str(os.getpid()), str(endpoint), str(MAX_ATTEMPTS)]
     settings += [os.environ.get(name, "") for name in CLIENT_ENVIRONMENT]
     key = hashlib.sha256("\0".join(settings).encode()).hexdigest()
     with _CLIENTS_LOCK:
         if key not in _CLIENTS:
-            # S3Resource builds botocore's standard retry mode with these retries per request.
-            resource = S3Resource(endpoint_url=endpoint, max_attempts=MAX_ATTEMPTS)
-            _CLIENTS[key] = resource.get_client()
+            _CLIENTS[key] = make_client(endpoint)
         return _CLIENTS[key]
 
 
@@ -356,8 +364,8 @@ class S3Stage:
             self.get(obj, name)
         for rel in inputs:
             if is_pointer(rel) and rel not in self.pointers:
-                obj = listed.get(rel)
-                etag = None if obj is None else obj.etag
+                listed_obj = listed.get(rel)
+                etag = None if listed_obj is None else listed_obj.etag
                 self.pointers[rel] = ReadPointer(etag, pointer_version(self.local / rel))
 
     def listing(self, rel_prefix: str) -> dict[str, S3Object]:

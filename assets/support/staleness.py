@@ -40,6 +40,7 @@ from dagster import (
     RunsFilter,
 )
 
+from assets.support.dagster_private import latest_storage_ids
 from assets.support.partitions import shard_partitions
 from tokenmill.formats.takedown_records import masks_for
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig, Recipe
@@ -132,7 +133,7 @@ def recorded_code_version(instance: DagsterInstance, key: AssetKey) -> str | Non
     """The code version an unpartitioned asset's latest materialization was made with."""
     event = instance.get_latest_materialization_event(key)
     materialization = event.asset_materialization if event else None
-    return materialization.tags.get(CODE_VERSION_TAG) if materialization else None
+    return (materialization.tags or {}).get(CODE_VERSION_TAG) if materialization else None
 
 
 def range_data_version(per_shard: Mapping[str, str]) -> DataVersion:
@@ -161,9 +162,7 @@ def latest_records(
 ) -> dict[str, EventLogRecord]:
     """The latest materialization (or observation) record of each partition: one query for
     the storage ids, then one per ``QUERY_CHUNK`` records."""
-    wanted = set(partitions)
-    ids = instance.get_latest_storage_id_by_partition(key, kind, wanted)
-    ids = {p: i for p, i in ids.items() if p in wanted}  # storages may answer for more
+    ids = latest_storage_ids(instance, key, kind, partitions)
     chosen = sorted(ids.values())
     fetch = (
         instance.fetch_observations
@@ -189,7 +188,7 @@ def _metadata(record: EventLogRecord | None, name: str) -> str | None:
 
 def _recorded_alone(record: EventLogRecord) -> bool:
     materialization = record.asset_materialization
-    return bool(materialization and materialization.tags.get(RECORDED_ALONE) == "true")
+    return bool(materialization and (materialization.tags or {}).get(RECORDED_ALONE) == "true")
 
 
 def shard_records(
@@ -201,9 +200,9 @@ def shard_records(
     tokens = latest_records(instance, AssetKey([ds.name, LAST_SHARD_STAGE]), keys)
     run_ids = sorted({r.run_id for r in tokens.values() if r.run_id})
     ok = {
-        run.run_id
+        run.dagster_run.run_id
         for start in range(0, len(run_ids), QUERY_CHUNK)
-        for run in instance.get_runs(
+        for run in instance.get_run_records(
             RunsFilter(
                 run_ids=run_ids[start : start + QUERY_CHUNK], statuses=[DagsterRunStatus.SUCCESS]
             )
@@ -286,12 +285,18 @@ def token_status(
         AssetKey([ds.name, LAST_SHARD_STAGE]), keys, shard_partitions(ds.name)
     )
     found = status or {}
-    return {key: found[key].value if found.get(key) else None for key in keys}
+    return {key: one.value if (one := found.get(key)) else None for key in keys}
+
+
+def latest_materialization(instance: DagsterInstance, key: AssetKey) -> EventLogRecord | None:
+    """The latest materialization record of an unpartitioned asset (None: never built)."""
+    records = instance.fetch_materializations(AssetRecordsFilter(asset_key=key), limit=1)
+    return records.records[0] if records.records else None
 
 
 def recorded_version(instance: DagsterInstance, key: AssetKey) -> str | None:
     """The data version of an unpartitioned asset's latest materialization (None: never)."""
-    record = instance.get_latest_data_version_record(key, is_source=False)
+    record = latest_materialization(instance, key)
     materialization = record.asset_materialization if record else None
     tags = materialization.tags if materialization else None
     return tags.get(DATA_VERSION_TAG) if tags else None

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import (
     AssetKey,
+    AssetRecordsFilter,
     AssetsDefinition,
     DagsterInstance,
     MaterializeResult,
@@ -21,8 +22,9 @@ from dagster import (
 from assets.factory import build_assets
 from assets.support.partitions import check_partition_key, partitions_name
 from assets.support.resources import StorageResource
-from pipelines.build import resources_for
+from pipelines.build import build_definitions, resources_for
 from pipelines.jobs import SHARD_STAGES
+from pipelines.sensors import RANGE_END, RANGE_START
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.formats.dataset_manifest import open_dataset, write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
@@ -247,3 +249,41 @@ def test_blend_passes_the_megatron_flags_and_reports_empty_splits(
     assert [d["name"] for d in manifest["splits"]["test"]["datasets"]] == ["docs"]
     train = open_blend(Path(str(value(blend, "path"))), split="train")
     assert train.get_batch(np.arange(4)).shape == (4, 32)
+
+
+def test_a_range_run_gives_each_shard_page_its_own_metadata(
+    recipe: Recipe, instance: DagsterInstance
+) -> None:
+    """Issue 21 §6: a shard processed inside a range shows its own counts, path, dtype,
+    tokenizer fingerprint and histogram on its partition page, not the range's totals."""
+    keys = ["extra-00000", "part-00000", "part-00001", "part-00002"]
+    instance.add_dynamic_partitions(partitions_name("docs"), keys)
+    job = build_definitions(recipe).resolve_job_def("docs_shard_job")
+    tags = {RANGE_START: keys[0], RANGE_END: keys[-1]}
+    assert job.execute_in_process(instance=instance, tags=tags).success
+    pages = {}
+    for stage in SHARD_STAGES:
+        for key in keys:
+            query = AssetRecordsFilter(asset_key=AssetKey(["docs", stage]), asset_partitions=[key])
+            [record] = instance.fetch_materializations(query, limit=1).records
+            meta = record.asset_materialization.metadata  # type: ignore[union-attr]
+            pages[stage, key] = {name: getattr(v, "value", v) for name, v in meta.items()}
+            assert key in str(pages[stage, key]["path"]), (stage, key)
+    storage = resources_for(recipe)["storage"]
+    assert isinstance(storage, StorageResource)
+    fingerprint = resources_for(recipe)["tokenizer"].info().fingerprint  # type: ignore[attr-defined]
+    for key in keys:
+        tokens = pages["tokens", key]
+        with open_dataset(storage.tokens_prefix("docs", key, "text")) as data:
+            assert (tokens["documents"], tokens["tokens"]) == (data.num_documents, data.num_tokens)
+        assert (tokens["dtype"], tokens["tokenizer_fingerprint"]) == ("uint16", fingerprint)
+        assert "| tokens from | count | |" in str(tokens["length_histogram"])
+        assert "| characters from | count | |" in str(pages["raw_jsonl", key]["length_histogram"])
+    raw = {key: pages["raw_jsonl", key] for key in keys}
+    assert [(r["lines"], r["documents"], r["quarantined"]) for r in raw.values()] == [
+        (13, 10, 3),
+        (10, 10, 0),
+        (10, 10, 0),
+        (10, 10, 0),
+    ]
+    assert len({pages["tokens", key]["content_hash"] for key in keys}) == 4

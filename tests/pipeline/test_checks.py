@@ -18,6 +18,8 @@ from assets.checks import index_problems
 from assets.support.complete import complete_shards
 from assets.support.partitions import partitions_name
 from pipelines.materialize import materialize_recipe
+from pipelines.sensors import RANGE_END, RANGE_START
+from pipelines.summary import run_failures
 from tokenmill.indices.nanoset import NanosetIndex
 from tokenmill.recipe import Recipe
 from tokenmill.storage import layout
@@ -71,6 +73,40 @@ def test_failed_raw_check_blocks_the_rest_of_the_shard_run(
     assert evaluations["documents_accounted"] is False
     done = {e.asset_key.path[-1] for e in result.get_asset_materialization_events()}
     assert done == {"raw_jsonl"}  # hf_dataset and tokens never ran
+
+
+def test_a_range_run_records_each_shards_check_on_its_partition(
+    defs: Definitions, instance: DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 21: a range's check results used to be recorded with no partition, so every
+    partition the run planned was listed "Skipped" while the check's latest result said
+    "Passed". Each shard now has its own evaluation (the one that failed, failed), beside the
+    range's, and ``materialize`` reports the range's one line only."""
+    real = assets.raw.write_record
+
+    def miscounting(path: Path, record: dict[str, Any]) -> None:
+        bad = "part-00001" in path.name
+        real(path, {**record, "documents": record["documents"] + bad})
+
+    monkeypatch.setattr(assets.raw, "write_record", miscounting)
+    keys = ["part-00000", "part-00001"]
+    instance.add_dynamic_partitions(partitions_name("code"), keys)
+    result = defs.resolve_job_def("code_shard_job").execute_in_process(
+        instance=instance, tags={RANGE_START: keys[0], RANGE_END: keys[-1]}, raise_on_error=False
+    )
+    evaluations = [e for e in result.get_asset_check_evaluations() if e.partition]
+    by_check: dict[str, dict[str, bool]] = {}
+    for e in evaluations:
+        by_check.setdefault(e.check_name, {})[str(e.partition)] = e.passed
+    assert by_check == {
+        "documents_accounted": {"part-00000": True, "part-00001": False},
+        "not_empty": {"part-00000": True, "part-00001": True},
+    }
+    ranges = {e.check_name: e for e in result.get_asset_check_evaluations() if not e.partition}
+    assert ranges["not_empty"].passed and not ranges["documents_accounted"].passed
+    assert ranges["documents_accounted"].metadata["failed_shards"].value == ["part-00001"]
+    [failure] = run_failures(result)
+    assert failure.shard == "part-00001" and "documents_accounted" in failure.where
 
 
 def test_corrupted_shard_fails_its_check_and_holds_back_downstream(

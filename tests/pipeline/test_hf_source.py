@@ -214,3 +214,24 @@ def test_a_failed_reexport_leaves_no_stats_vouching(
     with context as ctx, pytest.raises(InputError, match=rf"{shard}: cannot read table"):
         export(ctx)
     assert not storage.raw_stats_path("wiki", ARROW).exists()
+
+
+def test_an_empty_hf_shard_is_a_warning(hf_recipe: Recipe, instance: DagsterInstance) -> None:
+    """Like a JSONL shard, a Parquet shard with no rows passes with a WARN ``not_empty`` on its
+    ``hf_dataset`` partition (an ``hf`` dataset has no raw stage to carry it)."""
+    source = Path(hf_recipe.dataset("wiki").source)
+    schema = pa.schema([("id", pa.int64()), ("text", pa.string())])
+    pq.write_table(schema.empty_table(), source / "empty-00000.parquet")
+    instance.add_dynamic_partitions(partitions_name("wiki"), ["empty-00000", PARQUET])
+    job = build_definitions(hf_recipe).resolve_job_def("wiki_shard_job")
+    result = job.execute_in_process(instance=instance, partition_key="empty-00000")
+    assert result.success  # a warning, not a failure
+    [check] = [e for e in result.get_asset_check_evaluations() if e.check_name == "not_empty"]
+    assert check.asset_key == AssetKey(["wiki", "hf_dataset"]) and not check.passed
+    assert check.severity.value == "WARN" and check.metadata["documents"].value == 0
+    assert str(check.metadata["problems"].value) == "empty shard: 0 documents in 0 lines " + (
+        "(0 blank, 0 quarantined)"
+    )
+    good = job.execute_in_process(instance=instance, partition_key=PARQUET)
+    passed = [e.passed for e in good.get_asset_check_evaluations() if e.check_name == "not_empty"]
+    assert passed == [True]

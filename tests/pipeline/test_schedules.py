@@ -4,6 +4,7 @@ weekly reprocess and the nightly refresh skip while the other is queued or runni
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Callable
 
 import pytest
@@ -21,6 +22,14 @@ from dagster import (
 from assets.support.partitions import partitions_name
 from pipelines.build import build_definitions
 from pipelines.jobs import REFRESH_JOB
+from pipelines.runguard import (
+    LEASE_TAG,
+    PROCESS_TAG,
+    fail_interrupted_runs,
+    lease_tags,
+    process_tag,
+    run_lease,
+)
 from tokenmill.recipe import Recipe
 
 WHEN = dt.datetime(2026, 1, 4, 2, 0, tzinfo=dt.UTC)
@@ -110,3 +119,59 @@ def test_reprocess_and_refresh_never_overlap(
         assert not result.run_requests
         assert result.skip_message is not None
         assert result.skip_message.startswith("1 reprocess run(s) queued or in progress")
+
+
+def test_a_run_of_a_vanished_host_is_failed_once_its_lease_expires(
+    defs: Definitions, instance: DagsterInstance
+) -> None:
+    """Issue 21: a ``materialize`` run on another host that died (killed, lost machine) stayed
+    STARTED forever, since only this host's pids can be checked; the reprocess schedule then
+    skipped every tick. Its lease now expires and the run is marked failed and not counted."""
+    repository = defs.get_repository_def()
+    schedule = defs.resolve_schedule_def("nightly_refresh")
+    elsewhere = {PROCESS_TAG: "other-host/boot/4242/99", "tokenmill/reprocess": "1"}
+    now = time.time()
+    alive = DagsterRun(
+        job_name="code_shard_job",
+        status=DagsterRunStatus.STARTED,
+        tags={**elsewhere, **lease_tags(60, now)},
+    )
+    dead = DagsterRun(
+        job_name="code_shard_job",
+        status=DagsterRunStatus.STARTED,
+        tags={**elsewhere, **lease_tags(-1, now)},
+    )
+    instance.add_run(alive)
+    assert fail_interrupted_runs(instance) == []  # another host's live lease: still running
+    instance.add_run(dead)
+    with build_schedule_context(instance, WHEN, repository_def=repository) as context:
+        result = schedule.evaluate_tick(context)
+    assert result.skip_message.startswith("1 reprocess run(s) queued or in progress")  # alive
+    run = instance.get_run_by_id(dead.run_id)
+    assert run is not None and run.status == DagsterRunStatus.FAILURE
+    [failure] = [
+        r.event_log_entry.dagster_event.message
+        for r in instance.get_records_for_run(dead.run_id).records
+        if r.event_log_entry.dagster_event and r.event_log_entry.dagster_event.is_run_failure
+    ]
+    assert "other-host/boot/4242/99) stopped renewing its lease" in str(failure)
+    assert fail_interrupted_runs(instance, now=now + 61) == [alive.run_id]  # it lapsed too
+    with build_schedule_context(instance, WHEN, repository_def=repository) as context:
+        assert len(schedule.evaluate_tick(context).run_requests or []) == 1
+
+
+def test_the_lease_is_renewed_while_the_block_runs(instance: DagsterInstance) -> None:
+    """A run carries the lease ``run_lease`` gives; the process renews it while it runs, and
+    stops renewing when the block ends."""
+    with run_lease(instance, seconds=0.5) as tags:
+        assert tags[PROCESS_TAG] == process_tag()
+        run = DagsterRun(job_name=REFRESH_JOB, status=DagsterRunStatus.STARTED, tags=tags)
+        instance.add_run(run)
+        deadline = time.monotonic() + 30
+        while instance.get_run_by_id(run.run_id).tags[LEASE_TAG] == tags[LEASE_TAG]:  # type: ignore[union-attr]
+            assert time.monotonic() < deadline, "the lease was never renewed"
+            time.sleep(0.05)
+    renewed = instance.get_run_by_id(run.run_id).tags[LEASE_TAG]  # type: ignore[union-attr]
+    time.sleep(0.3)
+    assert instance.get_run_by_id(run.run_id).tags[LEASE_TAG] == renewed  # type: ignore[union-attr]
+    assert fail_interrupted_runs(instance) == []  # this host: its process is alive

@@ -153,3 +153,42 @@ def test_asset_page_renders_histogram_and_metadata(ui: tuple[int, Path]) -> None
         browser.screenshot(work / "asset-page.png")
     assert rows >= 3 and bars  # header + at least two buckets, drawn as text bars
     assert (work / "asset-page.png").stat().st_size > 10_000
+
+
+CHECKS_QUERY = """
+{ assetNodeOrError(assetKey: {path: ["docs", "tokens"]}) { ... on AssetNode {
+    assetChecksOrError { ... on AssetChecks { checks { name
+      executionForLatestMaterialization { status }
+      partitionStatuses { ... on AssetCheckDefaultPartitionStatuses {
+        succeededPartitions failedPartitions skippedPartitions executionFailedPartitions } }
+} } } } } }
+"""
+
+
+def test_partitioned_checks_show_one_status(ui: tuple[int, Path]) -> None:
+    """Issue 21: the shards ran as one range; the check list (partition statuses) said
+    "Skipped" while the check's latest evaluation said "Passed". Both say passed now."""
+    port, work = ui
+    node = graphql(port, CHECKS_QUERY)["assetNodeOrError"]
+    checks = node["assetChecksOrError"]["checks"]
+    assert {c["name"] for c in checks} == {"idx_bin_consistent", "documents_match_export"}
+    for check in checks:
+        assert check["executionForLatestMaterialization"]["status"] == "SUCCEEDED"
+        statuses = check["partitionStatuses"]
+        assert sorted(statuses["succeededPartitions"]) == [
+            "extra-00000",
+            "part-00000",
+            "part-00001",
+            "part-00002",
+        ]
+        assert statuses["skippedPartitions"] == statuses["failedPartitions"] == []
+    with Browser(work / "chromium-profile") as browser:
+        browser.navigate(f"http://127.0.0.1:{port}/assets/docs/tokens?view=checks")
+        browser.wait_for("document.body.innerText.includes('documents_match_export')")
+        browser.evaluate(SKIP_COMMUNITY_DIALOG)
+        browser.wait_for("document.body.innerText.includes('Latest execution')", timeout=30)
+        text = browser.evaluate("document.body.innerText")
+    # the list (one row per check) and the selected check's latest evaluation agree
+    listed = text.split("Execute all", 1)[1].split("Latest execution", 1)[0]
+    assert listed.count("Succeeded") == 2 and "Skipped" not in listed
+    assert "Evaluation result\nPassed" in text

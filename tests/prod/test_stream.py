@@ -20,6 +20,8 @@ from prod_servers import S3
 from servers import build_stream_root
 
 import tokenmill.formats.dataset_manifest as dataset_manifest
+import tokenmill.storage.pull as pull_module
+import tokenmill.storage.s3 as s3_helpers
 from tokenmill.errors import CacheError
 from tokenmill.loader import BatchSampler, _s3, open_blend
 
@@ -97,6 +99,30 @@ def test_a_pinned_version_and_pickles_send_no_data(blend: tuple[Path, str], tmp_
     assert batch_digest(again) == batch_digest(local)
 
 
+def test_a_mirrored_version_reopens_without_a_request_until_a_file_changes(
+    blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local_manifest, uri = blend
+    cache = tmp_path / "cache"
+    want = batch_digest(open_blend(local_manifest, "train"))
+    version = open_blend(uri, "train", cache_dir=cache).version  # through the pointer
+    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    made: list[str] = []
+    real = s3_helpers.make_client
+    for module in (s3_helpers, pull_module):  # pull imports it by name
+        monkeypatch.setattr(
+            module, "make_client", lambda *a, **k: made.append("c") or real(*a, **k)
+        )
+    monkeypatch.setattr(_s3, "_CACHES", {})  # a resumed job, same node: no S3 client at all
+    assert batch_digest(open_blend(uri, "train", version=version, cache_dir=cache)) == want
+    assert made == []
+    idx = next((cache / "files").rglob("s1_text_document.idx"))
+    idx.write_bytes(idx.read_bytes())  # written since it was checked: mirrored again
+    monkeypatch.setattr(_s3, "_CACHES", {})
+    assert batch_digest(open_blend(uri, "train", version=version, cache_dir=cache)) == want
+    assert made
+
+
 def test_a_block_corrupted_in_the_cache_is_fetched_again(
     blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -111,6 +137,58 @@ def test_a_block_corrupted_in_the_cache_is_fetched_again(
     monkeypatch.setattr(_s3, "_CACHES", {})  # a new process: blocks are checked on first use
     assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
     assert victim.read_bytes() != bytes(data)
+
+
+def test_a_checked_block_is_trusted_by_its_stamp_until_written_again(
+    blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local_manifest, uri = blend
+    cache = tmp_path / "cache"
+    want = batch_digest(open_blend(local_manifest, "train"))
+    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    hashed: list[int] = []
+    digest = _s3.block_digest
+    monkeypatch.setattr(_s3, "block_digest", lambda data: hashed.append(len(data)) or digest(data))
+    monkeypatch.setattr(_s3, "_CACHES", {})  # a restarted job: its blocks were checked once
+    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    assert hashed == []
+    victim = block_files(cache)[0]
+    victim.write_bytes(victim.read_bytes())  # written again (same bytes): checked again
+    monkeypatch.setattr(_s3, "_CACHES", {})
+    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    assert hashed == [victim.stat().st_size]
+
+
+def test_missing_consecutive_blocks_come_by_one_range_get(
+    blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local_manifest, uri = blend
+    ranges: list[str] = []
+    make = _s3.BlockCache.client
+
+    def counting(self: _s3.BlockCache) -> object:
+        client = make(self)
+        if not hasattr(client, "real_get"):  # the process's one client, wrapped once
+            client.real_get = client.get_object
+
+            def get_object(**kwargs: object) -> object:
+                if "Range" in kwargs:  # not the pointer, read whole
+                    ranges.append(str(kwargs["Range"]))
+                return client.real_get(**kwargs)
+
+            client.get_object = get_object
+        return client
+
+    monkeypatch.setattr(_s3.BlockCache, "client", counting)
+    cache = tmp_path / "cache"
+    remote = open_blend(uri, "train", cache_dir=cache)
+    assert batch_digest(remote) == batch_digest(open_blend(local_manifest, "train"))
+    stored = len(block_files(cache))
+    objects = 5  # three shards, the physical merge, code: runs never join two objects
+    assert len(ranges) <= stored // _s3.RUN_BLOCKS + objects
+    assert _s3.cache_for(cache, None).bytes_fetched == sum(
+        p.stat().st_size for p in block_files(cache)
+    )
 
 
 def test_an_object_corrupted_in_s3_is_refused_naming_object_and_block(

@@ -155,16 +155,17 @@ def _open_s3_blend(
     cache_bytes: int | None,
 ) -> BlendedDataset:
     """``open_blend`` of an ``s3://`` manifest (tokenmill.loader._s3, imported here only)."""
-    from tokenmill.loader._s3 import RemoteData, cache_for, mirror_blend, remote_files
+    from tokenmill.loader._s3 import RemoteData, cache_for, remote_files
+    from tokenmill.loader._s3_open import default_cache_dir, mirror_blend
 
-    root, mpath, bins = mirror_blend(uri, version, cache_dir)
+    cache = cache_for(cache_dir if cache_dir is not None else default_cache_dir(), cache_bytes)
+    _, mpath, bins = mirror_blend(uri, version, cache.root, cache.client)
     info = read_blend_manifest(mpath)
     _check_split(info, uri, split, version)
     with schema_errors(mpath):
         problems = split_problems(info, mpath, split, full=False)
     if problems:
         raise CacheError(f"{uri}: blend is stale or incomplete:\n  " + "\n  ".join(problems))
-    cache = cache_for(root, cache_bytes)
 
     def remote(prefix: Path, *, full: bool) -> RemoteData:
         return RemoteData(open_dataset(prefix, index_only=True), remote_files(prefix, bins), cache)

@@ -333,14 +333,15 @@ class NanosetDataset(_TrainingBatches):
         with fix-ups, ``np.concatenate`` of the slices and per-piece copies were all slower).
         """
         parts, starts, stops, counts = self.pieces(ks)
-        ensure = getattr(self.data, "ensure", None)  # a remote dataset fetches blocks first
-        if ensure is not None:
-            ensure(parts, starts, stops)
-        los, his = starts.tolist(), stops.tolist()
-        if self.data.num_parts == 1:
+        gather = getattr(self.data, "gather", None)  # a remote dataset: through its blocks
+        if gather is not None:
+            blob = gather(parts, starts, stops)
+        elif self.data.num_parts == 1:
+            los, his = starts.tolist(), stops.tolist()
             view = self._buffer(0)
             blob = b"".join([view[lo:hi] for lo, hi in zip(los, his, strict=True)])
         else:
+            los, his = starts.tolist(), stops.tolist()
             views = [self._buffer(p) for p in parts.tolist()]
             blob = b"".join([v[lo:hi] for v, lo, hi in zip(views, los, his, strict=True)])
         return (

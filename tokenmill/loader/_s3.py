@@ -1,16 +1,21 @@
-"""A blend read straight from S3 (``open_blend("s3://...")``): small files fetched whole and
-checked by sha256, token files read by fixed-size blocks through a node-local block cache.
+"""A blend read straight from S3 (``open_blend("s3://...")``): token files read by fixed-size
+blocks through a node-local block cache (the small files: ``_s3_open``).
 
 The cache (``cache_dir``) is shared by every process on the node: a block is downloaded once
-(an ``flock`` per block), checked against the per-block sha256 list its dataset manifest
-records, written to a temp, fsynced and renamed (a reader never sees a partial block; a
-killed writer leaves only a temp), and evicted oldest-first (mtime, refreshed on use) when
-``cache_bytes`` would be exceeded. boto3 is imported only here, lazily, through
-``tokenmill.storage.s3.make_client`` (endpoint and credentials from the AWS environment).
+(an ``flock`` per block; consecutive missing blocks of one object by one range GET, their
+locks taken in ascending order), checked against the per-block sha256 list its dataset
+manifest records, written to a temp, fsynced and renamed (a reader never sees a partial block;
+a killed writer leaves only a temp), stamped checked (inode, size, mtime: later processes map
+it without hashing until it is written again), and evicted least recently used first (the
+stamp's mtime, refreshed when a process maps the block) when ``cache_bytes`` would be exceeded.
+A batch reads one memoryview slice of a mapped block per piece, as from a local memmap. boto3
+is imported only here, lazily, through ``tokenmill.storage.s3.make_client`` (endpoint and
+credentials from the AWS environment).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -18,6 +23,7 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.atomic import create_temp, fsync_dir, remove_stale_temps, write_bytes
+from tokenmill.atomic import create_temp, fsync_dir, remove_stale_temps
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.dataset_manifest import (
     BLOCK_BYTES,
@@ -35,10 +41,15 @@ from tokenmill.formats.dataset_manifest import (
 from tokenmill.formats.indexed import IndexedDataset, data_file_path
 from tokenmill.formats.virtual_merge import VirtualDataset
 
-CACHE_ENV = "TOKENMILL_CACHE_DIR"
 OPEN_BLOCKS = 64  # cached blocks a process keeps memory-mapped (address space, not RSS)
 FETCH_THREADS = 8  # parallel range GETs for one batch or one prefetch
 GET_ATTEMPTS = 2  # a block that fails its check is fetched once more, then refused
+RUN_BLOCKS = 8  # consecutive missing blocks of one object fetched by one range GET
+
+
+def block_digest(data: bytes | mmap.mmap) -> str:
+    """The sha256 a block is checked against (hashlib releases the GIL while it hashes)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,10 @@ class RemoteFile:
     def uri(self) -> str:
         return f"s3://{self.bucket}/{self.key}"
 
+    def matches(self, i: int, data: bytes | mmap.mmap) -> bool:
+        """Block ``i``'s bytes hash to the recorded sha256 (True when none is recorded)."""
+        return not self.block_sha256 or block_digest(data) == self.block_sha256[i]
+
     def span(self, i: int) -> tuple[int, int]:
         """Byte range [lo, hi) of block ``i``."""
         lo = i * self.block_bytes
@@ -71,7 +86,7 @@ class BlockCache:
         self.root = Path(root)
         self.capacity = capacity
         self._lock = threading.Lock()
-        self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
+        self._maps: OrderedDict[str, memoryview] = OrderedDict()
         self._bases: dict[tuple[str, str, int], str] = {}
         self._checked: set[str] = set()  # block files this process hashed
         self._client: Any = None
@@ -110,7 +125,7 @@ class BlockCache:
             base = self._bases[where] = os.path.join(self.root, "blocks", name[:2], name)
         return f"{base}-{i:08d}"
 
-    def block(self, f: RemoteFile, i: int) -> mmap.mmap:
+    def block(self, f: RemoteFile, i: int) -> memoryview:
         """Block ``i`` of ``f``, checked, from the cache (fetched first when absent)."""
         key = self._name(f, i)
         with self._lock:
@@ -137,67 +152,154 @@ class BlockCache:
                 self._maps.popitem(last=False)
         return view
 
-    def _open_checked(self, f: RemoteFile, i: int, path: Path) -> mmap.mmap | None:
+    def _stamp_path(self, path: Path) -> Path:
+        """Where the stamp of a checked block lives: ``verified/<h[:2]>/<name>``."""
+        return self.root / "verified" / path.parent.name / path.name
+
+    def _stamp(self, path: Path, st: os.stat_result) -> None:
+        """Record that the block file ``st`` describes was checked (its inode, size and mtime):
+        later processes trust it without hashing until the file is written again. A torn or
+        lost stamp only costs a re-hash, so it is renamed into place without an fsync."""
+        stamp = self._stamp_path(path)
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_bytes(f"{st.st_ino} {st.st_size} {st.st_mtime_ns}".encode())
+        os.replace(tmp, stamp)
+
+    def _stamped(self, path: Path, st: os.stat_result) -> bool:
+        """True when the block was checked since it was last written (stamp matches); the
+        stamp's mtime is refreshed, the eviction order (least recently used first)."""
+        stamp = self._stamp_path(path)
+        try:
+            found = stamp.read_bytes()
+            os.utime(stamp)
+        except FileNotFoundError:
+            return False
+        return found == f"{st.st_ino} {st.st_size} {st.st_mtime_ns}".encode()
+
+    def _open_checked(self, f: RemoteFile, i: int, path: Path) -> memoryview | None:
         """The cached block mapped, or None when absent, short or not matching its hash (then
-        it is removed: the caller fetches it again)."""
+        it is removed: the caller fetches it again). A block is hashed once after it is
+        written (by the process that stored it, or the first to map it), then trusted by its
+        stamp; a block written since (corrupted in place) is hashed again."""
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
         try:
             lo, hi = f.span(i)
-            if os.fstat(fd).st_size != hi - lo:
-                view = None
-            else:
+            st = os.fstat(fd)
+            view = None
+            if st.st_size == hi - lo:
                 view = mmap.mmap(fd, hi - lo, prot=mmap.PROT_READ)
-                os.utime(fd)  # the eviction order: least recently used first
+                if not f.block_sha256:
+                    os.utime(fd)  # the eviction order (checked blocks: their stamp's mtime)
         finally:
             os.close(fd)
         if view is not None and f.block_sha256 and str(path) not in self._checked:
-            if hashlib.sha256(view).hexdigest() != f.block_sha256[i]:
+            if self._stamped(path, st):
+                self._checked.add(str(path))
+            elif not f.matches(i, view):
                 view.close()
                 view = None
             else:
+                self._stamp(path, st)
                 self._checked.add(str(path))
         if view is None:
             path.unlink(missing_ok=True)
-        return view
+            return None
+        return memoryview(view)
 
     def _fill(self, f: RemoteFile, i: int, path: Path) -> None:
         """Download block ``i`` once on this node (the lock file serializes the processes and
         threads that want it), check it, store it crash-safely."""
+        with self._locked(path):
+            if not path.is_file():  # else another process stored it meanwhile
+                self._store(f, i, path, self._get(f, i))
+
+    @contextlib.contextmanager
+    def _locked(self, path: Path) -> Iterator[None]:
+        """Hold the node-wide lock of one block file (an ``flock`` on ``locks/<name>``)."""
         locks = self.root / "locks"
         locks.mkdir(parents=True, exist_ok=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(locks / path.name, "a+b") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            if path.is_file():  # another process stored it meanwhile (checked by the caller)
-                return
-            data = self._get(f, i)
-            self._make_room(len(data), f, i)
-            remove_stale_temps(path)  # of killed writers: never renamed, never read
-            tmp: Path | None = None
+            yield
+
+    def _store(self, f: RemoteFile, i: int, path: Path, data: bytes) -> None:
+        """Write checked block ``data`` crash-safely (temp, fsync, rename) under the capacity,
+        and stamp it checked."""
+        self._make_room(len(data), f, i)
+        remove_stale_temps(path)  # of killed writers: never renamed, never read
+        tmp: Path | None = None
+        try:
+            tmp, fh = create_temp(path, lambda t: open(t, "wb"))  # noqa: SIM115 - closed below
+            with fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+        except OSError as exc:
+            self._release(len(data), stored=False)
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise CacheError(
+                    f"{self.root}: the cache directory is full storing block {i} of "
+                    f"{f.uri}: free space there or lower cache_bytes"
+                ) from exc
+            raise
+        self._release(len(data), stored=True)
+        if f.block_sha256:
+            self._stamp(path, os.stat(path))
+        with self._lock:
+            self._checked.add(str(path))
+
+    def _fill_run(self, f: RemoteFile, first: int, stop: int) -> None:
+        """Download the missing blocks of ``first..stop-1`` of ``f`` with one range GET (the
+        fewest requests), once on this node: the blocks' locks are taken in ascending order
+        (no two runs deadlock), then the blocks still missing are fetched and each stored once
+        it passes its check. A block that fails its check, or a body cut short, ends the run:
+        what it did not deliver is fetched block by block when read (``block``: once more,
+        then refused naming the block)."""
+        if stop - first == 1:
+            self.block(f, first)
+            return
+        with contextlib.ExitStack() as held:
+            paths = [Path(self._name(f, i)) for i in range(first, stop)]
+            for path in paths:
+                held.enter_context(self._locked(path))
+            missing = [first + k for k, path in enumerate(paths) if not path.is_file()]
+            if missing:
+                self._get_run(f, missing[0], missing[-1] + 1)
+
+    def _get_run(self, f: RemoteFile, first: int, stop: int) -> None:
+        """One range GET of blocks ``first..stop-1`` (their locks held), storing each absent
+        block that passes its check, until one does not or the body is cut."""
+        from tokenmill.storage.s3 import is_cut_body, s3_errors
+
+        lo, hi = f.span(first)[0], f.span(stop - 1)[1]
+        with s3_errors(f"reading block {first} (bytes {lo}..{hi}) of {f.uri}"):
+            resp = self.client().get_object(
+                Bucket=f.bucket, Key=f.key, Range=f"bytes={lo}-{hi - 1}"
+            )
             try:
-                tmp, fh = create_temp(path, lambda t: open(t, "wb"))  # noqa: SIM115 - closed below
-                with fh:
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, path)
-                fsync_dir(path.parent)
-            except OSError as exc:
-                self._release(len(data), stored=False)
-                if tmp is not None:
-                    tmp.unlink(missing_ok=True)
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                    raise CacheError(
-                        f"{self.root}: the cache directory is full storing block {i} of "
-                        f"{f.uri}: free space there or lower cache_bytes"
-                    ) from exc
-                raise
-            self._release(len(data), stored=True)
-            with self._lock:
-                self._checked.add(str(path))
+                for i in range(first, stop):
+                    a, b = f.span(i)
+                    data = bytes(resp["Body"].read(b - a))
+                    self.bytes_fetched += len(data)
+                    if len(data) != b - a or not f.matches(i, data):
+                        return
+                    path = Path(self._name(f, i))
+                    if not path.is_file():
+                        self._store(f, i, path, data)
+            except Exception as exc:
+                if not is_cut_body(exc):
+                    raise
+            finally:
+                resp["Body"].close()
 
     def _get(self, f: RemoteFile, i: int) -> bytes:
         """Block ``i`` by a range GET, checked (size, and sha256 when recorded), fetched once
@@ -223,7 +325,7 @@ class BlockCache:
             self.bytes_fetched += len(data)
             if len(data) != hi - lo:
                 why = f"{len(data)} bytes, expected {hi - lo}"
-            elif f.block_sha256 and hashlib.sha256(data).hexdigest() != f.block_sha256[i]:
+            elif not f.matches(i, data):
                 why = "sha256 differs from the dataset manifest's block list"
             else:
                 return data
@@ -261,45 +363,81 @@ class BlockCache:
                 except FileNotFoundError:
                     continue
                 if entry.is_file():
-                    blocks.append((st.st_mtime, st.st_size, entry))
+                    blocks.append((self._last_use(entry, st), st.st_size, entry))
             used = sum(b[1] for b in blocks)
             for _, nbytes, entry in sorted(blocks):
                 if used + self._inflight + size <= self.capacity:
                     break
                 entry.unlink(missing_ok=True)  # a process reading it keeps its mapping
+                self._stamp_path(entry).unlink(missing_ok=True)
                 self._checked.discard(str(entry))
                 used -= nbytes
             self._used = used + self._inflight + size
             self._inflight += size
 
-    def ensure(self, wanted: list[tuple[RemoteFile, int]]) -> None:
-        """Make every (file, block) present, fetching the missing ones in parallel; CacheError
-        when they cannot all be held at once (one batch larger than ``cache_bytes``)."""
+    def _last_use(self, path: Path, st: os.stat_result) -> float:
+        """When a block was last mapped: its stamp's mtime (checked blocks), else its own."""
+        try:
+            return max(st.st_mtime, self._stamp_path(path).stat().st_mtime)
+        except FileNotFoundError:
+            return st.st_mtime
+
+    def views(self, wanted: list[tuple[RemoteFile, int]]) -> list[memoryview]:
+        """Every (file, block) mapped and checked, the missing ones fetched first, in parallel,
+        contiguous blocks of one object by one range GET; CacheError when they cannot all be
+        held at once (one batch larger than ``cache_bytes``)."""
         need = sum(f.span(i)[1] - f.span(i)[0] for f, i in wanted)
         if self.capacity is not None and need > self.capacity:
             raise CacheError(
                 f"one batch needs {len(wanted)} blocks ({need} bytes), more than "
                 f"cache_bytes={self.capacity} at {self.root}: raise cache_bytes"
             )
-        missing = [(f, i) for f, i in wanted if not os.path.isfile(self._name(f, i))]
-        if len(missing) > 1:
-            list(self.pool().map(lambda fi: self.block(*fi), missing))
-        elif missing:
-            self.block(*missing[0])
+        maps = self._maps
+        found = [maps.get(self._name(f, i)) for f, i in wanted]
+        todo = [k for k, v in enumerate(found) if v is None]
+        if not todo:
+            return found  # type: ignore[return-value]
+        runs = self._runs([wanted[k] for k in todo])
+        if len(runs) > 1:
+            list(self.pool().map(lambda run: self._fill_run(*run), runs))
+        elif runs:
+            self._fill_run(*runs[0])
+        for k in todo:
+            found[k] = self.block(*wanted[k])
+        return found  # type: ignore[return-value]
+
+    def _runs(self, wanted: list[tuple[RemoteFile, int]]) -> list[tuple[RemoteFile, int, int]]:
+        """The blocks not on disk, as runs (file, first, stop) of consecutive blocks of one
+        file, at most ``RUN_BLOCKS`` long (one range GET each)."""
+        missing = sorted(
+            {(f.uri, i): f for f, i in wanted if not os.path.isfile(self._name(f, i))}.items()
+        )
+        runs: list[tuple[RemoteFile, int, int]] = []
+        for (uri, i), f in missing:
+            if (
+                runs
+                and runs[-1][0].uri == uri
+                and runs[-1][2] == i
+                and i - runs[-1][1] < RUN_BLOCKS
+            ):
+                runs[-1] = (f, runs[-1][1], i + 1)
+            else:
+                runs.append((f, i, i + 1))
+        return runs
 
     def prefetch(self, wanted: list[tuple[RemoteFile, int]]) -> None:
         """Fetch these blocks in the background (errors surface when the batch is read)."""
-        missing = [(f, i) for f, i in wanted if not os.path.isfile(self._name(f, i))]
-        if missing:
+        runs = self._runs([(f, i) for f, i in wanted if self._name(f, i) not in self._maps])
+        if runs:
             pool = self.pool()
-            for f, i in missing:
-                pool.submit(self._quiet_block, f, i)
+            for run in runs:
+                pool.submit(self._quiet_run, *run)
 
-    def _quiet_block(self, f: RemoteFile, i: int) -> None:
-        """A background fetch: a failure is left for the read that needs the block, which
-        fetches it again and raises there."""
+    def _quiet_run(self, f: RemoteFile, first: int, stop: int) -> None:
+        """A background fetch: a failure is left for the read that needs the blocks, which
+        fetches them again and raises there."""
         try:
-            self.block(f, i)
+            self._fill_run(f, first, stop)
         except (CacheError, OSError):  # the foreground read retries and reports it
             return
         except Exception as exc:  # botocore errors: same, reported by the foreground read
@@ -320,13 +458,14 @@ def cache_for(root: str | os.PathLike[str], capacity: int | None) -> BlockCache:
 
 
 class RemoteView:
-    """The bytes of one token file, sliced as ``view[lo:hi]`` -> bytes through the cache."""
+    """The bytes of one token file, sliced as ``view[lo:hi]`` -> bytes (or a memoryview of
+    one block) through the cache."""
 
     def __init__(self, cache: BlockCache, f: RemoteFile) -> None:
         self.cache, self.f = cache, f
-        self._last: tuple[int, mmap.mmap] | None = None  # the block the last slice read
+        self._last: tuple[int, memoryview] | None = None  # the block the last slice read
 
-    def _block(self, i: int) -> mmap.mmap:
+    def _block(self, i: int) -> memoryview:
         last = self._last
         if last is not None and last[0] == i:
             return last[1]
@@ -337,7 +476,7 @@ class RemoteView:
     def __len__(self) -> int:
         return self.f.size
 
-    def __getitem__(self, where: slice) -> bytes:
+    def __getitem__(self, where: slice) -> bytes | memoryview:
         lo, hi, _ = where.indices(self.f.size)
         if hi <= lo:
             return b""
@@ -366,6 +505,8 @@ class RemoteData:
                 data.idx_path, "files", f"{len(files)} token files, expected {data.num_parts}"
             )
         self.data, self.files, self.cache = data, files, cache
+        self._block_bytes = np.array([f.block_bytes for f in files], dtype=np.int64)
+        self._stride = max(-(-f.size // f.block_bytes) for f in files) + 1  # blocks per key
         self.prefix, self.dtype, self.idx_path = data.prefix, data.dtype, data.idx_path
         self.num_parts = data.num_parts
         self.num_tokens = data.num_tokens
@@ -399,27 +540,55 @@ class RemoteData:
         """The index's full check (the lengths against the recorded token counts)."""
         self.data.check_pointers()
 
-    def _blocks(
+    def _plan(
         self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray
-    ) -> list[tuple[RemoteFile, int]]:
-        """The distinct (file, block) the byte ranges touch, in order."""
-        out: dict[tuple[int, int], None] = {}
+    ) -> tuple[list[tuple[RemoteFile, int]], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The distinct (file, block) the non-empty byte ranges touch, and per piece (empty
+        ones dropped: they add no bytes): the position of its first block in that list, and
+        its range within that block (array arithmetic; ``hi > block size``: it spans blocks)."""
         keep = stops > starts
-        for p, lo, hi in zip(
-            parts[keep].tolist(), starts[keep].tolist(), stops[keep].tolist(), strict=True
-        ):
-            size = self.files[p].block_bytes
-            for i in range(lo // size, (hi - 1) // size + 1):
-                out[(p, i)] = None
-        return [(self.files[p], i) for p, i in out]
+        if not bool(keep.all()):
+            parts, starts, stops = parts[keep], starts[keep], stops[keep]
+        sizes = self._block_bytes[parts]
+        first = starts // sizes
+        last = np.maximum(first, (stops - 1) // sizes)
+        keys = parts.astype(np.int64) * self._stride + first
+        spans = np.flatnonzero(last > first)
+        extra = [
+            int(p) * self._stride + i
+            for p, a, b in zip(
+                parts[spans].tolist(), first[spans].tolist(), last[spans].tolist(), strict=True
+            )
+            for i in range(a + 1, b + 1)
+        ]
+        uniq = np.unique(np.concatenate([keys, np.asarray(extra, dtype=np.int64)]))
+        wanted = [
+            (self.files[int(k) // self._stride], int(k) % self._stride) for k in uniq.tolist()
+        ]
+        base = first * sizes
+        return wanted, np.searchsorted(uniq, keys), starts - base, stops - base, sizes
 
-    def ensure(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Fetch what one batch's byte ranges need before it is read (parallel range GETs)."""
-        self.cache.ensure(self._blocks(parts, starts, stops))
+    def gather(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> bytes:
+        """The bytes of every piece back to back (the blocks fetched first if missing: parallel
+        range GETs): one memoryview slice of a mapped block per piece, as a local memmap."""
+        wanted, where, los, his, sizes = self._plan(parts, starts, stops)
+        views = self.cache.views(wanted)
+        chunks = [
+            views[k][lo:hi]
+            for k, lo, hi in zip(where.tolist(), los.tolist(), his.tolist(), strict=True)
+        ]
+        for j in np.flatnonzero(his > sizes).tolist():  # spans blocks: piece by piece
+            k, lo, hi, size = int(where[j]), int(los[j]), int(his[j]), int(sizes[j])
+            out = []
+            while hi > 0:
+                out.append(views[k][max(lo, 0) : min(hi, size)])
+                k, lo, hi = k + 1, lo - size, hi - size
+            chunks[j] = b"".join(out)
+        return b"".join(chunks)
 
     def prefetch(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> None:
         """Fetch what future batches' byte ranges need, in the background."""
-        self.cache.prefetch(self._blocks(parts, starts, stops))
+        self.cache.prefetch(self._plan(parts, starts, stops)[0])
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle the local prefix, where each token file lives and the cache settings: no
@@ -448,55 +617,6 @@ def _reopen_remote(
     return RemoteData(open_dataset(prefix, index_only=True), files, cache_for(root, capacity))
 
 
-def default_cache_dir() -> Path:
-    """``$TOKENMILL_CACHE_DIR``, else ``~/.cache/tokenmill/s3``."""
-    found = os.environ.get(CACHE_ENV)
-    return Path(found) if found else Path.home() / ".cache" / "tokenmill" / "s3"
-
-
-def mirror_blend(
-    uri: str, version: str | None, cache_dir: str | os.PathLike[str] | None
-) -> tuple[Path, Path, dict[Path, RemoteFile]]:
-    """Fetch a blend's manifest and small files (index descriptions and arrays, dataset
-    manifests, ``.idx``) into ``<cache_dir>/files/<bucket>/...``, each checked by its sha256
-    (re-hashed on every open: they are small), and describe its token files.
-
-    Returns the cache root, the local blend manifest and ``{local .bin path: RemoteFile}``.
-    """
-    from tokenmill.storage.pull import plan_blend, sync_file
-
-    root_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    source, raw, plan = plan_blend(uri, version=version)
-    bucket = str(getattr(source, "bucket", ""))
-    base = ""
-    for want in plan.wanted:
-        base = want.key[: len(want.key) - len(want.rel)]
-        break
-    mirror = root_dir / "files" / bucket / base
-    remote: dict[Path, Any] = {}
-    for want in plan.wanted:
-        if want.rel.endswith(".bin"):
-            remote[(mirror / want.rel).resolve()] = want
-        else:
-            sync_file(source, want, mirror)
-    for rel, data in plan.dataset_manifests.items():
-        path = mirror / rel
-        if not (path.is_file() and path.read_bytes() == data):
-            write_bytes(path, data)
-    if plan.version_manifest is not None:
-        path = mirror / plan.version_manifest[0]
-        if not (path.is_file() and path.read_bytes() == plan.version_manifest[1]):
-            write_bytes(path, plan.version_manifest[1])
-    mpath = mirror / plan.manifest_rel
-    if not (mpath.is_file() and mpath.read_bytes() == raw):
-        write_bytes(mpath, raw)
-    return (
-        root_dir,
-        mpath,
-        {p: RemoteFile(bucket, w.key, w.size, BLOCK_BYTES, ()) for p, w in remote.items()},
-    )
-
-
 def _bin_entries(prefix: Path) -> list[tuple[Path, dict[str, Any]]]:
     """(local ``.bin`` path, its manifest record) of each part of the dataset at ``prefix``."""
     manifest = read_dataset_manifest(prefix)
@@ -520,7 +640,7 @@ def _record(prefix: Path, found: RemoteFile, info: dict[str, Any]) -> RemoteFile
     return RemoteFile(found.bucket, found.key, found.size, size, hashes)
 
 
-def remote_files(prefix: Path, bins: dict[Path, RemoteFile]) -> list[RemoteFile]:
+def remote_files(prefix: Path, bins: dict[Path, tuple[str, str, int]]) -> list[RemoteFile]:
     """The token files of the dataset at (local) ``prefix``, one per part, with the per-block
     hashes its dataset manifest records (a virtual merge: each shard's record)."""
     out = []
@@ -528,5 +648,5 @@ def remote_files(prefix: Path, bins: dict[Path, RemoteFile]) -> list[RemoteFile]
         found = bins.get(Path(path).resolve())
         if found is None:
             raise FormatError(prefix, "files", f"{path.name} is not among the blend's files")
-        out.append(_record(prefix, found, info))
+        out.append(_record(prefix, RemoteFile(*found, BLOCK_BYTES, ()), info))
     return out

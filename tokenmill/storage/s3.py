@@ -72,15 +72,26 @@ def timeouts() -> dict[str, float]:
     }
 
 
+_LOADER: list[Any] = []  # botocore's data loader of this process (JSON models, read once)
+_LOADER_LOCK = threading.Lock()
+
+
 def make_client(endpoint_url: str | None, **config: Any) -> Any:
     """A boto3 S3 client with the retry policy and the timeouts (credentials and region from
     the environment); ``config`` adds botocore ``Config`` options such as
     ``max_pool_connections``. Slow or retried requests say so on stderr (``_Waiting``)."""
     import boto3
+    import botocore.session
     from botocore.config import Config
 
     limits = timeouts()
-    client = boto3.session.Session().client(
+    session = botocore.session.get_session()  # fresh: environment and credentials read now
+    with _LOADER_LOCK:
+        if _LOADER:  # the parsed service models, shared: a second client costs ~50 ms, not 150
+            session.register_component("data_loader", _LOADER[0])
+        else:
+            _LOADER.append(session.get_component("data_loader"))
+    client = boto3.session.Session(botocore_session=session).client(
         "s3",
         endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
         config=Config(retries=retry_config(), **{**limits, **config}),

@@ -1,0 +1,160 @@
+"""Opening an ``s3://`` blend in few requests: its small files (manifests, index descriptions
+and arrays, ``.idx``) are mirrored into the node-local cache, fetched in parallel and checked
+by sha256 when they arrive; token files are described for the block cache (``_s3``).
+
+A version is immutable, so once one is mirrored an *open record* (``opened/<h>.json``) lists
+its local files with the inode, size and mtime each had when it was checked. Opening that
+version again (``version=``, e.g. a resumed job) costs no request and does not import boto3
+while every file still matches its record; opening the pointer costs one GET (the pointer,
+to learn its version). A file written since (corrupted, replaced) voids the record: the
+version is mirrored again, each file re-checked by its sha256 (those intact are kept).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from tokenmill.atomic import load_json, write_bytes, write_json
+from tokenmill.errors import FormatError, InputError
+from tokenmill.formats.blend_manifest import MANIFEST_NAME, VERSIONS_DIR
+
+CACHE_ENV = "TOKENMILL_CACHE_DIR"
+MIRROR_THREADS = 8  # small files fetched at once
+RECORD_FORMAT = 1
+
+Bins = dict[Path, tuple[str, str, int]]  # local .bin path -> (bucket, key, size)
+
+
+def default_cache_dir() -> Path:
+    """``$TOKENMILL_CACHE_DIR``, else ``~/.cache/tokenmill/s3``."""
+    found = os.environ.get(CACHE_ENV)
+    return Path(found) if found else Path.home() / ".cache" / "tokenmill" / "s3"
+
+
+def _blend_folder(uri: str) -> tuple[str, str, str]:
+    """(bucket, key of the manifest named, key of the blend's folder) of a blend URI (the
+    folder holds the pointer and ``versions/``)."""
+    from tokenmill.storage.s3 import split_uri
+
+    bucket, key = split_uri(uri)
+    if not key.endswith(".json"):
+        key = posixpath.join(key, MANIFEST_NAME) if key else MANIFEST_NAME
+    folder = posixpath.dirname(key)
+    if posixpath.basename(posixpath.dirname(folder)) == VERSIONS_DIR:
+        folder = posixpath.dirname(posixpath.dirname(folder))
+    return bucket, key, folder
+
+
+def _record_path(root: Path, bucket: str, folder: str, version: str) -> Path:
+    """Where the open record of one version of one blend lives."""
+    name = hashlib.sha256(f"{bucket}\0{folder}\0{version[:16]}".encode()).hexdigest()[:32]
+    return root / "opened" / f"{name}.json"
+
+
+def _stamp(path: Path) -> list[int]:
+    st = os.stat(path)
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def _recorded(path: Path, root: Path) -> tuple[Path, Bins] | None:
+    """The local manifest and token files of a recorded open, when the record exists and every
+    file it lists is unchanged since it was checked; None otherwise."""
+    try:
+        record = load_json(path.read_bytes(), path, "open record")
+        if record.get("format") != RECORD_FORMAT:
+            return None
+        for rel, stamp in record["files"].items():
+            if _stamp(root / rel) != stamp:
+                return None
+        bins = {root / rel: (str(b), str(k), int(n)) for rel, b, k, n in record["bins"]}
+        return root / record["manifest"], bins
+    except (OSError, FormatError, KeyError, TypeError, ValueError, AttributeError):
+        return None  # no usable record: the version is mirrored (and checked) again
+
+
+def _pointer_version(uri: str, client: Any) -> str | None:
+    """The version the pointer ``uri`` names now (one GET), None if it records none."""
+    from tokenmill.storage.s3 import read_object
+
+    bucket, key, _ = _blend_folder(uri)
+    raw = read_object(client, bucket, key)
+    if raw is None:
+        return None  # plan_blend says so, naming the URI
+    found = load_json(raw, f"s3://{bucket}/{key}", "manifest")
+    version = found.get("version") if isinstance(found, dict) else None
+    return str(version) if isinstance(version, str) and len(version) >= 16 else None
+
+
+def mirror_blend(
+    uri: str, version: str | None, cache_dir: str | os.PathLike[str] | None, client: Any
+) -> tuple[Path, Path, Bins]:
+    """Mirror one version of a blend's small files into ``<cache_dir>/files/<bucket>/...``
+    (``version=None``: the version the pointer names now) and describe its token files.
+
+    ``client()`` gives the process's boto3 client (made on first use: not at all when the
+    version is named and recorded). Returns the cache root,
+    the local blend manifest and ``{local .bin path: (bucket, key, size)}``.
+    """
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    bucket, key, folder = _blend_folder(uri)
+    named = version
+    if named is None and posixpath.basename(posixpath.dirname(posixpath.dirname(key))) != (
+        VERSIONS_DIR
+    ):
+        named = _pointer_version(uri, client())
+    if named is not None:
+        found = _recorded(_record_path(root, bucket, folder, named), root)
+        if found is not None:
+            return root, *found
+    if version is None and named is not None:
+        try:  # the version the pointer named, by its own manifest: the pointer is not re-read
+            return root, *_mirror(uri, named, root, bucket, folder)
+        except InputError:  # a layout without versions/: through the pointer
+            pass
+    return root, *_mirror(uri, version, root, bucket, folder)
+
+
+def _mirror(
+    uri: str, version: str | None, root: Path, bucket: str, folder: str
+) -> tuple[Path, Bins]:
+    """Fetch what one version needs (parallel GETs; files already mirrored and intact are
+    kept), then write its open record."""
+    from tokenmill.storage.pull import plan_blend, sync_file
+
+    source, raw, plan = plan_blend(uri, version=version, jobs=MIRROR_THREADS)
+    mirror = root / "files" / bucket
+    if plan.wanted:
+        want = plan.wanted[0]
+        mirror = mirror / want.key[: len(want.key) - len(want.rel)]
+    small = [w for w in plan.wanted if not w.rel.endswith(".bin")]
+    with ThreadPoolExecutor(MIRROR_THREADS, thread_name_prefix="tokenmill-mirror") as pool:
+        list(pool.map(lambda w: sync_file(source, w, mirror), small))
+    written = [mirror / w.rel for w in small]
+    for rel, data in [*plan.dataset_manifests.items(), (plan.manifest_rel, raw)]:
+        path = mirror / rel
+        if not (path.is_file() and path.read_bytes() == data):
+            write_bytes(path, data)
+        written.append(path)
+    mpath = mirror / plan.manifest_rel
+    bins = {
+        (mirror / w.rel).resolve(): (bucket, w.key, w.size)
+        for w in plan.wanted
+        if w.rel.endswith(".bin")
+    }
+    found = load_json(raw, uri, "manifest").get("version")
+    if isinstance(found, str) and len(found) >= 16:
+        write_json(
+            _record_path(root, bucket, folder, found),
+            {
+                "format": RECORD_FORMAT,
+                "manifest": str(mpath.relative_to(root)),
+                "files": {str(p.relative_to(root)): _stamp(p) for p in written},
+                "bins": [[str(p.relative_to(root)), *where] for p, where in bins.items()],
+            },
+        )
+    return mpath, bins
