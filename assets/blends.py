@@ -114,22 +114,18 @@ def build_blend_asset(
                 for ds in datasets
             ]
             version = blend_data_version(blend, cfg, members)
-            settings: dict[str, Any] = {
-                "weights": blend.weight_map(),
-                "temperature": blend.temperature,
-                **cfg.settings().blend_keywords(),
-            }
+            settings = blend.settings(cfg.settings())
             if cfg.semantics == "growing":  # the current version, which a new one may extend
                 stage_current_blend(ws, blend.name)
             where = (prefixes, ws.storage.blend_dir(blend.name), ws.storage.nanoset_dir())
             if not blend.allow_empty_splits:
-                refuse_vanishing(blend, blend_skips(blend.name, *where, **settings))
+                refuse_vanishing(blend, blend_skips(blend.name, *where, settings))
             # An existing version is staged first, so an unchanged rebuild finds it complete
             # and neither rebuilds nor uploads it.
-            built = blend_version(blend.name, *where, **settings)
+            built = blend_version(blend.name, *where, settings)
             ws.fetch([f"{layout.blend_version_dir(blend.name, built)}/"])
             manifest = build_blend(
-                blend.name, *where, **settings, fetch=ws.fetch_index_entry, expected=read
+                blend.name, *where, settings, fetch=ws.fetch_index_entry, expected=read
             )
             mpath = ws.storage.blend_dir(blend.name) / "manifest.json"
             shares = realized_shares(manifest, mpath)

@@ -416,19 +416,18 @@ def nanoset_checks(ds: DatasetConfig, cfg: NanosetConfig) -> list[AssetChecksDef
                 [None] * 3 if unranged else split_ranges(cfg.split, len(lengths), cfg.semantics)
             )
             settings = cfg.settings()
-            requested = settings.sizes()
-            if growing:  # the nanoset asset's growing entries are uncapped
-                requested = dict.fromkeys(requested)
+            requested = settings.index_sizes()  # what the nanoset asset requests
             problems: list[str] = []
             for position, split in enumerate(SPLITS):
                 try:
                     index = build_or_load(
                         prefix,
                         ws.storage.nanoset_dir(),
-                        num_samples=requested[split],
+                        split,
+                        settings,
+                        requested[split],
                         build=False,
                         fetch=ws.fetch_index_entry,
-                        **settings.index_keywords(split),
                     )
                     if index is None:
                         continue

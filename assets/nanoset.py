@@ -63,18 +63,6 @@ def merged_lengths(prefix: Path) -> tuple[np.ndarray, str]:
     return lengths, dataset_content_hash(prefix, index_only=index_only)
 
 
-def split_settings(
-    cfg: NanosetConfig, split: str, shards: list[tuple[str, int]] | None = None
-) -> dict[str, Any]:
-    """The index settings of one split, as ``build_or_load``/``entry_key`` take them (samples
-    from the recipe; None = one epoch of the split). Growing semantics: the era size, the
-    dataset's ``shards`` table, and no cap (a blend caps its own size; the index grows)."""
-    settings = cfg.settings()
-    if cfg.semantics == "growing":
-        return {**settings.index_keywords(split), "num_samples": None, "shards": shards}
-    return {**settings.index_keywords(split), "num_samples": settings.sizes()[split]}
-
-
 def merged_version(storage: StorageResource, ds: DatasetConfig) -> str:
     """The current merged version of a dataset, as its pointer names it."""
     pointer = read_pointer(storage.path(layout.merged_pointer(ds.name)))
@@ -149,8 +137,10 @@ def previous_entry(
     extends it, writing only the new rows. None when there is none."""
     if before is None:
         return None
-    settings = split_settings(cfg, split, shard_table(before))
-    found = entry_key(int(before["counts"]["sequences"]), str(before["content_hash"]), **settings)
+    settings = cfg.settings()
+    count, content = int(before["counts"]["sequences"]), str(before["content_hash"])
+    samples = settings.index_sizes()[split]
+    found = entry_key(count, content, split, settings, samples, shards=shard_table(before))
     if found is None:
         return None
     key, digest = found
@@ -171,8 +161,10 @@ def split_entry(
     """(samples, cache hash, how) of one split's entry: ``stored`` when S3 already holds it
     complete, else ``loaded``/``built`` from the workspace's cache (``extended`` when it
     extends ``previous``); (0, None, "-") if empty."""
-    settings = {**split_settings(cfg, split, shards), "masked": masked}
-    found = entry_key(len(lengths), content, **settings)
+    settings = cfg.settings()
+    samples = settings.index_sizes()[split]
+    where: dict[str, Any] = {"shards": shards, "masked": masked}
+    found = entry_key(len(lengths), content, split, settings, samples, **where)
     if found is None:
         return 0, None, "-"
     key, digest = found
@@ -182,11 +174,13 @@ def split_entry(
         return int(stored["counts"]["num_samples"]), digest, "stored"
     held = cache_paths(cache_dir, digest, split)["description"].is_file()
     if cfg.semantics == "growing":  # its segments (earlier entries) need not be staged here
-        made = ensure_entry(lengths, content, cache_dir, previous=previous, **settings)
+        made = ensure_entry(
+            lengths, content, cache_dir, split, settings, samples, previous=previous, **where
+        )
         assert made is not None  # the split is not empty: entry_key said so
         description = read_description(made[0]["description"]) or {}
         how = "loaded" if held else "extended" if "document.0" in description["files"] else "built"
         return int(description["counts"]["num_samples"]), digest, how
-    index = build_or_load_lengths(lengths, content, cache_dir, **settings)
+    index = build_or_load_lengths(lengths, content, cache_dir, split, settings, samples, **where)
     assert index is not None  # the split is not empty: entry_key said so
     return len(index), digest, "loaded" if held else "built"

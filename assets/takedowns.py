@@ -1,6 +1,6 @@
 """``takedowns``: the recipe's takedown list (``takedown: {list, reason}``) recorded in the ledger.
 
-The asset resolves the list on the storage root and writes its audit record
+The asset resolves the list on the storage root (local or ``s3://``) and writes its audit record
 (``tokenmill.takedown.record_takedown``: ``takedowns/<id>.json``); every ``<ds>/merged`` takes it
 as an input, so a changed list makes them stale, and each merge masks what the ledger names
 (``assets.support.takedowns``, CLI takedowns included). The takedown sensor
@@ -38,12 +38,10 @@ def build_takedowns(cfg: TakedownConfig) -> AssetsDefinition:
         "ledger (takedowns/<id>.json); every merged dataset masks them.",
     )
     def takedowns(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
-        if storage.is_s3 or cfg.list is None:
-            raise Failure(
-                f"takedown list {cfg.list}: resolved on a local storage root only (it reads the "
-                f"shards' sources); run `tokenmill takedown` against a local copy of {storage.root}"
-            )
-        record = record_takedown(storage.local_root(), cfg.list, cfg.reason)
+        if cfg.list is None:
+            raise Failure("the recipe's takedown section names no list file")
+        # an s3:// root: resolved in a local mirror of its records, the record uploaded
+        record = record_takedown(storage.root, cfg.list, cfg.reason)
         for query in record["unmatched"]:
             context.log.warning(f"takedown list {cfg.list}: {query}: no document")
         key = layout.takedown_record(str(record["id"]))
@@ -52,7 +50,9 @@ def build_takedowns(cfg: TakedownConfig) -> AssetsDefinition:
             "list_sha256": record["list"]["sha256"],
             "documents": len(record["documents"]),
             "unmatched": MetadataValue.json(record["unmatched"]),
-            "audit_record": path_value(storage.path(key)),
+            "audit_record": MetadataValue.path(f"{storage.root.rstrip('/')}/{key}")
+            if storage.is_s3
+            else path_value(storage.path(key)),
         }
         return MaterializeResult(metadata=metadata, data_version=DataVersion(str(record["id"])))
 

@@ -364,6 +364,7 @@ def big_blend(gigabytes: float, work: Path) -> dict[str, Any]:
     from tokenmill.formats.dataset_manifest import write_dataset_manifest
     from tokenmill.formats.indexed import encode_index
     from tokenmill.indices.blend_build import build_blend
+    from tokenmill.indices.settings import BlendSettings, NanosetSettings
 
     root = work / "big"
     prefix = root / "merged" / "big" / "0123456789abcdef" / "big_text_document"
@@ -393,10 +394,10 @@ def big_blend(gigabytes: float, work: Path) -> dict[str, Any]:
             {"big": prefix},
             root / "blends" / "big",
             root / "nanoset",
-            weights={"big": 1.0},
-            sequence_length=2048,
-            split_spec="100,0,0",
-            train_samples=100_000,
+            BlendSettings(
+                NanosetSettings(sequence_length=2048, split_spec="100,0,0", train_samples=100_000),
+                weights={"big": 1.0},
+            ),
         )
         result["wall"] = time.perf_counter() - start
     bin_opened = [p for p in _LAST_OPENED if p.endswith(".bin")]

@@ -50,6 +50,7 @@ from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.formats.merge import virtual_merge
 from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import BatchSampler, _s3, open_blend
 from tokenmill.storage.pull import pull
 from tokenmill_dev.moto import moto_server
@@ -76,10 +77,12 @@ def build(root: Path, tokens: int, shards: int) -> Path:
         {"web": root / "merged" / "web_text_document"},
         root / "blends" / "stream",
         root / "nanoset",
-        weights={"web": 1.0},
-        sequence_length=SEQ,
-        split_spec="100,0,0",
-        train_samples=tokens // (SEQ + 1) - 1,
+        BlendSettings(
+            NanosetSettings(
+                sequence_length=SEQ, split_spec="100,0,0", train_samples=tokens // (SEQ + 1) - 1
+            ),
+            weights={"web": 1.0},
+        ),
     )
     return root / "blends" / "stream" / "manifest.json"
 

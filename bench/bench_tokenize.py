@@ -38,9 +38,12 @@ included).
     python bench/bench_tokenize.py --mb 200 --floors gigatoken --name tokenize-200mb
     python bench/bench_tokenize.py --normalizers [--mb 20] [--repeat 3] [--workers 1,2]
     python bench/bench_tokenize.py --scaling [--mb 200] [--repeat 3] [--max-workers N]
+    python bench/bench_tokenize.py --first-use [--mb 20] [--repeat 3]
 
 ``--scaling`` compares one run at ``--workers`` 1, 2, 4 ... up to the cores present with as many
 independent single-worker runs over equal parts of the corpus (see ``bench/_tokenize_scaling.py``).
+``--first-use`` compares a CLI run with a new tokenizer (fresh cache: the verification runs)
+with the same run cached (see ``bench/_tokenize_first_use.py``).
 """
 
 from __future__ import annotations
@@ -68,8 +71,9 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
+from _tokenize_first_use import first_use_runs, report_first_use  # noqa: E402
 from _tokenize_scaling import report_scaling, scaling_runs, worker_counts  # noqa: E402
-from _util import OUT_DIR, machine, table, write_results  # noqa: E402
+from _util import OUT_DIR, machine, run_timed, table, write_results  # noqa: E402
 from corpus import MB, ensure_corpus  # noqa: E402
 
 from tokenmill.formats.shard_records import text_digest  # noqa: E402
@@ -664,6 +668,31 @@ def report(data: dict[str, Any], workers: list[int]) -> None:
         print(f"Megatron {what}: {seconds} s")
 
 
+def first_use_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """``--first-use``: per tokenizer family, fresh-cache vs cached CLI runs, alternating."""
+    corpus = ensure_corpus(args.mb)
+    gpt2 = build_bundled_tokenizer("gpt2", ROOT / ".tokenizers" / "gpt2")
+    dirs = {
+        "gpt2": gpt2,
+        "gpt2-nfkc": gpt2_nfkc(gpt2),
+        "qwen2-nfc": build_bundled_tokenizer("qwen2", ROOT / ".tokenizers" / "qwen2"),
+        "llama2": build_bundled_tokenizer("llama2", ROOT / ".tokenizers" / "llama2"),
+    }
+    work = OUT_DIR / "tokenize-first-use"
+    work.mkdir(parents=True, exist_ok=True)
+
+    def run_cli(corpus: Path, tok_dir: Path, prefix: Path, env: dict[str, str]) -> dict[str, float]:
+        cmd = [sys.executable, "-m", "tokenmill.cli", "tokenize", "--input", str(corpus)]
+        cmd += ["--output-prefix", str(prefix), "--tokenizer", str(tok_dir), "--append-eod"]
+        run = run_timed([*cmd, "--workers", str(args.workers[-1])], env=env)
+        print(f"{tok_dir.name} {prefix.name}: {run['wall']:.2f} s", file=sys.stderr)
+        return run
+
+    runs = first_use_runs(dirs, corpus, work, args.repeat, ENV, run_cli)
+    return {"corpus": str(corpus), "bytes": corpus.stat().st_size, "workers": args.workers[-1],
+            "runs": runs}  # fmt: skip
+
+
 def scaling(args: argparse.Namespace) -> dict[str, Any]:
     """``--scaling``: per tokenizer, ours vs independent runs at 1, 2, 4 ... workers."""
     corpus = ensure_corpus(args.mb)
@@ -729,6 +758,11 @@ def main() -> None:
         action="store_true",
         help="compare normalizer tokenizers' fast path with GPT-2's and the hf path instead",
     )
+    parser.add_argument(
+        "--first-use",
+        action="store_true",
+        help="a CLI run with a fresh tokenizer cache vs the same run cached, alternating",
+    )
     args = parser.parse_args()
     if args.mb is None:
         args.mb = 200.0 if args.scaling else 20.0
@@ -743,6 +777,12 @@ def main() -> None:
         report_scaling(data)
         name = args.name if args.name != "tokenize" else "tokenize-scaling"
         print(f"wrote {write_results(name, data)}")
+        return
+    if args.first_use:
+        data = first_use_bench(args)
+        print(f"{data['bytes'] / MB:.1f} MB, --workers {data['workers']}")
+        print(table(report_first_use(data)))
+        print(f"wrote {write_results(args.name + '-first-use', data)}")
         return
     if args.normalizers:
         data = normalizer_runs(args)

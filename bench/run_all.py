@@ -61,7 +61,7 @@ BENCHES = (
     Bench("merge", "bench_merge.py", ("--mb", "64", "--repeat", "1")),
     Bench("index", "bench_index.py", ("--quick", "--repeats", "1")),
     Bench("loader", "bench_loader.py", ("--tokens", "4000000", "--iters", "3", "--repeat", "2")),
-    Bench("open", "bench_open.py", ("--samples", "2000000", "--repeat", "3")),
+    Bench("open", "bench_open.py", ("--sequences", "2000000", "--repeat", "3")),
     Bench("pipeline", "bench_pipeline.py", ("--quick",)),
     Bench(
         "scale",

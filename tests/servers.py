@@ -26,6 +26,7 @@ from tiny_pairs import random_dataset
 from tokenmill.formats.merge import merge_datasets
 from tokenmill.formats.merge import virtual_merge as merge_virtually
 from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill_dev.moto import free_port, moto_server
 
 SERVER_START_SECONDS = 60
@@ -81,10 +82,10 @@ def build_storage_root(root: Path) -> Path:
         {"docs": merged, "code": code},
         root / "blends" / "mix",
         root / "nanoset",
-        weights={"docs": 0.7, "code": 0.3},
-        sequence_length=16,
-        split_spec="90,10,0",
-        train_samples=300,
+        BlendSettings(
+            NanosetSettings(sequence_length=16, split_spec="90,10,0", train_samples=300),
+            weights={"docs": 0.7, "code": 0.3},
+        ),
     )
     return root / "blends" / "mix" / "manifest.json"
 
@@ -175,10 +176,11 @@ def build_stream_root(root: Path, semantics: str) -> Path:
         },
         root / "blends" / "mix",
         root / "nanoset",
-        weights={"docs": 0.5, "phys": 0.2, "code": 0.3},
-        sequence_length=64,
-        split_spec="90,10,0",
-        train_samples=200,
-        semantics=semantics,
+        BlendSettings(
+            NanosetSettings(
+                sequence_length=64, split_spec="90,10,0", train_samples=200, semantics=semantics
+            ),
+            weights={"docs": 0.5, "phys": 0.2, "code": 0.3},
+        ),
     )
     return root / "blends" / "mix" / "manifest.json"

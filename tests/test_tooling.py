@@ -1,12 +1,14 @@
 """Developer tooling: the test tiers that ``make test-fast`` deselects, CI mode (a skipped tier
-fails), and ``make dev``'s silenced ``dg`` hint."""
+fails), ``make dev``'s silenced ``dg`` hint, and the lean install of ``make demo``."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +83,42 @@ def test_make_dev_silences_only_the_dg_hint() -> None:
     assert "Use 'dg dev' instead." in stderr()
     quiet = stderr(PYTHONWARNINGS=value)
     assert "superseded" not in quiet and "Invalid -W option" not in quiet
+
+
+TEST_ONLY = {"torch", "moto", "mypy", "hypothesis", "datasets", "mistral-common", "pytest", "ruff"}
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def _dry_run(folder: Path, target: str) -> str:
+    proc = subprocess.run(
+        ["make", "-n", target], cwd=folder, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_make_demo_installs_the_pipeline_only_and_test_adds_its_stack_once(tmp_path: Path) -> None:
+    """``make demo`` installs ``.[pipeline,demo]`` (none of the test-only stack), announced on one
+    line; ``make test-fast`` adds ``.[test]`` once, then its stamp skips the install."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = extras["optional-dependencies"]
+    assert not (_names(extras["pipeline"]) | _names(extras["demo"])) & TEST_ONLY
+    assert _names(extras["test"]) >= TEST_ONLY
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    demo = _dry_run(tmp_path, "demo")
+    assert "pip install -q -e '.[pipeline,demo]'" in demo and "test]" not in demo, demo
+    assert len(re.findall(r"^echo \"installing .*min", demo, re.M)) == 1, demo
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / ".installed").touch()
+    fast = _dry_run(tmp_path, "test-fast")
+    assert "'.[pipeline,demo,test]'" in fast and "'.[pipeline,demo]'" not in fast, fast
+    assert 'echo "installing the test stack' in fast, fast
+    (tmp_path / ".venv" / ".installed-test").touch()
+    assert "pip install" not in _dry_run(tmp_path, "test-fast")
 
 
 def _pytest_without(tmp_path: Path, missing: set[str], ci: str | None, *args: str) -> str:

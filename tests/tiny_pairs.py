@@ -1,14 +1,32 @@
 """Tiny random token datasets for tests: one home for the ``.bin``/``.idx`` pairs (and their
-manifests) that the blend, version, index-cache, concurrency, hostile-config and S3 tests build."""
+manifests) that the blend, version, index-cache, concurrency, hostile-config and S3 tests build,
+and the settings value those tests build blends with."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
+from tokenmill.indices.nanoset import NanosetIndex, build_or_load
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
+
+
+def blend_values(**fields: Any) -> BlendSettings:
+    """The ``BlendSettings`` of ``weights``/``temperature`` and ``NanosetSettings`` fields given
+    flat (tests vary one field of a dict of defaults)."""
+    weighting = {k: fields.pop(k) for k in ("weights", "temperature") if k in fields}
+    return BlendSettings(NanosetSettings(**fields), **weighting)
+
+
+def index_of(prefix: str | Path, cache_dir: str | Path, **fields: Any) -> NanosetIndex | None:
+    """``build_or_load`` of ``split``, ``num_samples`` (default None) and ``NanosetSettings``
+    fields given flat (plain values: they cross processes, and tests vary one of them)."""
+    split, num_samples = fields.pop("split"), fields.pop("num_samples", None)
+    return build_or_load(prefix, cache_dir, split, NanosetSettings(**fields), num_samples)
 
 
 def random_pair(

@@ -7,7 +7,10 @@ Stdlib only: the loader and the producers both import it.
 
 from __future__ import annotations
 
+import re
+
 VERSION_CHARS = 16  # a version folder is named by the first 16 hex digits of its version hash
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 def is_lower_hex(text: str) -> bool:
@@ -17,7 +20,7 @@ def is_lower_hex(text: str) -> bool:
 
 def has_control_character(text: str) -> bool:
     """True when ``text`` holds an ASCII control character (C0 or DEL)."""
-    return any(ord(c) < 32 or ord(c) == 127 for c in text)
+    return _CONTROL.search(text) is not None  # one C scan: manifests hold thousands of paths
 
 
 def leading_parents(relative: str) -> int | None:

@@ -9,7 +9,10 @@ merges both have them) map to ``(shard key, document ordinal)``. The ordinal bec
 line through the shard's source file named in its raw stats (``raw/<ds>/<shard>.stats.json``,
 checked against the recorded size): the n-th line that ``read_jsonl_batches`` accepts is the
 n-th document (blank and quarantined lines skipped), and the document id is that record's
-``id`` field (the same record the shard's Parquet export holds). No new file is written.
+``id`` field (the same record the shard's Parquet export holds). A Parquet/Arrow source
+(``format: hf``) names the 1-based row instead; an ``s3://`` source is downloaded once (a temporary
+copy) (null texts skipped, ``document_rows``), and a
+``line:FILE:N`` query of such a file means row N. No new file is written.
 
 ``find`` goes the other way: queries (document id, ``file:line``, text substring, or the sha256
 of normalized text) resolve to ``(dataset, shard, ordinal)`` by reading the named source files
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenmill.atomic import write_bytes
 from tokenmill.errors import ConfigError, FormatError
 from tokenmill.formats.blend_manifest import (
     INDEX_ARRAYS,
@@ -39,10 +44,13 @@ from tokenmill.formats.blend_manifest import (
     resolve,
 )
 from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
-from tokenmill.formats.shard_records import read_dochash, read_record, text_digest
+from tokenmill.formats.shard_records import parse_record, read_dochash, read_record, text_digest
 from tokenmill.formats.virtual_merge import VirtualDataset
-from tokenmill.ingest.records import document_lines
+from tokenmill.ingest.records import JSONL_SUFFIXES, TABLE_SUFFIXES, document_lines
+from tokenmill.ingest.tables import document_rows
 from tokenmill.loader import NanosetDataset, open_blend
+from tokenmill.storage.mirror import local_root, root_of_blend
+from tokenmill.storage.store import Store, open_store
 
 __all__ = [
     "DocumentRef",
@@ -68,7 +76,7 @@ class Piece:
     document: int  # the document's ordinal in its shard (0-based; one sequence per document)
     sequence: int  # its global sequence id in the merged dataset
     source: str | None  # the shard's source file (the uri its raw stats record)
-    line: int | None  # 1-based line of the document in ``source``
+    line: int | None  # 1-based line of the document in ``source`` (its row for Parquet/Arrow)
     doc_id: str | None  # the record's ``id`` field, if it has one
     sample_range: tuple[int, int]  # [start, stop) of the piece in the sample
     document_range: tuple[int, int]  # [start, stop) of the piece in the document
@@ -125,14 +133,23 @@ class _Shard:
     prefix: Path
     root: Path | None
     documents: int
+    remote: Store | None = None  # the S3 root when ``root`` is a loader mirror without records
     _stats: dict[str, Any] | None = None
     _lines: tuple[np.ndarray, list[str | None]] | None = None
+    _copy: tempfile.TemporaryDirectory[str] | None = None  # an s3:// source, downloaded once
 
     def stats(self) -> dict[str, Any] | None:
         """``raw/<ds>/<shard>.stats.json`` (read once), or None when there is none."""
         if self._stats is None and self.root is not None:
             path = self.root / "raw" / self.dataset / f"{self.key}.stats.json"
-            self._stats = read_record(path) if path.is_file() else None
+            if path.is_file():
+                self._stats = read_record(path)
+            elif self.remote is not None:
+                key = f"raw/{self.dataset}/{self.key}.stats.json"
+                data = self.remote.read(key)
+                if data is not None:
+                    shown = f"{getattr(self.remote, 'uri', '')}/{key}"
+                    self._stats = parse_record(data, shown)
         return self._stats
 
     def dochash(self) -> np.ndarray | None:
@@ -150,23 +167,44 @@ class _Shard:
         return str((self.stats() or {}).get("config", {}).get("text_key", "text"))
 
     def records(self) -> Iterator[tuple[int, dict[str, Any]]] | None:
-        """``(1-based line, record)`` of each document from the source file (None when the
-        source is not a local JSONL file); FormatError when it no longer matches its stats."""
+        """``(1-based line, record)`` of each document from the source file, or ``(1-based row,
+        record)`` for a Parquet/Arrow source (None when the source is not a JSONL or table file,
+        local or ``s3://``, or is gone); FormatError when it no longer matches its stats."""
         stats = self.stats()
         if stats is None:
             return None
         uri = str(stats["input"]["uri"])
-        path = Path(uri)
-        if not uri.endswith((".jsonl", ".jsonl.gz", ".jsonl.zst")) or not path.is_file():
+        table = uri.endswith(TABLE_SUFFIXES)
+        if not (table or uri.endswith(JSONL_SUFFIXES)):
+            return None
+        path = self._local_source(uri)
+        if path is None or not path.is_file():
             return None
         if path.stat().st_size != int(stats["input"]["bytes"]):
             raise FormatError(
-                path,
+                uri,
                 "bytes",
                 f"{path.stat().st_size}, the raw stats recorded {stats['input']['bytes']}: "
                 f"the source changed after shard {self.key!r} was read",
             )
-        return self._checked(path, document_lines(path, self.text_key()))
+        found = (
+            document_rows(path, self.text_key()) if table else document_lines(path, self.text_key())
+        )
+        return self._checked(path, found)
+
+    def _local_source(self, uri: str) -> Path | None:
+        """The source file as a local path: itself, or for an ``s3://`` source a copy in a
+        temporary folder (downloaded once, removed with this object); None when not there."""
+        if not uri.startswith("s3://"):
+            return Path(uri)
+        if self._copy is None:
+            folder, _, name = uri.rpartition("/")
+            data = open_store(folder).read(name)
+            if data is None:
+                return None
+            self._copy = tempfile.TemporaryDirectory(prefix="tokenmill-source-")
+            write_bytes(Path(self._copy.name) / name, data)
+        return Path(self._copy.name) / uri.rpartition("/")[2]
 
     def _checked(
         self, path: Path, found: Iterator[tuple[int, dict[str, Any]]]
@@ -217,7 +255,9 @@ def _pair_of_physical(prefix: Path, key: str) -> Path:
 class _Merge:
     """The shard records of one merged dataset (virtual or pipeline-made physical)."""
 
-    def __init__(self, name: str, prefix: Path, manifest: dict[str, Any]) -> None:
+    def __init__(
+        self, name: str, prefix: Path, manifest: dict[str, Any], remote: Store | None = None
+    ) -> None:
         self.name = name
         records = manifest.get("shards") or []
         self.records = records
@@ -230,9 +270,8 @@ class _Merge:
             else:  # a physical merge at merged/<ds>/<v16>/<ds>_<text_key>_document
                 sp = _pair_of_physical(prefix, str(s["key"]))
             ds = sp.parent.name
-            self.shards.append(
-                _Shard(ds, str(s["key"]), sp, _storage_root(sp, ds), int(s["documents"]))
-            )
+            root = _storage_root(sp, ds)
+            self.shards.append(_Shard(ds, str(s["key"]), sp, root, int(s["documents"]), remote))
         self.where = {(s.dataset, s.key): k for k, s in enumerate(self.shards)}
 
     def split(self, seq: int) -> tuple[_Shard | None, int]:
@@ -242,13 +281,13 @@ class _Merge:
         return self.shards[k], seq - int(self.first[k])
 
 
-def _merge_of(name: str, ds: NanosetDataset) -> _Merge:
+def _merge_of(name: str, ds: NanosetDataset, remote: Store | None) -> _Merge:
     data = ds.data
     if isinstance(data, VirtualDataset):
-        return _Merge(name, data.prefix, data.manifest)
+        return _Merge(name, data.prefix, data.manifest, remote)
     path = dataset_manifest_path(data.prefix)
     manifest = read_dataset_manifest(data.prefix) if path.is_file() else {}
-    return _Merge(name, Path(data.prefix), manifest)
+    return _Merge(name, Path(data.prefix), manifest, remote)
 
 
 def _pieces(ds: NanosetDataset, k: int) -> list[tuple[int, int, int]]:
@@ -276,12 +315,15 @@ def explain(
     """The documents each blend sample of ``split`` holds, piece by piece in sample order:
     dataset, shard key, ordinal, source file and 1-based line, the record's ``id``, and the
     token range of the piece in the sample and in its document (an extra token, when the blend
-    adds one, is counted in the last piece)."""
+    adds one, is counted in the last piece). An ``s3://…/blends/<name>`` blend is opened through
+    the streaming loader and its shards' raw stats are read from its storage root."""
     blend = open_blend(blend_manifest_path, split, version=version)
+    root_uri = root_of_blend(os.fspath(blend_manifest_path))
+    remote = None if root_uri is None else open_store(root_uri)
     ids = np.asarray(list(sample_ids), dtype=np.int64)
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= len(blend)):
         raise IndexError(f"split {split!r}: samples must lie in [0, {len(blend)})")
-    merges = {name: _merge_of(name, ds) for name, ds in blend.datasets.items()}
+    merges = {name: _merge_of(name, ds, remote) for name, ds in blend.datasets.items()}
     out = []
     for i in ids.tolist():
         name = blend.names[int(blend.dataset_index[i])]
@@ -355,7 +397,11 @@ def resolve_queries(root: str | os.PathLike[str], queries: Sequence[str]) -> lis
     """Every shard document a query names. A shard's source is read only when a query may match
     in it: a ``line`` query reads just its own file; ``sha256`` queries look in the shard's
     ``.dochash.npy`` first (one vectorized compare) and read the source only on a match; ``id``
-    and ``text`` queries read every source once (for all of them together)."""
+    and ``text`` queries read every source once (for all of them together). An ``s3://`` root
+    is read through a local mirror of its records (``tokenmill.storage.mirror``)."""
+    if os.fspath(root).startswith("s3://"):
+        with local_root(root) as base:
+            return resolve_queries(base, queries)
     parsed = [(q, *_parse(q)) for q in queries]
     scans = [(q, kind, value) for q, kind, value in parsed if kind in ("id", "text")]
     hashes = [(q, value.lower()) for q, kind, value in parsed if kind == "sha256"]
@@ -466,7 +512,11 @@ def find(
     """Every blend version on the storage ``root`` holding a document a query names, with the
     samples of each split that hold it. Queries: ``id:<id>``, ``line:<file>:<line>``,
     ``text:<exact substring>``, ``sha256:<text_hash of the text>`` (``refs``: what
-    ``resolve_queries`` already returned for them, so the sources are not read again)."""
+    ``resolve_queries`` already returned for them, so the sources are not read again). An
+    ``s3://`` root is read through a local mirror of its records (``tokenmill.storage.mirror``)."""
+    if os.fspath(root).startswith("s3://"):
+        with local_root(root) as local:
+            return find(local, queries, refs=refs)
     base = Path(root)
     refs = resolve_queries(base, queries) if refs is None else refs
     hits: list[Hit] = []

@@ -39,7 +39,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from tokenmill.errors import ConfigError
 from tokenmill.indices.growing import ERA_SAMPLES
-from tokenmill.indices.settings import NanosetSettings
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.paths import name_problem
 
 DEFAULT_RECIPE = "recipes/demo.yaml"
@@ -329,6 +329,11 @@ class BlendConfig(_Config):
     def weight_map(self) -> dict[str, float] | None:
         """``{dataset: weight}`` as configured, or None for a temperature blend."""
         return None if self.weights is None else dict(zip(self.datasets, self.weights, strict=True))
+
+    def settings(self, nanoset: NanosetSettings) -> BlendSettings:
+        """The library's value of this blend's settings over the recipe's index settings
+        (what ``build_blend``/``blend_version``/``blend_skips`` take)."""
+        return BlendSettings(nanoset, weights=self.weight_map(), temperature=self.temperature)
 
 
 def _interval_ok(minutes: int) -> bool:

@@ -1,7 +1,8 @@
 """Takedowns: remove documents from every merged dataset and blend by masking, never by copying.
 
 A takedown list is a file of ``tokenmill find`` queries, one a line (``id:``, ``line:FILE:N``,
-``text:``, ``sha256:``). :func:`record_takedown` resolves it on a local storage root
+``text:``, ``sha256:``). :func:`record_takedown` resolves it on a storage root (an ``s3://``
+one through a local mirror of its records, ``tokenmill.storage.mirror``)
 (``tokenmill.provenance.resolve_queries``) and writes an **audit record**
 (``tokenmill.formats.takedown_records``; JSON, temp -> fsync -> rename) at
 ``takedowns/<id>.json``: what is removed (dataset, shard, the shard's content hash,
@@ -51,8 +52,10 @@ from tokenmill.formats.takedown_records import (
 )
 from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.provenance import DocumentRef, find, query_lines, resolve_queries
 from tokenmill.storage import layout
+from tokenmill.storage.mirror import local_root
 from tokenmill.storage.versions import read_pointer, write_pointer
 from tokenmill.tokenize.merged_versions import (
     extends,
@@ -109,7 +112,11 @@ def record_takedown(
     docstring), or return the record already written for the same list resolved to the same
     documents (a list resolved again after new shards came in may name more: a new record).
     ConfigError for an empty reason or list, a query of no known form, or a document of a
-    dataset whose current merged version is physical (nothing is written then)."""
+    dataset whose current merged version is physical (nothing is written then). An ``s3://``
+    root is read through a local mirror and the record uploaded (:func:`takedown`)."""
+    if os.fspath(root).startswith("s3://"):
+        with local_root(root, write=True) as local:
+            return record_takedown(local, list_path, reason, now=now)
     base = Path(root)
     if not reason.strip():
         raise ConfigError("--reason: say why the documents are removed (it goes in the record)")
@@ -236,10 +243,10 @@ def _remask(root: Path, dataset: str, ledger: list[dict[str, Any]]) -> dict[str,
     return {"from": pointer["version"], "to": version, "removed": removed}
 
 
-def _blend_settings(manifest: dict[str, Any], mpath: Path) -> dict[str, Any]:
-    """The ``build_blend`` arguments a blend manifest records (all but the datasets)."""
+def _blend_settings(manifest: dict[str, Any], mpath: Path) -> tuple[Path, BlendSettings]:
+    """The index cache folder and the ``build_blend`` settings a blend manifest records."""
     splits = manifest["splits"]
-    sizes = {
+    sizes: dict[str, Any] = {
         f"{s}_samples": splits[s]["samples_requested"] if s in splits else None
         for s in ("train", "valid", "test")
     }
@@ -247,22 +254,21 @@ def _blend_settings(manifest: dict[str, Any], mpath: Path) -> dict[str, Any]:
     if entry is None:
         raise ConfigError(f"{mpath}: the blend has no split to take its index cache from")
     cache_dir = resolve(mpath, entry["index"]["files"]["description"]["path"]).parent
-    weighting = manifest["weighting"]
-    settings: dict[str, Any] = {
-        "cache_dir": cache_dir,
-        "weights": weighting.get("weights"),
-        "temperature": weighting.get("temperature"),
-        "sequence_length": int(manifest["sequence_length"]),
-        "split_spec": str(manifest["split"]),
-        "seed": int(manifest["seed"]),
-        "semantics": str(manifest["semantics"]),
-        "add_extra_token": bool(manifest["add_extra_token"]),
-        "drop_last_partial_validation": bool(manifest.get("drop_last_partial_validation", True)),
+    growing = manifest["semantics"] == "growing"
+    era = {"era_samples": int(manifest["growing"]["era_samples"])} if growing else {}
+    nanoset = NanosetSettings(
+        sequence_length=int(manifest["sequence_length"]),
+        split_spec=str(manifest["split"]),
+        seed=int(manifest["seed"]),
+        semantics=str(manifest["semantics"]),
+        add_extra_token=bool(manifest["add_extra_token"]),
+        drop_last_partial_validation=bool(manifest.get("drop_last_partial_validation", True)),
+        **era,
         **sizes,
-    }
-    if manifest["semantics"] == "growing":
-        settings["era_samples"] = int(manifest["growing"]["era_samples"])
-    return settings
+    )
+    weighting = manifest["weighting"]
+    weights, temperature = weighting.get("weights"), weighting.get("temperature")
+    return cache_dir, BlendSettings(nanoset, weights=weights, temperature=temperature)
 
 
 def _rebuild_blends(root: Path, moved: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
@@ -280,10 +286,9 @@ def _rebuild_blends(root: Path, moved: Mapping[str, Path]) -> dict[str, dict[str
             datasets[str(entry["name"])] = prefix
         if not hit:
             continue
-        settings = _blend_settings(manifest, mpath)
-        cache_dir = settings.pop("cache_dir")
+        cache_dir, settings = _blend_settings(manifest, mpath)
         name = str(manifest["name"])
-        built = build_blend(name, datasets, mpath.parent, cache_dir, **settings)
+        built = build_blend(name, datasets, mpath.parent, cache_dir, settings)
         if built["version"] != manifest["version"]:
             made[name] = {"from": str(manifest["version"]), "to": str(built["version"])}
     return made
@@ -319,5 +324,9 @@ def takedown(
     *,
     now: float | None = None,
 ) -> TakedownReport:
-    """:func:`record_takedown` then :func:`apply_takedown` (``tokenmill takedown``)."""
-    return apply_takedown(root, record_takedown(root, list_path, reason, now=now))
+    """:func:`record_takedown` then :func:`apply_takedown` (``tokenmill takedown``). An
+    ``s3://`` root is worked on in a local mirror of its records and the audit record, merged
+    and blend versions and moved pointers are uploaded in commit order
+    (``tokenmill.storage.mirror``; a pointer another writer moved meanwhile: ConflictError)."""
+    with local_root(root, write=True) as base:
+        return apply_takedown(base, record_takedown(base, list_path, reason, now=now))

@@ -169,6 +169,7 @@ def build_bundled_tokenizer(name: str, dest: str | os.PathLike[str]) -> Path:
     remove_stale_temps(dest)  # temp folders of killed builds (in .tmp/, this host's only)
     tmp, _ = create_temp(dest, Path.mkdir)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found" notice
     try:
         BUILDERS[name](tmp)
         _self_check(name, tmp)

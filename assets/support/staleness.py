@@ -12,8 +12,9 @@ records and nothing else (no run tags, no copy of the storage root):
   returns a ``DataVersion`` (the content hash; for a range step, one hash over the range,
   since Dagster gives a step's output one data version for all its partitions);
 - ``merged``, ``nanoset`` and ``blend/*`` return the ``DataVersion`` of their inputs'
-  versions and settings (:func:`merged_data_version`, :func:`nanoset_data_version`,
-  :func:`blend_data_version`): the asset computes it from the manifests it read, and
+  versions and settings, the library's own version of each (:func:`merged_data_version`,
+  :func:`nanoset_data_version`, :func:`blend_data_version`, over the recipe's settings
+  values): the asset computes it from the manifests it read, and
   :func:`expected_versions` computes the same value from the shard records, so "stale" is
   "the recorded data version differs from the expected one".
 
@@ -43,6 +44,8 @@ from dagster import (
 from assets.support.dagster_private import latest_storage_ids
 from assets.support.partitions import shard_partitions
 from tokenmill.formats.takedown_records import masks_for
+from tokenmill.indices.blend_versioning import blend_data_version as library_blend_version
+from tokenmill.indices.nanoset import index_version
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig, Recipe
 from tokenmill.storage.versions import version_hash
 from tokenmill.tokenize.merged_versions import merged_version
@@ -92,40 +95,38 @@ def merged_data_version(
 
 
 def nanoset_data_version(merged_version: str | None, cfg: NanosetConfig) -> str:
-    """The indices' version: the merged version they index and every index setting."""
-    return version_hash({"kind": "nanoset", "merged": merged_version, **cfg.model_dump()})
+    """The indices' version: the library's (``nanoset.index_version``) of the merged version
+    they index, with the recipe's settings and each split's requested size."""
+    settings = cfg.settings()
+    return index_version(merged_version, settings, settings.index_sizes())
 
 
 def blend_data_version(
     blend: BlendConfig, cfg: NanosetConfig, nanosets: Sequence[tuple[str, str | None]]
 ) -> str:
-    """The blend's version: its settings and each member's ``(name, nanoset version)``."""
-    return version_hash(
-        {
-            "kind": "blend",
-            "blend": blend.model_dump(),
-            "nanoset": cfg.model_dump(),
-            "members": [list(n) for n in nanosets],
-        }
-    )
+    """The blend's version: the library's (``blend_versioning.blend_data_version``) of its
+    settings and each member's ``(name, nanoset version)``."""
+    return library_blend_version(blend.settings(cfg.settings()), nanosets)
 
 
 def recipe_code_versions(recipe: Recipe) -> dict[AssetKey, str]:
     """The code version of each asset built from recipe settings beyond its inputs' data: a
-    hash of those settings (the merge mode for ``<ds>/merged``; every index setting for
-    ``<ds>/nanoset``; those and the blend's own for ``blend/<name>``). Dagster records it with
-    each materialization, so an edited recipe shows as "code version changed" once the code
-    location reloads, and the recipe sensor (``pipelines/sensors.py``) compares it with the
-    file as read at each tick."""
-    nanoset = recipe.nanoset.model_dump()
+    hash of those settings (the merge mode for ``<ds>/merged``; the library's index version of
+    no dataset for ``<ds>/nanoset``; its blend version of members of no version for
+    ``blend/<name>``). Dagster records it with each materialization, so an edited recipe shows
+    as "code version changed" once the code location reloads, and the recipe sensor
+    (``pipelines/sensors.py``) compares it with the file as read at each tick."""
     versions = {}
+    nanoset = nanoset_data_version(None, recipe.nanoset)
     for ds in recipe.datasets:
         merged = {"kind": "merged", "merge": recipe.merge}
         versions[AssetKey([ds.name, "merged"])] = version_hash(merged)
-        versions[AssetKey([ds.name, "nanoset"])] = version_hash({"kind": "nanoset", **nanoset})
+        versions[AssetKey([ds.name, "nanoset"])] = nanoset
     for blend in recipe.blends:
-        settings = {"kind": "blend", "blend": blend.model_dump(), "nanoset": nanoset}
-        versions[AssetKey(["blend", blend.name])] = version_hash(settings)
+        members = [(name, None) for name in blend.datasets]
+        versions[AssetKey(["blend", blend.name])] = blend_data_version(
+            blend, recipe.nanoset, members
+        )
     return versions
 
 

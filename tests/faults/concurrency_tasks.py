@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tiny_pairs import random_dataset
+from tiny_pairs import blend_values, index_of, random_dataset
 
 WAIT_SECONDS = 120.0  # far above any run here: a timeout means a deadlock, reported as such
 TIMEOUT = 2 * WAIT_SECONDS  # for the test process waiting on a worker's result
@@ -217,10 +217,9 @@ def _digest(array: np.ndarray) -> str:
 
 
 def _nanoset_digests(prefix: str, cache_dir: str, settings: dict[str, Any]) -> dict[str, str]:
-    from tokenmill.indices.nanoset import build_or_load
     from tokenmill.loader import open_nanoset
 
-    ds = open_nanoset(prefix, build_or_load(prefix, cache_dir, **settings), verify="full")
+    ds = open_nanoset(prefix, index_of(prefix, cache_dir, **settings), verify="full")
     return {
         "document_index": _digest(ds.document_index),
         "sample_index": _digest(ds.sample_index),
@@ -234,10 +233,9 @@ def blend_digests(
 ) -> dict[str, str]:
     """Every rank builds the blend (index caches built once, under their locks), waits for all
     (``wait``), then opens it: a rebuild hides the manifest, so nobody opens during one."""
-    from tokenmill.indices.blend_build import build_blend
     from tokenmill.loader import open_blend
 
-    build_blend(output_dir=Path(manifest).parent, cache_dir=cache_dir, **settings)
+    blend_from(Path(manifest).parent, cache_dir, settings)
     if wait:
         _sync["barrier"].wait(WAIT_SECONDS)
     digests = {}
@@ -296,6 +294,15 @@ def make_dataset(prefix: Path, seed: int) -> Path:
     return random_dataset(
         prefix, 300, seed, kind="tokens", lengths=(1, 80), vocab=50000, counted=True
     )
+
+
+def blend_from(output_dir: Path, cache_dir: str | Path, settings: dict[str, Any]) -> Any:
+    """``build_blend`` of a :func:`blend_settings` dict (plain values: they cross processes)."""
+    from tokenmill.indices.blend_build import build_blend
+
+    kw = dict(settings)
+    name, datasets = kw.pop("name"), kw.pop("datasets")
+    return build_blend(name, datasets, output_dir, cache_dir, blend_values(**kw))
 
 
 def blend_settings(root: Path) -> dict[str, Any]:

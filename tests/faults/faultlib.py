@@ -46,6 +46,7 @@ from tokenmill.formats.dataset_manifest import (
 )
 from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, index_file_path
 from tokenmill.formats.nanoset_cache import load_array, read_description
+from tokenmill.storage.pull_ledger import LEDGER_NAME
 from tokenmill.verify import verify_blend
 from tokenmill_dev.corpus import stdlib_documents
 
@@ -156,7 +157,9 @@ def audit(root: Path) -> Audit:
         manifests.append(path)
         problems += found
         covered |= {path, *paths}
-    orphans = [p for p in files if p not in covered and p.suffix != ".lock"]
+    orphans = [
+        p for p in files if p not in covered and p.suffix != ".lock" and p.name != LEDGER_NAME
+    ]
     rel = lambda paths: sorted(p.relative_to(root).as_posix() for p in paths)  # noqa: E731
     return Audit(rel(temps), rel(orphans), problems, rel(manifests))
 
@@ -223,11 +226,12 @@ def _hf_info(path: Path) -> tuple[list[str], list[Path]]:
 
 
 def tree_digest(root: Path) -> dict[str, str]:
-    """``{relative path: sha256}`` of every file under ``root``."""
+    """``{relative path: sha256}`` of every file under ``root`` (a pull's ledger aside: it
+    records inodes)."""
     return {
         p.relative_to(root).as_posix(): file_sha256(p)
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and p.name != LEDGER_NAME
     }
 
 

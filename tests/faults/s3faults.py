@@ -35,8 +35,10 @@ from assets.factory import build_assets
 from assets.support.partitions import partitions_name
 from assets.support.resources import StorageResource
 from pipelines.build import resources_for
+from tokenmill.atomic import TMP_DIR
 from tokenmill.recipe import Recipe
 from tokenmill.storage.layout import DATASET_MANIFESTS
+from tokenmill.storage.pull import LEDGER_NAME, PARTIAL_SUFFIX
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "te"}
 ERROR_XML = (
@@ -293,12 +295,18 @@ def s3_tree(s3: S3, prefix: str) -> dict[str, bytes]:
 
 
 def files_under(root: Path) -> dict[str, bytes]:
-    """``{relative path: content}`` of every file under ``root``."""
+    """``{relative path: content}`` of every file under ``root`` but a pull's own state (its
+    ledger, partial downloads in ``.tmp/``)."""
     return {
         p.relative_to(root).as_posix(): p.read_bytes()
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and not is_pull_state(p.relative_to(root).as_posix())
     }
+
+
+def is_pull_state(rel: str) -> bool:
+    """The ledger of a pull destination, or a partial download in a ``.tmp/`` folder."""
+    return rel == LEDGER_NAME or (f"{TMP_DIR}/" in rel and rel.endswith(PARTIAL_SUFFIX))
 
 
 def unvouched(objects: dict[str, bytes]) -> list[str]:

@@ -30,6 +30,7 @@ from concurrency_tasks import (
     RunSpec,
     Workers,
     blend_digests,
+    blend_from,
     blend_settings,
     gated_commits,
     make_dataset,
@@ -38,6 +39,7 @@ from concurrency_tasks import (
     start_pool,
 )
 from pipeline_project import make_project
+from tiny_pairs import index_of
 
 from tokenmill.atomic import TMP_DIR, TMP_MARK, remove_stale_temps, writer_alive
 from tokenmill.formats.dataset_manifest import check_dataset_files, read_dataset_manifest
@@ -412,7 +414,7 @@ def open_everywhere(workers: Workers, *args: Any) -> list[RankReport]:
 def test_sixteen_ranks_open_one_cold_nanoset(ranks: Workers, tmp_path: Path) -> None:
     """``open_nanoset`` in 16 processes at once on an empty cache: one build, the reference
     arrays, read identically everywhere."""
-    from tokenmill.indices.nanoset import build_nanoset_indices, build_or_load, split_ranges
+    from tokenmill.indices.nanoset import build_nanoset_indices, split_ranges
     from tokenmill.loader import open_nanoset
 
     prefix = make_dataset(tmp_path / "data" / "docs_text_document", seed=1)
@@ -424,7 +426,7 @@ def test_sixteen_ranks_open_one_cold_nanoset(ranks: Workers, tmp_path: Path) -> 
     assert sum(len(r.builds) for r in reports) == 1
     assert len(list(cache.glob("*-description.json"))) == 1
     assert all(r.digests == reports[0].digests for r in reports)
-    mine = open_nanoset(prefix, build_or_load(prefix, cache, **settings))  # what ranks built
+    mine = open_nanoset(prefix, index_of(prefix, cache, **settings))  # what ranks built
     want = build_nanoset_indices(
         np.asarray(mine.data.sequence_lengths),
         split_ranges("949,50,1", 300, "megatron")[0],
@@ -468,19 +470,18 @@ def test_opening_a_blend_while_it_is_refreshed_gives_the_previous_version(
     """A refresh writes its new version first and moves the pointer last: a reader meanwhile
     opens the previous version whole (its batches, its version), never a mix; afterwards the
     new one, and the previous one still opens by its version."""
-    from tokenmill.indices.blend_build import build_blend
     from tokenmill.loader import open_blend
 
     settings = blend_settings(tmp_path)
     out, cache = tmp_path / "blends" / "mix", tmp_path / "nanoset"
-    build_blend(output_dir=out, cache_dir=cache, **settings)
+    blend_from(out, cache, settings)
     old = open_blend(out / "manifest.json")
     before = old.get_batch(np.arange(50))
     arrive, release = threading.Event(), threading.Event()
 
     def refresh() -> None:
         with gated_commits("mix/manifest.json", lambda: (arrive.set(), release.wait(TIMEOUT))):
-            build_blend(output_dir=out, cache_dir=cache, **{**settings, "seed": 99})
+            blend_from(out, cache, {**settings, "seed": 99})
 
     builder = threading.Thread(target=refresh)
     builder.start()

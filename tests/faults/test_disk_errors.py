@@ -27,6 +27,7 @@ from tokenmill.errors import TokenmillError
 from tokenmill.formats.merge import merge_datasets
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import SPLITS, build_or_load
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.ingest.export import export_shard, write_dataset_info
 from tokenmill.storage.pull import pull
 from tokenmill.tokenize.run import tokenize_files
@@ -58,10 +59,9 @@ def run_stage(stage: str, src: Path, out: Path, tokenizer: Path) -> None:
             build_or_load(
                 src / "docs_text_document",
                 out,
-                split=split,
-                split_spec="80,10,10",
-                sequence_length=32,
-                num_samples=500 if split == "train" else None,
+                split,
+                NanosetSettings(split_spec="80,10,10", sequence_length=32),
+                500 if split == "train" else None,
             )
     elif stage == "blend":
         build_blend(
@@ -69,10 +69,10 @@ def run_stage(stage: str, src: Path, out: Path, tokenizer: Path) -> None:
             {"docs": src / "docs_text_document", "code": src / "code_text_document"},
             out / "mix",
             out / "mix" / "cache",
-            weights={"docs": 0.7, "code": 0.3},
-            sequence_length=32,
-            split_spec="80,10,10",
-            train_samples=300,
+            BlendSettings(
+                NanosetSettings(sequence_length=32, split_spec="80,10,10", train_samples=300),
+                weights={"docs": 0.7, "code": 0.3},
+            ),
         )
     elif stage == "export":
         for name in ("a", "b"):

@@ -65,6 +65,7 @@ from tokenmill.cli import main
 from tokenmill.errors import ConfigError, FormatError, InputError, TokenmillError
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import build_or_load
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe
 from tokenmill.storage import layout
 from tokenmill.storage.pull import pull
@@ -113,8 +114,9 @@ def blend_api(root: Path, **settings: Any) -> None:
         "split_spec": "80,10,10",
         "train_samples": 20,
     } | settings
+    weighting = {k: kw.pop(k, None) for k in ("weights", "temperature")}
     build_blend("x", {"a": root / "merged/a", "b": root / "merged/b"}, root / "blends/x",
-                root / "cache", **kw)  # fmt: skip
+                root / "cache", BlendSettings(NanosetSettings(**kw), **weighting))  # fmt: skip
 
 
 def refused_cli(
@@ -293,7 +295,7 @@ def test_sequence_length_below_two_is_refused(
     refused_api(lambda: blend_api(root, sequence_length=length), root.parent, message)
     refused_api(
         lambda: build_or_load(
-            root / "merged/a", root / "cache", split="train", sequence_length=length
+            root / "merged/a", root / "cache", "train", NanosetSettings(sequence_length=length)
         ),
         root.parent,
         message,
@@ -358,9 +360,12 @@ def test_dataset_pointer_leaving_its_folder_is_refused(
 def test_index_api_reads_zero_samples_as_megatron_does(root: Path) -> None:
     """``num_samples=0`` is a minimum, as in Megatron (a blend asks a zero-weight dataset's index
     for 0 samples): one epoch, the same arrays as ``None``; only the CLI refuses a literal 0."""
-    zero = build_or_load(root / "merged/a", root / "c", split="train", sequence_length=8,
-                         num_samples=0)  # fmt: skip
-    epoch = build_or_load(root / "merged/a", root / "c", split="train", sequence_length=8)
+    zero = build_or_load(
+        root / "merged/a", root / "c", "train", NanosetSettings(sequence_length=8), 0
+    )
+    epoch = build_or_load(
+        root / "merged/a", root / "c", "train", NanosetSettings(sequence_length=8)
+    )
     assert zero is not None and epoch is not None and zero.cache_hash != epoch.cache_hash
     for name in ("document_index", "sample_index", "shuffle_index"):
         np.testing.assert_array_equal(getattr(zero, name), getattr(epoch, name))

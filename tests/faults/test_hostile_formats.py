@@ -47,6 +47,7 @@ from tokenmill.formats import blend_manifest as blend_reader
 from tokenmill.formats import dataset_manifest
 from tokenmill.formats.blend_manifest import seal
 from tokenmill.indices.nanoset import build_or_load
+from tokenmill.indices.settings import NanosetSettings
 from tokenmill.loader import open_blend, open_nanoset
 from tokenmill.storage.pull import pull
 
@@ -75,7 +76,10 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("pristine") / "root"
     build_storage_root(root)
     index = build_or_load(
-        root / CODE, root / "nanoset", split="train", split_spec="90,10,0", sequence_length=16
+        root / CODE,
+        root / "nanoset",
+        "train",
+        NanosetSettings(split_spec="90,10,0", sequence_length=16),
     )
     assert index is not None
     return root, index.paths["description"].relative_to(root)
@@ -289,7 +293,9 @@ def _dataset_entry_points(world: World, capsys: pytest.CaptureFixture[str]) -> l
             open_nanoset(world.code, index=world.description, verify=verify)
         messages.append(str(err.value))
     with pytest.raises(FormatError) as err:
-        build_or_load(world.code, world.root / "nanoset", split="train", sequence_length=8)
+        build_or_load(
+            world.code, world.root / "nanoset", "train", NanosetSettings(sequence_length=8)
+        )
     messages.append(str(err.value))
     return messages
 

@@ -155,7 +155,7 @@ def test_tokenize_killed_over_a_previous_result(src: Path, clean: dict, tmp_path
     ("hook", "call", "orphans"),
     [
         (f"{IDX_WRITER}:IndexedDatasetWriter.add_index", 2, []),  # one input copied
-        (f"{IDX_WRITER}:_copy_file", 3, []),
+        ("tokenmill.formats._writer_io:copy_file", 3, []),
         ("tokenmill.formats.merge:write_dataset_manifest", 1, ["m.bin", "m.idx"]),
     ],
     ids=["between-inputs", "copying-the-last-input", "before-manifest"],
@@ -276,10 +276,10 @@ def test_blend_rebuild_killed_keeps_the_previous_version(
 @pytest.mark.parametrize(
     ("hook", "call", "after", "jobs"),
     [
-        ("tokenmill.storage.pull:_Hasher.update", 1, True, 1),  # first file half-way (temp)
-        ("tokenmill.storage.pull:commit", 3, True, 1),  # three files complete
+        ("tokenmill.storage.pull_blocks:Hasher.update", 1, True, 1),  # first file half-way (temp)
+        ("tokenmill.storage.pull_blocks:commit", 3, True, 1),  # three files complete
         ("tokenmill.storage.pull:_commit_manifest", 1, False, 1),  # all files, no manifest
-        ("tokenmill.storage.pull:_Hasher.update", 4, True, 8),  # eight transfers at once
+        ("tokenmill.storage.pull_blocks:Hasher.update", 4, True, 8),  # eight transfers at once
     ],
     ids=["mid-file", "after-three-files", "before-manifest", "parallel"],
 )

@@ -217,7 +217,7 @@ def test_sigkilled_pull_reruns_to_identical_bytes(
     try:
         wait_for(held.hit)
         deadline = time.monotonic() + 30
-        while not list(dest.rglob("docs_text_document.bin.tmp-*")):  # mid-write
+        while not list(dest.rglob("docs_text_document.bin.partial")):  # mid-write
             assert time.monotonic() < deadline, "the killed pull never opened its temp file"
             time.sleep(0.05)
     finally:

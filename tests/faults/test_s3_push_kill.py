@@ -36,6 +36,7 @@ from tokenmill.atomic import write_json
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.storage import layout
 from tokenmill.storage.versions import read_pointer, version_hash, write_pointer
 
@@ -75,10 +76,10 @@ def versioned_tree(root: Path, seed: int) -> str:
         {"docs": prefix},
         root / blend_version,
         root / layout.nanoset_dir(),
-        weights={"docs": 1.0},
-        sequence_length=16,
-        split_spec="90,10,0",
-        train_samples=200,
+        BlendSettings(
+            NanosetSettings(sequence_length=16, split_spec="90,10,0", train_samples=200),
+            weights={"docs": 1.0},
+        ),
     )
     # The pointer: the version's manifest with its paths made relative to blends/mix/.
     below = posixpath.relpath(blend_version, layout.blend_dir("mix"))

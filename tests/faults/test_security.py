@@ -28,6 +28,7 @@ from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import build_or_load
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import open_blend, open_nanoset
 from tokenmill.recipe import load_recipe
 
@@ -222,11 +223,21 @@ def built(tmp_path: Path) -> dict[str, Path]:
             writer.add_documents(rng.integers(0, 50000, int(lengths.sum())), lengths)
         write_dataset_manifest(root / "merged" / name, kind="merged", inputs=[], config={},
                                counts={})  # fmt: skip
-    index = build_or_load(root / "merged/a", root / "idx", split="train", sequence_length=8)
+    index = build_or_load(
+        root / "merged/a", root / "idx", "train", NanosetSettings(sequence_length=8)
+    )
     assert index is not None
     datasets = {"a": root / "merged/a", "b": root / "merged/b"}
-    build_blend("mix", datasets, root / "blends/mix", root / "nanoset", weights={"a": 1, "b": 1},
-                sequence_length=8, split_spec="90,10,0", train_samples=30)  # fmt: skip
+    build_blend(
+        "mix",
+        datasets,
+        root / "blends/mix",
+        root / "nanoset",
+        BlendSettings(
+            NanosetSettings(sequence_length=8, split_spec="90,10,0", train_samples=30),
+            weights={"a": 1, "b": 1},
+        ),
+    )
     return {
         "root": root,
         "blend": root / "blends/mix/manifest.json",
@@ -255,8 +266,12 @@ def test_pickled_index_is_refused_even_when_its_hashes_match(
     description.write_text(json.dumps(record))
     with pytest.raises(FormatError, match=r"shuffle_index: unreadable \.npy"):
         open_nanoset(built["root"] / "merged/a", index=description)
-    rebuilt = build_or_load(built["root"] / "merged/a", built["root"] / "idx", split="train",
-                            sequence_length=8)  # fmt: skip
+    rebuilt = build_or_load(
+        built["root"] / "merged/a",
+        built["root"] / "idx",
+        "train",
+        NanosetSettings(sequence_length=8),
+    )
     assert rebuilt is not None and rebuilt.shuffle_index.dtype.kind == "u"
     assert not marker.exists()
 
@@ -323,7 +338,11 @@ def test_code_looking_strings_in_a_manifest_stay_data(
     description["key"]["__reduce__"] = ["builtins.open", [str(marker), "w"]]
     built["index"].write_text(json.dumps(description))
     with pytest.raises(CacheError, match="remove the entry's files to rebuild"):
-        build_or_load(built["root"] / "merged/a", built["root"] / "idx", split="train",
-                      sequence_length=8)  # fmt: skip
+        build_or_load(
+            built["root"] / "merged/a",
+            built["root"] / "idx",
+            "train",
+            NanosetSettings(sequence_length=8),
+        )
     assert not marker.exists()
     assert os.listdir(tmp_path) == ["root"]

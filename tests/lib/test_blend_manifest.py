@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_pairs import random_dataset
+from tiny_pairs import blend_values, random_dataset
 
 from tokenmill import verify
 from tokenmill.atomic import TMP_DIR, file_sha256
@@ -27,6 +27,7 @@ from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.blend_plan import skipped_warnings
 from tokenmill.indices.blend_versioning import blend_version
 from tokenmill.indices.nanoset import NanosetIndex
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import open_blend
 from tokenmill.storage.versions import write_pointer
 from tokenmill.verify import verify_blend
@@ -55,7 +56,8 @@ def build(root: Path, **kw: object) -> dict:
         "test_samples": 10,
     }
     settings.update(kw)
-    return build_blend("mix", datasets(root), root / "blends/mix", root / "nanoset", **settings)
+    values = blend_values(**settings)
+    return build_blend("mix", datasets(root), root / "blends/mix", root / "nanoset", values)
 
 
 def test_manifest_records_sizes_paths_and_is_read_back(root: Path) -> None:
@@ -343,7 +345,8 @@ def build_default_split(tmp_path: Path, sets: dict[str, Path], name: str, **kw: 
     settings: dict = {"weights": {n: w for n, w in (("docs", 0.7), ("code", 0.3)) if n in sets}}
     settings.update(sequence_length=S, seed=5, train_samples=51)
     settings.update(kw)
-    return build_blend(name, sets, tmp_path / "blends" / name, tmp_path / "nanoset", **settings)
+    out = tmp_path / "blends" / name
+    return build_blend(name, sets, out, tmp_path / "nanoset", blend_values(**settings))
 
 
 def test_a_dataset_with_an_empty_test_split_is_left_out_of_it(tmp_path: Path) -> None:
@@ -409,9 +412,15 @@ def test_a_split_too_short_for_one_sample_is_left_out(tmp_path: Path) -> None:
     write_dataset_manifest(short, kind="merged", inputs=[], config={}, counts={})
     sets = {"docs": random_dataset(tmp_path / "merged/docs_text_document", 400, 1), "short": short}
     manifest = build_blend(
-        "mix", sets, tmp_path / "blends/mix", tmp_path / "nanoset", weights={"docs": 1, "short": 1},
-        sequence_length=16, split_spec="80,10,10", train_samples=20,
-    )  # fmt: skip
+        "mix",
+        sets,
+        tmp_path / "blends/mix",
+        tmp_path / "nanoset",
+        BlendSettings(
+            NanosetSettings(sequence_length=16, split_spec="80,10,10", train_samples=20),
+            weights={"docs": 1, "short": 1},
+        ),
+    )
     valid = manifest["splits"]["valid"]
     assert [d["name"] for d in valid["datasets"]] == ["docs"]
     assert valid["skipped"][0]["name"] == "short"
@@ -455,12 +464,27 @@ def test_flags_enter_the_version_the_manifest_and_match_tokenmill_index(
     assert flagged["add_extra_token"] is False
     assert flagged["drop_last_partial_validation"] is False
     assert len({default["version"], flagged["version"], only_drop["version"]}) == 3
-    assert blend_version(
-        "mix", datasets(root), root / "blends/mix", root / "nanoset",
-        weights={"docs": 0.7, "code": 0.3}, sequence_length=S, split_spec="80,10,10", seed=5,
-        train_samples=51, test_samples=10, add_extra_token=False,
-        drop_last_partial_validation=False,
-    ) == flagged["version"]  # fmt: skip
+    assert (
+        blend_version(
+            "mix",
+            datasets(root),
+            root / "blends/mix",
+            root / "nanoset",
+            BlendSettings(
+                NanosetSettings(
+                    sequence_length=S,
+                    split_spec="80,10,10",
+                    seed=5,
+                    train_samples=51,
+                    test_samples=10,
+                    add_extra_token=False,
+                    drop_last_partial_validation=False,
+                ),
+                weights={"docs": 0.7, "code": 0.3},
+            ),
+        )
+        == flagged["version"]
+    )
     # the valid index (one epoch) is the one `tokenmill index` builds with the flags
     argv = ["index", "--dataset", str(root / "merged/docs_text_document"), "--cache-dir",
             str(root / "nanoset"), "--sequence-length", str(S), "--split", "80,10,10",

@@ -20,6 +20,7 @@ from tokenmill.formats.dataset_manifest import (
 )
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import build_or_load
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import open_blend
 from tokenmill.storage.gc import gc
 from tokenmill.storage.pull import pull
@@ -43,10 +44,10 @@ def blend(root: Path, docs: Path, code: Path) -> str:
         {"docs": docs, "code": code},
         root / "blends/mix",
         root / "nanoset",
-        weights={"docs": 0.5, "code": 0.5},
-        sequence_length=8,
-        split_spec="90,10,0",
-        train_samples=40,
+        BlendSettings(
+            NanosetSettings(sequence_length=8, split_spec="90,10,0", train_samples=40),
+            weights={"docs": 0.5, "code": 0.5},
+        ),
     )
     return str(manifest["version"])
 
@@ -202,7 +203,7 @@ def test_an_unversioned_pair_and_its_caches_stay(store: dict) -> None:
     built for their content (``merged/manifests/`` is not taken for a dataset)."""
     root = store["root"]
     flat = make_merged(root / "merged/flat_text_document", 60, 7)
-    build_or_load(flat, root / "nanoset", split="train", sequence_length=8)
+    build_or_load(flat, root / "nanoset", "train", NanosetSettings(sequence_length=8))
     ours = {k for k in tree(root) if "flat" in k}
     entry = {f"nanoset/{p.name}" for p in (root / "nanoset").iterdir() if p.is_file()} - {
         k for c in store["caches"] for k in (f"nanoset/{n}" for n in c)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_pairs import random_dataset
+from tiny_pairs import index_of, random_dataset
 
 from tokenmill.cli import main
 from tokenmill.errors import ConfigError
@@ -20,7 +20,8 @@ from tokenmill.formats.dataset_manifest import dataset_manifest_path, write_data
 from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
 from tokenmill.indices import growing
 from tokenmill.indices._nanoset_indices import SPLITS
-from tokenmill.indices.nanoset import build_or_load, entry_key
+from tokenmill.indices.nanoset import entry_key
+from tokenmill.indices.settings import NanosetSettings
 from tokenmill.loader._datasets import NanosetDataset
 
 SPEC = "80,10,10"
@@ -132,8 +133,13 @@ def test_valid_and_test_keep_merge_order_and_hold_back_nothing() -> None:
         )  # fmt: skip
         assert plan.emitted == plan.available > 0 and len(sample) == plan.available + 1
         np.testing.assert_array_equal(shuffle, np.arange(plan.available))
-    found = entry_key(sizes.size, "h", split="valid", sequence_length=16, semantics="growing",
-                      shards=_table(shards), era_samples=1000)  # fmt: skip
+    found = entry_key(
+        sizes.size,
+        "h",
+        "valid",
+        NanosetSettings(sequence_length=16, semantics="growing", era_samples=1000),
+        shards=_table(shards),
+    )
     assert found is not None and found[0]["era_samples"] == 1
 
 
@@ -233,7 +239,7 @@ def _sharded(prefix: Path, sizes: list[int], seed: int = 0) -> Path:
 def test_cache_entry_of_growing_semantics(tmp_path: Path) -> None:
     prefix = _sharded(tmp_path / "m", [60, 80, 40])
     settings = {"sequence_length": 8, "seed": 3, "split_spec": SPEC, "semantics": "growing"}
-    index = build_or_load(prefix, tmp_path / "cache", split="train", era_samples=4, **settings)
+    index = index_of(prefix, tmp_path / "cache", split="train", era_samples=4, **settings)
     assert index is not None
     expected = growing.build_growing_indices(
         IndexedDataset(prefix).sequence_lengths, growing.shard_table(prefix), "train",
@@ -248,34 +254,43 @@ def test_cache_entry_of_growing_semantics(tmp_path: Path) -> None:
     assert key["shard_table_sha256"] == growing.shard_table_hash(growing.shard_table(prefix))
     assert index.description["counts"]["num_samples"] == len(index) > 0
     # the era size and the shard table are part of the key: never a wrong hit
-    other_era = build_or_load(prefix, tmp_path / "cache", split="train", era_samples=8, **settings)
+    other_era = index_of(prefix, tmp_path / "cache", split="train", era_samples=8, **settings)
     assert other_era is not None and other_era.cache_hash != index.cache_hash
     table = growing.shard_table(prefix)
     renamed = [(f"x{key}", n) for key, n in table]
-    found = entry_key(180, "same", split="train", shards=renamed, era_samples=4, **settings)
-    same = entry_key(180, "same", split="train", shards=table, era_samples=4, **settings)
+    values = NanosetSettings(era_samples=4, **settings)
+    found = entry_key(180, "same", "train", values, shards=renamed)
+    same = entry_key(180, "same", "train", values, shards=table)
     assert found is not None and same is not None and found[1] != same[1]
 
 
 def test_reference_cache_keys_do_not_change() -> None:
     """megatron/nanotron keys carry no growing field, whatever era_samples is passed."""
     for semantics in ("megatron", "nanotron"):
-        a = entry_key(100, "h", split="train", sequence_length=8, semantics=semantics)
-        b = entry_key(100, "h", split="train", sequence_length=8, semantics=semantics,
-                      era_samples=3)  # fmt: skip
+        a = entry_key(100, "h", "train", NanosetSettings(sequence_length=8, semantics=semantics))
+        b = entry_key(
+            100,
+            "h",
+            "train",
+            NanosetSettings(sequence_length=8, semantics=semantics, era_samples=3),
+        )
         assert a == b and a is not None
         assert "era_samples" not in a[0] and "shard_table_sha256" not in a[0]
 
 
 def test_growing_refuses_partial_samples_and_mismatched_tables(tmp_path: Path) -> None:
-    kw = {"split": "valid", "sequence_length": 8, "semantics": "growing"}
-    with pytest.raises(ConfigError, match="drop_last_partial must be true"):
-        entry_key(10, "h", shards=[("a", 10)], drop_last_partial=False, **kw)
+    values = NanosetSettings(sequence_length=8, semantics="growing")
+    keep = NanosetSettings(
+        sequence_length=8, semantics="growing", drop_last_partial_validation=False
+    )
+    with pytest.raises(ConfigError, match="drop_last_partial_validation must be true"):
+        entry_key(10, "h", "valid", keep, shards=[("a", 10)])
     with pytest.raises(ConfigError, match="one sequence per document"):
-        entry_key(11, "h", shards=[("a", 10)], **kw)
+        entry_key(11, "h", "valid", values, shards=[("a", 10)])
     with pytest.raises(ConfigError, match="shard table"):
-        entry_key(10, "h", **kw)
-    assert entry_key(10, "h", shards=[("a", 10)], split_spec="1,0,0", **kw) is None
+        entry_key(10, "h", "valid", values)
+    only_train = NanosetSettings(sequence_length=8, semantics="growing", split_spec="1,0,0")
+    assert entry_key(10, "h", "valid", only_train, shards=[("a", 10)]) is None
 
 
 def test_cli_index_growing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_pairs import blend_values
 
 from tokenmill.cli import main
 from tokenmill.commands.blend_report import describe_blend
@@ -22,6 +23,7 @@ from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices._blend_kernels import greedy_blend
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.growing_blend import grow_blend
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import FollowGrowth, newest_extension, open_blend, reopen_if_extended
 
 SETTINGS = {"sequence_length": 8, "split_spec": "80,10,10", "seed": 5, "era_samples": 4}
@@ -81,7 +83,7 @@ def _build(root: Path, shards, upto: int, tag: str, **kw):  # type: ignore[no-un
     if "temperature" in kw:
         del kw["weights"]
     return build_blend("mix", datasets, root / "blends" / "mix", root / "cache",
-                       semantics="growing", **kw)  # fmt: skip
+                       blend_values(semantics="growing", **kw))  # fmt: skip
 
 
 def _documents(ds, name: str) -> set[int]:  # type: ignore[no-untyped-def]
@@ -199,10 +201,22 @@ def test_grow_blend_is_the_full_greedy_cut_at_the_first_overflow() -> None:
 def test_train_samples_null_is_for_growing_only(tmp_path: Path, shards) -> None:  # type: ignore[no-untyped-def]
     prefix = _merged(tmp_path / "m" / "docs_text_document", shards["docs"][:3])
     with pytest.raises(ConfigError, match="train_samples"):
-        build_blend("x", {"docs": prefix}, tmp_path / "x", tmp_path / "c", weights={"docs": 1},
-                    sequence_length=8, train_samples=None)  # fmt: skip
-    built = build_blend("x", {"docs": prefix}, tmp_path / "x", tmp_path / "c",
-                        weights={"docs": 1}, sequence_length=8, train_samples=10)  # fmt: skip
+        build_blend(
+            "x",
+            {"docs": prefix},
+            tmp_path / "x",
+            tmp_path / "c",
+            BlendSettings(
+                NanosetSettings(sequence_length=8, train_samples=None), weights={"docs": 1}
+            ),
+        )
+    built = build_blend(
+        "x",
+        {"docs": prefix},
+        tmp_path / "x",
+        tmp_path / "c",
+        BlendSettings(NanosetSettings(sequence_length=8, train_samples=10), weights={"docs": 1}),
+    )
     assert "extends" not in built and open_blend(tmp_path / "x").extends is None
 
 

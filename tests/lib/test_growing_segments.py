@@ -9,7 +9,9 @@ import itertools
 import json
 import os
 import pickle
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,11 +24,14 @@ from tokenmill.indices import growing_blend, growing_segments
 from tokenmill.indices._nanoset_indices import SPLITS
 from tokenmill.indices.growing_segments import NPY_HEADER
 from tokenmill.indices.nanoset import NanosetIndex, build_or_load_lengths, ensure_entry
+from tokenmill.indices.settings import NanosetSettings
 from tokenmill.loader import open_blend
 from tokenmill.storage.gc import gc
 from tokenmill.verify import verify_blend
 
-SETTINGS = {"split_spec": "80,10,10", "sequence_length": 16, "seed": 7, "semantics": "growing"}
+SETTINGS = NanosetSettings(
+    split_spec="80,10,10", sequence_length=16, seed=7, semantics="growing", era_samples=4
+)
 
 
 def _data(seed: int, count: int) -> tuple[list[tuple[str, int]], np.ndarray]:
@@ -43,7 +48,10 @@ def _build(
     lengths: np.ndarray,
     split: str,
     previous: NanosetIndex | None = None,
-    **kw: object,
+    *,
+    num_samples: int | None = None,
+    masked: np.ndarray | None = None,
+    **kw: Any,
 ) -> NanosetIndex:
     n = sum(d for _, d in table)
     content = f"content-{len(table)}"
@@ -51,10 +59,12 @@ def _build(
         lengths[:n],
         content,
         cache,
-        split=split,
+        split,
+        replace(SETTINGS, **kw),
+        num_samples,
         shards=table,
+        masked=masked,
         previous=None if previous is None else previous.description,
-        **{**SETTINGS, "era_samples": 4, **kw},  # type: ignore[arg-type]
     )
     assert built is not None
     return built
@@ -114,9 +124,7 @@ def test_extension_writes_only_the_new_rows(tmp_path: Path) -> None:
     assert new.description["growth"]["segments"][0]["entry"] == old.cache_hash
     Path(old.paths["sample"]).unlink()
     with pytest.raises(CacheError, match=r"sample_index\.npy"):
-        build_or_load_lengths(
-            lengths, "content-40", tmp_path, split="train", shards=table, era_samples=4, **SETTINGS
-        )
+        build_or_load_lengths(lengths, "content-40", tmp_path, "train", SETTINGS, shards=table)
 
 
 def test_cap_and_changed_settings_build_whole(tmp_path: Path) -> None:
@@ -140,11 +148,10 @@ def test_entry_without_its_segments_can_be_described(tmp_path: Path) -> None:
         lengths,
         "content-12",
         tmp_path / "b",
-        split="train",
+        "train",
+        SETTINGS,
         shards=table,
-        era_samples=4,
         previous=json.loads(Path(old.paths["description"]).read_text()),
-        **SETTINGS,
     )
     assert made is not None
     description = read_description(made[0]["description"])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_pairs import random_pair
+from tiny_pairs import index_of, random_pair
 
 from tokenmill.atomic import TMP_DIR
 from tokenmill.cli import main
@@ -27,6 +27,7 @@ from tokenmill.indices.nanoset import (
     split_ranges,
     verify_index,
 )
+from tokenmill.indices.settings import NanosetSettings
 
 NUM_SEQUENCES = 200
 
@@ -57,7 +58,7 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_build_names_files_by_the_key_hash(dataset, tmp_path, builds):
     cache_dir = tmp_path / "cache"
-    index = build_or_load(dataset, cache_dir, split="train", sequence_length=16, num_samples=500)
+    index = build_or_load(dataset, cache_dir, "train", NanosetSettings(sequence_length=16), 500)
     assert index is not None and builds == ["build"]
     key = index.description["key"]
     assert index.cache_hash == hashlib.md5(json.dumps(key, indent=4).encode()).hexdigest()
@@ -89,8 +90,8 @@ def test_build_names_files_by_the_key_hash(dataset, tmp_path, builds):
 
 
 def test_second_call_loads_without_building(dataset, tmp_path, builds):
-    first = build_or_load(dataset, tmp_path, split="valid", sequence_length=8)
-    again = build_or_load(dataset, tmp_path, split="valid", sequence_length=8)
+    first = build_or_load(dataset, tmp_path, "valid", NanosetSettings(sequence_length=8))
+    again = build_or_load(dataset, tmp_path, "valid", NanosetSettings(sequence_length=8))
     assert builds == ["build"]
     assert again.cache_hash == first.cache_hash
     np.testing.assert_array_equal(again.shuffle_index, first.shuffle_index)
@@ -105,34 +106,50 @@ def test_second_call_loads_without_building(dataset, tmp_path, builds):
         {"split_spec": "90,5,5"},
         {"semantics": "nanotron"},
         {"add_extra_token": False},
-        {"drop_last_partial": False},
+        {"split": "valid", "drop_last_partial_validation": False},
     ],
 )
 def test_every_setting_changes_the_hash(dataset, tmp_path, change):
-    base = {"split": "train", "sequence_length": 8, "num_samples": 300}
-    first = build_or_load(dataset, tmp_path, **base)
-    other = build_or_load(dataset, tmp_path, **(base | change))
+    base = {"split": change.get("split", "train"), "sequence_length": 8, "num_samples": 300}
+    first = index_of(dataset, tmp_path, **base)
+    other = index_of(dataset, tmp_path, **(base | change))
     assert other.cache_hash != first.cache_hash
 
 
 def test_new_data_changes_the_hash(tmp_path):
-    a = build_or_load(make_dataset(tmp_path / "a", seed=1), tmp_path / "c", split="valid",
-                      sequence_length=8)  # fmt: skip
-    b = build_or_load(make_dataset(tmp_path / "b", seed=2), tmp_path / "c", split="valid",
-                      sequence_length=8)  # fmt: skip
+    a = build_or_load(
+        make_dataset(tmp_path / "a", seed=1),
+        tmp_path / "c",
+        "valid",
+        NanosetSettings(sequence_length=8),
+    )
+    b = build_or_load(
+        make_dataset(tmp_path / "b", seed=2),
+        tmp_path / "c",
+        "valid",
+        NanosetSettings(sequence_length=8),
+    )
     assert a.cache_hash != b.cache_hash
 
 
 def test_empty_split_is_none(dataset, tmp_path):
-    assert build_or_load(dataset, tmp_path, split="test", split_spec="99,1,0",
-                         sequence_length=8) is None  # fmt: skip
-    assert build_or_load(dataset, tmp_path, split="valid", split_spec="1000,1,0",
-                         sequence_length=8) is None  # fmt: skip
+    assert (
+        build_or_load(
+            dataset, tmp_path, "test", NanosetSettings(split_spec="99,1,0", sequence_length=8)
+        )
+        is None
+    )
+    assert (
+        build_or_load(
+            dataset, tmp_path, "valid", NanosetSettings(split_spec="1000,1,0", sequence_length=8)
+        )
+        is None
+    )
 
 
 @pytest.mark.parametrize("damage", ["no_description", "truncated_array", "missing_array", "object"])
 def test_partial_or_damaged_entries_are_rebuilt(dataset, tmp_path, builds, damage):
-    index = build_or_load(dataset, tmp_path, split="train", sequence_length=8)
+    index = build_or_load(dataset, tmp_path, "train", NanosetSettings(sequence_length=8))
     good = np.array(index.sample_index)
     paths = index.paths
     del index
@@ -145,7 +162,7 @@ def test_partial_or_damaged_entries_are_rebuilt(dataset, tmp_path, builds, damag
         paths["shuffle"].unlink()
     else:
         np.save(paths["sample"], np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    rebuilt = build_or_load(dataset, tmp_path, split="train", sequence_length=8)
+    rebuilt = build_or_load(dataset, tmp_path, "train", NanosetSettings(sequence_length=8))
     assert builds == ["build", "build"]
     np.testing.assert_array_equal(rebuilt.sample_index, good)
 
@@ -159,16 +176,16 @@ def test_object_arrays_are_refused(tmp_path):
 
 
 def test_a_foreign_description_is_refused(dataset, tmp_path):
-    index = build_or_load(dataset, tmp_path, split="train", sequence_length=8)
+    index = build_or_load(dataset, tmp_path, "train", NanosetSettings(sequence_length=8))
     description = json.loads(index.paths["description"].read_text())
     description["key"]["seed"] = 99
     index.paths["description"].write_text(json.dumps(description))
     with pytest.raises(CacheError, match="remove the entry's files to rebuild"):
-        build_or_load(dataset, tmp_path, split="train", sequence_length=8)
+        build_or_load(dataset, tmp_path, "train", NanosetSettings(sequence_length=8))
 
 
 def test_full_verification_detects_a_changed_byte(dataset, tmp_path):
-    index = build_or_load(dataset, tmp_path, split="train", sequence_length=8)
+    index = build_or_load(dataset, tmp_path, "train", NanosetSettings(sequence_length=8))
     verify_index(index)
     path = index.paths["document"]
     data = bytearray(path.read_bytes())
@@ -194,7 +211,7 @@ def _rank(args: tuple[str, str, multiprocessing.synchronize.Barrier]) -> tuple[i
 
     nanoset.compute_indices = counting
     barrier.wait(RANK_TIMEOUT)
-    index = build_or_load(prefix, cache_dir, split="train", sequence_length=8, num_samples=4000)
+    index = build_or_load(prefix, cache_dir, "train", NanosetSettings(sequence_length=8), 4000)
     digests = [
         hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
         for a in (index.document_index, index.sample_index, index.shuffle_index)

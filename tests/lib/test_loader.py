@@ -16,6 +16,7 @@ from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
 from tokenmill.indices.nanoset import build_nanoset_indices, build_or_load
+from tokenmill.indices.settings import NanosetSettings
 from tokenmill.loader import BlendedDataset, NanosetDataset, open_nanoset
 
 LENGTHS = [5, 3, 7, 4]
@@ -131,10 +132,8 @@ def test_built_indices_give_the_vector_samples(tmp_path: Path, four: IndexedData
     built = build_or_load(
         four.prefix,
         tmp_path / "cache",
-        split="train",
-        split_spec="1,0,0",
-        sequence_length=4,
-        seed=42,
+        "train",
+        NanosetSettings(split_spec="1,0,0", sequence_length=4, seed=42),
     )
     assert built is not None
     from_cache = open_nanoset(four.prefix, index=built.paths["description"])
@@ -254,10 +253,8 @@ def test_changed_cache_file_is_refused(tmp_path: Path, four: IndexedDataset) -> 
     built = build_or_load(
         four.prefix,
         tmp_path / "cache",
-        split="train",
-        split_spec="1,0,0",
-        sequence_length=4,
-        seed=42,
+        "train",
+        NanosetSettings(split_spec="1,0,0", sequence_length=4, seed=42),
     )
     assert built is not None
     np.save(built.paths["shuffle"], np.array([{"evil": 1}, 2], dtype=object), allow_pickle=True)
@@ -271,10 +268,8 @@ def test_object_array_cache_is_refused_even_with_matching_hash(
     built = build_or_load(
         four.prefix,
         tmp_path / "cache",
-        split="train",
-        split_spec="1,0,0",
-        sequence_length=4,
-        seed=42,
+        "train",
+        NanosetSettings(split_spec="1,0,0", sequence_length=4, seed=42),
     )
     assert built is not None
     path = built.paths["shuffle"]
@@ -291,7 +286,10 @@ def test_index_of_changed_dataset_is_refused(tmp_path: Path) -> None:
     write_dataset(prefix, LENGTHS)
     write_dataset_manifest(prefix, kind="merged", inputs=[], config={}, counts={})
     built = build_or_load(
-        prefix, tmp_path / "cache", split="train", split_spec="1,0,0", sequence_length=4, seed=42
+        prefix,
+        tmp_path / "cache",
+        "train",
+        NanosetSettings(split_spec="1,0,0", sequence_length=4, seed=42),
     )
     assert built is not None
     write_dataset(prefix, [4, 3, 7, 5])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_pairs import random_dataset
+from tiny_pairs import index_of, random_dataset
 
 from tokenmill.errors import FormatError
 from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
@@ -17,7 +17,6 @@ from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
 from tokenmill.formats.merge import merge_datasets, virtual_merge
 from tokenmill.formats.virtual_merge import check_manifest, masked_sequences
 from tokenmill.indices import growing
-from tokenmill.indices.nanoset import build_or_load
 from tokenmill.loader import open_nanoset
 from tokenmill.tokenize.merged_versions import extends, merged_version, shard_identities
 
@@ -66,8 +65,8 @@ def test_a_masked_merge_indexes_as_the_physical_merge_of_the_rest(
             "semantics": semantics,
             "num_samples": 60 if split == "train" else None,
         }
-        a = open_nanoset(masked, build_or_load(masked, tmp_path / "a", **settings), verify="full")
-        b = open_nanoset(rest, build_or_load(rest, tmp_path / "b", **settings))
+        a = open_nanoset(masked, index_of(masked, tmp_path / "a", **settings), verify="full")
+        b = open_nanoset(rest, index_of(rest, tmp_path / "b", **settings))
         assert len(a) == len(b) > 0
         assert not np.isin(a.document_index, ids).any()
         everything = np.arange(len(a))
@@ -81,8 +80,8 @@ def test_growing_drops_masked_documents_and_keeps_every_other_split(tmp_path: Pa
     ids = masked_sequences(read_dataset_manifest(masked))
     settings = {"split_spec": "80,10,10", "sequence_length": 8, "seed": 3, "era_samples": 1}
     for split in ("train", "valid", "test"):
-        before = build_or_load(plain, tmp_path / "c", split=split, semantics="growing", **settings)
-        after = build_or_load(masked, tmp_path / "c", split=split, semantics="growing", **settings)
+        before = index_of(plain, tmp_path / "c", split=split, semantics="growing", **settings)
+        after = index_of(masked, tmp_path / "c", split=split, semantics="growing", **settings)
         assert before is not None and after is not None
         kept = before.document_index[~np.isin(before.document_index, ids)]
         assert np.array_equal(after.document_index, kept)  # nobody changes split

@@ -12,10 +12,11 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from tiny_pairs import random_dataset
+from tiny_pairs import blend_values, random_dataset
 
 from tokenmill.atomic import TMP_DIR, write_bytes
 from tokenmill.errors import ConflictError
@@ -188,17 +189,17 @@ def test_the_lock_excludes_another_holder(tmp_path: Path) -> None:
             os.close(fd)
 
 
-def blend(root: Path, seed: int, **kw: object) -> dict:
-    settings: dict = {
-        "weights": {"docs": 0.7, "code": 0.3},
-        "sequence_length": 8,
-        "split_spec": "80,10,10",
-        "seed": seed,
-        "train_samples": 40,
-    }
-    settings.update(kw)
+def blend(root: Path, seed: int, **kw: Any) -> dict:
+    """The 70/30 blend of docs and code; ``kw``: ``build_blend``'s keywords (e.g. ``expected``)."""
+    settings = blend_values(
+        weights={"docs": 0.7, "code": 0.3},
+        sequence_length=8,
+        split_spec="80,10,10",
+        seed=seed,
+        train_samples=40,
+    )
     sets = {"docs": root / "merged/docs_text_document", "code": root / "merged/code_text_document"}
-    return build_blend("mix", sets, root / "blends/mix", root / "nanoset", **settings)
+    return build_blend("mix", sets, root / "blends/mix", root / "nanoset", settings, **kw)
 
 
 @pytest.fixture

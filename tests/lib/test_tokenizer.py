@@ -6,17 +6,20 @@ import functools
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from pipeline_project import tokenizer_dir
 
 from tokenmill.errors import ConfigError
-from tokenmill.tokenize import tokenizer
+from tokenmill.tokenize import tokenizer, tokenizer_verify
+from tokenmill.tokenize.engines import _assemble
 from tokenmill.tokenize.tokenizer import (
     ENGINES,
-    _assemble,
     inspect_tokenizer,
     load_encoder,
     load_tokenizer,
@@ -115,6 +118,45 @@ def test_verification_is_cached(gpt2_dir: Path, monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(tokenizer, "run_verification", fail)
     assert inspect_tokenizer(gpt2_dir / "tokenizer.json") == first
+
+
+def test_verification_child_never_imports_torch(gpt2_dir: Path, tmp_path: Path) -> None:
+    """transformers would import torch (seconds) for nothing a tokenizer call uses; the child
+    hides it and still writes the record (its ids are checked against transformers with torch
+    in the tests of every engine)."""
+    record = tmp_path / "record.json"
+    cmd = [sys.executable, "-X", "importtime", "-m", "tokenmill.tokenize.tokenizer_verify"]
+    cmd += [str(gpt2_dir), str(gpt2_dir / "tokenizer.json"), "fp", str(record)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()}
+    assert "transformers" in imported and "torch" not in imported
+    assert json.loads(record.read_text())["verdicts"] == dict.fromkeys(ENGINES, "ok")
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama2"])
+def test_speculated_engine_side_writes_what_the_serial_path_writes(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engines' part runs in a forked helper on the definition on disk while the reference
+    loads; the record and files are the same as without it, also where transformers rewrites the
+    definition (llama2: the speculation is discarded) or the helper fails."""
+    src = build_bundled_tokenizer(name, tokenizer_dir(name))
+
+    def files(folder: Path) -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+    def verify(folder: Path) -> dict[str, bytes]:
+        folder.mkdir()
+        record = folder / "rec.json"
+        result = tokenizer_verify.verify_tokenizer(src, src / "tokenizer.json", "fp", record)
+        record.write_bytes(json.dumps(result).encode())
+        return files(folder)
+
+    speculated = verify(tmp_path / "speculated")
+    monkeypatch.setattr(tokenizer_verify.Speculation, "result", lambda self: None)
+    assert verify(tmp_path / "serial") == speculated
+    record = json.loads(speculated["rec.json"])
+    assert (record["effective_definition"] is None) == (name == "gpt2")
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -21,6 +21,7 @@ from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
 from tokenmill.formats.merge import merge_datasets
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import build_nanoset_indices, build_or_load
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import BlendedDataset, NanosetDataset, open_blend, open_nanoset
 
 EOD = 3
@@ -316,11 +317,10 @@ def test_open_nanoset_takes_pad_id(tmp_path: Path, data: IndexedDataset) -> None
     built = build_or_load(
         data.prefix,
         tmp_path / "cache",
-        split="valid",
-        split_spec="0,1,0",
-        sequence_length=S,
-        seed=6,
-        drop_last_partial=False,
+        "valid",
+        NanosetSettings(
+            split_spec="0,1,0", sequence_length=S, seed=6, drop_last_partial_validation=False
+        ),
     )
     assert built is not None
     ds = open_nanoset(data.prefix, index=built, pad_id=99)
@@ -341,11 +341,10 @@ def test_open_blend_takes_pad_id_and_the_recorded_eod(tmp_path: Path) -> None:
         paths,
         tmp_path / "blend",
         tmp_path / "cache",
-        weights={"web": 0.6, "code": 0.4},
-        sequence_length=S,
-        split_spec="1,0,0",
-        seed=3,
-        train_samples=20,
+        BlendSettings(
+            NanosetSettings(sequence_length=S, split_spec="1,0,0", seed=3, train_samples=20),
+            weights={"web": 0.6, "code": 0.4},
+        ),
     )
     blend = open_blend(tmp_path / "blend", pad_id=-7)
     assert {ds.pad_id for ds in blend.datasets.values()} == {-7}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_pairs import random_pair
+from tiny_pairs import blend_values, random_pair
 
 from tokenmill.atomic import TMP_DIR, file_sha256
 from tokenmill.cli import main
@@ -29,6 +29,7 @@ from tokenmill.indices import blend_plan
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.blend_versioning import blend_version
 from tokenmill.indices.nanoset import build_or_load
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import open_blend, open_nanoset
 from tokenmill.storage import versions as pointer_store
 from tokenmill.verify import verify_blend
@@ -75,7 +76,11 @@ def mix_datasets(root: Path, docs: str = "v1") -> dict[str, Path]:
 def build(root: Path, docs: str = "v1", **kw: object) -> dict:
     settings = {**SETTINGS, **kw}
     return build_blend(
-        "mix", mix_datasets(root, docs), root / "blends/mix", root / "nanoset", **settings
+        "mix",
+        mix_datasets(root, docs),
+        root / "blends/mix",
+        root / "nanoset",
+        blend_values(**settings),
     )
 
 
@@ -268,10 +273,10 @@ def test_a_large_bin_is_not_read_by_the_build(tmp_path: Path) -> None:
         {"big": prefix},
         tmp_path / "blends/big",
         tmp_path / "nanoset",
-        weights={"big": 1.0},
-        sequence_length=64,
-        split_spec="1,0,0",
-        train_samples=1000,
+        BlendSettings(
+            NanosetSettings(sequence_length=64, split_spec="1,0,0", train_samples=1000),
+            weights={"big": 1.0},
+        ),
     )
     assert _rchar() - reads < 4_000_000 < Path(f"{prefix}.bin").stat().st_size
 
@@ -336,7 +341,7 @@ def test_pickles_carry_paths_not_index_arrays(root: Path) -> None:
     assert np.array_equal(copy.get_batch(picks), ds.get_batch(picks))
     prefix = root / "merged/docs/v1/docs_text_document"
     built = build_or_load(
-        prefix, root / "nanoset", split="train", sequence_length=S, num_samples=300_000
+        prefix, root / "nanoset", "train", NanosetSettings(sequence_length=S), 300_000
     )
     nano = open_nanoset(prefix, built)
     assert nano.version and len(pickle.dumps(nano)) < 10_000
@@ -358,10 +363,10 @@ def test_blend_version_is_known_before_building(root: Path) -> None:
     build_blend then writes: a caller can stage ``versions/<v16>/`` first."""
     datasets = mix_datasets(root)
     out, cache = root / "blends/mix", root / "nanoset"
-    version = blend_version("mix", datasets, out, cache, **SETTINGS)
+    version = blend_version("mix", datasets, out, cache, blend_values(**SETTINGS))
     assert not out.exists() and not cache.exists()
     assert build(root)["version"] == version
-    assert blend_version("mix", datasets, out, cache, **SETTINGS) == version
+    assert blend_version("mix", datasets, out, cache, blend_values(**SETTINGS)) == version
 
 
 def test_open_nanoset_fast_hashes_no_array_full_does(
@@ -369,7 +374,7 @@ def test_open_nanoset_fast_hashes_no_array_full_does(
 ) -> None:
     prefix = root / "merged/docs/v1/docs_text_document"
     built = build_or_load(
-        prefix, root / "nanoset", split="train", sequence_length=S, num_samples=500
+        prefix, root / "nanoset", "train", NanosetSettings(sequence_length=S), 500
     )
     nano = open_nanoset(prefix, built)
     shuffle = Path(nano.index_paths[2])  # type: ignore[index]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_pairs import random_dataset
+from tiny_pairs import blend_values, index_of, random_dataset
 
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError
@@ -21,6 +21,7 @@ from tokenmill.formats.merge import merge_datasets, virtual_merge
 from tokenmill.formats.virtual_merge import VirtualDataset
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import build_or_load
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import open_blend, open_nanoset
 from tokenmill.verify import verify_blend, verify_dataset
 
@@ -84,7 +85,7 @@ def test_every_sample_over_a_virtual_merge_equals_the_physical_one(
             "num_samples": 40 if split == "train" else None,
         }
         opened = [
-            open_nanoset(prefix, build_or_load(prefix, tmp_path / f"cache-{n}", **settings))
+            open_nanoset(prefix, index_of(prefix, tmp_path / f"cache-{n}", **settings))
             for n, prefix in enumerate((physical, virtual))
         ]
         a, b = opened
@@ -114,7 +115,7 @@ def test_a_blend_of_virtual_merges_equals_the_blend_of_physical_ones(tmp_path: P
     for mode in (0, 1):
         sets = {"docs": docs[mode], "code": code[mode]}
         out = tmp_path / "blends" / f"mix{mode}"
-        build_blend("mix", sets, out, tmp_path / f"nanoset{mode}", **settings)
+        build_blend("mix", sets, out, tmp_path / f"nanoset{mode}", blend_values(**settings))
         assert verify_blend(out, full=True) == []
         opened.append({s: open_blend(out, s) for s in ("train", "valid", "test")})
     for split in ("train", "valid", "test"):
@@ -137,9 +138,7 @@ def test_a_shard_changed_after_the_merge_is_refused_naming_it(tmp_path: Path) ->
         sets,
         out,
         tmp_path / "nanoset",
-        weights={"docs": 1},
-        sequence_length=4,
-        train_samples=10,
+        BlendSettings(NanosetSettings(sequence_length=4, train_samples=10), weights={"docs": 1}),
     )
     shard = tmp_path / "tokens" / "docs" / "part-00001_text_document.bin"
     shard.write_bytes(shard.read_bytes() + b"\0\0")
@@ -181,8 +180,8 @@ def test_a_tampered_shard_path_is_a_format_error(tmp_path: Path, prefix: str) ->
 
 def test_index_cache_over_a_virtual_merge_keys_on_its_content(tmp_path: Path) -> None:
     physical, virtual = _merges(tmp_path, "docs", [12, 12], seed=2)
-    a = build_or_load(virtual, tmp_path / "c", split="train", sequence_length=8)
-    b = build_or_load(physical, tmp_path / "c", split="train", sequence_length=8)
+    a = build_or_load(virtual, tmp_path / "c", "train", NanosetSettings(sequence_length=8))
+    b = build_or_load(physical, tmp_path / "c", "train", NanosetSettings(sequence_length=8))
     assert a is not None and b is not None
     assert (
         a.description["key"]["dataset_content_hash"]
@@ -203,9 +202,7 @@ def test_pull_copies_a_blend_of_virtual_merges_with_its_shards(tmp_path: Path) -
         {"docs": virtual},
         out,
         root / "nanoset",
-        weights={"docs": 1},
-        sequence_length=6,
-        train_samples=20,
+        BlendSettings(NanosetSettings(sequence_length=6, train_samples=20), weights={"docs": 1}),
     )
     dest = tmp_path / "copy"
     pull(str(out / "manifest.json"), dest)
@@ -260,9 +257,7 @@ def test_gc_removes_an_old_virtual_version_and_keeps_the_current_readable(
         {"docs": made[1][1]},
         out,
         tmp_path / "nanoset",
-        weights={"docs": 1},
-        sequence_length=4,
-        train_samples=12,
+        BlendSettings(NanosetSettings(sequence_length=4, train_samples=12), weights={"docs": 1}),
     )
     assert main(["gc", str(tmp_path), "--keep", "1"]) == 0
     assert not made[0][1].parent.exists() and made[1][1].parent.is_dir()

@@ -29,9 +29,11 @@ from assets.support.sources import list_shards
 from pipelines.build import build_definitions, resources_for
 from pipelines.materialize import materialize_recipe
 from tokenmill.atomic import file_sha256
+from tokenmill.cli import main
 from tokenmill.errors import BadRecordError, ConfigError, InputError
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.loader import open_blend
+from tokenmill.provenance import explain, resolve_queries
 from tokenmill.recipe import Recipe
 
 PARQUET, ARROW = "train-00000-of-00002", "train-00001-of-00002"
@@ -167,8 +169,32 @@ def test_materialize_hf_dataset_end_to_end(
     assert [i["shard"] for i in info["tokenmill"]["inputs"]] == [PARQUET, ARROW]
     assert info["tokenmill"]["counts"]["quarantined"] == 1
 
-    blend = open_blend(storage.blend_dir("mix") / "manifest.json", split="train")
+    mpath = storage.blend_dir("mix") / "manifest.json"
+    blend = open_blend(mpath, split="train")
     assert blend.get_batch(np.arange(4)).shape == (4, 33)
+
+    # explain names each wiki piece's file and row (the null row skipped), find goes back
+    rows = blend.get_batch(np.arange(len(blend)))
+    wiki = 0
+    for prov in explain(mpath, "train", range(len(blend))):
+        for p in prov.pieces:
+            if p.dataset != "wiki":
+                continue
+            wiki += 1
+            name = Path(str(p.source)).name.split(".")[0]
+            assert p.source == str(source / Path(str(p.source)).name) and p.line is not None
+            text = texts[name][p.line - 1]
+            assert text is not None and p.doc_id == str(p.line - 1)  # the id column: the row
+            whole = [*tokenizer(text).input_ids, tokenizer.eos_token_id]
+            (a, b), (c, d) = p.sample_range, p.document_range
+            assert rows[prov.sample][a:b].tolist() == whole[c:d]
+    assert wiki > 5
+    after_null = f"line:{shard}:{NULL_ROW + 1}"
+    [ref] = resolve_queries(storage.local_root(), [after_null, f"line:{shard}:{NULL_ROW}"])
+    assert (ref.shard, ref.document, ref.line, ref.doc_id) == (PARQUET, NULL_ROW - 1, 4, "3")
+    capsys.readouterr()
+    assert main(["explain", str(mpath), "--sample", *map(str, range(len(blend)))]) == 0
+    assert f"{shard} row " in capsys.readouterr().out
     assert materialize_recipe(hf_recipe, instance) == 0  # nothing changed: nothing runs
     assert "wiki: 2 shards (0 processed, 2 up to date" in capsys.readouterr().out
 

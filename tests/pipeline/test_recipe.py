@@ -11,6 +11,8 @@ from pydantic import ValidationError
 
 from assets.support.staleness import blend_data_version, nanoset_data_version
 from tokenmill.errors import ConfigError
+from tokenmill.indices.blend_versioning import blend_data_version as library_blend_version
+from tokenmill.indices.nanoset import index_version
 from tokenmill.recipe import (
     DatasetConfig,
     NanosetConfig,
@@ -323,31 +325,71 @@ def test_defaults_match_the_config_classes(tmp_path: Path) -> None:
     assert hf.datasets[0].glob == "*" and hf.datasets[0].shard_suffixes == (".parquet", ".arrow")
 
 
-def test_data_versions_match_the_dataclass_era() -> None:
-    """Nanoset and blend data versions hash the config models' dump; the values are those the
-    frozen dataclasses' ``asdict`` gave (commit 3631968), so no blend looks stale after an
-    upgrade."""
+def test_data_versions_are_the_library_versions() -> None:
+    """Nanoset and blend data versions are the library's own (``nanoset.index_version``,
+    ``blend_versioning.blend_data_version``) of the recipe's settings values; pinned, so a
+    change to them (every index and blend looking stale after an upgrade) is deliberate."""
     expected = {
         "demo.yaml": (
-            "baad12ef7dc6f18ae0343139d932d03d6f4eafd46fd74bafff7687c43c18ca55",
-            {"demo": "115fd1c8bfdd52c2bb79e9afb79b1aa2cdeb424d30e8c35de76d3c9cbf9a6864"},
+            "ac694d51dd394b11a97396feef392d8312444c34b45faa9b69645f16e52b5ce4",
+            {"demo": "9ad48e85ec1c732e59834babc0ddafb1ab63dc940a864bc88bc74fe05cadf234"},
         ),
         "example-temperature.yaml": (
-            "79532cebb166291bd9f5bc1eeab4c52030699a8dbc46dc23fa087e3ebc24fb7e",
+            "92cb7558284a66d492be7edc852581332ef6896e85de34121c6277b356e6cb93",
             {
-                "balanced": "659bbde1def2115242273356cb83155f834a641aaf59b97aa657d231a4547a4d",
-                "mostly_web": "f87524a1758230410a7b6d8a273f0e204559444f374e8f0361e956fd8919b7dd",
+                "balanced": "66053d8f06fc633234b07e4cd5e0dc52153836eb477fb0dd854f623483de7b29",
+                "mostly_web": "b612d4b7c526ba8e374de09a52a0bd9cceb1cc882025aa950ef30d40d635069a",
             },
         ),
     }
     for name, (nanoset_version, blend_versions) in expected.items():
         recipe = load_recipe(ROOT / "recipes" / name)
+        settings = recipe.nanoset.settings()
         assert nanoset_data_version("ab" * 32, recipe.nanoset) == nanoset_version
+        assert index_version("ab" * 32, settings, settings.index_sizes()) == nanoset_version
         members = {b.name: [(d, "cd" * 32) for d in b.datasets] for b in recipe.blends}
         got = {
             b.name: blend_data_version(b, recipe.nanoset, members[b.name]) for b in recipe.blends
         }
         assert got == blend_versions
+        library = {
+            b.name: library_blend_version(b.settings(settings), members[b.name])
+            for b in recipe.blends
+        }
+        assert library == blend_versions
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"sequence_length": 9},
+        {"split": "90,5,5"},
+        {"seed": 7},
+        {"train_samples": 11},
+        {"valid_samples": 3},
+        {"semantics": "nanotron"},
+        {"add_extra_token": False},
+        {"drop_last_partial_validation": False},
+    ],
+)
+def test_every_index_setting_changes_the_data_versions(
+    tmp_path: Path, change: dict[str, object]
+) -> None:
+    """An edit of any index setting changes the nanoset and blend data versions (so both look
+    stale); ``allow_empty_splits`` (no byte of a blend) changes neither."""
+    base = {"train_samples": 10}
+    before = parse_recipe({**GOOD, "nanoset": base}, tmp_path / "r.yaml")
+    after = parse_recipe({**GOOD, "nanoset": {**base, **change}}, tmp_path / "r.yaml")
+    blend = before.blends[0]
+    members = [(d, "cd" * 32) for d in blend.datasets]
+    assert nanoset_data_version("ab", before.nanoset) != nanoset_data_version("ab", after.nanoset)
+    assert blend_data_version(blend, before.nanoset, members) != blend_data_version(
+        blend, after.nanoset, members
+    )
+    allowed = blend.model_copy(update={"allow_empty_splits": True})
+    assert blend_data_version(allowed, before.nanoset, members) == blend_data_version(
+        blend, before.nanoset, members
+    )
 
 
 @pytest.mark.parametrize(

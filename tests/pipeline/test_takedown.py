@@ -6,6 +6,7 @@ until ``tokenmill gc``; for megatron, nanotron and growing semantics."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,12 @@ from pipelines.build import build_definitions
 from pipelines.materialize import materialize_recipe
 from tokenmill.cli import main
 from tokenmill.errors import ConfigError, FormatError
-from tokenmill.formats.blend_manifest import read_blend_manifest
+from tokenmill.formats.blend_manifest import (
+    read_blend_manifest,
+    resolve,
+    seal,
+    version_manifest_path,
+)
 from tokenmill.formats.dataset_manifest import read_dataset_manifest
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.formats.takedown_records import list_sha256, read_ledger
@@ -329,3 +335,53 @@ def test_a_physical_merge_is_refused_before_anything_is_written(
     err = capsys.readouterr().err
     assert "is a physical merge" in err and "set merge: virtual" in err
     assert read_ledger(root) == [] and read_blend_manifest(mpath)["version"] == before
+
+
+def test_verify_names_a_masked_document_a_tampered_index_references(
+    make_recipe: Callable[..., Recipe],
+    instance: DagsterInstance,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    recipe = make_recipe()
+    assert materialize_recipe(recipe, instance) == 0
+    root = Path(recipe.storage.root)
+    mpath = root / "blends" / "mix" / "manifest.json"
+    piece = explain(mpath, "train", [0])[0].pieces[0]
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"line:{piece.source}:{piece.line}\n")
+    assert main(["takedown", "--root", str(root), "--list", str(listing), "--reason", "x"]) == 0
+    assert main(["verify", str(mpath)]) == 0
+    # an index whose every file record is consistent, but that reads the masked document
+    manifest = read_blend_manifest(mpath)
+    [entry] = [d for d in manifest["splits"]["train"]["datasets"] if d["name"] == piece.dataset]
+    record = entry["index"]["files"]["document"]
+    path = resolve(mpath, record["path"])
+    doc = np.load(path)
+    assert piece.sequence not in doc.tolist()
+    doc[0] = piece.sequence
+    path.chmod(0o644)
+    np.save(path, doc, allow_pickle=False)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    description = resolve(mpath, entry["index"]["files"]["description"]["path"])
+    info = json.loads(description.read_text())
+    info["files"]["document"]["sha256"] = digest
+    description.chmod(0o644)
+    description.write_text(json.dumps(info))
+    desc_digest = hashlib.sha256(description.read_bytes()).hexdigest()
+    for target in (mpath, version_manifest_path(mpath, manifest["version"])):
+        data = read_blend_manifest(target)
+        for split in data["splits"].values():
+            for ds in split["datasets"]:
+                files = ds["index"]["files"]
+                if files["document"]["path"] == record["path"]:
+                    files["document"]["sha256"] = digest
+                    files["description"]["sha256"] = desc_digest
+                    files["description"]["bytes"] = description.stat().st_size
+        target.write_text(json.dumps(seal(data)))
+    capsys.readouterr()
+    assert main(["verify", str(mpath)]) == 1
+    out = capsys.readouterr()
+    said = out.out + out.err
+    assert "masks (taken down)" in said
+    assert f"shard {piece.shard} document {piece.document}" in said

@@ -14,18 +14,26 @@ from tokenmill.atomic import TMP_DIR
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError, InputError
 from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import open_blend
-from tokenmill.storage.pull import pull
+from tokenmill.storage.pull import LEDGER_NAME, PARTIAL_SUFFIX, pull
+
+
+def is_pull_state(rel: str) -> bool:
+    """The ledger of a pull destination, or a partial download in a ``.tmp/`` folder."""
+    return rel == LEDGER_NAME or (f"{TMP_DIR}/" in rel and rel.endswith(PARTIAL_SUFFIX))
+
 
 MANIFEST = Path("blends/mix/manifest.json")
 
 
 def files_under(root: Path) -> dict[str, bytes]:
-    """``{relative path: content}`` of every file under ``root``."""
+    """``{relative path: content}`` of every file under ``root`` but a pull's own state (its
+    ledger, partial downloads)."""
     return {
         p.relative_to(root).as_posix(): p.read_bytes()
         for p in sorted(root.rglob("*"))
-        if p.is_file()
+        if p.is_file() and not is_pull_state(p.relative_to(root).as_posix())
     }
 
 
@@ -66,10 +74,10 @@ def test_pull_a_named_version(storage_root: Path, tmp_path: Path) -> None:
     opens with the batches it had; the current pull carries the current version's manifest."""
     old = open_blend(storage_root / MANIFEST)
     before = old.get_batch(np.arange(len(old)))
-    settings = dict(weights={"docs": 0.5, "code": 0.5}, sequence_length=16, split_spec="90,10,0")
+    nanoset = NanosetSettings(sequence_length=16, split_spec="90,10,0", train_samples=300)
+    settings = BlendSettings(nanoset, weights={"docs": 0.5, "code": 0.5})
     merged = {n: storage_root / f"merged/{n}_text_document" for n in ("docs", "code")}
-    build_blend("mix", merged, storage_root / "blends/mix", storage_root / "nanoset",
-                train_samples=300, **settings)  # fmt: skip
+    build_blend("mix", merged, storage_root / "blends/mix", storage_root / "nanoset", settings)
     assert open_blend(storage_root / MANIFEST).version != old.version
     dest = tmp_path / "dest"
     assert main(["pull", str(storage_root / MANIFEST), str(dest), "--version", old.version]) == 0
@@ -133,8 +141,8 @@ def test_a_different_manifest_in_dest_is_removed_before_pulling(
 @pytest.mark.parametrize(
     ("relative", "why"),
     [
-        ("merged/docs_text_document.bin", "sha256 of part 1 "),  # merged: checked by parts
-        ("merged/code_text_document.bin", "sha256 differs from the manifest"),
+        ("merged/docs_text_document.bin", "sha256 of block 0 "),  # the per-block list first
+        ("merged/code_text_document.bin", "sha256 of block 0 (bytes 0.."),
         ("blends/mix/versions/*/train-dataset_index.npy", "sha256 differs from the manifest"),
     ],
 )
@@ -223,3 +231,137 @@ def test_s3_missing_object_and_manifest(s3: S3, storage_root: Path, tmp_path: Pa
 def _one_index_file(root: Path) -> str:
     """The name of the first Nanoset index array under ``root/nanoset``."""
     return sorted(p.name for p in (root / "nanoset").glob("*_index.npy"))[0]
+
+
+# --- resuming by block hashes -----------------------------------------------------------------
+BLOCK = 256  # bytes per block of the .bin files built below (8 MiB in production)
+DOCS = "merged/docs_text_document.bin"
+
+
+class Killed(BaseException):
+    """Stands for a SIGKILL: nothing in the pull catches it."""
+
+
+@pytest.fixture
+def small_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``build_storage_root`` with per-block sha256 lists of BLOCK bytes (many blocks per .bin),
+    each new block recorded in the ledger at once (production: every 64 MiB)."""
+    from servers import build_storage_root
+
+    from tokenmill.formats import dataset_manifest
+    from tokenmill.storage import pull_blocks
+
+    monkeypatch.setattr(dataset_manifest, "BLOCK_BYTES", BLOCK)
+    monkeypatch.setattr(pull_blocks, "SYNC_BYTES", BLOCK)
+    build_storage_root(tmp_path / "src")
+    return tmp_path / "src"
+
+
+class GetLog:
+    """Every GetObject the pull's client sends to moto, as (key, Range header); ``kill_at``
+    raises Killed before the n-th range GET of DOCS is sent."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from tokenmill.storage import pull as pull_module
+
+        self.gets: list[tuple[str, str]] = []
+        self.kill_at: int | None = None
+        real = pull_module.make_client
+
+        def make_client(*args: object, **kwargs: object) -> object:
+            client = real(*args, **kwargs)
+            client.meta.events.register("before-send.s3.GetObject", self._sent)
+            return client
+
+        monkeypatch.setattr(pull_module, "make_client", make_client)
+
+    def _sent(self, request: object, **_: object) -> None:
+        url, headers = request.url, request.headers  # type: ignore[attr-defined]
+        key = url.split("/", 4)[4].split("?")[0]
+        rng = headers.get("Range", b"")
+        rng = rng.decode() if isinstance(rng, bytes) else str(rng)
+        if key.endswith(DOCS) and rng and self.kill_at is not None:
+            self.kill_at -= 1
+            if self.kill_at == 0:
+                raise Killed
+        self.gets.append((key, rng))
+
+    def ranges(self, suffix: str) -> list[tuple[int, int]]:
+        """The byte ranges [lo, hi) fetched of the object ending in ``suffix``."""
+        found = []
+        for key, rng in self.gets:
+            if key.endswith(suffix) and rng:
+                lo, hi = rng.removeprefix("bytes=").split("-")
+                found.append((int(lo), int(hi) + 1))
+        return found
+
+
+def blocks_of(ranges: list[tuple[int, int]]) -> list[int]:
+    return sorted(lo // BLOCK for lo, _ in ranges)
+
+
+def test_s3_resumed_pull_fetches_only_the_missing_and_bad_blocks(
+    s3: S3, small_blocks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed while fetching block 5 of the merged .bin: a resume fetches blocks 5.. by range
+    GET, plus block 1, corrupted in the partial file meanwhile, and nothing complete again."""
+    s3.upload_tree(small_blocks, "v1")
+    uri = f"s3://{s3.bucket}/v1/{MANIFEST}"
+    log = GetLog(monkeypatch)
+    log.kill_at = 6  # the 6th range GET of the .bin: blocks 0-4 are written and recorded
+    dest = tmp_path / "dest"
+    with pytest.raises(Killed):
+        pull(uri, dest, jobs=1)
+    size = (small_blocks / DOCS).stat().st_size
+    n_blocks = -(-size // BLOCK)
+    assert n_blocks > 10 and blocks_of(log.ranges(DOCS)) == [0, 1, 2, 3, 4]
+    partial = dest / "merged" / TMP_DIR / f"docs_text_document.bin{PARTIAL_SUFFIX}"
+    assert partial.stat().st_size == size and not (dest / DOCS).exists()
+    done_before = {k for k in files_under(dest) if not k.endswith("manifest.json")}
+    with open(partial, "r+b") as fh:  # damage a block the ledger recorded as verified
+        fh.seek(BLOCK + 3)
+        fh.write(b"\xff\x00")
+
+    log.gets.clear()
+    report = pull(uri, dest, jobs=1)
+
+    assert blocks_of(log.ranges(DOCS)) == [1, *range(5, n_blocks)]
+    fetched_keys = {key.removeprefix("v1/") for key, _ in log.gets}
+    assert not fetched_keys & done_before  # complete files: trusted, not fetched again
+    assert set(report.skipped) == done_before
+    assert DOCS in report.fetched
+    resumed = size - 4 * BLOCK  # blocks 1 and 5.. of the .bin
+    others = sum((small_blocks / rel).stat().st_size for rel in report.fetched if rel != DOCS)
+    assert report.bytes_fetched == resumed + others
+    assert files_under(dest) == expected_files(small_blocks)
+    assert_same_blend(small_blocks / MANIFEST, dest / MANIFEST)
+
+
+def test_s3_a_damaged_block_of_a_pulled_file_is_fetched_again_alone(
+    s3: S3, small_blocks: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second pull trusts the recorded files without reading them; a file changed since is
+    checked block by block, and only its bad block is fetched (into a new file renamed over
+    it: a reader of the old file keeps its bytes)."""
+    s3.upload_tree(small_blocks, "v1")
+    uri = f"s3://{s3.bucket}/v1/{MANIFEST}"
+    log = GetLog(monkeypatch)
+    dest = tmp_path / "dest"
+    first = pull(uri, dest)
+    log.gets.clear()
+    again = pull(uri, dest)
+    assert log.ranges("") == [] and again.fetched == [] and again.bytes_fetched == 0
+    assert sorted(again.skipped) == sorted(first.fetched)
+
+    target = dest / DOCS
+    inode = target.stat().st_ino
+    with open(target, "r+b") as fh:
+        fh.seek(7 * BLOCK + 10)
+        fh.write(b"\x00\x01\x02")
+    log.gets.clear()
+    report = pull(uri, dest)
+
+    assert log.ranges(DOCS) == [(7 * BLOCK, 8 * BLOCK)] and len(log.ranges("")) == 1
+    assert report.fetched == [DOCS] and report.bytes_fetched == BLOCK
+    assert target.stat().st_ino != inode
+    assert files_under(dest) == expected_files(small_blocks)

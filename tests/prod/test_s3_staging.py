@@ -28,6 +28,7 @@ from pipelines.build import resources_for
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices.nanoset import build_or_load, cache_paths
+from tokenmill.indices.settings import NanosetSettings
 from tokenmill.storage import layout
 
 pytestmark = pytest.mark.filterwarnings(
@@ -217,8 +218,8 @@ def test_fetch_hook_brings_a_stored_index_entry(
         lengths = rng.integers(20, 180, 40)
         writer.add_documents(rng.integers(0, 500, int(lengths.sum())), lengths)
     write_dataset_manifest(prefix, kind="merged", inputs=[], config={}, counts={})
-    settings: dict[str, Any] = {"split": "train", "split_spec": "90,10,0", "sequence_length": 16}
-    first = build_or_load(prefix, src / "nanoset", **settings)
+    settings = NanosetSettings(split_spec="90,10,0", sequence_length=16)
+    first = build_or_load(prefix, src / "nanoset", "train", settings)
     assert first is not None
     s3.upload_tree(src, "root")
     storage = StorageResource(root=f"s3://{s3.bucket}/root", work_dir=str(tmp_path / "work"))
@@ -228,7 +229,7 @@ def test_fetch_hook_brings_a_stored_index_entry(
     with storage.workspace(["merged/d_text_document"]) as ws:
         local = ws.storage.path("merged/d_text_document")
         index = build_or_load(
-            local, ws.storage.nanoset_dir(), fetch=ws.fetch_index_entry, **settings
+            local, ws.storage.nanoset_dir(), "train", settings, fetch=ws.fetch_index_entry
         )
         assert index is not None and index.cache_hash == first.cache_hash
         np.testing.assert_array_equal(index.shuffle_index, first.shuffle_index)

@@ -12,6 +12,7 @@ from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.blend_plan import skipped_warnings
 from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.indices.nanoset import SEMANTICS
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.storage.layout import POINTER_NAME
 from tokenmill.storage.versions import pointer_target
 
@@ -145,6 +146,24 @@ def _weights(values: list[str]) -> dict[str, float]:
     return weights
 
 
+def _settings(args: argparse.Namespace) -> BlendSettings:
+    """The blend's settings as the command line gives them."""
+    nanoset = NanosetSettings(
+        sequence_length=args.sequence_length,
+        split_spec=args.split,
+        seed=args.seed,
+        semantics=args.semantics,
+        add_extra_token=args.add_extra_token,
+        drop_last_partial_validation=args.drop_last_partial_validation,
+        era_samples=args.era_samples,
+        train_samples=args.train_samples,
+        valid_samples=args.valid_samples,
+        test_samples=args.test_samples,
+    )
+    weights = _weights(args.weight) if args.weight else None
+    return BlendSettings(nanoset, weights=weights, temperature=args.temperature)
+
+
 def run(args: argparse.Namespace) -> int:
     """Build the blend and print its proportions table."""
     output = Path(args.output)
@@ -153,18 +172,7 @@ def run(args: argparse.Namespace) -> int:
         {n: dataset_prefix(p) for n, p in _pairs(args.dataset, "--dataset").items()},
         output,
         Path(args.cache_dir) if args.cache_dir else output / "cache",
-        weights=_weights(args.weight) if args.weight else None,
-        temperature=args.temperature,
-        sequence_length=args.sequence_length,
-        split_spec=args.split,
-        seed=args.seed,
-        train_samples=args.train_samples,
-        valid_samples=args.valid_samples,
-        test_samples=args.test_samples,
-        semantics=args.semantics,
-        add_extra_token=args.add_extra_token,
-        drop_last_partial_validation=args.drop_last_partial_validation,
-        era_samples=args.era_samples,
+        _settings(args),
     )
     for warning in skipped_warnings(manifest):
         print(f"warning: {warning}", file=sys.stderr)

@@ -9,6 +9,7 @@ import numpy as np
 from tokenmill.commands.inspect import _decoder
 from tokenmill.errors import ConfigError
 from tokenmill.formats.blend_manifest import SPLITS
+from tokenmill.ingest.records import TABLE_SUFFIXES
 from tokenmill.provenance import Piece, explain
 
 EXCERPT_CHARS = 160
@@ -21,8 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="map blend samples back to documents and source lines",
         description="For each sample of a blend's --split (by --sample, or every sample of "
         "global batch --step with --global-batch-size, as BatchSampler orders them): one line "
-        "per document piece: dataset, shard, source file:line, the record's id, the piece's "
-        "token range in the sample and in its document. --text adds a decoded excerpt.",
+        "per document piece: dataset, shard, source file:line (a Parquet/Arrow source: its row), "
+        "the record's id, the piece's token range in the sample and in its document. --text "
+        "adds a decoded excerpt.",
     )
     p.add_argument("blend", metavar="BLEND", help="blends/<name>/manifest.json or its folder")
     p.add_argument("--split", choices=SPLITS, default="train", help="blend split")
@@ -37,7 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _line(piece: Piece) -> str:
-    where = f"{piece.source}:{piece.line}" if piece.line is not None else "source line unknown"
+    where = "source line unknown"
+    if piece.line is not None:
+        table = str(piece.source).endswith(TABLE_SUFFIXES)
+        where = f"{piece.source} row {piece.line}" if table else f"{piece.source}:{piece.line}"
     shard = f"{piece.dataset}/{piece.shard}" if piece.shard else piece.dataset
     doc_id = f" id={piece.doc_id}" if piece.doc_id is not None else ""
     (a, b), (c, d) = piece.sample_range, piece.document_range

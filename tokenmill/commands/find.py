@@ -7,6 +7,7 @@ import argparse
 
 from tokenmill.errors import ConfigError
 from tokenmill.provenance import find, query_lines, resolve_queries
+from tokenmill.storage.mirror import local_root
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -20,7 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "with every blend version under ROOT/blends/*/versions that holds it and the samples of "
         "each split. Exit 1 when a query matches no document.",
     )
-    p.add_argument("root", metavar="ROOT", help="the storage root (holds raw/, tokens/, blends/)")
+    p.add_argument(
+        "root", metavar="ROOT", help="the storage root (raw/, tokens/, blends/): a folder or s3://"
+    )
     p.add_argument(
         "query", nargs="*", metavar="QUERY", help="id:..., line:FILE:N, text:..., sha256:..."
     )
@@ -33,8 +36,9 @@ def run(args: argparse.Namespace) -> int:
     queries = list(args.query) + (query_lines(args.queries) if args.queries else [])
     if not queries:
         raise ConfigError("give at least one QUERY or --queries FILE")
-    refs = resolve_queries(args.root, queries)
-    hits = find(args.root, queries, refs=refs)
+    with local_root(args.root) as root:  # an s3:// root: mirrored once for both
+        refs = resolve_queries(root, queries)
+        hits = find(root, queries, refs=refs)
     for ref in refs:
         doc_id = f" id={ref.doc_id}" if ref.doc_id is not None else ""
         print(

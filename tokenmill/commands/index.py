@@ -65,10 +65,7 @@ def run(args: argparse.Namespace) -> int:
     )
     for split in SPLITS:
         index = build_or_load(
-            args.dataset,
-            args.cache_dir,
-            num_samples=settings.sizes()[split],
-            **settings.index_keywords(split),
+            args.dataset, args.cache_dir, split, settings, settings.sizes()[split]
         )
         if index is None:
             print(f"{split}: empty split, no index")

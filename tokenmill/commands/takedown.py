@@ -21,7 +21,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "them) until `tokenmill gc`. Physical merges are refused. A list already recorded is "
         "applied again (nothing new is made). Exit 1 when a query matches no document.",
     )
-    p.add_argument("--root", default="data", help="the storage root (a local folder)")
+    p.add_argument(
+        "--root",
+        default="data",
+        help="the storage root: a folder or s3://bucket/prefix ($AWS_ENDPOINT_URL)",
+    )
     p.add_argument("--list", required=True, metavar="FILE", help="the takedown list")
     p.add_argument("--reason", required=True, metavar="TEXT", help="why (kept in the record)")
     p.set_defaults(func=run)

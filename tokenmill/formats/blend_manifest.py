@@ -378,10 +378,16 @@ def _key_problems(
 
 
 def dataset_problems(
-    manifest: dict[str, Any], mpath: Path, names: set[str], *, full: bool
+    manifest: dict[str, Any],
+    mpath: Path,
+    names: set[str],
+    *,
+    full: bool,
+    merges: dict[str, dict[str, Any]] | None = None,
 ) -> list[str]:
     """Mismatches of the datasets' ``.idx``/``.bin`` files: sizes; ``full`` also the sha256 of
-    the ``.idx`` and of the ``.bin`` (or of each recorded part of a merged ``.bin``)."""
+    the ``.idx`` and of the ``.bin`` (or of each recorded part of a merged ``.bin``). ``merges``
+    receives each virtual merge's manifest as checked, by dataset name (read once)."""
     problems = []
     unknown = names - {ds["name"] for ds in manifest["datasets"]}
     if unknown:
@@ -391,7 +397,7 @@ def dataset_problems(
             continue
         prefix = resolve(mpath, ds["prefix"])
         if "manifest" in ds["files"]:
-            problems += _virtual_problems(mpath, ds, prefix, full=full)
+            problems += _virtual_problems(mpath, ds, prefix, full=full, merges=merges)
             continue
         for kind in ("bin", "idx"):
             entry = ds["files"][kind]
@@ -412,7 +418,14 @@ def dataset_problems(
     return problems
 
 
-def _virtual_problems(mpath: Path, ds: dict[str, Any], prefix: Path, *, full: bool) -> list[str]:
+def _virtual_problems(
+    mpath: Path,
+    ds: dict[str, Any],
+    prefix: Path,
+    *,
+    full: bool,
+    merges: dict[str, dict[str, Any]] | None = None,
+) -> list[str]:
     """Mismatches of a virtual merge's manifest (size; ``full``: sha256) and, through its
     records, of every shard pair it names (sizes; ``full``: sha256)."""
     entry = ds["files"]["manifest"]
@@ -427,6 +440,8 @@ def _virtual_problems(mpath: Path, ds: dict[str, Any], prefix: Path, *, full: bo
     if why:
         return [f"dataset {ds['name']!r} manifest: {why} (the merge changed after the blend)"]
     manifest = read_dataset_manifest(prefix)
+    if merges is not None:
+        merges[ds["name"]] = manifest
     return [
         f"dataset {ds['name']!r}: {why}"
         for why in shard_problems(prefix.parent, manifest, full=full)
@@ -439,6 +454,7 @@ def verify_manifest(
     *,
     full: bool = False,
     at: str | os.PathLike[str] | None = None,
+    merges: dict[str, dict[str, Any]] | None = None,
 ) -> list[str]:
     """Problems of a blend (empty list = consistent) for ``splits`` (default: all of them).
 
@@ -446,6 +462,7 @@ def verify_manifest(
     file's size, the index descriptions' settings and array records. ``full``: also the sha256
     of every file (blend arrays, Nanoset caches, ``.idx``, ``.bin`` or its parts). ``at``: the
     manifest path its recorded paths resolve against, when ``path`` is a temp of it elsewhere.
+    ``merges`` receives the virtual merges' manifests as checked (see ``dataset_problems``).
     """
     manifest = read_blend_manifest(path)
     mpath = manifest_path(path) if at is None else Path(at)
@@ -456,7 +473,7 @@ def verify_manifest(
         for split in chosen:
             problems += split_problems(manifest, mpath, split, full=full)
             names |= {ds["name"] for ds in manifest["splits"][split]["datasets"]}
-        return dataset_problems(manifest, mpath, names, full=full) + problems
+        return dataset_problems(manifest, mpath, names, full=full, merges=merges) + problems
 
 
 def rebuild_hint(manifest: dict[str, Any], mpath: Path) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +68,8 @@ def block_sha256(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTES) -
     """The sha256 of each ``block_bytes`` block of a file, the last one possibly short: what
     a streaming reader checks every block against when it enters its cache. One read pass,
     blocks hashed in parallel threads (hashlib releases the GIL): a post-pass of the writers."""
+    from concurrent.futures import ThreadPoolExecutor  # writers only: readers skip the import
+
     count = -(-os.path.getsize(path) // block_bytes)
     with open(path, "rb") as fh:
 
@@ -203,11 +204,25 @@ def read_dataset_manifest(prefix: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def open_dataset(
-    prefix: str | os.PathLike[str], *, index_only: bool = False
+    prefix: str | os.PathLike[str],
+    *,
+    index_only: bool = False,
+    recorded: dict[str, Any] | None = None,
 ) -> IndexedDataset | VirtualDataset:
     """The dataset at ``prefix``: a ``.bin``/``.idx`` pair, or a virtual merge (a manifest of
     shard pairs, no pair of its own). Both offer the same reading surface; a pair whose manifest
-    records its token count opens in O(1) (``IndexedDataset(num_tokens=...)``)."""
+    records its token count opens in O(1) (``IndexedDataset(num_tokens=...)``).
+
+    ``recorded``: the pair's ``num_sequences``, ``num_tokens`` and ``dtype`` as a manifest
+    already read and checked records them (a blend's dataset entry): the pair opens from those
+    and its header, without parsing its own manifest (megabytes of per-block hashes for a large
+    ``.bin``); a header that disagrees is a FormatError. For a virtual merge, ``recorded`` may
+    be its manifest, already read and checked (not read again)."""
+    if recorded is not None and is_virtual(recorded) and not index_file_path(prefix).is_file():
+        path = dataset_manifest_path(prefix)
+        return VirtualDataset(prefix, recorded, path, index_only=index_only)
+    if recorded is not None and _counts_recorded(recorded):
+        return _open_recorded(Path(prefix), recorded, index_only=index_only)
     path = dataset_manifest_path(prefix)
     if not path.is_file():
         return IndexedDataset(prefix, index_only=index_only)
@@ -215,8 +230,28 @@ def open_dataset(
     if is_virtual(manifest) and not index_file_path(prefix).is_file():
         return VirtualDataset(prefix, manifest, path, index_only=index_only)
     tokens = manifest["counts"].get("tokens")  # recorded: an O(1) open
-    recorded = tokens if type(tokens) is int and tokens >= 0 else None
-    return IndexedDataset(prefix, index_only=index_only, num_tokens=recorded)
+    counted = tokens if type(tokens) is int and tokens >= 0 else None
+    return IndexedDataset(prefix, index_only=index_only, num_tokens=counted)
+
+
+def _counts_recorded(recorded: dict[str, Any]) -> bool:
+    """True when ``recorded`` holds a pair's counts (integers >= 0) and dtype."""
+    counts = (recorded.get("num_tokens"), recorded.get("num_sequences"))
+    return all(type(c) is int and c >= 0 for c in counts) and "dtype" in recorded
+
+
+def _open_recorded(prefix: Path, recorded: dict[str, Any], *, index_only: bool) -> IndexedDataset:
+    """``open_dataset`` of a pair from counts recorded elsewhere (header and sizes checked)."""
+    sequences = recorded["num_sequences"]
+    data = IndexedDataset(prefix, index_only=index_only, num_tokens=recorded["num_tokens"])
+    if len(data) != sequences or data.dtype.name != recorded["dtype"]:
+        raise FormatError(
+            data.idx_path,
+            "header",
+            f"{len(data)} {data.dtype} sequences, the manifest records {sequences} "
+            f"{recorded.get('dtype')}: the dataset changed after the manifest was written",
+        )
+    return data
 
 
 def _is_digest(info: object) -> bool:

@@ -13,20 +13,16 @@
 
 ``.bin`` is the bare concatenation of all sequences in the token dtype. Writers go through a
 temporary name, fsync and rename, so an interrupted write never leaves a final-named pair.
+The writer's kernel I/O (early writeback thread, in-kernel copies) is ``_writer_io``, which it
+imports lazily: readers (every training process) never load it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
-import mmap
 import os
-import queue
-import shutil
 import struct
-import sys
-import threading
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -52,8 +48,7 @@ DTYPE_CODES: dict[int, type[np.generic]] = {
 }
 _CODE_OF = {np.dtype(v): k for k, v in DTYPE_CODES.items()}
 UINT16_VOCAB_LIMIT = 65500
-COPY_BLOCK = 16 << 20
-WRITEBACK_CHUNK = 32 << 20
+WRITEBACK_CHUNK = 32 << 20  # bytes written between two early-writeback requests
 
 
 def data_file_path(prefix: str | os.PathLike[str]) -> Path:
@@ -152,8 +147,11 @@ class IndexedDatasetWriter:
         self._bin_hash: Any = hashlib.sha256()
         self._bin_size = 0
         self._idx_digest: dict[str, Any] | None = None
-        # Start disk writeback as data accumulates, so finalize's fsync has little left to do.
-        self._writeback = _Writeback(self._bin.fileno())
+        # Start disk writeback as data accumulates, so finalize's fsync has little left to do
+        # (writer-only I/O lives in _writer_io, imported here so readers never load it).
+        from tokenmill.formats._writer_io import Writeback
+
+        self._writeback = Writeback(self._bin.fileno())
         self._written_back = 0
 
     # -- adding data ---------------------------------------------------------------------
@@ -226,11 +224,9 @@ class IndexedDatasetWriter:
                 raise FormatError(part, "size", f"lengths need {size} bytes, file has "
                                   f"{os.fstat(src.fileno()).st_size}")  # fmt: skip
             if size:
-                with mmap.mmap(src.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                    if self._bin_hash is not None:
-                        self._bin_hash.update(view)
-                    self._bin.flush()
-                    _append_range(src, self._bin, size, view)
+                from tokenmill.formats._writer_io import append_part
+
+                append_part(src, self._bin, size, self._bin_hash)
         self._bin_size += size
         base = len(self._lengths)
         nonempty = lens > 0
@@ -264,8 +260,10 @@ class IndexedDatasetWriter:
         self._bin_hash = None
         with name_os_errors(data_file_path(self.prefix), source=data_file_path(prefix)):
             self._bin.flush()
+            from tokenmill.formats._writer_io import copy_file
+
             with open(data_file_path(prefix), "rb") as fh:
-                _copy_file(fh, self._bin)
+                copy_file(fh, self._bin)
         self._written_back = self._bin.tell()
         src.close()
 
@@ -347,91 +345,6 @@ class IndexedDatasetWriter:
         except BaseException:  # e.g. a full disk at the fsync: no temp file stays behind
             self.abort()
             raise
-
-
-def _load_sync_file_range() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (AttributeError, OSError):
-        return None
-
-
-_SYNC_FILE_RANGE = _load_sync_file_range()
-_SYNC_FILE_RANGE_WRITE = 2
-
-
-class _Writeback:
-    """Starts disk writeback of written ranges on a side thread (Linux ``sync_file_range``),
-    so writing keeps going and the final fsync has little left to do. The thread starts with
-    the first range and ends at ``close``; without ``sync_file_range`` this does nothing."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._ranges: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while (rng := self._ranges.get()) is not None:
-            off, length = rng
-            _SYNC_FILE_RANGE(
-                self._fd, ctypes.c_longlong(off), ctypes.c_longlong(length), _SYNC_FILE_RANGE_WRITE
-            )
-
-    def add(self, offset: int, length: int) -> None:
-        if _SYNC_FILE_RANGE is None:
-            return
-        if self._thread.ident is None:
-            self._thread.start()
-        self._ranges.put((offset, length))
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self._ranges.put(None)
-            self._thread.join()
-
-
-def _append_range(src: IO[bytes], dst: IO[bytes], size: int, view: mmap.mmap) -> None:
-    """Append ``size`` bytes of ``src`` at the end of ``dst``: ``copy_file_range`` (in the kernel,
-    page cache to page cache), or writes from ``view`` where the file system refuses it."""
-    base = dst.seek(0, os.SEEK_END)
-    off = 0
-    with contextlib.suppress(OSError):  # EXDEV, ENOSYS, EINVAL: the plain write below
-        while off < size:
-            sent = os.copy_file_range(src.fileno(), dst.fileno(), size - off, off, base + off)
-            if sent == 0:
-                break
-            off += sent
-    if off < size:
-        dst.seek(base + off)
-        dst.write(view[off:size])
-        dst.flush()
-    dst.seek(0, os.SEEK_END)
-
-
-def _copy_file(src: IO[bytes], dst: IO[bytes]) -> None:
-    """Append ``src`` to ``dst`` in the kernel (``sendfile``) with early writeback; falls back
-    to large-block copies where ``sendfile`` is not supported."""
-    size = os.fstat(src.fileno()).st_size
-    base = dst.seek(0, os.SEEK_END)
-    off = 0
-    writeback = _Writeback(dst.fileno())
-    try:
-        while off < size:
-            sent = os.sendfile(dst.fileno(), src.fileno(), off, min(size - off, COPY_BLOCK * 4))
-            if sent == 0:
-                break
-            writeback.add(base + off, sent)
-            off += sent
-    except OSError:
-        dst.truncate(base + off)
-    finally:
-        writeback.close()
-    dst.seek(0, os.SEEK_END)
-    if off < size:
-        src.seek(off)
-        shutil.copyfileobj(src, dst, COPY_BLOCK)
 
 
 class IndexedDataset:

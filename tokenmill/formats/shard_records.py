@@ -117,9 +117,14 @@ def write_record(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
 def read_record(path: str | os.PathLike[str], *, shown: str | None = None) -> dict[str, Any]:
     """Either record as written; FileNotFoundError if absent, FormatError naming the file
     (``shown``: where it really lives, e.g. its ``s3://`` URI) if it is not a JSON object."""
-    record = load_json(Path(path).read_bytes(), shown or str(path))
+    return parse_record(Path(path).read_bytes(), shown or str(path))
+
+
+def parse_record(data: bytes, shown: str) -> dict[str, Any]:
+    """:func:`read_record` of bytes already read (e.g. from S3); errors name ``shown``."""
+    record = load_json(data, shown)
     if not isinstance(record, dict):
-        raise FormatError(shown or str(path), "json", f"not a shard record: {record!r:.80}")
+        raise FormatError(shown, "json", f"not a shard record: {record!r:.80}")
     return record
 
 

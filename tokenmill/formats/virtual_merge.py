@@ -34,6 +34,7 @@ import bisect
 import hashlib
 import itertools
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -229,14 +230,18 @@ def shard_problems(
     records = manifest["shards"]
     for i in shards if shards is not None else range(len(records)):
         shard = records[i]
-        prefix = base / shard["prefix"]
+        prefix = os.path.join(base, shard["prefix"])  # strings, one stat per file: O(shards)
         for kind in kinds:
-            path = data_file_path(prefix) if kind == "bin" else index_file_path(prefix)
+            path = f"{prefix}.{kind}"
             info = shard["files"][kind]
-            if not path.is_file():
+            try:
+                st = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                st = None
+            if st is None or not stat.S_ISREG(st.st_mode):
                 problems.append(f"{path}: missing (shard {shard['key']!r} of the merge)")
                 continue
-            size = path.stat().st_size
+            size = st.st_size
             if size != info["bytes"]:
                 problems.append(
                     f"{path}: {size} bytes, the merge recorded {info['bytes']} "
@@ -245,6 +250,22 @@ def shard_problems(
             elif full and file_sha256(path) != info["sha256"]:
                 problems.append(f"{path}: sha256 differs from the merge's record")
     return problems
+
+
+def _without_block_lists(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest without its shards' per-block sha256 lists: what a reader keeps (the lists
+    are megabytes of strings for a large merge; the streaming reader reads them itself)."""
+    shards = [
+        {
+            **shard,
+            "files": {
+                kind: {k: v for k, v in info.items() if k != "block_sha256"}
+                for kind, info in shard["files"].items()
+            },
+        }
+        for shard in manifest["shards"]
+    ]
+    return {**manifest, "shards": shards}
 
 
 class VirtualDataset:
@@ -263,7 +284,7 @@ class VirtualDataset:
     ) -> None:
         self.prefix = Path(prefix)
         self.idx_path = manifest_file  # what errors name
-        self.manifest = manifest
+        self.manifest = _without_block_lists(manifest)  # kept for the life of the dataset
         self.dtype = np.dtype(str(manifest["dtype"]))
         shards = manifest["shards"]
         self.keys = [str(s["key"]) for s in shards]

@@ -78,12 +78,12 @@ from tokenmill.indices.blend_versioning import (
     settings_header,
     weighting,
 )
-from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.indices.nanoset import (
     FetchEntry,
     NanosetIndex,
     build_or_load,
 )
+from tokenmill.indices.settings import BlendSettings
 from tokenmill.storage.versions import (
     READ_AT_START,
     Expected,
@@ -97,20 +97,9 @@ def build_blend(
     datasets: Mapping[str, str | os.PathLike[str]],
     output_dir: str | os.PathLike[str],
     cache_dir: str | os.PathLike[str],
+    settings: BlendSettings,
     *,
-    weights: Mapping[str, float] | None = None,
-    temperature: float | None = None,
-    sequence_length: int,
-    split_spec: str = "949,50,1",
-    seed: int = 1234,
-    train_samples: int | None,
-    valid_samples: int | None = None,
-    test_samples: int | None = None,
-    semantics: str = "megatron",
-    add_extra_token: bool = True,
-    drop_last_partial_validation: bool = True,
     fetch: FetchEntry | None = None,
-    era_samples: int = ERA_SAMPLES,
     expected: Expected = READ_AT_START,
 ) -> dict[str, Any]:
     """Build (or reuse) the blend's version, then point ``output_dir/manifest.json`` at it.
@@ -120,12 +109,10 @@ def build_blend(
     the pointer manifest (``output_dir/manifest.json``, paths relative to ``output_dir``). On any
     error the previous pointer and versions are left as they were. ``fetch`` is passed to
     ``build_or_load`` (e.g. a pipeline step's download of an index entry stored on S3).
-    ``add_extra_token`` and ``drop_last_partial_validation`` are Megatron's
-    ``add_extra_token_to_sequence`` and ``drop_last_partial_validation_sequence`` (the latter
-    for the valid split only). A dataset left out of a split is listed in the returned
-    manifest's ``splits.<split>.skipped``. ``semantics="growing"``: ``train_samples`` may be
-    None (no cap), ``era_samples`` is the era size, and the manifest says whether the version
-    ``extends`` the current one (``tokenmill.indices.growing_blend``).
+    A dataset left out of a split is listed in the returned manifest's
+    ``splits.<split>.skipped``. Growing semantics: ``train_samples`` may be None (no cap), and
+    the manifest says whether the version ``extends`` the current one
+    (``tokenmill.indices.growing_blend``).
 
     The pointer moves by compare-and-swap (``tokenmill.storage.versions.swap_pointer``) against
     ``expected`` (the pointer's version read by the caller before it read the inputs; by
@@ -136,13 +123,7 @@ def build_blend(
     root = Path(output_dir)
     mpath = root / MANIFEST_NAME
     read_at_start = pointer_version(mpath) if expected == READ_AT_START else expected
-    entries, plan, version = prepared(
-        name, datasets, root, cache_dir, weights=weights, temperature=temperature,
-        sequence_length=sequence_length, split_spec=split_spec, seed=seed,
-        train_samples=train_samples, valid_samples=valid_samples, test_samples=test_samples,
-        semantics=semantics, add_extra_token=add_extra_token,
-        drop_last_partial_validation=drop_last_partial_validation, era_samples=era_samples,
-    )  # fmt: skip
+    entries, plan, version = prepared(name, datasets, root, cache_dir, settings)
     configured, prefixes = plan.weights, plan.prefixes
     vdir = root / VERSIONS_DIR / version[:16]
     plan = Plan(**{**plan.__dict__, "base": vdir, "fetch": fetch})
@@ -162,13 +143,14 @@ def build_blend(
             "version": version,
             **settings_header(plan.settings),
             "weighting": {
-                **weighting(prefixes, weights, temperature),
+                **weighting(prefixes, settings.weights, settings.temperature),
                 "normalized": dict(zip(prefixes, normalized, strict=True)),
             },
             "datasets": entries,
         }
         if plan.growing is not None:
-            header["growing"] = {"era_samples": era_samples, "inputs": plan.growing.inputs}
+            era = settings.nanoset.era_samples
+            header["growing"] = {"era_samples": era, "inputs": plan.growing.inputs}
             header["extends"] = plan.growing.extends
         with _versions_locked(vdir.parent):  # a build that waited finds the version done
             manifest = complete_version(vdir, version) or _write_version(plan, vdir, header, caches)
@@ -278,10 +260,11 @@ def _split_caches(
             built = build_or_load(
                 plan.prefixes[name],
                 plan.cache_dir,
-                num_samples=num,
+                split,
+                plan.settings,
+                num,
                 fetch=plan.fetch,
                 previous=None if plan.growing is None else plan.growing.previous_index(split, name),
-                **plan.settings.index_keywords(split),
             )
         except ConfigError as exc:
             raise ConfigError(

@@ -51,8 +51,8 @@ from tokenmill.indices._sample_index import count_samples
 from tokenmill.indices.nanoset import (
     SEMANTICS,
     FetchEntry,
-    cache_key,
     entry_key,
+    split_key,
     split_ranges,
 )
 from tokenmill.indices.settings import NanosetSettings
@@ -158,7 +158,7 @@ def check_settings(
             )
         bad = {k: w for k, w in weights.items() if not (math.isfinite(w) and w >= 0)}
         if bad or not sum(weights.values()) > 0:
-            raise ConfigError(f"weights must be finite, >= 0 and not all 0, got {weights}")
+            raise ConfigError(f"weights must be finite, >= 0 and not all 0, got {dict(weights)}")
     if temperature is not None and not (math.isfinite(temperature) and temperature > 0):
         raise ConfigError(f"temperature must be > 0, got {temperature}")
     if semantics not in SEMANTICS:
@@ -279,9 +279,9 @@ class Plan:
                     entry = entry_key(
                         len(self.lengths[name]),
                         self.content_hashes[name],
-                        num_samples=None,
+                        split,
+                        self.settings,
                         shards=self.growing.shards[name],
-                        **self.settings.index_keywords(split),
                     )
                     hashes.append(None if entry is None else entry[1])
                 found[split] = hashes
@@ -291,15 +291,7 @@ class Plan:
                 if name not in nums or r is None:
                     hashes.append(None)
                     continue
-                settings = self.settings.index_keywords(split)
-                del settings["split"]
-                key = cache_key(
-                    self.content_hashes[name],
-                    split=split,
-                    split_range=r,
-                    num_samples=nums[name],
-                    **settings,
-                )
+                key = split_key(self.content_hashes[name], split, self.settings, r, nums[name])
                 hashes.append(_index_cache.key_hash(key))
             found[split] = hashes
         return found

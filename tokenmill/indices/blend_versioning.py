@@ -5,7 +5,7 @@ version folder, and whether a growing blend extends the current version."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,9 +25,8 @@ from tokenmill.indices import blend as blending
 from tokenmill.indices import growing_blend
 from tokenmill.indices._nanoset_indices import parse_split
 from tokenmill.indices.blend_plan import Plan, check_settings, dataset_entry
-from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.indices.nanoset import index_lengths
-from tokenmill.indices.settings import NanosetSettings
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.storage.versions import (
     version_hash,
 )
@@ -44,18 +43,9 @@ def version_of(
     seed, configured weighting, requested sizes, each dataset's name, path and content hash, and
     each Nanoset cache hash with the cache's path; growing blends add the era size, each
     dataset's shard lineage and the version they extend."""
+    settings = BlendSettings(plan.settings, weights=weights, temperature=temperature)
     description: dict[str, Any] = {
-        "format_version": FORMAT_VERSION,
-        "kind": KIND,
-        "semantics": plan.settings.semantics,
-        "sequence_length": plan.settings.sequence_length,
-        "add_extra_token": bool(plan.settings.add_extra_token),
-        "drop_last_partial": bool(plan.settings.drop_last_partial_validation),
-        "split": plan.settings.split_spec,
-        "seed": plan.settings.seed,
-        "weights": None if weights is None else {n: float(weights[n]) for n in plan.prefixes},
-        "temperature": temperature,
-        "samples": plan.settings.sizes(),
+        **settings_description(settings, list(plan.prefixes)),
         "datasets": [[e["name"], e["prefix"], e["content_hash"]] for e in entries],
         "cache_dir": os.path.relpath(plan.cache_dir, plan.base),
         "indices": plan.cache_hashes(),
@@ -66,6 +56,37 @@ def version_of(
             "lineage": [e["shards"] for e in entries],
             "extends": plan.growing.extends,
         }
+    return version_hash(description)
+
+
+def settings_description(settings: BlendSettings, names: Sequence[str]) -> dict[str, Any]:
+    """The part of a blend's version description its settings give (datasets ``names`` in
+    blend order): shared by :func:`version_of` and :func:`blend_data_version`."""
+    nanoset, weights = settings.nanoset, settings.weights
+    return {
+        "format_version": FORMAT_VERSION,
+        "kind": KIND,
+        "semantics": nanoset.semantics,
+        "sequence_length": nanoset.sequence_length,
+        "add_extra_token": bool(nanoset.add_extra_token),
+        "drop_last_partial": bool(nanoset.drop_last_partial_validation),
+        "split": nanoset.split_spec,
+        "seed": nanoset.seed,
+        "weights": None if weights is None else {n: float(weights[n]) for n in names},
+        "temperature": settings.temperature,
+        "samples": nanoset.sizes(),
+    }
+
+
+def blend_data_version(settings: BlendSettings, members: Sequence[tuple[str, str | None]]) -> str:
+    """A blend's version as known before its inputs are read: :func:`version_of`'s description
+    of the settings with each member's ``(name, index version)`` (``nanoset.index_version``) in
+    place of the datasets and their index caches, which those fix. An orchestrator records it
+    (e.g. as a Dagster data version) to tell a stale blend from its upstream versions alone."""
+    names = [name for name, _ in members]
+    description = {**settings_description(settings, names), "members": [list(m) for m in members]}
+    if settings.nanoset.semantics == "growing":
+        description["growing"] = {"era_samples": settings.nanoset.era_samples}
     return version_hash(description)
 
 
@@ -185,35 +206,13 @@ def prepared(
     datasets: Mapping[str, str | os.PathLike[str]],
     output_dir: str | os.PathLike[str],
     cache_dir: str | os.PathLike[str],
-    *,
-    weights: Mapping[str, float] | None = None,
-    temperature: float | None = None,
-    sequence_length: int,
-    split_spec: str = "949,50,1",
-    seed: int = 1234,
-    train_samples: int | None,
-    valid_samples: int | None = None,
-    test_samples: int | None = None,
-    semantics: str = "megatron",
-    add_extra_token: bool = True,
-    drop_last_partial_validation: bool = True,
-    era_samples: int = ERA_SAMPLES,
+    settings: BlendSettings,
 ) -> tuple[list[dict[str, Any]], Plan, str]:
     """:func:`prepare` from :func:`build_blend`'s arguments (less ``fetch`` and ``expected``)."""
-    settings = NanosetSettings(
-        sequence_length=sequence_length,
-        split_spec=split_spec,
-        seed=seed,
-        semantics=semantics,
-        add_extra_token=add_extra_token,
-        drop_last_partial_validation=drop_last_partial_validation,
-        era_samples=era_samples,
-        train_samples=train_samples,
-        valid_samples=valid_samples,
-        test_samples=test_samples,
-    )
     root, cache = Path(output_dir), Path(cache_dir)
-    return prepare(name, datasets, root, cache, weights, temperature, settings)
+    return prepare(
+        name, datasets, root, cache, settings.weights, settings.temperature, settings.nanoset
+    )
 
 
 def blend_version(
@@ -221,12 +220,12 @@ def blend_version(
     datasets: Mapping[str, str | os.PathLike[str]],
     output_dir: str | os.PathLike[str],
     cache_dir: str | os.PathLike[str],
-    **arguments: Any,
+    settings: BlendSettings,
 ) -> str:
     """The version :func:`build_blend` with the same arguments builds or reuses, computed
     without building anything (reads the datasets' manifests and ``.idx`` only): e.g. to
     stage ``versions/<v16>/`` from remote storage before building, or to compare."""
-    return prepared(name, datasets, output_dir, cache_dir, **arguments)[2]
+    return prepared(name, datasets, output_dir, cache_dir, settings)[2]
 
 
 def blend_skips(
@@ -234,12 +233,12 @@ def blend_skips(
     datasets: Mapping[str, str | os.PathLike[str]],
     output_dir: str | os.PathLike[str],
     cache_dir: str | os.PathLike[str],
-    **arguments: Any,
+    settings: BlendSettings,
 ) -> dict[str, dict[str, str]]:
     """``{split: {dataset: reason}}``: the datasets :func:`build_blend` with the same arguments
     would leave out of each split the spec gives a share, computed without building anything
     (so a caller can refuse a blend where a weighted dataset would vanish, before it exists)."""
-    plan = prepared(name, datasets, output_dir, cache_dir, **arguments)[1]
+    plan = prepared(name, datasets, output_dir, cache_dir, settings)[1]
     shares = parse_split(plan.settings.split_spec)
     skips = {split: plan.skipped(i) for i, split in enumerate(SPLITS) if shares[i] > 0}
     return {split: out for split, out in skips.items() if out}

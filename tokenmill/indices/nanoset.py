@@ -53,6 +53,8 @@ from tokenmill.indices._nanoset_indices import (
     parse_split,
     split_ranges,
 )
+from tokenmill.indices.settings import NanosetSettings
+from tokenmill.storage.versions import version_hash
 
 __all__ = [
     "SEMANTICS",
@@ -65,7 +67,9 @@ __all__ = [
     "cache_paths",
     "entry_key",
     "index_lengths",
+    "index_version",
     "masked_of",
+    "split_key",
     "split_ranges",
     "verify_index",
 ]
@@ -105,26 +109,6 @@ def build_nanoset_indices(
     return document_index, sample_index, shuffle_index
 
 
-@dataclass(frozen=True)
-class NanosetIndex:
-    """One split's cached indices, memory-mapped read-only, with its verified description."""
-
-    split: str
-    cache_hash: str
-    description: dict[str, Any]
-    document_index: np.ndarray
-    sample_index: np.ndarray
-    shuffle_index: np.ndarray
-    paths: dict[str, Path]
-
-    def __len__(self) -> int:
-        """Number of samples (the length of the shuffle index)."""
-        return len(self.shuffle_index)
-
-
-FetchEntry = Callable[[Mapping[str, Path]], object]
-
-
 def masked_of(dataset_prefix: str | Path) -> np.ndarray:
     """The sequence ids a dataset masks (taken down; ascending int64, empty when none): the
     ``masked`` shard records of a virtual merge's manifest."""
@@ -154,57 +138,65 @@ def index_lengths(dataset_prefix: str | Path, semantics: str) -> np.ndarray:
     return lengths if kept is None else lengths[kept]
 
 
+@dataclass(frozen=True)
+class NanosetIndex:
+    """One split's cached indices, memory-mapped read-only, with its verified description."""
+
+    split: str
+    cache_hash: str
+    description: dict[str, Any]
+    document_index: np.ndarray
+    sample_index: np.ndarray
+    shuffle_index: np.ndarray
+    paths: dict[str, Path]
+
+    def __len__(self) -> int:
+        """Number of samples (the length of the shuffle index)."""
+        return len(self.shuffle_index)
+
+
+FetchEntry = Callable[[Mapping[str, Path]], object]
+
+
 def build_or_load(
     dataset_prefix: str | Path,
     cache_dir: str | Path,
-    *,
     split: str,
-    split_spec: str = "949,50,1",
-    sequence_length: int,
-    seed: int = 1234,
+    settings: NanosetSettings,
     num_samples: int | None = None,
-    semantics: str = "megatron",
-    add_extra_token: bool = True,
-    drop_last_partial: bool | None = None,
+    *,
     build: bool = True,
     fetch: FetchEntry | None = None,
-    era_samples: int = growing.ERA_SAMPLES,
     previous: Mapping[str, Any] | None = None,
 ) -> NanosetIndex | None:
     """Load the split's cached indices, building them first if needed; None if the split is
     empty for this dataset. Safe when many processes call it at once: one builds under an
-    exclusive lock, the others wait and load the same files. ``drop_last_partial=None`` is the
-    reference default (drop the last partial sample in every split). ``build=False`` only
-    loads: a missing entry is a CacheError (checks read, never repair). A dataset with a
-    manifest is read through its ``.idx`` and manifest alone (the ``.bin`` is never opened, so
-    an S3 step need not stage it); a hand-made pair without one is hashed whole.
-    ``fetch(paths)``, if given, is called with the entry's :func:`cache_paths` when its
-    description is not in ``cache_dir``, to bring a stored copy there (e.g. from S3) before
-    anything is loaded or built. ``era_samples`` is used by growing semantics only (its shard
-    table is read from the dataset's manifest, see ``growing.shard_table``); so is
-    ``previous``, the description of the entry of a dataset version this one extends (same
-    settings): a new entry then writes only the rows after it (``growing_segments``).
+    exclusive lock, the others wait and load the same files. ``num_samples``: the split's size
+    (None: one epoch; growing: no cap). ``build=False`` only loads: a missing entry is a
+    CacheError (checks read, never repair). A dataset with a manifest is read through its
+    ``.idx`` and manifest alone (the ``.bin`` is never opened, so an S3 step need not stage
+    it); a hand-made pair without one is hashed whole. ``fetch(paths)``, if given, is called
+    with the entry's :func:`cache_paths` when its description is not in ``cache_dir``, to bring
+    a stored copy there (e.g. from S3) before anything is loaded or built. Growing semantics
+    reads the dataset's shard table from its manifest (``growing.shard_table``); ``previous``
+    is the description of the entry of a dataset version this one extends (same settings): a
+    new entry then writes only the rows after it (``growing_segments``).
     """
-    _check_choices(split, semantics)
+    _check_choices(split, settings.semantics)
     index_only = dataset_manifest_path(dataset_prefix).is_file()  # lengths + hash suffice
+    growing_shards = settings.semantics == "growing"
     return build_or_load_lengths(
         open_dataset(dataset_prefix, index_only=index_only).sequence_lengths,
         dataset_content_hash(dataset_prefix, index_only=index_only),
         cache_dir,
-        split=split,
-        split_spec=split_spec,
-        sequence_length=sequence_length,
-        seed=seed,
-        num_samples=num_samples,
-        semantics=semantics,
-        add_extra_token=add_extra_token,
-        drop_last_partial=drop_last_partial,
+        split,
+        settings,
+        num_samples,
         build=build,
         fetch=fetch,
-        era_samples=era_samples,
-        shards=growing.shard_table(dataset_prefix) if semantics == "growing" else None,
-        previous=previous,
+        shards=growing.shard_table(dataset_prefix) if growing_shards else None,
         masked=masked_of(dataset_prefix),
+        previous=previous,
     )
 
 
@@ -212,21 +204,15 @@ def build_or_load_lengths(
     lengths: np.ndarray,
     content_hash: str,
     cache_dir: str | Path,
-    *,
     split: str,
-    split_spec: str = "949,50,1",
-    sequence_length: int,
-    seed: int = 1234,
+    settings: NanosetSettings,
     num_samples: int | None = None,
-    semantics: str = "megatron",
-    add_extra_token: bool = True,
-    drop_last_partial: bool | None = None,
+    *,
     build: bool = True,
     fetch: FetchEntry | None = None,
-    era_samples: int = growing.ERA_SAMPLES,
     shards: ShardTable | None = None,
-    previous: Mapping[str, Any] | None = None,
     masked: np.ndarray | None = None,
+    previous: Mapping[str, Any] | None = None,
 ) -> NanosetIndex | None:
     """:func:`build_or_load` from a dataset's sequence lengths (e.g. of
     ``IndexedDataset(prefix, index_only=True)``, every sequence's) and content hash: no ``.bin``
@@ -236,20 +222,14 @@ def build_or_load_lengths(
         lengths,
         content_hash,
         cache_dir,
-        split=split,
-        split_spec=split_spec,
-        sequence_length=sequence_length,
-        seed=seed,
-        num_samples=num_samples,
-        semantics=semantics,
-        add_extra_token=add_extra_token,
-        drop_last_partial=drop_last_partial,
+        split,
+        settings,
+        num_samples,
         build=build,
         fetch=fetch,
-        era_samples=era_samples,
         shards=shards,
-        previous=previous,
         masked=masked,
+        previous=previous,
     )
     if made is None:
         return None
@@ -264,40 +244,22 @@ def ensure_entry(
     lengths: np.ndarray,
     content_hash: str,
     cache_dir: str | Path,
-    *,
     split: str,
-    split_spec: str = "949,50,1",
-    sequence_length: int,
-    seed: int = 1234,
+    settings: NanosetSettings,
     num_samples: int | None = None,
-    semantics: str = "megatron",
-    add_extra_token: bool = True,
-    drop_last_partial: bool | None = None,
+    *,
     build: bool = True,
     fetch: FetchEntry | None = None,
-    era_samples: int = growing.ERA_SAMPLES,
     shards: ShardTable | None = None,
-    previous: Mapping[str, Any] | None = None,
     masked: np.ndarray | None = None,
+    previous: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Path], dict[str, Any], str] | None:
     """(paths, key, hash) of the split's committed entry, building it first if needed (as
     :func:`build_or_load_lengths`, whose arguments these are) without mapping its arrays: a
     growing entry's segments (earlier entries' files) need not be in ``cache_dir``, e.g. in an
     S3 step that uploads only the new part. None if the split is empty."""
     found = entry_key(
-        len(lengths),
-        content_hash,
-        split=split,
-        split_spec=split_spec,
-        sequence_length=sequence_length,
-        seed=seed,
-        num_samples=num_samples,
-        semantics=semantics,
-        add_extra_token=add_extra_token,
-        drop_last_partial=drop_last_partial,
-        era_samples=era_samples,
-        shards=shards,
-        masked=masked,
+        len(lengths), content_hash, split, settings, num_samples, shards=shards, masked=masked
     )
     if found is None:
         return None
@@ -338,16 +300,10 @@ def _committed(paths: dict[str, Path], key: dict[str, Any], digest: str) -> bool
 def entry_key(
     num_sequences: int,
     content_hash: str,
-    *,
     split: str,
-    split_spec: str = "949,50,1",
-    sequence_length: int,
-    seed: int = 1234,
+    settings: NanosetSettings,
     num_samples: int | None = None,
-    semantics: str = "megatron",
-    add_extra_token: bool = True,
-    drop_last_partial: bool | None = None,
-    era_samples: int = growing.ERA_SAMPLES,
+    *,
     shards: ShardTable | None = None,
     masked: np.ndarray | None = None,
 ) -> tuple[dict[str, Any], str] | None:
@@ -355,48 +311,80 @@ def entry_key(
     its file names) for a dataset of ``num_sequences`` sequences; None if the split is empty
     (growing: if its split weight is 0; an entry may hold 0 samples until one era is there).
     ``masked``: the sequence ids the dataset masks (megatron and nanotron split the rest)."""
-    _check_choices(split, semantics)
-    if semantics == "growing":
-        return _growing_entry_key(
-            num_sequences,
-            content_hash,
-            split=split,
-            split_spec=split_spec,
-            sequence_length=sequence_length,
-            seed=seed,
-            num_samples=num_samples,
-            add_extra_token=add_extra_token,
-            drop_last_partial=drop_last_partial,
-            era_samples=era_samples,
-            shards=shards,
-        )
+    _check_choices(split, settings.semantics)
+    if settings.semantics == "growing":
+        return _growing_entry_key(num_sequences, content_hash, split, settings, num_samples, shards)
     indexed = num_sequences - (0 if masked is None else len(masked))
-    split_range = split_ranges(split_spec, indexed, semantics)[SPLITS.index(split)]
+    split_range = split_ranges(settings.split_spec, indexed, settings.semantics)[
+        SPLITS.index(split)
+    ]
     if split_range is None or split_range[0] >= split_range[1]:
         return None
-    key = cache_key(
-        content_hash,
-        semantics=semantics,
-        split=split,
-        split_spec=split_spec,
-        split_range=split_range,
-        sequence_length=sequence_length,
-        seed=seed,
-        num_samples=num_samples,
-        add_extra_token=add_extra_token,
-        drop_last_partial=True if drop_last_partial is None else drop_last_partial,
-    )
+    key = split_key(content_hash, split, settings, split_range, num_samples)
     return key, cache.key_hash(key)
+
+
+def index_version(
+    dataset_version: str | None,
+    settings: NanosetSettings,
+    num_samples: Mapping[str, int | None],
+) -> str:
+    """The version of a dataset's indices as known before the dataset is read: the hash of the
+    :func:`cache_key` of each split (``num_samples``: its requested size) with the dataset's
+    version (e.g. its merged version, which fixes its content) in place of its content hash
+    and no split range or shard table (the content fixes them). An orchestrator records it
+    (e.g. as a Dagster data version) to tell stale indices from their upstream versions alone."""
+    _check_choices(SPLITS[0], settings.semantics)
+    growing_era = settings.semantics == "growing"
+    keys = [
+        cache_key(
+            "",
+            semantics=settings.semantics,
+            split=split,
+            split_spec=settings.split_spec,
+            split_range=None,
+            sequence_length=settings.sequence_length,
+            seed=settings.seed,
+            num_samples=num_samples[split],
+            add_extra_token=settings.add_extra_token,
+            drop_last_partial=settings.drop_last(split),
+            era_samples=growing.split_era(split, settings.era_samples) if growing_era else None,
+        )
+        | {"dataset_content_hash": dataset_version}
+        for split in SPLITS
+    ]
+    return version_hash({"kind": "nanoset", "keys": keys})
+
+
+def split_key(
+    content_hash: str,
+    split: str,
+    settings: NanosetSettings,
+    split_range: tuple[int, int],
+    num_samples: int | None,
+) -> dict[str, Any]:
+    """The :func:`cache_key` of a megatron or nanotron split whose range is known."""
+    return cache_key(
+        content_hash,
+        semantics=settings.semantics,
+        split=split,
+        split_spec=settings.split_spec,
+        split_range=split_range,
+        sequence_length=settings.sequence_length,
+        seed=settings.seed,
+        num_samples=num_samples,
+        add_extra_token=settings.add_extra_token,
+        drop_last_partial=settings.drop_last(split),
+    )
 
 
 def _growing_entry_key(
     num_sequences: int,
     content_hash: str,
-    *,
     split: str,
+    settings: NanosetSettings,
+    num_samples: int | None,
     shards: ShardTable | None,
-    drop_last_partial: bool | None,
-    **settings: Any,
 ) -> tuple[dict[str, Any], str] | None:
     """:func:`entry_key` of growing semantics (checks the shard table against the dataset)."""
     if shards is None:
@@ -406,22 +394,26 @@ def _growing_entry_key(
             f"the shard table counts {sum(n for _, n in shards)} documents, the dataset has "
             f"{num_sequences} sequences: growing semantics needs one sequence per document"
         )
-    if drop_last_partial is False:
+    if not settings.drop_last(split):
         raise ConfigError(
             "growing semantics always drops the last partial sample (it would change when data "
-            "is added): drop_last_partial must be true"
+            "is added): drop_last_partial_validation must be true"
         )
-    if parse_split(settings["split_spec"])[SPLITS.index(split)] == 0:
+    if parse_split(settings.split_spec)[SPLITS.index(split)] == 0:
         return None
-    settings["era_samples"] = growing.split_era(split, settings["era_samples"])  # effective
     key = cache_key(
         content_hash,
         semantics="growing",
         split=split,
+        split_spec=settings.split_spec,
         split_range=None,
+        sequence_length=settings.sequence_length,
+        seed=settings.seed,
+        num_samples=num_samples,
+        add_extra_token=settings.add_extra_token,
         drop_last_partial=True,
+        era_samples=growing.split_era(split, settings.era_samples),  # the effective size
         shard_table_sha256=growing.shard_table_hash(shards),
-        **settings,
     )
     return key, cache.key_hash(key)
 

@@ -1,11 +1,12 @@
-"""Owns ``NanosetSettings``: every setting a Nanoset index or a blend is built with, one frozen
-value made by the recipe (``NanosetConfig.settings()``) or a caller, and the one mapping from it
-to the index builders' keywords."""
+"""Owns ``NanosetSettings`` and ``BlendSettings``: every setting a Nanoset index or a blend is
+built with, frozen values made once by the recipe (``NanosetConfig.settings()``,
+``BlendConfig.settings()``) or the CLI and taken whole by the index and blend builders."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from tokenmill.indices.growing import ERA_SAMPLES
 
@@ -35,37 +36,28 @@ class NanosetSettings:
         """The requested sample count of each split."""
         return {"train": self.train_samples, "valid": self.valid_samples, "test": self.test_samples}
 
+    def index_sizes(self) -> dict[str, int | None]:
+        """The requested sample count of each split of a dataset's own indices: :meth:`sizes`;
+        under growing semantics none is capped (a blend caps its own size; the index grows)."""
+        return dict.fromkeys(self.sizes()) if self.semantics == "growing" else self.sizes()
+
     def drop_last(self, split: str) -> bool:
         """The effective drop-last flag of ``split``: the validation setting applies to valid
         only; train and test always drop, as Megatron."""
         return split != "valid" or self.drop_last_partial_validation
 
-    def index_keywords(self, split: str) -> dict[str, Any]:
-        """The keywords of ``build_or_load``/``build_or_load_lengths``/``entry_key`` for
-        ``split``, less ``num_samples`` (the era size only under growing semantics: it is no
-        part of the other semantics' cache key)."""
-        era = {"era_samples": self.era_samples} if self.semantics == "growing" else {}
-        return {
-            **era,
-            "split": split,
-            "split_spec": self.split_spec,
-            "sequence_length": self.sequence_length,
-            "seed": self.seed,
-            "semantics": self.semantics,
-            "add_extra_token": self.add_extra_token,
-            "drop_last_partial": self.drop_last(split),
-        }
 
-    def blend_keywords(self) -> dict[str, Any]:
-        """The keywords of ``build_blend``/``blend_version``/``blend_skips`` (less the
-        weighting)."""
-        return {
-            "sequence_length": self.sequence_length,
-            "split_spec": self.split_spec,
-            "seed": self.seed,
-            "semantics": self.semantics,
-            "add_extra_token": self.add_extra_token,
-            "drop_last_partial_validation": self.drop_last_partial_validation,
-            "era_samples": self.era_samples,
-            **{f"{split}_samples": n for split, n in self.sizes().items()},
-        }
+@dataclass(frozen=True)
+class BlendSettings:
+    """Everything a blend build takes besides its name, datasets and folders: the index
+    settings and the weighting, ``weights`` (``{dataset: weight}``, normalized by the build)
+    or a token-count ``temperature`` (exactly one; the build checks it against the datasets).
+    """
+
+    nanoset: NanosetSettings
+    weights: Mapping[str, float] | None = field(default=None)
+    temperature: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.weights is not None:  # a read-only copy: the caller's dict may change later
+            object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))

@@ -156,3 +156,19 @@ def _bad_row(
     record = batch.slice(index, 1).to_pylist()[0]
     raw = json.dumps(record, sort_keys=True, default=str, ensure_ascii=False).encode("utf-8")
     quarantine.add(file, row, "text is null", raw)
+
+
+def document_rows(
+    path: str | os.PathLike[str], text_key: str = "text", *, batch_rows: int = 8192
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(1-based row, record)`` of every row of a Parquet/Arrow input that becomes a document,
+    in order: the rows ``read_table_batches`` keeps (a null text is skipped), counted across a
+    folder's files as its ``Batch.first_line`` counts them; provenance maps documents back to
+    rows with it, as ``document_lines`` does for JSONL."""
+    row = 0
+    for file in _table_files(os.fspath(path)):
+        for batch in _file_batches(file, str(file), text_key, None, max(batch_rows, 1)):
+            for record in batch.to_pylist():
+                row += 1
+                if record[text_key] is not None:
+                    yield row, record

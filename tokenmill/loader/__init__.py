@@ -125,14 +125,15 @@ def open_blend(
     info = read_blend_manifest(mpath)
     _check_split(info, mpath, split, version)
     full = verify == "full"
-    problems = verify_manifest(mpath, [split], full=full)
+    merges: dict[str, dict[str, Any]] = {}  # virtual merges' manifests, read once
+    problems = verify_manifest(mpath, [split], full=full, merges=merges)
     if problems:
         raise CacheError(
             f"{mpath}: blend is stale or incomplete; {rebuild_hint(info, mpath)}:\n  "
             + "\n  ".join(problems)
         )
     with schema_errors(mpath):
-        return open_blend_split(info, mpath, split, full=full, pad_id=pad_id)
+        return open_blend_split(info, mpath, split, full=full, pad_id=pad_id, merges=merges)
 
 
 def _check_split(info: dict[str, Any], where: object, split: str, version: str | None) -> None:
@@ -167,8 +168,9 @@ def _open_s3_blend(
     if problems:
         raise CacheError(f"{uri}: blend is stale or incomplete:\n  " + "\n  ".join(problems))
 
-    def remote(prefix: Path, *, full: bool) -> RemoteData:
-        return RemoteData(open_dataset(prefix, index_only=True), remote_files(prefix, bins), cache)
+    def remote(prefix: Path, *, full: bool, recorded: dict[str, Any] | None) -> RemoteData:
+        data = open_dataset(prefix, index_only=True, recorded=recorded)
+        return RemoteData(data, remote_files(prefix, bins), cache)
 
     with schema_errors(mpath):
         return open_blend_split(info, mpath, split, full=False, pad_id=pad_id, open_data=remote)
@@ -182,13 +184,22 @@ def open_blend_split(
     full: bool,
     pad_id: int = PAD_ID,
     open_data: Any = None,
+    merges: dict[str, dict[str, Any]] | None = None,
 ) -> BlendedDataset:
     """Open the checked files of one split as a BlendedDataset (memory-mapped; ``full`` also
     checks every index value). ``info`` and ``mpath``: a manifest already read and verified
     (``open_blend`` does both; ``tokenmill verify`` reuses this for its value checks).
-    ``open_data(prefix, full=...)`` opens each dataset (default: the local pair or merge)."""
+    ``open_data(prefix, full=..., recorded=...)`` opens each dataset (default: the local pair or
+    merge); ``recorded`` is the blend's entry of a pair (its counts and dtype: the pair opens
+    from them without reading its own manifest), or a virtual merge's manifest already read and
+    checked (``merges``, by dataset name), else None."""
     opener = _open_data if open_data is None else open_data
     prefixes = {ds["name"]: resolve(mpath, ds["prefix"]) for ds in info["datasets"]}
+    known = merges or {}
+    recorded = {
+        ds["name"]: known.get(ds["name"]) if "manifest" in ds["files"] else ds
+        for ds in info["datasets"]
+    }
     part = info["splits"][split]
     datasets = {}
     for ds in part["datasets"]:
@@ -202,7 +213,7 @@ def open_blend_split(
             for kind, parts in zip(INDEX_ARRAYS, paths, strict=True)
         ]
         datasets[ds["name"]] = NanosetDataset(
-            opener(prefixes[ds["name"]], full=full),
+            opener(prefixes[ds["name"]], full=full, recorded=recorded[ds["name"]]),
             *arrays,
             sequence_length=info["sequence_length"],
             add_extra_token=info["add_extra_token"],
@@ -305,11 +316,13 @@ class FollowGrowth:
         )
 
 
-def _open_data(prefix: str | os.PathLike[str], *, full: bool) -> IndexedDataset | VirtualDataset:
-    """A ``.bin``/``.idx`` pair (header, counts and sizes checked on open) or a virtual merge of
-    pairs (each checked when first read); ``full`` also checks every pointer against the lengths
-    (samples are read through them)."""
-    data = open_dataset(prefix)
+def _open_data(
+    prefix: str | os.PathLike[str], *, full: bool, recorded: dict[str, Any] | None = None
+) -> IndexedDataset | VirtualDataset:
+    """A ``.bin``/``.idx`` pair (header, counts and sizes checked on open; ``recorded``: counts
+    from a checked blend entry) or a virtual merge of pairs (each checked when first read);
+    ``full`` also checks every pointer against the lengths (samples are read through them)."""
+    data = open_dataset(prefix, recorded=recorded)
     if full:
         data.check_pointers()
     return data

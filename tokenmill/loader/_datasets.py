@@ -167,12 +167,22 @@ class NanosetDataset(_TrainingBatches):
         at = np.minimum(np.searchsorted(self._masked, seq), len(self._masked) - 1)
         hit = self._masked[at] == seq
         if hit.any():
+            first = int(seq[hit][0])
             raise FormatError(
                 self.name,
                 "document_index",
-                f"references sequence {int(seq[hit][0])}, which the merge masks (taken down): "
-                "rebuild the index over the masked merge (tokenmill takedown does)",
+                f"references sequence {first}{self._document_of(first)}, which the merge masks "
+                "(taken down): rebuild the index over the masked merge (tokenmill takedown does)",
             )
+
+    def _document_of(self, seq: int) -> str:
+        """`` (shard <key> document <ordinal>)`` of a global sequence of a merge with shard
+        records (one sequence per document), else ``""``."""
+        firsts, keys = getattr(self.data, "first_sequence", None), getattr(self.data, "keys", None)
+        if firsts is None or not isinstance(keys, list) or not keys:
+            return ""
+        k = int(np.searchsorted(firsts, seq, side="right")) - 1
+        return f" (shard {keys[k]} document {seq - int(firsts[k])})"
 
     def validate(self) -> None:
         """Full check: every index value in range (reads the whole index once)."""
@@ -229,7 +239,11 @@ class NanosetDataset(_TrainingBatches):
             self.sample_index,
             self.shuffle_index,
         )
-        data = self.data if getattr(self.data, "remote", False) else str(self.data.prefix)
+        data: Any = str(self.data.prefix)  # a virtual merge: its manifest is read again
+        if getattr(self.data, "remote", False):
+            data = self.data
+        elif isinstance(self.data, IndexedDataset):  # a pair: its checked token count travels
+            data = (data, self.data.num_tokens)
         return (_reopen, (data, *arrays, settings))
 
     def _buffer(self, part: int) -> memoryview:
@@ -410,7 +424,10 @@ def _reopen(
         if all(isinstance(a, str | tuple) for a in arrays):
             paths = tuple(arrays)
             arrays = [_load_parts(a) for a in arrays]
-        data = open_dataset(prefix) if isinstance(prefix, str) else prefix
+        if isinstance(prefix, tuple):  # a pair with the token count the sender checked: O(1)
+            data: Any = IndexedDataset(prefix[0], num_tokens=prefix[1])
+        else:
+            data = open_dataset(prefix) if isinstance(prefix, str) else prefix
     except FileNotFoundError as exc:
         raise CacheError(
             f"{exc.filename}: missing when a DataLoader worker reopened index cache "

@@ -10,8 +10,15 @@ for a pipeline blend), so ``open_blend(<dest>/blends/<name>/manifest.json)`` wor
 version manifest (``versions/<v16>/manifest.json``) comes along, so ``open_blend(...,
 version=...)`` works on the copy too; ``version=`` pulls a named version instead of the current.
 
-Files are fetched in parallel threads into temp names, hashed while streaming, then renamed;
-files already complete and verified are skipped, anything else is fetched again. They arrive in
+Files are fetched in parallel threads, block by block into a partial file
+(``<folder>/.tmp/<name>.partial``), each block checked against the per-block sha256 list of its
+dataset manifest (a ``.bin``; other files are one block, or the parts a merge records) and the
+whole file against its sha256, then renamed into place. The destination's ledger
+(``tokenmill.storage.pull_ledger``) records each verified block of a partial and each complete
+file, so a resumed pull trusts complete files without re-hashing them, continues a partial file
+at its first missing block, and fetches by range GET only blocks that are missing or fail their
+hash (a complete file changed since it was recorded is re-checked block by block, and only its
+bad blocks are fetched again, into a new file renamed over it). They arrive in
 the commit order the pipeline uploads in (``tokenmill.storage.publish``: data, then index-cache
 descriptions and dataset manifests once all data is complete), and the blend manifest is
 written last (and a different one already in the destination is removed first), so
@@ -23,12 +30,13 @@ its presence means "complete". Sources: a local path, or ``s3://bucket/key`` thr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import posixpath
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +45,6 @@ from tokenmill.atomic import (
     commit,
     load_json,
     name_os_errors,
-    remove_stale_temps,
     temp_path_for,
     write_bytes,
 )
@@ -52,32 +59,33 @@ from tokenmill.formats.virtual_merge import check_manifest, is_virtual
 from tokenmill.paths import has_control_character, leading_parents
 from tokenmill.storage.layout import dataset_manifest, version_dir_name
 from tokenmill.storage.publish import publish
+from tokenmill.storage.pull_blocks import (
+    CHUNK,
+    PARTIAL_SUFFIX,
+    Wanted,
+    ranged,
+    sync,
+)
+from tokenmill.storage.pull_ledger import LEDGER_NAME, Ledger
 from tokenmill.storage.s3 import (
-    BODY_ATTEMPTS,
     is_cut_body,
     is_missing,
-    is_s3_error,
     make_client,
     read_object,
     split_uri,
 )
 
-__all__ = ["PullReport", "Wanted", "plan_blend", "pull", "sync_file"]
+__all__ = [
+    "LEDGER_NAME",
+    "PARTIAL_SUFFIX",
+    "PullReport",
+    "Wanted",
+    "plan_blend",
+    "pull",
+    "sync_file",
+]
 
-CHUNK = 1 << 22
 DEFAULT_JOBS = 8
-
-
-@dataclass(frozen=True)
-class Wanted:
-    """One file the blend needs: where it comes from, where it goes, what it must hash to."""
-
-    key: str  # source key (posix, relative to the source root: bucket or "/")
-    rel: str  # destination path relative to the pull directory
-    size: int
-    sha256: str  # "" for a file recorded by its parts only (a merged .bin)
-    parts: tuple[tuple[int, str], ...] = ()  # (bytes, sha256) ranges from the dataset manifest
-    what: str = ""
 
 
 @dataclass
@@ -85,9 +93,9 @@ class PullReport:
     """What a pull did: the local manifest to open, files fetched and skipped (relative paths)."""
 
     manifest: Path
-    fetched: list[str] = field(default_factory=list)
+    fetched: list[str] = field(default_factory=list)  # files (re)written, in full or in part
     skipped: list[str] = field(default_factory=list)
-    bytes_fetched: int = 0
+    bytes_fetched: int = 0  # bytes downloaded (blocks already there are not counted)
 
 
 class _LocalSource:
@@ -103,9 +111,10 @@ class _LocalSource:
             return None
 
     @contextlib.contextmanager
-    def chunks(self, key: str) -> Iterator[Iterator[bytes]]:
+    def chunks(self, key: str, lo: int, hi: int) -> Iterator[Iterator[bytes]]:
         with open(self.uri(key), "rb") as fh:
-            yield iter(lambda: fh.read(CHUNK), b"")
+            fh.seek(lo)
+            yield ranged(fh, hi - lo)
 
     def cut(self, exc: BaseException) -> bool:
         return False
@@ -128,8 +137,10 @@ class _S3Source:
         return read_object(self.client, self.bucket, key)
 
     @contextlib.contextmanager
-    def chunks(self, key: str) -> Iterator[Iterator[bytes]]:
-        body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+    def chunks(self, key: str, lo: int, hi: int) -> Iterator[Iterator[bytes]]:
+        """Bytes ``lo..hi`` of the object (one range GET)."""
+        got = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={lo}-{hi - 1}")
+        body = got["Body"]
         try:
             yield body.iter_chunks(CHUNK)
         finally:
@@ -228,7 +239,7 @@ def _plan(manifest: dict[str, Any], manifest_key: str, source: _Source, uri: str
     version = _version_manifest(manifest, manifest_key, source)
     base = _common_dir([mdir, *(posixpath.dirname(k) for k in (*files, *dataset_manifests))])
     cut = len(base) + 1 if base else 0
-    wanted = [Wanted(w.key, w.key[cut:], w.size, w.sha256, w.parts, w.what) for w in files.values()]
+    wanted = [dataclasses.replace(w, rel=w.key[cut:]) for w in files.values()]
     small = {k[cut:]: raw for k, raw in dataset_manifests.items()}
     own = None if version is None else (version[0][cut:], version[1])
     return _Plan(wanted, manifest_key[cut:], small, own)
@@ -287,8 +298,15 @@ def _attach_parts(files: dict[str, Wanted], folder: str, raw: bytes, uri: str) -
                     f"manifest {want.size} / {want.sha256 or 'by parts'}: the dataset changed "
                     "after the blend",
                 )
+            blocks = _block_list(info, want.size, uri, name)
             files[key] = Wanted(
-                want.key, want.rel, want.size, want.sha256 or sha256, want.parts or parts, want.what
+                want.key,
+                want.rel,
+                want.size,
+                want.sha256 or sha256,
+                want.parts or parts,
+                want.what,
+                *blocks,
             )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise FormatError(uri, "files", f"malformed dataset manifest ({exc!r})") from exc
@@ -318,9 +336,25 @@ def _attach_shards(files: dict[str, Wanted], prefix: str, raw: bytes, uri: str) 
                 int(info["bytes"]),
                 str(info["sha256"]),
                 (),
-                what=f"shard {shard['key']!r} {kind}",
+                f"shard {shard['key']!r} {kind}",
+                *_block_list(info, int(info["bytes"]), uri, f"{shard['prefix']}.{kind}"),
             )
             files.setdefault(want.key, want)
+
+
+def _block_list(
+    info: dict[str, Any], size: int, uri: str, name: str
+) -> tuple[int, tuple[str, ...]]:
+    """``(block_bytes, block_sha256)`` a manifest records for a file (``(0, ())``: none); a
+    list that does not cover the file is a FormatError."""
+    if "block_sha256" not in info:
+        return 0, ()
+    block_bytes, digests = int(info["block_bytes"]), tuple(str(d) for d in info["block_sha256"])
+    if block_bytes <= 0 or len(digests) != -(-size // block_bytes):
+        raise FormatError(
+            uri, f"files.{name}.block_sha256", f"{len(digests)} blocks do not cover {size} bytes"
+        )
+    return block_bytes, digests
 
 
 def _common_dir(folders: list[str]) -> str:
@@ -332,107 +366,6 @@ def _common_dir(folders: list[str]) -> str:
             break
         common.append(names[0])
     return "/".join(common[: min(len(s) for s in split)])
-
-
-class _Hasher:
-    """sha256 of a whole stream, and of consecutive parts when the file is recorded by parts."""
-
-    def __init__(self, want: Wanted) -> None:
-        self.want = want
-        self.whole = hashlib.sha256()
-        self.size = 0
-        self.part_hashes: list[str] = []
-        self.part = hashlib.sha256()
-        self.part_left = want.parts[0][0] if want.parts else -1
-
-    def update(self, chunk: bytes) -> None:
-        self.whole.update(chunk)
-        self.size += len(chunk)
-        view = memoryview(chunk)
-        while self.want.parts and view.nbytes and len(self.part_hashes) < len(self.want.parts):
-            take = min(self.part_left, view.nbytes)
-            self.part.update(view[:take])
-            view, self.part_left = view[take:], self.part_left - take
-            if self.part_left == 0:
-                self.part_hashes.append(self.part.hexdigest())
-                self.part = hashlib.sha256()
-                nxt = len(self.part_hashes)
-                self.part_left = self.want.parts[nxt][0] if nxt < len(self.want.parts) else 0
-
-    def problem(self) -> str | None:
-        """Why the bytes seen do not match the recorded size/hashes, or None."""
-        if self.size != self.want.size:
-            return f"{self.size} bytes, the manifest records {self.want.size}"
-        offset = 0
-        for i, (n, digest) in enumerate(self.want.parts):
-            if i >= len(self.part_hashes) or self.part_hashes[i] != digest:
-                return (
-                    f"sha256 of part {i} (bytes {offset}..{offset + n}) differs from the manifest"
-                )
-            offset += n
-        if self.want.sha256 and self.whole.hexdigest() != self.want.sha256:
-            return "sha256 differs from the manifest"
-        if not (self.want.sha256 or self.want.parts):
-            return "the manifest records no hash for it"
-        return None
-
-
-def _local_problem(path: Path, want: Wanted, advance: Callable[[int], None]) -> str | None:
-    """Why an existing destination file is not the wanted one (None = complete and verified)."""
-    if not path.is_file() or path.stat().st_size != want.size:
-        return "missing or of another size"
-    hasher = _Hasher(want)
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(CHUNK), b""):
-            hasher.update(chunk)
-            advance(len(chunk))
-    return hasher.problem()
-
-
-def _fetch(source: _Source, want: Wanted, path: Path, advance: Callable[[int], None]) -> None:
-    """Stream one file to a temp while hashing; rename only when it verifies. The
-    request is retried by botocore; a body cut mid-stream (which it cannot retry) is fetched
-    again from the start, up to ``BODY_ATTEMPTS`` tries."""
-    for attempt in range(1, BODY_ATTEMPTS + 1):
-        tmp = temp_path_for(path)
-        hasher = _Hasher(want)
-        streaming = False
-        try:
-            # Unbuffered: nothing is left to flush (and fail again) when the file is closed.
-            with source.chunks(want.key) as chunks, open(tmp, "wb", buffering=0) as out:
-                streaming = True
-                for chunk in chunks:
-                    with name_os_errors(path):  # a full disk here is the destination's
-                        _write_all(out, chunk)
-                    hasher.update(chunk)
-                    advance(len(chunk))
-                with name_os_errors(path):
-                    os.fsync(out.fileno())
-        except Exception as exc:
-            tmp.unlink(missing_ok=True)
-            advance(-hasher.size)
-            if streaming and attempt < BODY_ATTEMPTS and source.cut(exc):
-                continue
-            if source.missing(exc):
-                raise InputError(
-                    f"{source.uri(want.key)} ({want.what}): missing at the source"
-                ) from None
-            if not (is_s3_error(exc) or isinstance(exc, OSError)):
-                raise  # a programming error, not a problem of the source or the disk
-            raise InputError(f"{source.uri(want.key)} ({want.what}): {exc}") from exc
-        problem = hasher.problem()
-        if problem:
-            tmp.unlink(missing_ok=True)
-            raise CacheError(f"{source.uri(want.key)} ({want.what}): {problem}; not pulled")
-        commit(tmp, path)
-        return
-
-
-def _write_all(out: Any, data: bytes) -> None:
-    """Write all of ``data`` to an unbuffered file (a raw write may take only part of it)."""
-    view = memoryview(data)
-    while view:
-        view = view[out.write(view) :]
 
 
 class _Progress:
@@ -474,20 +407,36 @@ def pull(
     """
     source, raw, plan = plan_blend(uri, version=version, endpoint_url=endpoint_url, jobs=jobs)
     root = Path(dest).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(root)  # held (the folder locked) until the blend manifest is in place
+    try:
+        return _pull_into(root, source, raw, plan, ledger, jobs=jobs, progress=progress)
+    finally:
+        ledger.release()
+
+
+def _pull_into(
+    root: Path,
+    source: _Source,
+    raw: bytes,
+    plan: _Plan,
+    ledger: Ledger,
+    *,
+    jobs: int,
+    progress: bool | None,
+) -> PullReport:
+    """``pull`` once the plan is made and the destination's ledger held."""
     final_manifest = root / plan.manifest_rel
     if final_manifest.is_file() and final_manifest.read_bytes() != raw:
         final_manifest.unlink()  # another version: never leave it claiming new files
     report = PullReport(manifest=final_manifest)
-    wanted = plan.wanted
-    bar = _Progress(
-        sum(w.size for w in wanted), sys.stderr.isatty() if progress is None else progress
-    )
+    by_rel = {w.rel: w for w in plan.wanted}
+    total = sum(w.size for w in plan.wanted)
+    bar = _Progress(total, sys.stderr.isatty() if progress is None else progress)
 
-    by_rel = {w.rel: w for w in wanted}
-
-    def sync(rel: str) -> tuple[Wanted, bool] | None:
+    def transfer(rel: str) -> tuple[Wanted, int | None] | None:
         if rel in by_rel:
-            return by_rel[rel], _sync(source, by_rel[rel], root, bar.advance)
+            return by_rel[rel], sync(source, by_rel[rel], root, bar.advance, ledger)
         path, data = root / rel, plan.dataset_manifests[rel]
         if not (path.is_file() and path.read_bytes() == data):
             write_bytes(path, data)
@@ -496,14 +445,15 @@ def pull(
     try:
         # Commit order (tokenmill.storage.publish): data, then index descriptions and dataset
         # manifests, each rank only once the one before is complete; the blend manifest last.
-        results = publish([*by_rel, *plan.dataset_manifests], sync, jobs=jobs)
+        results = publish([*by_rel, *plan.dataset_manifests], transfer, jobs=jobs)
     finally:
         bar.close()
+    ledger.compact(by_rel)  # one record per complete file of this pull
     for result in results:
         if result is not None:
             want, fetched = result
-            (report.fetched if fetched else report.skipped).append(want.rel)
-            report.bytes_fetched += want.size if fetched else 0
+            (report.fetched if fetched is not None else report.skipped).append(want.rel)
+            report.bytes_fetched += fetched or 0
     if plan.version_manifest is not None:  # checked against its files like the pointer
         _commit_manifest(root / plan.version_manifest[0], plan.version_manifest[1])
     _commit_manifest(final_manifest, raw)
@@ -535,27 +485,7 @@ def plan_blend(
 
 def sync_file(source: _Source, want: Wanted, root: Path) -> bool:
     """Make ``root / want.rel`` complete and checked against its sha256; True if fetched."""
-    return _sync(source, want, root, lambda n: None)
-
-
-def _sync(source: _Source, want: Wanted, root: Path, advance: Callable[[int], None]) -> bool:
-    """Make one destination file complete; True if it had to be fetched."""
-    path = root / want.rel
-    if root not in path.parents:
-        raise FormatError(want.key, "path", f"resolves outside {root}; refusing to pull")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(path)
-    seen = [0]
-
-    def counting(n: int) -> None:
-        seen[0] += n
-        advance(n)
-
-    if _local_problem(path, want, counting) is None:
-        return False
-    advance(-seen[0])
-    _fetch(source, want, path, advance)
-    return True
+    return sync(source, want, root, lambda n: None) is not None
 
 
 def _parse_manifest(raw: bytes, uri: str) -> dict[str, Any]:

@@ -33,8 +33,8 @@ from tokenmill.errors import BadRecordError, TokenmillError
 from tokenmill.formats.shard_records import IngestStats
 from tokenmill.ingest.records import Quarantine, read_jsonl_batches
 from tokenmill.ingest.sources import read_input_batches
+from tokenmill.tokenize.engines import Encoder
 from tokenmill.tokenize.procs import SAMPLE_CHARS, SAMPLE_DOCS, fork
-from tokenmill.tokenize.tokenizer import Encoder
 
 MIN_RANGE_BYTES = 4 << 20  # smaller ranges cost more in per-range overhead than they balance
 MAX_RANGE_BYTES = 64 << 20

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from tokenmill.errors import TokenmillError
-from tokenmill.tokenize.tokenizer import Encoder, TokenizerInfo, first_mismatch, reference_encoder
+from tokenmill.tokenize.engines import Encoder, reference_encoder
+from tokenmill.tokenize.tokenizer import first_mismatch
+from tokenmill.tokenize.tokenizer_info import TokenizerInfo
 
 T = TypeVar("T")
 SAMPLE_DOCS = 64  # documents per input compared with the reference

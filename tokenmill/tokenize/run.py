@@ -58,6 +58,7 @@ from tokenmill.formats.shard_records import IngestStats
 from tokenmill.ingest.records import ON_BAD_RECORD, Quarantine
 from tokenmill.ingest.sources import read_input_batches
 from tokenmill.paths import name_problem
+from tokenmill.tokenize.engines import Encoder, load_encoder
 from tokenmill.tokenize.parallel import (
     Job,
     RangeResult,
@@ -73,13 +74,7 @@ from tokenmill.tokenize.procs import (
     Checker,
     EngineMismatch,
 )
-from tokenmill.tokenize.tokenizer import (
-    Encoder,
-    inspect_tokenizer,
-    load_encoder,
-    record_mismatch,
-    verification_summary,
-)
+from tokenmill.tokenize.tokenizer import inspect_tokenizer, record_mismatch, verification_summary
 
 log = logging.getLogger(__name__)
 CHECKED_ENGINES = ("gigatoken", "tiktoken")

@@ -8,7 +8,11 @@ every engine, and writes the verdicts to RECORD. A tokenizer whose normalizer is
 gets a copy without it (``*.fast.json``) for the fast engines, which are probed as they run: texts
 normalized by Python, behind the guard whose ranges (``unicodedata``'s unassigned code points and
 ``tokenmill.tokenize.tokenizer_guard.normalization_differences``) are computed here. A child keeps
-transformers (seconds to import, hundreds of MB) and any thread pools out of the tokenizing process.
+transformers (a second to import, hundreds of MB) and any thread pools out of the tokenizing
+process. The child hides torch from transformers (``hide_torch``): importing it was 3 s of a
+first use here and most of 19 s on a GPU node, for nothing a tokenizer call uses. While it loads
+the reference, a forked helper does the engines' part on the definition on disk (``Speculation``),
+kept only if the reference loads that same definition.
 """
 
 from __future__ import annotations
@@ -17,8 +21,10 @@ import base64
 import hashlib
 import io
 import itertools
+import multiprocessing
 import sys
 import unicodedata
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,23 +33,15 @@ import orjson
 
 from tokenmill.atomic import write_bytes, write_json
 from tokenmill.errors import ConfigError
-from tokenmill.tokenize.tokenizer import (
-    CACHE_VERSION,
-    ENCODERS,
-    Encoder,
-    RankFiles,
-    TokenizerInfo,
-    _assemble,
-    _library_versions,
-    first_mismatch,
-    load_reference,
-)
+from tokenmill.tokenize.engines import ENCODERS, Encoder, _assemble, load_reference
+from tokenmill.tokenize.tokenizer import CACHE_VERSION, _library_versions, first_mismatch
 from tokenmill.tokenize.tokenizer_guard import (
     normalization_differences,
     to_ranges,
     unassigned_code_points,
     unicode_form,
 )
+from tokenmill.tokenize.tokenizer_info import RankFiles, TokenizerInfo
 
 # Methods on the path from ``tokenizer(text)`` to the backend; a subclass overriding one may
 # change the ids, so only the transformers engine can reproduce it.
@@ -180,19 +178,40 @@ def _hf_definition(spec: dict[str, Any], record_path: Path) -> str | None:
     return name
 
 
-def verify_tokenizer(
-    source: Path, definition: Path, fingerprint: str, record_path: Path
-) -> dict[str, Any]:
-    """Run the reference and every engine on the probe set; return the record to cache."""
-    tok = load_reference(source)
-    problem = passthrough_problem(tok)
-    spec, effective = _effective_definition(tok, definition, record_path)
+@dataclass
+class EngineSide:
+    """What verification writes and runs for the engines, given the effective definition: the
+    ``hf`` copy, the normalizer-free copy, the tiktoken ranks, the guard, and each engine's ids
+    on the probes (or why it is not used). It needs the reference only for ``split``."""
+
+    hf_definition: str | None
+    fast: str | None
+    form: str | None
+    ranks: RankFiles | None
+    guard: dict[str, Any]
+    probes: str  # probes_digest of the probe set it ran
+    outputs: dict[str, tuple[np.ndarray, np.ndarray] | str]
+
+
+def probes_digest(probes: list[str]) -> str:
+    """sha256 of the probe set (recorded; the speculation must have probed the same texts)."""
+    return hashlib.sha256(orjson.dumps(probes)).hexdigest()
+
+
+def engine_side(
+    spec: dict[str, Any],
+    source: Path,
+    definition: Path,
+    fingerprint: str,
+    record_path: Path,
+    split: bool,
+) -> EngineSide:
+    """Write the engines' files for ``spec`` and run every engine on its probe set, as a
+    tokenize run would (behind the guard, routed probes to the ``hf`` engine run before)."""
     hf_definition = _hf_definition(spec, record_path)
-    split = bool(getattr(tok, "split_special_tokens", False))
     around = template_ids(spec.get("post_processor"))
     specials = [t["content"] for t in spec.get("added_tokens") or []]
     probes = probe_texts(specials)
-    expected = _assemble([np.array(x, dtype=np.uint32) for x in tok(probes).input_ids])
     form = unicode_form(spec.get("normalizer"))
     fast_spec, fast = spec, None
     if form is not None:
@@ -210,13 +229,13 @@ def verify_tokenizer(
         "unidata_version": unicodedata.unidata_version,
         "normalization_differences": differences,
     }
-    info = TokenizerInfo(
+    info = TokenizerInfo(  # what the engines read; the reference's facts are not needed here
         source=source,
-        definition=record_path.parent / effective if effective else definition,
+        definition=definition,
         fingerprint=fingerprint,
-        vocab_size=len(tok),
-        max_id=max(tok.get_vocab().values()),
-        eod_id=tok.eos_token_id,
+        vocab_size=0,
+        max_id=0,
+        eod_id=None,
         prefix_ids=tuple(around[0]) if around else (),
         suffix_ids=tuple(around[1]) if around else (),
         verdicts={},
@@ -229,31 +248,106 @@ def verify_tokenizer(
         specials=tuple(specials),
         guard_ranges=tuple(guard["ranges"]),
     )
-    verdicts = info.verdicts  # filled in place: hf first, the fast engines' reference
+    outputs: dict[str, tuple[np.ndarray, np.ndarray] | str] = {}
     loaded: dict[str, Encoder] = {}
     for name in ("hf", "gigatoken", "tiktoken"):
+        if name != "hf" and (split or around is None):
+            outputs[name] = "not used: split_special_tokens or an unsupported post-processor"
+        elif name == "tiktoken" and no_ranks:
+            outputs[name] = no_ranks
+        else:
+            outputs[name] = _run_engine(name, info, probes, loaded)
+    return EngineSide(hf_definition, fast, form, ranks, guard, probes_digest(probes), outputs)
+
+
+def _engine_side_child(args: tuple[Any, ...], conn: Any) -> None:
+    """Forked helper: ``engine_side`` on the definition file as it is on disk, sent back."""
+    try:
+        source, definition, fingerprint, record_path = args
+        spec = orjson.loads(definition.read_bytes())
+        spec["truncation"] = spec["padding"] = None
+        conn.send(engine_side(spec, source, definition, fingerprint, record_path, False))
+    except Exception as exc:  # the parent then does the work itself
+        conn.send(f"{type(exc).__name__}: {exc}")
+    finally:
+        conn.close()
+
+
+class Speculation:
+    """``engine_side`` for the definition on disk, in a forked process while this one loads the
+    reference: on two cores or more the engines' part costs no wall time. Used only when the
+    reference turns out to load exactly that definition without ``split_special_tokens``."""
+
+    def __init__(self, args: tuple[Any, ...]) -> None:
+        context = multiprocessing.get_context("fork")
+        self._conn, child = context.Pipe(duplex=False)
+        self._proc = context.Process(target=_engine_side_child, args=(args, child), daemon=True)
+        self._proc.start()
+        child.close()
+
+    def result(self) -> EngineSide | None:
+        """Wait for the helper (it writes the files this process would write): its result, or
+        None if it failed."""
+        try:
+            answer = self._conn.recv()
+        except EOFError:
+            answer = None
+        finally:
+            self._conn.close()
+            self._proc.join()
+        return answer if isinstance(answer, EngineSide) else None
+
+
+def verify_tokenizer(
+    source: Path, definition: Path, fingerprint: str, record_path: Path
+) -> dict[str, Any]:
+    """Run the reference and every engine on the probe set; return the record to cache."""
+    speculation = Speculation((source, definition, fingerprint, record_path))
+    tok = load_reference(source)
+    problem = passthrough_problem(tok)
+    spec, effective = _effective_definition(tok, definition, record_path)
+    split = bool(getattr(tok, "split_special_tokens", False))
+    around = template_ids(spec.get("post_processor"))
+    specials = [t["content"] for t in spec.get("added_tokens") or []]
+    probes = probe_texts(specials)
+    expected = _assemble([np.array(x, dtype=np.uint32) for x in tok(probes).input_ids])
+    side = guess = speculation.result()
+    if side is None or effective is not None or split or side.probes != probes_digest(probes):
+        engines_reads = record_path.parent / effective if effective else definition
+        side = engine_side(spec, source, engines_reads, fingerprint, record_path, split)
+        if guess is not None:  # the guess's copies that this record does not name
+            for name in {guess.hf_definition, guess.fast} - {side.hf_definition, side.fast}:
+                if name is not None:
+                    (record_path.parent / name).unlink(missing_ok=True)
+            if guess.ranks is not None and side.ranks is None:
+                guess.ranks.ranks.unlink(missing_ok=True)
+                guess.ranks.ids.unlink(missing_ok=True)
+    verdicts: dict[str, str] = {}
+    for name, out in side.outputs.items():
         if problem:
             verdicts[name] = f"not used: {problem}"
-        elif name != "hf" and (split or around is None):
-            verdicts[name] = "not used: split_special_tokens or an unsupported post-processor"
-        elif name == "tiktoken" and no_ranks:
-            verdicts[name] = no_ranks
+        elif isinstance(out, str):
+            verdicts[name] = out
         else:
-            verdicts[name] = _probe_engine(name, info, probes, expected, loaded)
+            mismatch = first_mismatch(probes, expected, out)
+            verdicts[name] = (
+                "ok" if mismatch is None else f"mismatch on probe {mismatch[0]}: {mismatch[1]}"
+            )
     verdicts["transformers"] = "ok"
+    ranks = side.ranks
     return {
         "fingerprint": fingerprint,
         "libraries": _library_versions(),
         "cache_version": CACHE_VERSION,
         "reference": f"transformers {type(tok).__name__} from {source}",
         "vocab_size": len(tok),
-        "max_id": info.max_id,
+        "max_id": max(tok.get_vocab().values()),
         "eod_id": tok.eos_token_id,
-        "prefix_ids": list(info.prefix_ids),
-        "suffix_ids": list(info.suffix_ids),
+        "prefix_ids": list(around[0]) if around else [],
+        "suffix_ids": list(around[1]) if around else [],
         "split_special_tokens": split,
         "effective_definition": effective,
-        "hf_definition": hf_definition,
+        "hf_definition": side.hf_definition,
         "ranks": None
         if ranks is None
         else {
@@ -264,13 +358,13 @@ def verify_tokenizer(
             "specials": list(ranks.specials),
         },
         "verdicts": verdicts,
-        "normalizer": form,
-        "fast_definition": fast,
-        "guard": guard,
+        "normalizer": side.form,
+        "fast_definition": side.fast,
+        "guard": side.guard,
         "probes": {
             "texts": len(probes),
             "chars": sum(map(len, probes)),
-            "sha256": hashlib.sha256(orjson.dumps(probes)).hexdigest(),
+            "sha256": probes_digest(probes),
         },
     }
 
@@ -310,24 +404,18 @@ def write_rank_files(spec: dict[str, Any], record_path: Path) -> RankFiles:
     return files
 
 
-def _probe_engine(
-    name: str,
-    info: TokenizerInfo,
-    probes: list[str],
-    expected: tuple[np.ndarray, np.ndarray],
-    loaded: dict[str, Encoder],
-) -> str:
-    """The engine's verdict on the probes, run as in a tokenize run (behind its guard, whose
-    routed probes go to the ``hf`` engine verified before it, loaded once into ``loaded``)."""
+def _run_engine(
+    name: str, info: TokenizerInfo, probes: list[str], loaded: dict[str, Encoder]
+) -> tuple[np.ndarray, np.ndarray] | str:
+    """The engine's ids on the probes, run as in a tokenize run (behind its guard, whose routed
+    probes go to the ``hf`` engine run before it, loaded once into ``loaded``), or why not."""
     try:
         encoder = loaded[name] = ENCODERS[name](info)
         if encoder.guarded and "hf" in loaded:
             encoder._reference = loaded["hf"]
-        got = encoder.encode(probes)
+        return encoder.encode(probes)
     except Exception as exc:  # any load/encode failure just rules the engine out
         return f"not used: {type(exc).__name__}: {exc}"
-    mismatch = first_mismatch(probes, expected, got)
-    return "ok" if mismatch is None else f"mismatch on probe {mismatch[0]}: {mismatch[1]}"
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -403,8 +491,23 @@ def _is_isolated_split(step: dict[str, Any]) -> bool:
     )
 
 
+def hide_torch() -> None:
+    """Make this process look torch-free to transformers, before transformers is imported.
+
+    transformers (>= 5) imports torch only because ``is_torch_available()`` finds it with
+    ``importlib.util.find_spec``, which returns None for a module whose ``sys.modules`` entry is
+    None (as ``import torch`` then raises ImportError). A tokenizer call never uses torch: with no
+    ``return_tensors``, ``tokenizer(text).input_ids`` are Python lists from the ``tokenizers``
+    backend, so the ids are the same (the tests compare them with transformers imported with
+    torch). Only for this child: a process that already imported torch keeps it.
+    """
+    if "torch" not in sys.modules:
+        sys.modules["torch"] = None  # type: ignore[assignment]
+
+
 def main(argv: list[str]) -> int:
     """Child entry point: verify and write the record atomically."""
+    hide_torch()
     source, definition, fingerprint, record = argv
     record_path = Path(record)
     record_path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,354 @@
+"""The engines that encode texts for a verified tokenizer: ``Encoder`` and its four engines.
+
+Engines, fastest first: ``gigatoken`` (Rust), ``tiktoken`` (ranks built from a byte-level BPE
+``tokenizer.json``), ``hf`` (the ``tokenizers`` backend transformers itself calls) and
+``transformers`` (the reference, ``load_reference``). Each is built from a ``TokenizerInfo``
+(``tokenmill.tokenize.tokenizer_info``: the cached verification record says which engines
+reproduce the reference); the fast ones run behind the tokenizer's per-document guard.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenmill.errors import ConfigError, TokenmillError
+from tokenmill.tokenize import _batching
+from tokenmill.tokenize.tokenizer_info import TokenizerInfo
+
+
+def load_reference(source: Path) -> Any:
+    """The tokenizer exactly as Megatron's HuggingFaceTokenizer loads it (offline)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if source.is_dir():
+        return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    return PreTrainedTokenizerFast(tokenizer_file=str(source))
+
+
+def _assemble(
+    arrays: list[np.ndarray],
+    prefix: tuple[int, ...] = (),
+    suffix: tuple[int, ...] = (),
+    eod: int | None = None,
+    dtype: np.dtype | type = np.uint32,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One pass from per-text ids to flat ``dtype`` ids + lengths: ``prefix + ids + suffix``,
+    then ``eod`` after every text that has any id (Megatron's ``--append-eod`` rule)."""
+    around = [np.array(prefix, np.uint32)] if prefix else []
+    after = [np.array(suffix, np.uint32)] if suffix else []
+    if eod is not None:
+        after.append(np.array([eod], np.uint32))
+    extra = len(prefix) + len(suffix)
+    lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+    if around or after:
+        parts = []
+        for a in arrays:
+            if a.size + extra:
+                parts += [*around, a, *after]
+        lengths += np.where(lengths + extra > 0, extra + (eod is not None), 0)
+    else:
+        parts = arrays
+    flat = np.concatenate(parts, dtype=dtype, casting="unsafe") if parts else np.empty(0, dtype)
+    return flat, lengths
+
+
+def pack_flat(
+    ids: np.ndarray,
+    lengths: np.ndarray,
+    prefix: tuple[int, ...] = (),
+    suffix: tuple[int, ...] = (),
+    eod: int | None = None,
+    dtype: np.dtype | type = np.uint32,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``_assemble`` for ids already concatenated: one copy into ``dtype`` with the specials
+    placed around each text (by slices when texts are long, by a mask when they are many)."""
+    tail = (*suffix, *(() if eod is None else (eod,)))
+    if not prefix and not tail:
+        return ids.astype(dtype, copy=False), lengths
+    keep = lengths + len(prefix) + len(suffix) > 0
+    grown = lengths + np.where(keep, len(prefix) + len(tail), 0)
+    out = np.empty(int(grown.sum()), dtype)
+    starts = np.cumsum(grown) - grown
+    body = starts + len(prefix)
+    if len(lengths) * 1000 < ids.size:
+        src = 0
+        for at, n in zip(body.tolist(), lengths.tolist(), strict=True):
+            out[at : at + n] = ids[src : src + n]
+            src += n
+    else:
+        mask = np.ones(out.size, dtype=bool)
+        for k in range(len(prefix)):
+            mask[starts[keep] + k] = False
+        for k in range(len(tail)):
+            mask[(body + lengths)[keep] + k] = False
+        out[mask] = ids
+    for k, tok in enumerate(prefix):
+        out[starts[keep] + k] = tok
+    for k, tok in enumerate(tail):
+        out[(body + lengths)[keep] + k] = tok
+    return out, grown
+
+
+class Encoder:
+    """A tokenizer bound to one engine: ``tokenizer(text).input_ids`` for many texts at once.
+
+    A ``guarded`` engine (the fast ones) runs each batch through the tokenizer's ``Guard``:
+    documents of a risky class go to ``reference_encoder`` and are counted in ``routed`` by
+    class (``pack`` only; ``encode``, used for probes and samples, counts nothing).
+    """
+
+    name = ""
+    adds_special_tokens = False  # True when the engine applies the post-processor itself
+    guarded = False
+
+    def __init__(self, info: TokenizerInfo) -> None:
+        self.info = info
+        self.routed: Counter[str] = Counter()
+        self._guard = info.guard() if self.guarded else None
+        self._reference: Encoder | None = None
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Every text's ids, concatenated (uint32), and each text's length."""
+        return self._guarded(texts, None, np.uint32, False, None)
+
+    def pack(
+        self,
+        texts: list[str],
+        eod: int | None = None,
+        dtype: np.dtype | type = np.uint32,
+        *,
+        threads: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Output-ready ids in ``dtype`` with ``eod`` ending each non-empty text, and lengths.
+
+        ``threads`` lets an engine with its own thread pool use it (gigatoken); others ignore it.
+        """
+        return self._guarded(texts, eod, dtype, threads, self.routed)
+
+    def _guarded(
+        self,
+        texts: list[str],
+        eod: int | None,
+        dtype: np.dtype | type,
+        threads: bool,
+        counts: Counter[str] | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        if self._guard is None:
+            return self._pack(texts, eod, dtype, threads)
+        prepared, routed, classes = self._guard.split(texts)
+        if counts is not None:
+            counts.update(classes)
+        if not routed:
+            return self._pack(prepared, eod, dtype, threads)
+        if self._reference is None:
+            self._reference = reference_encoder(self.info)
+        fast = np.ones(len(texts), dtype=bool)
+        fast[routed] = False
+        mine = np.flatnonzero(fast)
+        parts = [
+            (mine, self._pack([prepared[i] for i in mine], eod, dtype, threads)),
+            (np.array(routed), self._reference.pack([texts[i] for i in routed], eod, dtype)),
+        ]
+        lengths = np.empty(len(texts), dtype=np.int64)
+        for where, (_, n) in parts:
+            lengths[where] = n
+        starts = np.cumsum(lengths) - lengths
+        out = np.empty(int(lengths.sum()), dtype)
+        for where, (flat, n) in parts:
+            out[np.repeat(starts[where] - (np.cumsum(n) - n), n) + np.arange(flat.size)] = flat
+        return out, lengths
+
+    def _pack(
+        self, texts: list[str], eod: int | None, dtype: np.dtype | type, threads: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The engine's own ``pack``, without the guard."""
+        if self.adds_special_tokens:
+            return _assemble(self._encode_each(texts), eod=eod, dtype=dtype)
+        info = self.info
+        return _assemble(self._encode_each(texts), info.prefix_ids, info.suffix_ids, eod, dtype)
+
+    def _encode_each(self, texts: list[str]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+
+class GigatokenEncoder(Encoder):
+    """gigatoken's Rust BPE: text by text on one thread, a whole batch on its pool with ``threads``.
+
+    Loaded from the cached ranks with gigatoken's built-in pre-tokenizer when the regex has one
+    (3x faster to load than tokenizer.json); it then works in rank space, and ``pack`` maps the
+    whole batch back to ids with one gather. Per-text ``encode`` holds the GIL; the batch call
+    on its thread pool releases it.
+    """
+
+    name = "gigatoken"
+    guarded = True
+
+    def __init__(self, info: TokenizerInfo) -> None:
+        super().__init__(info)
+        import gigatoken
+
+        self._table: np.ndarray | None = None
+        backend: Any
+        rf = info.ranks
+        if rf is not None and rf.scheme is not None:
+            ids = np.load(rf.ids, allow_pickle=False)
+            n = len(ids) - len(rf.specials)
+            specials = {s: n + j for j, s in enumerate(rf.specials)}
+            backend = gigatoken.gigatoken_rs.BPETokenizer.from_tiktoken(
+                rf.ranks, rf.scheme, specials
+            )
+            if not np.array_equal(ids, np.arange(len(ids))):
+                self._table = ids
+        else:
+            definition = info.fast_definition or info.definition
+            backend = gigatoken.gigatoken_rs.load_hf_json(definition.read_bytes())
+        self._tok = gigatoken.Tokenizer(backend)
+        self._backend = backend
+        self._padding = gigatoken.gigatoken_rs.PadTruncate(0)
+        self._short_texts = 0  # seen so far; padded calls start at _batching.PADDED_AFTER
+
+    def _encode_flat(self, texts: list[str], threads: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Flat uint32 ranks and per-text lengths.
+
+        With ``threads`` the batch call spreads texts over gigatoken's pool and returns an
+        awkward array, whose two buffers are read directly; awkward costs ~0.5 s to import, so
+        ``tokenize`` asks for threads only on large inputs. On one thread texts go through
+        ``tokenmill.tokenize._batching`` (one by one; short ones padded together once many were
+        seen).
+        """
+        if threads and texts:
+            out = self._tok.encode_batch(texts, parallel=None)
+            offsets = np.asarray(out.layout.offsets.data)
+            flat = np.asarray(out.layout.content.data)[offsets[0] : offsets[-1]]
+            lengths = np.diff(offsets).astype(np.int64)
+        else:
+            self._short_texts += _batching.count_short(texts)
+            padded = self._encode_padded if self._short_texts >= _batching.PADDED_AFTER else None
+            flat, lengths = _batching.encode_batch(texts, self._tok.encode, padded)
+        flat = np.asarray(flat)
+        if lengths.shape != (len(texts),) or int(lengths.sum()) != flat.size:
+            raise TokenmillError(
+                f"gigatoken: batch result has {lengths.size} lengths summing to "
+                f"{int(lengths.sum())} for {len(texts)} texts and {flat.size} ids"
+            )
+        return flat, lengths
+
+    def _encode_padded(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """One padded ``[texts, longest]`` matrix on the calling thread, and the row lengths."""
+        matrix, lengths = self._backend.encode_batch_padded(texts, self._padding, parallel=False)
+        return np.asarray(matrix), np.asarray(lengths, dtype=np.int64)
+
+    def _pack(
+        self, texts: list[str], eod: int | None, dtype: np.dtype | type, threads: bool
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """As ``Encoder._pack``; ranks become ids with one gather before the specials go in."""
+        flat, lengths = self._encode_flat(texts, threads)
+        if self._table is not None:
+            flat = self._table.astype(dtype, copy=False)[flat]
+        info = self.info
+        return pack_flat(flat, lengths, info.prefix_ids, info.suffix_ids, eod, dtype)
+
+
+class TiktokenEncoder(Encoder):
+    """tiktoken over the cached ranks (ids as mergeable ranks) and the pre-tokenizer's regex."""
+
+    name = "tiktoken"
+    guarded = True
+
+    def __init__(self, info: TokenizerInfo) -> None:
+        super().__init__(info)
+        import base64
+
+        import tiktoken
+
+        rf = info.ranks
+        if rf is None:
+            raise ConfigError(f"tokenizer {info.source}: has no tiktoken form")
+        ids = np.load(rf.ids, allow_pickle=False).tolist()
+        with open(rf.ranks, "rb") as fh:
+            ranks = {base64.b64decode(line.split()[0]): ids[i] for i, line in enumerate(fh)}
+        n = len(ranks)
+        specials = {s: ids[n + j] for j, s in enumerate(rf.specials)}
+        enc = tiktoken.Encoding(
+            f"tokenmill-{info.fingerprint[:12]}",
+            pat_str=rf.pattern,
+            mergeable_ranks=ranks,
+            special_tokens=specials,
+        )
+        self.encoding = enc
+        self._one = enc.encode_to_numpy
+        self._allowed = frozenset(specials)
+
+    def _encode_each(self, texts: list[str]) -> list[np.ndarray]:
+        one, allowed = self._one, self._allowed
+        return [one(t, allowed_special=allowed) for t in texts]
+
+
+class HFEncoder(Encoder):
+    """The ``tokenizers`` backend transformers calls, with ``add_special_tokens=True``."""
+
+    name = "hf"
+    adds_special_tokens = True
+
+    def __init__(self, info: TokenizerInfo) -> None:
+        super().__init__(info)
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(str(info.hf_definition or info.definition))
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        self._tok.encode_special_tokens = info.split_special_tokens
+        self._batch = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+
+    def _encode_each(self, texts: list[str]) -> list[np.ndarray]:
+        encodings = self._batch(texts, add_special_tokens=True)
+        return [np.array(e.ids, dtype=np.uint32) for e in encodings]
+
+
+class TransformersEncoder(Encoder):
+    """The reference itself: ``AutoTokenizer.from_pretrained(dir)(texts).input_ids``."""
+
+    name = "transformers"
+    adds_special_tokens = True
+
+    def __init__(self, info: TokenizerInfo) -> None:
+        super().__init__(info)
+        self._tok = load_reference(info.source)
+
+    def _encode_each(self, texts: list[str]) -> list[np.ndarray]:
+        ids = self._tok(texts).input_ids if texts else []
+        return [np.array(x, dtype=np.uint32) for x in ids]
+
+
+ENCODERS: dict[str, type[Encoder]] = {
+    "gigatoken": GigatokenEncoder,
+    "tiktoken": TiktokenEncoder,
+    "hf": HFEncoder,
+    "transformers": TransformersEncoder,
+}
+
+
+def load_encoder(info: TokenizerInfo, engine: str = "auto") -> Encoder:
+    """The fastest verified engine (``auto``) or the named one if it was verified."""
+    if engine == "auto":
+        return ENCODERS[info.usable_engines()[0]](info)
+    if engine not in ENCODERS:
+        raise ConfigError(f"engine={engine!r}: expected 'auto' or one of {list(ENCODERS)}")
+    if info.verdicts.get(engine) != "ok":
+        raise ConfigError(
+            f"engine {engine!r} is not verified for tokenizer {info.source}: "
+            f"{info.verdicts.get(engine)}"
+        )
+    return ENCODERS[engine](info)
+
+
+def reference_encoder(info: TokenizerInfo) -> Encoder:
+    """The engine runs are checked against: ``hf`` when verified, else transformers itself."""
+    return load_encoder(info, "hf" if info.verdicts.get("hf") == "ok" else "transformers")
