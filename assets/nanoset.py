@@ -163,8 +163,7 @@ def split_entry(
     extends ``previous``); (0, None, "-") if empty."""
     settings = cfg.settings()
     samples = settings.index_sizes()[split]
-    where: dict[str, Any] = {"shards": shards, "masked": masked}
-    found = entry_key(len(lengths), content, split, settings, samples, **where)
+    found = entry_key(len(lengths), content, split, settings, samples, shards=shards, masked=masked)
     if found is None:
         return 0, None, "-"
     key, digest = found
@@ -175,12 +174,22 @@ def split_entry(
     held = cache_paths(cache_dir, digest, split)["description"].is_file()
     if cfg.semantics == "growing":  # its segments (earlier entries) need not be staged here
         made = ensure_entry(
-            lengths, content, cache_dir, split, settings, samples, previous=previous, **where
+            lengths,
+            content,
+            cache_dir,
+            split,
+            settings,
+            samples,
+            shards=shards,
+            masked=masked,
+            previous=previous,
         )
         assert made is not None  # the split is not empty: entry_key said so
         description = read_description(made[0]["description"]) or {}
         how = "loaded" if held else "extended" if "document.0" in description["files"] else "built"
         return int(description["counts"]["num_samples"]), digest, how
-    index = build_or_load_lengths(lengths, content, cache_dir, split, settings, samples, **where)
+    index = build_or_load_lengths(
+        lengths, content, cache_dir, split, settings, samples, shards=shards, masked=masked
+    )
     assert index is not None  # the split is not empty: entry_key said so
     return len(index), digest, "loaded" if held else "built"

@@ -62,10 +62,10 @@ def s3_traffic(
     import boto3
     from dagster import DagsterInstance
 
-    from assets.support import s3
     from pipelines.build import build_definitions
     from pipelines.jobs import REFRESH_JOB
     from tokenmill.recipe import load_recipe
+    from tokenmill.storage.s3 import shared_client
 
     work.mkdir(parents=True, exist_ok=True)
     log = work / "moto.log"
@@ -81,7 +81,7 @@ def s3_traffic(
             work / "s3.yaml", "s3://bench/root", "s3://bench/sources/docs/", tokenizer, url
         )
         recipe = load_recipe(path)
-        moved = count_transfers(s3.s3_client(url))
+        moved = count_transfers(shared_client(url))
         defs = build_definitions(recipe)
         keys = sorted(p.name.split(".")[0] for p in shards)
         per_run = []

@@ -267,10 +267,10 @@ def refresh_cost_s3(source_root: Path, shards: int, tokenizer: Path, work: Path)
     from _pipeline_s3 import count_transfers, moto_server
     from dagster import DagsterInstance
 
-    from assets.support import s3
     from pipelines.build import build_definitions
     from pipelines.jobs import REFRESH_JOB
     from tokenmill.recipe import load_recipe
+    from tokenmill.storage.s3 import shared_client
 
     work.mkdir(parents=True, exist_ok=True)
     quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
@@ -304,7 +304,7 @@ def refresh_cost_s3(source_root: Path, shards: int, tokenizer: Path, work: Path)
             path = work / f"{mode}.yaml"
             path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
             job = build_definitions(load_recipe(path)).resolve_job_def(REFRESH_JOB)
-            moved = count_transfers(s3.s3_client(url))
+            moved = count_transfers(shared_client(url))
             with DagsterInstance.ephemeral() as instance:
                 old = [f"part-{i:05d}" for i in range(shards)]
                 instance.add_dynamic_partitions("docs_shards", old)
@@ -414,10 +414,10 @@ def s3_scale(shards: int, docs: int, tokenizer: Path, work: Path) -> dict[str, A
     from _pipeline_s3 import count_transfers, moto_server, request_kinds
     from dagster import DagsterInstance
 
-    from assets.support import s3
     from pipelines.build import build_definitions
     from pipelines.jobs import REFRESH_JOB
     from tokenmill.recipe import load_recipe
+    from tokenmill.storage.s3 import shared_client
 
     source = work / "s3-sources"
     write_shards(source, shards, docs)
@@ -442,7 +442,7 @@ def s3_scale(shards: int, docs: int, tokenizer: Path, work: Path) -> dict[str, A
         path = work / "s3-recipe.yaml"
         path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
         defs = build_definitions(load_recipe(path))
-        moved = count_transfers(s3.s3_client(url))
+        moved = count_transfers(shared_client(url))
         keys = [f"part-{i:05d}" for i in range(shards)]
         runs = []
         with DagsterInstance.ephemeral() as instance:

@@ -38,7 +38,6 @@ from dagster import AssetKey, DagsterInstance, Definitions
 
 from assets.support.partitions import partitions_name, shard_keys
 from assets.support.resources import StorageResource, TokenizerResource
-from assets.support.s3 import s3_client
 from assets.support.sources import Listing, list_shards
 from assets.support.staleness import (
     current_shards,
@@ -69,7 +68,7 @@ from pipelines.summary import (
 from tokenmill.errors import ConfigError, TokenmillError
 from tokenmill.formats.merge import natural_key
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe, recipe_path
-from tokenmill.storage.s3 import call, split_uri
+from tokenmill.storage.s3 import call, shared_client, split_uri
 
 
 def sync_partitions(instance: DagsterInstance, ds: DatasetConfig, listing: Listing) -> list[str]:
@@ -220,7 +219,7 @@ def preflight(recipe: Recipe) -> None:
     buckets = sorted({split_uri(uri)[0] for uri in uris if uri.startswith("s3://")})
     if not buckets:
         return
-    client = s3_client(recipe.storage.s3_endpoint_url)
+    client = shared_client(recipe.storage.s3_endpoint_url)
     for bucket in buckets:
         call(
             f"s3://{bucket} (storage or a source of the recipe)",

@@ -15,9 +15,9 @@ tokens never downloads a ``.bin``).
 
 Within one run an object is downloaded at most once per host: the resource learns the run id
 when Dagster sets it up (``setup_for_execution``) and every workspace of the run fetches
-through ``<work_dir>/tokenmill-run-<run id>/`` (``assets.support.s3.RunCache``: entries keyed by
-ETag and size, hard-linked into work directories). The in-process executor removes the cache
-when the run ends (``teardown_after_execution``); step processes of the multiprocess executor
+through ``<work_dir>/tokenmill-run-<run id>/`` (``tokenmill.storage.staging.RunCache``: entries
+keyed by ETag and size, hard-linked into work directories). The in-process executor removes the
+cache when the run ends (``teardown_after_execution``); step processes of the multiprocess executor
 share it and leave it, and any run cache unused for ``run_cache_hours`` is removed by the next
 run that starts on the host.
 """
@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import multiprocessing
 import os
-import posixpath
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -40,15 +38,13 @@ from typing import Any
 from dagster import ConfigurableResource, InitResourceContext
 from pydantic import PrivateAttr
 
-from assets.support import s3
 from assets.support.partitions import check_partition_key
 from assets.support.sources import ShardFile
 from tokenmill.errors import ConfigError
-from tokenmill.formats.dataset_manifest import read_dataset_manifest
-from tokenmill.formats.nanoset_cache import segment_files
-from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.storage import layout
-from tokenmill.storage.s3 import split_uri
+from tokenmill.storage.run_cache import RunCache
+from tokenmill.storage.s3 import shared_client
+from tokenmill.storage.staging import S3Stage, fetch_shard
 from tokenmill.storage.store import Store, open_store
 from tokenmill.storage.versions import read_pointer
 from tokenmill.tokenize.tokenizer import TokenizerInfo, inspect_tokenizer
@@ -74,82 +70,38 @@ class Workspace:
     """What a step works with: ``storage`` (paths to read and write) and its source shards."""
 
     storage: StorageResource
-    stage: s3.S3Stage | None  # None for a local root
+    stage: S3Stage | None  # None for a local root
     scratch: Path  # the step's own directory, removed with the workspace
 
     def shard(self, shard: ShardFile) -> ShardFile:
         """The shard as a local file: an S3 shard is downloaded into the work directory."""
         if shard.path is not None:
             return shard
-        bucket, key = split_uri(shard.uri)
-        client = self.stage.client if self.stage else s3.s3_client(self.storage.s3_endpoint_url)
-        path = self.scratch / "sources" / key.rsplit("/", 1)[-1]
-        size, _, etag = shard.fingerprint.partition(":")  # "<size>:<ETag>" for an S3 shard
+        client = self.stage.client if self.stage else shared_client(self.storage.s3_endpoint_url)
+        path = self.scratch / "sources" / shard.uri.rsplit("/", 1)[-1]
         cache = self.stage.cache if self.stage else None
-        if cache is not None and size.isdigit() and etag:
-            cache.fetch(client, bucket, s3.S3Object(key, int(size), etag), path)
-        else:
-            s3.download(client, bucket, key, path)
+        fetch_shard(client, cache, shard.uri, shard.fingerprint, path)
         return ShardFile(shard.key, path, shard.fingerprint, shard.uri)
 
     def fetch_index_entry(self, paths: Mapping[str, Path]) -> bool:
         """The ``fetch`` hook of ``tokenmill.indices.nanoset.build_or_load`` (and of builders that
         pass it on): bring an index-cache entry's files (``paths``, its ``cache_paths`` in this
-        workspace) from S3 when all of them are there, arrays first, description last, through
-        the run cache; True if it did. Nothing for a local root (the cache is the root's)."""
+        workspace) from S3 (``S3Stage.fetch_entry``); True if it did. Nothing for a local root
+        (the cache is the root's)."""
         if self.stage is None:
             return False
-        rels = {name: self._rel(path) for name, path in paths.items()}
-        found = self.stage.listing(rels["description"].removesuffix("description.json"))
-        if not all(rel in found for rel in rels.values()):
-            return False
-        for _, rel in sorted(rels.items(), key=lambda item: item[0] == "description"):
-            if rel not in self.stage.fetched:
-                self.stage.get(found[rel], rel)
-        segments = segment_files(json.loads(paths["description"].read_bytes()))
-        if segments:  # a growing entry that extends: its earlier entries' files too
-            folder = rels["description"].rsplit("/", 1)[0]
-            self.fetch([f"{folder}/{name}" for name in segments])
-        return True
+        return self.stage.fetch_entry({name: self.stage.rel(p) for name, p in paths.items()})
 
     def stored_index_entry(
         self, paths: Mapping[str, Path], key: dict[str, Any], digest: str
     ) -> dict[str, Any] | None:
-        """The description of an index-cache entry stored on S3 (``paths``: its
-        ``cache_paths`` in this workspace; ``key``, ``digest``:
-        ``tokenmill.indices.nanoset.entry_key``)
-        when it describes exactly that key and every array is there at its recorded size; None
-        otherwise, and always for a local root. Costs one LIST and one small GET (the
-        description is staged, through the run cache): the arrays are neither downloaded nor,
-        since they are complete, uploaded again."""
+        """The description of an index-cache entry stored on S3 (``paths``: its ``cache_paths``
+        in this workspace; ``key``, ``digest``: ``tokenmill.indices.nanoset.entry_key``) when it
+        is complete (``S3Stage.stored_entry``); always None for a local root."""
         if self.stage is None:
             return None
-        rels = {name: self._rel(path) for name, path in paths.items()}
-        found = self.stage.listing(rels["description"].removesuffix("description.json"))
-        if rels["description"] not in found:
-            return None
-        if rels["description"] not in self.stage.fetched:
-            self.stage.get(found[rels["description"]], rels["description"])
-        try:
-            description = json.loads(paths["description"].read_bytes())
-            if description["key"] != key or description["hash"] != digest:
-                return None
-            for name, rel in rels.items():
-                if name == "description":
-                    continue
-                record = description["files"][name]
-                if record["file"] != paths[name].name or found.get(rel) is None:
-                    return None
-                if found[rel].size != record["bytes"]:
-                    return None
-        except (ValueError, KeyError, TypeError):  # not JSON, or not a description
-            return None
-        return dict(description)
-
-    def _rel(self, path: Path) -> str:
-        """A path in this workspace's root, relative to it (posix)."""
-        assert self.stage is not None
-        return Path(path).resolve().relative_to(self.stage.local.resolve()).as_posix()
+        rels = {name: self.stage.rel(p) for name, p in paths.items()}
+        return self.stage.stored_entry(rels, key, digest)
 
     def fetch(self, inputs: Sequence[str]) -> None:
         """Stage more inputs once the step knows it needs them (same forms as ``workspace``);
@@ -158,22 +110,10 @@ class Workspace:
             self.stage.fetch(list(inputs))
 
     def fetch_index(self, rel: str) -> None:
-        """Stage what reading a dataset's sequence lengths needs: its manifest and ``.idx``
-        or, for a virtual merge, every shard pair's ``.idx`` it names (never a ``.bin``)."""
-        if self.stage is None:
-            return
-        self.fetch([f"{rel}.idx", layout.dataset_manifest(rel)])
-        manifest_file = self.storage.path(layout.dataset_manifest(rel))
-        if manifest_file.is_file() and not self.storage.path(f"{rel}.idx").is_file():
-            manifest = read_dataset_manifest(self.storage.path(rel))
-            if is_virtual(manifest):
-                folder = posixpath.dirname(rel)
-                self.fetch(
-                    [
-                        posixpath.normpath(posixpath.join(folder, f"{s['prefix']}.idx"))
-                        for s in manifest["shards"]
-                    ]
-                )
+        """Stage what reading a dataset's sequence lengths needs (``S3Stage.fetch_index``);
+        nothing to do for a local root."""
+        if self.stage is not None:
+            self.stage.fetch_index(rel)
 
     def blend_manifest(self, blend: str) -> Path:
         """A blend's local ``manifest.json``: on S3, pulled with every file it names (verified)."""
@@ -199,7 +139,7 @@ class StorageResource(ConfigurableResource):
     s3_endpoint_url: str | None = None
     work_dir: str | None = None
     run_cache_hours: float = 6.0
-    _run_cache: s3.RunCache | None = PrivateAttr(default=None)
+    _run_cache: RunCache | None = PrivateAttr(default=None)
     _owns_run_cache: bool = PrivateAttr(default=False)
 
     def setup_for_execution(self, context: InitResourceContext) -> None:
@@ -208,7 +148,7 @@ class StorageResource(ConfigurableResource):
         run = context.run  # None when the resource is built outside a run
         if self.is_s3 and run is not None and self.run_cache_hours > 0:
             base = Path(self.work_dir or tempfile.gettempdir())
-            self._run_cache = s3.RunCache.open(base, run.run_id, self.run_cache_hours)
+            self._run_cache = RunCache.open(base, run.run_id, self.run_cache_hours)
             # A step process of the multiprocess executor is a child: the run goes on after it.
             self._owns_run_cache = multiprocessing.parent_process() is None
 
@@ -245,14 +185,12 @@ class StorageResource(ConfigurableResource):
             if not self.is_s3:
                 yield Workspace(self, None, scratch)
                 return
-            bucket, prefix = split_uri(self.root)
             local = scratch / "root"
             local.mkdir()
             cache = self._run_cache
             if cache is not None:
                 cache.touch()
-            client = s3.s3_client(self.s3_endpoint_url)
-            stage = s3.S3Stage(client, bucket, prefix, local, cache)
+            stage = S3Stage.open(self.root, self.s3_endpoint_url, local, cache)
             stage.fetch(list(inputs))
             token = _STAGED.set((*_STAGED.get(), (local.resolve(), stage.uri("").rstrip("/"))))
             try:
@@ -279,10 +217,9 @@ class StorageResource(ConfigurableResource):
         self._store().delete(keys)
 
     def _store(self) -> Store:
-        """The root as a ``tokenmill.storage.store`` view; on S3 through this process's cached
-        client (``s3.s3_client``), as every other S3 call of the pipeline."""
-        client = s3.s3_client(self.s3_endpoint_url) if self.is_s3 else None
-        return open_store(self.root, self.s3_endpoint_url, client=client)
+        """The root as a ``tokenmill.storage.store`` view (on S3 through the process's client,
+        as every other S3 call of the pipeline)."""
+        return open_store(self.root, self.s3_endpoint_url)
 
     def path(self, key: str) -> Path:
         """A layout key (``tokenmill.storage.layout``) under the local root."""

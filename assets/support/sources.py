@@ -2,7 +2,7 @@
 
 Plain functions, shared by the shard sensors and ``tokenmill materialize``. A shard's
 fingerprint is ``<size>:<mtime_ns>`` for a local file and ``<size>:<ETag>`` for an object under
-an ``s3://bucket/prefix/`` source (listed through ``assets.support.s3``; the endpoint is the
+an ``s3://bucket/prefix/`` source (listed through ``tokenmill.storage.s3``; the endpoint is the
 ``endpoint_url`` given, else ``$AWS_ENDPOINT_URL``).
 """
 
@@ -13,13 +13,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from assets.support import s3
 from assets.support.partitions import check_partition_key, partition_key_for
 from tokenmill.atomic import TMP_MARK
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.recipe import DatasetConfig
 from tokenmill.storage.layout import shard_name_problem
-from tokenmill.storage.s3 import split_uri
+from tokenmill.storage.s3 import list_objects, shared_client, split_uri
 
 
 @dataclass(frozen=True)
@@ -71,8 +70,8 @@ def _candidates(
     if ds.is_s3:
         bucket, prefix = split_uri(ds.source)
         folder = f"{prefix}/" if prefix else ""
-        client = s3.s3_client(endpoint_url)
-        for obj in s3.list_objects(client, bucket, folder + (key or ""), recursive=False):
+        client = shared_client(endpoint_url)
+        for obj in list_objects(client, bucket, folder + (key or ""), recursive=False):
             name = obj.key[len(folder) :]
             yield ShardFile(name, None, f"{obj.size}:{obj.etag}", f"s3://{bucket}/{obj.key}")
         return

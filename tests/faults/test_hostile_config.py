@@ -55,8 +55,8 @@ from dagster import AssetKey, DagsterInstance, build_asset_context
 from prod_servers import S3
 from tiny_pairs import random_dataset
 
+import assets.support.sources
 from assets.factory import build_assets
-from assets.support import s3 as pipeline_s3
 from assets.support.partitions import partitions_name
 from assets.support.resources import StorageResource
 from assets.support.sources import list_shards
@@ -69,6 +69,8 @@ from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe
 from tokenmill.storage import layout
 from tokenmill.storage.pull import pull
+from tokenmill.storage.s3 import S3Object, shared_client
+from tokenmill.storage.staging import S3Stage, local_name
 
 NAN, INF = float("nan"), float("inf")
 
@@ -404,10 +406,12 @@ def test_hostile_s3_object_names_never_become_partitions(monkeypatch: pytest.Mon
         "../up.jsonl": "it contains '..'",
         "/abs.jsonl": "it contains a slash",
     }
-    objects = [pipeline_s3.S3Object(f"in/{n}", 10, f"e{i}") for i, n in enumerate(names)]
-    objects.append(pipeline_s3.S3Object("in/ok.jsonl", 10, "e-ok"))
-    monkeypatch.setattr(pipeline_s3, "s3_client", lambda endpoint: object())
-    monkeypatch.setattr(pipeline_s3, "list_objects", lambda client, b, prefix, recursive: objects)
+    objects = [S3Object(f"in/{n}", 10, f"e{i}") for i, n in enumerate(names)]
+    objects.append(S3Object("in/ok.jsonl", 10, "e-ok"))
+    monkeypatch.setattr(assets.support.sources, "shared_client", lambda endpoint: object())
+    monkeypatch.setattr(
+        assets.support.sources, "list_objects", lambda client, b, prefix, recursive: objects
+    )
     listing = list_shards(_dataset("s3://bucket/in"))
     assert list(listing.shards) == ["ok"]
     assert listing.shards["ok"].uri == "s3://bucket/in/ok.jsonl"
@@ -487,7 +491,7 @@ def test_hostile_s3_keys_never_reach_a_work_directory(s3: S3, tmp_path: Path, na
     for key in ("root/tokens/docs/a_text_document.bin", f"root/{name}"):
         s3.client.put_object(Bucket=s3.bucket, Key=key, Body=b"{}")
     local = tmp_path / "work" / "root"
-    stage = pipeline_s3.S3Stage(pipeline_s3.s3_client(s3.endpoint), s3.bucket, "root", local)
+    stage = S3Stage(shared_client(s3.endpoint), s3.bucket, "root", local)
     before = snapshot(tmp_path)
     with pytest.raises(InputError) as err:
         stage.fetch(["tokens/"])
@@ -501,7 +505,7 @@ def test_hostile_s3_keys_never_reach_a_work_directory(s3: S3, tmp_path: Path, na
 def test_local_name_refuses_what_listing_cannot_reach(key: str, problem: str) -> None:
     """An absolute or empty relative part (no listing of ours returns one) is refused too."""
     with pytest.raises(InputError) as err:
-        pipeline_s3.local_name("bkt", key, "root/")
+        local_name("bkt", key, "root/")
     assert str(err.value) == (
         f"'s3://bkt/{key}': its key below 's3://bkt/root/' {problem}; refusing to copy it locally"
     )

@@ -32,7 +32,6 @@ from s3faults import (
     unvouched,
 )
 
-from assets.support import s3 as s3_stage
 from tokenmill.cli import main
 from tokenmill.errors import InputError
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
@@ -40,7 +39,9 @@ from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.recipe import Recipe
 from tokenmill.storage import layout
 from tokenmill.storage import s3 as tm_s3
+from tokenmill.storage import staging as s3_stage
 from tokenmill.storage.pull import pull
+from tokenmill.storage.s3 import shared_client
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = "blends/mix/manifest.json"
@@ -53,10 +54,11 @@ PART_2 = r"\.bin\?uploadId=[^&]+&partNumber=2$"  # UploadPart of the second part
 UPLOADER = """
 import sys
 from pathlib import Path
-from assets.support import s3
+from tokenmill.storage import s3
+from tokenmill.storage.staging import S3Stage
 s3.MULTIPART_BYTES = 5 << 20
 endpoint, bucket, prefix, local = sys.argv[1:]
-s3.S3Stage(s3.s3_client(endpoint), bucket, prefix, Path(local)).push()
+S3Stage(s3.shared_client(endpoint), bucket, prefix, Path(local)).push()
 """
 
 pytestmark = [
@@ -320,13 +322,13 @@ def replacement(s3: S3, tmp_path: Path) -> Path:
 
 def stage(s3: S3, endpoint: str, local: Path) -> s3_stage.S3Stage:
     """The pipeline's S3 stage for ``s3://bucket/root`` over ``local``."""
-    return s3_stage.S3Stage(s3_stage.s3_client(endpoint), s3.bucket, "root", local)
+    return s3_stage.S3Stage(shared_client(endpoint), s3.bucket, "root", local)
 
 
 def test_multipart_upload_retries_failed_parts(
     s3: S3, replacement: Path, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(s3_stage, "MULTIPART_BYTES", PART)
+    monkeypatch.setattr(tm_s3, "MULTIPART_BYTES", PART)
     part = proxy.add("PUT", PART_2, "500", times=RIDDEN_OUT)
     done = proxy.add("POST", r"\.bin\?uploadId=", "503", times=2)
     stage(s3, proxy.endpoint, replacement).push()
@@ -340,7 +342,7 @@ def test_multipart_upload_retries_failed_parts(
 def test_server_dying_mid_multipart_upload(
     s3: S3, replacement: Path, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(s3_stage, "MULTIPART_BYTES", PART)
+    monkeypatch.setattr(tm_s3, "MULTIPART_BYTES", PART)
     old = s3_tree(s3, "root/")
     held = proxy.add("PUT", PART_2, "hold")
     thread, raised = run_in_thread(stage(s3, proxy.endpoint, replacement).push)

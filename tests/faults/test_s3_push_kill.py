@@ -31,22 +31,23 @@ from s3faults import (
     unvouched,
 )
 
-from assets.support import s3 as s3_stage
 from tokenmill.atomic import write_json
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.storage import layout
+from tokenmill.storage import staging as s3_stage
+from tokenmill.storage.s3 import shared_client
 from tokenmill.storage.versions import read_pointer, version_hash, write_pointer
 
 ROOT = Path(__file__).resolve().parents[2]
 UPLOADER = """
 import sys
 from pathlib import Path
-from assets.support import s3
+from tokenmill.storage.staging import S3Stage
 endpoint, bucket, prefix, local = sys.argv[1:]
-s3.S3Stage(s3.s3_client(endpoint), bucket, prefix, Path(local)).push()
+S3Stage.open(f"s3://{bucket}/{prefix}", endpoint, Path(local)).push()
 """
 
 POINTERS = ("merged/docs/current.json", "blends/mix/manifest.json")
@@ -132,7 +133,7 @@ def pushes(s3: S3, tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
     """Version A pushed to ``s3://bucket/root``; version B built in a local tree to push."""
     old = tmp_path / "a"
     versioned_tree(old, seed=1)
-    stage = s3_stage.S3Stage(s3_stage.s3_client(s3.endpoint), s3.bucket, "root", old)
+    stage = s3_stage.S3Stage(shared_client(s3.endpoint), s3.bucket, "root", old)
     stage.push()
     new = tmp_path / "b"
     versioned_tree(new, seed=2)
@@ -143,7 +144,7 @@ def test_push_uploads_data_then_markers_then_pointers(
     s3: S3, pushes: tuple[Path, dict[str, bytes]]
 ) -> None:
     new, _ = pushes
-    stage = s3_stage.S3Stage(s3_stage.s3_client(s3.endpoint), s3.bucket, "root", new)
+    stage = s3_stage.S3Stage(shared_client(s3.endpoint), s3.bucket, "root", new)
     order = stage.push()
     kinds = [
         "pointer"
@@ -199,7 +200,7 @@ def test_sigkilled_push_leaves_no_marker_without_its_data(
         assert after.get(key) == data or key[len("root/") :] in POINTERS, key  # A untouched
 
     proxy.clear()
-    s3_stage.S3Stage(s3_stage.s3_client(s3.endpoint), s3.bucket, "root", new).push()
+    s3_stage.S3Stage(shared_client(s3.endpoint), s3.bucket, "root", new).push()
     final = s3_tree(s3, "root/")
     assert lies(final) == []
     for rel, data in files_under(new).items():

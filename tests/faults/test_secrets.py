@@ -26,9 +26,9 @@ from s3faults import (
     step_errors,
 )
 
-from assets.support import s3 as s3_stage
 from tokenmill.cli import main
 from tokenmill.recipe import Recipe
+from tokenmill.storage.s3 import shared_client
 
 SECRET = "tmFaultSecret9d2e71b0c4ZqXv"
 KEY_ID = "AKIATMFAULT7Q3X9Z2W4"
@@ -155,9 +155,7 @@ def test_failing_s3_runs_and_pull_leak_no_credentials(
 ) -> None:
     denied = proxy.add("PUT", r"/root/raw/", "deny")
     with pytest.raises(ClientError) as answer:  # the server really echoes the key id
-        s3_stage.s3_client(proxy.endpoint).put_object(
-            Bucket=creds.bucket, Key="root/raw/x", Body=b""
-        )
+        shared_client(proxy.endpoint).put_object(Bucket=creds.bucket, Key="root/raw/x", Body=b"")
     assert answer.value.response["Error"]["AWSAccessKeyId"] == KEY_ID
 
     home, db = pg_home

@@ -113,7 +113,7 @@ def test_s3_preflight_names_a_missing_bucket_before_any_run(
                 error = {"Error": {"Code": "NoSuchBucket", "Message": "no such bucket"}}
                 raise ClientError(error, "HeadBucket")  # type: ignore[arg-type]
 
-    monkeypatch.setattr(pipelines.materialize, "s3_client", lambda endpoint: Client())
+    monkeypatch.setattr(pipelines.materialize, "shared_client", lambda endpoint: Client())
     recipe = make_recipe(storage={"root": "s3://gone/root"})
     with pytest.raises(InputError, match=r"^s3://gone \(storage or a source.*NoSuchBucket"):
         preflight(recipe)

@@ -12,9 +12,10 @@ import pytest
 from botocore.exceptions import ClientError
 from prod_servers import S3
 
-from assets.support import s3 as s3_stage
 from tokenmill.atomic import write_bytes
 from tokenmill.errors import ConflictError
+from tokenmill.storage import staging as s3_stage
+from tokenmill.storage.s3 import shared_client
 from tokenmill.storage.versions import read_pointer, version_hash, version_named, write_pointer
 
 POINTER = "merged/docs/current.json"
@@ -25,7 +26,7 @@ def version_of(n: int) -> str:
 
 
 def stage(s3: S3, local: Path) -> s3_stage.S3Stage:
-    return s3_stage.S3Stage(s3_stage.s3_client(s3.endpoint), s3.bucket, "root", local)
+    return s3_stage.S3Stage(shared_client(s3.endpoint), s3.bucket, "root", local)
 
 
 def build(s3: S3, local: Path, n: int) -> s3_stage.S3Stage:

@@ -262,18 +262,19 @@ class GetLog:
     raises Killed before the n-th range GET of DOCS is sent."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from tokenmill.storage import pull as pull_module
+        from tokenmill.storage import s3
 
         self.gets: list[tuple[str, str]] = []
         self.kill_at: int | None = None
-        real = pull_module.make_client
+        real = s3.make_client
 
         def make_client(*args: object, **kwargs: object) -> object:
             client = real(*args, **kwargs)
             client.meta.events.register("before-send.s3.GetObject", self._sent)
             return client
 
-        monkeypatch.setattr(pull_module, "make_client", make_client)
+        monkeypatch.setattr(s3, "_CLIENTS", {})  # every client of the test built (and hooked) anew
+        monkeypatch.setattr(s3, "make_client", make_client)
 
     def _sent(self, request: object, **_: object) -> None:
         url, headers = request.url, request.headers  # type: ignore[attr-defined]

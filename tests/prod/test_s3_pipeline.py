@@ -18,7 +18,6 @@ from prod_servers import S3
 
 import assets.tokenized as assets_tokenized
 from assets.factory import build_assets
-from assets.support import s3 as s3_stage
 from assets.support.partitions import partitions_name
 from assets.support.resources import StorageResource
 from assets.support.sources import diff_listing, list_shards
@@ -29,7 +28,10 @@ from pipelines.sensors import RANGE_END, RANGE_START, range_run_key
 from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe, load_recipe
 from tokenmill.storage import layout
+from tokenmill.storage import s3 as storage_s3
+from tokenmill.storage import staging as s3_stage
 from tokenmill.storage.pull import pull
+from tokenmill.storage.s3 import shared_client
 from tokenmill_dev.corpus import stdlib_documents, write_jsonl_shards
 
 SECRET = "tm-secret-access-key-4f1c"  # the fake secret key: must never show up in a run
@@ -253,7 +255,7 @@ def test_s3_listing_by_etag_and_size(s3: S3, gpt2_dir: Path, tmp_path: Path) -> 
 def test_stage_uploads_multipart_manifests_last_and_propagates_deletions(
     s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(s3_stage, "MULTIPART_BYTES", 5 << 20)  # S3's smallest part size
+    monkeypatch.setattr(storage_s3, "MULTIPART_BYTES", 5 << 20)  # S3's smallest part size
     for key, body in [
         ("root/merged/a_text_document.bin", b"old"),
         ("root/merged/a_text_document.manifest.json", b"{}"),
@@ -261,7 +263,7 @@ def test_stage_uploads_multipart_manifests_last_and_propagates_deletions(
     ]:
         s3.client.put_object(Bucket=s3.bucket, Key=key, Body=body)
     local = tmp_path / "root"
-    stage = s3_stage.S3Stage(s3_stage.s3_client(s3.endpoint), s3.bucket, "root", local)
+    stage = s3_stage.S3Stage(shared_client(s3.endpoint), s3.bucket, "root", local)
     stage.fetch(["merged/a_text_document", "tokens/"])
     assert sorted(stage.fetched) == [
         "merged/a_text_document.bin",

@@ -12,7 +12,7 @@ import pytest
 from dagster import DagsterInstance, execute_job, reconstructable
 from prod_servers import S3
 
-from assets.support import s3 as s3_stage
+from tokenmill.storage.run_cache import RUN_CACHE_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def test_step_processes_of_a_run_share_its_cache(
     monkeypatch.setenv("TM_MP_OUT", str(out))
     monkeypatch.chdir(ROOT)  # step processes import the job from the repo root
     job = importlib.import_module("tests.prod.run_cache_job").both_job
-    stale = work / f"{s3_stage.RUN_CACHE_PREFIX}old-run"
+    stale = work / f"{RUN_CACHE_PREFIX}old-run"
     stale.mkdir(parents=True)
     os.utime(stale, (0, 0))  # a run that died long ago
     (tmp_path / "home").mkdir()
@@ -40,7 +40,7 @@ def test_step_processes_of_a_run_share_its_cache(
         (out / name).read_text().split() for name in ("first", "second")
     )
     assert pid1 != pid2 and pid1 != str(os.getpid())  # two step processes
-    assert cache1 == cache2 == str(work / f"{s3_stage.RUN_CACHE_PREFIX}{run_id}")
+    assert cache1 == cache2 == str(work / f"{RUN_CACHE_PREFIX}{run_id}")
     assert ino1 == ino2  # the second step linked what the first downloaded
     assert not stale.exists()  # removed by age when the run started
     assert Path(cache1).is_dir()  # step processes leave the run's cache to the next run

@@ -20,7 +20,6 @@ from test_s3_pipeline import s3_recipe
 
 import tokenmill.indices.nanoset
 from assets.factory import build_assets
-from assets.support import s3 as s3_stage
 from assets.support.partitions import partitions_name
 from assets.support.resources import StorageResource
 from assets.support.sources import list_shards
@@ -30,6 +29,10 @@ from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices.nanoset import build_or_load, cache_paths
 from tokenmill.indices.settings import NanosetSettings
 from tokenmill.storage import layout
+from tokenmill.storage import s3 as storage_s3
+from tokenmill.storage import staging as s3_stage
+from tokenmill.storage.run_cache import RunCache
+from tokenmill.storage.s3 import S3Object, shared_client
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
@@ -58,9 +61,9 @@ class Requests:
 
 @pytest.fixture
 def requests(s3: S3, monkeypatch: pytest.MonkeyPatch) -> Iterator[Requests]:
-    """Every request of ``assets.support.s3``'s clients (built during the test) is counted."""
+    """Every request of the clients the library's factory (``shared_client``) builds during
+    the test is counted: staging, listing, pull."""
     seen = Requests()
-    hooked: list[Any] = []
 
     def before(model: Any, params: Any, **_: Any) -> None:
         key = params.get("url_path", "") if isinstance(params, dict) else ""
@@ -70,21 +73,17 @@ def requests(s3: S3, monkeypatch: pytest.MonkeyPatch) -> Iterator[Requests]:
         if model.name == "GetObject":
             seen.get_bytes += int(parsed.get("ContentLength") or 0)
 
-    original = s3_stage.s3_client
+    original = storage_s3.make_client
 
-    def client(endpoint: str | None) -> Any:
-        made = original(endpoint)
-        if all(made is not c for c in hooked):
-            made.meta.events.register("before-call.s3", before, unique_id="count-before")
-            made.meta.events.register("after-call.s3", after, unique_id="count-after")
-            hooked.append(made)
+    def counted(endpoint: str | None, **config: Any) -> Any:
+        made = original(endpoint, **config)
+        made.meta.events.register("before-call.s3", before)
+        made.meta.events.register("after-call.s3", after)
         return made
 
-    monkeypatch.setattr(s3_stage, "s3_client", client)
+    monkeypatch.setattr(storage_s3, "_CLIENTS", {})  # clients of earlier tests are not counted
+    monkeypatch.setattr(storage_s3, "make_client", counted)
     yield seen
-    for made in hooked:
-        made.meta.events.unregister("before-call.s3", unique_id="count-before")
-        made.meta.events.unregister("after-call.s3", unique_id="count-after")
 
 
 def run_shards(recipe: Any, instance: DagsterInstance, work: Path) -> None:
@@ -139,7 +138,7 @@ def test_one_run_downloads_each_object_once_and_refreshes_find_indices_by_key(
     staged: collections.Counter[str] = collections.Counter()
     get = s3_stage.S3Stage.get
 
-    def counting_get(self: s3_stage.S3Stage, obj: s3_stage.S3Object, rel: str) -> None:
+    def counting_get(self: s3_stage.S3Stage, obj: S3Object, rel: str) -> None:
         staged[rel] += 1
         get(self, obj, rel)
 
@@ -246,9 +245,9 @@ def test_fetch_hook_brings_a_stored_index_entry(
 def test_run_cache_entries_are_keyed_by_etag_and_size_and_survive_edits(
     s3: S3, requests: Requests, tmp_path: Path
 ) -> None:
-    client = s3_stage.s3_client(s3.endpoint)
+    client = shared_client(s3.endpoint)
     s3.client.put_object(Bucket=s3.bucket, Key="root/a.txt", Body=b"first")
-    cache = s3_stage.RunCache.open(tmp_path / "work", "run-1", max_age_hours=1)
+    cache = RunCache.open(tmp_path / "work", "run-1", max_age_hours=1)
 
     def stage(name: str) -> s3_stage.S3Stage:
         made = s3_stage.S3Stage(client, s3.bucket, "root", tmp_path / name, cache)
@@ -281,13 +280,13 @@ def test_run_cache_entries_are_keyed_by_etag_and_size_and_survive_edits(
 
 def test_abandoned_run_caches_are_removed_by_age(tmp_path: Path) -> None:
     base = tmp_path / "work"
-    old = s3_stage.RunCache.open(base, "old-run", max_age_hours=1)
+    old = RunCache.open(base, "old-run", max_age_hours=1)
     (old.root / "objects").mkdir()
     (old.root / "objects" / "x").write_bytes(b"x")
-    recent = s3_stage.RunCache.open(base, "recent-run", max_age_hours=1)
+    recent = RunCache.open(base, "recent-run", max_age_hours=1)
     hours_ago = time.time() - 2 * 3600
     os.utime(old.root, (hours_ago, hours_ago))
-    current = s3_stage.RunCache.open(base, "new-run", max_age_hours=1)
+    current = RunCache.open(base, "new-run", max_age_hours=1)
     assert sorted(p.name for p in base.iterdir()) == [current.root.name, recent.root.name]
     current.remove()
     assert not current.root.exists()

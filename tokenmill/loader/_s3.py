@@ -9,8 +9,8 @@ a killed writer leaves only a temp), stamped checked (inode, size, mtime: later 
 it without hashing until it is written again), and evicted least recently used first (the
 stamp's mtime, refreshed when a process maps the block) when ``cache_bytes`` would be exceeded.
 A batch reads one memoryview slice of a mapped block per piece, as from a local memmap. boto3
-is imported only here, lazily, through ``tokenmill.storage.s3.make_client`` (endpoint and
-credentials from the AWS environment).
+is imported only here, lazily, through the one client factory,
+``tokenmill.storage.s3.shared_client`` (endpoint and credentials from the AWS environment).
 """
 
 from __future__ import annotations
@@ -101,9 +101,9 @@ class BlockCache:
         """One boto3 client per process (a forked worker makes its own), made on first GET."""
         with self._lock:
             if self._client is None or self._pid != os.getpid():
-                from tokenmill.storage.s3 import make_client
+                from tokenmill.storage.s3 import shared_client
 
-                self._client = make_client(None, max_pool_connections=FETCH_THREADS + 2)
+                self._client = shared_client(None, max_pool_connections=FETCH_THREADS + 2)
                 self._pid = os.getpid()
             return self._client
 

@@ -70,8 +70,8 @@ from tokenmill.storage.pull_ledger import LEDGER_NAME, Ledger
 from tokenmill.storage.s3 import (
     is_cut_body,
     is_missing,
-    make_client,
     read_object,
+    shared_client,
     split_uri,
 )
 
@@ -128,7 +128,7 @@ class _S3Source:
 
     def __init__(self, bucket: str, endpoint_url: str | None, jobs: int) -> None:
         self.bucket = bucket
-        self.client = make_client(endpoint_url, max_pool_connections=jobs + 2)
+        self.client = shared_client(endpoint_url, max_pool_connections=jobs + 2)
 
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"

@@ -1,5 +1,12 @@
-"""S3 helpers shared by ``tokenmill pull``, ``tokenmill gc`` and the pipeline: URI parsing, the one
-retry policy, and the one wrapper that turns S3 failures into ``InputError`` naming the URI.
+"""The one S3 client factory and the helpers every S3 user shares (pipeline staging, ``tokenmill
+pull``, ``gc``, the streaming loader): URI parsing, the retry policy, the timeouts, listing,
+whole-object transfers, and the one wrapper that turns S3 failures into ``InputError`` naming the
+URI.
+
+Clients: :func:`make_client` builds one (endpoint from the caller, i.e. the recipe's
+``storage.s3_endpoint_url``, else ``$AWS_ENDPOINT_URL``; credentials and region only from the
+standard AWS environment); :func:`shared_client` keeps one per process and settings, since a
+build costs 0.1-0.5 s of CPU.
 
 Retries happen in one place: botocore's ``standard`` retry mode (``MAX_ATTEMPTS`` retries per
 request, exponential backoff with jitter, a per-client retry quota); s3transfer adds its own for a
@@ -17,13 +24,17 @@ request without an answer after ``min(5, read timeout / 2)`` s, or one being ret
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
+from tokenmill.atomic import commit, create_temp
 from tokenmill.errors import ConfigError, InputError
 
 T = TypeVar("T")
@@ -34,6 +45,7 @@ MISSING_CODES = ("NoSuchKey", "404", "NotFound")
 CONNECT_TIMEOUT_ENV = "TOKENMILL_S3_CONNECT_TIMEOUT"
 READ_TIMEOUT_ENV = "TOKENMILL_S3_READ_TIMEOUT"
 TIMEOUT_DEFAULTS = {CONNECT_TIMEOUT_ENV: 10.0, READ_TIMEOUT_ENV: 30.0}
+MULTIPART_BYTES = 64 << 20  # larger files go up (and down) in parts of this size
 SLOW_AFTER_MAX = 5.0  # seconds without an answer before the "waiting" line
 WAITING_EVERY = 10.0  # seconds between two "waiting" lines of one process
 
@@ -100,6 +112,23 @@ def make_client(endpoint_url: str | None, **config: Any) -> Any:
     return client
 
 
+_CLIENTS: dict[str, Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def shared_client(endpoint_url: str | None = None, **config: Any) -> Any:
+    """This process's client for these settings (:func:`make_client`, built on first use): one
+    per endpoint, ``config``, timeouts and ``AWS_*`` environment (keyed by a hash: no credential
+    is kept in the key); a forked process builds its own. boto3 clients are thread-safe."""
+    aws = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))
+    settings = (os.getpid(), endpoint_url, sorted(config.items()), sorted(timeouts().items()), aws)
+    key = hashlib.sha256(repr(settings).encode()).hexdigest()
+    with _CLIENTS_LOCK:
+        if key not in _CLIENTS:
+            _CLIENTS[key] = make_client(endpoint_url, **config)
+        return _CLIENTS[key]
+
+
 class _Waiting:
     """Prints "waiting for S3 (<endpoint>) ..." when a request of ``client`` has no answer after
     a few seconds, or failed and is retried: a stalled endpoint is never silent."""
@@ -155,6 +184,82 @@ class _Waiting:
         if timer is not None:
             timer.cancel()
             self.timers.pending = None
+
+
+@dataclass(frozen=True)
+class S3Object:
+    """One listed object: key, size, ETag (quotes removed) and LastModified (epoch seconds)."""
+
+    key: str
+    size: int
+    etag: str
+    mtime: float = 0.0
+
+
+def list_objects(client: Any, bucket: str, prefix: str, *, recursive: bool) -> list[S3Object]:
+    """Objects under ``prefix`` (a folder when it ends with ``/``), sorted by key, by listing
+    names only; with ``recursive=False`` only the folder's direct children."""
+
+    def run() -> list[S3Object]:
+        args = {"Bucket": bucket, "Prefix": prefix, **({} if recursive else {"Delimiter": "/"})}
+        found = []
+        for page in client.get_paginator("list_objects_v2").paginate(**args):
+            for obj in page.get("Contents", []):
+                etag, modified = obj["ETag"].strip('"'), obj["LastModified"].timestamp()
+                found.append(S3Object(obj["Key"], int(obj["Size"]), etag, modified))
+        return sorted(found, key=lambda o: o.key)
+
+    return call(f"listing s3://{bucket}/{prefix}", run)
+
+
+def exists(client: Any, bucket: str, key: str) -> bool:
+    """True when ``s3://bucket/key`` is an object now (one HEAD request)."""
+
+    def head() -> bool:
+        try:
+            client.head_object(Bucket=bucket, Key=key)
+        except Exception as exc:
+            if is_missing(exc):
+                return False
+            raise
+        return True
+
+    return call(f"looking up s3://{bucket}/{key}", head)
+
+
+def _transfer_config() -> Any:
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(multipart_threshold=MULTIPART_BYTES, multipart_chunksize=MULTIPART_BYTES)
+
+
+def download(client: Any, bucket: str, key: str, path: Path) -> None:
+    """``s3://bucket/key`` → ``path`` through a temp (a failed transfer leaves nothing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp, _ = create_temp(path, Path.touch)  # boto3 replaces the reserved name
+
+    def run() -> None:
+        try:
+            client.download_file(bucket, key, str(tmp), Config=_transfer_config())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    call(f"downloading s3://{bucket}/{key}", run)
+    commit(tmp, path)
+
+
+def upload(client: Any, path: Path, bucket: str, key: str) -> None:
+    """``path`` → ``s3://bucket/key``, multipart above ``MULTIPART_BYTES``."""
+    call(
+        f"uploading {path.name} to s3://{bucket}/{key}",
+        lambda: client.upload_file(str(path), bucket, key, Config=_transfer_config()),
+    )
+
+
+def delete(client: Any, bucket: str, key: str) -> None:
+    """Remove ``s3://bucket/key`` (absent is fine)."""
+    call(f"deleting s3://{bucket}/{key}", lambda: client.delete_object(Bucket=bucket, Key=key))
 
 
 def is_s3_error(exc: BaseException) -> bool:

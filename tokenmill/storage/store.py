@@ -12,11 +12,10 @@ import posixpath
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tokenmill.atomic import remove_empty_dir, write_bytes
 from tokenmill.errors import ConfigError, InputError
-from tokenmill.storage.s3 import call, make_client, read_object, split_uri
+from tokenmill.storage.s3 import call, list_objects, read_object, shared_client, split_uri
 
 __all__ = ["LocalStore", "S3Store", "Store", "StoredFile", "open_store"]
 
@@ -76,13 +75,13 @@ class LocalStore:
 
 
 class S3Store:
-    """A storage root under ``s3://bucket/prefix`` (boto3 imported lazily, one retry policy).
-    ``client``: a caller's existing boto3 client (building one costs 0.1-0.5 s of CPU)."""
+    """A storage root under ``s3://bucket/prefix`` (boto3 imported lazily, one retry policy),
+    through the process's client for ``endpoint_url`` (``tokenmill.storage.s3.shared_client``)."""
 
-    def __init__(self, uri: str, endpoint_url: str | None, client: Any = None) -> None:
+    def __init__(self, uri: str, endpoint_url: str | None) -> None:
         self.bucket, self.prefix = split_uri(uri)
         self.uri = uri
-        self.client = client if client is not None else make_client(endpoint_url)
+        self.client = shared_client(endpoint_url)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -92,16 +91,8 @@ class S3Store:
         downloaded)."""
         start = self._key(top) + "/" if top else (f"{self.prefix}/" if self.prefix else "")
         cut = len(self.prefix) + 1 if self.prefix else 0
-
-        def pages() -> list[dict[str, Any]]:
-            paginator = self.client.get_paginator("list_objects_v2")
-            return list(paginator.paginate(Bucket=self.bucket, Prefix=start))
-
-        for page in call(f"listing s3://{self.bucket}/{start}", pages):
-            for obj in page.get("Contents", []):
-                yield StoredFile(
-                    obj["Key"][cut:], int(obj["Size"]), obj["LastModified"].timestamp()
-                )
+        for obj in list_objects(self.client, self.bucket, start, recursive=True):
+            yield StoredFile(obj.key[cut:], obj.size, obj.mtime)
 
     def read(self, key: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
@@ -135,12 +126,9 @@ class S3Store:
 Store = LocalStore | S3Store
 
 
-def open_store(
-    root: str | os.PathLike[str], endpoint_url: str | None = None, *, client: Any = None
-) -> Store:
-    """The store of a storage root: ``s3://bucket/prefix`` (through ``client`` when given) or a
-    local folder."""
+def open_store(root: str | os.PathLike[str], endpoint_url: str | None = None) -> Store:
+    """The store of a storage root: ``s3://bucket/prefix`` or a local folder."""
     uri = os.fspath(root)
     if uri.startswith("s3://"):
-        return S3Store(uri, endpoint_url, client)
+        return S3Store(uri, endpoint_url)
     return LocalStore(Path(uri))

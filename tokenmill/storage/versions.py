@@ -12,7 +12,7 @@ under an exclusive lock on ``<folder>/.tmp/<pointer>.lock`` (``flock``: released
 when the holder dies, so a killed build never blocks the next one) only when the pointer still
 names what it read, or already names the build's own version; otherwise ConflictError, and the
 pointer stays at the version a build that read newer inputs wrote. On S3 the same check is a
-conditional PUT (``assets.support.s3``).
+conditional PUT (``tokenmill.storage.staging``).
 """
 
 from __future__ import annotations
