@@ -239,10 +239,12 @@ def build_pruned(ds: DatasetConfig, automation_condition: AutomationCondition) -
         pool=PRUNED_POOL,
     )
     def pruned(context: AssetExecutionContext, storage: StorageResource) -> MaterializeResult:
-        current = set(shard_keys(context.instance, ds))
         folders = shard_files(ds)
-        stale, kept = [], set()
         listed = [(shard_of(rel, folders), rel) for rel in storage.list_keys(list(folders))]
+        # partitions read after the listing: a shard is registered before any file of it is
+        # written, so a shard whose files were listed is in ``current`` unless it vanished
+        current = set(shard_keys(context.instance, ds))
+        stale, kept = [], set()
         candidates = [(s, rel) for s, rel in listed if s is not None and s not in current]
         named = referenced_shards(storage, ds) if candidates else set()
         tokens_folder = f"{layout.tokens_dir(ds.name)}/"

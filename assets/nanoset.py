@@ -38,12 +38,15 @@ from tokenmill.formats.dataset_manifest import (
     dataset_content_hash,
     dataset_manifest_path,
     open_dataset,
+    read_dataset_manifest,
 )
+from tokenmill.formats.nanoset_cache import read_description
 from tokenmill.indices.growing import shard_table
 from tokenmill.indices.nanoset import (
     SPLITS,
     build_or_load_lengths,
     cache_paths,
+    ensure_entry,
     entry_key,
     masked_of,
 )
@@ -93,8 +96,12 @@ def build_nanoset(
             rows = ["| split | samples | cache hash | entry |", "|---|---:|---|---|"]
             version = nanoset_data_version(merged_version(ws.storage, ds), cfg)
             metadata: dict[str, Any] = {"version": version}
+            before = previous_merged(ws, ds, rel) if growing else None
             for split in SPLITS:
-                samples, digest, how = split_entry(ws, lengths, content, cfg, split, shards, masked)
+                previous = previous_entry(ws, before, cfg, split)
+                samples, digest, how = split_entry(
+                    ws, lengths, content, cfg, split, shards, masked, previous
+                )
                 rows.append(f"| {split} | {samples} | {digest or '(empty split)'} | {how} |")
                 metadata[f"{split}_samples"] = samples
             context.log.info(f"{ds.name}: indices for {', '.join(SPLITS)} ready")
@@ -110,6 +117,37 @@ def build_nanoset(
     return nanoset
 
 
+def previous_merged(ws: Workspace, ds: DatasetConfig, rel: str) -> dict[str, Any] | None:
+    """The manifest of the merged version the current one extends (``extends``: it only
+    appended shards), staged on S3; None without one."""
+    extends = read_dataset_manifest(ws.storage.path(rel)).get("extends")
+    if not extends:
+        return None
+    before = layout.merged_prefix(ds.name, ds.text_key, str(extends))
+    ws.fetch([layout.dataset_manifest(before)])
+    path = ws.storage.path(before)
+    return read_dataset_manifest(path) if dataset_manifest_path(path).is_file() else None
+
+
+def previous_entry(
+    ws: Workspace, before: dict[str, Any] | None, cfg: NanosetConfig, split: str
+) -> dict[str, Any] | None:
+    """The description of the predecessor merged version's entry of ``split`` (its key from
+    that version's manifest; on S3 one LIST and the small description): the new entry
+    extends it, writing only the new rows. None when there is none."""
+    if before is None:
+        return None
+    settings = cfg.settings()
+    count, content = int(before["counts"]["sequences"]), str(before["content_hash"])
+    samples = settings.index_sizes()[split]
+    found = entry_key(count, content, split, settings, samples, shards=shard_table(before))
+    if found is None:
+        return None
+    key, digest = found
+    paths = cache_paths(ws.storage.nanoset_dir(), digest, split)
+    return ws.stored_index_entry(paths, key, digest) or read_description(paths["description"])
+
+
 def split_entry(
     ws: Workspace,
     lengths: np.ndarray,
@@ -118,9 +156,11 @@ def split_entry(
     split: str,
     shards: list[tuple[str, int]] | None = None,
     masked: np.ndarray | None = None,
+    previous: dict[str, Any] | None = None,
 ) -> tuple[int, str | None, str]:
     """(samples, cache hash, how) of one split's entry: ``stored`` when S3 already holds it
-    complete, else ``loaded``/``built`` from the workspace's cache; (0, None, "-") if empty."""
+    complete, else ``loaded``/``built`` from the workspace's cache (``extended`` when it
+    extends ``previous``); (0, None, "-") if empty."""
     settings = cfg.settings()
     samples = settings.index_sizes()[split]
     found = entry_key(len(lengths), content, split, settings, samples, shards=shards, masked=masked)
@@ -132,6 +172,22 @@ def split_entry(
     if stored is not None:
         return int(stored["counts"]["num_samples"]), digest, "stored"
     held = cache_paths(cache_dir, digest, split)["description"].is_file()
+    if cfg.semantics == "growing":  # its segments (earlier entries) need not be staged here
+        made = ensure_entry(
+            lengths,
+            content,
+            cache_dir,
+            split,
+            settings,
+            samples,
+            shards=shards,
+            masked=masked,
+            previous=previous,
+        )
+        assert made is not None  # the split is not empty: entry_key said so
+        description = read_description(made[0]["description"]) or {}
+        how = "loaded" if held else "extended" if "document.0" in description["files"] else "built"
+        return int(description["counts"]["num_samples"]), digest, how
     index = build_or_load_lengths(
         lengths, content, cache_dir, split, settings, samples, shards=shards, masked=masked
     )

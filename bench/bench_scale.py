@@ -16,6 +16,9 @@ Part 2 runs ``--s3-shards`` shards on an S3 root (moto_server): each shard run's
 against its source size (goal ≤ 1.5×), then a refresh and an unchanged refresh, which must
 upload no index array. Part 3 builds a blend over a ``--blend-gb`` GB merged dataset whose
 ``.bin`` is sparse and reports what was read: a blend must never open a merged ``.bin``.
+Part 4 measures the refresh after one new shard (CPU-s, bytes written per folder, and on S3 the
+bytes up and down) for ``merge: virtual`` and ``physical`` under megatron and growing semantics
+(growing: index entries extended, not rebuilt); ``--refresh-only`` runs parts 1 and 4 alone.
 """
 
 from __future__ import annotations
@@ -89,7 +92,20 @@ def write_shards(source: Path, count: int, docs: int, start: int = 0) -> None:
         (source / f"part-{i:05d}.jsonl").write_text("".join(lines), encoding="utf-8")
 
 
-def make_recipe(work: Path, tokenizer: Path, merge: str = "virtual") -> Path:
+MODES = (("virtual", "megatron"), ("physical", "megatron"), ("virtual", "growing"),
+         ("physical", "growing"))  # fmt: skip
+
+
+def nanoset_settings(semantics: str = "megatron") -> dict[str, Any]:
+    """The recipe's ``nanoset`` section (growing: no cap, the index grows with the data)."""
+    samples = None if semantics == "growing" else 2000
+    return {"sequence_length": 512, "split": "90,5,5", "train_samples": samples,
+            "semantics": semantics}  # fmt: skip
+
+
+def make_recipe(
+    work: Path, tokenizer: Path, merge: str = "virtual", semantics: str = "megatron"
+) -> Path:
     """A one-dataset recipe over ``work/sources/docs`` with one blend."""
     import yaml
 
@@ -97,7 +113,7 @@ def make_recipe(work: Path, tokenizer: Path, merge: str = "virtual") -> Path:
         "storage": {"root": str(work / "data")},
         "tokenizer": {"path": str(tokenizer), "append_eod": True},
         "datasets": {"docs": {"source": str(work / "sources" / "docs")}},
-        "nanoset": {"sequence_length": 512, "split": "90,5,5", "train_samples": 2000},
+        "nanoset": nanoset_settings(semantics),
         "blends": {"all": {"weights": {"docs": 1.0}}},
         "merge": merge,
     }
@@ -194,46 +210,58 @@ def _files(root: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _written(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> int:
-    """Bytes of the files that are new or changed between two snapshots."""
-    return sum(size for rel, (size, mtime) in after.items() if before.get(rel) != (size, mtime))
+def _written(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+) -> dict[str, int]:
+    """Bytes of the files that are new or changed between two snapshots, per top folder."""
+    out: dict[str, int] = {}
+    for rel, (size, mtime) in after.items():
+        if before.get(rel) != (size, mtime):
+            top = rel.split("/", 1)[0]
+            out[top] = out.get(top, 0) + size
+    return out
 
 
 def refresh_cost(source_root: Path, shards: int, tokenizer: Path, work: Path) -> dict[str, Any]:
     """Part 4: the refresh after one new shard, ``merge: virtual`` against ``merge: physical``,
-    on copies of part 1's per-shard artifacts (``shards`` + 1 tokenized shards): the first
-    refresh over ``shards``, then the new shard registered and the refresh again, measuring its
-    CPU and the bytes it wrote (files new or changed under the root)."""
+    under megatron and growing semantics, on copies of part 1's per-shard artifacts
+    (``shards`` + 1 tokenized shards): the first refresh over ``shards``, then the new shard
+    registered and the refresh again, measuring its CPU and the bytes it wrote (files new or
+    changed under the root, per folder)."""
     import shutil
 
     out: dict[str, Any] = {"shards": shards}
-    for merge in ("virtual", "physical"):
-        mode_work = work / f"refresh-{merge}"
+    for merge, semantics in MODES:
+        mode_work = work / f"refresh-{merge}-{semantics}"
         root = mode_work / "data"
         for folder in ("raw", "hf", "tokens"):
             shutil.copytree(source_root / folder, root / folder)
         (mode_work / "sources" / "docs").mkdir(parents=True)
-        runner = Runner(make_recipe(mode_work, tokenizer, merge))
+        runner = Runner(make_recipe(mode_work, tokenizer, merge, semantics))
         runner.add([f"part-{i:05d}" for i in range(shards)])
         for key in REFRESH_REBUILT:
             runner.run(key)
         runner.add([f"part-{shards:05d}"])
         before = _files(root)
         steps = [runner.run(key) for key in REFRESH_REBUILT]
-        out[merge] = {
+        by_folder = _written(before, _files(root))
+        out[f"{merge}-{semantics}"] = {
             "cpu": sum(step["cpu"] for step in steps),
-            "bytes_written": _written(before, _files(root)),
+            "bytes_written": sum(by_folder.values()),
+            "bytes_written_by_folder": by_folder,
             "steps": steps,
         }
+        print(f"  part 4, {merge}/{semantics}: {out[f'{merge}-{semantics}']['cpu']:.2f} CPU-s, "
+              f"{by_folder}", flush=True)  # fmt: skip
     new = source_root / "tokens" / "docs" / f"part-{shards:05d}_text_document.bin"
     out["new_shard_token_bytes"] = new.stat().st_size
     return out
 
 
 def refresh_cost_s3(source_root: Path, shards: int, tokenizer: Path, work: Path) -> dict[str, Any]:
-    """Part 4 on an S3 root (moto_server): part 1's per-shard artifacts uploaded once per merge
-    mode, a refresh over ``shards``, then one more shard and the refresh again, counting the
-    bytes the pipeline's S3 client moves and the CPU of that refresh."""
+    """Part 4 on an S3 root (moto_server): part 1's per-shard artifacts uploaded once per mode,
+    a refresh over ``shards``, then one more shard and the refresh again, counting the bytes
+    the pipeline's S3 client moves and the CPU of that refresh."""
     import boto3
     import yaml
     from _pipeline_s3 import count_transfers, moto_server
@@ -257,22 +285,23 @@ def refresh_cost_s3(source_root: Path, shards: int, tokenizer: Path, work: Path)
         files = [p for p in files if p.relative_to(source_root).parts[0] in ("raw", "hf", "tokens")]
         new = f"part-{shards:05d}"
         late = [p for p in files if p.name.startswith(f"{new}.") or p.name.startswith(f"{new}_")]
-        for merge in ("virtual", "physical"):
+        for merge, semantics in MODES:
+            mode = f"{merge}-{semantics}"
 
-            def upload(paths: list[Path], merge: str = merge) -> None:
+            def upload(paths: list[Path], mode: str = mode) -> None:
                 for p in paths:
-                    client.upload_file(str(p), "bench", f"{merge}/{p.relative_to(source_root)}")
+                    client.upload_file(str(p), "bench", f"{mode}/{p.relative_to(source_root)}")
 
             upload([p for p in files if p not in late])
             recipe = {
-                "storage": {"root": f"s3://bench/{merge}", "s3_endpoint_url": url},
+                "storage": {"root": f"s3://bench/{mode}", "s3_endpoint_url": url},
                 "tokenizer": {"path": str(tokenizer), "append_eod": True},
                 "datasets": {"docs": {"source": "s3://bench/no-sources/"}},
-                "nanoset": {"sequence_length": 512, "split": "90,5,5", "train_samples": 2000},
+                "nanoset": nanoset_settings(semantics),
                 "blends": {"all": {"weights": {"docs": 1.0}}},
                 "merge": merge,
             }
-            path = work / f"{merge}.yaml"
+            path = work / f"{mode}.yaml"
             path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
             job = build_definitions(load_recipe(path)).resolve_job_def(REFRESH_JOB)
             moved = count_transfers(shared_client(url))
@@ -284,27 +313,42 @@ def refresh_cost_s3(source_root: Path, shards: int, tokenizer: Path, work: Path)
                 instance.add_dynamic_partitions("docs_shards", [new])
                 before, cpu = dict(moved), time.process_time()
                 result = job.execute_in_process(run_config=quiet, instance=instance)
-                out[merge] = {
+                out[mode] = {
                     "ok": bool(result.success),
                     "cpu": time.process_time() - cpu,
                     "bytes_up": moved["up"] - before["up"],
                     "bytes_down": moved["down"] - before["down"],
                 }
+            print(f"  part 4 on S3, {mode}: {out[mode]}", flush=True)
     return out
 
 
 def refresh_report(local: dict[str, Any], remote: dict[str, Any] | None) -> str:
-    """The virtual-vs-physical table of part 4."""
-    rows = [["refresh after 1 new shard", "CPU s", "MB written", "MB up (S3)", "MB down (S3)"]]
-    for merge in ("virtual", "physical"):
-        s3_part = (remote or {}).get(merge) or {}
+    """The table of part 4: each merge mode and semantics."""
+    rows = [
+        [
+            "refresh after 1 new shard",
+            "CPU s",
+            "MB written",
+            "of which nanoset/",
+            "MB up (S3)",
+            "MB down (S3)",
+            "CPU s (S3)",
+        ]
+    ]
+    for merge, semantics in MODES:
+        mode = f"{merge}-{semantics}"
+        s3_part = (remote or {}).get(mode) or {}
+        part = local[mode]
         rows.append(
             [
-                f"merge: {merge}, {local['shards']} shards",
-                f"{local[merge]['cpu']:.2f}",
-                f"{local[merge]['bytes_written'] / 1e6:.3f}",
+                f"merge: {merge}, {semantics}, {local['shards']} shards",
+                f"{part['cpu']:.2f}",
+                f"{part['bytes_written'] / 1e6:.3f}",
+                f"{part['bytes_written_by_folder'].get('nanoset', 0) / 1e6:.3f}",
                 f"{s3_part['bytes_up'] / 1e6:.3f}" if s3_part else "",
                 f"{s3_part['bytes_down'] / 1e6:.3f}" if s3_part else "",
+                f"{s3_part['cpu']:.2f}" if s3_part else "",
             ]
         )
     new = local["new_shard_token_bytes"]
@@ -508,10 +552,21 @@ def main() -> None:
     parser.add_argument("--blend-gb", type=float, default=5.0, help="merged .bin size, GB")
     parser.add_argument("--s3-shards", type=int, default=50, help="shards on the S3 root")
     parser.add_argument(
+        "--refresh-only",
+        action="store_true",
+        help="parts 1 and 4 only (the shard artifacts, then the refresh costs)",
+    )
+    parser.add_argument(
         "--no-s3-refresh",
         dest="s3_refresh",
         action="store_false",
         help="skip the virtual/physical refresh on an S3 root",
+    )
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        default=None,
+        help="part 4 alone, on the shard artifacts of an earlier run's --work folder",
     )
     args = parser.parse_args()
     if args.work.exists():
@@ -520,6 +575,17 @@ def main() -> None:
         shutil.rmtree(args.work)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.addaudithook(_audit)
+    if args.reuse is not None:
+        costs = refresh_cost(args.reuse / "data", args.shards, args.tokenizer, args.work)
+        remote = None
+        if args.s3_refresh:
+            remote = refresh_cost_s3(
+                args.reuse / "data", args.shards, args.tokenizer, args.work / "s3-refresh"
+            )
+        print("\n" + refresh_report(costs, remote))
+        path = write_results("scale_refresh", {"refresh_cost": costs, "refresh_cost_s3": remote})
+        print(f"\nwrote {path}")
+        return
     local = local_scale(args.shards, args.docs, args.tokenizer, args.work)
     print(report(local))
     source_root = args.work / "data"
@@ -529,6 +595,12 @@ def main() -> None:
         s3_work = args.work / "s3-refresh"
         costs_s3 = refresh_cost_s3(source_root, args.shards, args.tokenizer, s3_work)
     print("\n" + refresh_report(costs, costs_s3))
+    if args.refresh_only:
+        path = write_results(
+            "scale_refresh", {"refresh_cost": costs, "refresh_cost_s3": costs_s3, "local": local}
+        )
+        print(f"\nwrote {path}")
+        return
     big = big_blend(args.blend_gb, args.work)
     print(
         f"\nblend over a {big['bin_bytes'] / 1e9:.1f} GB merged .bin ({big['documents']:,} "
@@ -601,18 +673,20 @@ def main() -> None:
             "met": temps["cpu_per_call_after"] * 100 <= temps["cpu_per_call_before"],
         },
     ]
-    saved = costs["physical"]["bytes_written"] / max(1, costs["virtual"]["bytes_written"])
-    for merge in ("virtual", "physical"):
-        part = (costs_s3 or {}).get(merge, {})
+    for merge, semantics in MODES:
+        mode = f"{merge}-{semantics}"
+        part = (costs_s3 or {}).get(mode, {})
         up = f", {part['bytes_up'] / 1e6:.2f} MB up on S3" if part else ""
+        physical = costs[f"physical-{semantics}"]["bytes_written"]
+        saved = physical / max(1, costs[mode]["bytes_written"])
         rows.append(
             {
                 "benchmark": f"scale: refresh after 1 new shard of {local['shards']}, "
-                f"merge: {merge}",
+                f"merge: {merge}, {semantics}",
                 "measure": "bytes written (local), uploaded (S3); CPU-s",
-                "ours": f"{costs[merge]['bytes_written'] / 1e6:.2f} MB{up}; "
-                f"{costs[merge]['cpu']:.2f} CPU-s",
-                "baseline": "merge: physical" if merge == "virtual" else "",
+                "ours": f"{costs[mode]['bytes_written'] / 1e6:.2f} MB{up}; "
+                f"{costs[mode]['cpu']:.2f} CPU-s",
+                "baseline": f"merge: physical, {semantics}" if merge == "virtual" else "",
                 "ratio": f"{saved:.0f}× less" if merge == "virtual" else "",
                 "target": "O(new shard + N × a small record)" if merge == "virtual" else "",
                 "met": None,

@@ -69,6 +69,7 @@ SLOW_MODULES = frozenset(
         "faults/test_disk_errors.py",
         "faults/test_fuzz.py",
         "faults/test_kill.py",
+        "faults/test_pointer_history.py",
         "faults/test_run_wrapper.py",
         "lib/test_batching.py",
         "lib/test_blend_manifest.py",

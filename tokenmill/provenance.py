@@ -36,9 +36,10 @@ import numpy as np
 from tokenmill.atomic import write_bytes
 from tokenmill.errors import ConfigError, FormatError
 from tokenmill.formats.blend_manifest import (
-    BLEND_ARRAYS,
     INDEX_ARRAYS,
-    load_index_array,
+    index_part_paths,
+    load_blend_arrays,
+    load_index_parts,
     read_blend_manifest,
     resolve,
 )
@@ -482,14 +483,9 @@ def _ref(query: str, shard: _Shard, ordinal: int) -> DocumentRef:
 
 def _samples_holding(ds: dict[str, Any], mpath: Path, seqs: np.ndarray, extra: int) -> np.ndarray:
     """Dataset samples (shuffled order) of one split whose pieces hold any sequence ``seqs``."""
-    files = ds["index"]["files"]
     doc, sample, shuffle = (
-        load_index_array(
-            resolve(mpath, files[kind]["path"]),
-            ndim=2 if kind == "sample" else 1,
-            what=f"{kind}_index",
-        )
-        for kind in INDEX_ARRAYS
+        np.asarray(load_index_parts(parts, ndim=2 if kind == "sample" else 1, what=f"{kind}_index"))
+        for kind, parts in zip(INDEX_ARRAYS, index_part_paths(ds, mpath), strict=True)
     )
     pos = np.flatnonzero(np.isin(doc, seqs))
     if not pos.size or len(sample) < 2:
@@ -536,7 +532,6 @@ def find(
         for ref in refs:
             hit = Hit(ref, str(info["name"]), str(info["version"]))
             for split, part in info["splits"].items():
-                files = part["files"]
                 blend_arrays: list[np.ndarray] = []
                 for d, ds in enumerate(part["datasets"]):
                     merge = merges[ds["name"]]
@@ -548,10 +543,7 @@ def find(
                     if not ks.size:
                         continue
                     if not blend_arrays:
-                        blend_arrays = [
-                            load_index_array(resolve(mfile, files[a]["path"]), ndim=1, what=a)
-                            for a in BLEND_ARRAYS
-                        ]
+                        blend_arrays = load_blend_arrays(part, mfile)
                     di, dsi = blend_arrays
                     ids = np.flatnonzero((di == d) & np.isin(dsi, ks))
                     if ids.size:

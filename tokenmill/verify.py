@@ -16,10 +16,9 @@ from tokenmill.atomic import file_sha256
 from tokenmill.errors import CacheError, FormatError
 from tokenmill.formats.blend_manifest import (
     SPLITS,
-    load_index_array,
+    load_blend_arrays,
     manifest_path,
     read_blend_manifest,
-    resolve,
     schema_errors,
     verify_manifest,
 )
@@ -149,10 +148,7 @@ def realized_shares(manifest: dict[str, Any], mpath: Path) -> list[Share]:
         info = manifest["splits"][split]
         # a dataset left out of the split: the others' weights are renormalized
         total = sum(float(normalized[ds["name"]]) for ds in info["datasets"]) or 1.0
-        entry = info["files"]["dataset_index"]
-        dataset_index = load_index_array(
-            resolve(mpath, entry["path"]), ndim=1, what="dataset_index"
-        )
+        dataset_index = load_blend_arrays(info, mpath)[0]
         counts = np.bincount(dataset_index.astype(np.int64), minlength=len(info["datasets"]))
         for ds, count in zip(info["datasets"], counts.tolist(), strict=True):
             shares.append(

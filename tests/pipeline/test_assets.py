@@ -164,6 +164,38 @@ def test_vanished_shard_is_reported_and_pruned(
     assert "part-00001" not in json.dumps(info) and "part-00000" in json.dumps(info)
 
 
+def test_pruned_keeps_a_shard_registered_while_it_listed(
+    defs: Assets,
+    resources: dict[str, object],
+    instance: DagsterInstance,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shard registered and tokenized while ``pruned`` lists the files is not removed: the
+    step reads the partitions after the listing. Reading them first, a refresh's ``pruned``
+    deleted the token pair ``tokenmill materialize`` had just made for a new shard, and the
+    merge check then failed ("its token pair is gone"; found by test_pointer_history)."""
+    storage = resources["storage"]
+    assert isinstance(storage, StorageResource)
+    instance.add_dynamic_partitions(partitions_name("code"), ["part-00000"])
+    for stage in SHARD_STAGES:
+        run_asset(defs, ["code", stage], resources, instance, "part-00000")
+    run_asset(defs, ["code", "merged"], resources, instance)
+    listing, arrived = StorageResource.list_keys, []
+
+    def arrives(self: StorageResource, folders: list[str]) -> list[str]:
+        if not arrived:  # the shard is registered and its files written meanwhile
+            arrived.append(True)
+            instance.add_dynamic_partitions(partitions_name("code"), ["part-00001"])
+            for stage in SHARD_STAGES:
+                run_asset(defs, ["code", stage], resources, instance, "part-00001")
+        return listing(self, folders)
+
+    monkeypatch.setattr(StorageResource, "list_keys", arrives)
+    pruned = run_asset(defs, ["code", "pruned"], resources, instance)
+    assert arrived and value(pruned, "shards_removed") == []
+    assert storage.tokens_prefix("code", "part-00001", "text").with_suffix(".bin").exists()
+
+
 def test_shard_missing_from_source_fails_clearly(
     defs: Assets, resources: dict[str, object], instance: DagsterInstance
 ) -> None:

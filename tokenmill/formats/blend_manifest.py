@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 
 from tokenmill.atomic import file_sha256, load_json
-from tokenmill.errors import ConfigError, FormatError
+from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
+from tokenmill.formats.nanoset_cache import SegmentedArray, segment_keys
 from tokenmill.formats.virtual_merge import shard_problems
 from tokenmill.paths import VERSION_CHARS, has_control_character, is_lower_hex, leading_parents
 
@@ -208,6 +209,45 @@ def load_index_array(path: str | os.PathLike[str], *, ndim: int, what: str) -> n
     return np.asarray(arr)
 
 
+def index_part_paths(ds: dict[str, Any], mpath: Path) -> list[list[Path]]:
+    """The files of a blend dataset entry's three index arrays, each in part order (a growing
+    entry that extends its predecessor records its segments as ``<kind>.<i>``)."""
+    files = ds["index"]["files"]
+    return [
+        [resolve(mpath, files[key]["path"]) for key in segment_keys(files, kind)]
+        for kind in INDEX_ARRAYS
+    ]
+
+
+def blend_part_paths(info: dict[str, Any], mpath: Path) -> list[list[Path]]:
+    """The files of a split's two blend arrays, each in part order (a growing version that
+    extends its predecessor records the predecessor's parts as ``<array>.<i>``)."""
+    files = info["files"]
+    return [
+        [resolve(mpath, files[key]["path"]) for key in segment_keys(files, array)]
+        for array in BLEND_ARRAYS
+    ]
+
+
+def load_blend_arrays(info: dict[str, Any], mpath: Path) -> list[np.ndarray]:
+    """A split's two blend arrays as plain arrays (parts concatenated): for whole-array use."""
+    return [
+        np.asarray(load_index_parts(parts, ndim=1, what=array))
+        for array, parts in zip(BLEND_ARRAYS, blend_part_paths(info, mpath), strict=True)
+    ]
+
+
+def load_index_parts(paths: list[Path], *, ndim: int, what: str) -> Any:
+    """:func:`load_index_array` of one file, or a SegmentedArray over several parts."""
+    parts = [load_index_array(p, ndim=ndim, what=what) for p in paths]
+    if len(parts) == 1:
+        return parts[0]
+    try:
+        return SegmentedArray(parts)
+    except CacheError as exc:
+        raise FormatError(paths[-1], what, f"{exc}; rebuild it") from exc
+
+
 def check_file(path: Path, entry: dict[str, Any], *, hash_it: bool) -> str | None:
     """Why ``path`` does not match its recorded ``{bytes, sha256}`` or ``{bytes, parts,
     sha256_of_parts}`` (size, then with ``hash_it`` the hash of the file or of each part)."""
@@ -318,7 +358,14 @@ def _key_problems(
         for setting, value in wanted.items()
         if key.get(setting) != value or type(key.get(setting)) is not type(value)
     ]
-    for kind in INDEX_ARRAYS:
+    kinds = [k for kind in INDEX_ARRAYS for k in segment_keys(ds["index"]["files"], kind)]
+    if kinds != [k for kind in INDEX_ARRAYS for k in segment_keys(records, kind)]:
+        problems.append(
+            f"split {split!r} dataset {ds['name']!r}: the manifest's index parts {kinds} are "
+            f"not those of its description {path.name}"
+        )
+        return problems
+    for kind in kinds:
         entry, record = ds["index"]["files"][kind], records.get(kind) or {}
         if (entry.get("bytes"), entry.get("sha256")) != (record.get("bytes"), record.get("sha256")):
             problems.append(

@@ -165,27 +165,147 @@ def _named(base: Path) -> dict[str, Path]:
     return paths
 
 
+def segment_keys(files: dict[str, Any], kind: str) -> list[str]:
+    """The record keys of array ``kind``'s parts in order: a growing entry that extends its
+    predecessor records ``<kind>.0``, ``<kind>.1``, ... (earlier entries' files) before its own
+    ``<kind>`` (see docs/formats.md, "Growing entries: segments")."""
+    count = 0
+    while f"{kind}.{count}" in files:
+        count += 1
+    return [*(f"{kind}.{i}" for i in range(count)), kind]
+
+
+def segment_files(description: dict[str, Any]) -> list[str]:
+    """The file names of a description's segments (earlier entries' arrays it reads)."""
+    files = description.get("files")
+    if not isinstance(files, dict):
+        return []
+    return [str(r.get("file")) for k, r in files.items() if "." in k and isinstance(r, dict)]
+
+
+def entry_array_paths(paths: dict[str, Path], description: dict[str, Any]) -> dict[str, list[Path]]:
+    """Each array's part files in order (one for an entry without segments), beside the
+    description. CacheError for a segment record whose file is not a plain cache-entry name."""
+    files = description.get("files")
+    if not isinstance(files, dict):
+        raise CacheError(f"{paths['description']}: no 'files' record")
+    out: dict[str, list[Path]] = {}
+    for name in ARRAYS:
+        parts = []
+        for key in segment_keys(files, name)[:-1]:
+            record = files[key]
+            found = record.get("file") if isinstance(record, dict) else record
+            suffix = f"-{name}_index.npy"
+            if not isinstance(found, str) or "/" in found or not found.endswith(suffix):
+                raise CacheError(f"{paths['description']}: segment {key} file is {found!r}")
+            parts.append(paths["description"].parent / found)
+        out[name] = [*parts, paths[name]]
+    return out
+
+
 def load_entry_arrays(
     paths: dict[str, Path], description: dict[str, Any], *, full: bool = False
 ) -> dict[str, np.ndarray]:
     """An entry's three arrays, memory-mapped and each checked against its record (file name,
     size, dtype, shape; ``full``: sha256) and its rank (``sample`` 2-D, the others 1-D,
-    integers). CacheError naming the file and what differs; FormatError for a file that is no
-    plain numeric ``.npy``."""
+    integers). An entry with segments gives a :class:`SegmentedArray` over its parts.
+    CacheError naming the file and what differs; FormatError for a file that is no plain
+    numeric ``.npy``."""
     files = description.get("files")
     if not isinstance(files, dict):
         raise CacheError(f"{paths['description']}: no 'files' record")
-    arrays = {}
-    for name in ARRAYS:
-        record = files.get(name)
-        if not isinstance(record, dict) or record.get("file") != paths[name].name:
-            found = record.get("file") if isinstance(record, dict) else record
-            raise CacheError(f"{paths['description']}: {name} file is {found!r}")
-        array = load_array(paths[name], record, full=full, what=f"{name}_index")
-        ndim = 2 if name == "sample" else 1
-        if array.dtype.kind not in "iu" or array.ndim != ndim:
-            raise CacheError(
-                f"{paths[name]}: {array.ndim}-D {array.dtype}, expected a {ndim}-D integer array"
-            )
-        arrays[name] = array
+    arrays: dict[str, Any] = {}
+    for name, part_paths in entry_array_paths(paths, description).items():
+        parts = []
+        for key, path in zip(segment_keys(files, name), part_paths, strict=True):
+            record = files.get(key)
+            if not isinstance(record, dict) or record.get("file") != path.name:
+                found = record.get("file") if isinstance(record, dict) else record
+                raise CacheError(f"{paths['description']}: {key} file is {found!r}")
+            array = load_array(path, record, full=full, what=f"{name}_index")
+            ndim = 2 if name == "sample" else 1
+            if array.dtype.kind not in "iu" or array.ndim != ndim:
+                raise CacheError(
+                    f"{path}: {array.ndim}-D {array.dtype}, expected a {ndim}-D integer array"
+                )
+            parts.append(array)
+        arrays[name] = parts[0] if len(parts) == 1 else SegmentedArray(parts)
     return arrays
+
+
+class SegmentedArray:
+    """Read-only concatenation along axis 0 of memory-mapped parts (a growing entry's segments,
+    oldest first): indexing reads only the parts it touches, nothing is copied on open.
+
+    Supports what readers of an index do: ``len``, ``dtype``/``ndim``/``shape``/``size``,
+    ``a[i]``, ``a[int array]``, ``a[slice]``, ``a[:, c]``, ``min``/``max``, ``astype``;
+    ``np.asarray(a)`` concatenates (a whole-array pass, e.g. a full check).
+    """
+
+    def __init__(self, parts: list[np.ndarray]) -> None:
+        if not parts:
+            raise CacheError("a segmented array needs at least one part")
+        self.parts = parts
+        self.dtype = parts[0].dtype
+        self.ndim = parts[0].ndim
+        for part in parts:
+            if part.dtype != self.dtype or part.ndim != self.ndim:
+                raise CacheError(
+                    f"segments differ: {part.ndim}-D {part.dtype} after {self.ndim}-D {self.dtype}"
+                )
+        rows = np.array([len(p) for p in parts], dtype=np.int64)
+        self._ends = np.cumsum(rows)
+        self.shape = (int(self._ends[-1]), *parts[0].shape[1:])
+        self.size = int(np.prod(self.shape))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        whole = np.concatenate(self.parts)
+        return whole if dtype is None else whole.astype(dtype)
+
+    def _take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` (any shape of int64 positions, already in range) from their parts."""
+        flat = rows.reshape(-1)
+        part = np.searchsorted(self._ends, flat, side="right")
+        out = np.empty((len(flat), *self.shape[1:]), dtype=self.dtype)
+        for p in np.unique(part).tolist():
+            at = part == p
+            out[at] = self.parts[p][flat[at] - (self._ends[p] - len(self.parts[p]))]
+        return out.reshape(*rows.shape, *self.shape[1:])
+
+    def __getitem__(self, item: Any) -> Any:
+        rest: tuple[Any, ...] = ()
+        if isinstance(item, tuple):
+            item, rest = item[0], item[1:]
+        n = len(self)
+        if isinstance(item, slice):
+            rows = np.arange(n, dtype=np.int64)[item]
+        elif isinstance(item, int | np.integer):
+            i = int(item) + n if int(item) < 0 else int(item)
+            if not 0 <= i < n:
+                raise IndexError(f"index {int(item)} is out of bounds for length {n}")
+            got = self._take(np.array(i, dtype=np.int64))
+            return got[rest] if rest else got
+        else:
+            rows = np.asarray(item).astype(np.int64)
+            if rows.dtype == bool:
+                raise TypeError("boolean masks are not supported by a segmented array")
+            if rows.size and (int(rows.min()) < -n or int(rows.max()) >= n):
+                raise IndexError(f"index out of bounds for length {n}")
+            rows = np.where(rows < 0, rows + n, rows)
+        got = self._take(rows)
+        return got[(slice(None), *rest)] if rest else got
+
+    def min(self) -> Any:
+        """The smallest value (ValueError when empty, as numpy)."""
+        return min(p.min() for p in self.parts if p.size) if self.size else np.min(self.parts[0])
+
+    def max(self) -> Any:
+        """The largest value (ValueError when empty, as numpy)."""
+        return max(p.max() for p in self.parts if p.size) if self.size else np.max(self.parts[0])
+
+    def astype(self, dtype: Any) -> np.ndarray:
+        """The whole array converted (a copy)."""
+        return np.asarray(self).astype(dtype)

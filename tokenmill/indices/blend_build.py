@@ -258,7 +258,13 @@ def _split_caches(
         expected = expected_of[name]
         try:
             built = build_or_load(
-                plan.prefixes[name], plan.cache_dir, split, plan.settings, num, fetch=plan.fetch
+                plan.prefixes[name],
+                plan.cache_dir,
+                split,
+                plan.settings,
+                num,
+                fetch=plan.fetch,
+                previous=None if plan.growing is None else plan.growing.previous_index(split, name),
             )
         except ConfigError as exc:
             raise ConfigError(
@@ -319,11 +325,14 @@ def _build_split(
     """One split: blend arrays written into ``folder``, and the split's manifest part."""
     indices, counts = caches
     dataset_index, sample_index, mode = _blend_arrays(plan, split, indices)
-    files = {}
+    files: dict[str, dict[str, Any]] = {}  # growing: the predecessor's parts, read in place
+    start = 0
+    if mode == "growing" and plan.growing is not None:
+        files, start = growing_blend.blend_segments(plan.growing, split, len(dataset_index))
     for array, values in zip(BLEND_ARRAYS, (dataset_index, sample_index), strict=True):
         path = folder / blend_array_name(split, array)
         with atomic_open(path, "wb") as fh:
-            np.save(fh, np.asarray(values), allow_pickle=False)
+            np.save(fh, np.asarray(values)[start:], allow_pickle=False)
         files[array] = {**file_entry(path, folder), "path": path.name}
     used = np.bincount(np.asarray(dataset_index, dtype=np.int64), minlength=len(indices))
     position = SPLITS.index(split)

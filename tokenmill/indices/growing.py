@@ -55,6 +55,7 @@ __all__ = [
     "GrowingPlan",
     "build_growing_indices",
     "document_splits",
+    "era_shuffle_range",
     "lineage_hash",
     "shard_lineage",
     "shard_table",
@@ -293,9 +294,18 @@ def build_growing_indices(
 
 def era_shuffle(plan: GrowingPlan, seed: int, split: str) -> np.ndarray:
     """The first ``plan.num_samples`` entries of the era-shuffled order of the emitted samples."""
-    era, n = plan.era_samples, plan.num_samples
-    eras = -(-n // era)
-    keys = _stream(_base("era", seed, split), np.arange(eras * era, dtype=np.int64))
-    order = np.argsort(keys.reshape(eras, era), axis=1, kind="stable")
-    order += np.arange(0, eras * era, era, dtype=np.int64)[:, None]
-    return order.reshape(-1)[:n].astype(shuffle_index_dtype(n, "megatron"))
+    dtype = shuffle_index_dtype(plan.num_samples, "megatron")
+    return era_shuffle_range(seed, split, plan.era_samples, 0, plan.num_samples, dtype)
+
+
+def era_shuffle_range(
+    seed: int, split: str, era: int, start: int, stop: int, dtype: np.dtype
+) -> np.ndarray:
+    """Entries ``[start, stop)`` of the era-shuffled order (only the eras they fall in are
+    computed: an entry that extends its predecessor computes its new eras alone)."""
+    first, last = start // era, -(-stop // era)
+    positions = np.arange(first * era, last * era, dtype=np.int64)
+    keys = _stream(_base("era", seed, split), positions)
+    order = np.argsort(keys.reshape(last - first, era), axis=1, kind="stable")
+    order += positions[::era][:, None]
+    return order.reshape(-1)[start - first * era : stop - first * era].astype(dtype)

@@ -26,6 +26,7 @@ because leaving one out would renormalize the weights and change the order later
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +35,16 @@ from typing import Any
 import numpy as np
 
 from tokenmill.errors import ConfigError
-from tokenmill.formats.blend_manifest import load_index_array, resolve
+from tokenmill.formats.blend_manifest import VERSIONS_DIR, load_blend_arrays, resolve
+from tokenmill.formats.nanoset_cache import read_description, segment_keys
 from tokenmill.indices._blend_kernels import greedy_blend, greedy_continue
 from tokenmill.indices.blend import normalize_weights
 from tokenmill.indices.growing import lineage_hash, shard_lineage
+from tokenmill.indices.growing_segments import NPY_HEADER
 
 __all__ = [
     "GrowingState",
+    "blend_segments",
     "dataset_lineage",
     "extends_previous",
     "grow_blend",
@@ -84,11 +88,53 @@ class GrowingState:
         same = [float(old[n]) for n in names] == growing_weights(weights).tolist()
         if info is None or same or info["size"] == 0:
             return None
-        arrays = [
-            load_index_array(resolve(self.previous_path, info["files"][a]["path"]), ndim=1, what=a)
-            for a in ("dataset_index", "dataset_sample_index")
-        ]
-        return np.asarray(arrays[0]), np.asarray(arrays[1])
+        arrays = load_blend_arrays(info, self.previous_path)
+        return arrays[0], arrays[1]
+
+    def previous_index(self, split: str, name: str) -> dict[str, Any] | None:
+        """The description of the index entry the predecessor used for dataset ``name`` in
+        ``split`` (a new entry extends it: ``growing_segments``); None without one."""
+        if self.previous is None or self.previous_path is None:
+            return None
+        for ds in self.previous["splits"].get(split, {}).get("datasets", []):
+            if ds["name"] == name:
+                path = ds["index"]["files"]["description"]["path"]
+                return read_description(resolve(self.previous_path, path))
+        return None
+
+
+def blend_segments(
+    state: GrowingState, split: str, size: int
+) -> tuple[dict[str, dict[str, Any]], int]:
+    """The predecessor's blend-array parts a version of ``size`` samples reads in place, as
+    ``<array>.<i>`` file records (paths relative to the new version's folder), and the samples
+    they hold: the version writes only the samples after them. Compacted as Nanoset segments
+    (``growing_segments``): the trailing parts are rewritten while the last holds at most twice
+    the new samples. ({}, 0) without a predecessor: the arrays are written whole."""
+    if state.previous is None or state.extends is None:
+        return {}, 0
+    info = state.previous["splits"].get(split)
+    if info is None or not info["size"]:
+        return {}, 0
+    files = info["files"]
+    chain = []
+    keys = [segment_keys(files, array) for array in ("dataset_index", "dataset_sample_index")]
+    for di, dsi in zip(*keys, strict=True):
+        rows = (int(files[dsi]["bytes"]) - NPY_HEADER) // 8  # int64
+        if rows * 2 != int(files[di]["bytes"]) - NPY_HEADER:  # int16: not our layout
+            return {}, 0
+        chain.append((rows, files[di], files[dsi]))
+    if sum(rows for rows, _, _ in chain) != int(info["size"]) or size < int(info["size"]):
+        return {}, 0
+    new = size - int(info["size"])
+    while chain and chain[-1][0] <= 2 * new:
+        new += chain.pop()[0]
+    out = {}
+    for i, (_, di_record, dsi_record) in enumerate(chain):
+        for array, record in (("dataset_index", di_record), ("dataset_sample_index", dsi_record)):
+            path = posixpath.relpath(str(record["path"]), f"{VERSIONS_DIR}/new")
+            out[f"{array}.{i}"] = {**record, "path": path}
+    return out, sum(rows for rows, _, _ in chain)
 
 
 def growing_weights(weights: Sequence[float]) -> np.ndarray:

@@ -45,7 +45,7 @@ from tokenmill.formats.dataset_manifest import (
     read_dataset_manifest,
 )
 from tokenmill.formats.virtual_merge import masked_sequences
-from tokenmill.indices import growing
+from tokenmill.indices import growing, growing_segments
 from tokenmill.indices._nanoset_indices import (
     SPLITS,
     check_int,
@@ -167,6 +167,7 @@ def build_or_load(
     *,
     build: bool = True,
     fetch: FetchEntry | None = None,
+    previous: Mapping[str, Any] | None = None,
 ) -> NanosetIndex | None:
     """Load the split's cached indices, building them first if needed; None if the split is
     empty for this dataset. Safe when many processes call it at once: one builds under an
@@ -177,7 +178,9 @@ def build_or_load(
     it); a hand-made pair without one is hashed whole. ``fetch(paths)``, if given, is called
     with the entry's :func:`cache_paths` when its description is not in ``cache_dir``, to bring
     a stored copy there (e.g. from S3) before anything is loaded or built. Growing semantics
-    reads the dataset's shard table from its manifest (``growing.shard_table``).
+    reads the dataset's shard table from its manifest (``growing.shard_table``); ``previous``
+    is the description of the entry of a dataset version this one extends (same settings): a
+    new entry then writes only the rows after it (``growing_segments``).
     """
     _check_choices(split, settings.semantics)
     index_only = dataset_manifest_path(dataset_prefix).is_file()  # lengths + hash suffice
@@ -193,6 +196,7 @@ def build_or_load(
         fetch=fetch,
         shards=growing.shard_table(dataset_prefix) if growing_shards else None,
         masked=masked_of(dataset_prefix),
+        previous=previous,
     )
 
 
@@ -208,11 +212,52 @@ def build_or_load_lengths(
     fetch: FetchEntry | None = None,
     shards: ShardTable | None = None,
     masked: np.ndarray | None = None,
+    previous: Mapping[str, Any] | None = None,
 ) -> NanosetIndex | None:
     """:func:`build_or_load` from a dataset's sequence lengths (e.g. of
     ``IndexedDataset(prefix, index_only=True)``, every sequence's) and content hash: no ``.bin``
     is needed. Growing semantics also needs ``shards``, the dataset's ``growing.shard_table``;
     ``masked``: the sequence ids the dataset masks (:func:`masked_of`), left out of the index."""
+    made = ensure_entry(
+        lengths,
+        content_hash,
+        cache_dir,
+        split,
+        settings,
+        num_samples,
+        build=build,
+        fetch=fetch,
+        shards=shards,
+        masked=masked,
+        previous=previous,
+    )
+    if made is None:
+        return None
+    paths, key, digest = made
+    loaded = _load_entry(paths, key, digest)
+    if loaded is None:
+        raise CacheError(f"{paths['description']}: written but not readable back")
+    return loaded
+
+
+def ensure_entry(
+    lengths: np.ndarray,
+    content_hash: str,
+    cache_dir: str | Path,
+    split: str,
+    settings: NanosetSettings,
+    num_samples: int | None = None,
+    *,
+    build: bool = True,
+    fetch: FetchEntry | None = None,
+    shards: ShardTable | None = None,
+    masked: np.ndarray | None = None,
+    previous: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, Path], dict[str, Any], str] | None:
+    """(paths, key, hash) of the split's committed entry, building it first if needed (as
+    :func:`build_or_load_lengths`, whose arguments these are) without mapping its arrays: a
+    growing entry's segments (earlier entries' files) need not be in ``cache_dir``, e.g. in an
+    S3 step that uploads only the new part. None if the split is empty."""
     found = entry_key(
         len(lengths), content_hash, split, settings, num_samples, shards=shards, masked=masked
     )
@@ -222,24 +267,34 @@ def build_or_load_lengths(
     paths = cache_paths(cache_dir, digest, split)
     if fetch is not None and not paths["description"].is_file():
         fetch(paths)
-    try:
-        loaded = _load_entry(paths, key, digest)
-    except CacheError:
-        if not build:
-            raise
-        loaded = None
-    if loaded is not None:
-        return loaded
-    if not build:
-        raise CacheError(f"{paths['description']}: missing; the index was never built")
+    if _committed(paths, key, digest) or not build:
+        if not paths["description"].is_file():
+            raise CacheError(f"{paths['description']}: missing; the index was never built")
+        return paths, key, digest
     with cache.exclusive_lock(Path(cache_dir) / f"{digest}-Nanoset-{split}.lock"):
-        loaded = _load_entry(paths, key, digest, partial_ok=True)
-        if loaded is None:
-            _build_entry(paths, key, digest, np.asarray(lengths), shards, masked)
-            loaded = _load_entry(paths, key, digest)
-    if loaded is None:
-        raise CacheError(f"{paths['description']}: written but not readable back")
-    return loaded
+        if not _committed(paths, key, digest):  # absent, or its own arrays partial: rebuild
+            _build_entry(paths, key, digest, np.asarray(lengths), shards, previous, masked)
+    return paths, key, digest
+
+
+def _committed(paths: dict[str, Path], key: dict[str, Any], digest: str) -> bool:
+    """True when the entry's description and its own array files (at their recorded sizes)
+    are there; CacheError when the description was made for other settings."""
+    description = cache.read_description(paths["description"])
+    if description is None:
+        return False
+    if description.get("key") != key or description.get("hash") != digest:
+        raise CacheError(
+            f"{paths['description']}: describes {description.get('key')!r}, not the requested "
+            f"{key!r}; remove the entry's files to rebuild it"
+        )
+    files = description.get("files")
+    return isinstance(files, dict) and all(
+        isinstance(files.get(name), dict)
+        and paths[name].is_file()
+        and paths[name].stat().st_size == files[name].get("bytes")
+        for name in ARRAYS
+    )
 
 
 def entry_key(
@@ -421,10 +476,8 @@ def verify_index(index: NanosetIndex) -> None:
     cache.load_entry_arrays(index.paths, index.description, full=True)
 
 
-def _load_entry(
-    paths: dict[str, Path], key: dict[str, Any], digest: str, *, partial_ok: bool = False
-) -> NanosetIndex | None:
-    """The committed entry, or None when it is absent (or partial, if ``partial_ok``).
+def _load_entry(paths: dict[str, Path], key: dict[str, Any], digest: str) -> NanosetIndex | None:
+    """The committed entry (its segments too), or None when it is absent.
 
     A description made for other settings is refused (CacheError), never overwritten.
     """
@@ -439,8 +492,6 @@ def _load_entry(
     try:
         arrays = cache.load_entry_arrays(paths, description)
     except (CacheError, FormatError, KeyError, TypeError, AttributeError) as exc:
-        if partial_ok:
-            return None
         raise CacheError(f"{paths['description']}: incomplete or damaged entry ({exc})") from exc
     return NanosetIndex(
         split=key["split"],
@@ -449,8 +500,18 @@ def _load_entry(
         document_index=arrays["document"],
         sample_index=arrays["sample"],
         shuffle_index=arrays["shuffle"],
-        paths=dict(paths),
+        paths=_all_paths(paths, description),
     )
+
+
+def _all_paths(paths: dict[str, Path], description: dict[str, Any]) -> dict[str, Path]:
+    """The entry's files keyed as its description's ``files`` (segments ``<array>.<i>`` too)
+    plus ``description``: what a blend manifest records of it."""
+    out = dict(paths)
+    for name, parts in cache.entry_array_paths(paths, description).items():
+        keys = cache.segment_keys(description["files"], name)
+        out.update(zip(keys, parts, strict=True))
+    return out
 
 
 def _build_entry(
@@ -459,13 +520,14 @@ def _build_entry(
     digest: str,
     lengths: np.ndarray,
     shards: ShardTable | None,
+    previous: Mapping[str, Any] | None = None,
     masked: np.ndarray | None = None,
 ) -> None:
     """Compute the arrays and commit them: arrays first, the description last."""
     entry = [paths["description"], *(paths[name] for name in ARRAYS)]
     cache.remove_entry(entry)
     try:
-        _write_entry(paths, key, digest, lengths, shards, masked)
+        _write_entry(paths, key, digest, lengths, shards, previous, masked)
     except BaseException:  # e.g. a full disk: no arrays stay without their description
         cache.remove_entry(entry)
         raise
@@ -477,13 +539,23 @@ def _write_entry(
     digest: str,
     lengths: np.ndarray,
     shards: ShardTable | None,
-    masked: np.ndarray | None,
+    previous: Mapping[str, Any] | None = None,
+    masked: np.ndarray | None = None,
 ) -> None:
-    """The arrays of one entry, then its description (module docstring: masked documents)."""
+    """The arrays of one entry, then its description (growing: only the rows after
+    ``previous`` when it can be extended, see ``growing_segments``; module docstring: masked
+    documents)."""
     if key["semantics"] == "growing":
         if shards is None or growing.shard_table_hash(shards) != key["shard_table_sha256"]:
             raise CacheError(f"{paths['description']}: the shard table does not match the key")
-        *arrays, grown = growing.build_growing_indices(
+        grown = growing_segments.plan_extension(previous, key, lengths, shards, masked)
+        if grown is not None:
+            extra = {"growth": grown.growth()}
+            _commit_arrays(
+                paths, key, digest, grown.arrays, grown.plan.counts(), extra, grown.records()
+            )
+            return
+        *arrays, grown_plan = growing.build_growing_indices(
             lengths,
             shards,
             key["split"],
@@ -495,7 +567,9 @@ def _write_entry(
             add_extra_token=key["add_extra_token"],
             masked=masked,
         )
-        _commit_arrays(paths, key, digest, arrays, grown.counts())
+        state = growing_segments.end_state(arrays[0], arrays[1], grown_plan, shards)
+        extra = {"growth": {"state": state, "segments": []}}
+        _commit_arrays(paths, key, digest, arrays, grown_plan.counts(), extra)
         return
     kept = unmasked(len(lengths), masked)
     document_index, sample_index, shuffle_index, plan = compute_indices(
@@ -528,9 +602,18 @@ def _commit_arrays(
     digest: str,
     arrays: Sequence[np.ndarray],
     counts: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+    segments: dict[str, dict[str, Any]] | None = None,
 ) -> None:
-    """Save the document, sample and shuffle arrays, then the description (last)."""
+    """Save the document, sample and shuffle arrays, then the description (last); ``extra``
+    adds description fields, ``segments`` the records of earlier entries' parts."""
     named = dict(zip(("document", "sample", "shuffle"), arrays, strict=True))
     files = {name: cache.save_array(paths[name], named[name]) for name in ARRAYS}
-    description = {"key": key, "hash": digest, "counts": counts, "files": files}
+    description = {
+        "key": key,
+        "hash": digest,
+        "counts": counts,
+        "files": {**(segments or {}), **files},
+        **(extra or {}),
+    }
     cache.write_description(paths["description"], description)

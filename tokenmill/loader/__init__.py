@@ -20,14 +20,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tokenmill.atomic import load_json
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.blend_manifest import (
     BLEND_ARRAYS,
     INDEX_ARRAYS,
-    load_index_array,
+    blend_part_paths,
+    index_part_paths,
+    load_index_parts,
     manifest_path,
     read_blend_manifest,
     rebuild_hint,
@@ -47,11 +47,18 @@ from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.formats.nanoset_cache import (
     ARRAYS,
     DESCRIPTION_SUFFIX,
+    entry_array_paths,
     entry_paths_from_description,
     load_entry_arrays,
 )
 from tokenmill.formats.virtual_merge import VirtualDataset
-from tokenmill.loader._datasets import PAD_ID, BlendedDataset, NanosetDataset
+from tokenmill.loader._datasets import (
+    PAD_ID,
+    BlendedDataset,
+    IndexPaths,
+    NanosetDataset,
+    part_names,
+)
 from tokenmill.loader._growth import newest_extension
 from tokenmill.loader._sampler import BatchSampler
 
@@ -196,15 +203,14 @@ def open_blend_split(
     part = info["splits"][split]
     datasets = {}
     for ds in part["datasets"]:
-        files = ds["index"]["files"]
-        paths = [resolve(mpath, files[kind]["path"]) for kind in INDEX_ARRAYS]
+        paths = index_part_paths(ds, mpath)
         arrays = [
-            load_index_array(
-                path,
+            load_index_parts(
+                parts,
                 ndim=2 if kind == "sample" else 1,
                 what=f"{kind}_index of dataset {ds['name']!r}",
             )
-            for kind, path in zip(INDEX_ARRAYS, paths, strict=True)
+            for kind, parts in zip(INDEX_ARRAYS, paths, strict=True)
         ]
         datasets[ds["name"]] = NanosetDataset(
             opener(prefixes[ds["name"]], full=full, recorded=recorded[ds["name"]]),
@@ -214,13 +220,13 @@ def open_blend_split(
             pad_id=pad_id,
             name=ds["name"],
             validate=full,
-            index_paths=(str(paths[0]), str(paths[1]), str(paths[2])),
+            index_paths=part_names(paths),
             version=ds["index"]["cache_hash"],
         )
-    array_paths = [resolve(mpath, part["files"][a]["path"]) for a in BLEND_ARRAYS]
+    array_paths = blend_part_paths(part, mpath)
     blend_arrays = [
-        load_index_array(path, ndim=1, what=a)
-        for a, path in zip(BLEND_ARRAYS, array_paths, strict=True)
+        load_index_parts(paths, ndim=1, what=a)
+        for a, paths in zip(BLEND_ARRAYS, array_paths, strict=True)
     ]
     return BlendedDataset(
         datasets,
@@ -228,7 +234,7 @@ def open_blend_split(
         manifest=info,
         split=split,
         validate=full,
-        array_paths=(str(array_paths[0]), str(array_paths[1])),
+        array_paths=part_names(array_paths),
         version=str(info["version"]),
     )
 
@@ -368,7 +374,7 @@ def open_nanoset(
 
 def _load_cache(
     description_path: Path, *, full: bool
-) -> tuple[dict[str, Any], list[np.ndarray], tuple[str, str, str]]:
+) -> tuple[dict[str, Any], list[Any], IndexPaths]:
     """The key, the checked arrays and their paths of a cache entry, given its description
     path (``full``: the arrays' sha256 too)."""
     if not description_path.name.endswith(DESCRIPTION_SUFFIX):
@@ -388,11 +394,8 @@ def _load_cache(
         arrays = load_entry_arrays(paths, description, full=full)
     except CacheError as exc:
         raise CacheError(f"{exc}; the cache entry is stale or damaged: {rebuild}") from exc
-    return (
-        key,
-        [arrays[kind] for kind in ARRAYS],
-        (str(paths["document"]), str(paths["sample"]), str(paths["shuffle"])),
-    )
+    parts = entry_array_paths(paths, description)
+    return key, [arrays[kind] for kind in ARRAYS], part_names([parts[k] for k in ARRAYS])
 
 
 def _check_dataset(

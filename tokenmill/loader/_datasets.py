@@ -19,6 +19,7 @@ training inputs megatron-core's ``GPTDataset.__getitem__`` returns (``_training`
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,8 +32,12 @@ from tokenmill.formats.dataset_manifest import (
     read_dataset_manifest,
 )
 from tokenmill.formats.indexed import IndexedDataset
+from tokenmill.formats.nanoset_cache import SegmentedArray
 from tokenmill.formats.virtual_merge import VirtualDataset
 from tokenmill.loader._training import TrainingFlags, resolve_eod, training_inputs
+
+# Each array's ``.npy`` file, or its parts' files (a segmented growing entry), in order.
+IndexPaths = tuple[str | tuple[str, ...], ...]
 
 PAD_ID = -1  # Megatron's _PAD_TOKEN_ID, used when the tokenizer has no pad id
 _UNREAD = object()
@@ -100,16 +105,16 @@ class NanosetDataset(_TrainingBatches):
         pad_id: int = PAD_ID,
         name: str = "",
         validate: bool = True,
-        index_paths: tuple[str, str, str] | None = None,
+        index_paths: IndexPaths | None = None,
         version: str | None = None,
     ) -> None:
         self.data = data
         self.index_paths = index_paths  # the arrays' .npy files: pickles send these, not data
         self.version = version
         self.name = name or str(data.prefix)
-        self.document_index = np.asarray(document_index)
-        self.sample_index = np.asarray(sample_index)
-        self.shuffle_index = np.asarray(shuffle_index)
+        self.document_index: Any = _as_index(document_index)
+        self.sample_index: Any = _as_index(sample_index)
+        self.shuffle_index: Any = _as_index(shuffle_index)
         self.sequence_length = int(sequence_length)
         self.extra = int(bool(add_extra_token))
         self.width = self.sequence_length + self.extra
@@ -386,21 +391,39 @@ class NanosetDataset(_TrainingBatches):
         return {self.name: self}, [(self, np.arange(len(ks)), ks)], len(ks)
 
 
+def _as_index(values: Any) -> Any:
+    """An index array as given when segmented (reads touch only their parts), else ndarray."""
+    return values if isinstance(values, SegmentedArray) else np.asarray(values)
+
+
+def part_names(parts: list[list[Path]]) -> IndexPaths:
+    """The ``index_paths`` of a dataset's three arrays: a file name each, or a tuple of them
+    for a segmented array (what a pickle sends; :func:`_reopen` maps them again)."""
+    return tuple(str(p[0]) if len(p) == 1 else tuple(str(x) for x in p) for p in parts)
+
+
+def _load_parts(names: str | tuple[str, ...]) -> Any:
+    """Memory-map one array's file, or its parts as a SegmentedArray."""
+    if isinstance(names, str):
+        return np.load(names, mmap_mode="r", allow_pickle=False)
+    return SegmentedArray([np.load(n, mmap_mode="r", allow_pickle=False) for n in names])
+
+
 def _reopen(
     prefix: Any,
-    document_index: np.ndarray | str,
-    sample_index: np.ndarray | str,
-    shuffle_index: np.ndarray | str,
+    document_index: np.ndarray | str | tuple[str, ...],
+    sample_index: np.ndarray | str | tuple[str, ...],
+    shuffle_index: np.ndarray | str | tuple[str, ...],
     settings: dict[str, Any],
 ) -> NanosetDataset:
     """Inverse of ``NanosetDataset.__reduce__``: index files are memory-mapped again
     (``allow_pickle=False``); the sender verified them, so only the O(1) checks run."""
-    arrays = [document_index, sample_index, shuffle_index]
-    paths: tuple[str, str, str] | None = None
+    arrays: list[Any] = [document_index, sample_index, shuffle_index]
+    paths: IndexPaths | None = None
     try:
-        if all(isinstance(a, str) for a in arrays):
-            paths = (str(arrays[0]), str(arrays[1]), str(arrays[2]))
-            arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
+        if all(isinstance(a, str | tuple) for a in arrays):
+            paths = tuple(arrays)
+            arrays = [_load_parts(a) for a in arrays]
         if isinstance(prefix, tuple):  # a pair with the token count the sender checked: O(1)
             data: Any = IndexedDataset(prefix[0], num_tokens=prefix[1])
         else:
@@ -423,20 +446,20 @@ def _reopen(
 
 def _reopen_blend(
     parts: dict[str, tuple[Any, ...]],
-    dataset_index: np.ndarray | str,
-    dataset_sample_index: np.ndarray | str,
+    dataset_index: np.ndarray | str | tuple[str, ...],
+    dataset_sample_index: np.ndarray | str | tuple[str, ...],
     settings: dict[str, Any],
 ) -> BlendedDataset:
     """Inverse of ``BlendedDataset.__reduce__`` (datasets reopened from ``_reopen`` arguments,
     blend arrays memory-mapped from their files); a file gone since the job opened the blend
     (gc removed its version) is a CacheError naming the blend version."""
-    arrays = [dataset_index, dataset_sample_index]
-    paths = None
+    arrays: list[Any] = [dataset_index, dataset_sample_index]
+    paths: IndexPaths | None = None
     try:
         datasets = {name: _reopen(*args) for name, args in parts.items()}
-        if all(isinstance(a, str) for a in arrays):
-            paths = (str(dataset_index), str(dataset_sample_index))
-            arrays = [np.load(a, mmap_mode="r", allow_pickle=False) for a in paths]
+        if all(isinstance(a, str | tuple) for a in arrays):
+            paths = tuple(arrays)
+            arrays = [_load_parts(a) for a in arrays]
     except (FileNotFoundError, CacheError) as exc:
         version = settings.get("version")
         name = settings.get("manifest", {}).get("name", "?")
@@ -545,7 +568,7 @@ class BlendedDataset(_TrainingBatches):
         manifest: dict[str, Any] | None = None,
         split: str = "train",
         validate: bool = True,
-        array_paths: tuple[str, str] | None = None,
+        array_paths: IndexPaths | None = None,
         version: str | None = None,
     ) -> None:
         self.datasets = dict(datasets)
@@ -553,8 +576,8 @@ class BlendedDataset(_TrainingBatches):
         self.version = version
         self.names = list(self.datasets)
         self._parts = list(self.datasets.values())
-        self.dataset_index = np.asarray(dataset_index)
-        self.dataset_sample_index = np.asarray(dataset_sample_index)
+        self.dataset_index: Any = _as_index(dataset_index)
+        self.dataset_sample_index: Any = _as_index(dataset_sample_index)
         self.manifest = manifest or {}
         self.split = split
         widths = {ds.width for ds in self._parts}

@@ -48,9 +48,11 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from tokenmill.errors import ConfigError
 from tokenmill.formats.blend_manifest import MANIFEST_NAME, VERSIONS_DIR
+from tokenmill.formats.nanoset_cache import segment_files
 from tokenmill.paths import is_lower_hex
 from tokenmill.storage.gc_listing import (
     DAY,
@@ -312,8 +314,11 @@ def _plan_blends(
         dated = newest(versions, functools.partial(blend_version_manifest, folder))
         kept, why = rules.choose("blend", name, dated, current)
         lines += why
-        for version, mtime in dated:
+        for version, mtime in dated:  # newest first: a version reads only older ones' arrays
             vdir = f"{folder}/{VERSIONS_DIR}/{version}"
+            if version not in kept and protected & {f.key for f in versions[version]}:
+                kept.add(version)  # a growing version reads its blend arrays as segments
+                lines.append(f"blend {name} {version} (a kept version reads its arrays)")
             if version in kept:
                 kept_manifest = read_json(store, f"{vdir}/{MANIFEST_NAME}") or {}
                 protected |= referenced(kept_manifest, vdir)
@@ -366,20 +371,39 @@ def _content_hash(store: Store, key: str) -> set[str]:
 def _plan_entries(
     store: Store, listing: Listing, rules: _Rules, protected: set[str], kept_content: set[str]
 ) -> list[Removal]:
-    """The complete Nanoset cache entries (with a description) nothing kept needs."""
-    doomed = []
-    for stem, files in sorted(listing.entries.items()):
-        description_key = f"nanoset/{stem}{DESCRIPTION}"
-        keys = {f.key for f in files}
-        description = read_json(store, description_key) or {}
-        content = (description.get("key") or {}).get("dataset_content_hash")
+    """The complete Nanoset cache entries (with a description) nothing kept needs; a kept entry
+    keeps the earlier entries whose files are its segments (a growing entry that extends)."""
+    entries = sorted(listing.entries.items())
+    descriptions = {
+        stem: read_json(store, f"nanoset/{stem}{DESCRIPTION}") or {} for stem, _ in entries
+    }
+    keep_stems = set()
+    for stem, files in entries:
+        content = (descriptions[stem].get("key") or {}).get("dataset_content_hash")
         mtime = max(f.mtime for f in files)
-        if keys & protected or content in kept_content or rules.recent(mtime):
-            continue
-        doomed.append(
-            _removal("nanoset", stem, stem.split("-", 1)[0], files, mtime, description_key)
-        )
+        if {f.key for f in files} & protected or content in kept_content or rules.recent(mtime):
+            keep_stems.add(stem)
+    queue = list(keep_stems)
+    while queue:
+        for stem in _segment_stems(descriptions.get(queue.pop()) or {}):
+            if stem not in keep_stems:
+                keep_stems.add(stem)
+                queue.append(stem)
+    doomed = []
+    for stem, files in entries:
+        if stem not in keep_stems:
+            mtime = max(f.mtime for f in files)
+            description_key = f"nanoset/{stem}{DESCRIPTION}"
+            doomed.append(
+                _removal("nanoset", stem, stem.split("-", 1)[0], files, mtime, description_key)
+            )
     return doomed
+
+
+def _segment_stems(description: dict[str, Any]) -> set[str]:
+    """The entry stems (``<hash>-Nanoset-<split>``) of a description's segment files (earlier
+    entries' arrays this entry reads)."""
+    return {name.rsplit("-", 1)[0] for name in segment_files(description) if "-" in name}
 
 
 def _still_old(store: Store, removal: Removal) -> bool:

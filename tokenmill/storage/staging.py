@@ -37,6 +37,7 @@ from typing import Any
 from tokenmill.atomic import is_temp
 from tokenmill.errors import ConflictError, InputError
 from tokenmill.formats.dataset_manifest import read_dataset_manifest
+from tokenmill.formats.nanoset_cache import segment_files
 from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.paths import relative_path_problem
 from tokenmill.storage import layout
@@ -211,6 +212,11 @@ class S3Stage:
         for _, rel in sorted(rels.items(), key=lambda item: item[0] == "description"):
             if rel not in self.fetched:
                 self.get(found[rel], rel)
+        description = json.loads((self.local / rels["description"]).read_bytes())
+        segments = segment_files(description if isinstance(description, dict) else {})
+        if segments:  # a growing entry that extends: its earlier entries' files too
+            folder = posixpath.dirname(rels["description"])
+            self.fetch([posixpath.join(folder, name) for name in segments])
         return True
 
     def stored_entry(
