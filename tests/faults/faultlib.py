@@ -46,6 +46,7 @@ from tokenmill.formats.dataset_manifest import (
 )
 from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, index_file_path
 from tokenmill.formats.nanoset_cache import load_array, read_description
+from tokenmill.storage.pull_blocks import PARTIAL_SUFFIX
 from tokenmill.storage.pull_ledger import LEDGER_NAME
 from tokenmill.verify import verify_blend
 from tokenmill_dev.corpus import stdlib_documents
@@ -249,7 +250,8 @@ class WriteFault:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def matches(self, path: str | os.PathLike[str]) -> bool:
-        return fnmatch.fnmatch(Path(path).name.split(TMP_MARK)[0], self.pattern)
+        final = Path(path).name.split(TMP_MARK)[0].removesuffix(PARTIAL_SUFFIX)
+        return fnmatch.fnmatch(final, self.pattern)
 
     def allow(self, path: str, nbytes: int) -> int:
         """How many of ``nbytes`` the file still takes (and count them as written)."""

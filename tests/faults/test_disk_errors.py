@@ -4,9 +4,9 @@
 fsync fail with the errno a full or broken disk gives, without a file name, as the kernel
 reports it. Each stage must raise an error that names the file, leave no temp file, no
 manifest that disagrees with its files and no final-named file without a manifest (by design
-``pull`` keeps the files it verified, to resume, and ``export`` the shards it finished; both
-equal a clean run's), and a re-run without the fault
-must give the bytes of a clean run. The CLI turns the error into exit code 1 and one line on
+``pull`` keeps the files it verified and its partial files, to resume, and ``export`` the shards
+it finished; the complete ones equal a clean run's), and a re-run without the fault must give
+the bytes of a clean run. The CLI turns the error into exit code 1 and one line on
 stderr. A last test fills a real tmpfs (skipped only where mounting is not permitted).
 """
 
@@ -30,6 +30,7 @@ from tokenmill.indices.nanoset import SPLITS, build_or_load
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.ingest.export import export_shard, write_dataset_info
 from tokenmill.storage.pull import pull
+from tokenmill.storage.pull_blocks import PARTIAL_SUFFIX
 from tokenmill.tokenize.run import tokenize_files
 
 ENOSPC, EIO = errno.ENOSPC, errno.EIO
@@ -106,7 +107,9 @@ def left_behind(stage: str, out: Path, clean: dict) -> None:
     if not out.exists():
         return
     state = audit(out)
-    assert (state.temps, state.problems) == ([], [])
+    # pull keeps its partial files (their verified blocks are in its ledger) to resume from
+    resumable = [t for t in state.temps if stage == "pull" and t.endswith(PARTIAL_SUFFIX)]
+    assert ([t for t in state.temps if t not in resumable], state.problems) == ([], [])
     if stage in KEEPS_COMPLETE:
         assert not {"blends/mix/manifest.json", "dataset_info.json"} & set(state.manifests)
         reference, kept = tree_digest(clean[stage]), tree_digest(out)

@@ -24,6 +24,7 @@ from dagster._daemon.daemon import get_default_daemon_logger
 from pipeline_project import add_shard_backfill
 from prod_servers import S3, Postgres
 
+import assets.shards
 from assets.factory import build_assets
 from assets.shards import PARTITIONS_PER_BACKFILL_RUN, POOLS, each_shard
 from assets.support.partitions import partitions_name
@@ -161,9 +162,13 @@ def test_range_run_matches_single_shard_runs_and_checks_every_shard(
             assert meta["path"].value.endswith(f"{key}_text_document")
             assert meta["dtype"].value == "uint16" and "tokenizer_fingerprint" in meta
         assert len({m["content_hash"].value for m in toks.values()}) == len(keys)
+        # each check: one evaluation of the range, and one recorded on each shard's partition
         evaluations = result.get_asset_check_evaluations()
-        assert len(evaluations) == 5 and all(e.passed for e in evaluations)
-        assert all(e.metadata["shards_in_run"].value == len(keys) for e in evaluations)
+        ranges = [e for e in evaluations if e.partition is None]
+        per_shard = [e for e in evaluations if e.partition is not None]
+        assert len(ranges) == 5 and all(e.passed for e in evaluations)
+        assert all(e.metadata["shards_in_run"].value == len(keys) for e in ranges)
+        assert sorted(e.partition for e in per_shard) == sorted(keys * 5)
         ranged = token_files(tokens)
 
         shutil.rmtree(tokens)
@@ -182,10 +187,17 @@ def test_range_run_matches_single_shard_runs_and_checks_every_shard(
     assert singles == {name: ranged[name] for name in singles}
 
 
-def test_range_check_passes_only_when_every_shard_passes() -> None:
+def test_range_check_passes_only_when_every_shard_passes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     def check(key: str) -> AssetCheckResult:
         bad = key.endswith("1")
         return AssetCheckResult(passed=not bad, metadata={"problems": "a\nb" if bad else "none"})
+
+    logged: list[tuple[str, bool]] = []  # each shard's own result, recorded on its partition
+    monkeypatch.setattr(
+        assets.shards, "log_partition_check", lambda _, key, r: logged.append((key, r.passed))
+    )
 
     one = each_shard(SimpleNamespace(partition_keys=["s1"]), check)  # type: ignore[arg-type]
     assert not one.passed and one.metadata["problems"].value == "a\nb"
@@ -194,6 +206,7 @@ def test_range_check_passes_only_when_every_shard_passes() -> None:
     assert ranged.metadata["shards_in_run"].value == 3
     fine = each_shard(SimpleNamespace(partition_keys=["s0", "s2"]), check)  # type: ignore[arg-type]
     assert fine.passed and fine.metadata["problems"].value == "none"
+    assert logged == [("s0", True), ("s1", False), ("s2", True), ("s0", True), ("s2", True)]
 
 
 def test_failing_shard_fails_alone_in_its_range(

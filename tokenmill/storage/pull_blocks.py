@@ -289,9 +289,10 @@ def _fill(
 def _write_all(out: Any, data: bytes, offset: int) -> None:
     """Write all of ``data`` at ``offset`` of an unbuffered file (a write may take part of it)."""
     view = memoryview(data)
+    out.seek(offset)
     while view:
-        written = os.pwrite(out.fileno(), view, offset)
-        view, offset = view[written:], offset + written
+        written = out.write(view)
+        view = view[written:]
 
 
 def sync(
@@ -314,7 +315,14 @@ def sync(
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(path)
     key = want.identity
+    # With a ledger (one pull per destination at a time) the partial has a stable name to resume
+    # from; without one (the streaming reader's mirror, shared by processes) a unique temp.
+    if ledger is None:
+        partial = temp_path_for(path)
+    else:
+        partial = temp_dir(path.parent) / f"{path.name}{PARTIAL_SUFFIX}"
     if ledger is not None and ledger.trusted(want.rel, key, path):
+        partial.unlink(missing_ok=True)  # a resume's leftover: the file is complete
         advance(want.size)
         return None
     good: set[int] = set()
@@ -329,16 +337,11 @@ def sync(
         good, whole = check_local(path, want, counting)
         if whole:
             if ledger is not None:
+                partial.unlink(missing_ok=True)
                 ledger.done(want.rel, key, path)
             return None
         advance(-seen[0])
         local = path
-    # With a ledger (one pull per destination at a time) the partial has a stable name to resume
-    # from; without one (the streaming reader's mirror, shared by processes) a unique temp.
-    if ledger is None:
-        partial = temp_path_for(path)
-    else:
-        partial = temp_dir(path.parent) / f"{path.name}{PARTIAL_SUFFIX}"
     recorded = set()
     if local is None and ledger is not None and _sized(partial, want.size):
         recorded = ledger.blocks(want.rel, key)  # empty: the partial of other content
