@@ -234,7 +234,16 @@ def build_or_load_lengths(
     if made is None:
         return None
     paths, key, digest = made
-    loaded = _load_entry(paths, key, digest)
+    try:
+        loaded = _load_entry(paths, key, digest)
+    except CacheError as exc:
+        if not build or not isinstance(exc.__cause__, FormatError):
+            raise  # e.g. a growing entry's missing segment: named, not silently rebuilt whole
+        # Complete-looking but unreadable (a damaged or planted array of the recorded size):
+        # built again in place, as an absent entry would be; what still fails is loud.
+        with cache.exclusive_lock(Path(cache_dir) / f"{digest}-Nanoset-{split}.lock"):
+            _build_entry(paths, key, digest, np.asarray(lengths), shards, previous, masked)
+        loaded = _load_entry(paths, key, digest)
     if loaded is None:
         raise CacheError(f"{paths['description']}: written but not readable back")
     return loaded
