@@ -241,8 +241,7 @@ def build_or_load_lengths(
             raise  # e.g. a growing entry's missing segment: named, not silently rebuilt whole
         # Complete-looking but unreadable (a damaged or planted array of the recorded size):
         # built again in place, as an absent entry would be; what still fails is loud.
-        with cache.exclusive_lock(Path(cache_dir) / f"{digest}-Nanoset-{split}.lock"):
-            _build_entry(paths, key, digest, np.asarray(lengths), shards, previous, masked)
+        _build_locked(cache_dir, paths, key, digest, lengths, shards, previous, masked, True)
         loaded = _load_entry(paths, key, digest)
     if loaded is None:
         raise CacheError(f"{paths['description']}: written but not readable back")
@@ -280,10 +279,26 @@ def ensure_entry(
         if not paths["description"].is_file():
             raise CacheError(f"{paths['description']}: missing; the index was never built")
         return paths, key, digest
-    with cache.exclusive_lock(Path(cache_dir) / f"{digest}-Nanoset-{split}.lock"):
-        if not _committed(paths, key, digest):  # absent, or its own arrays partial: rebuild
-            _build_entry(paths, key, digest, np.asarray(lengths), shards, previous, masked)
+    _build_locked(cache_dir, paths, key, digest, lengths, shards, previous, masked, False)
     return paths, key, digest
+
+
+def _build_locked(
+    cache_dir: str | Path,
+    paths: dict[str, Path],
+    key: dict[str, Any],
+    digest: str,
+    lengths: np.ndarray,
+    shards: ShardTable | None,
+    previous: Mapping[str, Any] | None,
+    masked: np.ndarray | None,
+    again: bool,
+) -> None:
+    """Build the entry under its lock: when it is still not committed (another process may
+    have built it meanwhile), or whatever is there when ``again`` (its own arrays unreadable)."""
+    with cache.exclusive_lock(Path(cache_dir) / f"{digest}-Nanoset-{key['split']}.lock"):
+        if again or not _committed(paths, key, digest):  # absent, or its own arrays partial
+            _build_entry(paths, key, digest, np.asarray(lengths), shards, previous, masked)
 
 
 def _committed(paths: dict[str, Path], key: dict[str, Any], digest: str) -> bool:

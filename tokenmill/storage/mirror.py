@@ -9,7 +9,7 @@ then runs unchanged on the mirror. With ``write=True`` the files it added or cha
 when the block succeeds, in the commit order of ``tokenmill.storage.publish`` (data, markers,
 merged pointers, blend pointers last), so a cut upload never leaves a marker or pointer naming a
 file that is not there. Each pointer is a compare-and-swap against the ETag it was mirrored at
-(``tokenmill.storage.staging.put_pointer``): when another writer moved it meanwhile,
+(listed; ``tokenmill.storage.staging.put_pointer``): when another writer moved it meanwhile,
 ConflictError names it and the versions, and it keeps the other writer's version (the immutable
 files already uploaded stay for ``tokenmill gc``).
 The mirror is removed at the end, whatever happens.
@@ -29,7 +29,6 @@ from tokenmill.atomic import is_temp, write_bytes
 from tokenmill.paths import relative_path_problem
 from tokenmill.storage import layout
 from tokenmill.storage.publish import is_pointer, publish
-from tokenmill.storage.s3 import is_missing, s3_errors
 from tokenmill.storage.staging import ReadPointer, put_pointer
 from tokenmill.storage.store import S3Store
 from tokenmill.storage.versions import version_named
@@ -69,30 +68,13 @@ class RootMirror:
         for item in self.store.files(""):
             if not mirrored(item.key):
                 continue
-            if is_pointer(item.key):
-                data = self._fetch_pointer(item.key)
-            else:
-                data = self.store.read(item.key)
+            data = self.store.read(item.key)
             if data is None:  # removed since the listing (gc): not part of the root now
                 continue
             write_bytes(self.local / item.key, data)
             self.fetched[item.key] = _digest(data)
-
-    def _fetch_pointer(self, key: str) -> bytes | None:
-        """A pointer's bytes, its ETag and version kept for the compare-and-swap at push."""
-        store = self.store
-        with s3_errors(f"reading {store.uri.rstrip('/')}/{key}"):
-            try:
-                response = store.client.get_object(Bucket=store.bucket, Key=store.key(key))
-            except Exception as exc:
-                if is_missing(exc):
-                    return None
-                raise
-            with response["Body"] as body:
-                data = bytes(body.read())
-        etag = str(response["ETag"]).strip('"')
-        self.pointers[key] = ReadPointer(etag, version_named(data))
-        return data
+            if is_pointer(item.key):  # the listed ETag: a move since then fails the swap
+                self.pointers[item.key] = ReadPointer(item.etag, version_named(data))
 
     def written(self) -> list[str]:
         """Keys of the files added or changed under the mirror since :meth:`fetch`."""

@@ -27,6 +27,7 @@ class StoredFile:
     key: str  # relative to the storage root, posix
     size: int
     mtime: float  # local mtime, S3 LastModified
+    etag: str | None = None  # S3 only: what a pointer's compare-and-swap is conditioned on
 
 
 class LocalStore:
@@ -93,7 +94,7 @@ class S3Store:
         start = self.key(top) + "/" if top else (f"{self.prefix}/" if self.prefix else "")
         cut = len(self.prefix) + 1 if self.prefix else 0
         for obj in list_objects(self.client, self.bucket, start, recursive=True):
-            yield StoredFile(obj.key[cut:], obj.size, obj.mtime)
+            yield StoredFile(obj.key[cut:], obj.size, obj.mtime, obj.etag)
 
     def read(self, key: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
