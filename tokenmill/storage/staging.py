@@ -13,8 +13,9 @@ still fails raises ``InputError`` naming the ``s3://`` URI (``tokenmill.storage.
 inputs a step reads, ``push`` uploads what the step wrote in the commit order of
 :mod:`tokenmill.storage.publish` (data first, then dataset manifests, index-cache descriptions and
 stats, then ``current.json`` pointers, a blend's ``manifest.json`` last; a marker that really
-replaces an existing object is deleted before its data is overwritten, a pointer is simply
-overwritten: a PUT is atomic) and deletes the fetched files the step removed, so a failed or
+replaces an existing object is deleted before its data is overwritten, one S3 holds byte for
+byte is left alone, one vouching for the same files is overwritten, as a pointer is: a PUT is
+atomic) and deletes the fetched files the step removed, so a failed or
 killed transfer never leaves a marker that describes files which are not there.
 
 A pointer the step fetched is written back by a conditional PUT (compare-and-swap, as
@@ -48,7 +49,6 @@ from tokenmill.storage.s3 import (
     call,
     delete,
     download,
-    exists,
     list_objects,
     read_object,
     shared_client,
@@ -122,6 +122,19 @@ def fetch_shard(
         cache.fetch(client, bucket, S3Object(key, int(size), etag), path)
     else:
         download(client, bucket, key, path)
+
+
+def same_content(stored: bytes, ours: bytes) -> bool:
+    """Whether two dataset manifests vouch for the same files (equal ``files`` and
+    ``content_hash``; a setting such as the engine may differ): the data uploaded under the
+    stored one is then byte for byte the data uploaded under ours."""
+    try:
+        old, new = json.loads(stored), json.loads(ours)
+    except ValueError:  # not JSON (UnicodeDecodeError included): not a dataset manifest
+        return False
+    if not (isinstance(old, dict) and isinstance(new, dict)) or "content_hash" not in new:
+        return False
+    return all(old.get(key) == new[key] for key in ("content_hash", "files"))
 
 
 def _stamp(path: Path) -> tuple[int, int, int]:
@@ -273,13 +286,24 @@ class S3Stage:
 
     def push(self) -> list[str]:
         """Upload new and changed files in commit order (``tokenmill.storage.publish``) and delete
-        fetched files the step removed; the relative paths uploaded, in upload order."""
-        written = list(self._written())
-        for rel in sorted(written):
-            if delete_first(rel) and (
-                rel in self.fetched or exists(self.client, self.bucket, self.key(rel))
-            ):
-                delete(self.client, self.bucket, self.key(rel))
+        fetched files the step removed; the relative paths uploaded, in upload order. A marker
+        the step did not fetch is compared with the stored one (one GET): the same bytes are
+        not uploaded again, and one vouching for the same content is not deleted first, so a
+        second run that wrote the same result (two runs of one shard) never takes it away."""
+        written, replaced = [], set()
+        for rel in self._written():
+            if delete_first(rel) and rel not in self.fetched:
+                stored = read_object(self.client, self.bucket, self.key(rel))
+                ours = (self.local / rel).read_bytes()
+                if stored == ours:
+                    continue
+                if stored is not None and not same_content(stored, ours):
+                    replaced.add(rel)
+            elif delete_first(rel):
+                replaced.add(rel)
+            written.append(rel)
+        for rel in sorted(replaced):
+            delete(self.client, self.bucket, self.key(rel))
 
         def put(rel: str) -> str:
             if rel in self.pointers:
