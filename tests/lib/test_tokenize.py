@@ -33,6 +33,7 @@ from tokenmill.formats.dataset_manifest import (
     read_dataset_manifest,
 )
 from tokenmill.formats.indexed import IndexedDataset, encode_index
+from tokenmill.tokenize import outputs as outputs_module
 from tokenmill.tokenize import run as run_module
 from tokenmill.tokenize.procs import SAMPLE_CHARS
 from tokenmill.tokenize.run import TokenizeSession, dataset_prefix, tokenize_files
@@ -466,14 +467,14 @@ def test_commit_never_leaves_a_manifest_without_its_pair(
     prefix = tokenize_files([src], tmp_path / "p", gpt2_dir).prefix
     manifest = dataset_manifest_path(prefix)
     seen: list[tuple[str, str | None]] = []
-    real = run_module.commit
+    real = outputs_module.commit
 
     def watched(tmp: Any, final: Any) -> None:
         found = json.loads(manifest.read_bytes())["content_hash"] if manifest.is_file() else None
         seen.append((Path(final).name, found))
         real(tmp, final)
 
-    monkeypatch.setattr(run_module, "commit", watched)
+    monkeypatch.setattr(outputs_module, "commit", watched)
     old = read_dataset_manifest(prefix)["content_hash"]
     tokenize_files([src], tmp_path / "p", gpt2_dir, input_uri=lambda _: "s3://b/in.jsonl")
     names = ["p_text_document.bin", "p_text_document.idx", "p_text_document.manifest.json"]
@@ -482,6 +483,36 @@ def test_commit_never_leaves_a_manifest_without_its_pair(
     changed = tokenize_files([write_jsonl(src, real_texts(6))], tmp_path / "p", gpt2_dir)
     assert seen == [(name, None) for name in names]
     assert check_dataset_files(changed.prefix, full=True) == []
+
+
+def test_a_failed_run_removes_the_stale_pair_it_found_but_never_anothers(
+    gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that fails leaves no pair of other inputs to pass for its own; but a pair another
+    run committed while it worked (that run's complete result) stays."""
+    old = write_jsonl(tmp_path / "old.jsonl", ["old one", "old two"])
+    new = write_jsonl(tmp_path / "new.jsonl", ["new one"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"text": oops}\n')
+    prefix = tokenize_files([old], tmp_path / "p", gpt2_dir).prefix
+    with pytest.raises(BadRecordError):
+        tokenize_files([bad], tmp_path / "p", gpt2_dir)
+    assert sorted(p.name for p in tmp_path.rglob("p_*")) == []
+    tokenize_files([old], tmp_path / "p", gpt2_dir)
+    real, calls = run_module._attempts, []
+
+    def another_run_commits_meanwhile(*args: Any) -> Any:
+        calls.append(args)
+        if len(calls) > 1:  # the other run
+            return real(*args)
+        calls.append(tokenize_files([new], tmp_path / "p", gpt2_dir))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run_module, "_attempts", another_run_commits_meanwhile)
+    with pytest.raises(OSError, match="No space left"):
+        tokenize_files([bad], tmp_path / "p", gpt2_dir)
+    assert read_dataset_manifest(prefix) == calls[-1].manifest
+    assert check_dataset_files(prefix, full=True) == [] and read_docs(prefix) == [[3605, 530]]
 
 
 def test_concurrent_runs_of_one_output_never_take_the_pair_from_a_reader(

@@ -27,16 +27,10 @@ With one worker (or one range) the run stays in process: a reader thread parses,
 thread encodes and the writer hashes while writing, at most two batches between stages
 (gigatoken's per-text ``encode`` holds the GIL, so the stages overlap only where numpy, hashing
 and I/O release it). The inputs' sha256 for the manifest is taken on another thread in both modes.
-A run that finds a manifest at its prefix recording these inputs (uri, size, sha256) and every
-setting the bytes depend on, beside files of its sizes, ends there: nothing is written or
-touched. Else it writes into a staging folder of its own in ``<dir>/.tmp/`` and renames the
-finished files over the old ones, data first, manifest last (the old manifest goes first only
-when it vouches for other content), so a reader meets the old complete pair or the new one,
-never a gap. The check and the renames hold an exclusive lock on the output
-(``<dir>/.tmp/<name>.lock``, an ``flock``): two runs of one shard at once (a sensor's and
-``tokenmill materialize``'s) never interleave their renames, and the later one, finding the
-very same files in place, touches nothing. A killed run leaves only its staging folder, which
-the next run removes; a failed run leaves no pair at the prefix.
+A run whose outputs already record its inputs and settings writes nothing; any other run writes
+into a staging folder of its own and renames the finished files into place under the output's
+lock, manifest last (``tokenmill.tokenize.outputs``): a reader never meets a missing pair, and a
+failed run leaves no pair at the prefix.
 """
 
 from __future__ import annotations
@@ -55,22 +49,18 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.atomic import commit, create_temp, remove_stale_temps, temp_dir
-from tokenmill.errors import BadRecordError, ConfigError, FormatError, InputError, TokenmillError
+from tokenmill.errors import BadRecordError, ConfigError, InputError, TokenmillError
 from tokenmill.formats.dataset_manifest import (
-    dataset_manifest_path,
-    file_problems,
     input_sha256,
-    read_dataset_manifest,
     write_dataset_manifest,
 )
-from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, index_file_path
-from tokenmill.formats.nanoset_cache import exclusive_lock
+from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path
 from tokenmill.formats.shard_records import IngestStats
 from tokenmill.ingest.records import ON_BAD_RECORD, Quarantine
 from tokenmill.ingest.sources import read_input_batches
 from tokenmill.paths import name_problem
 from tokenmill.tokenize.engines import Encoder, load_encoder
+from tokenmill.tokenize.outputs import Outputs, byte_settings, input_bytes
 from tokenmill.tokenize.parallel import (
     Job,
     RangeResult,
@@ -93,7 +83,6 @@ log = logging.getLogger(__name__)
 CHECKED_ENGINES = ("gigatoken", "tiktoken")
 Texts = tuple[Path | None, list[str]]  # (the input, on its first batch; the batch's texts)
 COUNTS = ("documents", "sequences", "tokens", "quarantined", "blank", "lines", "empty_documents")
-LOCK_SUFFIX = ".lock"
 
 
 @dataclass
@@ -170,24 +159,23 @@ def tokenize_files(
             f"Megatron picks for len(tokenizer) = {info.vocab_size}"
         )
     prefix = dataset_prefix(output_prefix, text_key)
-    qpath = Path(f"{os.fspath(output_prefix)}.quarantine.jsonl")
+    out = Outputs(prefix, Path(f"{os.fspath(output_prefix)}.quarantine.jsonl"))
     paths = [Path(p) for p in inputs]
     uris = [str(p.resolve()) if input_uri is None else input_uri(p) for p in paths]
-    settings = _settings(info, text_key, append_eod)
-    lock = temp_dir(prefix.parent) / f"{prefix.name}{LOCK_SUFFIX}"
-    with exclusive_lock(lock):
-        found = _read_or_none(dataset_manifest_path(prefix))
-        manifest = _up_to_date(prefix, qpath, paths, uris, settings, on_bad_record)
+    with out.locked():
+        found = out.manifest_bytes()
+        manifest = out.up_to_date(
+            paths, uris, byte_settings(info, text_key, append_eod), on_bad_record
+        )
     if manifest is not None:
-        return _reused(prefix, qpath, manifest, start)
-    remove_stale_temps(prefix)  # the staging folders of killed runs
-    stage, _ = create_temp(prefix, os.mkdir)
+        return _reused(out, manifest, start)
+    staged = out.stage()
     try:
         run = _Run(
             inputs=paths,
             uris=uris,
-            prefix=stage / prefix.name,
-            qpath=stage / qpath.name if on_bad_record == "quarantine" else None,
+            prefix=staged.prefix,
+            qpath=staged.qpath if on_bad_record == "quarantine" else None,
             text_key=text_key,
             eod=info.eod_id if append_eod else None,
             workers=workers,
@@ -196,16 +184,16 @@ def tokenize_files(
             start=start,
         )
         result = _attempts(run, info, given, session)
-        with exclusive_lock(lock):
-            wrote = _commit(run.prefix, prefix, stage / qpath.name, qpath, result.manifest)
+        with out.locked():
+            wrote = out.commit(staged, result.manifest)
     except BaseException:
-        with exclusive_lock(lock):  # the pair found stale at the start goes; another's stays
-            if _read_or_none(dataset_manifest_path(prefix)) == found:
-                _clear_outputs(prefix, qpath)
+        with out.locked():  # the pair found stale at the start goes; another run's stays
+            if out.manifest_bytes() == found:
+                out.clear()
         raise
     finally:
-        shutil.rmtree(stage, ignore_errors=True)  # a leftover is swept as a dead temp
-    kept = qpath if result.quarantine_path is not None else None
+        shutil.rmtree(staged.prefix.parent, ignore_errors=True)  # else swept as a dead temp
+    kept = out.qpath if result.quarantine_path is not None else None
     return dataclasses.replace(result, prefix=prefix, quarantine_path=kept, reused=not wrote)
 
 
@@ -263,14 +251,6 @@ def _checker_key(info: TokenizerInfo) -> tuple[str, str | None]:
     return info.fingerprint, info.verdicts.get("hf")
 
 
-def _read_or_none(path: Path) -> bytes | None:
-    """The bytes of ``path``; None when there is no such file."""
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return None
-
-
 def _attempts(
     run: _Run, info: TokenizerInfo, given: Encoder | None, session: TokenizeSession | None
 ) -> TokenizeResult:
@@ -298,118 +278,20 @@ def _attempts(
                 reuse.release(info, checker, keep=passed and session is not None)
 
 
-def _settings(info: TokenizerInfo, text_key: str, append_eod: bool) -> dict[str, Any]:
-    """The manifest's config entries the output bytes depend on (the engine does not: every
-    engine gives the reference's ids)."""
-    return {
-        "tokenizer_fingerprint": info.fingerprint,
-        "dtype": info.dtype.name,
-        "text_key": text_key,
-        "append_eod": append_eod,
-        "vocab_size": info.vocab_size,
-        "eod_id": info.eod_id,
-    }
-
-
-def _up_to_date(
-    prefix: Path,
-    qpath: Path,
-    inputs: list[Path],
-    uris: list[str],
-    settings: dict[str, Any],
-    on_bad_record: str,
-) -> dict[str, Any] | None:
-    """The manifest at ``prefix`` when it records exactly these inputs (uri, size, sha256) and
-    ``settings``, its pair has the recorded sizes and its quarantine file is there when it
-    counts bad lines (and may: ``on_bad_record``); None when the run must write. The inputs
-    are hashed last, only when everything else matches."""
-    if not dataset_manifest_path(prefix).is_file():
-        return None
-    try:
-        manifest = read_dataset_manifest(prefix)
-    except FormatError as exc:
-        log.warning("%s; tokenizing anew to replace it", exc)
-        return None
-    config, recorded = manifest.get("config"), manifest.get("inputs")
-    if manifest.get("kind") != "tokens" or not isinstance(config, dict):
-        return None
-    if any(config.get(key) != value for key, value in settings.items()):
-        return None
-    if not isinstance(recorded, list) or len(recorded) != len(inputs):
-        return None
-    if any(
-        not isinstance(entry, dict)
-        or entry.get("uri") != uri
-        or entry.get("bytes") != _input_bytes([path])
-        for entry, uri, path in zip(recorded, uris, inputs, strict=True)
-    ):
-        return None
-    quarantined = manifest["counts"].get("quarantined")
-    if quarantined and (on_bad_record != "quarantine" or not qpath.is_file()):
-        return None
-    if file_problems(prefix, manifest, full=False):
-        return None
-    if any(
-        entry.get("sha256") != input_sha256(path)
-        for entry, path in zip(recorded, inputs, strict=True)
-    ):
-        return None
-    return manifest
-
-
-def _reused(prefix: Path, qpath: Path, manifest: dict[str, Any], start: float) -> TokenizeResult:
+def _reused(out: Outputs, manifest: dict[str, Any], start: float) -> TokenizeResult:
     """The result of a run whose outputs were already up to date, from their manifest."""
     counts = manifest["counts"]
     return TokenizeResult(
-        prefix=prefix,
+        prefix=out.prefix,
         engine=str(manifest["config"].get("engine")),
         fallbacks=[],
         bytes_read=0,
         seconds=time.perf_counter() - start,
-        quarantine_path=qpath if counts.get("quarantined") else None,
+        quarantine_path=out.qpath if counts.get("quarantined") else None,
         manifest=manifest,
         reused=True,
         **{key: int(counts[key]) for key in COUNTS},
     )
-
-
-def _commit(
-    staged: Path, prefix: Path, staged_q: Path, qpath: Path, manifest: dict[str, Any]
-) -> bool:
-    """Move a finished run's files from its staging folder over the old ones, the manifest
-    last; False (nothing touched) when another run already put these very files there. Each
-    rename replaces a file whole, so a reader of the old manifest finds its pair until the new
-    manifest replaces it; when the old one vouches for other content it goes first, so no
-    manifest ever names bytes it does not describe. Call under the output's lock."""
-    new, old = dataset_manifest_path(staged), dataset_manifest_path(prefix)
-    if (
-        _read_or_none(old) == new.read_bytes()
-        and staged_q.is_file() == qpath.is_file()
-        and not file_problems(prefix, manifest, full=False)
-    ):
-        return False
-    try:
-        same = read_dataset_manifest(prefix)["content_hash"] == manifest["content_hash"]
-    except FormatError:  # no old manifest, or a damaged one: it vouches for nothing
-        same = False
-    if not same:
-        old.unlink(missing_ok=True)
-    commit(data_file_path(staged), data_file_path(prefix))
-    commit(index_file_path(staged), index_file_path(prefix))
-    if staged_q.is_file():
-        commit(staged_q, qpath)
-    else:
-        qpath.unlink(missing_ok=True)  # no file means no bad lines
-    old.parent.mkdir(exist_ok=True)
-    commit(new, old)
-    return True
-
-
-def _clear_outputs(prefix: Path, qpath: Path) -> None:
-    """Remove a previous result, manifest first, so nothing looks complete meanwhile."""
-    outputs = (dataset_manifest_path(prefix), index_file_path(prefix), data_file_path(prefix))
-    for path in (*outputs, qpath):
-        path.unlink(missing_ok=True)
 
 
 @dataclass
@@ -571,15 +453,10 @@ class _Run:
             for key in ("documents", "quarantined", "blank", "lines", "empty_documents")
         }
         counts.update(sequences=writer.num_sequences, tokens=tokens)
-        config = {
+        config: dict[str, Any] = {
             "tokenizer": str(info.source),
-            "tokenizer_fingerprint": info.fingerprint,
             "engine": encoder.name,
-            "dtype": info.dtype.name,
-            "text_key": self.text_key,
-            "append_eod": self.eod is not None,
-            "vocab_size": info.vocab_size,
-            "eod_id": info.eod_id,
+            **byte_settings(info, self.text_key, self.eod is not None),
         }
         config["verification"] = verification_summary(
             encoder,
@@ -588,7 +465,7 @@ class _Run:
             sampled=encoder.name in CHECKED_ENGINES,
         )
         inputs = [
-            {"uri": uri, "bytes": _input_bytes([path]), "sha256": sha256, "stats": st.to_dict()}
+            {"uri": uri, "bytes": input_bytes([path]), "sha256": sha256, "stats": st.to_dict()}
             for uri, path, sha256, st in zip(self.uris, self.inputs, hashes, stats, strict=True)
         ]
         manifest = write_dataset_manifest(
@@ -609,15 +486,6 @@ class _Run:
             manifest=manifest,
             **counts,
         )
-
-
-def _input_bytes(inputs: list[Path]) -> int:
-    """Bytes of the input files (a dataset folder: its files); compressed files count as stored."""
-    total = 0
-    for path in map(Path, inputs):
-        files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
-        total += sum(p.stat().st_size for p in files if p.exists())
-    return total
 
 
 def _progress_bar(inputs: list[Path]) -> Any:
