@@ -431,9 +431,9 @@ def _stamps(folder: Path) -> dict[str, tuple[int, int, int]]:
 
 
 def test_a_rerun_of_an_up_to_date_output_touches_nothing(gpt2_dir: Path, tmp_path: Path) -> None:
-    """Same inputs and settings as the manifest records, the pair at its sizes: the run writes
-    nothing (no inode, size or mtime changes) and reports the recorded counts. Another input
-    or setting writes anew."""
+    """Same inputs and settings as the manifest records, the pair at its sizes and sha256s: the
+    run writes nothing (no inode, size or mtime changes) and reports the recorded counts.
+    Another input or setting, or a damaged pair, is written anew."""
     src = tmp_path / "in.jsonl"
     src.write_text('{"text": "ok"}\n{"text": 5}\n{"text": "later on"}\n')
     out = tmp_path / "out"
@@ -455,6 +455,10 @@ def test_a_rerun_of_an_up_to_date_output_touches_nothing(gpt2_dir: Path, tmp_pat
     assert not fixed.reused and fixed.quarantine_path is None
     assert pair_bytes(fixed.prefix) == pair_bytes(first.prefix)
     assert not (out / "p.quarantine.jsonl").exists()
+    data = Path(f"{fixed.prefix}.bin")
+    data.write_bytes(bytes([data.read_bytes()[0] ^ 1]) + data.read_bytes()[1:])  # same size
+    repaired = tokenize_files([src], out / "p", gpt2_dir, append_eod=True)
+    assert not repaired.reused and pair_bytes(repaired.prefix) == pair_bytes(first.prefix)
 
 
 def test_commit_never_leaves_a_manifest_without_its_pair(

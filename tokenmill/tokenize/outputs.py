@@ -1,8 +1,8 @@
 """Where a tokenize run's files go: kept when up to date, else staged and renamed into place.
 
 A run that finds a manifest at its prefix recording its inputs (uri, size, sha256) and every
-setting the bytes depend on, beside files of the recorded sizes, ends there: nothing is written
-or touched. Else it writes into a staging folder of its own in ``<dir>/.tmp/`` and
+setting the bytes depend on, beside files of the recorded sizes and sha256s, ends there: nothing
+is written or touched. Else it writes into a staging folder of its own in ``<dir>/.tmp/`` and
 :meth:`Outputs.commit` renames the finished files over the old ones, data first, manifest last
 (the old manifest goes first only when it vouches for other content), so a reader meets the old
 complete pair or the new one, never a gap. The check and the renames hold an exclusive lock on
@@ -93,9 +93,9 @@ class Outputs:
         self, inputs: list[Path], uris: list[str], settings: dict[str, Any], on_bad_record: str
     ) -> dict[str, Any] | None:
         """The manifest when it records exactly these inputs (uri, size, sha256) and
-        ``settings``, its pair has the recorded sizes and its quarantine file is there when it
-        counts bad lines (and may: ``on_bad_record``); None when the run must write. The inputs
-        are hashed last, only when everything else matches."""
+        ``settings``, its pair has the recorded sizes and sha256s and its quarantine file is
+        there when it counts bad lines (and may: ``on_bad_record``); None when the run must
+        write. Files are hashed last, only when everything else matches."""
         if not self.manifest_path.is_file():
             return None
         try:
@@ -120,7 +120,7 @@ class Outputs:
         quarantined = manifest["counts"].get("quarantined")
         if quarantined and (on_bad_record != "quarantine" or not self.qpath.is_file()):
             return None
-        if file_problems(self.prefix, manifest, full=False):
+        if file_problems(self.prefix, manifest, full=True):  # a damaged pair is rewritten
             return None
         if any(
             entry.get("sha256") != input_sha256(path)
@@ -138,15 +138,16 @@ class Outputs:
 
     def commit(self, staged: Outputs, manifest: dict[str, Any]) -> bool:
         """Move the finished ``staged`` files over these, the manifest last; False (nothing
-        touched) when another run already put these very files here. Each rename replaces a
-        file whole, so a reader of the old manifest finds its pair until the new manifest
-        replaces it; when the old one vouches for other content it goes first, so no manifest
-        ever names bytes it does not describe. Call under :meth:`locked`."""
+        touched) when another run already put these very files here (sha256s checked). Each
+        rename replaces a file whole, so a reader of the old manifest finds its pair until
+        the new manifest replaces it; when the old one vouches for other content it goes
+        first, so no manifest ever names bytes it does not describe. Call under
+        :meth:`locked`."""
         new = staged.manifest_path.read_bytes()
         if (
             self.manifest_bytes() == new
             and staged.qpath.is_file() == self.qpath.is_file()
-            and not file_problems(self.prefix, manifest, full=False)
+            and not file_problems(self.prefix, manifest, full=True)
         ):
             return False
         try:
