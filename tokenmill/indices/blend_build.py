@@ -2,7 +2,7 @@
 the ``manifest.json`` pointer to it. Layout and reader: ``tokenmill.formats.blend_manifest``;
 plan and version: ``blend_plan``, ``blend_versioning``.
 
-A build computes the version first (:func:`blend_version`: sha256 of the canonical JSON of every
+A build computes the version first (:func:`prepare_blend`: sha256 of the canonical JSON of every
 setting, each dataset's content hash and path, and each Nanoset cache hash), so rebuilding an
 unchanged blend finds the complete version folder and reuses it (same bytes, nothing rewritten).
 A new version is written into a temp folder ``versions/.tmp/<version16>.tmp-<host>-<pid>-<rand>``
@@ -74,7 +74,7 @@ from tokenmill.indices import growing_blend
 from tokenmill.indices.blend_plan import Plan, file_entry
 from tokenmill.indices.blend_versioning import (
     complete_version,
-    prepared,
+    prepare_blend,
     settings_header,
     weighting,
 )
@@ -123,7 +123,7 @@ def build_blend(
     root = Path(output_dir)
     mpath = root / MANIFEST_NAME
     read_at_start = pointer_version(mpath) if expected == READ_AT_START else expected
-    entries, plan, version = prepared(name, datasets, root, cache_dir, settings)
+    entries, plan, version = prepare_blend(name, datasets, root, cache_dir, settings)
     configured, prefixes = plan.weights, plan.prefixes
     vdir = root / VERSIONS_DIR / version[:16]
     plan = Plan(**{**plan.__dict__, "base": vdir, "fetch": fetch})
