@@ -1,4 +1,6 @@
-"""Blend manifest layout, reader and verifier (numpy + stdlib only, shared by writer and loader).
+"""Blend manifest layout, reader and verifier; over 400 lines: one format's parts stay together.
+
+Numpy and stdlib only, shared by the writer and the loader.
 
 A blend lives in one directory, ``blends/<name>/``; every build writes an immutable version and
 then moves the pointer::

@@ -1,4 +1,6 @@
-"""Megatron "MMIDIDX" indexed dataset: ``P.bin`` (tokens) + ``P.idx`` (index), byte-exact.
+"""Megatron "MMIDIDX" pair, byte-exact; over 400 lines: its layout, reader and writer stay together.
+
+``P.bin`` holds the tokens, ``P.idx`` the index.
 
 ``.idx`` layout (little-endian):
 

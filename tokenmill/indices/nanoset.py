@@ -47,7 +47,6 @@ from tokenmill.indices.nanoset_keys import (
     check_choices,
     entry_key,
     index_version,
-    split_key,
 )
 from tokenmill.indices.settings import NanosetSettings
 
@@ -66,7 +65,6 @@ __all__ = [
     "index_lengths",
     "index_version",
     "masked_of",
-    "split_key",
     "split_ranges",
     "verify_index",
 ]
