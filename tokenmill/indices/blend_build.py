@@ -217,31 +217,20 @@ def _rebased(manifest: dict[str, Any], folder: str) -> dict[str, Any]:
     def move(path: str) -> str:
         return posixpath.normpath(posixpath.join(folder, path))
 
-    def moved(entry: dict[str, Any]) -> dict[str, Any]:
-        return {**entry, "path": move(entry["path"])}
+    def moved(files: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return {k: {**entry, "path": move(entry["path"])} for k, entry in files.items()}
 
     datasets = [
-        {
-            **ds,
-            "prefix": move(ds["prefix"]),
-            "files": {k: moved(f) for k, f in ds["files"].items()},
-        }
+        {**ds, "prefix": move(ds["prefix"]), "files": moved(ds["files"])}
         for ds in manifest["datasets"]
     ]
     splits = {}
     for split, info in manifest["splits"].items():
         parts = [
-            {
-                **ds,
-                "index": {
-                    **ds["index"],
-                    "files": {k: moved(f) for k, f in ds["index"]["files"].items()},
-                },
-            }
+            {**ds, "index": {**ds["index"], "files": moved(ds["index"]["files"])}}
             for ds in info["datasets"]
         ]
-        files = {k: moved(f) for k, f in info["files"].items()}
-        splits[split] = {**info, "files": files, "datasets": parts}
+        splits[split] = {**info, "files": moved(info["files"]), "datasets": parts}
     return {**manifest, "datasets": datasets, "splits": splits}
 
 
