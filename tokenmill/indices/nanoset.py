@@ -143,7 +143,7 @@ class Entry:
         when its description is absent, to bring a stored copy (e.g. from S3) first."""
         if fetch is not None and not self.paths["description"].is_file():
             fetch(self.paths)
-        if _committed(self.paths, self.key, self.digest) or not build:
+        if self._committed() or not build:
             if not self.paths["description"].is_file():
                 raise CacheError(f"{self.paths['description']}: missing; the index was never built")
             return
@@ -154,12 +154,12 @@ class Entry:
         looks complete but is unreadable (a damaged or planted array of the recorded size) is
         built again in place; a growing entry's missing segment stays a CacheError."""
         try:
-            loaded = _load_entry(self.paths, self.key, self.digest)
+            loaded = self._mapped()
         except CacheError as exc:
             if not build or not isinstance(exc.__cause__, FormatError):
                 raise
             self._build(again=True)
-            loaded = _load_entry(self.paths, self.key, self.digest)
+            loaded = self._mapped()
         if loaded is None:
             raise CacheError(f"{self.paths['description']}: written but not readable back")
         return loaded
@@ -169,8 +169,55 @@ class Entry:
         may have built it meanwhile), or whatever is there when ``again``."""
         lock = self.cache_dir / f"{self.digest}-Nanoset-{self.key['split']}.lock"
         with cache.exclusive_lock(lock):
-            if again or not _committed(self.paths, self.key, self.digest):
+            if again or not self._committed():
                 _build_entry(self)
+
+    def _description(self) -> dict[str, Any] | None:
+        """The entry's description, None when absent; one made for other settings is refused
+        (CacheError), never overwritten."""
+        description = cache.read_description(self.paths["description"])
+        if description is not None and (
+            description.get("key") != self.key or description.get("hash") != self.digest
+        ):
+            raise CacheError(
+                f"{self.paths['description']}: describes {description.get('key')!r}, not the "
+                f"requested {self.key!r}; remove the entry's files to rebuild it"
+            )
+        return description
+
+    def _committed(self) -> bool:
+        """True when the entry's description and its own array files (at their recorded
+        sizes) are there; CacheError when the description was made for other settings."""
+        description = self._description()
+        files = None if description is None else description.get("files")
+        return isinstance(files, dict) and all(
+            isinstance(files.get(name), dict)
+            and self.paths[name].is_file()
+            and self.paths[name].stat().st_size == files[name].get("bytes")
+            for name in ARRAYS
+        )
+
+    def _mapped(self) -> NanosetIndex | None:
+        """The committed entry's arrays mapped (its segments too), or None when it is absent."""
+        description = self._description()
+        if description is None:
+            return None
+        paths = self.paths
+        try:
+            arrays = cache.load_entry_arrays(paths, description)
+        except (CacheError, FormatError, KeyError, TypeError, AttributeError) as exc:
+            raise CacheError(
+                f"{paths['description']}: incomplete or damaged entry ({exc})"
+            ) from exc
+        return NanosetIndex(
+            split=self.key["split"],
+            cache_hash=self.digest,
+            description=description,
+            document_index=arrays["document"],
+            sample_index=arrays["sample"],
+            shuffle_index=arrays["shuffle"],
+            paths=_all_paths(paths, description),
+        )
 
 
 def cache_entry(
@@ -226,35 +273,6 @@ def build_or_load(
     return entry.load(build=build)
 
 
-def _committed(paths: dict[str, Path], key: dict[str, Any], digest: str) -> bool:
-    """True when the entry's description and its own array files (at their recorded sizes)
-    are there; CacheError when the description was made for other settings."""
-    description = _description(paths, key, digest)
-    if description is None:
-        return False
-    files = description.get("files")
-    return isinstance(files, dict) and all(
-        isinstance(files.get(name), dict)
-        and paths[name].is_file()
-        and paths[name].stat().st_size == files[name].get("bytes")
-        for name in ARRAYS
-    )
-
-
-def _description(paths: dict[str, Path], key: dict[str, Any], digest: str) -> dict[str, Any] | None:
-    """The entry's description, None when absent; one made for other settings is refused
-    (CacheError), never overwritten."""
-    description = cache.read_description(paths["description"])
-    if description is not None and (
-        description.get("key") != key or description.get("hash") != digest
-    ):
-        raise CacheError(
-            f"{paths['description']}: describes {description.get('key')!r}, not the requested "
-            f"{key!r}; remove the entry's files to rebuild it"
-        )
-    return description
-
-
 def cache_paths(cache_dir: str | Path, digest: str, split: str) -> dict[str, Path]:
     """The four files of one cache entry, keyed "document", "sample", "shuffle", "description"."""
     return cache.entry_paths(cache_dir, digest, split)
@@ -263,26 +281,6 @@ def cache_paths(cache_dir: str | Path, digest: str, split: str) -> dict[str, Pat
 def verify_index(index: NanosetIndex) -> None:
     """Full check of a loaded index: re-hash every array file against its description."""
     cache.load_entry_arrays(index.paths, index.description, full=True)
-
-
-def _load_entry(paths: dict[str, Path], key: dict[str, Any], digest: str) -> NanosetIndex | None:
-    """The committed entry (its segments too), or None when it is absent."""
-    description = _description(paths, key, digest)
-    if description is None:
-        return None
-    try:
-        arrays = cache.load_entry_arrays(paths, description)
-    except (CacheError, FormatError, KeyError, TypeError, AttributeError) as exc:
-        raise CacheError(f"{paths['description']}: incomplete or damaged entry ({exc})") from exc
-    return NanosetIndex(
-        split=key["split"],
-        cache_hash=digest,
-        description=description,
-        document_index=arrays["document"],
-        sample_index=arrays["sample"],
-        shuffle_index=arrays["shuffle"],
-        paths=_all_paths(paths, description),
-    )
 
 
 def _all_paths(paths: dict[str, Path], description: dict[str, Any]) -> dict[str, Path]:
