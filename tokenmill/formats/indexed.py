@@ -441,10 +441,8 @@ class IndexedDataset:
                 f"index says {n_tokens} tokens x {itemsize} B = {n_tokens * itemsize} bytes, "
                 f"file has {size} bytes",
             )
-        if len(self):
-            expected_first = 0
-            if int(self.sequence_pointers[0]) != expected_first:
-                raise FormatError(self.idx_path, "sequence_pointers", "do not start at 0")
+        if len(self) and int(self.sequence_pointers[0]) != 0:
+            raise FormatError(self.idx_path, "sequence_pointers", "do not start at 0")
         self._bin = np.memmap(self.bin_path, dtype=self.dtype, mode="r") if size else None
 
     def check_pointers(self) -> None:

@@ -69,8 +69,6 @@ __all__ = [
     "verify_index",
 ]
 
-ARRAYS = cache.ARRAYS
-
 
 def build_nanoset_indices(
     sequence_lengths: np.ndarray | Sequence[int],
@@ -194,7 +192,7 @@ class Entry:
             isinstance(files.get(name), dict)
             and self.paths[name].is_file()
             and self.paths[name].stat().st_size == files[name].get("bytes")
-            for name in ARRAYS
+            for name in cache.ARRAYS
         )
 
     def _mapped(self) -> NanosetIndex | None:
@@ -295,7 +293,7 @@ def _all_paths(paths: dict[str, Path], description: dict[str, Any]) -> dict[str,
 
 def _build_entry(entry: Entry) -> None:
     """Compute the arrays and commit them: arrays first, the description last."""
-    files = [entry.paths["description"], *(entry.paths[name] for name in ARRAYS)]
+    files = [entry.paths["description"], *(entry.paths[name] for name in cache.ARRAYS)]
     cache.remove_entry(files)
     try:
         if entry.key["semantics"] == "growing":
@@ -367,8 +365,8 @@ def _commit_arrays(
 ) -> None:
     """Save the document, sample and shuffle arrays, then the description (last); ``extra``
     adds description fields, ``segments`` the records of earlier entries' parts."""
-    named = dict(zip(ARRAYS, arrays, strict=True))
-    files = {name: cache.save_array(entry.paths[name], named[name]) for name in ARRAYS}
+    named = dict(zip(cache.ARRAYS, arrays, strict=True))
+    files = {name: cache.save_array(entry.paths[name], named[name]) for name in cache.ARRAYS}
     description = {
         "key": entry.key,
         "hash": entry.digest,
