@@ -9,14 +9,14 @@ timeouts), as for ``tokenmill pull``, ``gc`` and the streaming loader. Transient
 retried by botocore's standard retry mode and by s3transfer for a download cut mid-stream; what
 still fails raises ``InputError`` naming the ``s3://`` URI (``tokenmill.storage.s3.call``).
 
-:class:`S3Stage` mirrors parts of an S3 root in a local directory: ``fetch`` downloads the
-inputs a step reads, ``push`` uploads what the step wrote in the commit order of
+:class:`S3Stage` mirrors parts of an S3 root in a local directory: ``fetch`` downloads the inputs a
+step reads, ``push`` uploads what the step wrote in the commit order of
 :mod:`tokenmill.storage.publish` (data first, then dataset manifests, index-cache descriptions and
 stats, then ``current.json`` pointers, a blend's ``manifest.json`` last; a marker that really
-replaces an existing object is deleted before its data is overwritten, one S3 holds byte for
-byte is left alone, one vouching for the same files is overwritten, as a pointer is: a PUT is
-atomic) and deletes the fetched files the step removed, so a failed or
-killed transfer never leaves a marker that describes files which are not there.
+replaces an existing object is deleted before its data is overwritten, one S3 holds byte for byte
+is left alone, one vouching for the same files is overwritten, as a pointer is: a PUT is atomic)
+and deletes the fetched files the step removed, so a failed or killed transfer never leaves a
+marker that describes files which are not there.
 
 A pointer the step fetched is written back by a conditional PUT (compare-and-swap, as
 ``tokenmill.storage.versions.swap_pointer`` locally): ``If-Match`` the ETag it had when fetched,
@@ -124,7 +124,7 @@ def fetch_shard(
         download(client, bucket, key, path)
 
 
-def same_content(stored: bytes, ours: bytes) -> bool:
+def _same_content(stored: bytes, ours: bytes) -> bool:
     """Whether two dataset manifests vouch for the same files (equal ``files`` and
     ``content_hash``; a setting such as the engine may differ): the data uploaded under the
     stored one is then byte for byte the data uploaded under ours."""
@@ -297,7 +297,7 @@ class S3Stage:
                 ours = (self.local / rel).read_bytes()
                 if stored == ours:
                     continue
-                if stored is not None and not same_content(stored, ours):
+                if stored is not None and not _same_content(stored, ours):
                     replaced.add(rel)
             elif delete_first(rel):
                 replaced.add(rel)
