@@ -503,19 +503,19 @@ def test_a_failed_run_removes_the_stale_pair_it_found_but_never_anothers(
         tokenize_files([bad], tmp_path / "p", gpt2_dir)
     assert sorted(p.name for p in tmp_path.rglob("p_*")) == []
     tokenize_files([old], tmp_path / "p", gpt2_dir)
-    real, calls = run_module._attempts, []
+    real, other = run_module._attempts, []
 
     def another_run_commits_meanwhile(*args: Any) -> Any:
-        calls.append(args)
-        if len(calls) > 1:  # the other run
+        if other:  # the other run's own attempt
             return real(*args)
-        calls.append(tokenize_files([new], tmp_path / "p", gpt2_dir))
+        other.append(None)
+        other[0] = tokenize_files([new], tmp_path / "p", gpt2_dir)
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(run_module, "_attempts", another_run_commits_meanwhile)
     with pytest.raises(OSError, match="No space left"):
         tokenize_files([bad], tmp_path / "p", gpt2_dir)
-    assert read_dataset_manifest(prefix) == calls[-1].manifest
+    assert read_dataset_manifest(prefix) == other[0].manifest
     assert check_dataset_files(prefix, full=True) == [] and read_docs(prefix) == [[3605, 530]]
 
 
