@@ -289,10 +289,9 @@ def _remove_dead(folder: Path, names: list[str], *, strict: bool) -> None:
                 os.unlink(target)
 
 
-def file_sha256(
-    path: str | os.PathLike[str], offset: int = 0, length: int | None = None, block: int = 1 << 22
-) -> str:
-    """Hex sha256 of a file (or of ``length`` bytes from ``offset``), streamed in blocks."""
+def file_sha256(path: str | os.PathLike[str], offset: int = 0, length: int | None = None) -> str:
+    """Hex sha256 of a file (or of ``length`` bytes from ``offset``), streamed in 4 MiB blocks."""
+    block = 1 << 22
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         fh.seek(offset)
