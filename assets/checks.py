@@ -67,7 +67,7 @@ from tokenmill.indices.nanoset import (
     split_ranges,
     verify_index,
 )
-from tokenmill.ingest.records import quarantine_cause
+from tokenmill.ingest.quarantine import quarantine_cause
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
 from tokenmill.verify import realized_shares, verify_blend, verify_dataset

@@ -11,8 +11,6 @@ always holds.
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import gzip
 import json
 import os
@@ -20,15 +18,14 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
 import orjson
 import zstandard
 
-from tokenmill.atomic import commit, create_temp, name_os_errors
 from tokenmill.errors import BadRecordError, ConfigError, InputError
 from tokenmill.formats.shard_records import IngestStats
+from tokenmill.ingest.quarantine import Quarantine
 
 ON_BAD_RECORD = ("fail", "quarantine")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
@@ -38,92 +35,15 @@ _ZSTD_READ = 1 << 20
 _JSON_TYPE_NAMES = {dict: "object", list: "list", str: "string", type(None): "null"}
 
 
-class Quarantine:
-    """Collects bad lines (source path, 1-based line, reason, raw bytes) and writes them atomically.
+class ReadOptions(TypedDict, total=False):
+    """The keywords every reader takes (see ``read_jsonl_batches`` for their meaning)."""
 
-    Records are spooled to a temporary sibling of ``path`` as they arrive (memory stays bounded);
-    ``commit`` fsyncs and renames it, ``discard`` removes it. Each line of the file is
-    ``{"line": N, "raw_b64": ..., "reason": ..., "source": ...}`` with sorted keys; ``raw_b64`` is
-    the line's bytes without its ``\\n`` (a ``\\r`` and a first-line BOM are kept).
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self._tmp: Path | None = None
-        self._fh: IO[bytes] | None = None
-        self._count = 0
-        self._finished = False
-
-    def add(self, source: str, line: int, reason: str, raw: bytes) -> None:
-        """Append one bad line."""
-        fh = self._fh if self._fh is not None else self._open()
-        record = {
-            "line": line,
-            "raw_b64": base64.b64encode(raw).decode("ascii"),
-            "reason": reason,
-            "source": str(source),
-        }
-        with name_os_errors(self.path):
-            fh.write(json.dumps(record, sort_keys=True).encode("ascii") + b"\n")
-        self._count += 1
-
-    @property
-    def count(self) -> int:
-        """Number of lines added so far."""
-        return self._count
-
-    def commit(self) -> None:
-        """Write ``path`` atomically when a line was quarantined. With none, nothing is written
-        and a previous run's file is removed: no file means no bad lines (the counts say 0)."""
-        if self._count == 0:
-            self.discard()
-            self.path.unlink(missing_ok=True)
-            return
-        fh = self._fh if self._fh is not None else self._open()
-        with name_os_errors(self.path):
-            fh.flush()
-            os.fsync(fh.fileno())
-            fh.close()
-        self._fh = None
-        if self._tmp is not None:
-            commit(self._tmp, self.path)
-            self._tmp = None
-        self._finished = True
-
-    def discard(self) -> None:
-        """Drop everything collected; ``path`` is left untouched."""
-        if self._fh is not None:
-            with contextlib.suppress(OSError):  # flushing lines being discarded may fail too
-                self._fh.close()
-            self._fh = None
-        if self._tmp is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self._tmp.unlink()
-            self._tmp = None
-        self._finished = True
-
-    def __enter__(self) -> Quarantine:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Commit on a clean exit (unless already committed), discard on an exception."""
-        if exc_type is not None:
-            self.discard()
-        elif not self._finished:
-            self.commit()
-
-    def _open(self) -> IO[bytes]:
-        if self._finished:
-            raise ValueError(f"{self.path}: quarantine already committed or discarded")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp, fh = create_temp(self.path, lambda t: open(t, "wb"))  # noqa: SIM115 - commit/discard close it
-        self._tmp, self._fh = tmp, fh
-        return fh
+    text_key: str
+    on_bad_record: str
+    quarantine: Quarantine | None
+    stats: IngestStats | None
+    keep_records: bool
+    source_name: str | None
 
 
 @dataclass
@@ -428,22 +348,3 @@ def _handle_bad(
     raw = BOM + line if line_no == 1 and stats.bom else line
     quarantine.add(name, line_no, reason, raw)
     stats.quarantined += 1
-
-
-def quarantine_cause(path: str | os.PathLike[str], text_key: str, sample: int = 5) -> str:
-    """The likely cause when every record of a shard was quarantined, read from the first
-    ``sample`` records of its quarantine file: the text key against the keys those records
-    have (a wrong ``text_key`` is the usual one), else the first record's reason."""
-    keys: dict[str, None] = {}
-    reasons: list[str] = []
-    with open(path, "rb") as fh:
-        for _, line in zip(range(sample), fh, strict=False):
-            entry = json.loads(line)
-            reasons.append(str(entry["reason"]))
-            with contextlib.suppress(ValueError, RecursionError):
-                record = json.loads(base64.b64decode(entry["raw_b64"]))
-                keys.update(dict.fromkeys(map(str, record) if isinstance(record, dict) else ()))
-    if keys and text_key not in keys:
-        shown = ", ".join(sorted(keys)[:20]) + (", …" if len(keys) > 20 else "")
-        return f"text_key {text_key!r} not found; the first records have keys: {shown}"
-    return f"the first record's reason: {reasons[0]}" if reasons else "no record was read"
