@@ -28,7 +28,8 @@ import shutil
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from types import TracebackType
+from typing import IO, Any, Self, TypeVar
 
 from tokenmill.errors import FormatError
 
@@ -171,6 +172,39 @@ def discard_temp(fh: IO[Any] | None, tmp: str | os.PathLike[str] | None) -> None
     if tmp is not None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+class TempWriter:
+    """Base of a writer that spools to a temp and renames it into place: used as a context
+    manager, a clean exit commits it (unless it is ``finished`` already), and an exception, or
+    a commit that fails (e.g. a full disk at the fsync), discards it: no temp stays behind."""
+
+    finished = False
+
+    def commit(self) -> None:
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.discard()
+            return
+        try:
+            if not self.finished:
+                self.commit()
+        except BaseException:
+            self.discard()
+            raise
 
 
 @contextlib.contextmanager

@@ -8,19 +8,19 @@ import contextlib
 import json
 import os
 from pathlib import Path
-from types import TracebackType
 from typing import IO
 
-from tokenmill.atomic import commit, create_temp, discard_temp, name_os_errors
+from tokenmill.atomic import TempWriter, commit, create_temp, discard_temp, name_os_errors
 
 
-class Quarantine:
+class Quarantine(TempWriter):
     """Collects bad lines (source path, 1-based line, reason, raw bytes) and writes them atomically.
 
     Records are spooled to a temporary sibling of ``path`` as they arrive (memory stays bounded);
     ``commit`` fsyncs and renames it, ``discard`` removes it. Each line of the file is
     ``{"line": N, "raw_b64": ..., "reason": ..., "source": ...}`` with sorted keys; ``raw_b64`` is
-    the line's bytes without its ``\\n`` (a ``\\r`` and a first-line BOM are kept).
+    the line's bytes without its ``\\n`` (a ``\\r`` and a first-line BOM are kept). As a context
+    manager: committed on a clean exit, discarded on an exception.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
@@ -28,7 +28,6 @@ class Quarantine:
         self._tmp: Path | None = None
         self._fh: IO[bytes] | None = None
         self._count = 0
-        self._finished = False
 
     def add(self, source: str, line: int, reason: str, raw: bytes) -> None:
         """Append one bad line."""
@@ -64,31 +63,16 @@ class Quarantine:
         if self._tmp is not None:
             commit(self._tmp, self.path)
             self._tmp = None
-        self._finished = True
+        self.finished = True
 
     def discard(self) -> None:
         """Drop everything collected; ``path`` is left untouched."""
         discard_temp(self._fh, self._tmp)
         self._fh, self._tmp = None, None
-        self._finished = True
-
-    def __enter__(self) -> Quarantine:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Commit on a clean exit (unless already committed), discard on an exception."""
-        if exc_type is not None:
-            self.discard()
-        elif not self._finished:
-            self.commit()
+        self.finished = True
 
     def _open(self) -> IO[bytes]:
-        if self._finished:
+        if self.finished:
             raise ValueError(f"{self.path}: quarantine already committed or discarded")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp, fh = create_temp(self.path, lambda t: open(t, "wb"))  # noqa: SIM115 - commit/discard close it
