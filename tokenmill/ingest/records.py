@@ -258,9 +258,44 @@ def read_jsonl_batches(
         raise ConfigError(f"{name}: a compressed file is read whole, not by byte range")
     st = stats if stats is not None else IngestStats(path=name)
     source = name if source_name is None else source_name
-    return _jsonl_batches(
-        name, source, text_key, on_bad_record, quarantine, st, batch_bytes, keep_records, byte_range
-    )
+
+    def batches() -> Iterator[Batch]:
+        """The fast path: orjson per line, everything else only for lines it rejects; bad lines are
+        reported as lines of ``source``."""
+        loads = orjson.loads
+        decode_errors = (orjson.JSONDecodeError, TypeError, KeyError)
+        blocks = _blocks(name, max(batch_bytes, 1), byte_range)
+        at_start = byte_range is None or byte_range[0] == 0
+        for first_no, lines in _line_chunks(blocks, st, at_start):
+            texts: list[str] = []
+            append = texts.append
+            records: list[dict[str, Any]] | None = [] if keep_records else None
+            bad: list[int] = []
+            for i, line in enumerate(lines):
+                try:
+                    obj = loads(line)
+                    text = obj[text_key]
+                except decode_errors:
+                    bad.append(i)
+                    continue
+                if text.__class__ is not str:
+                    bad.append(i)
+                    continue
+                append(text)
+                if records is not None:
+                    records.append(obj)
+            st.lines += len(lines)
+            for i in bad:
+                _handle_bad(source, lines[i], first_no + i, text_key, on_bad_record, quarantine, st)
+            if texts:
+                st.documents += len(texts)
+                st.empty_documents += texts.count("")
+                good = 0
+                while good < len(bad) and bad[good] == good:
+                    good += 1
+                yield Batch(texts, records, first_no + good)
+
+    return batches()
 
 
 def document_lines(
@@ -281,53 +316,6 @@ def document_lines(
                 continue
             if text.__class__ is str:
                 yield first_no + i, obj
-
-
-def _jsonl_batches(
-    name: str,
-    source: str,
-    text_key: str,
-    on_bad_record: str,
-    quarantine: Quarantine | None,
-    st: IngestStats,
-    batch_bytes: int,
-    keep_records: bool,
-    byte_range: tuple[int, int] | None = None,
-) -> Iterator[Batch]:
-    """The fast path: orjson per line, everything else only for lines it rejects; bad lines are
-    reported as lines of ``source``."""
-    loads = orjson.loads
-    decode_errors = (orjson.JSONDecodeError, TypeError, KeyError)
-    blocks = _blocks(name, max(batch_bytes, 1), byte_range)
-    at_start = byte_range is None or byte_range[0] == 0
-    for first_no, lines in _line_chunks(blocks, st, at_start):
-        texts: list[str] = []
-        append = texts.append
-        records: list[dict[str, Any]] | None = [] if keep_records else None
-        bad: list[int] = []
-        for i, line in enumerate(lines):
-            try:
-                obj = loads(line)
-                text = obj[text_key]
-            except decode_errors:
-                bad.append(i)
-                continue
-            if text.__class__ is not str:
-                bad.append(i)
-                continue
-            append(text)
-            if records is not None:
-                records.append(obj)
-        st.lines += len(lines)
-        for i in bad:
-            _handle_bad(source, lines[i], first_no + i, text_key, on_bad_record, quarantine, st)
-        if texts:
-            st.documents += len(texts)
-            st.empty_documents += texts.count("")
-            good = 0
-            while good < len(bad) and bad[good] == good:
-                good += 1
-            yield Batch(texts, records, first_no + good)
 
 
 def _handle_bad(
