@@ -1,8 +1,10 @@
-"""Recipes: the YAML file that says which datasets and blends exist and how to build them.
+"""Recipes (one module past 400 lines: models, field rules and error lines change together).
 
 A recipe (``recipes/*.yaml``, chosen by ``TOKENMILL_RECIPE``; every field in docs/user-guide.md
-§3) is validated into the frozen pydantic models below; the Dagster code location turns each
-dataset and blend into assets, partitions, sensors and schedules named after it. Every bad field
+§3) says which datasets and blends exist and how to build them. It is validated into the frozen
+pydantic models below; the Dagster code location turns each dataset and blend into assets,
+partitions, sensors and schedules named after it. Every rule below is read with the one-line
+error that names its field (``_problem``), so they stay in one module. Every bad field
 raises one ``ConfigError`` line naming the file, the field, the value found and what is allowed
 (``file: field: bad value V; expected …``). Relative paths are resolved against ``base_dir``
 (itself relative to the recipe file, default: its folder), so a recipe means the same from any
@@ -40,6 +42,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from tokenmill.errors import ConfigError
 from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
+from tokenmill.ingest.records import JSONL_SUFFIXES, TABLE_SUFFIXES
 from tokenmill.paths import name_problem
 
 DEFAULT_RECIPE = "recipes/demo.yaml"
@@ -47,7 +50,7 @@ RECIPE_ENV = "TOKENMILL_RECIPE"
 # A dataset's source format and the file suffixes that make a shard in it. ``hf``: Parquet or
 # Arrow files of a Hugging Face dataset on disk (its ``data/`` folder, or ``save_to_disk``
 # output), which enter the pipeline at ``<ds>/hf_dataset`` (there is no raw_jsonl stage).
-SHARD_SUFFIXES = {"jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst"), "hf": (".parquet", ".arrow")}
+SHARD_SUFFIXES = {"jsonl": JSONL_SUFFIXES, "hf": TABLE_SUFFIXES}
 DEFAULT_GLOB = {"jsonl": "*.jsonl*", "hf": "*"}
 _ROOT = "s3://bucket[/prefix] or a local directory"
 _GLOB = "a file-name pattern without slashes (shards sit directly in source)"
