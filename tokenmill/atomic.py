@@ -18,6 +18,7 @@ creates ``<dir>/.tmp/``.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import hashlib
 import json
@@ -174,18 +175,18 @@ def discard_temp(fh: IO[Any] | None, tmp: str | os.PathLike[str] | None) -> None
             os.unlink(tmp)
 
 
-class TempWriter:
+class TempWriter(abc.ABC):
     """Base of a writer that spools to a temp and renames it into place: used as a context
     manager, a clean exit commits it (unless it is ``finished`` already), and an exception, or
     a commit that fails (e.g. a full disk at the fsync), discards it: no temp stays behind."""
 
     finished = False
 
-    def commit(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def commit(self) -> None: ...
 
-    def discard(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def discard(self) -> None: ...
 
     def __enter__(self) -> Self:
         return self
