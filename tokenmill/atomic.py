@@ -29,7 +29,6 @@ import shutil
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, Self, TypeVar
 
 from tokenmill.errors import FormatError
@@ -191,12 +190,7 @@ class TempWriter(abc.ABC):
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if exc_type is not None:
             self.discard()
             return

@@ -61,9 +61,15 @@ def run_command(
 ) -> int:
     """``body()``'s exit code; a tokenmill or disk error (OSError: a full or failing disk, its
     file named) is one ``tokenmill COMMAND: error: …`` line and code 2 for a ConfigError, 1
-    otherwise; Ctrl-C is ``tokenmill COMMAND: <interrupted>`` and code 130."""
+    otherwise; Ctrl-C is ``tokenmill COMMAND: <interrupted>`` and code 130; a reader that left
+    (``tokenmill inspect ... | head``) ends it quietly, code 1."""
     try:
         return int(body() or 0)
+    except BrokenPipeError:
+        # As Python's docs on SIGPIPE advise: point stdout at devnull so that the flush at
+        # exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except (TokenmillError, OSError) as exc:
         print(f"tokenmill {command}: error: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
@@ -77,17 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
     args = parser.parse_args(words)
-
-    def body() -> int | None:
-        try:
-            return args.func(args)  # type: ignore[no-any-return]
-        except BrokenPipeError:  # the reader left (`tokenmill inspect ... | head`): stop quietly
-            # As Python's docs on SIGPIPE advise: point stdout at devnull so that the flush at
-            # exit does not raise again.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 1
-
-    return run_command(args.command, body)
+    return run_command(args.command, lambda: args.func(args))
 
 
 if __name__ == "__main__":

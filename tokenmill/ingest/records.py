@@ -1,9 +1,9 @@
-"""Streaming input readers: JSONL shards (plain, gzip, zstd) and Parquet/Arrow datasets.
+"""The JSONL reader (plain, gzip, zstd shards) and what every input reader shares.
 
-Every reader yields ``Batch``es of document texts (and, on request, the full records) with
-memory bounded by the batch size. JSONL is read in large decompressed blocks, split with bytes
-methods and parsed with orjson; only lines that fail the fast path are looked at again, to
-classify them precisely (blank, invalid UTF-8, invalid JSON, not an object, missing or non-string
+Every reader (this one, ``tables``) yields ``Batch``es of document texts (and, on request, the full
+records) with memory bounded by the batch size. JSONL is read in large decompressed blocks, split
+with bytes methods and parsed with orjson; only lines that fail the fast path are looked at again,
+to classify them precisely (blank, invalid UTF-8, invalid JSON, not an object, missing or non-string
 text, lone surrogates). A bad line either stops the run (``BadRecordError``, ``FILE:LINE: reason``)
 or goes to a ``Quarantine`` with its original bytes, so ``lines == documents + quarantined + blank``
 always holds.
