@@ -36,6 +36,7 @@ from tokenmill.errors import ConfigError, InputError
 from tokenmill.formats.shard_records import IngestStats
 from tokenmill.ingest.records import Batch, Quarantine, shard_name
 from tokenmill.ingest.sources import read_input_batches
+from tokenmill.paths import name_problem
 
 DEFAULT_ROW_GROUP_ROWS = 1000
 PARQUET_COMPRESSION = "zstd"
@@ -98,8 +99,7 @@ class _Unconvertible(Exception):
 
 
 def _check_shard(shard: str) -> None:
-    bad = not shard or shard.startswith(".") or any(c in shard for c in "/\\")
-    if bad or any(ord(c) < 32 or ord(c) == 127 for c in shard):
+    if name_problem(shard) or shard.startswith("."):
         raise ConfigError(f"shard name {shard!r}: use a plain file name (no slashes, no leading .)")
 
 
