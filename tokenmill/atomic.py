@@ -18,7 +18,6 @@ creates ``<dir>/.tmp/``.
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import hashlib
 import json
@@ -29,6 +28,7 @@ import shutil
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import TracebackType
 from typing import IO, Any, Self, TypeVar
 
 from tokenmill.errors import FormatError
@@ -174,34 +174,6 @@ def discard_temp(fh: IO[Any] | None, tmp: str | os.PathLike[str] | None) -> None
             os.unlink(tmp)
 
 
-class TempWriter(abc.ABC):
-    """Base of a writer that spools to a temp and renames it into place: used as a context
-    manager, a clean exit commits it (unless it is ``finished`` already), and an exception, or
-    a commit that fails (e.g. a full disk at the fsync), discards it: no temp stays behind."""
-
-    finished = False
-
-    @abc.abstractmethod
-    def commit(self) -> None: ...
-
-    @abc.abstractmethod
-    def discard(self) -> None: ...
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
-        if exc_type is not None:
-            self.discard()
-            return
-        try:
-            if not self.finished:
-                self.commit()
-        except BaseException:
-            self.discard()
-            raise
-
-
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
     """Open a temp of ``path`` for writing; on clean exit fsync and rename it to ``path``.
@@ -343,3 +315,35 @@ def file_sha256(
             if left > 0:
                 left -= len(chunk)
     return h.hexdigest()
+
+
+class CommitOnExit:
+    """A writer used as a context manager: a clean exit commits it (``finalize``), an exception
+    discards what it wrote (``abort``), and so does a commit that fails (e.g. a full disk at
+    the fsync), so no temp file stays behind. ``finalize`` does nothing once it has committed."""
+
+    def finalize(self) -> None:
+        """Commit what was written (a subclass's own protocol: temp, fsync, rename)."""
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Discard everything written so far."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.abort()
+            return
+        try:
+            self.finalize()
+        except BaseException:
+            self.abort()
+            raise

@@ -10,10 +10,10 @@ import os
 from pathlib import Path
 from typing import IO
 
-from tokenmill.atomic import TempWriter, commit, create_temp, discard_temp, name_os_errors
+from tokenmill.atomic import CommitOnExit, commit, create_temp, discard_temp, name_os_errors
 
 
-class Quarantine(TempWriter):
+class Quarantine(CommitOnExit):
     """Collects bad lines (source path, 1-based line, reason, raw bytes) and writes them atomically.
 
     Records are spooled to a temporary sibling of ``path`` as they arrive (memory stays bounded);
@@ -28,6 +28,7 @@ class Quarantine(TempWriter):
         self._tmp: Path | None = None
         self._fh: IO[bytes] | None = None
         self._count = 0
+        self._finished = False
 
     def add(self, source: str, line: int, reason: str, raw: bytes) -> None:
         """Append one bad line."""
@@ -63,16 +64,23 @@ class Quarantine(TempWriter):
         if self._tmp is not None:
             commit(self._tmp, self.path)
             self._tmp = None
-        self.finished = True
+        self._finished = True
 
     def discard(self) -> None:
         """Drop everything collected; ``path`` is left untouched."""
         discard_temp(self._fh, self._tmp)
         self._fh, self._tmp = None, None
-        self.finished = True
+        self._finished = True
+
+    def finalize(self) -> None:
+        """``commit`` unless already committed or discarded (a clean exit from ``with``)."""
+        if not self._finished:
+            self.commit()
+
+    abort = discard  # an exception in ``with``
 
     def _open(self) -> IO[bytes]:
-        if self.finished:
+        if self._finished:
             raise ValueError(f"{self.path}: quarantine already committed or discarded")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp, fh = create_temp(self.path, lambda t: open(t, "wb"))  # noqa: SIM115 - commit/discard close it
