@@ -50,8 +50,7 @@ from assets.support.staleness import (
 from assets.support.takedowns import TAKEDOWNS, list_recorded, read_storage_ledger
 from pipelines.build import build_definitions
 from pipelines.instance import ensure_dagster_home, ensure_pool_limits
-from pipelines.jobs import DOWNSTREAM_STAGES as DATASET_STAGES
-from pipelines.jobs import REFRESH_JOB, shard_job_name
+from pipelines.jobs import DOWNSTREAM_STAGES, REFRESH_JOB, shard_job_name
 from pipelines.runguard import (
     fail_interrupted_runs,
     instance_errors,
@@ -181,7 +180,7 @@ def stale_downstream(
             continue
         merged_key, nanoset_key = AssetKey([ds.name, "merged"]), AssetKey([ds.name, "nanoset"])
         if not expected or recorded_version(instance, merged_key) != expected[merged_key]:
-            stale += [AssetKey([ds.name, stage]) for stage in DATASET_STAGES]
+            stale += [AssetKey([ds.name, stage]) for stage in DOWNSTREAM_STAGES]
         elif recorded_version(instance, nanoset_key) != expected[nanoset_key]:
             stale.append(nanoset_key)
     for blend in recipe.blends:

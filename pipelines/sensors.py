@@ -6,10 +6,10 @@ The shard sensor is a plain function (:func:`plan_tick`) diffing the source list
 JSON cursor ``{shard: fingerprint}``, wrapped in a sensor returning one ``SensorResult``:
 
 - new shards: added to the partition set and run over ranges of up to
-  ``MAX_SHARDS_PER_RUN`` consecutive partitions (:func:`shard_ranges`), the same range execution
-  as a backfill (tags ``dagster/asset_partition_range_start``/``_end``); a range of one shard is
-  a plain single-partition run. ``run_key`` = the range and its shards' fingerprints, so a tick
-  never requests the same work twice;
+  ``PARTITIONS_PER_BACKFILL_RUN`` consecutive partitions (:func:`shard_ranges`), the same range
+  execution as a backfill (tags ``dagster/asset_partition_range_start``/``_end``); a range of
+  one shard is a plain single-partition run. ``run_key`` = the range and its shards'
+  fingerprints, so a tick never requests the same work twice;
 - changed shards (new size/mtime): run again, in ranges of consecutive partitions likewise;
 - unrecorded shards (registered, no tokens recorded: never run, or left behind by a range whose
   neighbour failed): run again, unless in progress, or failed at the file listed now (a failed
@@ -71,7 +71,6 @@ running_sensor = functools.partial(
 AUTOMATION_SENSOR = "tokenmill_automation"
 # A sensor run (and a ``tokenmill materialize`` run) covers at most this many shards, as a
 # backfill run does: start-up is paid once per range instead of once per shard.
-MAX_SHARDS_PER_RUN = PARTITIONS_PER_BACKFILL_RUN
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
 
@@ -106,7 +105,7 @@ def range_run_key(fingerprints: Mapping[str, str]) -> str:
 
 
 def shard_ranges(
-    order: list[str], keys: list[str], size: int = MAX_SHARDS_PER_RUN
+    order: list[str], keys: list[str], size: int = PARTITIONS_PER_BACKFILL_RUN
 ) -> list[list[str]]:
     """``keys`` cut into runs of partitions that are consecutive in ``order`` (the partition
     set's order: a Dagster range over dynamic partitions spans every key between its ends in
@@ -146,8 +145,8 @@ def shard_run_requests(
     order: list[str],
 ) -> list[RunRequest]:
     """Shard-job runs over ranges of ``keys`` (consecutive in the partition order ``order``,
-    at most ``MAX_SHARDS_PER_RUN`` each), leaving out shards the staleness model finds current
-    at this fingerprint (made by any run: sensor, backfill, ``tokenmill materialize``, UI);
+    at most ``PARTITIONS_PER_BACKFILL_RUN`` each), leaving out shards the staleness model finds
+    current at this fingerprint (made by any run: sensor, backfill, ``tokenmill materialize``, UI);
     ``run_key`` carries the shards' fingerprints."""
     wanted = {key: listing.shards[key].fingerprint for key in keys}
     done = current_shards(instance, ds, wanted)

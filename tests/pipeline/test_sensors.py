@@ -18,12 +18,12 @@ from dagster import (
     build_sensor_context,
 )
 
+from assets.shards import PARTITIONS_PER_BACKFILL_RUN
 from assets.support.partitions import partitions_name
 from assets.support.sources import Listing, ShardFile, diff_listing, find_shard, list_shards
 from assets.support.staleness import current_shards
 from pipelines.sensors import (
     AUTOMATION_SENSOR,
-    MAX_SHARDS_PER_RUN,
     RANGE_END,
     RANGE_START,
     plan_recipe,
@@ -215,7 +215,7 @@ def test_burst_of_new_shards_runs_in_ranges_of_sixteen(
     covered = []
     for run in result.run_requests:
         start, end = order.index(run.tags[RANGE_START]), order.index(run.tags[RANGE_END])
-        assert end - start + 1 <= MAX_SHARDS_PER_RUN
+        assert end - start + 1 <= PARTITIONS_PER_BACKFILL_RUN
         covered += order[start : end + 1]
     assert len(result.run_requests) == 3 and covered == order
     assert len({r.run_key for r in result.run_requests}) == 3

@@ -70,7 +70,6 @@ def dataset_info_from_records(
     records: list[dict[str, Any]],
     *,
     extra: dict[str, Any] | None = None,
-    where: str | None = None,
 ) -> Path:
     """Write ``output_dir/dataset_info.json`` from ``parquet_record``s (in shard order): features
     (the shards' schemas must unify), ``train`` split sizes, shards; ``extra`` keys at the top
@@ -79,7 +78,7 @@ def dataset_info_from_records(
     out = Path(output_dir)
     if not records:
         raise InputError(f"{out / 'data'}: no .parquet shards to describe")
-    schemas = [record_schema(r, where or str(out / r["file"])) for r in records]
+    schemas = [record_schema(r, str(out / r["file"])) for r in records]
     shards = [
         {k: r[k] for k in ("file", "num_rows", "num_bytes", "size", "sha256")} for r in records
     ]
@@ -114,13 +113,12 @@ def dataset_info_from_records(
 def write_dataset_info(
     output_dir: str | os.PathLike[str],
     *,
-    features_from: list[Path] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``output_dir/dataset_info.json`` for Parquet files (default: every
-    ``output_dir/data/*.parquet``) through ``dataset_info_from_records``."""
+    """Write ``output_dir/dataset_info.json`` for every ``output_dir/data/*.parquet`` through
+    ``dataset_info_from_records``."""
     out = Path(output_dir)
-    files = sorted((out / "data").glob("*.parquet")) if features_from is None else features_from
+    files = sorted((out / "data").glob("*.parquet"))
     return dataset_info_from_records(out, [parquet_record(p, out) for p in files], extra=extra)
 
 
