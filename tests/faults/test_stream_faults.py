@@ -9,11 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from prod_servers import S3
-from s3faults import (
-    FaultProxy,
-    fast_retries_fixture,  # noqa: F401 (the fast_retries fixture)
-    proxy_fixture,  # noqa: F401 (the proxy fixture)
-)
+from s3faults import FaultProxy
 from servers import build_stream_root
 
 import tokenmill.formats.dataset_manifest as dataset_manifest

@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from pipeline_project import tokenizer_dir
 from tokenizers import normalizers
 
 from tokenmill.tokenize import parallel
@@ -24,7 +23,6 @@ from tokenmill.tokenize.tokenizer_guard import (
     unassigned_code_points,
     unicode_form,
 )
-from tokenmill_dev.bundled import build_bundled_tokenizer
 
 ORDINARY = [
     Path(json.__file__).read_text(encoding="utf-8")[k * 400 : (k + 1) * 400] for k in range(100)
@@ -44,18 +42,6 @@ TRICKY = [
     "newer than tokenizers: \u0898 \U00011935\U00011930 \u08ca",
     "",
 ]
-
-
-@pytest.fixture(scope="module")
-def qwen2_dir() -> Path:
-    """Qwen2-style byte-level BPE with an NFC normalizer (vocab 151646, eos 151643)."""
-    return build_bundled_tokenizer("qwen2", tokenizer_dir("qwen2"))
-
-
-@pytest.fixture(scope="module")
-def llama2_dir() -> Path:
-    """Llama-2-style SentencePiece BPE that adds BOS 1 (eos 2), from tokenizer.model.v1."""
-    return build_bundled_tokenizer("llama2", tokenizer_dir("llama2"))
 
 
 @functools.cache

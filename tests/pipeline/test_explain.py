@@ -6,7 +6,6 @@ document boundaries it gives; ``find`` finds every planted document and nothing 
 
 from __future__ import annotations
 
-import itertools
 import json
 import unicodedata
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _helpers import FLAG_COMBOS
 from dagster import DagsterInstance
 from pipeline_project import write_shard
 
@@ -29,15 +29,6 @@ from tokenmill.tokenize.tokenizer import load_tokenizer
 
 SPLITS = ("train", "valid", "test")
 EOD = 50256
-
-
-FLAGS = (
-    "reset_position_ids",
-    "reset_attention_mask",
-    "eod_mask_loss",
-    "create_attention_mask",
-    "inter_document_masking",
-)
 
 
 def _training_inputs(
@@ -144,8 +135,7 @@ def test_explain_maps_every_sample_to_its_source_lines(
                 assert row[piece.sample_range[1] - 1] == EOD
         # the training inputs agree with the boundaries explain gives, under every flag
         ids = np.arange(len(blend))
-        for values in itertools.product([False, True], repeat=len(FLAGS)):
-            flags = dict(zip(FLAGS, values, strict=True))
+        for flags in FLAG_COMBOS:
             got = blend.get_training_batch(ids, **flags)
             for i, prov in enumerate(found):
                 ends = [len(cache[(p.source, p.line)]) for p in prov.pieces]

@@ -13,7 +13,6 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from dagster import (
     AssetKey,
     DagsterInstance,
@@ -32,10 +31,6 @@ from pipelines.build import build_definitions
 from pipelines.sensors import RANGE_END, RANGE_START, RECIPE_SENSOR
 from tokenmill.recipe import Recipe
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
-    "ignore:Parameter `include_sources`:Warning",
-)
 BURST = ["bad-00000", "empty-00000", "trunc-00000"]
 
 

@@ -122,12 +122,6 @@ def execute(defs: Definitions, instance: DagsterInstance, request: RunRequest) -
     return bool(result.success)
 
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
-    "ignore:Parameter `include_sources`:Warning",
-)
-
-
 def test_shard_ranges_follow_the_partition_order() -> None:
     order = [f"s{i:03d}" for i in range(40)]
     assert shard_ranges(order, order) == [order[:16], order[16:32], order[32:]]

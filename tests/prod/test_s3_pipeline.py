@@ -12,19 +12,17 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize
-from pipeline_project import BAD_LINES, write_shard
+from dagster import AssetKey, DagsterInstance, build_sensor_context
+from pipeline_project import BAD_LINES, materialize_downstream, materialize_shards, write_shard
 from prod_servers import S3
 
 import assets.tokenized as assets_tokenized
 from assets.factory import build_assets
-from assets.support.partitions import partitions_name
 from assets.support.resources import StorageResource
 from assets.support.sources import diff_listing, list_shards
 from pipelines.build import build_definitions, resources_for
-from pipelines.jobs import SHARD_STAGES
 from pipelines.materialize import materialize_recipe
-from pipelines.sensors import RANGE_END, RANGE_START, range_run_key
+from pipelines.sensors import range_run_key
 from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe, load_recipe
 from tokenmill.storage import layout
@@ -35,11 +33,6 @@ from tokenmill.storage.s3 import shared_client
 from tokenmill_dev.corpus import stdlib_documents, write_jsonl_shards
 
 SECRET = "tm-secret-access-key-4f1c"  # the fake secret key: must never show up in a run
-
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
-    "ignore:Parameter `include_sources`:Warning",
-)
 
 
 @pytest.fixture
@@ -91,30 +84,13 @@ def run_everything(recipe: Recipe, instance: DagsterInstance, work: Path) -> lis
     results = []
     for ds in recipe.datasets:
         keys = sorted(list_shards(ds).shards)
-        instance.add_dynamic_partitions(partitions_name(ds.name), keys)
-        selection = [AssetKey([ds.name, stage]) for stage in SHARD_STAGES]
-        for key in keys:
-            results.append(
-                materialize(
-                    [*assets, *checks],
-                    instance=instance,
-                    resources=resources,
-                    partition_key=key,
-                    selection=selection,
-                    raise_on_error=False,
-                )
-            )
-            if not results[-1].success:
-                return results
-    downstream = [a.key for a in assets if a.partitions_def is None]
-    results.append(
-        materialize(
-            [*assets, *checks],
-            instance=instance,
-            resources=resources,
-            selection=downstream,
-            raise_on_error=False,
+        results += materialize_shards(
+            (assets, checks), instance, resources, ds.name, keys, raise_on_error=False
         )
+        if not results[-1].success:
+            return results
+    results.append(
+        materialize_downstream((assets, checks), instance, resources, raise_on_error=False)
     )
     return results
 
@@ -347,17 +323,12 @@ def test_raw_and_hf_artifacts_on_s3_name_s3_and_repeat_byte_identical(
         return s3.client.get_object(Bucket=s3.bucket, Key=f"root/{name}")["Body"].read()
 
     def run(*stages: str) -> None:
-        result = materialize(
-            [*assets, *checks],
-            instance=instance,
-            resources=resources,
-            partition_key="extra-00000",
-            selection=[AssetKey(["docs", stage]) for stage in stages],
+        [result] = materialize_shards(
+            (assets, checks), instance, resources, "docs", ["extra-00000"], stages=stages
         )
         assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
 
     with DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions(partitions_name("docs"), ["extra-00000"])
         run("raw_jsonl", "hf_dataset")
         first = {name: get(name) for name in names}
         # The hf step is no writer of the quarantine: deleted, it stays deleted.
@@ -403,13 +374,13 @@ def test_hf_format_source_on_s3(s3: S3, gpt2_dir: Path, tmp_path: Path) -> None:
     recipe = load_recipe(tmp_path / "recipe.yaml")
     assets, checks = build_assets(recipe)
     with DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions(partitions_name("wiki"), ["w"])
-        result = materialize(
-            [*assets, *checks],
-            instance=instance,
-            resources=resources_for(recipe),
-            partition_key="w",
-            selection=[AssetKey(["wiki", "hf_dataset"]), AssetKey(["wiki", "tokens"])],
+        [result] = materialize_shards(
+            (assets, checks),
+            instance,
+            resources_for(recipe),
+            "wiki",
+            ["w"],
+            stages=("hf_dataset", "tokens"),
         )
         assert all(e.passed for e in result.get_asset_check_evaluations())
     uri = f"s3://{s3.bucket}/sources/wiki/w.parquet"
@@ -440,13 +411,13 @@ def test_a_range_uploads_its_good_shards_before_failing_on_s3(
     keys = sorted(list_shards(recipe.dataset("docs")).shards)
     assert keys == ["part-00000", "part-00001"]
     with DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions(partitions_name("docs"), keys)
-        result = materialize(
-            [*assets, *checks],
-            instance=instance,
-            resources=resources_for(recipe),
-            selection=[AssetKey(["docs", stage]) for stage in SHARD_STAGES],
-            tags={RANGE_START: keys[0], RANGE_END: keys[-1]},
+        [result] = materialize_shards(
+            (assets, checks),
+            instance,
+            resources_for(recipe),
+            "docs",
+            keys,
+            ranged=True,
             raise_on_error=False,
         )
         assert not result.success

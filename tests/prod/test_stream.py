@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import FLAG_COMBOS
 from prod_servers import S3
 from servers import build_stream_root
 
@@ -26,13 +27,6 @@ from tokenmill.errors import CacheError
 from tokenmill.loader import BatchSampler, _s3, open_blend
 
 BLOCK = 512  # tiny blocks, so that samples straddle them
-FLAGS = (
-    "reset_position_ids",
-    "reset_attention_mask",
-    "eod_mask_loss",
-    "create_attention_mask",
-    "inter_document_masking",
-)
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -78,8 +72,7 @@ def test_every_sample_and_flag_equals_the_local_read(
             np.testing.assert_array_equal(remote[k], local[k])
         rng = np.random.default_rng(0)
         ids = rng.permutation(len(local))[:32]
-        for values in itertools.product([False, True], repeat=len(FLAGS)):
-            flags = dict(zip(FLAGS, values, strict=True))
+        for flags in FLAG_COMBOS:
             got = remote.get_training_batch(ids, eod_id=0, **flags)
             want = local.get_training_batch(ids, eod_id=0, **flags)
             assert got.keys() == want.keys()

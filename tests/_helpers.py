@@ -1,0 +1,67 @@
+"""Small helpers several test folders share (imported as ``_helpers``; tests/ is on the path)."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+# megatron-core's five training-input flags, the keywords of ``get_training_batch``.
+FLAGS = (
+    "reset_position_ids",
+    "reset_attention_mask",
+    "eod_mask_loss",
+    "create_attention_mask",
+    "inter_document_masking",
+)
+# Every combination of the five flags: 32 keyword dicts.
+FLAG_COMBOS = [
+    dict(zip(FLAGS, bits, strict=True)) for bits in itertools.product((False, True), repeat=5)
+]
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def bench_module(name: str) -> ModuleType:
+    """``bench/<name>.py`` imported as ``bench_<name>`` (bench/ is no package)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def corrupt_gigatoken(
+    monkeypatch: pytest.MonkeyPatch,
+    cache: Path,
+    hit: Callable[[str], bool] = lambda t: "MAGIC" in t,
+) -> None:
+    """Make the gigatoken engine wrong on purpose: the last id of every document ``hit`` picks is
+    dropped. The verification cache moves to a copy in ``cache`` first, so that no verdict this
+    corrupt engine earns outlives the test."""
+    from tokenmill.tokenize.tokenizer import GigatokenEncoder
+
+    shutil.copytree(os.environ["TOKENMILL_CACHE_DIR"], cache)
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(cache))
+    real = GigatokenEncoder._encode_flat
+
+    def corrupt(self: Any, texts: list[str], threads: bool) -> tuple[np.ndarray, np.ndarray]:
+        flat, lengths = real(self, texts, threads)
+        picked = np.array([hit(t) for t in texts], dtype=bool)
+        if picked.any():
+            keep = np.ones(flat.size, dtype=bool)
+            keep[np.cumsum(lengths)[picked] - 1] = False
+            flat, lengths = flat[keep], lengths - picked
+        return flat, lengths
+
+    monkeypatch.setattr(GigatokenEncoder, "_encode_flat", corrupt)
