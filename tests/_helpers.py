@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import itertools
 import os
@@ -65,3 +66,11 @@ def corrupt_gigatoken(
         return flat, lengths
 
     monkeypatch.setattr(GigatokenEncoder, "_encode_flat", corrupt)
+
+
+@functools.cache
+def reference_tokenizer(path: Path) -> Any:
+    """What Megatron's HuggingFaceTokenizer wraps: transformers' ``AutoTokenizer`` of ``path``."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import gzip
 import json
 import os
@@ -19,7 +18,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from _helpers import corrupt_gigatoken
+from _helpers import corrupt_gigatoken, reference_tokenizer
 
 from tokenmill.atomic import file_sha256
 from tokenmill.cli import main
@@ -48,16 +47,9 @@ EDGE_TEXTS = [
 ]
 
 
-@functools.cache
-def _reference(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-
-
 def expected_pair(path: Path, texts: list[str], eod: bool) -> tuple[list[list[int]], Any]:
     """Megatron's per-document ids: ``tokenizer(text).input_ids`` (+ eos when non-empty)."""
-    tok = _reference(path)
+    tok = reference_tokenizer(path)
     docs = [list(tok(t).input_ids) for t in texts]
     if eod:
         docs = [[*d, tok.eos_token_id] if d else d for d in docs]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -13,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _helpers import reference_tokenizer
 from pipeline_project import tokenizer_dir
 
 from tokenmill.errors import ConfigError
@@ -44,16 +44,9 @@ REAL_TEXTS = [
 ]
 
 
-@functools.cache
-def _reference(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-
-
 def reference_ids(path: Path, texts: list[str]) -> list[list[int]]:
     """What Megatron's HuggingFaceTokenizer computes: ``tokenizer(text).input_ids``."""
-    tok = _reference(path)
+    tok = reference_tokenizer(path)
     return [list(tok(t).input_ids) for t in texts]
 
 
@@ -79,7 +72,7 @@ def split(flat: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
 def test_bundled_special_ids_and_encodings(
     name: str, vocab: int, specials: tuple, encoded: dict, request: pytest.FixtureRequest
 ) -> None:
-    tok = _reference(request.getfixturevalue(name))
+    tok = reference_tokenizer(request.getfixturevalue(name))
     assert len(tok) == vocab
     assert (tok.eos_token, tok.eos_token_id, tok.bos_token_id) == specials
     assert {text: tok(text).input_ids for text in encoded} == encoded
@@ -184,7 +177,7 @@ def test_fast_engines_give_reference_ids_tekken(tekken_dir: Path, engine: str) -
 
 def test_nfkc_and_bos_template_tokenizer(tiny_dir: Path) -> None:
     info = inspect_tokenizer(tiny_dir)
-    bos = _reference(tiny_dir).bos_token_id
+    bos = reference_tokenizer(tiny_dir).bos_token_id
     assert info.prefix_ids == (bos,)
     assert info.normalizer == "NFKC"  # the fast engines run behind unicodedata's NFKC
     assert info.usable_engines() == list(ENGINES)
@@ -250,7 +243,7 @@ def test_template_ids() -> None:
 
 
 def test_passthrough_problem_detects_overrides(gpt2_dir: Path) -> None:
-    tok = _reference(gpt2_dir)
+    tok = reference_tokenizer(gpt2_dir)
     assert passthrough_problem(tok) is None
 
     class Custom(type(tok)):  # type: ignore[misc]

@@ -134,16 +134,16 @@ def test_bad_record_in_fail_mode_fails_only_that_dataset(
 
 def test_dagster_materialize_end_to_end(recipe: Recipe, instance: DagsterInstance) -> None:
     """The same graph through ``dagster.materialize``: each shard partition, then downstream."""
-    assets, checks = build_assets(recipe)
+    graph = build_assets(recipe)
     resources = resources_for(recipe)
     keys = {"docs": ["extra-00000", "part-00000"], "code": ["part-00000", "part-00001"]}
     (Path(recipe.dataset("docs").source) / "part-00001.jsonl").unlink()
     (Path(recipe.dataset("docs").source) / "part-00002.jsonl").unlink()
     for ds, shards in keys.items():
-        results = materialize_shards((assets, checks), instance, resources, ds, shards)
+        results = materialize_shards(graph, instance, resources, ds, shards)
         assert [r.success for r in results] == [True] * len(shards)
         assert all(e.passed for r in results for e in r.get_asset_check_evaluations())
-    result = materialize_downstream((assets, checks), instance, resources)
+    result = materialize_downstream(graph, instance, resources)
     assert result.success
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert evaluations == {

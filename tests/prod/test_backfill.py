@@ -116,16 +116,14 @@ def test_range_run_matches_single_shard_runs_and_checks_every_shard(
     make_recipe: Callable[..., Recipe], tmp_path: Path
 ) -> None:
     recipe = make_recipe()
-    assets, checks = build_assets(recipe)
+    graph = build_assets(recipe)
     resources = resources_for(recipe)
     keys = sorted(p.name.split(".")[0] for p in Path(recipe.dataset("docs").source).iterdir())
     keys.sort(key=natural_key)
     selection = [AssetKey(["docs", stage]) for stage in SHARD_STAGES]
     tokens = Path(recipe.storage.root) / "tokens" / "docs"
     with DagsterInstance.ephemeral() as instance:
-        [result] = materialize_shards(
-            (assets, checks), instance, resources, "docs", keys, ranged=True
-        )
+        [result] = materialize_shards(graph, instance, resources, "docs", keys, ranged=True)
         assert result.success
         events = result.get_asset_materialization_events()
         by_asset: dict[str, list[str]] = {}
@@ -163,7 +161,7 @@ def test_range_run_matches_single_shard_runs_and_checks_every_shard(
 
         shutil.rmtree(tokens)
         again = [keys[0], keys[2]]  # the shard with bad lines and a clean one
-        runs = materialize_shards((assets, checks), instance, resources, "docs", again)
+        runs = materialize_shards(graph, instance, resources, "docs", again)
         assert [run.success for run in runs] == [True] * len(again)
     singles = token_files(tokens)
     assert len(ranged) == 3 * len(keys) and len(singles) == 3 * len(again)
@@ -199,17 +197,11 @@ def test_failing_shard_fails_alone_in_its_range(
     with its own metadata and data version, the bad one is recorded as failed at the source
     fingerprint it read, and the failure names it in structured metadata."""
     recipe = make_recipe(datasets={"docs": {"source": "sources/docs", "on_bad_record": "fail"}})
-    assets, checks = build_assets(recipe)
+    graph = build_assets(recipe)
     keys = ["extra-00000", "part-00000"]
     with DagsterInstance.ephemeral() as instance:
         [result] = materialize_shards(
-            (assets, checks),
-            instance,
-            resources_for(recipe),
-            "docs",
-            keys,
-            ranged=True,
-            raise_on_error=False,
+            graph, instance, resources_for(recipe), "docs", keys, ranged=True, raise_on_error=False
         )
         assert not result.success
         raw = AssetKey(["docs", "raw_jsonl"])

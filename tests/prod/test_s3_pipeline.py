@@ -76,7 +76,7 @@ def s3_recipe(
 
 def run_everything(recipe: Recipe, instance: DagsterInstance, work: Path) -> list[Any]:
     """Every shard partition through its stages, then everything downstream; the results."""
-    assets, checks = build_assets(recipe)
+    graph = build_assets(recipe)
     resources = resources_for(recipe)
     resources["storage"] = StorageResource(
         root=recipe.storage.root, s3_endpoint_url=recipe.storage.s3_endpoint_url, work_dir=str(work)
@@ -85,13 +85,11 @@ def run_everything(recipe: Recipe, instance: DagsterInstance, work: Path) -> lis
     for ds in recipe.datasets:
         keys = sorted(list_shards(ds).shards)
         results += materialize_shards(
-            (assets, checks), instance, resources, ds.name, keys, raise_on_error=False
+            graph, instance, resources, ds.name, keys, raise_on_error=False
         )
         if not results[-1].success:
             return results
-    results.append(
-        materialize_downstream((assets, checks), instance, resources, raise_on_error=False)
-    )
+    results.append(materialize_downstream(graph, instance, resources, raise_on_error=False))
     return results
 
 
@@ -308,7 +306,7 @@ def test_raw_and_hf_artifacts_on_s3_name_s3_and_repeat_byte_identical(
     s3.client.put_object(Bucket=s3.bucket, Key="sources/docs/extra-00000.jsonl", Body=data)
     uri = f"s3://{s3.bucket}/sources/docs/extra-00000.jsonl"
     work = tmp_path / "work"
-    assets, checks = build_assets(recipe)
+    graph = build_assets(recipe)
     resources = resources_for(recipe)
     resources["storage"] = StorageResource(
         root=recipe.storage.root, s3_endpoint_url=s3.endpoint, work_dir=str(work)
@@ -324,7 +322,7 @@ def test_raw_and_hf_artifacts_on_s3_name_s3_and_repeat_byte_identical(
 
     def run(*stages: str) -> None:
         [result] = materialize_shards(
-            (assets, checks), instance, resources, "docs", ["extra-00000"], stages=stages
+            graph, instance, resources, "docs", ["extra-00000"], stages=stages
         )
         assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
 
@@ -372,15 +370,10 @@ def test_hf_format_source_on_s3(s3: S3, gpt2_dir: Path, tmp_path: Path) -> None:
     }
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
     recipe = load_recipe(tmp_path / "recipe.yaml")
-    assets, checks = build_assets(recipe)
+    graph = build_assets(recipe)
     with DagsterInstance.ephemeral() as instance:
         [result] = materialize_shards(
-            (assets, checks),
-            instance,
-            resources_for(recipe),
-            "wiki",
-            ["w"],
-            stages=("hf_dataset", "tokens"),
+            graph, instance, resources_for(recipe), "wiki", ["w"], stages=("hf_dataset", "tokens")
         )
         assert all(e.passed for e in result.get_asset_check_evaluations())
     uri = f"s3://{s3.bucket}/sources/wiki/w.parquet"
@@ -399,7 +392,7 @@ def test_a_range_uploads_its_good_shards_before_failing_on_s3(
     """One shard of a range fails at ``tokens``: its neighbour's pair reaches the bucket and is
     recorded on its own; nothing of the failed shard's tokens is uploaded."""
     recipe = s3_recipe(tmp_path, s3, gpt2_dir, s3.bucket)
-    assets, checks = build_assets(recipe)
+    graph = build_assets(recipe)
     real = assets_tokenized.tokenize_files
 
     def failing(inputs: list[Path], *args: Any, **kwargs: Any) -> Any:
@@ -412,13 +405,7 @@ def test_a_range_uploads_its_good_shards_before_failing_on_s3(
     assert keys == ["part-00000", "part-00001"]
     with DagsterInstance.ephemeral() as instance:
         [result] = materialize_shards(
-            (assets, checks),
-            instance,
-            resources_for(recipe),
-            "docs",
-            keys,
-            ranged=True,
-            raise_on_error=False,
+            graph, instance, resources_for(recipe), "docs", keys, ranged=True, raise_on_error=False
         )
         assert not result.success
         [tokens] = instance.fetch_materializations(AssetKey(["docs", "tokens"]), limit=5).records
