@@ -7,8 +7,11 @@ import importlib.util
 import itertools
 import os
 import shutil
+import signal
+import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -74,3 +77,33 @@ def reference_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def stop_group(process: subprocess.Popen[bytes], term_seconds: float = 60) -> None:
+    """SIGTERM to the process group led by ``process.pid``; SIGKILL if it lingers."""
+    for sig, wait in ((signal.SIGTERM, term_seconds), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@contextmanager
+def process_group(
+    command: list[str], *, cwd: Path, env: dict[str, str], log: Path, term_seconds: float = 60
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``command`` leading a session of its own, its output to ``log``; its whole process group
+    stopped on exit (``stop_group``)."""
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            command, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        yield process
+    finally:
+        stop_group(process, term_seconds)

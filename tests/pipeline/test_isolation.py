@@ -22,8 +22,8 @@ from dagster import (
     build_sensor_context,
     evaluate_automation_conditions,
 )
-from sensor_runs import apply, execute
-from sensor_runs import tick as sensor_tick
+from in_process import apply, execute
+from in_process import tick as sensor_tick
 
 from assets.support.complete import LEFT_OUT
 from assets.support.partitions import partitions_name

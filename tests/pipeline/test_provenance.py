@@ -74,13 +74,6 @@ def run(recipe: Recipe, resources: dict[str, object], instance: DagsterInstance)
     return functools.partial(run_asset, recipe, resources, instance)
 
 
-@pytest.fixture
-def storage(resources: dict[str, object]) -> StorageResource:
-    store = resources["storage"]
-    assert isinstance(store, StorageResource)
-    return store
-
-
 def test_raw_stats_record_input_config_counts_and_quarantine(
     recipe: Recipe, storage: StorageResource, run: Run
 ) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from dagster import AssetKey, DagsterInstance, Definitions
-from sensor_runs import apply, execute, tick
+from in_process import apply, execute, tick
 
 from assets.support.partitions import partitions_name
 from assets.support.sources import Listing, ShardFile, diff_listing, find_shard, list_shards
