@@ -107,3 +107,7 @@ def process_group(
         yield process
     finally:
         stop_group(process, term_seconds)
+
+
+# The annotation of pytest's ``capsys`` fixture.
+Capture = pytest.CaptureFixture[str]

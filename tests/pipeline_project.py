@@ -33,6 +33,10 @@ def tokenizer_dir(name: str) -> Path:
     return repo if (repo / "tokenizer.json").is_file() else TOKENIZER_CACHE / name
 
 
+# Annotations of the ``make_recipe`` and ``documents`` fixtures (tests/conftest.py).
+MakeRecipe = Callable[..., Recipe]
+Documents = dict[str, list[dict[str, str]]]
+
 BAD_LINES = [b'{"text": "unterminated', b'{"title": "no text field"}', b'{"text": 7}']
 
 

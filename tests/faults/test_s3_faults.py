@@ -19,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import Capture
 from dagster import AssetKey, DagsterInstance
+from pipeline_project import MakeRecipe
 from prod_servers import S3
 from s3faults import FaultProxy, files_under, materialize_shard, s3_tree, step_errors, unvouched
 
@@ -27,7 +29,6 @@ from tokenmill.cli import main
 from tokenmill.errors import InputError
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
-from tokenmill.recipe import Recipe
 from tokenmill.storage import layout
 from tokenmill.storage import s3 as tm_s3
 from tokenmill.storage import staging as s3_stage
@@ -36,7 +37,6 @@ from tokenmill.storage.s3 import shared_client
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = "blends/mix/manifest.json"
-Capture = pytest.CaptureFixture[str]
 TRAIN_INDEX = r"blends/mix/versions/[0-9a-f]{16}/train-dataset_index\.npy$"
 DOCS_BIN = r"merged/docs_text_document\.bin$"
 BOTO_ATTEMPTS = 1 + tm_s3.MAX_ATTEMPTS  # per request: botocore's first try and its retries
@@ -217,7 +217,7 @@ def test_sigkilled_pull_reruns_to_identical_bytes(
 
 
 def test_pipeline_run_on_s3_rides_out_transient_faults_and_fails_cleanly_on_persistent_ones(
-    s3: S3, make_recipe: Callable[..., Recipe], tmp_path: Path, proxy: FaultProxy
+    s3: S3, make_recipe: MakeRecipe, tmp_path: Path, proxy: FaultProxy
 ) -> None:
     recipe = make_recipe(
         storage={"root": f"s3://{s3.bucket}/root", "s3_endpoint_url": proxy.endpoint}

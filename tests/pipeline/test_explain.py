@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from _helpers import FLAG_COMBOS
+from _helpers import FLAG_COMBOS, Capture
 from dagster import DagsterInstance
-from pipeline_project import write_shard
+from pipeline_project import Documents, MakeRecipe, write_shard
 
 from pipelines.materialize import materialize_recipe
 from tokenmill.cli import main
@@ -24,7 +23,6 @@ from tokenmill.formats.shard_records import read_dochash, text_digest
 from tokenmill.ingest.records import document_lines
 from tokenmill.loader import open_blend
 from tokenmill.provenance import Piece, explain, find, resolve_queries, text_hash
-from tokenmill.recipe import Recipe
 from tokenmill.tokenize.tokenizer import load_tokenizer
 
 SPLITS = ("train", "valid", "test")
@@ -90,11 +88,7 @@ def _source_line(path: str, line: int) -> dict[str, Any]:
     ],
 )
 def test_explain_maps_every_sample_to_its_source_lines(
-    make_recipe: Callable[..., Recipe],
-    instance: DagsterInstance,
-    gpt2_dir: Path,
-    semantics: str,
-    merge: str,
+    make_recipe: MakeRecipe, instance: DagsterInstance, gpt2_dir: Path, semantics: str, merge: str
 ) -> None:
     extra: dict[str, Any] = {"semantics": semantics}
     if semantics != "megatron":
@@ -149,9 +143,7 @@ def test_explain_maps_every_sample_to_its_source_lines(
 
 
 def test_find_every_planted_document_and_nothing_else(
-    make_recipe: Callable[..., Recipe],
-    instance: DagsterInstance,
-    documents: dict[str, list[dict[str, str]]],
+    make_recipe: MakeRecipe, instance: DagsterInstance, documents: Documents
 ) -> None:
     recipe = make_recipe(nanoset={"train_samples": 2000})  # several epochs: every train doc
     planted = [
@@ -212,11 +204,11 @@ def test_find_every_planted_document_and_nothing_else(
 
 
 def test_explain_and_find_commands(
-    make_recipe: Callable[..., Recipe],
+    make_recipe: MakeRecipe,
     instance: DagsterInstance,
     gpt2_dir: Path,
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    capsys: Capture,
 ) -> None:
     recipe = make_recipe()
     assert materialize_recipe(recipe, instance) == 0
