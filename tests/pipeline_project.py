@@ -91,7 +91,7 @@ def make_project(
     return load_recipe(path)
 
 
-def s3_project(make_recipe: Callable[..., Recipe], s3: S3) -> Recipe:
+def s3_project(make_recipe: MakeRecipe, s3: S3) -> Recipe:
     """The tiny project with its sources uploaded to ``s3://<bucket>/sources/<ds>/`` and the
     storage root at ``s3://<bucket>/root`` (the recipe file is rewritten)."""
     local = make_recipe()  # writes the corpus under tmp_path/sources (once)
@@ -181,8 +181,10 @@ def materialize_shards(
     if missing := [key for key in keys if key not in known]:
         instance.add_dynamic_partitions(name, missing)
     selection = [AssetKey([ds, stage]) for stage in stages or SHARD_STAGES]
-    runs = [{"tags": {RANGE_START: keys[0], RANGE_END: keys[-1]}}] if ranged else []
-    runs = runs or [{"partition_key": key} for key in keys]
+    if ranged:
+        runs: list[dict[str, Any]] = [{"tags": {RANGE_START: keys[0], RANGE_END: keys[-1]}}]
+    else:
+        runs = [{"partition_key": key} for key in keys]
     results = []
     for run in runs:
         result = materialize(
