@@ -67,7 +67,7 @@ from pipelines.summary import (
     run_failures,
     write_failure_log,
 )
-from tokenmill.errors import ConfigError, TokenmillError
+from tokenmill.cli import run_command
 from tokenmill.formats.merge import natural_key
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe, recipe_path
 from tokenmill.storage.s3 import call, shared_client, split_uri
@@ -271,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         "-v", "--verbose", action="store_true", help="print Dagster's warnings and tracebacks"
     )
     args = parser.parse_args(argv)
-    try:
+
+    def body() -> int:
         recipe = load_recipe(recipe_path(args.recipe))
         home = ensure_dagster_home()
         os.environ.setdefault("DAGSTER_HOME", str(home))
@@ -288,15 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"run {run_id}: its process is gone (killed or stopped); marked failed")
             ensure_pool_limits(instance)
             return materialize_recipe(recipe, instance, verbose=args.verbose, home=home)
-    except ConfigError as exc:
-        print(f"tokenmill materialize: error: {exc}", file=sys.stderr)
-        return 2
-    except (TokenmillError, OSError) as exc:  # OSError: a full or failing disk, named file
-        print(f"tokenmill materialize: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("tokenmill materialize: interrupted; the run in progress is marked failed")
-        return 130
+
+    return run_command("materialize", body, "interrupted; the run in progress is marked failed")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ Dagster's automation sensor starts stopped; ours starts running so that ``merged
 and ``blend/*`` follow new shards without a click.
 """
 
+import functools
 import hashlib
 import json
 from collections.abc import Collection, Mapping
@@ -61,6 +62,12 @@ from tokenmill.formats.takedown_records import list_sha256
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe
 
 SENSOR_INTERVAL_SECONDS = 30
+# Every sensor here starts running and ticks at most every SENSOR_INTERVAL_SECONDS.
+running_sensor = functools.partial(
+    sensor,
+    minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
+    default_status=DefaultSensorStatus.RUNNING,
+)
 AUTOMATION_SENSOR = "tokenmill_automation"
 # A sensor run (and a ``tokenmill materialize`` run) covers at most this many shards, as a
 # backfill run does: start-up is paid once per range instead of once per shard.
@@ -229,11 +236,9 @@ def build_shard_sensor(
     shard and merge jobs; ``endpoint_url`` the S3 endpoint of an ``s3://`` source."""
     partitions = shard_partitions(ds.name)
 
-    @sensor(
+    @running_sensor(
         name=f"{ds.name}_shard_sensor",
         jobs=jobs,
-        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
-        default_status=DefaultSensorStatus.RUNNING,
         description=f"Watches {ds.source} for new, changed and vanished shards of {ds.name}.",
     )
     def shard_sensor(context: SensorEvaluationContext) -> SensorResult:
@@ -319,11 +324,9 @@ def build_recipe_sensor(recipe: Recipe, job: AssetJob) -> SensorDefinition:
     is. A recipe that does not load is reported on the tick and changes nothing."""
     loaded = recipe_code_versions(recipe)
 
-    @sensor(
+    @running_sensor(
         name=RECIPE_SENSOR,
         job=job,
-        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
-        default_status=DefaultSensorStatus.RUNNING,
         description=f"Rebuilds indices and blends whose settings in {recipe.path} changed.",
     )
     def recipe_sensor(context: SensorEvaluationContext) -> SensorResult:
@@ -354,11 +357,9 @@ def build_takedown_sensor(recipe: Recipe, job: AssetJob) -> SensorDefinition:
     the digest as run key. A missing list is the tick's skip reason."""
     path = Path(str(recipe.takedown.list))
 
-    @sensor(
+    @running_sensor(
         name=TAKEDOWN_SENSOR,
         job=job,
-        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
-        default_status=DefaultSensorStatus.RUNNING,
         description=f"Applies the takedown list {path} when it changes.",
     )
     def takedown_sensor(context: SensorEvaluationContext) -> SensorResult:

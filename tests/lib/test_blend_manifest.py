@@ -24,7 +24,7 @@ from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices import blend_build as blend_manifest
 from tokenmill.indices.blend_plan import skipped_warnings
-from tokenmill.indices.blend_versioning import blend_version
+from tokenmill.indices.blend_versioning import prepare_blend
 from tokenmill.indices.nanoset import NanosetIndex
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import open_blend
@@ -447,7 +447,7 @@ def test_flags_enter_the_version_the_manifest_and_match_tokenmill_index(
     assert flagged["drop_last_partial_validation"] is False
     assert len({default["version"], flagged["version"], only_drop["version"]}) == 3
     assert (
-        blend_version(
+        prepare_blend(
             "mix",
             datasets(root),
             root / "blends/mix",
@@ -464,7 +464,7 @@ def test_flags_enter_the_version_the_manifest_and_match_tokenmill_index(
                 ),
                 weights={"docs": 0.7, "code": 0.3},
             ),
-        )
+        ).version
         == flagged["version"]
     )
     # the valid index (one epoch) is the one `tokenmill index` builds with the flags

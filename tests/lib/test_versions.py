@@ -26,7 +26,7 @@ from tokenmill.formats.dataset_manifest import (
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices import blend_build as blend_manifest
 from tokenmill.indices import blend_plan
-from tokenmill.indices.blend_versioning import blend_version
+from tokenmill.indices.blend_versioning import prepare_blend
 from tokenmill.indices.nanoset import build_or_load
 from tokenmill.indices.settings import NanosetSettings
 from tokenmill.loader import open_blend, open_nanoset
@@ -55,7 +55,7 @@ def root(tmp_path: Path) -> Path:
     return tmp_path
 
 
-# The blend every test here builds (``build``) or names (``blend_version``).
+# The blend every test here builds (``build``) or names (``prepare_blend``).
 SETTINGS: dict = {**MIX, "sequence_length": S}
 
 
@@ -337,14 +337,15 @@ def test_manifest_self_hash_is_canonical(root: Path) -> None:
 
 
 def test_blend_version_is_known_before_building(root: Path) -> None:
-    """``blend_version`` (same arguments as build_blend) builds nothing and names the version
+    """``prepare_blend`` (same arguments as build_blend) builds nothing and names the version
     build_blend then writes: a caller can stage ``versions/<v16>/`` first."""
     datasets = mix_datasets(root)
     out, cache = root / "blends/mix", root / "nanoset"
-    version = blend_version("mix", datasets, out, cache, blend_values(**SETTINGS))
+    version = prepare_blend("mix", datasets, out, cache, blend_values(**SETTINGS)).version
     assert not out.exists() and not cache.exists()
     assert build(root)["version"] == version
-    assert blend_version("mix", datasets, out, cache, blend_values(**SETTINGS)) == version
+    again = prepare_blend("mix", datasets, out, cache, blend_values(**SETTINGS))
+    assert again.version == version
 
 
 def test_open_nanoset_fast_hashes_no_array_full_does(

@@ -229,7 +229,7 @@ def write_dataset_info_by_reading_parquet(
     storage: StorageResource, path: Path, block: dict[str, object]
 ) -> dict[str, object]:
     """What reading every Parquet file gives (the old way): the records must say the same."""
-    from tokenmill.ingest.export import write_dataset_info
+    from tokenmill.ingest.dataset_info import write_dataset_info
 
     copy = path.parent / "reread"
     (copy / "data").mkdir(parents=True)
