@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import json
 import posixpath
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import is_temp
+from tokenmill.atomic import is_temp, write_bytes
 from tokenmill.errors import ConflictError, InputError
 from tokenmill.formats.dataset_manifest import read_dataset_manifest
 from tokenmill.formats.nanoset_cache import segment_files
@@ -178,9 +178,28 @@ class S3Stage:
             self.get(obj, name)
         for rel in inputs:
             if is_pointer(rel) and rel not in self.pointers:
-                found = listed.get(rel)
-                etag = None if found is None else found.etag
-                self.pointers[rel] = ReadPointer(etag, pointer_version(self.local / rel))
+                self._read_pointer(rel, listed.get(rel))
+
+    def _read_pointer(self, rel: str, listed: S3Object | None) -> None:
+        """Remember a pointer as staged, with the ETag it was listed at (None: not there), for
+        the compare-and-swap of :meth:`push`."""
+        etag = None if listed is None else listed.etag
+        self.pointers[rel] = ReadPointer(etag, pointer_version(self.local / rel))
+
+    def mirror(self, wanted: Callable[[str], bool]) -> None:
+        """Stage every object of the root whose relative path ``wanted`` accepts: one LIST and
+        one GET each, no run cache; an object removed since the listing is not part of the root
+        now and is left out."""
+        for rel, obj in self.listing("").items():
+            if not wanted(rel):
+                continue
+            data = read_object(self.client, self.bucket, obj.key)
+            if data is None:
+                continue
+            write_bytes(self.local / rel, data)
+            self.fetched[rel] = _stamp(self.local / rel)
+            if is_pointer(rel):
+                self._read_pointer(rel, obj)
 
     def listing(self, rel_prefix: str) -> dict[str, S3Object]:
         """``{path relative to the root: object}`` of every object whose path starts with
