@@ -22,13 +22,13 @@ and only its bad blocks are fetched again, into a new file renamed over it). The
 commit order the pipeline uploads in (``tokenmill.storage.publish``: data, then index-cache
 descriptions and dataset manifests once all data is complete), and the blend manifest is written
 last (and a different one already in the destination is removed first), so its presence means
-"complete". Sources: a local path, or ``s3://bucket/key`` through boto3 (imported lazily;
-credentials only from the environment, endpoint from ``endpoint_url`` or ``$AWS_ENDPOINT_URL``).
+"complete". The source is a store (``tokenmill.storage.store``): the local file system rooted at
+``/``, or an ``s3://`` bucket through the shared client (credentials only from the environment,
+endpoint from ``endpoint_url`` or ``$AWS_ENDPOINT_URL``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import os
@@ -40,13 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import (
-    commit,
-    load_json,
-    name_os_errors,
-    temp_path_for,
-    write_bytes,
-)
+from tokenmill.atomic import atomic_open, load_json, write_bytes
 from tokenmill.errors import CacheError, ConfigError, FormatError, InputError
 from tokenmill.formats.blend_manifest import (
     MANIFEST_NAME,
@@ -58,21 +52,10 @@ from tokenmill.formats.virtual_merge import block_list_digest, check_manifest, i
 from tokenmill.paths import has_control_character, leading_parents
 from tokenmill.storage.layout import dataset_manifest, version_dir_name
 from tokenmill.storage.publish import publish
-from tokenmill.storage.pull_blocks import (
-    CHUNK,
-    PARTIAL_SUFFIX,
-    Wanted,
-    ranged,
-    sync,
-)
+from tokenmill.storage.pull_blocks import PARTIAL_SUFFIX, Wanted, sync
 from tokenmill.storage.pull_ledger import LEDGER_NAME, Ledger
-from tokenmill.storage.s3 import (
-    is_cut_body,
-    is_missing,
-    read_object,
-    shared_client,
-    split_uri,
-)
+from tokenmill.storage.s3 import split_uri
+from tokenmill.storage.store import LocalStore, S3Store, Store
 
 __all__ = [
     "LEDGER_NAME",
@@ -85,6 +68,7 @@ __all__ = [
 ]
 
 DEFAULT_JOBS = 8
+MALFORMED = (KeyError, TypeError, ValueError, AttributeError)  # what a malformed manifest raises
 
 
 @dataclass
@@ -97,77 +81,20 @@ class PullReport:
     bytes_fetched: int = 0  # bytes downloaded (blocks already there are not counted)
 
 
-class _LocalSource:
-    """Files under ``/``; keys are absolute paths without the leading slash."""
-
-    def uri(self, key: str) -> str:
-        return "/" + key
-
-    def read(self, key: str) -> bytes | None:
-        try:
-            return Path(self.uri(key)).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    @contextlib.contextmanager
-    def chunks(self, key: str, lo: int, hi: int) -> Iterator[Iterator[bytes]]:
-        with open(self.uri(key), "rb") as fh:
-            fh.seek(lo)
-            yield ranged(fh, hi - lo)
-
-    def cut(self, exc: BaseException) -> bool:
-        return False
-
-    def missing(self, exc: BaseException) -> bool:
-        return isinstance(exc, FileNotFoundError)
-
-
-class _S3Source:
-    """Objects of one bucket through a shared (thread-safe) boto3 client."""
-
-    def __init__(self, bucket: str, endpoint_url: str | None, jobs: int) -> None:
-        self.bucket = bucket
-        self.client = shared_client(endpoint_url, max_pool_connections=jobs + 2)
-
-    def uri(self, key: str) -> str:
-        return f"s3://{self.bucket}/{key}"
-
-    def read(self, key: str) -> bytes | None:
-        return read_object(self.client, self.bucket, key)
-
-    @contextlib.contextmanager
-    def chunks(self, key: str, lo: int, hi: int) -> Iterator[Iterator[bytes]]:
-        """Bytes ``lo..hi`` of the object (one range GET)."""
-        got = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={lo}-{hi - 1}")
-        body = got["Body"]
-        try:
-            yield body.iter_chunks(CHUNK)
-        finally:
-            body.close()
-
-    def missing(self, exc: BaseException) -> bool:
-        return is_missing(exc)
-
-    def cut(self, exc: BaseException) -> bool:
-        return is_cut_body(exc)
-
-
-_Source = _LocalSource | _S3Source
-
-
-def _open_source(uri: str, endpoint_url: str | None, jobs: int) -> tuple[_Source, str]:
-    """The source and the manifest's key; a folder (or S3 prefix) means its manifest.json."""
+def _open_source(uri: str, endpoint_url: str | None, jobs: int) -> tuple[Store, str]:
+    """The source (the bucket, or the file system from ``/``) and the manifest's key in it; a
+    folder (or S3 prefix) means its manifest.json."""
     if uri.startswith("s3://"):
         bucket, key = split_uri(uri)
         if not key.endswith(".json"):
             key = posixpath.join(key, MANIFEST_NAME) if key else MANIFEST_NAME
-        return _S3Source(bucket, endpoint_url, jobs), key
+        return S3Store(f"s3://{bucket}", endpoint_url, max_pool_connections=jobs + 2), key
     if "://" in uri:
         raise ConfigError(f"manifest URI {uri}: only local paths and s3:// URIs are supported")
     path = Path(uri).expanduser().resolve()
     if path.is_dir():
         path = path / MANIFEST_NAME
-    return _LocalSource(), path.as_posix().lstrip("/")
+    return LocalStore(Path("/")), path.as_posix().lstrip("/")
 
 
 def _source_key(manifest_dir: str, relative: object, uri: str) -> str:
@@ -214,7 +141,7 @@ class _Plan:
 
 
 def _plan(
-    manifest: dict[str, Any], manifest_key: str, source: _Source, uri: str, *, shards: bool
+    manifest: dict[str, Any], manifest_key: str, source: Store, uri: str, *, shards: bool
 ) -> _Plan:
     """What to pull, laid out relative to the deepest folder holding all of it (``shards``:
     with the dataset manifests of a virtual merge's shards, for their block lists)."""
@@ -228,7 +155,7 @@ def _plan(
             if (known.size, known.sha256, known.parts) != (want.size, want.sha256, want.parts):
                 raise FormatError(uri, "files", f"{entry['path']} recorded twice, differently")
         prefixes = [_source_key(mdir, ds["prefix"], uri) for ds in manifest["datasets"]]
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except MALFORMED as exc:
         raise FormatError(uri, "manifest", f"malformed ({exc!r})") from exc
     dataset_manifests = {}
     for prefix in prefixes:
@@ -236,12 +163,13 @@ def _plan(
         raw = source.read(key)
         if raw is not None:
             dataset_manifests[key] = raw
-            _attach_parts(files, posixpath.dirname(prefix), raw, source.uri(key))
-            found = _attach_shards(files, prefix, raw, source.uri(key))
+            _attach_parts(files, posixpath.dirname(prefix), raw, source.where(key))
+            found = _attach_shards(files, prefix, raw, source.where(key))
             if shards and found:
                 dataset_manifests.update(_shard_blocks(files, found, source))
     version = _version_manifest(manifest, manifest_key, source)
-    base = _common_dir([mdir, *(posixpath.dirname(k) for k in (*files, *dataset_manifests))])
+    folders = [mdir, *(posixpath.dirname(k) for k in (*files, *dataset_manifests))]
+    base = posixpath.commonpath(folders)  # the deepest folder holding all ("": the root)
     cut = len(base) + 1 if base else 0
     wanted = [dataclasses.replace(w, rel=w.key[cut:]) for w in files.values()]
     small = {k[cut:]: raw for k, raw in dataset_manifests.items()}
@@ -250,26 +178,41 @@ def _plan(
 
 
 def _version_manifest(
-    manifest: dict[str, Any], manifest_key: str, source: _Source
+    manifest: dict[str, Any], manifest_key: str, source: Store
 ) -> tuple[str, bytes] | None:
     """For a pointer (``blends/<name>/manifest.json``), its version's own manifest (key and
     exact bytes), so that the copy opens with ``open_blend(..., version=...)`` too."""
     version = manifest.get("version")
     mdir = posixpath.dirname(manifest_key)
-    if not isinstance(version, str) or posixpath.basename(posixpath.dirname(mdir)) == VERSIONS_DIR:
+    if not isinstance(version, str) or _in_versions(mdir):
         return None
-    key = posixpath.join(mdir, VERSIONS_DIR, version_dir_name(version), MANIFEST_NAME)
+    key = _version_key(mdir, version)
     raw = source.read(key)
     if raw is None:
         return None
-    if _parse_manifest(raw, source.uri(key)).get("version") != version:
-        raise FormatError(source.uri(key), "version", f"is not version {version}; not pulled")
+    if _parse_manifest(raw, source.where(key)).get("version") != version:
+        raise FormatError(source.where(key), "version", f"is not version {version}; not pulled")
     return key, raw
+
+
+def _in_versions(folder: str) -> bool:
+    """True for a version's folder (``<blend>/versions/<v16>``), not a pointer's."""
+    return posixpath.basename(posixpath.dirname(folder)) == VERSIONS_DIR
+
+
+def _version_key(folder: str, version: str) -> str:
+    """``<folder>/versions/<v16>/manifest.json``: a version's own manifest beside a pointer."""
+    return posixpath.join(folder, VERSIONS_DIR, version_dir_name(version), MANIFEST_NAME)
+
+
+def _parts(entry: dict[str, Any]) -> tuple[tuple[int, str], ...]:
+    """The ``(bytes, sha256)`` parts a manifest records for a file (a merge's ``.bin``)."""
+    return tuple((int(p["bytes"]), str(p["sha256"])) for p in entry.get("parts", ()))
 
 
 def _wanted(key: str, entry: dict[str, Any], what: str, uri: str) -> Wanted:
     """A FILE entry as a Wanted: ``{bytes, sha256}`` or ``{bytes, parts, sha256_of_parts}``."""
-    parts = tuple((int(p["bytes"]), str(p["sha256"])) for p in entry.get("parts", ()))
+    parts = _parts(entry)
     if "parts" in entry:
         tree = hashlib.sha256("".join(d for _, d in parts).encode()).hexdigest()
         if tree != entry.get("sha256_of_parts") or sum(n for n, _ in parts) != entry["bytes"]:
@@ -288,7 +231,7 @@ def _attach_parts(files: dict[str, Wanted], folder: str, raw: bytes, uri: str) -
             if key not in files:
                 continue
             want = files[key]
-            parts = tuple((int(p["bytes"]), str(p["sha256"])) for p in info.get("parts", ()))
+            parts = _parts(info)
             sha256 = str(info.get("sha256", want.sha256))
             if (
                 int(info["bytes"]) != want.size
@@ -302,17 +245,13 @@ def _attach_parts(files: dict[str, Wanted], folder: str, raw: bytes, uri: str) -
                     f"manifest {want.size} / {want.sha256 or 'by parts'}: the dataset changed "
                     "after the blend",
                 )
-            blocks = _block_list(info, want.size, uri, name)
-            files[key] = Wanted(
-                want.key,
-                want.rel,
-                want.size,
-                want.sha256 or sha256,
-                want.parts or parts,
-                want.what,
-                *blocks,
+            files[key] = dataclasses.replace(
+                want,
+                sha256=want.sha256 or sha256,
+                parts=want.parts or parts,
+                **_block_list(info, want.size, uri, name),
             )
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except MALFORMED as exc:
         raise FormatError(uri, "files", f"malformed dataset manifest ({exc!r})") from exc
 
 
@@ -342,9 +281,8 @@ def _attach_shards(files: dict[str, Wanted], prefix: str, raw: bytes, uri: str) 
                 f"{pair}.{kind}",
                 int(info["bytes"]),
                 str(info["sha256"]),
-                (),
-                f"shard {shard['key']!r} {kind}",
-                *_block_list(info, int(info["bytes"]), uri, f"{shard['prefix']}.{kind}"),
+                what=f"shard {shard['key']!r} {kind}",
+                **_block_list(info, int(info["bytes"]), uri, f"{shard['prefix']}.{kind}"),
             )
             files.setdefault(want.key, want)
             if "block_list_sha256" in info:
@@ -353,7 +291,7 @@ def _attach_shards(files: dict[str, Wanted], prefix: str, raw: bytes, uri: str) 
 
 
 def _shard_blocks(
-    files: dict[str, Wanted], by_reference: dict[str, str], source: _Source
+    files: dict[str, Wanted], by_reference: dict[str, str], source: Store
 ) -> dict[str, bytes]:
     """Give the shard files a version-2 merge records by reference their block lists, read
     from the shards' dataset manifests (in parallel; each list checked against the merge's
@@ -366,7 +304,7 @@ def _shard_blocks(
         found = dict(zip(keys, pool.map(source.read, keys), strict=True))
     for key, digest in by_reference.items():
         mkey = dataset_manifest(key.rsplit(".", 1)[0])
-        raw, uri = found[mkey], source.uri(mkey)
+        raw, uri = found[mkey], source.where(mkey)
         if raw is None:
             raise FormatError(uri, "manifest", f"missing; it holds the block list of {key}")
         info = load_json(raw, uri, "manifest").get("files", {}).get(posixpath.basename(key))
@@ -375,35 +313,23 @@ def _shard_blocks(
                 uri, "block_sha256", f"not the block list of {key} the merge recorded"
             )
         want = files[key]
-        blocks = _block_list(info, want.size, uri, posixpath.basename(key))
-        files[key] = dataclasses.replace(want, block_bytes=blocks[0], block_sha256=blocks[1])
+        files[key] = dataclasses.replace(
+            want, **_block_list(info, want.size, uri, posixpath.basename(key))
+        )
     return {k: raw for k, raw in found.items() if raw is not None}
 
 
-def _block_list(
-    info: dict[str, Any], size: int, uri: str, name: str
-) -> tuple[int, tuple[str, ...]]:
-    """``(block_bytes, block_sha256)`` a manifest records for a file (``(0, ())``: none); a
-    list that does not cover the file is a FormatError."""
+def _block_list(info: dict[str, Any], size: int, uri: str, name: str) -> dict[str, Any]:
+    """The ``block_bytes`` and ``block_sha256`` of a Wanted, as a manifest records them for a
+    file (none: ``{}``); a list that does not cover the file is a FormatError."""
     if "block_sha256" not in info:
-        return 0, ()
+        return {}
     block_bytes, digests = int(info["block_bytes"]), tuple(str(d) for d in info["block_sha256"])
     if block_bytes <= 0 or len(digests) != -(-size // block_bytes):
         raise FormatError(
             uri, f"files.{name}.block_sha256", f"{len(digests)} blocks do not cover {size} bytes"
         )
-    return block_bytes, digests
-
-
-def _common_dir(folders: list[str]) -> str:
-    """The deepest folder containing all ``folders`` ("" = the source root)."""
-    split = [f.split("/") if f else [] for f in folders]
-    common: list[str] = []
-    for names in zip(*split, strict=False):
-        if len(set(names)) != 1:
-            break
-        common.append(names[0])
-    return "/".join(common[: min(len(s) for s in split)])
+    return {"block_bytes": block_bytes, "block_sha256": digests}
 
 
 class _Progress:
@@ -457,7 +383,7 @@ def pull(
 
 def _pull_into(
     root: Path,
-    source: _Source,
+    source: Store,
     raw: bytes,
     plan: _Plan,
     ledger: Ledger,
@@ -507,7 +433,7 @@ def plan_blend(
     endpoint_url: str | None = None,
     jobs: int = 1,
     shards: bool = False,
-) -> tuple[_Source, bytes, _Plan]:
+) -> tuple[Store, bytes, _Plan]:
     """The source, the blend manifest's bytes and the plan of every file the blend needs
     (``pull`` and the loader's S3 reader share it: the dataset manifests checked against the
     blend's records, every file with its size and sha256). ``shards`` (``pull``): also the
@@ -518,23 +444,22 @@ def plan_blend(
     source, manifest_key = _open_source(uri, endpoint_url, jobs)
     if version is not None:
         folder = posixpath.dirname(manifest_key)
-        if posixpath.basename(posixpath.dirname(folder)) == VERSIONS_DIR:
+        if _in_versions(folder):
             folder = posixpath.dirname(posixpath.dirname(folder))
-        short = version_dir_name(version)
-        manifest_key = posixpath.join(folder, VERSIONS_DIR, short, MANIFEST_NAME)
+        manifest_key = _version_key(folder, version)
     raw = source.read(manifest_key)
     if raw is None:
         what = "no blend manifest" if version is None else f"no version {version} of the blend"
-        raise InputError(f"{source.uri(manifest_key)}: {what} there")
-    manifest = _parse_manifest(raw, source.uri(manifest_key))
+        raise InputError(f"{source.where(manifest_key)}: {what} there")
+    manifest = _parse_manifest(raw, source.where(manifest_key))
     return (
         source,
         raw,
-        _plan(manifest, manifest_key, source, source.uri(manifest_key), shards=shards),
+        _plan(manifest, manifest_key, source, source.where(manifest_key), shards=shards),
     )
 
 
-def sync_file(source: _Source, want: Wanted, root: Path) -> bool:
+def sync_file(source: Store, want: Wanted, root: Path) -> bool:
     """Make ``root / want.rel`` complete and checked against its sha256; True if fetched."""
     return sync(source, want, root, lambda n: None) is not None
 
@@ -548,22 +473,20 @@ def _parse_manifest(raw: bytes, uri: str) -> dict[str, Any]:
 
 
 def _commit_manifest(final: Path, raw: bytes) -> None:
-    """Write the blend manifest last, after checking the pulled files against it."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    in_place = final.is_file() and final.read_bytes() == raw  # then check it, leave it as is
-    tmp = final if in_place else temp_path_for(final)
-    try:
-        if not in_place:
-            with name_os_errors(final), open(tmp, "wb") as fh:
-                fh.write(raw)
-                fh.flush()
-                os.fsync(fh.fileno())
-        read_blend_manifest(tmp)
-        problems = verify_manifest(tmp, at=final)  # its paths are relative to final's folder
-        if problems:
-            raise CacheError(f"{final}: pulled files do not match:\n  " + "\n  ".join(problems))
-        if not in_place:
-            commit(tmp, final)
-    finally:
-        if not in_place:
-            tmp.unlink(missing_ok=True)
+    """Write the blend manifest last, once the pulled files check against it (one already in
+    place with these bytes is checked and left as it is)."""
+    if final.is_file() and final.read_bytes() == raw:
+        _check_pulled(final, final)
+        return
+    with atomic_open(final) as fh:
+        fh.write(raw)
+        fh.flush()
+        _check_pulled(Path(fh.name), final)
+
+
+def _check_pulled(manifest: Path, final: Path) -> None:
+    """CacheError unless the files ``manifest`` lists (relative to ``final``'s folder) match."""
+    read_blend_manifest(manifest)
+    problems = verify_manifest(manifest, at=final)
+    if problems:
+        raise CacheError(f"{final}: pulled files do not match:\n  " + "\n  ".join(problems))
