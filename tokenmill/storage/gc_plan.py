@@ -68,14 +68,6 @@ class Rules:
         return kept, lines
 
 
-def _removal(
-    kind: str, name: str, version: str, files: list[StoredFile], mtime: float, commit: str
-) -> Removal:
-    """A planned removal of ``files`` (sorted keys, total size)."""
-    keys = sorted(f.key for f in files)
-    return Removal(kind, name, version, keys, sum(f.size for f in files), mtime, commit)
-
-
 def plan(
     store: Store, listing: Listing, pointers: Pointers, rules: Rules
 ) -> tuple[list[Removal], list[str]]:
@@ -116,7 +108,7 @@ def _sweep(
         if version in kept:
             yield version, None
         else:
-            yield version, _removal(kind, name, version, files, mtime, artifact.commit(version))
+            yield version, Removal.of(kind, name, version, files, artifact.commit(version), mtime)
 
 
 def _plan_blends(
@@ -203,11 +195,8 @@ def _plan_entries(
     doomed = []
     for stem, files in entries:
         if stem not in keep_stems:
-            mtime = max(f.mtime for f in files)
-            description_key = f"nanoset/{stem}{DESCRIPTION}"
-            doomed.append(
-                _removal("nanoset", stem, stem.split("-", 1)[0], files, mtime, description_key)
-            )
+            mtime, commit = max(f.mtime for f in files), f"nanoset/{stem}{DESCRIPTION}"
+            doomed.append(Removal.of("nanoset", stem, stem.split("-", 1)[0], files, commit, mtime))
     return doomed
 
 
