@@ -5,8 +5,9 @@ sha256 list a ``.bin``'s manifest records, else the parts a merge records, else 
 one block (checked as a whole). Blocks land in a partial file (``<folder>/.tmp/<name>.partial``
 when a ledger records them, a unique temp otherwise), are fsynced and then recorded in the
 destination's ledger (``tokenmill.storage.pull_ledger``); the whole file is checked against its
-sha256 (or parts) before it is renamed into place. ``tokenmill.storage.pull`` plans the files and
-runs this for each.
+sha256 (or parts) before it is renamed into place. The source is a store
+(``tokenmill.storage.store``); ``tokenmill.storage.pull_plan`` plans the files and
+``tokenmill.storage.pull`` runs this for each.
 """
 
 from __future__ import annotations
