@@ -497,18 +497,15 @@ class BlockCache:
 
     def _runs(self, wanted: list[tuple[RemoteFile, int]]) -> list[tuple[RemoteFile, int, int]]:
         """The blocks not on disk, as runs (file, first, stop) of consecutive blocks of one
-        file, at most ``RUN_BLOCKS`` long (one range GET each)."""
+        file (one range GET each), at most ``RUN_BLOCKS`` long and short enough that a few
+        blocks still keep every fetch thread busy."""
         missing = sorted(
             {(f.uri, i): f for f, i in wanted if not os.path.isfile(self._name(f, i))}.items()
         )
+        longest = max(1, min(RUN_BLOCKS, -(-len(missing) // FETCH_THREADS)))
         runs: list[tuple[RemoteFile, int, int]] = []
         for (uri, i), f in missing:
-            if (
-                runs
-                and runs[-1][0].uri == uri
-                and runs[-1][2] == i
-                and i - runs[-1][1] < RUN_BLOCKS
-            ):
+            if runs and runs[-1][0].uri == uri and runs[-1][2] == i and i - runs[-1][1] < longest:
                 runs[-1] = (f, runs[-1][1], i + 1)
             else:
                 runs.append((f, i, i + 1))
@@ -520,13 +517,27 @@ class BlockCache:
         if runs:
             pool = self.pool()
             for run in runs:
-                pool.submit(self._quiet_run, *run)
+                pool.submit(self._quiet, self._fill_run, *run)
 
-    def _quiet_run(self, f: RemoteFile, first: int, stop: int) -> None:
-        """A background fetch: a failure is left for the read that needs the blocks, which
-        fetches them again and raises there."""
+    def prefetch_lists(self, files: list[RemoteFile]) -> None:
+        """Fetch the block lists ``files`` hold by reference in the background, one GET per
+        dataset manifest (it then overlaps the GETs of their first blocks)."""
+        wanted = {
+            f.manifest_key: f
+            for f in files
+            if f.block_list and f.block_list not in self._lists and f.size > f.block_bytes
+        }
+        if wanted:
+            pool = self.pool()
+            for f in wanted.values():
+                pool.submit(self._quiet, self.hashes, f)
+
+    @staticmethod
+    def _quiet(fetch: Any, *args: Any) -> None:
+        """A background fetch: a failure is left for the read that needs what it fetches,
+        which fetches it again and raises there."""
         try:
-            self._fill_run(f, first, stop)
+            fetch(*args)
         except (CacheError, OSError):  # the foreground read retries and reports it
             return
         except Exception as exc:  # botocore errors: same, reported by the foreground read

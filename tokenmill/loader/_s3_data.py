@@ -142,6 +142,10 @@ class RemotePair:
     idx: RemoteFile
     sequences: int
 
+    @property
+    def files(self) -> tuple[RemoteFile, RemoteFile]:
+        return self.bin, self.idx
+
 
 class RemoteData:
     """A remote pair or virtual merge with the reading surface of ``IndexedDataset``:
@@ -217,6 +221,8 @@ class RemoteData:
         new = np.array(
             [p for p in np.unique(part).tolist() if p not in self._headers], dtype=np.int64
         )
+        if len(new):  # their block lists (a shard's manifest) come while the index is read
+            self.cache.prefetch_lists([f for p in new.tolist() for f in self.pairs[p].files])
         lengths_at = HEADER_SIZE + 4 * local
         pointers_at = HEADER_SIZE + 4 * self._sequences[part] + 8 * local
         starts = np.concatenate([np.zeros(len(new), dtype=np.int64), lengths_at, pointers_at])
