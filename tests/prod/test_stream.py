@@ -189,7 +189,7 @@ def test_a_block_corrupted_in_the_cache_is_fetched_again(
     assert victim.read_bytes() != bytes(data)
 
 
-def test_a_checked_block_is_trusted_by_its_stamp_until_written_again(
+def test_a_checked_block_is_trusted_by_its_stamp_until_written_again_or_a_restart(
     blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     local_manifest, uri = blend
@@ -207,6 +207,11 @@ def test_a_checked_block_is_trusted_by_its_stamp_until_written_again(
     monkeypatch.setattr(_s3, "_CACHES", {})
     assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
     assert hashed == [victim.stat().st_size]
+    hashed.clear()  # another boot (the blocks were not fsynced): every block is hashed again
+    monkeypatch.setattr(_s3, "BOOT_ID", "another boot")
+    monkeypatch.setattr(_s3, "_CACHES", {})
+    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    assert len(hashed) == len(block_files(cache))
 
 
 def test_missing_consecutive_blocks_come_by_few_range_gets(
