@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenmill.atomic import create_temp, load_json, remove_stale_temps, write_bytes
-from tokenmill.errors import CacheError, ConfigError
+from tokenmill.errors import CacheError, ConfigError, InputError
 from tokenmill.formats.dataset_manifest import DATASET_MANIFEST_SUFFIX, DATASET_MANIFESTS
 from tokenmill.formats.virtual_merge import block_list_digest
 
@@ -417,24 +417,14 @@ class BlockCache:
     def _get(self, f: RemoteFile, i: int) -> bytes:
         """Block ``i`` by a range GET, checked (size, and sha256 when recorded), fetched once
         more when it fails; CacheError naming the object and block after that."""
-        from tokenmill.storage.s3 import BODY_ATTEMPTS, is_cut_body, s3_errors
+        from tokenmill.storage.s3 import read_object
 
         lo, hi = f.span(i)
-        why = ""
+        why, what = "", f"reading block {i} (bytes {lo}..{hi}) of {f.uri}"
         for _ in range(GET_ATTEMPTS):
-            with s3_errors(f"reading block {i} (bytes {lo}..{hi}) of {f.uri}"):
-                for attempt in range(1, BODY_ATTEMPTS + 1):
-                    resp = self.client().get_object(
-                        Bucket=f.bucket, Key=f.key, Range=f"bytes={lo}-{hi - 1}"
-                    )
-                    try:
-                        data = bytes(resp["Body"].read())
-                        break
-                    except Exception as exc:
-                        if attempt == BODY_ATTEMPTS or not is_cut_body(exc):
-                            raise
-                    finally:
-                        resp["Body"].close()
+            data = read_object(self.client(), f.bucket, f.key, (lo, hi), what)
+            if data is None:
+                raise InputError(f"{what}: the object is missing")
             self.bytes_fetched += len(data)
             if len(data) != hi - lo:
                 why = f"{len(data)} bytes, expected {hi - lo}"
