@@ -8,8 +8,10 @@ once to a fresh bucket, and its samples, in blend order, converted once to MDS
 (mosaicml-streaming ``MDSWriter``) and to litdata chunks (64 MB shards, uncompressed) and
 uploaded beside it (not timed). Measured:
 
-* one process, cold cache: ``open_blend("s3://...", version=...)`` plus the first batch, and
-  the requests moto logged before that batch;
+* a fresh process, ``--repeats`` times: its imports, then ``open_blend("s3://...",
+  version=...)`` and the first batch, cold (an empty cache dir) then warm (the same cache: a
+  restarted job), wall and CPU seconds and the GETs it sent; and moto alone serving the same
+  GETs as a cold run, 8 at once (nothing stored or hashed): the server's bound for it;
 * the job, per tool: ``--ranks`` rank processes at once, each a torch DataLoader with
   ``--workers`` workers reading its slice of ``--steps`` global batches of ``--batch``
   samples (the same indices for every tool: each anchor reads sample i of its copy by random
@@ -24,6 +26,7 @@ uploaded beside it (not timed). Measured:
 
     python bench/bench_stream.py [--tokens 40000000] [--shards 4] [--steps 40] [--batch 64]
         [--ranks 2] [--workers 2] [--block-mib 8] [--tools tokenmill,mosaic,litdata]
+        [--repeats 3] [--first-only]
 """
 
 from __future__ import annotations
@@ -331,7 +334,7 @@ def report_first(found: dict[str, Any]) -> None:
             f"{span([r['startup_s'] for r in runs])} s from the start), "
             f"{span([r['cpu_s'] for r in runs])} CPU-s in all, "
             f"{span([r['open_requests'] for r in runs], 0)} requests in the open, "
-            f"{span([r['requests'] for r in runs], 0)} before the batch is read"
+            f"{span([r['requests'] for r in runs], 0)} by the end of the first batch"
         )
     print(f"moto alone serving a cold run's GETs, 8 at once: {span(found['moto_alone_s'])} s")
 
