@@ -5,12 +5,10 @@ small files: ``_s3_open``).
 The cache (``cache_dir``) is shared by every process on the node: a block is downloaded once
 (an ``flock`` per block; consecutive missing blocks of one object by one range GET, their
 locks taken in ascending order), checked against the per-block sha256 list its dataset
-manifest records, written to a temp and renamed (a reader never sees a partial block; a killed
-writer leaves only a temp), stamped checked (boot id, inode, size, mtime: later processes map
-it without hashing until it is written again or the machine restarts, so a block a power loss
-tore before it reached the disk is hashed and fetched again: no fsync is needed), and evicted
-least recently used first (the stamp's mtime, refreshed when a process maps the block) when
-``cache_bytes`` would be exceeded.
+manifest records, written to a temp, fsynced and renamed (a reader never sees a partial block;
+a killed writer leaves only a temp), stamped checked (inode, size, mtime: later processes map
+it without hashing until it is written again), and evicted least recently used first (the
+stamp's mtime, refreshed when a process maps the block) when ``cache_bytes`` would be exceeded.
 A shard of a version-2 virtual merge records only the digest of its block lists: a file of one
 block is checked against its recorded sha256; otherwise the lists are fetched from the shard's
 dataset manifest (one GET per shard for its ``.bin`` and ``.idx``, when a first block needs
@@ -37,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import create_temp, load_json, remove_stale_temps, write_bytes
+from tokenmill.atomic import create_temp, fsync_dir, load_json, remove_stale_temps, write_bytes
 from tokenmill.errors import CacheError, ConfigError, InputError
 from tokenmill.formats.dataset_manifest import DATASET_MANIFEST_SUFFIX, DATASET_MANIFESTS
 from tokenmill.formats.virtual_merge import block_list_digest
@@ -46,19 +44,6 @@ OPEN_BLOCKS = 64  # cached blocks a process keeps memory-mapped (address space, 
 FETCH_THREADS = 8  # parallel range GETs for one batch or one prefetch
 GET_ATTEMPTS = 2  # a block that fails its check is fetched once more, then refused
 RUN_BLOCKS = 8  # consecutive missing blocks of one object fetched by one range GET
-
-
-def _boot_id() -> str:
-    """This boot's id (Linux), "" where the system has none: a stamp names the boot it was
-    made in, so after a power loss every block is hashed again when first mapped."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", "rb") as fh:
-            return fh.read().decode().strip()
-    except OSError:
-        return ""
-
-
-BOOT_ID = _boot_id()
 
 
 def block_digest(data: bytes | mmap.mmap) -> str:
@@ -260,20 +245,14 @@ class BlockCache:
         """Where the stamp of a checked block lives: ``verified/<h[:2]>/<name>``."""
         return self.root / "verified" / path.parent.name / path.name
 
-    @staticmethod
-    def _stamp_text(st: os.stat_result) -> bytes:
-        """What a stamp holds: the boot, and the block file's inode, size and mtime."""
-        return f"{BOOT_ID} {st.st_ino} {st.st_size} {st.st_mtime_ns}".encode()
-
     def _stamp(self, path: Path, st: os.stat_result) -> None:
-        """Record that the block file ``st`` describes was checked in this boot: later
-        processes trust it without hashing until the file is written again or the machine
-        restarts. A torn or lost stamp only costs a re-hash, so it is renamed into place
-        without an fsync."""
+        """Record that the block file ``st`` describes was checked (its inode, size and mtime):
+        later processes trust it without hashing until the file is written again. A torn or
+        lost stamp only costs a re-hash, so it is renamed into place without an fsync."""
         stamp = self._stamp_path(path)
         stamp.parent.mkdir(parents=True, exist_ok=True)
         tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_bytes(self._stamp_text(st))
+        tmp.write_bytes(f"{st.st_ino} {st.st_size} {st.st_mtime_ns}".encode())
         os.replace(tmp, stamp)
 
     def _stamped(self, path: Path, st: os.stat_result) -> bool:
@@ -285,7 +264,7 @@ class BlockCache:
             os.utime(stamp)
         except FileNotFoundError:
             return False
-        return found == self._stamp_text(st)
+        return found == f"{st.st_ino} {st.st_size} {st.st_mtime_ns}".encode()
 
     def _open_checked(self, f: RemoteFile, i: int, path: Path) -> memoryview | None:
         """The cached block mapped, or None when absent, short or not matching its hash (then
@@ -338,11 +317,8 @@ class BlockCache:
             yield
 
     def _store(self, f: RemoteFile, i: int, path: Path, data: bytes) -> None:
-        """Write checked block ``data`` crash-safely under the capacity (temp, rename: a killed
-        process leaves only a temp), and stamp it checked. A verified block is not fsynced: a
-        power loss restarts the machine, which voids every stamp, so a block it tore is hashed,
-        refused and fetched again (an unverified one is fsynced; a lost rename only loses a
-        block)."""
+        """Write checked block ``data`` crash-safely (temp, fsync, rename) under the capacity,
+        and stamp it checked."""
         self._make_room(len(data), f, i)
         remove_stale_temps(path)  # of killed writers: never renamed, never read
         tmp: Path | None = None
@@ -350,10 +326,10 @@ class BlockCache:
             tmp, fh = create_temp(path, lambda t: open(t, "wb"))  # noqa: SIM115 - closed below
             with fh:
                 fh.write(data)
-                if not (f.verified and BOOT_ID):
-                    fh.flush()
-                    os.fsync(fh.fileno())
+                fh.flush()
+                os.fsync(fh.fileno())
             os.replace(tmp, path)
+            fsync_dir(path.parent)
         except OSError as exc:
             self._release(len(data), stored=False)
             if tmp is not None:
@@ -511,15 +487,18 @@ class BlockCache:
 
     def _runs(self, wanted: list[tuple[RemoteFile, int]]) -> list[tuple[RemoteFile, int, int]]:
         """The blocks not on disk, as runs (file, first, stop) of consecutive blocks of one
-        file (one range GET each), at most ``RUN_BLOCKS`` long and short enough that a few
-        blocks still keep every fetch thread busy."""
+        file, at most ``RUN_BLOCKS`` long (one range GET each)."""
         missing = sorted(
             {(f.uri, i): f for f, i in wanted if not os.path.isfile(self._name(f, i))}.items()
         )
-        longest = max(1, min(RUN_BLOCKS, -(-len(missing) // FETCH_THREADS)))
         runs: list[tuple[RemoteFile, int, int]] = []
         for (uri, i), f in missing:
-            if runs and runs[-1][0].uri == uri and runs[-1][2] == i and i - runs[-1][1] < longest:
+            if (
+                runs
+                and runs[-1][0].uri == uri
+                and runs[-1][2] == i
+                and i - runs[-1][1] < RUN_BLOCKS
+            ):
                 runs[-1] = (f, runs[-1][1], i + 1)
             else:
                 runs.append((f, i, i + 1))
