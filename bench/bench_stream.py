@@ -59,6 +59,7 @@ from tokenmill_dev.moto import moto_server
 
 SEQ = 2048
 RANK = Path(__file__).resolve().parent / "_stream_rank.py"
+ROOT = Path(__file__).resolve().parents[1]  # the tokenmill the first-batch processes import
 
 
 def build(root: Path, tokens: int, shards: int) -> Path:
@@ -192,7 +193,7 @@ def first_batch(
         cache = work / f"first-{r}"
         for kind in ("cold", "warm"):
             cmd = [sys.executable, "-c", FIRST, uri, version, str(cache), str(batch)]
-            out = subprocess.run(cmd, env=env, check=True, capture_output=True).stdout
+            out = subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=ROOT).stdout
             got = json.loads(out)
             gets = got.pop("gets")
             found[kind].append(got)
