@@ -28,7 +28,8 @@ import shutil
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from types import TracebackType
+from typing import IO, Any, Self, TypeVar
 
 from tokenmill.errors import FormatError
 
@@ -304,3 +305,35 @@ def file_sha256(
             if left > 0:
                 left -= len(chunk)
     return h.hexdigest()
+
+
+class CommitOnExit:
+    """A writer used as a context manager: a clean exit commits it (``finalize``), an exception
+    discards what it wrote (``abort``), and so does a commit that fails (e.g. a full disk at
+    the fsync), so no temp file stays behind. ``finalize`` does nothing once it has committed."""
+
+    def finalize(self) -> None:
+        """Commit what was written (a subclass's own protocol: temp, fsync, rename)."""
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Discard everything written so far."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.abort()
+            return
+        try:
+            self.finalize()
+        except BaseException:
+            self.abort()
+            raise

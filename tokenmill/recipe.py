@@ -332,7 +332,7 @@ class BlendConfig(_Config):
 
     def settings(self, nanoset: NanosetSettings) -> BlendSettings:
         """The library's value of this blend's settings over the recipe's index settings
-        (what ``build_blend``/``blend_version``/``blend_skips`` take)."""
+        (what ``build_blend`` and ``prepare_blend`` take)."""
         return BlendSettings(nanoset, weights=self.weight_map(), temperature=self.temperature)
 
 

@@ -25,7 +25,7 @@ from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices import blend_build as blend_manifest
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.blend_plan import skipped_warnings
-from tokenmill.indices.blend_versioning import blend_version
+from tokenmill.indices.blend_versioning import prepare_blend
 from tokenmill.indices.nanoset import NanosetIndex
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import open_blend
@@ -465,7 +465,7 @@ def test_flags_enter_the_version_the_manifest_and_match_tokenmill_index(
     assert flagged["drop_last_partial_validation"] is False
     assert len({default["version"], flagged["version"], only_drop["version"]}) == 3
     assert (
-        blend_version(
+        prepare_blend(
             "mix",
             datasets(root),
             root / "blends/mix",
@@ -482,7 +482,7 @@ def test_flags_enter_the_version_the_manifest_and_match_tokenmill_index(
                 ),
                 weights={"docs": 0.7, "code": 0.3},
             ),
-        )
+        ).version
         == flagged["version"]
     )
     # the valid index (one epoch) is the one `tokenmill index` builds with the flags

@@ -27,7 +27,7 @@ from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices import blend_build as blend_manifest
 from tokenmill.indices import blend_plan
 from tokenmill.indices.blend_build import build_blend
-from tokenmill.indices.blend_versioning import blend_version
+from tokenmill.indices.blend_versioning import prepare_blend
 from tokenmill.indices.nanoset import build_or_load
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import open_blend, open_nanoset
@@ -56,7 +56,7 @@ def root(tmp_path: Path) -> Path:
     return tmp_path
 
 
-# The blend every test here builds (``build``) or names (``blend_version``).
+# The blend every test here builds (``build``) or names (``prepare_blend``).
 SETTINGS: dict = {
     "weights": {"docs": 0.7, "code": 0.3},
     "sequence_length": S,
@@ -359,14 +359,15 @@ def test_manifest_self_hash_is_canonical(root: Path) -> None:
 
 
 def test_blend_version_is_known_before_building(root: Path) -> None:
-    """``blend_version`` (same arguments as build_blend) builds nothing and names the version
+    """``prepare_blend`` (same arguments as build_blend) builds nothing and names the version
     build_blend then writes: a caller can stage ``versions/<v16>/`` first."""
     datasets = mix_datasets(root)
     out, cache = root / "blends/mix", root / "nanoset"
-    version = blend_version("mix", datasets, out, cache, blend_values(**SETTINGS))
+    version = prepare_blend("mix", datasets, out, cache, blend_values(**SETTINGS)).version
     assert not out.exists() and not cache.exists()
     assert build(root)["version"] == version
-    assert blend_version("mix", datasets, out, cache, blend_values(**SETTINGS)) == version
+    again = prepare_blend("mix", datasets, out, cache, blend_values(**SETTINGS))
+    assert again.version == version
 
 
 def test_open_nanoset_fast_hashes_no_array_full_does(

@@ -12,6 +12,7 @@ from tiny_pairs import blend_values, index_of, random_dataset
 
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError
+from tokenmill.formats.blend_manifest import read_blend_manifest, seal, verify_manifest
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     open_dataset,
@@ -174,6 +175,37 @@ def test_a_shard_changed_after_the_merge_is_refused_naming_it(tmp_path: Path) ->
         open_blend(out, "train")
     with pytest.raises(FormatError, match="part-00001"):
         open_dataset(virtual)[6]
+
+
+@pytest.mark.parametrize("kind", ["manifest", "idx"])
+def test_a_blend_record_naming_another_dataset_file_is_a_format_error(
+    tmp_path: Path, kind: str
+) -> None:
+    """A dataset's file record (a virtual merge's manifest, a physical pair's ``.idx``) must be
+    the file of the dataset's own prefix: one pointing at another dataset's file, even a
+    complete one, is refused naming the field, never checked as if it were this dataset's."""
+    physical, virtual = _merges(tmp_path, "docs", [5, 6], seed=5)
+    other_physical, other_virtual = _merges(tmp_path, "code", [4, 7], seed=6)
+    own, other = (virtual, other_virtual) if kind == "manifest" else (physical, other_physical)
+    out = tmp_path / "blends" / "mix"
+    settings = NanosetSettings(sequence_length=4, train_samples=10)
+    weights = {"docs": 1.0, "code": 1.0}
+    build_blend(
+        "mix",
+        {"docs": own, "code": other},
+        out,
+        tmp_path / "nanoset",
+        BlendSettings(settings, weights=weights),
+    )
+    mpath = out / "manifest.json"
+    manifest = read_blend_manifest(mpath)
+    docs, code = (next(d for d in manifest["datasets"] if d["name"] == n) for n in ("docs", "code"))
+    docs["files"][kind] = code["files"][kind]
+    mpath.write_text(json.dumps(seal(manifest)))
+    with pytest.raises(
+        FormatError, match=rf"datasets\.docs\.files\.{kind}: .* is not the {kind} file"
+    ):
+        verify_manifest(mpath)
 
 
 def test_tokenmill_merge_writes_the_physical_pair_of_a_virtual_merge(tmp_path: Path) -> None:
