@@ -1,6 +1,8 @@
-"""The node-local block cache of a blend read straight from S3 (``open_blend("s3://...")``):
-``.bin`` and ``.idx`` files read by fixed-size blocks (the datasets over it: ``_s3_data``; the
-small files: ``_s3_open``).
+"""The S3 reader's node-local block cache; over 400 lines: its fetch, check, store, eviction.
+
+A blend read straight from S3 (``open_blend("s3://...")``) reads its ``.bin`` and ``.idx`` files
+by fixed-size blocks through this cache (the datasets over it: ``_s3_data``; the small files:
+``_s3_open``).
 
 The cache (``cache_dir``) is shared by every process on the node: a block is downloaded once
 (an ``flock`` per block; consecutive missing blocks of one object by one range GET, their
