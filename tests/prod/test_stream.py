@@ -24,7 +24,7 @@ from tiny_pairs import random_dataset
 import tokenmill.formats.dataset_manifest as dataset_manifest
 import tokenmill.storage.pull as pull_module
 import tokenmill.storage.s3 as s3_helpers
-from tokenmill.errors import CacheError
+from tokenmill.errors import CacheError, FormatError
 from tokenmill.formats.merge import virtual_merge
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
@@ -438,6 +438,13 @@ def test_a_dataset_written_before_block_hashes_streams_unverified(s3: S3, tmp_pa
     assert [f.block_sha256 for f in parts["code"]] == [()]
     assert all(f.verified for f in parts["docs"])  # the virtual merge's shards: verified
     assert batch_digest(remote) == batch_digest(open_blend(local_manifest, "train"))
+    key = "old/merged/code.idx"  # unverified: its header is still checked against the counts
+    idx = bytearray(s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
+    idx[17] = 4  # int32, where the manifests record uint16
+    s3.client.put_object(Bucket=s3.bucket, Key=key, Body=bytes(idx))
+    fresh = open_blend(uri, "train", cache_dir=tmp_path / "fresh")
+    with pytest.raises(FormatError, match=rf"s3://{s3.bucket}/{key}: dtype code: found 4"):
+        fresh.get_batch(np.arange(len(fresh)))
 
 
 def test_a_shards_block_list_comes_by_reference_once_and_checked(
