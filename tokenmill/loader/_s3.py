@@ -31,8 +31,8 @@ import os
 import posixpath
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,6 +109,9 @@ class BlockCache:
         self._inflight = 0  # reserved for blocks being written by this process
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
+        self._planner: ThreadPoolExecutor | None = None
+        self._planner_pid = 0
+        self._jobs: list[Future[None]] = []  # background jobs not known to have ended
         self.bytes_fetched = 0  # what this process downloaded (bench, tests)
 
     def client(self) -> Any:
@@ -128,6 +131,33 @@ class BlockCache:
                 self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="tokenmill-s3")
                 self._pool_pid = os.getpid()
             return self._pool
+
+    def later(self, work: Callable[[], object]) -> None:
+        """Run ``work`` on this process's planning thread (not a fetch thread: it may wait on
+        them), e.g. reading the index blocks a prefetch needs; a failure is left for the read
+        that needs what it fetches."""
+        with self._lock:
+            if self._planner is None or self._planner_pid != os.getpid():
+                self._planner = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-s3-plan")
+                self._planner_pid = os.getpid()
+            planner = self._planner
+        self._background(planner.submit(self._quiet, work))
+
+    def _background(self, job: Future[None]) -> None:
+        """Keep a background job until it ends (``drain`` waits for those still running)."""
+        with self._lock:
+            self._jobs = [j for j in self._jobs if not j.done()]
+            self._jobs.append(job)
+
+    def drain(self) -> None:
+        """Wait until the background work (prefetches) submitted so far, and the fetches it
+        started, have ended."""
+        while True:
+            with self._lock:
+                jobs = [j for j in self._jobs if not j.done()]
+            if not jobs:
+                return
+            wait(jobs)
 
     def hashes(self, f: RemoteFile) -> tuple[str, ...]:
         """``f``'s per-block sha256 list (``()``: none recorded): inline; by reference, that of
@@ -512,7 +542,7 @@ class BlockCache:
         if runs:
             pool = self.pool()
             for run in runs:
-                pool.submit(self._quiet, self._fill_run, *run)
+                self._background(pool.submit(self._quiet, self._fill_run, *run))
 
     def prefetch_lists(self, files: list[RemoteFile]) -> None:
         """Fetch the block lists ``files`` hold by reference in the background, one GET per
@@ -525,7 +555,7 @@ class BlockCache:
         if wanted:
             pool = self.pool()
             for f in wanted.values():
-                pool.submit(self._quiet, self.hashes, f)
+                self._background(pool.submit(self._quiet, self.hashes, f))
 
     @staticmethod
     def _quiet(fetch: Any, *args: Any) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -277,9 +278,10 @@ class RemoteData:
         """The bytes of every piece of the ``.bin`` files back to back."""
         return self._bins.gather(parts, starts, stops)
 
-    def prefetch(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Fetch what future batches' byte ranges need, in the background."""
-        self._bins.prefetch(parts, starts, stops)
+    def prefetch(self, plan: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        """Fetch what future batches need, in the background: ``plan()`` (their byte ranges
+        in the ``.bin`` files: it reads their index blocks) runs on the planning thread."""
+        self.cache.later(lambda: self._bins.prefetch(*plan()))
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle the local prefix, a pair's counts and the cache settings: no data, no block
