@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_pairs import blend_values, index_of, random_dataset
+from tiny_pairs import blend_values, index_of, random_dataset, split_fields
 
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError
@@ -106,13 +106,7 @@ def test_every_sample_over_a_virtual_merge_equals_the_physical_one(
 ) -> None:
     physical, virtual = _merges(tmp_path, "docs", [9, 3, 25, 14, 6], seed=11)
     for split in ("train", "valid", "test"):
-        settings = {
-            "split": split,
-            "split_spec": "80,10,10",
-            "sequence_length": 16,
-            "semantics": semantics,
-            "num_samples": 40 if split == "train" else None,
-        }
+        settings = split_fields(split, semantics, train_samples=40)
         opened = [
             open_nanoset(prefix, index_of(prefix, tmp_path / f"cache-{n}", **settings))
             for n, prefix in enumerate((physical, virtual))

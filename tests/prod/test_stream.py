@@ -14,9 +14,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from _helpers import FLAG_COMBOS
 from prod_servers import S3
 from servers import build_stream_root
 from tiny_pairs import random_dataset
@@ -31,13 +33,6 @@ from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import BatchSampler, _s3, open_blend
 
 BLOCK = 512  # tiny blocks, so that samples straddle them
-FLAGS = (
-    "reset_position_ids",
-    "reset_attention_mask",
-    "eod_mask_loss",
-    "create_attention_mask",
-    "inter_document_masking",
-)
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -100,6 +95,23 @@ def one_dataset_blend(
     return root / "blends" / "one" / "manifest.json"
 
 
+@pytest.fixture
+def cached(blend: tuple[Path, str], tmp_path: Path) -> tuple[str, Path, str]:
+    """(URI, cache folder, digest): the train split of ``blend`` streamed once into the cache,
+    equal to the local read (the digest of both)."""
+    local_manifest, uri = blend
+    cache = tmp_path / "cache"
+    want = batch_digest(open_blend(local_manifest, "train"))
+    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    return uri, cache, want
+
+
+def read_again(uri: str, cache: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> str:
+    """The digest of the train split as a new process reads it: no cache open in memory."""
+    monkeypatch.setattr(_s3, "_CACHES", {})
+    return batch_digest(open_blend(uri, "train", cache_dir=cache, **kw))
+
+
 def block_files(cache: Path) -> list[Path]:
     return sorted(p for p in (cache / "blocks").glob("*/*") if p.is_file())
 
@@ -127,8 +139,7 @@ def test_every_sample_and_flag_equals_the_local_read(
             np.testing.assert_array_equal(remote[k], local[k])
         rng = np.random.default_rng(0)
         ids = rng.permutation(len(local))[:32]
-        for values in itertools.product([False, True], repeat=len(FLAGS)):
-            flags = dict(zip(FLAGS, values, strict=True))
+        for flags in FLAG_COMBOS:
             got = remote.get_training_batch(ids, eod_id=0, **flags)
             want = local.get_training_batch(ids, eod_id=0, **flags)
             assert got.keys() == want.keys()
@@ -149,63 +160,52 @@ def test_a_pinned_version_and_pickles_send_no_data(blend: tuple[Path, str], tmp_
 
 
 def test_a_mirrored_version_reopens_without_a_request_until_a_file_changes(
-    blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cached: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    local_manifest, uri = blend
-    cache = tmp_path / "cache"
-    want = batch_digest(open_blend(local_manifest, "train"))
+    uri, cache, want = cached
     version = open_blend(uri, "train", cache_dir=cache).version  # through the pointer
-    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
     made: list[str] = []
     real = s3_helpers.shared_client
     for module in (s3_helpers, pull_module):  # pull imports it by name
         monkeypatch.setattr(
             module, "shared_client", lambda *a, **k: made.append("c") or real(*a, **k)
         )
-    monkeypatch.setattr(_s3, "_CACHES", {})  # a resumed job, same node: no S3 client at all
-    assert batch_digest(open_blend(uri, "train", version=version, cache_dir=cache)) == want
+    # a resumed job, same node: no S3 client at all
+    assert read_again(uri, cache, monkeypatch, version=version) == want
     assert made == []
     assert not list((cache / "files").rglob("*.idx"))  # read by blocks, never mirrored
     index = next((cache / "files").rglob("*-Nanoset-train-shuffle_index.npy"))
     index.write_bytes(index.read_bytes())  # written since it was checked: mirrored again
-    monkeypatch.setattr(_s3, "_CACHES", {})
-    assert batch_digest(open_blend(uri, "train", version=version, cache_dir=cache)) == want
+    assert read_again(uri, cache, monkeypatch, version=version) == want
     assert made
 
 
 def test_a_block_corrupted_in_the_cache_is_fetched_again(
-    blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cached: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    local_manifest, uri = blend
-    cache = tmp_path / "cache"
-    want = batch_digest(open_blend(local_manifest, "train"))
-    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    uri, cache, want = cached
     victim = block_files(cache)[3]
     data = bytearray(victim.read_bytes())
     data[7] ^= 0xFF
     victim.write_bytes(bytes(data))
-    monkeypatch.setattr(_s3, "_CACHES", {})  # a new process: blocks are checked on first use
-    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    # a new process: blocks are checked on first use
+    assert read_again(uri, cache, monkeypatch) == want
     assert victim.read_bytes() != bytes(data)
 
 
 def test_a_checked_block_is_trusted_by_its_stamp_until_written_again(
-    blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cached: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    local_manifest, uri = blend
-    cache = tmp_path / "cache"
-    want = batch_digest(open_blend(local_manifest, "train"))
-    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    uri, cache, want = cached
     hashed: list[int] = []
     digest = _s3.block_digest
     monkeypatch.setattr(_s3, "block_digest", lambda data: hashed.append(len(data)) or digest(data))
-    monkeypatch.setattr(_s3, "_CACHES", {})  # a restarted job: its blocks were checked once
-    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    # a restarted job: its blocks were checked once
+    assert read_again(uri, cache, monkeypatch) == want
     assert hashed == []
     victim = block_files(cache)[0]
     victim.write_bytes(victim.read_bytes())  # written again (same bytes): checked again
-    monkeypatch.setattr(_s3, "_CACHES", {})
-    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    assert read_again(uri, cache, monkeypatch) == want
     assert hashed == [victim.stat().st_size]
 
 

@@ -25,6 +25,7 @@ from tokenmill.indices import blend as blending
 from tokenmill.indices import growing_blend
 from tokenmill.indices._nanoset_indices import parse_split
 from tokenmill.indices.blend_plan import Plan, check_settings, dataset_entry
+from tokenmill.indices.growing import shard_lineage
 from tokenmill.indices.nanoset import index_lengths
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.storage.versions import (
@@ -133,7 +134,7 @@ def _grow(
 ) -> tuple[Plan, str]:
     """The plan and version of a growing blend: its shard lineages recorded in ``entries``, and
     whether it extends the current version (``growing_blend``'s docstring)."""
-    lineages = {n: growing_blend.dataset_lineage(p) for n, p in plan.prefixes.items()}
+    lineages = {n: shard_lineage(p) for n, p in plan.prefixes.items()}
     for entry in entries:
         entry["shards"] = growing_blend.lineage_record(lineages[entry["name"]])
     state = growing_blend.GrowingState(
