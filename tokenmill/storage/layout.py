@@ -35,7 +35,7 @@ from tokenmill.formats.dataset_manifest import DATASET_MANIFESTS as DATASET_MANI
 from tokenmill.formats.takedown_records import TAKEDOWNS as TAKEDOWNS
 from tokenmill.formats.takedown_records import record_key
 from tokenmill.paths import VERSION_CHARS as VERSION_CHARS
-from tokenmill.paths import is_lower_hex, name_problem
+from tokenmill.paths import document_stem, is_lower_hex, name_problem
 
 POINTER_NAME = "current.json"
 BLEND_MANIFEST = "manifest.json"
@@ -68,15 +68,9 @@ def version_dir_name(version: str) -> str:
 
 
 def document_name(name: str, text_key: str) -> str:
-    """``<name>_<text_key>_document``: Megatron's ``preprocess_data.py`` naming of a pair;
-    ConfigError when ``text_key`` could not be part of one file name."""
-    problem = name_problem(text_key)
-    if problem:
-        raise ConfigError(
-            f"text_key {text_key!r} {problem}; it is part of the file names "
-            "<prefix>_<text_key>_document.*, so it must be one file-name part"
-        )
-    return f"{check_name(name)}_{text_key}_document"
+    """``<name>_<text_key>_document`` (:func:`tokenmill.paths.document_stem`) of a checked
+    artifact name."""
+    return document_stem(check_name(name), text_key)
 
 
 def dataset_manifest(prefix: str) -> str:

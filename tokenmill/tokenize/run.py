@@ -1,4 +1,5 @@
-"""Tokenize JSONL/Parquet inputs into one Megatron ``.bin``/``.idx`` pair plus its manifest.
+"""Tokenize inputs into one Megatron pair plus manifest; over 400 lines: one run's serial and
+parallel paths and its engine fallback share one ``_Run``.
 
 The bytes equal Megatron-LM ``tools/preprocess_data.py --tokenizer-type HuggingFaceTokenizer``
 (one sequence per document, ``{prefix}_{text_key}_document``): ids are
@@ -58,7 +59,7 @@ from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path
 from tokenmill.formats.shard_records import IngestStats
 from tokenmill.ingest.records import ON_BAD_RECORD, Quarantine
 from tokenmill.ingest.sources import read_input_batches
-from tokenmill.paths import name_problem
+from tokenmill.paths import document_stem
 from tokenmill.tokenize.engines import Encoder, load_encoder
 from tokenmill.tokenize.outputs import Outputs, byte_settings, input_bytes
 from tokenmill.tokenize.parallel import (
@@ -107,15 +108,8 @@ class TokenizeResult:
 
 
 def dataset_prefix(output_prefix: str | os.PathLike[str], text_key: str = "text") -> Path:
-    """Megatron's output name: ``{output_prefix}_{text_key}_document``; ConfigError when
-    ``text_key`` could not be part of one file name (it would place the files elsewhere)."""
-    problem = name_problem(text_key)
-    if problem:
-        raise ConfigError(
-            f"text_key {text_key!r} {problem}; it is part of the file names "
-            "<prefix>_<text_key>_document.*, so it must be one file-name part"
-        )
-    return Path(f"{os.fspath(output_prefix)}_{text_key}_document")
+    """Megatron's output name: ``{output_prefix}_{text_key}_document``."""
+    return Path(document_stem(os.fspath(output_prefix), text_key))
 
 
 def tokenize_files(
