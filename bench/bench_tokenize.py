@@ -380,7 +380,7 @@ def gpt2_nfkc(gpt2_dir: Path) -> Path:
 def multilingual_texts(chars: int) -> list[str]:
     """Documents of 2,000 characters of the probe set's scripts, emoji and NFKC-sensitive text
     (nothing ASCII-only), ``chars`` characters in all: the guard's and normalizer's worst case."""
-    from tokenmill.tokenize.tokenizer_verify import _PROBES
+    from tokenmill.tokenize.tokenizer_probes import _PROBES
 
     unit = " ".join(_PROBES[6:11])
     doc = (unit * (2000 // len(unit) + 1))[:2000]
