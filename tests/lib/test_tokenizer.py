@@ -102,6 +102,7 @@ def test_inspect_reports_megatron_facts(
 ) -> None:
     info = inspect_tokenizer(request.getfixturevalue(name))
     assert (info.vocab_size, info.eod_id, info.dtype) == (vocab, eod, np.dtype(dtype))
+    assert info.max_id == max(_reference(request.getfixturevalue(name)).get_vocab().values())
     assert (info.prefix_ids, info.suffix_ids) == ((), ())
     assert info.verdicts == dict.fromkeys(ENGINES, "ok")
     assert info.ranks is not None and info.ranks.scheme is not None

@@ -65,6 +65,20 @@ def _defer_model_table() -> None:
     sys.modules[spec.name] = stub
 
 
+def hide_torch() -> None:
+    """Make this process look torch-free to transformers, before transformers is imported.
+
+    transformers (>= 5) imports torch only because ``is_torch_available()`` finds it with
+    ``importlib.util.find_spec``, which returns None for a module whose ``sys.modules`` entry is
+    None (as ``import torch`` then raises ImportError). A tokenizer call never uses torch: with no
+    ``return_tensors``, ``tokenizer(text).input_ids`` are Python lists from the ``tokenizers``
+    backend, so the ids are the same (the tests compare them with transformers imported with
+    torch). Only for this child: a process that already imported torch keeps it.
+    """
+    if "torch" not in sys.modules:
+        sys.modules["torch"] = None  # type: ignore[assignment]
+
+
 def _assemble(
     arrays: list[np.ndarray],
     prefix: tuple[int, ...] = (),

@@ -34,7 +34,7 @@ import orjson
 
 from tokenmill.atomic import write_bytes, write_json
 from tokenmill.errors import ConfigError
-from tokenmill.tokenize.engines import ENCODERS, Encoder, _assemble, load_reference
+from tokenmill.tokenize.engines import ENCODERS, Encoder, _assemble, hide_torch, load_reference
 from tokenmill.tokenize.tokenizer import CACHE_VERSION, _library_versions, first_mismatch
 from tokenmill.tokenize.tokenizer_guard import (
     normalization_differences,
@@ -161,6 +161,7 @@ class EngineSide:
     ranks: RankFiles | None
     guard: dict[str, Any]
     around: tuple[list[int], list[int]] | None  # template_ids of the post-processor
+    max_id: int | None  # the largest id in the definition, when its vocabulary is a dict or list
     probes: str  # probes_digest of the probe set it ran
     outputs: dict[str, tuple[np.ndarray, np.ndarray] | str]
 
@@ -227,8 +228,15 @@ def engine_side(
             outputs[name] = no_ranks
         else:
             outputs[name] = _run_engine(name, info, probes, loaded)
+    vocab = (spec.get("model") or {}).get("vocab")  # what get_vocab() holds: the model's ids
+    ids = [int(t["id"]) for t in spec.get("added_tokens") or []]  # and the added tokens'
+    if isinstance(vocab, dict):
+        ids += vocab.values()
+    elif isinstance(vocab, list):  # Unigram: a token's id is its position
+        ids += range(len(vocab))[-1:]
+    max_id = max(ids) if ids and isinstance(vocab, dict | list) else None
     return EngineSide(
-        hf_definition, fast, form, ranks, guard, around, probes_digest(probes), outputs
+        hf_definition, fast, form, ranks, guard, around, max_id, probes_digest(probes), outputs
     )
 
 
@@ -312,7 +320,7 @@ def verify_tokenizer(
         "cache_version": CACHE_VERSION,
         "reference": f"transformers {type(tok).__name__} from {source}",
         "vocab_size": len(tok),
-        "max_id": max(tok.get_vocab().values()),
+        "max_id": max(tok.get_vocab().values()) if side.max_id is None else side.max_id,
         "eod_id": tok.eos_token_id,
         "prefix_ids": list(around[0]) if around else [],
         "suffix_ids": list(around[1]) if around else [],
@@ -366,20 +374,6 @@ def _run_engine(
         return encoder.encode(probes)
     except Exception as exc:  # any load/encode failure just rules the engine out
         return f"not used: {type(exc).__name__}: {exc}"
-
-
-def hide_torch() -> None:
-    """Make this process look torch-free to transformers, before transformers is imported.
-
-    transformers (>= 5) imports torch only because ``is_torch_available()`` finds it with
-    ``importlib.util.find_spec``, which returns None for a module whose ``sys.modules`` entry is
-    None (as ``import torch`` then raises ImportError). A tokenizer call never uses torch: with no
-    ``return_tensors``, ``tokenizer(text).input_ids`` are Python lists from the ``tokenizers``
-    backend, so the ids are the same (the tests compare them with transformers imported with
-    torch). Only for this child: a process that already imported torch keeps it.
-    """
-    if "torch" not in sys.modules:
-        sys.modules["torch"] = None  # type: ignore[assignment]
 
 
 def main(argv: list[str]) -> int:
