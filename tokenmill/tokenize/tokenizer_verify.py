@@ -23,6 +23,7 @@ or parses to the same definition, without ``split_special_tokens``.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 import unicodedata
 from dataclasses import dataclass
@@ -388,4 +389,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)  # the record is written and synced; tearing down transformers took 0.2 s
