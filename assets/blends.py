@@ -30,7 +30,7 @@ from tokenmill.formats.blend_manifest import read_blend_manifest
 from tokenmill.formats.takedown_records import blend_takedowns
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.blend_plan import skipped_warnings
-from tokenmill.indices.blend_versioning import blend_skips, blend_version
+from tokenmill.indices.blend_versioning import prepare_blend
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
 from tokenmill.storage.versions import pointer_version
@@ -118,12 +118,12 @@ def build_blend_asset(
             if cfg.semantics == "growing":  # the current version, which a new one may extend
                 stage_current_blend(ws, blend.name)
             where = (prefixes, ws.storage.blend_dir(blend.name), ws.storage.nanoset_dir())
+            prepared = prepare_blend(blend.name, *where, settings)
             if not blend.allow_empty_splits:
-                refuse_vanishing(blend, blend_skips(blend.name, *where, settings))
+                refuse_vanishing(blend, prepared.skips())
             # An existing version is staged first, so an unchanged rebuild finds it complete
             # and neither rebuilds nor uploads it.
-            built = blend_version(blend.name, *where, settings)
-            ws.fetch([f"{layout.blend_version_dir(blend.name, built)}/"])
+            ws.fetch([f"{layout.blend_version_dir(blend.name, prepared.version)}/"])
             manifest = build_blend(
                 blend.name, *where, settings, fetch=ws.fetch_index_entry, expected=read
             )

@@ -17,15 +17,16 @@
   (not tokenized yet, in progress, failed), each with its reason.
 - ``<ds>/nanoset``    ``index_bounds``: every split's cached index present (never built here),
   hashes intact, every value inside its array/split.
-
-Checks only read: a missing artifact fails its check, nothing is built or repaired.
 - ``blend/<name>``    ``proportions``: files match the manifest; realized shares within
   tolerance of the requested weights (non-blocking: nothing is built from a blend).
+
+Checks only read: a missing artifact fails its check, nothing is built or repaired.
 """
 
 import json
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ from assets.raw import empty_reason
 from assets.shards import each_shard
 from assets.support.complete import LEFT_OUT
 from assets.support.partitions import shard_keys, shard_partitions
-from assets.support.resources import StorageResource, display_path
+from assets.support.resources import StorageResource, Workspace, display_path
 from assets.support.staleness import latest_records
 from tokenmill.errors import TokenmillError
 from tokenmill.formats.dataset_manifest import (
@@ -67,7 +68,7 @@ from tokenmill.indices.nanoset import (
     split_ranges,
     verify_index,
 )
-from tokenmill.ingest.records import quarantine_cause
+from tokenmill.ingest.quarantine import quarantine_cause
 from tokenmill.recipe import BlendConfig, DatasetConfig, NanosetConfig
 from tokenmill.storage import layout
 from tokenmill.verify import realized_shares, verify_blend, verify_dataset
@@ -93,25 +94,45 @@ def _result(
     )
 
 
+def shard_check(
+    ds: DatasetConfig,
+    stage: str,
+    check: Callable[[StorageResource, str], AssetCheckResult],
+    *,
+    blocking: bool = True,
+) -> AssetChecksDefinition:
+    """A check of ``<ds>/<stage>`` run per shard partition, ``check(storage, key)`` on each
+    shard of the step (``each_shard``), named and described by ``check``'s name and docstring."""
+
+    @asset_check(
+        name=check.__name__,
+        asset=AssetKey([ds.name, stage]),
+        blocking=blocking,
+        partitions_def=shard_partitions(ds.name),
+        description=check.__doc__,
+    )
+    def per_shard(
+        context: AssetCheckExecutionContext, storage: StorageResource
+    ) -> AssetCheckResult:
+        return each_shard(context, lambda key: check(storage, key))
+
+    return per_shard
+
+
+def raw_stats(ws: Workspace, ds: DatasetConfig, key: str) -> dict[str, Any]:
+    """The shard's raw stats record (both validation stages write it), staged in ``ws``."""
+    path = ws.storage.raw_stats_path(ds.name, key)
+    return read_record(path, shown=display_path(path))
+
+
 def raw_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
     """Checks of ``<ds>/raw_jsonl``."""
 
-    @asset_check(
-        asset=AssetKey([ds.name, "raw_jsonl"]),
-        blocking=True,
-        partitions_def=shard_partitions(ds.name),
-        description="lines = documents + quarantined + blank; quarantine file complete",
-    )
-    def documents_accounted(
-        context: AssetCheckExecutionContext, storage: StorageResource
-    ) -> AssetCheckResult:
-        return each_shard(context, lambda key: accounted(storage, key))
-
-    def accounted(storage: StorageResource, key: str) -> AssetCheckResult:
+    def documents_accounted(storage: StorageResource, key: str) -> AssetCheckResult:
+        """lines = documents + quarantined + blank; quarantine file complete"""
         inputs = [layout.raw_stats(ds.name, key), layout.quarantine(ds.name, key)]
         with storage.workspace(inputs, upload=False) as ws:
-            stats_path = ws.storage.raw_stats_path(ds.name, key)
-            stats = read_record(stats_path, shown=display_path(stats_path))
+            stats = raw_stats(ws, ds, key)
             problems = []
             total = stats["documents"] + stats["quarantined"] + stats["blank"]
             if total != stats["lines"]:
@@ -119,7 +140,7 @@ def raw_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
             problems += quarantine_problems(ws.storage, ds, key, stats)
             return _result(problems, lines=stats["lines"], quarantined=stats["quarantined"])
 
-    return [documents_accounted, not_empty_check(ds, "raw_jsonl")]
+    return [shard_check(ds, "raw_jsonl", documents_accounted), not_empty_check(ds, "raw_jsonl")]
 
 
 def not_empty_check(ds: DatasetConfig, stage: str) -> AssetChecksDefinition:
@@ -127,25 +148,14 @@ def not_empty_check(ds: DatasetConfig, stage: str) -> AssetChecksDefinition:
     for an ``hf``-format dataset): an empty shard is counted and shown, never silent. Both
     stages write the same raw stats record, which is all it reads."""
 
-    @asset_check(
-        asset=AssetKey([ds.name, stage]),
-        blocking=False,
-        partitions_def=shard_partitions(ds.name),
-        description="the shard has documents (WARN for an empty one: 0 bytes or 0 documents)",
-    )
-    def not_empty(
-        context: AssetCheckExecutionContext, storage: StorageResource
-    ) -> AssetCheckResult:
-        return each_shard(context, lambda key: has_documents(storage, key))
-
-    def has_documents(storage: StorageResource, key: str) -> AssetCheckResult:
+    def not_empty(storage: StorageResource, key: str) -> AssetCheckResult:
+        """the shard has documents (WARN for an empty one: 0 bytes or 0 documents)"""
         with storage.workspace([layout.raw_stats(ds.name, key)], upload=False) as ws:
-            stats_path = ws.storage.raw_stats_path(ds.name, key)
-            stats = read_record(stats_path, shown=display_path(stats_path))
+            stats = raw_stats(ws, ds, key)
             problems = [] if stats["documents"] else [f"empty shard: {empty_reason(stats)}"]
             return _result(problems, severity=AssetCheckSeverity.WARN, documents=stats["documents"])
 
-    return not_empty
+    return shard_check(ds, stage, not_empty, blocking=False)
 
 
 def quarantine_problems(
@@ -172,23 +182,12 @@ def export_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
     """Checks of ``<ds>/hf_dataset`` (with ``not_empty`` for an ``hf``-format dataset, which
     has no raw stage)."""
 
-    @asset_check(
-        asset=AssetKey([ds.name, "hf_dataset"]),
-        blocking=True,
-        partitions_def=shard_partitions(ds.name),
-        description="documents in = Parquet rows + quarantined",
-    )
-    def rows_match_raw(
-        context: AssetCheckExecutionContext, storage: StorageResource
-    ) -> AssetCheckResult:
-        return each_shard(context, lambda key: rows_match(storage, key))
-
-    def rows_match(storage: StorageResource, key: str) -> AssetCheckResult:
+    def rows_match_raw(storage: StorageResource, key: str) -> AssetCheckResult:
+        """documents in = Parquet rows + quarantined"""
         inputs = [layout.raw_stats(ds.name, key), layout.quarantine(ds.name, key)]
         inputs.append(layout.parquet(ds.name, key))
         with storage.workspace(inputs, upload=False) as ws:
-            stats_path = ws.storage.raw_stats_path(ds.name, key)
-            stats = read_record(stats_path, shown=display_path(stats_path))
+            stats = raw_stats(ws, ds, key)
             rows = pq.read_metadata(ws.storage.parquet_path(ds.name, key)).num_rows
             documents_in = stats["lines"] - stats["blank"]
             problems = []
@@ -202,36 +201,22 @@ def export_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
             return _result(problems, documents_in=documents_in, rows=rows)
 
     if ds.has_raw_stage:
-        return [rows_match_raw]
-    return [rows_match_raw, not_empty_check(ds, "hf_dataset")]
+        return [shard_check(ds, "hf_dataset", rows_match_raw)]
+    return [shard_check(ds, "hf_dataset", rows_match_raw), not_empty_check(ds, "hf_dataset")]
 
 
 def token_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
     """Checks of ``<ds>/tokens``."""
-    key = AssetKey([ds.name, "tokens"])
-    partitions = shard_partitions(ds.name)
 
-    @asset_check(asset=key, blocking=True, partitions_def=partitions)
-    def idx_bin_consistent(
-        context: AssetCheckExecutionContext, storage: StorageResource
-    ) -> AssetCheckResult:
+    def idx_bin_consistent(storage: StorageResource, key: str) -> AssetCheckResult:
         """.idx header/pointers agree with the .bin; sizes and sha256 match the manifest."""
-        return each_shard(context, lambda key: consistent(storage, key))
-
-    def consistent(storage: StorageResource, key: str) -> AssetCheckResult:
         rel = layout.tokens_prefix(ds.name, key, ds.text_key)
         with storage.workspace(layout.dataset_files(rel), upload=False) as ws:
             prefix = ws.storage.tokens_prefix(ds.name, key, ds.text_key)
             return _result(verify_dataset(prefix, full=True), prefix=str(prefix))
 
-    @asset_check(asset=key, blocking=True, partitions_def=partitions)
-    def documents_match_export(
-        context: AssetCheckExecutionContext, storage: StorageResource
-    ) -> AssetCheckResult:
+    def documents_match_export(storage: StorageResource, shard: str) -> AssetCheckResult:
         """Tokenized documents = Parquet rows of the shard (as its export record states them)."""
-        return each_shard(context, lambda shard: documents_match(storage, shard))
-
-    def documents_match(storage: StorageResource, shard: str) -> AssetCheckResult:
         tokens = layout.tokens_prefix(ds.name, shard, ds.text_key)
         inputs = [f"{tokens}.idx", layout.export_record(ds.name, shard)]
         with storage.workspace(inputs, upload=False) as ws:
@@ -243,7 +228,8 @@ def token_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
             )
             return _result(problems, documents=documents, rows=rows)
 
-    return [idx_bin_consistent, documents_match_export]
+    checks = (idx_bin_consistent, documents_match_export)
+    return [shard_check(ds, "tokens", check) for check in checks]
 
 
 def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
@@ -307,14 +293,8 @@ def merged_checks(ds: DatasetConfig) -> list[AssetChecksDefinition]:
         value = found.metadata.get(LEFT_OUT) if found else None
         left_out: dict[str, str] = dict(value.value) if value is not None else {}  # type: ignore[arg-type]
         problems = [f"{key}: {reason}" for key, reason in left_out.items()]
-        return AssetCheckResult(
-            passed=not problems,
-            severity=AssetCheckSeverity.WARN,
-            metadata={
-                "left_out": MetadataValue.json(sorted(left_out)),
-                "problems": "\n".join(problems) or "none",
-            },
-        )
+        listed = MetadataValue.json(sorted(left_out))
+        return _result(problems, severity=AssetCheckSeverity.WARN, left_out=listed)
 
     return [sum_of_shards, quarantine_share, shards_left_out]
 

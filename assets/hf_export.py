@@ -48,13 +48,8 @@ from tokenmill.formats.shard_records import (
     shard_config,
     write_record,
 )
-from tokenmill.ingest.export import (
-    ExportResult,
-    dataset_info_from_records,
-    export_shard,
-    parquet_record,
-    tokenmill_info,
-)
+from tokenmill.ingest.dataset_info import dataset_info_from_records, parquet_record, tokenmill_info
+from tokenmill.ingest.export import ExportResult, export_shard
 from tokenmill.recipe import DatasetConfig
 from tokenmill.storage import layout
 

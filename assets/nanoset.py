@@ -44,9 +44,9 @@ from tokenmill.formats.nanoset_cache import read_description
 from tokenmill.indices.growing import shard_table
 from tokenmill.indices.nanoset import (
     SPLITS,
-    build_or_load_lengths,
+    IndexInputs,
+    cache_entry,
     cache_paths,
-    ensure_entry,
     entry_key,
     masked_of,
 )
@@ -163,33 +163,18 @@ def split_entry(
     extends ``previous``); (0, None, "-") if empty."""
     settings = cfg.settings()
     samples = settings.index_sizes()[split]
-    found = entry_key(len(lengths), content, split, settings, samples, shards=shards, masked=masked)
-    if found is None:
-        return 0, None, "-"
-    key, digest = found
+    inputs = IndexInputs(lengths, content, shards, masked)
     cache_dir = ws.storage.nanoset_dir()
-    stored = ws.stored_index_entry(cache_paths(cache_dir, digest, split), key, digest)
+    entry = cache_entry(inputs, cache_dir, split, settings, samples, previous=previous)
+    if entry is None:
+        return 0, None, "-"
+    stored = ws.stored_index_entry(entry.paths, entry.key, entry.digest)
     if stored is not None:
-        return int(stored["counts"]["num_samples"]), digest, "stored"
-    held = cache_paths(cache_dir, digest, split)["description"].is_file()
+        return int(stored["counts"]["num_samples"]), entry.digest, "stored"
+    held = entry.paths["description"].is_file()
+    entry.ensure()
     if cfg.semantics == "growing":  # its segments (earlier entries) need not be staged here
-        made = ensure_entry(
-            lengths,
-            content,
-            cache_dir,
-            split,
-            settings,
-            samples,
-            shards=shards,
-            masked=masked,
-            previous=previous,
-        )
-        assert made is not None  # the split is not empty: entry_key said so
-        description = read_description(made[0]["description"]) or {}
+        description = read_description(entry.paths["description"]) or {}
         how = "loaded" if held else "extended" if "document.0" in description["files"] else "built"
-        return int(description["counts"]["num_samples"]), digest, how
-    index = build_or_load_lengths(
-        lengths, content, cache_dir, split, settings, samples, shards=shards, masked=masked
-    )
-    assert index is not None  # the split is not empty: entry_key said so
-    return len(index), digest, "loaded" if held else "built"
+        return int(description["counts"]["num_samples"]), entry.digest, how
+    return len(entry.load()), entry.digest, "loaded" if held else "built"

@@ -113,12 +113,11 @@ def shard_step(
     work: Callable[[str], Mapping[str, Any]],
     *,
     fingerprint: Callable[[str], str | None],
-    version: str | None = None,
 ) -> MaterializeResult:
     """:func:`process_shards` then :func:`shard_result`: for a step whose shards each stage
     their own workspace."""
     done, failed = process_shards(context, work, fingerprint=fingerprint)
-    return shard_result(context, done, failed, version=version)
+    return shard_result(context, done, failed)
 
 
 def process_shards(

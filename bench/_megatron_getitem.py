@@ -18,6 +18,22 @@ import numpy as np
 from tokenmill.loader import NanosetDataset
 
 
+def packed_lengths(pieces: list[int], extra: bool, seq: int) -> list[int]:
+    """§11.4: the lengths ``cu_seqlens`` holds for a sample of ``seq`` tokens read in ``pieces``:
+    the extra token off the last piece, and the padding (if any) added to the last one."""
+    lengths = list(pieces)
+    if extra:
+        lengths[-1] -= 1
+        if lengths[-1] == 0:
+            lengths.pop()
+    if sum(lengths) < seq:
+        if lengths:
+            lengths[-1] += seq - sum(lengths)
+        else:
+            lengths = [seq]
+    return lengths
+
+
 def ltor_masks_and_position_ids(
     data: np.ndarray,
     eod: int,
@@ -119,16 +135,7 @@ class MegatronGetitem:
     ) -> dict[str, np.ndarray]:
         """§11.4: ``cu_seqlens`` and ``max_seqlen`` of the pieces; positions restart per piece."""
         seq = len(tokens)
-        lengths = list(lengths)
-        if self.extra:
-            lengths[-1] -= 1
-            if lengths[-1] == 0:
-                lengths.pop()
-        if sum(lengths) < seq:
-            if lengths:
-                lengths[-1] += seq - sum(lengths)
-            else:
-                lengths = [seq]
+        lengths = packed_lengths(lengths, self.extra, seq)
         cu = np.full(seq + 1, seq, dtype=np.int32)
         cu[: len(lengths) + 1] = np.cumsum([0, *lengths])
         return {

@@ -72,13 +72,13 @@ def cpp_sample_idx(sizes, doc, seq, tokens_total, out):  # type: ignore[no-untyp
         out[k, 0], out[k, 1] = d, offset
 
 
-def cpp_blending(weights, size, dataset_index, sample_index):  # type: ignore[no-untyped-def]
-    """helpers.cpp build_blending_indices, as the C++ writes it."""
-    counts = np.zeros(weights.shape[0], dtype=np.int64)
+def cpp_blending(weights, size, dataset_index, sample_index, counts):  # type: ignore[no-untyped-def]
+    """helpers.cpp build_blending_indices, as the C++ writes it (``counts``: a zero per dataset).
+    Compiled, the stand-in for the C++; on lists, the plain-Python baseline."""
     for i in range(size):
         x = max(float(i), 1.0)
         best, best_error = 0, weights[0] * x - counts[0]
-        for d in range(1, weights.shape[0]):
+        for d in range(1, len(weights)):
             error = weights[d] * x - counts[d]
             if error > best_error:
                 best, best_error = d, error
@@ -105,25 +105,16 @@ def megatron_path(lengths: np.ndarray, epochs: int, kernel: Callable[..., Any]) 
 
 def cpp_blend_path(weights: np.ndarray, size: int, kernel: Callable[..., Any]) -> None:
     """BlendedDataset's build with the compiled stand-in for its C++ helper."""
-    kernel(weights, size, np.zeros(size, dtype=np.int16), np.zeros(size, dtype=np.int64))
+    counts = np.zeros(weights.shape[0], dtype=np.int64)
+    kernel(weights, size, np.zeros(size, dtype=np.int16), np.zeros(size, dtype=np.int64), counts)
 
 
 def reference_blend_loop(weights: np.ndarray, size: int) -> None:
     """helpers.cpp build_blending_indices as plain Python (the per-sample baseline)."""
     w = weights.tolist()
-    counts = [0] * len(w)
-    dataset_index = np.zeros(size, dtype=np.int16)
-    sample_index = np.zeros(size, dtype=np.int64)
-    for i in range(size):
-        x = max(float(i), 1.0)
-        best, best_error = 0, w[0] * x - counts[0]
-        for d in range(1, len(w)):
-            error = w[d] * x - counts[d]
-            if error > best_error:
-                best, best_error = d, error
-        dataset_index[i] = best
-        sample_index[i] = counts[best]
-        counts[best] += 1
+    cpp_blending(
+        w, size, np.zeros(size, dtype=np.int16), np.zeros(size, dtype=np.int64), [0] * len(w)
+    )
 
 
 def workloads(quick: bool) -> list[dict[str, Any]]:

@@ -48,6 +48,7 @@ from _util import table, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the code location (assets/, pipelines/)
+sys.path.insert(0, str(ROOT / "tests"))  # pipeline_project's shard backfill
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -220,26 +221,12 @@ def queue_daemon() -> Any:
 
 def backfill_daemon(instance: Any, context: Any, keys: list[str]) -> Any:
     """Request a backfill of the shard assets over ``keys``; one backfill daemon iteration."""
-    from dagster import AssetKey
-    from dagster._core.execution.backfill import PartitionBackfill
-    from dagster._core.utils import make_new_backfill_id
     from dagster._daemon.backfill import execute_backfill_iteration
     from dagster._daemon.daemon import get_default_daemon_logger
+    from pipeline_project import add_shard_backfill  # the tests' backfill, as the UI submits it
 
-    backfill = PartitionBackfill.from_asset_partitions(
-        backfill_id=make_new_backfill_id(),
-        asset_graph=context.create_request_context().asset_graph,
-        partition_names=keys,
-        asset_selection=[AssetKey(["docs", s]) for s in ("raw_jsonl", "hf_dataset", "tokens")],
-        backfill_timestamp=time.time(),
-        tags={},
-        dynamic_partitions_store=instance,
-        all_partitions=False,
-        title=None,
-        description=None,
-        run_config=QUIET,
-    )
-    instance.add_backfill(backfill)
+    graph = context.create_request_context().asset_graph
+    add_shard_backfill(instance, graph, keys, run_config=QUIET)
     logger = get_default_daemon_logger("BackfillDaemon")
     return lambda ctx: execute_backfill_iteration(ctx, logger)
 

@@ -8,8 +8,10 @@ once to a fresh bucket, and its samples, in blend order, converted once to MDS
 (mosaicml-streaming ``MDSWriter``) and to litdata chunks (64 MB shards, uncompressed) and
 uploaded beside it (not timed). Measured:
 
-* one process, cold cache: ``open_blend("s3://...", version=...)`` plus the first batch, and
-  the requests moto logged before that batch;
+* a fresh process, ``--repeats`` times: its imports, then ``open_blend("s3://...",
+  version=...)`` and the first batch, cold (an empty cache dir) then warm (the same cache: a
+  restarted job), wall and CPU seconds and the GETs it sent; and moto alone serving the same
+  GETs as a cold run, 8 at once (nothing stored or hashed): the server's bound for it;
 * the job, per tool: ``--ranks`` rank processes at once, each a torch DataLoader with
   ``--workers`` workers reading its slice of ``--steps`` global batches of ``--batch``
   samples (the same indices for every tool: each anchor reads sample i of its copy by random
@@ -24,6 +26,7 @@ uploaded beside it (not timed). Measured:
 
     python bench/bench_stream.py [--tokens 40000000] [--shards 4] [--steps 40] [--batch 64]
         [--ranks 2] [--workers 2] [--block-mib 8] [--tools tokenmill,mosaic,litdata]
+        [--repeats 3] [--first-only]
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -51,12 +53,13 @@ from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.formats.merge import virtual_merge
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
-from tokenmill.loader import BatchSampler, _s3, open_blend
+from tokenmill.loader import open_blend
 from tokenmill.storage.pull import pull
 from tokenmill_dev.moto import moto_server
 
 SEQ = 2048
 RANK = Path(__file__).resolve().parent / "_stream_rank.py"
+ROOT = Path(__file__).resolve().parents[1]  # the tokenmill the first-batch processes import
 
 
 def build(root: Path, tokens: int, shards: int) -> Path:
@@ -125,12 +128,6 @@ def upload(client: object, bucket: str, root: Path, prefix: str = "") -> None:
         client.upload_file(str(path), bucket, key)  # type: ignore[attr-defined]
 
 
-def requests(log: Path) -> int:
-    """Requests moto has logged so far (its 206 lines start with colour codes)."""
-    time.sleep(0.2)  # let the server flush its log line
-    return len(re.findall(rb"(?:GET|HEAD|PUT|POST) /\S* HTTP/", log.read_bytes()))
-
-
 def moto_alone(client: object, bucket: str, block: int, threads: int = 8) -> float:
     """MB/s of moto itself: every block of every ``.bin`` by range GET, ``threads`` at once
     (the cache's fetch threads), nothing stored or hashed."""
@@ -155,20 +152,68 @@ def moto_alone(client: object, bucket: str, block: int, threads: int = 8) -> flo
     return total / (time.perf_counter() - start) / 1e6
 
 
-def first_batch(uri: str, version: str, cache: Path, log: Path, batch: int) -> dict[str, Any]:
-    """One process: open plus first batch, and the requests before it, with a cold cache, then
-    again with it warm (a restarted job, same version: a fresh BlockCache)."""
-    found = {}
-    for kind in ("cold", "warm"):
-        seen = requests(log)
-        start = time.perf_counter()
-        ds = open_blend(uri, "train", version=version, cache_dir=cache)
-        opened = time.perf_counter() - start
-        ds.get_batch(next(iter(BatchSampler(len(ds), global_batch_size=batch))))
-        startup = time.perf_counter() - start
-        _s3._CACHES.clear()
-        found[kind] = {"open_s": opened, "startup_s": startup, "requests": requests(log) - seen}
+FIRST = """
+import json, resource, sys, time
+start = time.perf_counter()
+import numpy as np
+import tokenmill.storage.s3 as s3_helpers
+gets, make = [], s3_helpers.make_client
+def hooked(*args, **kwargs):
+    client = make(*args, **kwargs)
+    client.meta.events.register(
+        "provide-client-params.s3.GetObject",
+        lambda params, **_: gets.append([params["Key"], params.get("Range")]),
+    )
+    return client
+s3_helpers.make_client = hooked
+from tokenmill.loader import BatchSampler, open_blend
+import boto3
+imported = time.perf_counter()
+uri, version, cache, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+ds = open_blend(uri, "train", version=version, cache_dir=cache)
+opened, before = time.perf_counter(), len(gets)
+ds.get_batch(next(iter(BatchSampler(len(ds), global_batch_size=batch))))
+done = time.perf_counter()
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"imports_s": imported - start, "open_s": opened - imported,
+                  "first_batch_s": done - imported, "startup_s": done - start,
+                  "cpu_s": usage.ru_utime + usage.ru_stime, "open_requests": before,
+                  "requests": len(gets), "gets": gets}))
+"""
+
+
+def first_batch(
+    uri: str, version: str, work: Path, batch: int, repeats: int, client: Any, env: dict[str, str]
+) -> dict[str, Any]:
+    """A fresh process, from before its imports: open plus the first batch, cold (an empty
+    cache dir) then warm (the same cache: a restarted job), ``repeats`` times; and moto alone
+    serving the same GETs as a cold run, 8 at once (nothing stored or hashed): its bound."""
+    found: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": [], "moto_alone_s": []}
+    for r in range(repeats):
+        cache = work / f"first-{r}"
+        for kind in ("cold", "warm"):
+            cmd = [sys.executable, "-c", FIRST, uri, version, str(cache), str(batch)]
+            out = subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=ROOT).stdout
+            got = json.loads(out)
+            gets = got.pop("gets")
+            found[kind].append(got)
+            if kind == "cold":
+                found["moto_alone_s"].append(replay(client, "bench", gets))
     return found
+
+
+def replay(client: Any, bucket: str, gets: list[tuple[str, str | None]]) -> float:
+    """Seconds moto takes to serve ``gets`` (key, range), 8 at once, bodies read whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def get(where: tuple[str, str | None]) -> int:
+        extra = {"Range": where[1]} if where[1] else {}
+        return len(client.get_object(Bucket=bucket, Key=where[0], **extra)["Body"].read())
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        sum(pool.map(get, gets))
+    return time.perf_counter() - start
 
 
 def du(path: Path) -> int:
@@ -212,8 +257,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--block-mib", type=float, default=8.0, help="per-block hash size")
     parser.add_argument("--tools", default="tokenmill,mosaic,litdata")
+    parser.add_argument("--repeats", type=int, default=3, help="cold/warm first batches")
+    parser.add_argument("--first-only", action="store_true", help="only the first batches")
     args = parser.parse_args()
-    tools = args.tools.split(",")
+    tools = [] if args.first_only else args.tools.split(",")
     dataset_manifest.BLOCK_BYTES = int(args.block_mib * (1 << 20))  # what the writers record
     import boto3
 
@@ -246,7 +293,12 @@ def main() -> None:
             uri = "s3://bench/blends/stream/manifest.json"
             version = str(open_blend(manifest, "train").version)
             env["BENCH_VERSION"] = version
-            results["first_batch"] = first_batch(uri, version, work / "c0", log, args.batch)
+            results["first_batch"] = first_batch(
+                uri, version, work, args.batch, args.repeats, client, env
+            )
+            if args.first_only:
+                report_first(results["first_batch"])
+                return
             sources = {
                 "tokenmill": uri,
                 "mosaic": "s3://bench/mds",
@@ -265,6 +317,27 @@ def main() -> None:
                 client, "bench", dataset_manifest.BLOCK_BYTES
             )
     report(results, args, tools)
+
+
+def report_first(found: dict[str, Any]) -> None:
+    """Print the first-batch runs: ranges of wall and CPU seconds, and moto's bound."""
+
+    def span(values: list[float], digits: int = 2) -> str:
+        return f"{min(values):.{digits}f}-{max(values):.{digits}f}"
+
+    for kind in ("cold", "warm"):
+        runs = found[kind]
+        print(
+            f"one fresh process, {kind}: imports (numpy, tokenmill.loader, boto3) "
+            f"{span([r['imports_s'] for r in runs])} s, then open "
+            f"{span([r['open_s'] for r in runs])} s, first batch at "
+            f"{span([r['first_batch_s'] for r in runs])} s ("
+            f"{span([r['startup_s'] for r in runs])} s from the start), "
+            f"{span([r['cpu_s'] for r in runs])} CPU-s in all, "
+            f"{span([r['open_requests'] for r in runs], 0)} requests in the open, "
+            f"{span([r['requests'] for r in runs], 0)} by the end of the first batch"
+        )
+    print(f"moto alone serving a cold run's GETs, 8 at once: {span(found['moto_alone_s'])} s")
 
 
 def report(results: dict[str, Any], args: argparse.Namespace, tools: list[str]) -> None:
@@ -297,13 +370,7 @@ def report(results: dict[str, Any], args: argparse.Namespace, tools: list[str]) 
         ]
     )
     print(table(rows))
-    fb = results["first_batch"]
-    for kind in ("cold", "warm"):
-        got = fb[kind]
-        print(
-            f"one process, {kind}: open {got['open_s']:.2f} s, first batch at "
-            f"{got['startup_s']:.2f} s, {got['requests']} requests before it"
-        )
+    report_first(results["first_batch"])
     print(
         f"moto alone {results['moto_alone_mb_per_s']:.0f} "
         f"MB/s; {args.ranks} ranks x {args.workers} workers, {args.steps} batches of "

@@ -495,7 +495,7 @@ def normalizer_runs(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def report_normalizers(data: dict[str, Any], workers: list[int]) -> None:
+def report_normalizers(data: dict[str, Any]) -> None:
     med = {
         k: {m: statistics.median(r[m] for r in v) for m in ("wall", "cpu")}
         for k, v in data["runs"].items()
@@ -793,7 +793,7 @@ def main() -> None:
         return
     if args.normalizers:
         data = normalizer_runs(args)
-        report_normalizers(data, args.workers)
+        report_normalizers(data)
         print(f"wrote {write_results(args.name + '-normalizers', data)}")
         return
     data = bench(args)

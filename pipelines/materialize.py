@@ -50,8 +50,7 @@ from assets.support.staleness import (
 from assets.support.takedowns import TAKEDOWNS, list_recorded, read_storage_ledger
 from pipelines.build import build_definitions
 from pipelines.instance import ensure_dagster_home, ensure_pool_limits
-from pipelines.jobs import DOWNSTREAM_STAGES as DATASET_STAGES
-from pipelines.jobs import REFRESH_JOB, shard_job_name
+from pipelines.jobs import DOWNSTREAM_STAGES, REFRESH_JOB, shard_job_name
 from pipelines.runguard import (
     fail_interrupted_runs,
     instance_errors,
@@ -67,7 +66,7 @@ from pipelines.summary import (
     run_failures,
     write_failure_log,
 )
-from tokenmill.errors import ConfigError, TokenmillError
+from tokenmill.cli import run_command
 from tokenmill.formats.merge import natural_key
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe, recipe_path
 from tokenmill.storage.s3 import call, shared_client, split_uri
@@ -181,7 +180,7 @@ def stale_downstream(
             continue
         merged_key, nanoset_key = AssetKey([ds.name, "merged"]), AssetKey([ds.name, "nanoset"])
         if not expected or recorded_version(instance, merged_key) != expected[merged_key]:
-            stale += [AssetKey([ds.name, stage]) for stage in DATASET_STAGES]
+            stale += [AssetKey([ds.name, stage]) for stage in DOWNSTREAM_STAGES]
         elif recorded_version(instance, nanoset_key) != expected[nanoset_key]:
             stale.append(nanoset_key)
     for blend in recipe.blends:
@@ -271,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         "-v", "--verbose", action="store_true", help="print Dagster's warnings and tracebacks"
     )
     args = parser.parse_args(argv)
-    try:
+
+    def body() -> int:
         recipe = load_recipe(recipe_path(args.recipe))
         home = ensure_dagster_home()
         os.environ.setdefault("DAGSTER_HOME", str(home))
@@ -288,15 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"run {run_id}: its process is gone (killed or stopped); marked failed")
             ensure_pool_limits(instance)
             return materialize_recipe(recipe, instance, verbose=args.verbose, home=home)
-    except ConfigError as exc:
-        print(f"tokenmill materialize: error: {exc}", file=sys.stderr)
-        return 2
-    except (TokenmillError, OSError) as exc:  # OSError: a full or failing disk, named file
-        print(f"tokenmill materialize: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("tokenmill materialize: interrupted; the run in progress is marked failed")
-        return 130
+
+    return run_command("materialize", body, "interrupted; the run in progress is marked failed")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ A run whose ``materialize`` process is gone (killed, out of memory) is marked fa
 never counts (``pipelines/runguard.py``): a stale run must not skip every tick.
 """
 
+import functools
+
 from dagster import (
     DagsterInstance,
     DagsterRunStatus,
@@ -29,6 +31,7 @@ from pipelines.sensors import shard_tags
 from tokenmill.recipe import DatasetConfig
 
 REPROCESS_TAG = "tokenmill/reprocess"
+running_schedule = functools.partial(schedule, default_status=DefaultScheduleStatus.RUNNING)
 # Runs that hold their slot: waiting in the queue, being launched, or executing.
 ACTIVE = [
     DagsterRunStatus.QUEUED,
@@ -55,11 +58,10 @@ def build_reprocess_schedule(
     tokenizer change); the downstream assets then follow through automation. ``endpoint_url``
     is the S3 endpoint of an ``s3://`` source."""
 
-    @schedule(
+    @running_schedule(
         name=f"{ds.name}_reprocess",
         cron_schedule=cron,
         job=job,
-        default_status=DefaultScheduleStatus.RUNNING,
         description=f"Re-validate and re-tokenize every shard of {ds.name}.",
     )
     def reprocess(context: ScheduleEvaluationContext) -> list[RunRequest] | SkipReason:
@@ -94,11 +96,10 @@ def build_refresh_schedule(cron: str, job: AssetJob) -> ScheduleDefinition:
     """``nightly_refresh``: rebuild every merged dataset, index and blend in one run, unless
     a reprocess run is queued or in progress (its shards would change under the refresh)."""
 
-    @schedule(
+    @running_schedule(
         name="nightly_refresh",
         cron_schedule=cron,
         job=job,
-        default_status=DefaultScheduleStatus.RUNNING,
         description="Rebuild merged datasets, Nanoset indices and blends.",
     )
     def refresh(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:

@@ -6,10 +6,10 @@ The shard sensor is a plain function (:func:`plan_tick`) diffing the source list
 JSON cursor ``{shard: fingerprint}``, wrapped in a sensor returning one ``SensorResult``:
 
 - new shards: added to the partition set and run over ranges of up to
-  ``MAX_SHARDS_PER_RUN`` consecutive partitions (:func:`shard_ranges`), the same range execution
-  as a backfill (tags ``dagster/asset_partition_range_start``/``_end``); a range of one shard is
-  a plain single-partition run. ``run_key`` = the range and its shards' fingerprints, so a tick
-  never requests the same work twice;
+  ``PARTITIONS_PER_BACKFILL_RUN`` consecutive partitions (:func:`shard_ranges`), the same range
+  execution as a backfill (tags ``dagster/asset_partition_range_start``/``_end``); a range of
+  one shard is a plain single-partition run. ``run_key`` = the range and its shards'
+  fingerprints, so a tick never requests the same work twice;
 - changed shards (new size/mtime): run again, in ranges of consecutive partitions likewise;
 - unrecorded shards (registered, no tokens recorded: never run, or left behind by a range whose
   neighbour failed): run again, unless in progress, or failed at the file listed now (a failed
@@ -24,6 +24,7 @@ Dagster's automation sensor starts stopped; ours starts running so that ``merged
 and ``blend/*`` follow new shards without a click.
 """
 
+import functools
 import hashlib
 import json
 from collections.abc import Collection, Mapping
@@ -61,10 +62,15 @@ from tokenmill.formats.takedown_records import list_sha256
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe
 
 SENSOR_INTERVAL_SECONDS = 30
+# Every sensor here starts running and ticks at most every SENSOR_INTERVAL_SECONDS.
+running_sensor = functools.partial(
+    sensor,
+    minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
+    default_status=DefaultSensorStatus.RUNNING,
+)
 AUTOMATION_SENSOR = "tokenmill_automation"
 # A sensor run (and a ``tokenmill materialize`` run) covers at most this many shards, as a
 # backfill run does: start-up is paid once per range instead of once per shard.
-MAX_SHARDS_PER_RUN = PARTITIONS_PER_BACKFILL_RUN
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
 
@@ -99,7 +105,7 @@ def range_run_key(fingerprints: Mapping[str, str]) -> str:
 
 
 def shard_ranges(
-    order: list[str], keys: list[str], size: int = MAX_SHARDS_PER_RUN
+    order: list[str], keys: list[str], size: int = PARTITIONS_PER_BACKFILL_RUN
 ) -> list[list[str]]:
     """``keys`` cut into runs of partitions that are consecutive in ``order`` (the partition
     set's order: a Dagster range over dynamic partitions spans every key between its ends in
@@ -139,8 +145,8 @@ def shard_run_requests(
     order: list[str],
 ) -> list[RunRequest]:
     """Shard-job runs over ranges of ``keys`` (consecutive in the partition order ``order``,
-    at most ``MAX_SHARDS_PER_RUN`` each), leaving out shards the staleness model finds current
-    at this fingerprint (made by any run: sensor, backfill, ``tokenmill materialize``, UI);
+    at most ``PARTITIONS_PER_BACKFILL_RUN`` each), leaving out shards the staleness model finds
+    current at this fingerprint (made by any run: sensor, backfill, ``tokenmill materialize``, UI);
     ``run_key`` carries the shards' fingerprints."""
     wanted = {key: listing.shards[key].fingerprint for key in keys}
     done = current_shards(instance, ds, wanted)
@@ -229,11 +235,9 @@ def build_shard_sensor(
     shard and merge jobs; ``endpoint_url`` the S3 endpoint of an ``s3://`` source."""
     partitions = shard_partitions(ds.name)
 
-    @sensor(
+    @running_sensor(
         name=f"{ds.name}_shard_sensor",
         jobs=jobs,
-        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
-        default_status=DefaultSensorStatus.RUNNING,
         description=f"Watches {ds.source} for new, changed and vanished shards of {ds.name}.",
     )
     def shard_sensor(context: SensorEvaluationContext) -> SensorResult:
@@ -319,11 +323,9 @@ def build_recipe_sensor(recipe: Recipe, job: AssetJob) -> SensorDefinition:
     is. A recipe that does not load is reported on the tick and changes nothing."""
     loaded = recipe_code_versions(recipe)
 
-    @sensor(
+    @running_sensor(
         name=RECIPE_SENSOR,
         job=job,
-        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
-        default_status=DefaultSensorStatus.RUNNING,
         description=f"Rebuilds indices and blends whose settings in {recipe.path} changed.",
     )
     def recipe_sensor(context: SensorEvaluationContext) -> SensorResult:
@@ -354,11 +356,9 @@ def build_takedown_sensor(recipe: Recipe, job: AssetJob) -> SensorDefinition:
     the digest as run key. A missing list is the tick's skip reason."""
     path = Path(str(recipe.takedown.list))
 
-    @sensor(
+    @running_sensor(
         name=TAKEDOWN_SENSOR,
         job=job,
-        minimum_interval_seconds=SENSOR_INTERVAL_SECONDS,
-        default_status=DefaultSensorStatus.RUNNING,
         description=f"Applies the takedown list {path} when it changes.",
     )
     def takedown_sensor(context: SensorEvaluationContext) -> SensorResult:

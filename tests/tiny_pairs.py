@@ -11,6 +11,7 @@ import numpy as np
 
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
+from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import NanosetIndex, build_or_load
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
 
@@ -22,11 +23,39 @@ def blend_values(**fields: Any) -> BlendSettings:
     return BlendSettings(NanosetSettings(**fields), **weighting)
 
 
+# The blend ``mix`` the blend-manifest and version tests build (with their sequence length).
+MIX: dict[str, Any] = {
+    "weights": {"docs": 0.7, "code": 0.3},
+    "split_spec": "80,10,10",
+    "seed": 5,
+    "train_samples": 51,
+}
+
+
+def build_blend_at(root: Path, name: str, datasets: dict[str, Path], **fields: Any) -> dict:
+    """``build_blend`` of blend ``name`` over ``datasets`` into ``root/blends/<name>``, its index
+    cache in ``root/nanoset``, the settings given flat (``blend_values``); the manifest."""
+    out = root / "blends" / name
+    return build_blend(name, datasets, out, root / "nanoset", blend_values(**fields))
+
+
 def index_of(prefix: str | Path, cache_dir: str | Path, **fields: Any) -> NanosetIndex | None:
     """``build_or_load`` of ``split``, ``num_samples`` (default None) and ``NanosetSettings``
     fields given flat (plain values: they cross processes, and tests vary one of them)."""
     split, num_samples = fields.pop("split"), fields.pop("num_samples", None)
     return build_or_load(prefix, cache_dir, split, NanosetSettings(**fields), num_samples)
+
+
+def split_fields(split: str, semantics: str, train_samples: int) -> dict[str, Any]:
+    """``index_of`` fields of one split of an 80/10/10 split in 16-token samples:
+    ``train_samples`` for train, one epoch for valid and test."""
+    return {
+        "split": split,
+        "split_spec": "80,10,10",
+        "sequence_length": 16,
+        "semantics": semantics,
+        "num_samples": train_samples if split == "train" else None,
+    }
 
 
 def random_pair(

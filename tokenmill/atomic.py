@@ -28,7 +28,8 @@ import shutil
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from types import TracebackType
+from typing import IO, Any, Self, TypeVar
 
 from tokenmill.errors import FormatError
 
@@ -162,6 +163,17 @@ def name_os_errors(
         raise OSError(exc.errno, exc.strerror or str(exc), *names) from exc
 
 
+def discard_temp(fh: IO[Any] | None, tmp: str | os.PathLike[str] | None) -> None:
+    """Close an abandoned temp's handle (flushing the bytes being discarded may fail too, and
+    is ignored) and remove the temp; either may be None (not opened, already gone)."""
+    if fh is not None:
+        with contextlib.suppress(OSError):
+            fh.close()
+    if tmp is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
     """Open a temp of ``path`` for writing; on clean exit fsync and rename it to ``path``.
@@ -178,8 +190,7 @@ def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[A
             os.fsync(fh.fileno())
         commit(tmp, final)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        discard_temp(None, tmp)
         raise
 
 
@@ -288,10 +299,9 @@ def _remove_dead(folder: Path, names: list[str], *, strict: bool) -> None:
                 os.unlink(target)
 
 
-def file_sha256(
-    path: str | os.PathLike[str], offset: int = 0, length: int | None = None, block: int = 1 << 22
-) -> str:
-    """Hex sha256 of a file (or of ``length`` bytes from ``offset``), streamed in blocks."""
+def file_sha256(path: str | os.PathLike[str], offset: int = 0, length: int | None = None) -> str:
+    """Hex sha256 of a file (or of ``length`` bytes from ``offset``), streamed in 4 MiB blocks."""
+    block = 1 << 22
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         fh.seek(offset)
@@ -304,3 +314,35 @@ def file_sha256(
             if left > 0:
                 left -= len(chunk)
     return h.hexdigest()
+
+
+class CommitOnExit:
+    """A writer used as a context manager: a clean exit commits it (``finalize``), an exception
+    discards what it wrote (``abort``), and so does a commit that fails (e.g. a full disk at
+    the fsync), so no temp file stays behind. ``finalize`` does nothing once it has committed."""
+
+    def finalize(self) -> None:
+        """Commit what was written (a subclass's own protocol: temp, fsync, rename)."""
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Discard everything written so far."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is not None:
+            self.abort()
+            return
+        try:
+            self.finalize()
+        except BaseException:
+            self.abort()
+            raise

@@ -9,7 +9,7 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tokenmill import __version__
 from tokenmill.commands import DefaultsHelpFormatter
@@ -56,28 +56,34 @@ class _SubcommandParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
 
+def run_command(
+    command: str, body: Callable[[], int | None], interrupted: str = "interrupted"
+) -> int:
+    """``body()``'s exit code; a tokenmill or disk error (OSError: a full or failing disk, its
+    file named) is one ``tokenmill COMMAND: error: …`` line and code 2 for a ConfigError, 1
+    otherwise; Ctrl-C is ``tokenmill COMMAND: <interrupted>`` and code 130; a reader that left
+    (``tokenmill inspect ... | head``) ends it quietly, code 1."""
+    try:
+        return int(body() or 0)
+    except BrokenPipeError:
+        # As Python's docs on SIGPIPE advise: point stdout at devnull so that the flush at
+        # exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (TokenmillError, OSError) as exc:
+        print(f"tokenmill {command}: error: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    except KeyboardInterrupt:
+        print(f"tokenmill {command}: {interrupted}", file=sys.stderr)
+        return 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
     words = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
     args = parser.parse_args(words)
-    try:
-        rc = args.func(args)
-    except BrokenPipeError:  # the reader left (`tokenmill inspect ... | head`): stop quietly
-        # As Python's docs on SIGPIPE advise: point stdout at devnull so that the flush at
-        # exit does not raise again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except ConfigError as exc:
-        print(f"tokenmill {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except (TokenmillError, OSError) as exc:  # OSError: a full or failing disk, named file
-        print(f"tokenmill {args.command}: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"tokenmill {args.command}: interrupted", file=sys.stderr)
-        return 130
-    return int(rc or 0)
+    return run_command(args.command, lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
-"""Recipes: the YAML file that says which datasets and blends exist and how to build them.
+"""Recipes (one module past 400 lines: models, field rules and error lines change together).
 
 A recipe (``recipes/*.yaml``, chosen by ``TOKENMILL_RECIPE``; every field in docs/user-guide.md
-§3) is validated into the frozen pydantic models below; the Dagster code location turns each
-dataset and blend into assets, partitions, sensors and schedules named after it. Every bad field
+§3) says which datasets and blends exist and how to build them. It is validated into the frozen
+pydantic models below; the Dagster code location turns each dataset and blend into assets,
+partitions, sensors and schedules named after it. Every rule below is read with the one-line
+error that names its field (``_problem``), so they stay in one module. Every bad field
 raises one ``ConfigError`` line naming the file, the field, the value found and what is allowed
 (``file: field: bad value V; expected …``). Relative paths are resolved against ``base_dir``
 (itself relative to the recipe file, default: its folder), so a recipe means the same from any
@@ -40,6 +42,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from tokenmill.errors import ConfigError
 from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
+from tokenmill.ingest.records import JSONL_SUFFIXES, TABLE_SUFFIXES
 from tokenmill.paths import name_problem
 
 DEFAULT_RECIPE = "recipes/demo.yaml"
@@ -47,7 +50,7 @@ RECIPE_ENV = "TOKENMILL_RECIPE"
 # A dataset's source format and the file suffixes that make a shard in it. ``hf``: Parquet or
 # Arrow files of a Hugging Face dataset on disk (its ``data/`` folder, or ``save_to_disk``
 # output), which enter the pipeline at ``<ds>/hf_dataset`` (there is no raw_jsonl stage).
-SHARD_SUFFIXES = {"jsonl": (".jsonl", ".jsonl.gz", ".jsonl.zst"), "hf": (".parquet", ".arrow")}
+SHARD_SUFFIXES = {"jsonl": JSONL_SUFFIXES, "hf": TABLE_SUFFIXES}
 DEFAULT_GLOB = {"jsonl": "*.jsonl*", "hf": "*"}
 _ROOT = "s3://bucket[/prefix] or a local directory"
 _GLOB = "a file-name pattern without slashes (shards sit directly in source)"
@@ -90,10 +93,15 @@ def _file_name_part(key: str) -> str:
     return key
 
 
+def _shares(split: str) -> list[float]:
+    """The numbers of a ``split`` string (``,`` or ``/`` between); ValueError if one is not."""
+    return [float(part) for part in split.replace("/", ",").split(",")]
+
+
 def _split_ok(split: str) -> bool:
-    """True for three non-negative numbers with a positive sum (``,`` or ``/`` between)."""
+    """True for three non-negative numbers with a positive sum."""
     try:
-        numbers = [float(part) for part in split.replace("/", ",").split(",")]
+        numbers = _shares(split)
     except ValueError:
         return False
     return len(numbers) == 3 and min(numbers) >= 0 and sum(numbers) > 0
@@ -244,8 +252,7 @@ class NanosetConfig(_Config):
     @model_validator(mode="after")
     def _samples_need_a_share(self) -> NanosetConfig:
         """A split the ``split`` shares give nothing cannot be asked for samples."""
-        shares = [float(part) for part in self.split.replace("/", ",").split(",")]
-        for name, share in zip(("train", "valid", "test"), shares, strict=True):
+        for name, share in zip(("train", "valid", "test"), _shares(self.split), strict=True):
             wanted = getattr(self, f"{name}_samples")
             if share == 0 and wanted is not None and name != "train":  # train: Recipe's rule
                 expected = f"null (split {self.split!r} gives the {name} split no share)"
@@ -266,23 +273,13 @@ class NanosetConfig(_Config):
 
     def settings(self) -> NanosetSettings:
         """The library's value of these settings (what the index and blend builders take)."""
-        return NanosetSettings(
-            sequence_length=self.sequence_length,
-            split_spec=self.split,
-            seed=self.seed,
-            semantics=self.semantics,
-            add_extra_token=self.add_extra_token,
-            drop_last_partial_validation=self.drop_last_partial_validation,
-            era_samples=self.era_samples,
-            train_samples=self.train_samples,
-            valid_samples=self.valid_samples,
-            test_samples=self.test_samples,
-        )
+        same = {name: getattr(self, name) for name in type(self).model_fields if name != "split"}
+        return NanosetSettings(split_spec=self.split, **same)
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """The settings; ``era_samples`` only with growing semantics (the others ignore it, so
-        their dump, and the data versions hashed from it, stay as they were)."""
+        it must not change their data versions)."""
         data: dict[str, Any] = handler(self)
         if self.semantics != "growing":
             data.pop("era_samples", None)
@@ -332,7 +329,7 @@ class BlendConfig(_Config):
 
     def settings(self, nanoset: NanosetSettings) -> BlendSettings:
         """The library's value of this blend's settings over the recipe's index settings
-        (what ``build_blend``/``blend_version``/``blend_skips`` take)."""
+        (what ``build_blend`` and ``prepare_blend`` take)."""
         return BlendSettings(nanoset, weights=self.weight_map(), temperature=self.temperature)
 
 
@@ -448,7 +445,7 @@ class Recipe(_Config):
     @model_validator(mode="after")
     def _train_share(self) -> Recipe:
         """A blend is built from the train split; ``train_samples`` needs one too."""
-        if float(self.nanoset.split.replace("/", ",").split(",")[0]) > 0:
+        if _shares(self.nanoset.split)[0] > 0:
             return self
         if self.blends:
             wanted = "a positive train share (a blend needs a train split)"

@@ -16,8 +16,10 @@ from pathlib import Path
 
 from tokenmill.atomic import atomic_open, remove_temp_dir
 
+MIN_CHARS = 200  # shorter prose or sources (stubs, one-line comments) are skipped
 
-def stdlib_documents(*, min_chars: int = 200, kind: str = "all") -> Iterator[dict[str, str]]:
+
+def stdlib_documents(*, kind: str = "all") -> Iterator[dict[str, str]]:
     """One document per stdlib ``.py`` file, sorted by path.
 
     ``kind="docs"`` yields only module docstrings and comments (prose); ``"code"`` the whole
@@ -34,9 +36,9 @@ def stdlib_documents(*, min_chars: int = 200, kind: str = "all") -> Iterator[dic
             continue
         if kind in ("docs", "all"):
             prose = _prose(source)
-            if len(prose) >= min_chars:
+            if len(prose) >= MIN_CHARS:
                 yield {"text": prose, "source": rel, "kind": "docs"}
-        if kind in ("code", "all") and len(source) >= min_chars:
+        if kind in ("code", "all") and len(source) >= MIN_CHARS:
             yield {"text": source, "source": rel, "kind": "code"}
 
 

@@ -43,7 +43,7 @@ import yaml
 from dagster import AssetKey, DagsterEventType, DagsterInstance, DagsterRunStatus
 from dagster._core.storage.tags import AUTO_RETRY_RUN_ID_TAG
 from docker_daemon import LABEL, ROOT, Docker
-from pipeline_project import SPLITS, add_shard_backfill, blend_batches, write_shard
+from pipeline_project import SPLITS, add_shard_backfill, blend_batches, s3_project, write_shard
 from prod_servers import S3, Postgres
 from servers import free_port
 
@@ -67,13 +67,6 @@ TIMEOUT = 240
 # The retry daemon's bookmark in the event log for failure events (Dagster's daemon cursor key).
 FAILURE_CURSOR = "EVENT_LOG_CONSUMER_CURSOR-PIPELINE_FAILURE"
 DONE = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
-
-pytestmark = [
-    pytest.mark.filterwarnings(
-        "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
-        "ignore:Parameter `include_sources`:Warning",
-    ),
-]
 
 
 @pytest.fixture
@@ -269,18 +262,7 @@ def test_sensor_backfill_refresh_in_containers(
     }
     dangling = set(docker.ids("images", "-q", "--filter", "dangling=true"))
     local = make_recipe()
-    s3.upload_tree(tmp_path / "sources", "sources")
-    remote = make_recipe(
-        storage={"root": f"s3://{s3.bucket}/root", "s3_endpoint_url": s3.endpoint},
-        datasets={
-            "docs": {
-                "source": f"s3://{s3.bucket}/sources/docs/",
-                "on_bad_record": "quarantine",
-                "max_quarantine_fraction": 0.25,
-            },
-            "code": {"source": f"s3://{s3.bucket}/sources/code/"},
-        },
-    )
+    remote = s3_project(make_recipe, s3)
     config = recipe_dir
     recipe_file = config / "recipe.yaml"
     shutil.copy(remote.path, recipe_file)

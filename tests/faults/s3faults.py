@@ -21,13 +21,11 @@ import json
 import re
 import socket
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import pytest
 from dagster import AssetKey, DagsterInstance, ExecuteInProcessResult, materialize
 from prod_servers import S3
 
@@ -264,26 +262,6 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
 
     do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _serve
-
-
-@pytest.fixture(name="proxy")
-def proxy_fixture(moto_endpoint: str) -> Iterator[FaultProxy]:
-    """A :class:`FaultProxy` in front of the session's moto_server, killed at the end."""
-    faulty = FaultProxy(moto_endpoint)
-    try:
-        yield faulty
-    finally:
-        faulty.clear()
-        faulty.kill()
-
-
-@pytest.fixture(name="fast_retries")
-def fast_retries_fixture(monkeypatch: pytest.MonkeyPatch) -> None:
-    """botocore's per-request backoff (the only retry delay, otherwise up to seconds) shrunk to
-    a millisecond; the attempt counts stay as configured."""
-    from botocore.retries.standard import ExponentialBackoff
-
-    monkeypatch.setattr(ExponentialBackoff, "delay_amount", lambda self, context: 0.001)
 
 
 def s3_tree(s3: S3, prefix: str) -> dict[str, bytes]:

@@ -28,7 +28,8 @@ from tokenmill.formats.merge import merge_datasets
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import SPLITS, build_or_load
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
-from tokenmill.ingest.export import export_shard, write_dataset_info
+from tokenmill.ingest.dataset_info import write_dataset_info
+from tokenmill.ingest.export import export_shard
 from tokenmill.storage.pull import pull
 from tokenmill.storage.pull_blocks import PARTIAL_SUFFIX
 from tokenmill.tokenize.run import tokenize_files

@@ -15,10 +15,13 @@ same depth; no manifest holds a timestamp.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
-from faultlib import audit, build_sources, kill_parked, tree_digest
+from faultlib import Audit, audit, build_sources, kill_parked, tree_digest
 from pipeline_project import tokenizer_dir
 
 from tokenmill.atomic import TMP_DIR
@@ -106,6 +109,16 @@ def never_completed(prefix: Path) -> None:
         check_dataset_files(prefix)
 
 
+def killed(
+    args: Callable[[Path], list[str]], tmp_path: Path, hook: str, **kw: Any
+) -> tuple[Path, Audit]:
+    """The command ``args(out)`` (``out``: ``tmp_path/out``) killed where ``hook`` parks it
+    (``kill_parked``, ``kw`` its call and side); ``out`` and its audit."""
+    out = tmp_path / "out"
+    kill_parked(args(out), hook, tmp_path / "k", **kw)
+    return out, audit(out)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_tokenize_killed_mid_write(src: Path, clean: dict, tmp_path: Path, workers: int) -> None:
     out = tmp_path / "out"
@@ -131,9 +144,7 @@ def test_tokenize_killed_mid_write(src: Path, clean: dict, tmp_path: Path, worke
 def test_tokenize_killed_while_committing(
     src: Path, clean: dict, tmp_path: Path, hook: str, after: bool, orphans: list[str]
 ) -> None:
-    out = tmp_path / "out"
-    kill_parked(tokenize_args(src, out, workers=2), hook, tmp_path / "k", after=after)
-    state = audit(out)
+    out, state = killed(partial(tokenize_args, src, workers=2), tmp_path, hook, after=after)
     assert (state.orphans, state.manifests, state.problems) == (orphans, [], [])
     assert len(state.temps) == 1
     never_completed(out / "p_text_document")
@@ -163,9 +174,7 @@ def test_tokenize_killed_over_a_previous_result(src: Path, clean: dict, tmp_path
 def test_merge_killed(
     src: Path, clean: dict, tmp_path: Path, hook: str, call: int, orphans: list[str]
 ) -> None:
-    out = tmp_path / "out"
-    kill_parked(merge_args(src, out), hook, tmp_path / "k", call=call)
-    state = audit(out)
+    out, state = killed(partial(merge_args, src), tmp_path, hook, call=call)
     assert (state.orphans, state.manifests, state.problems) == (orphans, [], [])
     if orphans:
         never_completed(out / "m")
@@ -202,9 +211,7 @@ def _index_names(out: Path, pattern: str) -> list[str]:
 def test_index_killed(
     src: Path, clean: dict, tmp_path: Path, hook: str, call: int, orphans: str
 ) -> None:
-    out = tmp_path / "out"
-    kill_parked(index_args(src, out), hook, tmp_path / "k", call=call)
-    state = audit(out)
+    out, state = killed(partial(index_args, src), tmp_path, hook, call=call)
     assert state.problems == []
     assert state.orphans == (_index_names(out, orphans) if orphans else [])
     assert len(state.manifests) == (1 if "valid" in orphans else 0)  # train entry complete
@@ -226,9 +233,7 @@ def test_index_killed(
 def test_blend_killed(
     src: Path, clean: dict, tmp_path: Path, hook: str, call: int, staged: int
 ) -> None:
-    out = tmp_path / "out"
-    kill_parked(blend_args(src, out), hook, tmp_path / "k", call=call)
-    state = audit(out)
+    out, state = killed(partial(blend_args, src), tmp_path, hook, call=call)
     staging = sorted(
         f"mix/{p.relative_to(out / 'mix')}"
         for p in out.glob("mix/versions/.tmp/*.tmp-*/*")

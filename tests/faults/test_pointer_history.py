@@ -11,16 +11,15 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from _helpers import process_group
 from pipeline_project import make_project, write_shard
 
 from tokenmill.storage.versions import pointer_target, read_pointer
@@ -79,28 +78,10 @@ class Watcher(threading.Thread):
         self.sample()
 
 
-@contextmanager
-def daemon(env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def daemon(env: dict[str, str], log: Path) -> AbstractContextManager[subprocess.Popen[bytes]]:
     """``dagster-daemon run`` on the repo's workspace (sensors and automation running)."""
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [str(BIN / "dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")],
-            env=env,
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    command = [str(BIN / "dagster-daemon"), "run", "-w", str(REPO / "workspace.yaml")]
+    return process_group(command, cwd=REPO, env=env, log=log)
 
 
 def _python(code: str, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

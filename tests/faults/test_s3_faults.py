@@ -19,28 +19,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import Capture
 from dagster import AssetKey, DagsterInstance
+from pipeline_project import MakeRecipe
 from prod_servers import S3
-from s3faults import (
-    FaultProxy,
-    fast_retries_fixture,  # noqa: F401 (the fast_retries fixture)
-    files_under,
-    materialize_shard,
-    proxy_fixture,  # noqa: F401 (the proxy fixture)
-    s3_tree,
-    step_errors,
-    unvouched,
-)
+from s3faults import FaultProxy, files_under, materialize_shard, s3_tree, step_errors, unvouched
 
 from tokenmill.cli import main
 from tokenmill.errors import InputError
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
-from tokenmill.recipe import Recipe
 from tokenmill.storage import layout
 from tokenmill.storage import s3 as tm_s3
 from tokenmill.storage import staging as s3_stage
-from tokenmill.storage.pull import pull
+from tokenmill.storage.pull import PullReport, pull
 from tokenmill.storage.s3 import shared_client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,13 +53,7 @@ endpoint, bucket, prefix, local = sys.argv[1:]
 S3Stage(s3.shared_client(endpoint), bucket, prefix, Path(local)).push()
 """
 
-pytestmark = [
-    pytest.mark.usefixtures("fast_retries"),
-    pytest.mark.filterwarnings(
-        "ignore:Parameter `include_sources`:Warning",
-        "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
-    ),
-]
+pytestmark = pytest.mark.usefixtures("fast_retries")
 
 
 def expected_pull(src: Path) -> dict[str, bytes]:
@@ -99,13 +85,31 @@ def wait_for(rule_hit: threading.Event) -> None:
     assert rule_hit.wait(timeout=60), "the faulty request never came"
 
 
+@pytest.fixture
+def uri(s3: S3, storage_root: Path) -> str:
+    """The URI of blend ``mix``'s manifest, ``storage_root`` uploaded under ``v1/``."""
+    s3.upload_tree(storage_root, "v1")
+    return f"s3://{s3.bucket}/v1/{MANIFEST}"
+
+
+def pull_again(
+    uri: str, dest: Path, proxy: FaultProxy, storage_root: Path, complete: list[str]
+) -> PullReport:
+    """A pull through ``proxy`` with its faults cleared: it skips the ``complete`` files and
+    ends with every file of the blend; its report."""
+    proxy.clear()
+    report = pull(uri, dest, endpoint_url=proxy.endpoint)
+    assert sorted(report.skipped) == complete
+    assert files_under(dest) == expected_pull(storage_root)
+    return report
+
+
 # --- tokenmill pull --------------------------------------------------------------------------
 
 
 def test_pull_rides_out_transient_faults(
-    s3: S3, storage_root: Path, tmp_path: Path, proxy: FaultProxy
+    uri: str, storage_root: Path, tmp_path: Path, proxy: FaultProxy
 ) -> None:
-    s3.upload_tree(storage_root, "v1")
     rules = [
         proxy.add("GET", r"/blends/mix/manifest\.json$", "500", times=3),
         # all but botocore's last attempt fail: its retries alone ride them out
@@ -115,27 +119,20 @@ def test_pull_rides_out_transient_faults(
         proxy.add("GET", TRAIN_INDEX, "drop", times=RIDDEN_OUT),
     ]
     dest = tmp_path / "dest"
-    uri = f"s3://{s3.bucket}/v1/{MANIFEST}"
     assert main(["pull", uri, str(dest), "--endpoint-url", proxy.endpoint]) == 0
     assert [r.matched for r in rules] == [3, RIDDEN_OUT, 2, RIDDEN_OUT]
     assert files_under(dest) == expected_pull(storage_root)
 
 
 def test_pull_persistent_5xx_fails_cleanly_then_resumes(
-    s3: S3,
-    storage_root: Path,
-    tmp_path: Path,
-    proxy: FaultProxy,
-    capsys: pytest.CaptureFixture[str],
+    uri: str, storage_root: Path, tmp_path: Path, proxy: FaultProxy, capsys: Capture
 ) -> None:
-    s3.upload_tree(storage_root, "v1")
     rule = proxy.add("GET", DOCS_BIN, "503")
     dest = tmp_path / "dest"
-    uri = f"s3://{s3.bucket}/v1/{MANIFEST}"
     assert main(["pull", uri, str(dest), "--endpoint-url", proxy.endpoint]) == 1
     err = capsys.readouterr().err
     assert err.startswith(
-        f"tokenmill pull: error: s3://{s3.bucket}/v1/merged/docs_text_document.bin "
+        f"tokenmill pull: error: {uri.removesuffix(MANIFEST)}merged/docs_text_document.bin "
         "(dataset 'docs' bin): An error occurred (ServiceUnavailable) when calling the "
         "GetObject operation (reached max retries: 8): injected by the fault proxy"
     )
@@ -146,28 +143,20 @@ def test_pull_persistent_5xx_fails_cleanly_then_resumes(
     complete = sorted(files_under(dest))
     assert "merged/docs_text_document.bin" not in complete
 
-    proxy.clear()
-    report = pull(uri, dest, endpoint_url=proxy.endpoint)
-    assert "merged/docs_text_document.bin" in report.fetched  # transfers not started were
-    assert sorted(report.skipped) == complete  # cancelled by the failure; complete ones stay
-    assert files_under(dest) == expected_pull(storage_root)
+    # transfers not started were cancelled by the failure; complete ones stay
+    report = pull_again(uri, dest, proxy, storage_root, complete)
+    assert "merged/docs_text_document.bin" in report.fetched
 
 
 def test_pull_against_a_dead_server_is_a_clean_error(
-    s3: S3,
-    storage_root: Path,
-    tmp_path: Path,
-    proxy: FaultProxy,
-    capsys: pytest.CaptureFixture[str],
+    uri: str, tmp_path: Path, proxy: FaultProxy, capsys: Capture
 ) -> None:
-    s3.upload_tree(storage_root, "v1")
     proxy.kill()
-    uri = f"s3://{s3.bucket}/v1/{MANIFEST}"
     assert main(["pull", uri, str(tmp_path / "dest"), "--endpoint-url", proxy.endpoint]) == 1
     err = capsys.readouterr().err
     assert err.startswith(
         f"tokenmill pull: error: reading {uri}: EndpointConnectionError: Could not connect to "
-        f'the endpoint URL: "{proxy.endpoint}/{s3.bucket}/v1/{MANIFEST}"'
+        f'the endpoint URL: "{proxy.endpoint}/{uri.removeprefix("s3://")}"'
     )
     proxy.add("GET", r"/blends/mix/manifest\.json$", "503")
     proxy.start()
@@ -178,12 +167,10 @@ def test_pull_against_a_dead_server_is_a_clean_error(
 
 
 def test_pull_survives_the_server_dying_mid_transfer(
-    s3: S3, storage_root: Path, tmp_path: Path, proxy: FaultProxy
+    uri: str, storage_root: Path, tmp_path: Path, proxy: FaultProxy
 ) -> None:
-    s3.upload_tree(storage_root, "v1")
     held = proxy.add("GET", DOCS_BIN, "stall", keep=1000)
     dest = tmp_path / "dest"
-    uri = f"s3://{s3.bucket}/v1/{MANIFEST}"
     thread, raised = run_in_thread(lambda: pull(uri, dest, endpoint_url=proxy.endpoint, jobs=2))
     wait_for(held.hit)
     proxy.kill()
@@ -191,7 +178,8 @@ def test_pull_survives_the_server_dying_mid_transfer(
     assert len(raised) == 1 and isinstance(raised[0], InputError)
     # The last attempt meets either the dead port or the reset of a connection still open.
     assert re.match(
-        rf"s3://{s3.bucket}/v1/merged/docs_text_document\.bin \(dataset 'docs' bin\): "
+        rf"{re.escape(uri.removesuffix(MANIFEST))}merged/docs_text_document\.bin "
+        r"\(dataset 'docs' bin\): "
         r"(Could not connect to the endpoint URL|.*(reset|Connection broken|aborted))",
         str(raised[0]),
     ), raised[0]
@@ -199,21 +187,16 @@ def test_pull_survives_the_server_dying_mid_transfer(
     assert not [p for p in dest.rglob("*") if ".tmp-" in p.name]
     complete = sorted(files_under(dest))
 
-    proxy.clear()
     proxy.start()  # the server is back, same address
-    report = pull(uri, dest, endpoint_url=proxy.endpoint)
+    report = pull_again(uri, dest, proxy, storage_root, complete)
     assert "merged/docs_text_document.bin" in report.fetched
-    assert sorted(report.skipped) == complete
-    assert files_under(dest) == expected_pull(storage_root)
 
 
 def test_sigkilled_pull_reruns_to_identical_bytes(
-    s3: S3, storage_root: Path, tmp_path: Path, proxy: FaultProxy
+    uri: str, storage_root: Path, tmp_path: Path, proxy: FaultProxy
 ) -> None:
-    s3.upload_tree(storage_root, "v1")
     held = proxy.add("GET", DOCS_BIN, "stall", keep=1000)
     dest = tmp_path / "dest"
-    uri = f"s3://{s3.bucket}/v1/{MANIFEST}"
     command = [sys.executable, "-m", "tokenmill.cli", "pull", uri, str(dest)]
     proc = subprocess.Popen([*command, "--endpoint-url", proxy.endpoint], cwd=ROOT)
     try:
@@ -227,18 +210,14 @@ def test_sigkilled_pull_reruns_to_identical_bytes(
         proc.wait()
     assert not (dest / MANIFEST).exists()
     complete = sorted(k for k in files_under(dest) if ".tmp-" not in k)
-
-    proxy.clear()
-    report = pull(uri, dest, endpoint_url=proxy.endpoint)
-    assert sorted(report.skipped) == complete
-    assert files_under(dest) == expected_pull(storage_root)  # the temp file is gone too
+    pull_again(uri, dest, proxy, storage_root, complete)  # the temp file is gone too
 
 
 # --- the pipeline's uploads ------------------------------------------------------------------
 
 
 def test_pipeline_run_on_s3_rides_out_transient_faults_and_fails_cleanly_on_persistent_ones(
-    s3: S3, make_recipe: Callable[..., Recipe], tmp_path: Path, proxy: FaultProxy
+    s3: S3, make_recipe: MakeRecipe, tmp_path: Path, proxy: FaultProxy
 ) -> None:
     recipe = make_recipe(
         storage={"root": f"s3://{s3.bucket}/root", "s3_endpoint_url": proxy.endpoint}

@@ -22,14 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from prod_servers import S3
-from s3faults import (
-    FaultProxy,
-    fast_retries_fixture,  # noqa: F401 (the fast_retries fixture)
-    files_under,
-    proxy_fixture,  # noqa: F401 (the proxy fixture)
-    s3_tree,
-    unvouched,
-)
+from s3faults import FaultProxy, files_under, s3_tree, unvouched
 
 from tokenmill.atomic import write_json
 from tokenmill.formats.dataset_manifest import write_dataset_manifest

@@ -17,14 +17,7 @@ import yaml
 from botocore.exceptions import ClientError
 from dagster import DagsterInstance
 from prod_servers import S3, Postgres
-from s3faults import (
-    FaultProxy,
-    fast_retries_fixture,  # noqa: F401 (the fast_retries fixture)
-    materialize_shard,
-    proxy_fixture,  # noqa: F401 (the proxy fixture)
-    s3_tree,
-    step_errors,
-)
+from s3faults import FaultProxy, materialize_shard, s3_tree, step_errors
 
 from tokenmill.cli import main
 from tokenmill.recipe import Recipe
@@ -33,11 +26,6 @@ from tokenmill.storage.s3 import shared_client
 SECRET = "tmFaultSecret9d2e71b0c4ZqXv"
 KEY_ID = "AKIATMFAULT7Q3X9Z2W4"
 INFRA = Path(__file__).resolve().parents[2] / "infra"
-
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Parameter `include_sources`:Warning",
-    "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
-)
 
 
 @pytest.fixture

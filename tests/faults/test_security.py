@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from tiny_pairs import build_blend_at
 
 from tokenmill.atomic import file_sha256
 from tokenmill.cli import main
@@ -26,9 +27,8 @@ from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.blend_manifest import seal
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
-from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import build_or_load
-from tokenmill.indices.settings import BlendSettings, NanosetSettings
+from tokenmill.indices.settings import NanosetSettings
 from tokenmill.loader import open_blend, open_nanoset
 from tokenmill.recipe import load_recipe
 
@@ -228,16 +228,8 @@ def built(tmp_path: Path) -> dict[str, Path]:
     )
     assert index is not None
     datasets = {"a": root / "merged/a", "b": root / "merged/b"}
-    build_blend(
-        "mix",
-        datasets,
-        root / "blends/mix",
-        root / "nanoset",
-        BlendSettings(
-            NanosetSettings(sequence_length=8, split_spec="90,10,0", train_samples=30),
-            weights={"a": 1, "b": 1},
-        ),
-    )
+    fields = {"sequence_length": 8, "split_spec": "90,10,0", "train_samples": 30}
+    build_blend_at(root, "mix", datasets, weights={"a": 1, "b": 1}, **fields)
     return {
         "root": root,
         "blend": root / "blends/mix/manifest.json",

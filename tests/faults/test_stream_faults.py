@@ -9,41 +9,36 @@ from pathlib import Path
 import numpy as np
 import pytest
 from prod_servers import S3
-from s3faults import (
-    FaultProxy,
-    fast_retries_fixture,  # noqa: F401 (the fast_retries fixture)
-    proxy_fixture,  # noqa: F401 (the proxy fixture)
-)
+from s3faults import FaultProxy
 from servers import build_stream_root
 
 import tokenmill.formats.dataset_manifest as dataset_manifest
 from tokenmill.errors import InputError
-from tokenmill.loader import BatchSampler, _s3, open_blend
+from tokenmill.loader import BatchSampler, BlendedDataset, _s3, open_blend
 
 pytestmark = pytest.mark.usefixtures("fast_retries")
 CODE_BIN = r"/v1/merged/code\.bin"
 
 
 @pytest.fixture
-def blend(
+def train(
     s3: S3, tmp_path: Path, proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
-) -> tuple[Path, str]:
-    """(local manifest, s3:// URI) of blend ``mix`` with 512-byte blocks, read through the
-    proxy (``AWS_ENDPOINT_URL``)."""
+) -> tuple[BlendedDataset, BlendedDataset]:
+    """(local, streamed) train split of blend ``mix`` with 512-byte blocks; the stream reads
+    through the proxy (``AWS_ENDPOINT_URL``)."""
     monkeypatch.setattr(dataset_manifest, "BLOCK_BYTES", 512)
     monkeypatch.setattr(_s3, "_CACHES", {})
     local = build_stream_root(tmp_path / "src", "megatron")
     s3.upload_tree(tmp_path / "src", "v1")
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-    return local, f"s3://{s3.bucket}/v1/blends/mix/manifest.json"
+    uri = f"s3://{s3.bucket}/v1/blends/mix/manifest.json"
+    return open_blend(local, "train"), open_blend(uri, "train", cache_dir=tmp_path / "cache")
 
 
 def test_transient_faults_mid_read_are_ridden_out(
-    blend: tuple[Path, str], tmp_path: Path, proxy: FaultProxy
+    train: tuple[BlendedDataset, BlendedDataset], proxy: FaultProxy
 ) -> None:
-    local_manifest, uri = blend
-    local = open_blend(local_manifest, "train")
-    remote = open_blend(uri, "train", cache_dir=tmp_path / "cache")
+    local, remote = train
     rules = [
         proxy.add("GET", CODE_BIN, "503", times=2),  # botocore's retries
         proxy.add("GET", CODE_BIN, "drop", times=2),  # connection reset: botocore's retries
@@ -55,11 +50,9 @@ def test_transient_faults_mid_read_are_ridden_out(
 
 
 def test_persistent_5xx_names_the_object_and_the_job_carries_on_once_it_ends(
-    blend: tuple[Path, str], tmp_path: Path, proxy: FaultProxy
+    train: tuple[BlendedDataset, BlendedDataset], proxy: FaultProxy
 ) -> None:
-    local_manifest, uri = blend
-    local = open_blend(local_manifest, "train")
-    remote = open_blend(uri, "train", cache_dir=tmp_path / "cache")
+    local, remote = train
     batches = list(BatchSampler(len(local), global_batch_size=16))
     np.testing.assert_array_equal(remote.get_batch(batches[0]), local.get_batch(batches[0]))
     proxy.add("GET", r"\.bin$", "500")  # every attempt answered 500: botocore gives up

@@ -16,6 +16,7 @@ import pytest
 from tokenmill.atomic import (
     TMP_DIR,
     TMP_MARK,
+    CommitOnExit,
     atomic_open,
     create_temp,
     host_tag,
@@ -206,3 +207,31 @@ def test_is_temp_names() -> None:
 def test_missing_folder_is_nothing_to_remove(tmp_path: Path) -> None:
     remove_stale_temps(tmp_path / "absent" / "x.bin")
     assert not (tmp_path / "absent").exists()
+
+
+class _Recorder(CommitOnExit):
+    """Records the calls its exit makes; ``fail`` makes finalize raise (a full disk)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[str] = []
+        self.fail = fail
+
+    def finalize(self) -> None:
+        self.calls.append("finalize")
+        if self.fail:
+            raise OSError(28, "No space left on device")
+
+    def abort(self) -> None:
+        self.calls.append("abort")
+
+
+def test_commit_on_exit_commits_clean_exits_and_aborts_everything_else() -> None:
+    with _Recorder() as clean:
+        pass
+    assert clean.calls == ["finalize"]
+    with pytest.raises(ValueError), _Recorder() as failed:
+        raise ValueError("the caller failed")
+    assert failed.calls == ["abort"]
+    with pytest.raises(OSError, match="No space"), _Recorder(fail=True) as full:
+        pass
+    assert full.calls == ["finalize", "abort"]

@@ -4,28 +4,14 @@ and bench/results.json. No benchmark is run."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from _helpers import bench_module
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-report = _load("report")
+report = bench_module("report")
 
 MACHINE = {
     "cpu_model": "Test CPU",
@@ -156,7 +142,7 @@ def test_tokenize_rows_compare_medians_with_the_best_floor() -> None:
 
 
 def test_tokenize_lower_bound_is_the_larger_of_chain_and_cpu_spread() -> None:
-    bench_tokenize = _load("bench_tokenize")
+    bench_tokenize = bench_module("bench_tokenize")
     work = {
         "start-up": {"wall": 0.1, "cpu": 0.2},
         "engine load (gigatoken)": {"wall": 0.05, "cpu": 0.05},
@@ -178,26 +164,23 @@ def test_tokenize_lower_bound_is_the_larger_of_chain_and_cpu_spread() -> None:
     assert one_core["seconds"] == pytest.approx(2.7)
 
 
+def verdict(row: dict[str, Any]) -> tuple[Any, ...]:
+    """A report row's measured value, its ratio to the baseline, and whether it met the target."""
+    return row["ours"], row["ratio"], row["met"]
+
+
 def test_merge_index_and_loader_rows() -> None:
     (merge,) = report.merge_rows(fake_merge())
     assert merge["baseline"] == "0.50 s (cp); cp + sync 1.00 s"
-    assert (merge["ours"], merge["ratio"], merge["met"]) == ("0.60 s (0.30 s)", "0.83×", True)
+    assert verdict(merge) == ("0.60 s (0.30 s)", "0.83×", True)
     nanoset, blend = report.index_rows(fake_index())
     assert nanoset["benchmark"] == "nanoset megatron 3 epochs"
-    assert (nanoset["ours"], nanoset["ratio"], nanoset["met"]) == (
-        "0.45 s (0.55); 0.45 s",
-        "0.50×",
-        True,
-    )
+    assert verdict(nanoset) == ("0.45 s (0.55); 0.45 s", "0.50×", True)
     assert (blend["target"], blend["met"]) == ("≤ 0.35 s", False)
     assert [r["met"] for r in report.index_rows(fake_index(quick=True))] == [None, None]
     bandwidth, speedup = report.loader_rows(fake_loader())
     assert bandwidth["benchmark"] == "loader get_batch 512×2049"
-    assert (bandwidth["ours"], bandwidth["ratio"], bandwidth["met"]) == (
-        "500 MB/s (4.00 ms/batch)",
-        "0.25×",
-        False,
-    )
+    assert verdict(bandwidth) == ("500 MB/s (4.00 ms/batch)", "0.25×", False)
     assert (speedup["ratio"], speedup["met"]) == ("5.0×", True)
 
 
@@ -273,7 +256,7 @@ def test_git_commit_reads_refs_without_git(tmp_path: Path) -> None:
 
 
 def test_write_report_makes_results_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    run_all = _load("run_all")
+    run_all = bench_module("run_all")
     out = tmp_path / "out"
     write_outputs(out)
     runs = {"loader": {"exit_code": 3, "seconds": 1.0}, "merge": {"exit_code": 0, "seconds": 2.0}}
@@ -305,7 +288,7 @@ def test_write_report_makes_results_json(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_report_only_keeps_the_machine_of_the_run(tmp_path: Path) -> None:
     """Rebuilding without running keeps the load and date of the run that made the JSON."""
-    run_all = _load("run_all")
+    run_all = bench_module("run_all")
     out = tmp_path / "out"
     write_outputs(out)
     path = tmp_path / "results.json"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_pairs import blend_values, random_dataset
+from tiny_pairs import MIX, build_blend_at, random_dataset
 
 from tokenmill import verify
 from tokenmill.atomic import TMP_DIR, file_sha256
@@ -23,9 +23,8 @@ from tokenmill.formats.blend_manifest import manifest_digest, read_blend_manifes
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices import blend_build as blend_manifest
-from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.blend_plan import skipped_warnings
-from tokenmill.indices.blend_versioning import blend_version
+from tokenmill.indices.blend_versioning import prepare_blend
 from tokenmill.indices.nanoset import NanosetIndex
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import open_blend
@@ -47,17 +46,8 @@ def datasets(root: Path) -> dict[str, Path]:
 
 
 def build(root: Path, **kw: object) -> dict:
-    settings: dict = {
-        "weights": {"docs": 0.7, "code": 0.3},
-        "sequence_length": S,
-        "split_spec": "80,10,10",
-        "seed": 5,
-        "train_samples": 51,
-        "test_samples": 10,
-    }
-    settings.update(kw)
-    values = blend_values(**settings)
-    return build_blend("mix", datasets(root), root / "blends/mix", root / "nanoset", values)
+    settings = {**MIX, "sequence_length": S, "test_samples": 10, **kw}
+    return build_blend_at(root, "mix", datasets(root), **settings)
 
 
 def test_manifest_records_sizes_paths_and_is_read_back(root: Path) -> None:
@@ -345,8 +335,7 @@ def build_default_split(tmp_path: Path, sets: dict[str, Path], name: str, **kw: 
     settings: dict = {"weights": {n: w for n, w in (("docs", 0.7), ("code", 0.3)) if n in sets}}
     settings.update(sequence_length=S, seed=5, train_samples=51)
     settings.update(kw)
-    out = tmp_path / "blends" / name
-    return build_blend(name, sets, out, tmp_path / "nanoset", blend_values(**settings))
+    return build_blend_at(tmp_path, name, sets, **settings)
 
 
 def test_a_dataset_with_an_empty_test_split_is_left_out_of_it(tmp_path: Path) -> None:
@@ -411,16 +400,9 @@ def test_a_split_too_short_for_one_sample_is_left_out(tmp_path: Path) -> None:
         writer.add_documents(np.arange(100), np.ones(100, dtype=np.int64))
     write_dataset_manifest(short, kind="merged", inputs=[], config={}, counts={})
     sets = {"docs": random_dataset(tmp_path / "merged/docs_text_document", 400, 1), "short": short}
-    manifest = build_blend(
-        "mix",
-        sets,
-        tmp_path / "blends/mix",
-        tmp_path / "nanoset",
-        BlendSettings(
-            NanosetSettings(sequence_length=16, split_spec="80,10,10", train_samples=20),
-            weights={"docs": 1, "short": 1},
-        ),
-    )
+    weights = {"docs": 1, "short": 1}
+    fields = {"sequence_length": 16, "split_spec": "80,10,10", "train_samples": 20}
+    manifest = build_blend_at(tmp_path, "mix", sets, weights=weights, **fields)
     valid = manifest["splits"]["valid"]
     assert [d["name"] for d in valid["datasets"]] == ["docs"]
     assert valid["skipped"][0]["name"] == "short"
@@ -465,7 +447,7 @@ def test_flags_enter_the_version_the_manifest_and_match_tokenmill_index(
     assert flagged["drop_last_partial_validation"] is False
     assert len({default["version"], flagged["version"], only_drop["version"]}) == 3
     assert (
-        blend_version(
+        prepare_blend(
             "mix",
             datasets(root),
             root / "blends/mix",
@@ -482,7 +464,7 @@ def test_flags_enter_the_version_the_manifest_and_match_tokenmill_index(
                 ),
                 weights={"docs": 0.7, "code": 0.3},
             ),
-        )
+        ).version
         == flagged["version"]
     )
     # the valid index (one epoch) is the one `tokenmill index` builds with the flags

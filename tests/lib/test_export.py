@@ -16,14 +16,13 @@ from tokenmill.atomic import file_sha256
 from tokenmill.cli import main
 from tokenmill.errors import BadRecordError, ConfigError, InputError
 from tokenmill.formats.dataset_manifest import FORMAT_VERSION
-from tokenmill.ingest.export import (
-    JSON_FIELDS_KEY,
+from tokenmill.ingest.dataset_info import (
     export_input,
-    export_shard,
     hf_feature,
     tokenmill_info,
     write_dataset_info,
 )
+from tokenmill.ingest.export import JSON_FIELDS_KEY, export_shard
 from tokenmill.ingest.sources import read_input_batches
 
 RECORDS: list[dict[str, Any]] = [

@@ -23,7 +23,7 @@ from tokenmill.formats.nanoset_cache import SegmentedArray, read_description
 from tokenmill.indices import growing_blend, growing_segments
 from tokenmill.indices._nanoset_indices import SPLITS
 from tokenmill.indices.growing_segments import NPY_HEADER
-from tokenmill.indices.nanoset import NanosetIndex, build_or_load_lengths, ensure_entry
+from tokenmill.indices.nanoset import Entry, IndexInputs, NanosetIndex, cache_entry
 from tokenmill.indices.settings import NanosetSettings
 from tokenmill.loader import open_blend
 from tokenmill.storage.gc import gc
@@ -42,32 +42,39 @@ def _data(seed: int, count: int) -> tuple[list[tuple[str, int]], np.ndarray]:
     return table, lengths
 
 
+def _entry(
+    cache: Path,
+    table: list[tuple[str, int]],
+    lengths: np.ndarray,
+    split: str,
+    previous: dict[str, Any] | None = None,
+    *,
+    num_samples: int | None = None,
+    masked: np.ndarray | None = None,
+    **kw: Any,
+) -> Entry:
+    """The entry of the first ``sum(table)`` sequences (content hash named by the shard count)."""
+    n = sum(d for _, d in table)
+    inputs = IndexInputs(lengths[:n], f"content-{len(table)}", table, masked)
+    found = cache_entry(
+        inputs, cache, split, replace(SETTINGS, **kw), num_samples, previous=previous
+    )
+    assert found is not None
+    return found
+
+
 def _build(
     cache: Path,
     table: list[tuple[str, int]],
     lengths: np.ndarray,
     split: str,
     previous: NanosetIndex | None = None,
-    *,
-    num_samples: int | None = None,
-    masked: np.ndarray | None = None,
     **kw: Any,
 ) -> NanosetIndex:
-    n = sum(d for _, d in table)
-    content = f"content-{len(table)}"
-    built = build_or_load_lengths(
-        lengths[:n],
-        content,
-        cache,
-        split,
-        replace(SETTINGS, **kw),
-        num_samples,
-        shards=table,
-        masked=masked,
-        previous=None if previous is None else previous.description,
-    )
-    assert built is not None
-    return built
+    before = None if previous is None else previous.description
+    entry = _entry(cache, table, lengths, split, before, **kw)
+    entry.ensure()
+    return entry.load()
 
 
 def _same(a: NanosetIndex, b: NanosetIndex) -> None:
@@ -124,7 +131,7 @@ def test_extension_writes_only_the_new_rows(tmp_path: Path) -> None:
     assert new.description["growth"]["segments"][0]["entry"] == old.cache_hash
     Path(old.paths["sample"]).unlink()
     with pytest.raises(CacheError, match=r"sample_index\.npy"):
-        build_or_load_lengths(lengths, "content-40", tmp_path, "train", SETTINGS, shards=table)
+        _build(tmp_path, table, lengths, "train")
 
 
 def test_cap_and_changed_settings_build_whole(tmp_path: Path) -> None:
@@ -140,24 +147,17 @@ def test_cap_and_changed_settings_build_whole(tmp_path: Path) -> None:
 
 
 def test_entry_without_its_segments_can_be_described(tmp_path: Path) -> None:
-    """``ensure_entry`` commits an extension without reading the segments (an S3 step holds
+    """``Entry.ensure`` commits an extension without reading the segments (an S3 step holds
     only the predecessor's description): the description names them, nothing else."""
     table, lengths = _data(5, 12)
     old = _build(tmp_path / "a", table[:11], lengths, "train")
-    made = ensure_entry(
-        lengths,
-        "content-12",
-        tmp_path / "b",
-        "train",
-        SETTINGS,
-        shards=table,
-        previous=json.loads(Path(old.paths["description"]).read_text()),
-    )
-    assert made is not None
-    description = read_description(made[0]["description"])
+    previous = json.loads(Path(old.paths["description"]).read_text())
+    made = _entry(tmp_path / "b", table, lengths, "train", previous)
+    made.ensure()
+    description = read_description(made.paths["description"])
     assert description is not None and "document.0" in description["files"]
     assert sorted(p.name for p in (tmp_path / "b").iterdir() if p.suffix == ".npy") == sorted(
-        Path(made[0][a]).name for a in ("document", "sample", "shuffle")
+        Path(made.paths[a]).name for a in ("document", "sample", "shuffle")
     )
 
 

@@ -42,6 +42,7 @@ APP = {
     "tokenmill.nanoset",
     "tokenmill.blend",
     "tokenmill.provenance",
+    "tokenmill.lineage",
     "tokenmill.takedown",
 }
 FORBIDDEN_TOP = {"dagster", "assets", "pipelines", "tokenmill_dev"}

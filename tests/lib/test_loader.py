@@ -15,7 +15,7 @@ from tokenmill.atomic import file_sha256
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.dataset_manifest import write_dataset_manifest
 from tokenmill.formats.indexed import IndexedDataset, IndexedDatasetWriter
-from tokenmill.indices.nanoset import build_nanoset_indices, build_or_load
+from tokenmill.indices.nanoset import NanosetIndex, build_nanoset_indices, build_or_load
 from tokenmill.indices.settings import NanosetSettings
 from tokenmill.loader import BlendedDataset, NanosetDataset, open_nanoset
 
@@ -35,6 +35,19 @@ def random_dataset(prefix: Path, lengths: np.ndarray, seed: int, dtype: type) ->
     with IndexedDatasetWriter(prefix, dtype) as writer:
         writer.add_documents(rng.integers(0, 30000, int(lengths.sum())), lengths)
     return IndexedDataset(prefix)
+
+
+def train_cache(prefix: Path, tmp_path: Path) -> NanosetIndex:
+    """The cache entry of the whole of ``prefix`` as a train split (4-token samples, seed 42),
+    built under ``tmp_path/cache``."""
+    built = build_or_load(
+        prefix,
+        tmp_path / "cache",
+        "train",
+        NanosetSettings(split_spec="1,0,0", sequence_length=4, seed=42),
+    )
+    assert built is not None
+    return built
 
 
 @pytest.fixture
@@ -129,13 +142,7 @@ def test_built_indices_give_the_vector_samples(tmp_path: Path, four: IndexedData
     )
     ds = NanosetDataset(four, *arrays, sequence_length=4)
     assert ds[0].tolist() == [401, 402, 403, 100, 101]
-    built = build_or_load(
-        four.prefix,
-        tmp_path / "cache",
-        "train",
-        NanosetSettings(split_spec="1,0,0", sequence_length=4, seed=42),
-    )
-    assert built is not None
+    built = train_cache(four.prefix, tmp_path)
     from_cache = open_nanoset(four.prefix, index=built.paths["description"])
     via_index = open_nanoset(four.prefix, built)
     for other in (from_cache, via_index):
@@ -250,13 +257,7 @@ def test_out_of_bounds_index_arrays_are_refused(
 
 
 def test_changed_cache_file_is_refused(tmp_path: Path, four: IndexedDataset) -> None:
-    built = build_or_load(
-        four.prefix,
-        tmp_path / "cache",
-        "train",
-        NanosetSettings(split_spec="1,0,0", sequence_length=4, seed=42),
-    )
-    assert built is not None
+    built = train_cache(four.prefix, tmp_path)
     np.save(built.paths["shuffle"], np.array([{"evil": 1}, 2], dtype=object), allow_pickle=True)
     with pytest.raises(CacheError, match="the cache entry is stale or damaged: rebuild it"):
         open_nanoset(four.prefix, index=built.paths["description"])
@@ -265,13 +266,7 @@ def test_changed_cache_file_is_refused(tmp_path: Path, four: IndexedDataset) -> 
 def test_object_array_cache_is_refused_even_with_matching_hash(
     tmp_path: Path, four: IndexedDataset
 ) -> None:
-    built = build_or_load(
-        four.prefix,
-        tmp_path / "cache",
-        "train",
-        NanosetSettings(split_spec="1,0,0", sequence_length=4, seed=42),
-    )
-    assert built is not None
+    built = train_cache(four.prefix, tmp_path)
     path = built.paths["shuffle"]
     np.save(path, np.array([{"evil": 1}, 2], dtype=object), allow_pickle=True)
     description = json.loads(built.paths["description"].read_text())
@@ -285,13 +280,7 @@ def test_index_of_changed_dataset_is_refused(tmp_path: Path) -> None:
     prefix = tmp_path / "ds"
     write_dataset(prefix, LENGTHS)
     write_dataset_manifest(prefix, kind="merged", inputs=[], config={}, counts={})
-    built = build_or_load(
-        prefix,
-        tmp_path / "cache",
-        "train",
-        NanosetSettings(split_spec="1,0,0", sequence_length=4, seed=42),
-    )
-    assert built is not None
+    built = train_cache(prefix, tmp_path)
     write_dataset(prefix, [4, 3, 7, 5])
     write_dataset_manifest(prefix, kind="merged", inputs=[], config={}, counts={})
     with pytest.raises(CacheError, match="the dataset changed; rebuild the index"):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_pairs import index_of, random_dataset
+from tiny_pairs import index_of, random_dataset, split_fields
 
 from tokenmill.errors import FormatError
 from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
@@ -58,13 +58,7 @@ def test_a_masked_merge_indexes_as_the_physical_merge_of_the_rest(
     ids = masked_sequences(read_dataset_manifest(masked))
     assert ids.tolist() == [2, 12, 17, 36, 56]  # shard offsets 0, 9, 12, 37, 51
     for split in ("train", "valid", "test"):
-        settings = {
-            "split": split,
-            "split_spec": "80,10,10",
-            "sequence_length": 16,
-            "semantics": semantics,
-            "num_samples": 60 if split == "train" else None,
-        }
+        settings = split_fields(split, semantics, train_samples=60)
         a = open_nanoset(masked, index_of(masked, tmp_path / "a", **settings), verify="full")
         b = open_nanoset(rest, index_of(rest, tmp_path / "b", **settings))
         assert len(a) == len(b) > 0

@@ -18,7 +18,7 @@ from botocore.stub import Stubber
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.loader._s3 import cache_for
 from tokenmill.storage import s3
-from tokenmill.storage.pull import _open_source
+from tokenmill.storage.pull_plan import open_source
 from tokenmill.storage.staging import S3Stage
 from tokenmill.storage.store import S3Store, open_store
 
@@ -132,6 +132,20 @@ def test_read_object_fetches_a_cut_body_again() -> None:
     assert all(body.closed for body in bodies)
 
 
+def test_read_object_reads_a_span_by_a_range_get_cut_or_not_and_names_what_failed() -> None:
+    client = _client()
+    expected = {"Bucket": BUCKET, "Key": "t.bin", "Range": "bytes=8-15"}
+    with Stubber(client) as stub:
+        for body in (_Body(b"", _cut()), _Body(b"01234567")):
+            stub.add_response("get_object", {"Body": body}, expected)
+        assert s3.read_object(client, BUCKET, "t.bin", (8, 16)) == b"01234567"
+        for _ in range(s3.BODY_ATTEMPTS):
+            stub.add_response("get_object", {"Body": _Body(b"", _cut())}, expected)
+        with pytest.raises(InputError, match=r"^reading block 1 of t\.bin: Response"):
+            s3.read_object(client, BUCKET, "t.bin", (8, 16), "reading block 1 of t.bin")
+        stub.assert_no_pending_responses()
+
+
 def test_read_object_gives_up_after_body_attempts() -> None:
     client = _client()
     with Stubber(client) as stub:
@@ -239,7 +253,7 @@ def test_staging_gc_pull_and_the_loader_get_the_factorys_settings(
     stage = S3Stage.open("s3://bkt/root", ENDPOINT, tmp_path / "stage")
     store = open_store("s3://bkt/root", ENDPOINT)
     assert isinstance(store, S3Store)
-    source, key = _open_source("s3://bkt/blends/mix/manifest.json", ENDPOINT, 4)
+    source, key = open_source("s3://bkt/blends/mix/manifest.json", ENDPOINT, 4)
     assert key == "blends/mix/manifest.json"
     assert _settings(stage.client) == _settings(store.client) == expected
     assert _settings(source.client) == expected  # type: ignore[union-attr]

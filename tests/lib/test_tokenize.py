@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import gzip
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +18,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from _helpers import corrupt_gigatoken, reference_tokenizer
 
 from tokenmill.atomic import file_sha256
 from tokenmill.cli import main
@@ -34,7 +33,7 @@ from tokenmill.formats.indexed import IndexedDataset, encode_index
 from tokenmill.tokenize import run as run_module
 from tokenmill.tokenize.procs import SAMPLE_CHARS
 from tokenmill.tokenize.run import TokenizeSession, dataset_prefix, tokenize_files
-from tokenmill.tokenize.tokenizer import GigatokenEncoder, load_tokenizer
+from tokenmill.tokenize.tokenizer import load_tokenizer
 from tokenmill_dev.corpus import stdlib_documents
 
 EDGE_TEXTS = [
@@ -48,16 +47,9 @@ EDGE_TEXTS = [
 ]
 
 
-@functools.cache
-def _reference(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-
-
 def expected_pair(path: Path, texts: list[str], eod: bool) -> tuple[list[list[int]], Any]:
     """Megatron's per-document ids: ``tokenizer(text).input_ids`` (+ eos when non-empty)."""
-    tok = _reference(path)
+    tok = reference_tokenizer(path)
     docs = [list(tok(t).input_ids) for t in texts]
     if eod:
         docs = [[*d, tok.eos_token_id] if d else d for d in docs]
@@ -296,21 +288,7 @@ def test_text_key_must_be_one_file_name_part(
 def test_engine_mismatch_on_input_falls_back(
     workers: int, gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    shutil.copytree(os.environ["TOKENMILL_CACHE_DIR"], tmp_path / "cache")
-    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "cache"))
-    real = GigatokenEncoder._encode_flat
-
-    def corrupt(
-        self: GigatokenEncoder, texts: list[str], threads: bool
-    ) -> tuple[np.ndarray, np.ndarray]:
-        flat, lengths = real(self, texts, threads)
-        arrays = np.split(flat, np.cumsum(lengths)[:-1])
-        arrays = [
-            a[:-1] if "MAGIC" in t[:SAMPLE_CHARS] else a for a, t in zip(arrays, texts, strict=True)
-        ]
-        return np.concatenate(arrays), np.array([a.size for a in arrays], dtype=np.int64)
-
-    monkeypatch.setattr(GigatokenEncoder, "_encode_flat", corrupt)
+    corrupt_gigatoken(monkeypatch, tmp_path / "cache", lambda t: "MAGIC" in t[:SAMPLE_CHARS])
     texts = ["fine", "a MAGIC word", "after"]
     src = write_jsonl(tmp_path / "in.jsonl", texts)
     res = tokenize_files([src], tmp_path / "o", gpt2_dir, workers=workers)
@@ -484,19 +462,7 @@ def test_a_reused_encoder_counts_each_run_alone(gpt2_dir: Path, tmp_path: Path) 
 def test_session_replaces_its_checker_after_a_mismatch_or_a_failure(
     gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    shutil.copytree(os.environ["TOKENMILL_CACHE_DIR"], tmp_path / "cache")
-    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "cache"))
-    real = GigatokenEncoder._encode_flat
-
-    def corrupt(
-        self: GigatokenEncoder, texts: list[str], threads: bool
-    ) -> tuple[np.ndarray, np.ndarray]:
-        flat, lengths = real(self, texts, threads)
-        if any("MAGIC" in t for t in texts):
-            return flat[:-1], np.concatenate([lengths[:-1], lengths[-1:] - 1])
-        return flat, lengths
-
-    monkeypatch.setattr(GigatokenEncoder, "_encode_flat", corrupt)
+    corrupt_gigatoken(monkeypatch, tmp_path / "cache")
     magic = write_jsonl(tmp_path / "magic.jsonl", ["fine", "a MAGIC word"])
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "ok"}\nnot json\n')

@@ -20,6 +20,7 @@ import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from _helpers import corrupt_gigatoken
 from pipeline_project import tokenizer_dir
 from test_tokenize import expected_pair, pair_bytes, read_docs, real_texts
 from test_tokenizer_normalized import ORDINARY, TRICKY, megatron_tokens
@@ -207,24 +208,7 @@ def test_engine_mismatch_in_a_worker_falls_back(
     small_ranges: None, gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The sample the parent checks comes from the worker of the input's first range."""
-    import shutil
-
-    from tokenmill.tokenize.tokenizer import GigatokenEncoder
-
-    shutil.copytree(os.environ["TOKENMILL_CACHE_DIR"], tmp_path / "cache")
-    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "cache"))
-    real = GigatokenEncoder._encode_flat
-
-    def corrupt(self: Any, texts: list[str], threads: bool) -> tuple[np.ndarray, np.ndarray]:
-        flat, lengths = real(self, texts, threads)
-        hit = ["MAGIC" in t for t in texts]
-        if any(hit):
-            keep = np.ones(flat.size, dtype=bool)
-            keep[np.cumsum(lengths)[hit] - 1] = False
-            flat, lengths = flat[keep], lengths - np.array(hit)
-        return flat, lengths
-
-    monkeypatch.setattr(GigatokenEncoder, "_encode_flat", corrupt)
+    corrupt_gigatoken(monkeypatch, tmp_path / "cache")
     texts = ["fine", "a MAGIC word", *real_texts(20)]
     src = tmp_path / "in.jsonl"
     src.write_bytes(b"".join(_line(t, n) for n, t in enumerate(texts)))

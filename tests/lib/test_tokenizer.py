@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -13,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _helpers import reference_tokenizer
 from pipeline_project import tokenizer_dir
 
 from tokenmill.errors import ConfigError
@@ -41,16 +41,9 @@ REAL_TEXTS = [
 ]
 
 
-@functools.cache
-def _reference(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-
-
 def reference_ids(path: Path, texts: list[str]) -> list[list[int]]:
     """What Megatron's HuggingFaceTokenizer computes: ``tokenizer(text).input_ids``."""
-    tok = _reference(path)
+    tok = reference_tokenizer(path)
     return [list(tok(t).input_ids) for t in texts]
 
 
@@ -59,23 +52,33 @@ def split(flat: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
     return [flat[e - n : e].tolist() for e, n in zip(ends, lengths, strict=True)]
 
 
-def test_bundled_gpt2_matches_hub_gpt2(gpt2_dir: Path) -> None:
-    tok = _reference(gpt2_dir)
-    assert len(tok) == 50257
-    assert (tok.eos_token, tok.eos_token_id, tok.bos_token_id) == ("<|endoftext|>", 50256, 50256)
-    assert tok("Hello world").input_ids == [15496, 995]
-    assert tok(" Hello world").input_ids == [18435, 995]
+@pytest.mark.parametrize(
+    ("name", "vocab", "specials", "encoded"),
+    [
+        # GPT-2 as on the hub
+        (
+            "gpt2_dir",
+            50257,
+            ("<|endoftext|>", 50256, 50256),
+            {"Hello world": [15496, 995], " Hello world": [18435, 995]},
+        ),
+        # Tekken: its special ids, and no BOS added
+        ("tekken_dir", 131072, ("</s>", 2, 1), {"Hello world": [22177, 4304], "<s>[INST]": [1, 3]}),
+    ],
+)
+def test_bundled_special_ids_and_encodings(
+    name: str, vocab: int, specials: tuple, encoded: dict, request: pytest.FixtureRequest
+) -> None:
+    tok = reference_tokenizer(request.getfixturevalue(name))
+    assert len(tok) == vocab
+    assert (tok.eos_token, tok.eos_token_id, tok.bos_token_id) == specials
+    assert {text: tok(text).input_ids for text in encoded} == encoded
+
+
+def test_bundled_gpt2_config_matches_hub_gpt2(gpt2_dir: Path) -> None:
     config = json.loads((gpt2_dir / "tokenizer_config.json").read_text())
     assert config["add_prefix_space"] is False
     assert config["model_max_length"] == 1024
-
-
-def test_bundled_tekken_special_ids_and_no_bos(tekken_dir: Path) -> None:
-    tok = _reference(tekken_dir)
-    assert len(tok) == 131072
-    assert (tok.eos_token, tok.eos_token_id, tok.bos_token_id) == ("</s>", 2, 1)
-    assert tok("Hello world").input_ids == [22177, 4304]
-    assert tok("<s>[INST]").input_ids == [1, 3]
 
 
 def test_bundled_build_is_idempotent(gpt2_dir: Path) -> None:
@@ -230,7 +233,7 @@ def test_fast_engines_give_reference_ids_tekken(tekken_dir: Path, engine: str) -
 
 def test_nfkc_and_bos_template_tokenizer(tiny_dir: Path) -> None:
     info = inspect_tokenizer(tiny_dir)
-    bos = _reference(tiny_dir).bos_token_id
+    bos = reference_tokenizer(tiny_dir).bos_token_id
     assert info.prefix_ids == (bos,)
     assert info.normalizer == "NFKC"  # the fast engines run behind unicodedata's NFKC
     assert info.usable_engines() == list(ENGINES)
@@ -296,7 +299,7 @@ def test_template_ids() -> None:
 
 
 def test_passthrough_problem_detects_overrides(gpt2_dir: Path) -> None:
-    tok = _reference(gpt2_dir)
+    tok = reference_tokenizer(gpt2_dir)
     assert passthrough_problem(tok) is None
 
     class Custom(type(tok)):  # type: ignore[misc]

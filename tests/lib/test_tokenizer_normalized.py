@@ -4,7 +4,6 @@ placed after an input's first 100 documents (past the run's sample)."""
 
 from __future__ import annotations
 
-import functools
 import json
 import unicodedata
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from pipeline_project import tokenizer_dir
+from _helpers import reference_tokenizer
 from tokenizers import normalizers
 
 from tokenmill.tokenize import parallel
@@ -24,7 +23,6 @@ from tokenmill.tokenize.tokenizer_guard import (
     unassigned_mask,
     unicode_form,
 )
-from tokenmill_dev.bundled import build_bundled_tokenizer
 
 ORDINARY = [
     Path(json.__file__).read_text(encoding="utf-8")[k * 400 : (k + 1) * 400] for k in range(100)
@@ -46,28 +44,9 @@ TRICKY = [
 ]
 
 
-@pytest.fixture(scope="module")
-def qwen2_dir() -> Path:
-    """Qwen2-style byte-level BPE with an NFC normalizer (vocab 151646, eos 151643)."""
-    return build_bundled_tokenizer("qwen2", tokenizer_dir("qwen2"))
-
-
-@pytest.fixture(scope="module")
-def llama2_dir() -> Path:
-    """Llama-2-style SentencePiece BPE that adds BOS 1 (eos 2), from tokenizer.model.v1."""
-    return build_bundled_tokenizer("llama2", tokenizer_dir("llama2"))
-
-
-@functools.cache
-def _reference(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-
-
 def megatron_tokens(path: Path, texts: list[str]) -> list[int]:
     """Megatron's HuggingFaceTokenizer with --append-eod: ``input_ids`` + [eos] per document."""
-    tok = _reference(path)
+    tok = reference_tokenizer(path)
     out: list[int] = []
     for ids in tok(texts).input_ids:
         if ids:
@@ -146,7 +125,7 @@ def test_guard_is_what_keeps_the_normalized_path_exact(qwen2_dir: Path, tiny_dir
     for path, text in ((qwen2_dir, "x<|endoftext|>\u0338"), (tiny_dir, "x ＜bos＞ y")):
         encoder = load_tokenizer(path, engine="gigatoken")
         info = encoder.info
-        expected = _reference(path)(text).input_ids
+        expected = reference_tokenizer(path)(text).input_ids
         bare = encoder._pack([unicodedata.normalize(info.normalizer, text)], None, np.uint32, False)
         assert split(*bare) != [expected]
         assert split(*encoder.encode([text])) == [expected]
@@ -169,7 +148,7 @@ def test_tiktoken_workers_count_routed_documents(
 
 
 def test_llama2_sentencepiece_bos_every_engine(llama2_dir: Path, tmp_path: Path) -> None:
-    tok = _reference(llama2_dir)
+    tok = reference_tokenizer(llama2_dir)
     assert (len(tok), tok.bos_token_id, tok.eos_token_id) == (32000, 1, 2)
     info = inspect_tokenizer(llama2_dir)
     assert info.prefix_ids == (1,) and info.dtype == np.uint16
@@ -240,5 +219,7 @@ def test_random_mixes_of_normalization_sensitive_characters(
     texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 60))) for _ in range(400)]
     texts += ["<|endoftext|>" + t for t in texts[:20]] + ["<bos>" + t for t in texts[20:40]]
     encoder = load_tokenizer(path, engine="gigatoken")
-    assert split(*encoder.pack(texts)) == [list(ids) for ids in _reference(path)(texts).input_ids]
+    assert split(*encoder.pack(texts)) == [
+        list(ids) for ids in reference_tokenizer(path)(texts).input_ids
+    ]
     assert encoder.routed["special_token"] >= 20  # the documents with an added token's string

@@ -6,12 +6,12 @@ over EODs and mask cells as Megatron writes them); it shares no code with the lo
 
 from __future__ import annotations
 
-import itertools
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import FLAG_COMBOS, bench_module
 from hypothesis import example, given, reject, settings
 from hypothesis import strategies as st
 
@@ -24,18 +24,9 @@ from tokenmill.indices.nanoset import build_nanoset_indices, build_or_load
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import BlendedDataset, NanosetDataset, open_blend, open_nanoset
 
+MEGATRON = bench_module("_megatron_getitem")  # its packed_lengths: the §11.4 piece lengths
 EOD = 3
 S = 12
-FLAGS = (
-    "reset_position_ids",
-    "reset_attention_mask",
-    "eod_mask_loss",
-    "create_attention_mask",
-    "inter_document_masking",
-)
-COMBOS = [
-    dict(zip(FLAGS, bits, strict=True)) for bits in itertools.product((False, True), repeat=5)
-]
 DTYPES = {
     "tokens": np.int64,
     "labels": np.int64,
@@ -92,16 +83,7 @@ def reference_sample(text: list[int], pieces: list[int], extra: int, eod: int, p
         "labels": [0 if t == pad else t for t in labels],
     }
     if f["inter_document_masking"]:
-        lens = list(pieces)
-        if extra:
-            lens[-1] -= 1
-            if lens[-1] == 0:
-                lens.pop()
-        if sum(lens) < n:
-            if lens:
-                lens[-1] += n - sum(lens)
-            else:
-                lens = [n]
+        lens = MEGATRON.packed_lengths(pieces, bool(extra), n)
         cu = [0]
         for length in lens:
             cu.append(cu[-1] + length)
@@ -146,16 +128,21 @@ def write_tokens(prefix: Path, lengths: list[int], seed: int, dtype: type, eod: 
 LENGTHS = [9, 1, 14, 0, 5, 30, 2, 7, 3, 11, 6, 4]
 
 
-def nanoset(data: IndexedDataset, *, extra: bool, drop_last: bool, pad_id: int = -1, seed=6):
-    arrays = build_nanoset_indices(
+def indices(data: IndexedDataset, seq: int, seed: int, extra: bool, drop_last: bool) -> tuple:
+    """One epoch of Nanoset index arrays over all of ``data``."""
+    return build_nanoset_indices(
         data.sequence_lengths,
         (0, len(data)),
-        sequence_length=S,
+        sequence_length=seq,
         seed=seed,
         num_samples=None,
         add_extra_token=extra,
         drop_last_partial=drop_last,
     )
+
+
+def nanoset(data: IndexedDataset, *, extra: bool, drop_last: bool, pad_id: int = -1, seed=6):
+    arrays = indices(data, S, seed, extra, drop_last)
     return NanosetDataset(data, *arrays, sequence_length=S, add_extra_token=extra, pad_id=pad_id)
 
 
@@ -176,7 +163,7 @@ def test_every_flag_combination_equals_the_reference(
     texts = [reference_text(ds, int(k)) for k in ks]
     if not drop_last:
         assert any(pad_id in text for text, _ in texts)  # padded samples are covered
-    for flags in COMBOS:
+    for flags in FLAG_COMBOS:
         expected = [reference_sample(t, p, int(extra), EOD, pad_id, **flags) for t, p in texts]
         assert_matches_reference(ds.get_training_batch(ks, **flags), expected)
 
@@ -198,15 +185,7 @@ def test_random_datasets_equal_the_reference(
     with tempfile.TemporaryDirectory() as tmp:
         data = write_tokens(Path(tmp) / "r", lengths, seed, np.uint16, EOD)
         try:
-            arrays = build_nanoset_indices(
-                data.sequence_lengths,
-                (0, len(data)),
-                sequence_length=seq,
-                seed=seed,
-                num_samples=None,
-                add_extra_token=extra,
-                drop_last_partial=drop_last,
-            )
+            arrays = indices(data, seq, seed, extra, drop_last)
         except ConfigError:  # inputs the reference rejects (e.g. too few tokens)
             reject()
         ds = NanosetDataset(
@@ -216,7 +195,7 @@ def test_random_datasets_equal_the_reference(
             reject()
         ks = np.random.default_rng(seed).integers(0, len(ds), 12)
         texts = [reference_text(ds, int(k), seq) for k in ks]
-        for flags in COMBOS:
+        for flags in FLAG_COMBOS:
             expected = [reference_sample(t, p, int(extra), EOD, pad_id, **flags) for t, p in texts]
             if any(len(e.get("cu_seqlens", ())) > seq + 1 for e in expected):
                 # More pieces (empty sequences count) than S + 1 entries can hold: Megatron's
@@ -273,7 +252,7 @@ def test_blend_equals_the_reference_of_its_datasets(tmp_path: Path, data: Indexe
     blend = BlendedDataset({"a": a, "b": b}, which, local.astype(np.int64))
     ids = rng.permutation(40)[:25]
     texts = [reference_text((a, b)[which[i]], int(local[i])) for i in ids]
-    for flags in COMBOS:
+    for flags in FLAG_COMBOS:
         expected = [reference_sample(t, p, 1, EOD, -1, **flags) for t, p in texts]
         assert_matches_reference(blend.get_training_batch(ids, **flags), expected)
         empty = blend.get_training_batch([], **flags)

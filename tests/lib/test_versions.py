@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_pairs import blend_values, random_pair
+from tiny_pairs import MIX, blend_values, build_blend_at, random_pair
 
 from tokenmill.atomic import TMP_DIR, file_sha256
 from tokenmill.cli import main
@@ -26,10 +26,9 @@ from tokenmill.formats.dataset_manifest import (
 from tokenmill.formats.indexed import IndexedDatasetWriter
 from tokenmill.indices import blend_build as blend_manifest
 from tokenmill.indices import blend_plan
-from tokenmill.indices.blend_build import build_blend
-from tokenmill.indices.blend_versioning import blend_version
+from tokenmill.indices.blend_versioning import prepare_blend
 from tokenmill.indices.nanoset import build_or_load
-from tokenmill.indices.settings import BlendSettings, NanosetSettings
+from tokenmill.indices.settings import NanosetSettings
 from tokenmill.loader import open_blend, open_nanoset
 from tokenmill.storage import versions as pointer_store
 from tokenmill.verify import verify_blend
@@ -56,14 +55,8 @@ def root(tmp_path: Path) -> Path:
     return tmp_path
 
 
-# The blend every test here builds (``build``) or names (``blend_version``).
-SETTINGS: dict = {
-    "weights": {"docs": 0.7, "code": 0.3},
-    "sequence_length": S,
-    "split_spec": "80,10,10",
-    "seed": 5,
-    "train_samples": 51,
-}
+# The blend every test here builds (``build``) or names (``prepare_blend``).
+SETTINGS: dict = {**MIX, "sequence_length": S}
 
 
 def mix_datasets(root: Path, docs: str = "v1") -> dict[str, Path]:
@@ -74,14 +67,7 @@ def mix_datasets(root: Path, docs: str = "v1") -> dict[str, Path]:
 
 
 def build(root: Path, docs: str = "v1", **kw: object) -> dict:
-    settings = {**SETTINGS, **kw}
-    return build_blend(
-        "mix",
-        mix_datasets(root, docs),
-        root / "blends/mix",
-        root / "nanoset",
-        blend_values(**settings),
-    )
+    return build_blend_at(root, "mix", mix_datasets(root, docs), **{**SETTINGS, **kw})
 
 
 def files(top: Path) -> dict[str, tuple[bytes, int, int]]:
@@ -268,16 +254,8 @@ def test_a_large_bin_is_not_read_by_the_build(tmp_path: Path) -> None:
         prefix, kind="merged", inputs=[], config={}, counts={}, bin_parts=bin_parts(prefix)
     )
     reads = _rchar()
-    build_blend(
-        "big",
-        {"big": prefix},
-        tmp_path / "blends/big",
-        tmp_path / "nanoset",
-        BlendSettings(
-            NanosetSettings(sequence_length=64, split_spec="1,0,0", train_samples=1000),
-            weights={"big": 1.0},
-        ),
-    )
+    fields = {"sequence_length": 64, "split_spec": "1,0,0", "train_samples": 1000}
+    build_blend_at(tmp_path, "big", {"big": prefix}, weights={"big": 1.0}, **fields)
     assert _rchar() - reads < 4_000_000 < Path(f"{prefix}.bin").stat().st_size
 
 
@@ -359,14 +337,15 @@ def test_manifest_self_hash_is_canonical(root: Path) -> None:
 
 
 def test_blend_version_is_known_before_building(root: Path) -> None:
-    """``blend_version`` (same arguments as build_blend) builds nothing and names the version
+    """``prepare_blend`` (same arguments as build_blend) builds nothing and names the version
     build_blend then writes: a caller can stage ``versions/<v16>/`` first."""
     datasets = mix_datasets(root)
     out, cache = root / "blends/mix", root / "nanoset"
-    version = blend_version("mix", datasets, out, cache, blend_values(**SETTINGS))
+    version = prepare_blend("mix", datasets, out, cache, blend_values(**SETTINGS)).version
     assert not out.exists() and not cache.exists()
     assert build(root)["version"] == version
-    assert blend_version("mix", datasets, out, cache, blend_values(**SETTINGS)) == version
+    again = prepare_blend("mix", datasets, out, cache, blend_values(**SETTINGS))
+    assert again.version == version
 
 
 def test_open_nanoset_fast_hashes_no_array_full_does(

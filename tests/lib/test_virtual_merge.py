@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tiny_pairs import blend_values, index_of, random_dataset
+from tiny_pairs import blend_values, index_of, random_dataset, split_fields
 
 from tokenmill.cli import main
 from tokenmill.errors import CacheError, FormatError
+from tokenmill.formats.blend_manifest import read_blend_manifest, seal, verify_manifest
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     open_dataset,
@@ -105,13 +106,7 @@ def test_every_sample_over_a_virtual_merge_equals_the_physical_one(
 ) -> None:
     physical, virtual = _merges(tmp_path, "docs", [9, 3, 25, 14, 6], seed=11)
     for split in ("train", "valid", "test"):
-        settings = {
-            "split": split,
-            "split_spec": "80,10,10",
-            "sequence_length": 16,
-            "semantics": semantics,
-            "num_samples": 40 if split == "train" else None,
-        }
+        settings = split_fields(split, semantics, train_samples=40)
         opened = [
             open_nanoset(prefix, index_of(prefix, tmp_path / f"cache-{n}", **settings))
             for n, prefix in enumerate((physical, virtual))
@@ -174,6 +169,37 @@ def test_a_shard_changed_after_the_merge_is_refused_naming_it(tmp_path: Path) ->
         open_blend(out, "train")
     with pytest.raises(FormatError, match="part-00001"):
         open_dataset(virtual)[6]
+
+
+@pytest.mark.parametrize("kind", ["manifest", "idx"])
+def test_a_blend_record_naming_another_dataset_file_is_a_format_error(
+    tmp_path: Path, kind: str
+) -> None:
+    """A dataset's file record (a virtual merge's manifest, a physical pair's ``.idx``) must be
+    the file of the dataset's own prefix: one pointing at another dataset's file, even a
+    complete one, is refused naming the field, never checked as if it were this dataset's."""
+    physical, virtual = _merges(tmp_path, "docs", [5, 6], seed=5)
+    other_physical, other_virtual = _merges(tmp_path, "code", [4, 7], seed=6)
+    own, other = (virtual, other_virtual) if kind == "manifest" else (physical, other_physical)
+    out = tmp_path / "blends" / "mix"
+    settings = NanosetSettings(sequence_length=4, train_samples=10)
+    weights = {"docs": 1.0, "code": 1.0}
+    build_blend(
+        "mix",
+        {"docs": own, "code": other},
+        out,
+        tmp_path / "nanoset",
+        BlendSettings(settings, weights=weights),
+    )
+    mpath = out / "manifest.json"
+    manifest = read_blend_manifest(mpath)
+    docs, code = (next(d for d in manifest["datasets"] if d["name"] == n) for n in ("docs", "code"))
+    docs["files"][kind] = code["files"][kind]
+    mpath.write_text(json.dumps(seal(manifest)))
+    with pytest.raises(
+        FormatError, match=rf"datasets\.docs\.files\.{kind}: .* is not the {kind} file"
+    ):
+        verify_manifest(mpath)
 
 
 def test_tokenmill_merge_writes_the_physical_pair_of_a_virtual_merge(tmp_path: Path) -> None:

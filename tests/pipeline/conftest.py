@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 from dagster import DagsterInstance, Definitions
 
+from assets.support.resources import StorageResource
 from pipelines.build import build_definitions, resources_for
 from tokenmill.recipe import Recipe
 
@@ -32,6 +33,14 @@ def defs(recipe: Recipe) -> Definitions:
 def resources(recipe: Recipe) -> dict[str, object]:
     """The storage and tokenizer resources of the tiny recipe."""
     return resources_for(recipe)
+
+
+@pytest.fixture
+def storage(resources: dict[str, object]) -> StorageResource:
+    """The storage resource of the tiny recipe."""
+    store = resources["storage"]
+    assert isinstance(store, StorageResource)
+    return store
 
 
 @pytest.fixture

@@ -42,6 +42,15 @@ def defs(recipe: Recipe) -> dict[AssetKey, AssetsDefinition]:
     return {a.key: a for a in build_assets(recipe)[0]}
 
 
+Run = Callable[..., MaterializeResult]
+
+
+@pytest.fixture
+def run(defs: Assets, resources: dict[str, object], instance: DagsterInstance) -> Run:
+    """``run(key, partition=None)``: ``run_asset`` of the tiny recipe's asset ``key``."""
+    return lambda key, partition=None: run_asset(defs, key, resources, instance, partition)
+
+
 def run_asset(
     defs: Assets,
     key: list[str],
@@ -65,30 +74,25 @@ def value(result: MaterializeResult, name: str) -> object:
 
 
 def test_every_stage_of_one_recipe(
-    recipe: Recipe,
-    defs: Assets,
-    resources: dict[str, object],
-    instance: DagsterInstance,
+    recipe: Recipe, storage: StorageResource, instance: DagsterInstance, run: Run
 ) -> None:
-    storage = resources["storage"]
-    assert isinstance(storage, StorageResource)
     keys = {"docs": ["extra-00000", "part-00000", "part-00001", "part-00002"]}
     keys["code"] = ["part-00000", "part-00001"]
     for ds, shards in keys.items():
         instance.add_dynamic_partitions(partitions_name(ds), shards)
         for shard in shards:
             for stage in SHARD_STAGES:
-                result = run_asset(defs, [ds, stage], resources, instance, shard)
+                result = run([ds, stage], shard)
             assert value(result, "documents") == value(result, "sequences")
-    raw = run_asset(defs, ["docs", "raw_jsonl"], resources, instance, "extra-00000")
+    raw = run(["docs", "raw_jsonl"], "extra-00000")
     assert (value(raw, "lines"), value(raw, "documents"), value(raw, "quarantined")) == (13, 10, 3)
     raw_histogram = str(value(raw, "length_histogram"))
     assert "| characters from | count | |" in raw_histogram and len(raw_histogram) < 1000
     quarantine = storage.quarantine_path("docs", "extra-00000").read_text().splitlines()
     assert [json.loads(q)["line"] for q in quarantine] == [2, 3, 4]
-    hf = run_asset(defs, ["docs", "hf_dataset"], resources, instance, "extra-00000")
+    hf = run(["docs", "hf_dataset"], "extra-00000")
     assert value(hf, "documents") == 10 == pq.read_metadata(value(hf, "path")).num_rows
-    tokens = run_asset(defs, ["docs", "tokens"], resources, instance, "extra-00000")
+    tokens = run(["docs", "tokens"], "extra-00000")
     assert value(tokens, "dtype") == "uint16" and len(str(value(tokens, "content_hash"))) == 64
     assert float(value(tokens, "tokens_per_second")) > 0
     assert value(tokens, "tokenizer_fingerprint")
@@ -96,7 +100,7 @@ def test_every_stage_of_one_recipe(
     assert "| tokens from | count | |" in histogram and "\u2588" in histogram
     assert len(histogram) < 1000  # the Dagster UI draws it inline
 
-    merged = run_asset(defs, ["docs", "merged"], resources, instance)
+    merged = run(["docs", "merged"])
     assert value(merged, "documents") == 40 and value(merged, "shards") == 4
     version = str(value(merged, "version"))
     assert value(merged, "reused_version") is False
@@ -104,16 +108,16 @@ def test_every_stage_of_one_recipe(
     assert prefix.parent.name == version[:16]
     with open_dataset(prefix) as data:
         assert data.num_documents == 40
-    again = run_asset(defs, ["docs", "merged"], resources, instance)
+    again = run(["docs", "merged"])
     assert value(again, "version") == version and value(again, "reused_version") is True
-    info = run_asset(defs, ["docs", "dataset_info"], resources, instance)
+    info = run(["docs", "dataset_info"])
     assert value(info, "shards") == 4 and value(info, "rows") == 40
-    run_asset(defs, ["code", "merged"], resources, instance)
+    run(["code", "merged"])
     for ds in ("docs", "code"):
-        index = run_asset(defs, [ds, "nanoset"], resources, instance)
+        index = run([ds, "nanoset"])
         assert int(value(index, "train_samples")) >= 120  # whole epochs (megatron)
         assert int(value(index, "valid_samples")) > 0
-    blend = run_asset(defs, ["blend", "mix"], resources, instance)
+    blend = run(["blend", "mix"])
     assert value(blend, "train_samples") == 120
     assert "| train | docs | 0.7000 |" in str(value(blend, "proportions"))
     manifest = Path(str(value(blend, "path")))
@@ -122,22 +126,17 @@ def test_every_stage_of_one_recipe(
 
 
 def test_vanished_shard_is_reported_and_pruned(
-    recipe: Recipe,
-    defs: Assets,
-    resources: dict[str, object],
-    instance: DagsterInstance,
+    recipe: Recipe, storage: StorageResource, instance: DagsterInstance, run: Run
 ) -> None:
-    storage = resources["storage"]
-    assert isinstance(storage, StorageResource)
     shards = ["part-00000", "part-00001"]
     instance.add_dynamic_partitions(partitions_name("code"), shards)
     for shard in shards:
         for stage in SHARD_STAGES:
-            run_asset(defs, ["code", stage], resources, instance, shard)
-    first = run_asset(defs, ["code", "merged"], resources, instance)
+            run(["code", stage], shard)
+    first = run(["code", "merged"])
     old_prefix = storage.merged_prefix("code", "text")
     instance.delete_dynamic_partition(partitions_name("code"), "part-00001")
-    merged = run_asset(defs, ["code", "merged"], resources, instance)
+    merged = run(["code", "merged"])
     assert value(merged, "shards") == 1 and value(merged, "previous_version") == value(
         first, "version"
     )
@@ -146,7 +145,7 @@ def test_vanished_shard_is_reported_and_pruned(
     assert dochash.is_file()
     assert open_dataset(old_prefix).num_documents > 0  # the old version stays for pinned jobs
     assert storage.merged_prefix("code", "text") != old_prefix
-    pruned = run_asset(defs, ["code", "pruned"], resources, instance)
+    pruned = run(["code", "pruned"])
     assert value(pruned, "shards_removed") == ["part-00001"] and value(pruned, "files_removed") > 0
     assert not storage.parquet_path("code", "part-00001").exists()
     assert not storage.export_record_path("code", "part-00001").exists()
@@ -157,29 +156,24 @@ def test_vanished_shard_is_reported_and_pruned(
     assert value(pruned, "tokens_kept_for_versions") == ["part-00001"] and gone.exists()
     assert storage.tokens_prefix("code", "part-00000", "text").with_suffix(".bin").exists()
     shutil.rmtree(old_prefix.parent)  # as `tokenmill gc` removes an old version
-    again = run_asset(defs, ["code", "pruned"], resources, instance)
+    again = run(["code", "pruned"])
     assert value(again, "tokens_kept_for_versions") == [] and not gone.exists()
-    run_asset(defs, ["code", "dataset_info"], resources, instance)
+    run(["code", "dataset_info"])
     info = json.loads((storage.hf_dir("code") / "dataset_info.json").read_text())
     assert "part-00001" not in json.dumps(info) and "part-00000" in json.dumps(info)
 
 
 def test_pruned_keeps_a_shard_registered_while_it_listed(
-    defs: Assets,
-    resources: dict[str, object],
-    instance: DagsterInstance,
-    monkeypatch: pytest.MonkeyPatch,
+    storage: StorageResource, instance: DagsterInstance, monkeypatch: pytest.MonkeyPatch, run: Run
 ) -> None:
     """A shard registered and tokenized while ``pruned`` lists the files is not removed: the
     step reads the partitions after the listing. Reading them first, a refresh's ``pruned``
     deleted the token pair ``tokenmill materialize`` had just made for a new shard, and the
     merge check then failed ("its token pair is gone"; found by test_pointer_history)."""
-    storage = resources["storage"]
-    assert isinstance(storage, StorageResource)
     instance.add_dynamic_partitions(partitions_name("code"), ["part-00000"])
     for stage in SHARD_STAGES:
-        run_asset(defs, ["code", stage], resources, instance, "part-00000")
-    run_asset(defs, ["code", "merged"], resources, instance)
+        run(["code", stage], "part-00000")
+    run(["code", "merged"])
     listing, arrived = StorageResource.list_keys, []
 
     def arrives(self: StorageResource, folders: list[str]) -> list[str]:
@@ -187,32 +181,28 @@ def test_pruned_keeps_a_shard_registered_while_it_listed(
             arrived.append(True)
             instance.add_dynamic_partitions(partitions_name("code"), ["part-00001"])
             for stage in SHARD_STAGES:
-                run_asset(defs, ["code", stage], resources, instance, "part-00001")
+                run(["code", stage], "part-00001")
         return listing(self, folders)
 
     monkeypatch.setattr(StorageResource, "list_keys", arrives)
-    pruned = run_asset(defs, ["code", "pruned"], resources, instance)
+    pruned = run(["code", "pruned"])
     assert arrived and value(pruned, "shards_removed") == []
     assert storage.tokens_prefix("code", "part-00001", "text").with_suffix(".bin").exists()
 
 
-def test_shard_missing_from_source_fails_clearly(
-    defs: Assets, resources: dict[str, object], instance: DagsterInstance
-) -> None:
+def test_shard_missing_from_source_fails_clearly(instance: DagsterInstance, run: Run) -> None:
     instance.add_dynamic_partitions(partitions_name("docs"), ["nope"])
     with pytest.raises(InputError, match=r"shard 'nope' is not in .* any more"):
-        run_asset(defs, ["docs", "raw_jsonl"], resources, instance, "nope")
+        run(["docs", "raw_jsonl"], "nope")
 
 
 UNSAFE_KEYS = ["..", "a/../b", "/etc/passwd", "a\\b", "bad\x07key", "", ".hidden"]
 
 
 @pytest.mark.parametrize("key", UNSAFE_KEYS)
-def test_unsafe_partition_keys_are_rejected(key: str, resources: dict[str, object]) -> None:
+def test_unsafe_partition_keys_are_rejected(key: str, storage: StorageResource) -> None:
     with pytest.raises(ConfigError, match=r"partition key .* rejected"):
         check_partition_key(key)
-    storage = resources["storage"]
-    assert isinstance(storage, StorageResource)
     with pytest.raises(ConfigError, match="rejected"):
         storage.tokens_prefix("docs", key, "text")
 

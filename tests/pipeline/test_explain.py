@@ -6,17 +6,16 @@ document boundaries it gives; ``find`` finds every planted document and nothing 
 
 from __future__ import annotations
 
-import itertools
 import json
 import unicodedata
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from _helpers import FLAG_COMBOS, Capture
 from dagster import DagsterInstance
-from pipeline_project import write_shard
+from pipeline_project import Documents, MakeRecipe, write_shard
 
 from pipelines.materialize import materialize_recipe
 from tokenmill.cli import main
@@ -24,20 +23,10 @@ from tokenmill.formats.shard_records import read_dochash, text_digest
 from tokenmill.ingest.records import document_lines
 from tokenmill.loader import open_blend
 from tokenmill.provenance import Piece, explain, find, resolve_queries, text_hash
-from tokenmill.recipe import Recipe
 from tokenmill.tokenize.tokenizer import load_tokenizer
 
 SPLITS = ("train", "valid", "test")
 EOD = 50256
-
-
-FLAGS = (
-    "reset_position_ids",
-    "reset_attention_mask",
-    "eod_mask_loss",
-    "create_attention_mask",
-    "inter_document_masking",
-)
 
 
 def _training_inputs(
@@ -99,11 +88,7 @@ def _source_line(path: str, line: int) -> dict[str, Any]:
     ],
 )
 def test_explain_maps_every_sample_to_its_source_lines(
-    make_recipe: Callable[..., Recipe],
-    instance: DagsterInstance,
-    gpt2_dir: Path,
-    semantics: str,
-    merge: str,
+    make_recipe: MakeRecipe, instance: DagsterInstance, gpt2_dir: Path, semantics: str, merge: str
 ) -> None:
     extra: dict[str, Any] = {"semantics": semantics}
     if semantics != "megatron":
@@ -144,8 +129,7 @@ def test_explain_maps_every_sample_to_its_source_lines(
                 assert row[piece.sample_range[1] - 1] == EOD
         # the training inputs agree with the boundaries explain gives, under every flag
         ids = np.arange(len(blend))
-        for values in itertools.product([False, True], repeat=len(FLAGS)):
-            flags = dict(zip(FLAGS, values, strict=True))
+        for flags in FLAG_COMBOS:
             got = blend.get_training_batch(ids, **flags)
             for i, prov in enumerate(found):
                 ends = [len(cache[(p.source, p.line)]) for p in prov.pieces]
@@ -159,9 +143,7 @@ def test_explain_maps_every_sample_to_its_source_lines(
 
 
 def test_find_every_planted_document_and_nothing_else(
-    make_recipe: Callable[..., Recipe],
-    instance: DagsterInstance,
-    documents: dict[str, list[dict[str, str]]],
+    make_recipe: MakeRecipe, instance: DagsterInstance, documents: Documents
 ) -> None:
     recipe = make_recipe(nanoset={"train_samples": 2000})  # several epochs: every train doc
     planted = [
@@ -222,11 +204,11 @@ def test_find_every_planted_document_and_nothing_else(
 
 
 def test_explain_and_find_commands(
-    make_recipe: Callable[..., Recipe],
+    make_recipe: MakeRecipe,
     instance: DagsterInstance,
     gpt2_dir: Path,
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    capsys: Capture,
 ) -> None:
     recipe = make_recipe()
     assert materialize_recipe(recipe, instance) == 0

@@ -13,7 +13,6 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from dagster import (
     AssetKey,
     DagsterInstance,
@@ -23,6 +22,8 @@ from dagster import (
     build_sensor_context,
     evaluate_automation_conditions,
 )
+from in_process import apply, execute
+from in_process import tick as sensor_tick
 
 from assets.support.complete import LEFT_OUT
 from assets.support.partitions import partitions_name
@@ -32,10 +33,6 @@ from pipelines.build import build_definitions
 from pipelines.sensors import RANGE_END, RANGE_START, RECIPE_SENSOR
 from tokenmill.recipe import Recipe
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
-    "ignore:Parameter `include_sources`:Warning",
-)
 BURST = ["bad-00000", "empty-00000", "trunc-00000"]
 
 
@@ -43,29 +40,9 @@ def tick(
     defs: Definitions, instance: DagsterInstance, cursor: str | None, name: str = "docs"
 ) -> SensorResult:
     """One tick of a shard sensor, its partition requests applied as the daemon does."""
-    sensor = defs.resolve_sensor_def(f"{name}_shard_sensor")
-    with build_sensor_context(instance=instance, cursor=cursor, definitions=defs) as context:
-        result = sensor(context)
-    assert isinstance(result, SensorResult)
-    for request in result.dynamic_partitions_requests or []:
-        if type(request).__name__ == "AddDynamicPartitionsRequest":
-            instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
-        else:
-            for key in request.partition_keys:
-                instance.delete_dynamic_partition(request.partitions_def_name, key)
+    result = sensor_tick(defs, instance, cursor, name)
+    apply(instance, result)
     return result
-
-
-def execute(defs: Definitions, instance: DagsterInstance, request: RunRequest) -> bool:
-    """A sensor's run request executed as the launched run would be."""
-    result = defs.resolve_job_def(request.job_name or "refresh_job").execute_in_process(
-        instance=instance,
-        partition_key=request.partition_key,
-        tags=dict(request.tags),
-        asset_selection=request.asset_selection,
-        raise_on_error=False,
-    )
-    return bool(result.success)
 
 
 class Automation:

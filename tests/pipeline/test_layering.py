@@ -34,8 +34,6 @@ PRIVATE_KEPT = {
     ("bench/bench_pipeline.py", "dagster._daemon.run_coordinator.queued_run_coordinator_daemon"): (
         "run queue daemon iteration"
     ),
-    ("bench/bench_pipeline.py", "dagster._core.execution.backfill"): "daemon backfill",
-    ("bench/bench_pipeline.py", "dagster._core.utils"): "backfill ids",
     ("bench/bench_pipeline.py", "dagster._daemon.backfill"): "backfill daemon iteration",
     ("bench/bench_pipeline.py", "dagster._daemon.daemon"): "daemon logger",
     ("bench/bench_pipeline.py", "dagster._daemon.sensor"): "sensor daemon iteration",

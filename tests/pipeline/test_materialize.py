@@ -11,11 +11,9 @@ import pytest
 from dagster import (
     AssetKey,
     DagsterInstance,
-    DagsterRunStatus,
-    RunsFilter,
     build_sensor_context,
-    materialize,
 )
+from pipeline_project import materialize_downstream, materialize_shards, runs_by_job
 
 from assets.factory import build_assets
 from assets.support.partitions import partitions_name, shard_keys
@@ -41,13 +39,6 @@ from tokenmill.commands.materialize import find_code_location
 from tokenmill.errors import ConfigError
 from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe
-
-
-def runs_by_job(instance: DagsterInstance) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.SUCCESS])):
-        counts[run.job_name] = counts.get(run.job_name, 0) + 1
-    return counts
 
 
 def test_whole_graph_then_incremental(
@@ -143,28 +134,16 @@ def test_bad_record_in_fail_mode_fails_only_that_dataset(
 
 def test_dagster_materialize_end_to_end(recipe: Recipe, instance: DagsterInstance) -> None:
     """The same graph through ``dagster.materialize``: each shard partition, then downstream."""
-    assets, checks = build_assets(recipe)
+    graph = build_assets(recipe)
     resources = resources_for(recipe)
     keys = {"docs": ["extra-00000", "part-00000"], "code": ["part-00000", "part-00001"]}
     (Path(recipe.dataset("docs").source) / "part-00001.jsonl").unlink()
     (Path(recipe.dataset("docs").source) / "part-00002.jsonl").unlink()
     for ds, shards in keys.items():
-        instance.add_dynamic_partitions(partitions_name(ds), shards)
-        selection = [AssetKey([ds, s]) for s in ("raw_jsonl", "hf_dataset", "tokens")]
-        for shard in shards:
-            result = materialize(
-                [*assets, *checks],
-                instance=instance,
-                resources=resources,
-                partition_key=shard,
-                selection=selection,
-            )
-            assert result.success
-            assert all(e.passed for e in result.get_asset_check_evaluations())
-    downstream = [a.key for a in assets if a.partitions_def is None]
-    result = materialize(
-        [*assets, *checks], instance=instance, resources=resources, selection=downstream
-    )
+        results = materialize_shards(graph, instance, resources, ds, shards)
+        assert [r.success for r in results] == [True] * len(shards)
+        assert all(e.passed for r in results for e in r.get_asset_check_evaluations())
+    result = materialize_downstream(graph, instance, resources)
     assert result.success
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert evaluations == {

@@ -4,10 +4,12 @@ writer of each file (the hf step never touches the quarantine)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +29,19 @@ from tokenmill.storage import layout
 SHARD = "extra-00000"  # docs: 10 documents and 3 bad lines (pipeline_project.BAD_LINES)
 
 
-def run(
+def run_asset(
     recipe: Recipe,
     resources: dict[str, object],
     instance: DagsterInstance,
     key: list[str],
     *part: str,
 ) -> Any:
-    """Invoke one asset's function the way a run would (a shard asset: for ``part``)."""
+    """Invoke one asset's function the way a run would (a shard asset: for ``part``, added to
+    the dataset's partitions first if new)."""
+    if part:
+        name = partitions_name(key[0])
+        if part[0] not in instance.get_dynamic_partitions(name):
+            instance.add_dynamic_partitions(name, [part[0]])
     assets: dict[AssetKey, AssetsDefinition] = {a.key: a for a in build_assets(recipe)[0]}
     with build_asset_context(
         resources=resources, instance=instance, partition_key=part[0] if part else None
@@ -58,21 +65,19 @@ def stamp(path: Path) -> tuple[int, int, bytes]:
     return st.st_ino, st.st_mtime_ns, path.read_bytes()
 
 
+Run = Callable[..., Any]
+
+
 @pytest.fixture
-def storage(resources: dict[str, object]) -> StorageResource:
-    store = resources["storage"]
-    assert isinstance(store, StorageResource)
-    return store
+def run(recipe: Recipe, resources: dict[str, object], instance: DagsterInstance) -> Run:
+    """``run(key, *part)``: ``run_asset`` on the tiny recipe, its resources and instance."""
+    return functools.partial(run_asset, recipe, resources, instance)
 
 
 def test_raw_stats_record_input_config_counts_and_quarantine(
-    recipe: Recipe,
-    resources: dict[str, object],
-    instance: DagsterInstance,
-    storage: StorageResource,
+    recipe: Recipe, storage: StorageResource, run: Run
 ) -> None:
-    instance.add_dynamic_partitions(partitions_name("docs"), [SHARD])
-    run(recipe, resources, instance, ["docs", "raw_jsonl"], SHARD)
+    run(["docs", "raw_jsonl"], SHARD)
     source = Path(recipe.dataset("docs").source) / f"{SHARD}.jsonl"
     quarantine = storage.quarantine_path("docs", SHARD)
     stats = json.loads(storage.raw_stats_path("docs", SHARD).read_text())
@@ -109,8 +114,7 @@ def test_fail_mode_stats_name_no_quarantine(make_recipe: Any, instance: DagsterI
     resources = resources_for(recipe)
     storage = resources["storage"]
     assert isinstance(storage, StorageResource)
-    instance.add_dynamic_partitions(partitions_name("code"), ["part-00001"])
-    run(recipe, resources, instance, ["code", "raw_jsonl"], "part-00001")
+    run_asset(recipe, resources, instance, ["code", "raw_jsonl"], "part-00001")
     stats = json.loads(storage.raw_stats_path("code", "part-00001").read_text())
     source = Path(recipe.dataset("code").source) / "part-00001.jsonl.gz"
     assert stats["input"] == {
@@ -123,12 +127,8 @@ def test_fail_mode_stats_name_no_quarantine(make_recipe: Any, instance: DagsterI
 
 
 def test_same_shard_twice_gives_identical_files_and_hf_never_writes_the_quarantine(
-    recipe: Recipe,
-    resources: dict[str, object],
-    instance: DagsterInstance,
-    storage: StorageResource,
+    recipe: Recipe, storage: StorageResource, run: Run
 ) -> None:
-    instance.add_dynamic_partitions(partitions_name("docs"), [SHARD])
     source = Path(recipe.dataset("docs").source) / f"{SHARD}.jsonl"
     quarantine = storage.quarantine_path("docs", SHARD)
     runs = []
@@ -136,9 +136,9 @@ def test_same_shard_twice_gives_identical_files_and_hf_never_writes_the_quaranti
         if attempt:  # same bytes, new mtime: a new source fingerprint, the same artifacts
             st = source.stat()
             os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-        run(recipe, resources, instance, ["docs", "raw_jsonl"], SHARD)
+        run(["docs", "raw_jsonl"], SHARD)
         written = stamp(quarantine)
-        hf = run(recipe, resources, instance, ["docs", "hf_dataset"], SHARD)
+        hf = run(["docs", "hf_dataset"], SHARD)
         assert stamp(quarantine) == written  # one writer: the raw stage
         assert (hf.metadata["documents"], hf.metadata["quarantined"]) == (10, 3)
         runs.append(files(storage, "docs", SHARD))
@@ -153,7 +153,7 @@ def test_same_shard_twice_gives_identical_files_and_hf_never_writes_the_quaranti
         [quarantine.name, f"{SHARD}.stats.json", f"{SHARD}.dochash.npy"]
     )
     assert not (storage.hf_dir("docs") / "dataset_info.json").exists()  # a shard step's own
-    run(recipe, resources, instance, ["docs", "dataset_info"])
+    run(["docs", "dataset_info"])
     info = json.loads((storage.hf_dir("docs") / "dataset_info.json").read_text())["tokenmill"]
     assert info == {
         "format_version": FORMAT_VERSION,
@@ -172,39 +172,31 @@ def test_same_shard_twice_gives_identical_files_and_hf_never_writes_the_quaranti
 
 
 def test_hf_exports_only_the_file_raw_validated(
-    recipe: Recipe,
-    resources: dict[str, object],
-    instance: DagsterInstance,
-    storage: StorageResource,
+    recipe: Recipe, storage: StorageResource, run: Run
 ) -> None:
-    instance.add_dynamic_partitions(partitions_name("docs"), [SHARD])
     stats = storage.raw_stats_path("docs", SHARD)
     with pytest.raises(
         InputError, match=re.escape(f"{stats}: missing, ") + ".*materialize docs/raw_jsonl"
     ):
-        run(recipe, resources, instance, ["docs", "hf_dataset"], SHARD)
-    run(recipe, resources, instance, ["docs", "raw_jsonl"], SHARD)
+        run(["docs", "hf_dataset"], SHARD)
+    run(["docs", "raw_jsonl"], SHARD)
     written = stamp(storage.quarantine_path("docs", SHARD))
     source = Path(recipe.dataset("docs").source) / f"{SHARD}.jsonl"
     source.write_bytes(source.read_bytes() + b'{"text": "appended later"}\n')
     with pytest.raises(InputError, match=r"the shard changed since; materialize docs/raw_jsonl"):
-        run(recipe, resources, instance, ["docs", "hf_dataset"], SHARD)
+        run(["docs", "hf_dataset"], SHARD)
     assert not storage.parquet_path("docs", SHARD).exists()
     assert stamp(storage.quarantine_path("docs", SHARD)) == written
 
 
 def test_dataset_info_lists_every_merged_shard_with_its_input(
-    recipe: Recipe,
-    resources: dict[str, object],
-    instance: DagsterInstance,
-    storage: StorageResource,
+    recipe: Recipe, storage: StorageResource, run: Run
 ) -> None:
     keys = ["part-00000", "part-00001"]
-    instance.add_dynamic_partitions(partitions_name("code"), keys)
     for key in keys:
         for stage in ("raw_jsonl", "hf_dataset", "tokens"):
-            run(recipe, resources, instance, ["code", stage], key)
-    run(recipe, resources, instance, ["code", "dataset_info"])
+            run(["code", stage], key)
+    run(["code", "dataset_info"])
     path = storage.hf_dir("code") / "dataset_info.json"
     info = json.loads(path.read_text())
     sources = [
@@ -230,14 +222,14 @@ def test_dataset_info_lists_every_merged_shard_with_its_input(
         match=r"part-00001.json: written by another tokenmill; "
         r"materialize code/hf_dataset for shard part-00001",
     ):
-        run(recipe, resources, instance, ["code", "dataset_info"])
+        run(["code", "dataset_info"])
 
 
 def write_dataset_info_by_reading_parquet(
     storage: StorageResource, path: Path, block: dict[str, object]
 ) -> dict[str, object]:
     """What reading every Parquet file gives (the old way): the records must say the same."""
-    from tokenmill.ingest.export import write_dataset_info
+    from tokenmill.ingest.dataset_info import write_dataset_info
 
     copy = path.parent / "reread"
     (copy / "data").mkdir(parents=True)
@@ -258,10 +250,7 @@ sys.addaudithook(_audit)  # hooks cannot be removed; it records only while _TRAC
 
 
 def test_shard_step_opens_only_its_own_files(
-    recipe: Recipe,
-    resources: dict[str, object],
-    instance: DagsterInstance,
-    storage: StorageResource,
+    instance: DagsterInstance, storage: StorageResource, run: Run
 ) -> None:
     """Each shard stage of one shard, with 3 sibling shards done: no path of a sibling is
     opened (Python's audit hook sees every open of this process); the siblings' Parquet files
@@ -272,14 +261,14 @@ def test_shard_step_opens_only_its_own_files(
     instance.add_dynamic_partitions(partitions_name("docs"), [*siblings, SHARD])
     for key in siblings:
         for stage in ("raw_jsonl", "hf_dataset", "tokens"):
-            run(recipe, resources, instance, ["docs", stage], key)
+            run(["docs", stage], key)
     for key in siblings:
         storage.parquet_path("docs", key).unlink()
     root = str(Path(storage.root).resolve())
     for stage in ("raw_jsonl", "hf_dataset", "tokens"):
         _TRACE = []
         try:
-            run(recipe, resources, instance, ["docs", stage], SHARD)
+            run(["docs", stage], SHARD)
         finally:
             trace, _TRACE = _TRACE, None
         ours = [p for _, p in trace if p.startswith((root, storage.root))]

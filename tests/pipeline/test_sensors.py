@@ -9,21 +9,15 @@ import os
 from pathlib import Path
 
 import pytest
-from dagster import (
-    AssetKey,
-    DagsterInstance,
-    Definitions,
-    RunRequest,
-    SensorResult,
-    build_sensor_context,
-)
+from dagster import AssetKey, DagsterInstance, Definitions
+from in_process import apply, execute, tick
 
+from assets.shards import PARTITIONS_PER_BACKFILL_RUN
 from assets.support.partitions import partitions_name
 from assets.support.sources import Listing, ShardFile, diff_listing, find_shard, list_shards
 from assets.support.staleness import current_shards
 from pipelines.sensors import (
     AUTOMATION_SENSOR,
-    MAX_SHARDS_PER_RUN,
     RANGE_END,
     RANGE_START,
     plan_recipe,
@@ -37,24 +31,6 @@ from tokenmill.recipe import Recipe
 
 def listing(**fingerprints: str) -> Listing:
     return Listing({k: ShardFile(k, Path(f"/src/{k}.jsonl"), v) for k, v in fingerprints.items()})
-
-
-def tick(defs: Definitions, instance: DagsterInstance, cursor: str | None) -> SensorResult:
-    sensor = defs.resolve_sensor_def("docs_shard_sensor")
-    with build_sensor_context(instance=instance, cursor=cursor, definitions=defs) as context:
-        result = sensor(context)
-    assert isinstance(result, SensorResult)
-    return result
-
-
-def apply(instance: DagsterInstance, result: SensorResult) -> None:
-    """What the sensor daemon does with the partition requests."""
-    for request in result.dynamic_partitions_requests or []:
-        if type(request).__name__ == "AddDynamicPartitionsRequest":
-            instance.add_dynamic_partitions(request.partitions_def_name, request.partition_keys)
-        else:
-            for key in request.partition_keys:
-                instance.delete_dynamic_partition(request.partitions_def_name, key)
 
 
 def test_diff_and_plan() -> None:
@@ -108,24 +84,6 @@ def test_refused_files_show_on_the_tick(
     assert "part-00000.jsonl.gz: shard name 'part-00000' is taken by part-00000.jsonl" in str(
         result.skip_reason
     )
-
-
-def execute(defs: Definitions, instance: DagsterInstance, request: RunRequest) -> bool:
-    """Run a sensor's request as the launched run would: its job, partition (or range) tags."""
-    job = defs.resolve_job_def(request.job_name)
-    result = job.execute_in_process(
-        instance=instance,
-        partition_key=request.partition_key,
-        tags=dict(request.tags),
-        raise_on_error=False,
-    )
-    return bool(result.success)
-
-
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
-    "ignore:Parameter `include_sources`:Warning",
-)
 
 
 def test_shard_ranges_follow_the_partition_order() -> None:
@@ -215,7 +173,7 @@ def test_burst_of_new_shards_runs_in_ranges_of_sixteen(
     covered = []
     for run in result.run_requests:
         start, end = order.index(run.tags[RANGE_START]), order.index(run.tags[RANGE_END])
-        assert end - start + 1 <= MAX_SHARDS_PER_RUN
+        assert end - start + 1 <= PARTITIONS_PER_BACKFILL_RUN
         covered += order[start : end + 1]
     assert len(result.run_requests) == 3 and covered == order
     assert len({r.run_key for r in result.run_requests}) == 3

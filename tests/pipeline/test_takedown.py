@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import yaml
+from _helpers import Capture
 from dagster import AssetKey, DagsterInstance, SensorResult, build_sensor_context
-from pipeline_project import write_shard
+from pipeline_project import Documents, MakeRecipe, write_shard
 
 from pipelines.build import build_definitions
 from pipelines.materialize import materialize_recipe
@@ -80,11 +80,11 @@ def _indexed(mpath: Path) -> set[tuple[str, int]]:
 
 @pytest.mark.parametrize("semantics", ["megatron", "nanotron", "growing"])
 def test_takedown_masks_documents_in_new_versions_only(
-    make_recipe: Callable[..., Recipe],
+    make_recipe: MakeRecipe,
     instance: DagsterInstance,
     tmp_path: Path,
     semantics: str,
-    capsys: pytest.CaptureFixture[str],
+    capsys: Capture,
 ) -> None:
     extra: dict[str, Any] = {"semantics": semantics, "train_samples": 600}
     if semantics != "megatron":
@@ -188,7 +188,7 @@ def test_takedown_masks_documents_in_new_versions_only(
 
 
 def test_loader_refuses_an_index_that_reads_a_masked_document(
-    make_recipe: Callable[..., Recipe], instance: DagsterInstance, tmp_path: Path
+    make_recipe: MakeRecipe, instance: DagsterInstance, tmp_path: Path
 ) -> None:
     recipe = make_recipe()
     assert materialize_recipe(recipe, instance) == 0
@@ -233,7 +233,7 @@ def _with_takedown_list(recipe: Recipe, listing: Path) -> Recipe:
     return load_recipe(recipe.path)
 
 
-def _unique_line(documents: dict[str, list[dict[str, str]]], text: str) -> str:
+def _unique_line(documents: Documents, text: str) -> str:
     """The longest line of ``text`` that no other document of the corpus holds."""
     others = [d["text"] for ds in documents.values() for d in ds if d["text"] != text]
     for line in sorted(text.splitlines(), key=len, reverse=True):
@@ -250,11 +250,11 @@ def _removed(root: Path, ds: str) -> tuple[str, dict[str, Any]]:
 
 
 def test_recipe_takedown_list_is_watched_and_every_refresh_masks_the_ledger(
-    make_recipe: Callable[..., Recipe],
+    make_recipe: MakeRecipe,
     instance: DagsterInstance,
-    documents: dict[str, list[dict[str, str]]],
+    documents: Documents,
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    capsys: Capture,
 ) -> None:
     listing = tmp_path / "takedown.txt"
     docs_text, code_text = documents["docs"][5]["text"], documents["code"][3]["text"]
@@ -317,10 +317,7 @@ def test_recipe_takedown_list_is_watched_and_every_refresh_masks_the_ledger(
 
 
 def test_a_physical_merge_is_refused_before_anything_is_written(
-    make_recipe: Callable[..., Recipe],
-    instance: DagsterInstance,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    make_recipe: MakeRecipe, instance: DagsterInstance, tmp_path: Path, capsys: Capture
 ) -> None:
     recipe = make_recipe(merge="physical")
     assert materialize_recipe(recipe, instance) == 0
@@ -338,10 +335,7 @@ def test_a_physical_merge_is_refused_before_anything_is_written(
 
 
 def test_verify_names_a_masked_document_a_tampered_index_references(
-    make_recipe: Callable[..., Recipe],
-    instance: DagsterInstance,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    make_recipe: MakeRecipe, instance: DagsterInstance, tmp_path: Path, capsys: Capture
 ) -> None:
     recipe = make_recipe()
     assert materialize_recipe(recipe, instance) == 0

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _helpers import process_group
 from cdp_client import CHROMIUM, Browser
 from pipeline_project import ROOT, make_project
 
@@ -64,20 +64,6 @@ def graphql(port: int, query: str) -> dict[str, Any]:
         return dict(json.loads(response.read())["data"])
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the process group led by ``process.pid``; SIGKILL if it lingers."""
-    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 @pytest.fixture(scope="module")
 def ui(
     tmp_path_factory: pytest.TempPathFactory,
@@ -101,30 +87,20 @@ def ui(
     assert "Summary" in done.stdout and "open_blend(" in done.stdout
     assert (work / "home" / "dagster.yaml").is_file()
     port = free_port()
-    log = open(work / "dagster-dev.log", "wb")  # noqa: SIM115 - closed below
     dagster = Path(sys.executable).with_name("dagster")
-    process = subprocess.Popen(
-        [str(dagster), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
+    command = [str(dagster), "dev", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]
+    log = work / "dagster-dev.log"
+    with process_group(command, cwd=ROOT, env=env, log=log, term_seconds=20) as process:
         deadline = time.monotonic() + 120
         while True:
             try:
                 graphql(port, "{ version }")
                 break
             except (urllib.error.URLError, ConnectionError, TimeoutError):
-                assert process.poll() is None, (work / "dagster-dev.log").read_text()[-3000:]
+                assert process.poll() is None, log.read_text()[-3000:]
                 assert time.monotonic() < deadline, "dagster dev did not answer in 120 s"
                 time.sleep(1)
         yield port, work
-    finally:
-        stop(process)
-        log.close()
 
 
 def test_graphql_asset_graph_and_metadata(ui: tuple[int, Path]) -> None:

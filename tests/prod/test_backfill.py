@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 import yaml
-from dagster import AssetCheckResult, AssetKey, BackfillPolicy, DagsterInstance, materialize
+from dagster import AssetCheckResult, AssetKey, BackfillPolicy, DagsterInstance
 from dagster._core.instance.config import dagster_instance_config
 from dagster._core.test_utils import create_test_daemon_workspace_context
 from dagster._core.workspace.load_target import ModuleTarget
 from dagster._daemon.backfill import execute_backfill_iteration
 from dagster._daemon.daemon import get_default_daemon_logger
-from pipeline_project import add_shard_backfill
+from pipeline_project import add_shard_backfill, materialize_shards
 from prod_servers import S3, Postgres
 
 import assets.shards
@@ -38,11 +38,6 @@ from tokenmill.recipe import Recipe
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
 RANGE_START, RANGE_END = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
-
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
-    "ignore:Parameter `include_sources`:Warning",
-)
 
 
 def test_shard_assets_carry_pools_and_the_backfill_policy(
@@ -121,21 +116,14 @@ def test_range_run_matches_single_shard_runs_and_checks_every_shard(
     make_recipe: Callable[..., Recipe], tmp_path: Path
 ) -> None:
     recipe = make_recipe()
-    assets, checks = build_assets(recipe)
+    graph = build_assets(recipe)
     resources = resources_for(recipe)
     keys = sorted(p.name.split(".")[0] for p in Path(recipe.dataset("docs").source).iterdir())
     keys.sort(key=natural_key)
     selection = [AssetKey(["docs", stage]) for stage in SHARD_STAGES]
     tokens = Path(recipe.storage.root) / "tokens" / "docs"
     with DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions(partitions_name("docs"), keys)
-        result = materialize(
-            [*assets, *checks],
-            instance=instance,
-            resources=resources,
-            selection=selection,
-            tags={RANGE_START: keys[0], RANGE_END: keys[-1]},
-        )
+        [result] = materialize_shards(graph, instance, resources, "docs", keys, ranged=True)
         assert result.success
         events = result.get_asset_materialization_events()
         by_asset: dict[str, list[str]] = {}
@@ -173,15 +161,8 @@ def test_range_run_matches_single_shard_runs_and_checks_every_shard(
 
         shutil.rmtree(tokens)
         again = [keys[0], keys[2]]  # the shard with bad lines and a clean one
-        for key in again:
-            single = materialize(
-                [*assets, *checks],
-                instance=instance,
-                resources=resources,
-                selection=selection,
-                partition_key=key,
-            )
-            assert single.success
+        runs = materialize_shards(graph, instance, resources, "docs", again)
+        assert [run.success for run in runs] == [True] * len(again)
     singles = token_files(tokens)
     assert len(ranged) == 3 * len(keys) and len(singles) == 3 * len(again)
     assert singles == {name: ranged[name] for name in singles}
@@ -216,17 +197,11 @@ def test_failing_shard_fails_alone_in_its_range(
     with its own metadata and data version, the bad one is recorded as failed at the source
     fingerprint it read, and the failure names it in structured metadata."""
     recipe = make_recipe(datasets={"docs": {"source": "sources/docs", "on_bad_record": "fail"}})
-    assets, checks = build_assets(recipe)
+    graph = build_assets(recipe)
     keys = ["extra-00000", "part-00000"]
     with DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions(partitions_name("docs"), keys)
-        result = materialize(
-            [*assets, *checks],
-            instance=instance,
-            resources=resources_for(recipe),
-            selection=[AssetKey(["docs", stage]) for stage in SHARD_STAGES],
-            tags={RANGE_START: keys[0], RANGE_END: keys[-1]},
-            raise_on_error=False,
+        [result] = materialize_shards(
+            graph, instance, resources_for(recipe), "docs", keys, ranged=True, raise_on_error=False
         )
         assert not result.success
         raw = AssetKey(["docs", "raw_jsonl"])

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
-from pipeline_project import SPLITS, blend_batches
+from dagster import DagsterInstance
+from pipeline_project import SPLITS, blend_batches, runs_by_job, s3_project
 from prod_servers import S3, Postgres
 
 from pipelines.materialize import materialize_recipe
@@ -23,36 +23,6 @@ from tokenmill.recipe import Recipe
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 TOKENMILL = str(Path(sys.executable).with_name("tokenmill"))  # the console script users run
-
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
-    "ignore:Parameter `include_sources`:Warning",
-)
-
-
-def s3_project(make_recipe: Callable[..., Recipe], s3: S3) -> Recipe:
-    """The tiny project with its sources uploaded to ``s3://<bucket>/sources/<ds>/`` and the
-    storage root at ``s3://<bucket>/root`` (the recipe file is rewritten)."""
-    local = make_recipe()  # writes the corpus under tmp_path/sources (once)
-    s3.upload_tree(local.path.parent / "sources", "sources")
-    return make_recipe(
-        storage={"root": f"s3://{s3.bucket}/root", "s3_endpoint_url": s3.endpoint},
-        datasets={
-            "docs": {
-                "source": f"s3://{s3.bucket}/sources/docs/",
-                "on_bad_record": "quarantine",
-                "max_quarantine_fraction": 0.25,
-            },
-            "code": {"source": f"s3://{s3.bucket}/sources/code/"},
-        },
-    )
-
-
-def runs_by_job(instance: DagsterInstance) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.SUCCESS])):
-        counts[run.job_name] = counts.get(run.job_name, 0) + 1
-    return counts
 
 
 def cli(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -12,19 +12,17 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
-from dagster import AssetKey, DagsterInstance, build_sensor_context, materialize
-from pipeline_project import BAD_LINES, write_shard
+from dagster import AssetKey, DagsterInstance, build_sensor_context
+from pipeline_project import BAD_LINES, materialize_downstream, materialize_shards, write_shard
 from prod_servers import S3
 
 import assets.tokenized as assets_tokenized
 from assets.factory import build_assets
-from assets.support.partitions import partitions_name
 from assets.support.resources import StorageResource
 from assets.support.sources import diff_listing, list_shards
 from pipelines.build import build_definitions, resources_for
-from pipelines.jobs import SHARD_STAGES
 from pipelines.materialize import materialize_recipe
-from pipelines.sensors import RANGE_END, RANGE_START, range_run_key
+from pipelines.sensors import range_run_key
 from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe, load_recipe
 from tokenmill.storage import layout
@@ -35,11 +33,6 @@ from tokenmill.storage.s3 import shared_client
 from tokenmill_dev.corpus import stdlib_documents, write_jsonl_shards
 
 SECRET = "tm-secret-access-key-4f1c"  # the fake secret key: must never show up in a run
-
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
-    "ignore:Parameter `include_sources`:Warning",
-)
 
 
 @pytest.fixture
@@ -83,7 +76,7 @@ def s3_recipe(
 
 def run_everything(recipe: Recipe, instance: DagsterInstance, work: Path) -> list[Any]:
     """Every shard partition through its stages, then everything downstream; the results."""
-    assets, checks = build_assets(recipe)
+    graph = build_assets(recipe)
     resources = resources_for(recipe)
     resources["storage"] = StorageResource(
         root=recipe.storage.root, s3_endpoint_url=recipe.storage.s3_endpoint_url, work_dir=str(work)
@@ -91,31 +84,12 @@ def run_everything(recipe: Recipe, instance: DagsterInstance, work: Path) -> lis
     results = []
     for ds in recipe.datasets:
         keys = sorted(list_shards(ds).shards)
-        instance.add_dynamic_partitions(partitions_name(ds.name), keys)
-        selection = [AssetKey([ds.name, stage]) for stage in SHARD_STAGES]
-        for key in keys:
-            results.append(
-                materialize(
-                    [*assets, *checks],
-                    instance=instance,
-                    resources=resources,
-                    partition_key=key,
-                    selection=selection,
-                    raise_on_error=False,
-                )
-            )
-            if not results[-1].success:
-                return results
-    downstream = [a.key for a in assets if a.partitions_def is None]
-    results.append(
-        materialize(
-            [*assets, *checks],
-            instance=instance,
-            resources=resources,
-            selection=downstream,
-            raise_on_error=False,
+        results += materialize_shards(
+            graph, instance, resources, ds.name, keys, raise_on_error=False
         )
-    )
+        if not results[-1].success:
+            return results
+    results.append(materialize_downstream(graph, instance, resources, raise_on_error=False))
     return results
 
 
@@ -332,7 +306,7 @@ def test_raw_and_hf_artifacts_on_s3_name_s3_and_repeat_byte_identical(
     s3.client.put_object(Bucket=s3.bucket, Key="sources/docs/extra-00000.jsonl", Body=data)
     uri = f"s3://{s3.bucket}/sources/docs/extra-00000.jsonl"
     work = tmp_path / "work"
-    assets, checks = build_assets(recipe)
+    graph = build_assets(recipe)
     resources = resources_for(recipe)
     resources["storage"] = StorageResource(
         root=recipe.storage.root, s3_endpoint_url=s3.endpoint, work_dir=str(work)
@@ -347,17 +321,12 @@ def test_raw_and_hf_artifacts_on_s3_name_s3_and_repeat_byte_identical(
         return s3.client.get_object(Bucket=s3.bucket, Key=f"root/{name}")["Body"].read()
 
     def run(*stages: str) -> None:
-        result = materialize(
-            [*assets, *checks],
-            instance=instance,
-            resources=resources,
-            partition_key="extra-00000",
-            selection=[AssetKey(["docs", stage]) for stage in stages],
+        [result] = materialize_shards(
+            graph, instance, resources, "docs", ["extra-00000"], stages=stages
         )
         assert result.success and all(e.passed for e in result.get_asset_check_evaluations())
 
     with DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions(partitions_name("docs"), ["extra-00000"])
         run("raw_jsonl", "hf_dataset")
         first = {name: get(name) for name in names}
         # The hf step is no writer of the quarantine: deleted, it stays deleted.
@@ -401,15 +370,10 @@ def test_hf_format_source_on_s3(s3: S3, gpt2_dir: Path, tmp_path: Path) -> None:
     }
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
     recipe = load_recipe(tmp_path / "recipe.yaml")
-    assets, checks = build_assets(recipe)
+    graph = build_assets(recipe)
     with DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions(partitions_name("wiki"), ["w"])
-        result = materialize(
-            [*assets, *checks],
-            instance=instance,
-            resources=resources_for(recipe),
-            partition_key="w",
-            selection=[AssetKey(["wiki", "hf_dataset"]), AssetKey(["wiki", "tokens"])],
+        [result] = materialize_shards(
+            graph, instance, resources_for(recipe), "wiki", ["w"], stages=("hf_dataset", "tokens")
         )
         assert all(e.passed for e in result.get_asset_check_evaluations())
     uri = f"s3://{s3.bucket}/sources/wiki/w.parquet"
@@ -428,7 +392,7 @@ def test_a_range_uploads_its_good_shards_before_failing_on_s3(
     """One shard of a range fails at ``tokens``: its neighbour's pair reaches the bucket and is
     recorded on its own; nothing of the failed shard's tokens is uploaded."""
     recipe = s3_recipe(tmp_path, s3, gpt2_dir, s3.bucket)
-    assets, checks = build_assets(recipe)
+    graph = build_assets(recipe)
     real = assets_tokenized.tokenize_files
 
     def failing(inputs: list[Path], *args: Any, **kwargs: Any) -> Any:
@@ -440,14 +404,8 @@ def test_a_range_uploads_its_good_shards_before_failing_on_s3(
     keys = sorted(list_shards(recipe.dataset("docs")).shards)
     assert keys == ["part-00000", "part-00001"]
     with DagsterInstance.ephemeral() as instance:
-        instance.add_dynamic_partitions(partitions_name("docs"), keys)
-        result = materialize(
-            [*assets, *checks],
-            instance=instance,
-            resources=resources_for(recipe),
-            selection=[AssetKey(["docs", stage]) for stage in SHARD_STAGES],
-            tags={RANGE_START: keys[0], RANGE_END: keys[-1]},
-            raise_on_error=False,
+        [result] = materialize_shards(
+            graph, instance, resources_for(recipe), "docs", keys, ranged=True, raise_on_error=False
         )
         assert not result.success
         [tokens] = instance.fetch_materializations(AssetKey(["docs", "tokens"]), limit=5).records

@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from dagster import AssetKey, DagsterInstance, materialize
+from dagster import DagsterInstance, materialize
+from pipeline_project import materialize_shards
 from prod_servers import S3
 from test_s3_pipeline import s3_recipe
 
 import tokenmill.indices.nanoset
 from assets.factory import build_assets
-from assets.support.partitions import partitions_name
 from assets.support.resources import StorageResource
 from assets.support.sources import list_shards
 from pipelines.build import resources_for
@@ -33,11 +33,6 @@ from tokenmill.storage import s3 as storage_s3
 from tokenmill.storage import staging as s3_stage
 from tokenmill.storage.run_cache import RunCache
 from tokenmill.storage.s3 import S3Object, shared_client
-
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:Specifying a partitions_def on an AssetCheckSpec:Warning",
-    "ignore:Parameter `include_sources`:Warning",
-)
 
 
 class Requests:
@@ -88,22 +83,13 @@ def requests(s3: S3, monkeypatch: pytest.MonkeyPatch) -> Iterator[Requests]:
 
 def run_shards(recipe: Any, instance: DagsterInstance, work: Path) -> None:
     """Every shard partition of every dataset through its stages (one run each)."""
-    assets, checks = build_assets(recipe)
+    graph = build_assets(recipe)
     resources = resources_for(recipe)
     resources["storage"] = storage_for(recipe, work)
     for ds in recipe.datasets:
         keys = sorted(list_shards(ds).shards)
-        instance.add_dynamic_partitions(partitions_name(ds.name), keys)
-        selection = [AssetKey([ds.name, stage]) for stage in ("raw_jsonl", "hf_dataset", "tokens")]
-        for key in keys:
-            result = materialize(
-                [*assets, *checks],
-                instance=instance,
-                resources=resources,
-                partition_key=key,
-                selection=selection,
-            )
-            assert result.success
+        results = materialize_shards(graph, instance, resources, ds.name, keys)
+        assert [result.success for result in results] == [True] * len(keys)
 
 
 def storage_for(recipe: Any, work: Path) -> StorageResource:

@@ -8,31 +8,31 @@ import itertools
 import json
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from _helpers import FLAG_COMBOS
 from prod_servers import S3
 from servers import build_stream_root
+from tiny_pairs import random_dataset
 
 import tokenmill.formats.dataset_manifest as dataset_manifest
-import tokenmill.storage.pull as pull_module
 import tokenmill.storage.s3 as s3_helpers
-from tokenmill.errors import CacheError
+import tokenmill.storage.store as store_module
+from tokenmill.errors import CacheError, FormatError
+from tokenmill.formats.merge import virtual_merge
+from tokenmill.indices.blend_build import build_blend
+from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import BatchSampler, _s3, open_blend
 
 BLOCK = 512  # tiny blocks, so that samples straddle them
-FLAGS = (
-    "reset_position_ids",
-    "reset_attention_mask",
-    "eod_mask_loss",
-    "create_attention_mask",
-    "inter_document_masking",
-)
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -49,6 +49,67 @@ def blend(s3: S3, tmp_path: Path) -> tuple[Path, str]:
     local = build_stream_root(tmp_path / "src", "megatron")
     s3.upload_tree(tmp_path / "src", "data/v1")
     return local, f"s3://{s3.bucket}/data/v1/blends/mix/manifest.json"
+
+
+@pytest.fixture
+def gets(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int | None]]:
+    """Every GET the process's S3 clients send from now on, as (key, bytes of its range or
+    None for a whole object): new clients, each with a hook on its calls."""
+    seen: list[tuple[str, int | None]] = []
+    make = s3_helpers.make_client
+
+    def record(params: dict[str, object], **_: object) -> None:
+        found = re.fullmatch(r"bytes=(\d+)-(\d+)", str(params.get("Range", "")))
+        size = int(found[2]) - int(found[1]) + 1 if found else None
+        seen.append((str(params["Key"]), size))
+
+    def hooked(*args: object, **kwargs: object) -> object:
+        client = make(*args, **kwargs)
+        client.meta.events.register("provide-client-params.s3.GetObject", record)
+        return client
+
+    monkeypatch.setattr(s3_helpers, "_CLIENTS", {})
+    monkeypatch.setattr(s3_helpers, "make_client", hooked)
+    return seen
+
+
+def one_dataset_blend(
+    root: Path, shards: list[Path], *, docs: int, lengths: tuple[int, int]
+) -> Path:
+    """Blend ``one`` (train split only) of one dataset: the pair ``shards[0]`` alone, or a
+    virtual merge of ``shards``; returns its manifest."""
+    for k, prefix in enumerate(shards):
+        random_dataset(prefix, docs, k, kind="tokens", lengths=lengths, counted=True)
+    data = shards[0]
+    if len(shards) > 1 or "merge" in shards[0].name:
+        data = root / "merged" / "merge_text_document"
+        virtual_merge([(f"s{k}", p) for k, p in enumerate(shards)], data)
+    settings = NanosetSettings(sequence_length=64, split_spec="100,0,0", train_samples=64)
+    build_blend(
+        "one",
+        {"web": data},
+        root / "blends" / "one",
+        root / "nanoset",
+        BlendSettings(settings, weights={"web": 1.0}),
+    )
+    return root / "blends" / "one" / "manifest.json"
+
+
+@pytest.fixture
+def cached(blend: tuple[Path, str], tmp_path: Path) -> tuple[str, Path, str]:
+    """(URI, cache folder, digest): the train split of ``blend`` streamed once into the cache,
+    equal to the local read (the digest of both)."""
+    local_manifest, uri = blend
+    cache = tmp_path / "cache"
+    want = batch_digest(open_blend(local_manifest, "train"))
+    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    return uri, cache, want
+
+
+def read_again(uri: str, cache: Path, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> str:
+    """The digest of the train split as a new process reads it: no cache open in memory."""
+    monkeypatch.setattr(_s3, "_CACHES", {})
+    return batch_digest(open_blend(uri, "train", cache_dir=cache, **kw))
 
 
 def block_files(cache: Path) -> list[Path]:
@@ -78,8 +139,7 @@ def test_every_sample_and_flag_equals_the_local_read(
             np.testing.assert_array_equal(remote[k], local[k])
         rng = np.random.default_rng(0)
         ids = rng.permutation(len(local))[:32]
-        for values in itertools.product([False, True], repeat=len(FLAGS)):
-            flags = dict(zip(FLAGS, values, strict=True))
+        for flags in FLAG_COMBOS:
             got = remote.get_training_batch(ids, eod_id=0, **flags)
             want = local.get_training_batch(ids, eod_id=0, **flags)
             assert got.keys() == want.keys()
@@ -100,62 +160,52 @@ def test_a_pinned_version_and_pickles_send_no_data(blend: tuple[Path, str], tmp_
 
 
 def test_a_mirrored_version_reopens_without_a_request_until_a_file_changes(
-    blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cached: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    local_manifest, uri = blend
-    cache = tmp_path / "cache"
-    want = batch_digest(open_blend(local_manifest, "train"))
+    uri, cache, want = cached
     version = open_blend(uri, "train", cache_dir=cache).version  # through the pointer
-    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
     made: list[str] = []
     real = s3_helpers.shared_client
-    for module in (s3_helpers, pull_module):  # pull imports it by name
+    for module in (s3_helpers, store_module):  # the store imports it by name
         monkeypatch.setattr(
             module, "shared_client", lambda *a, **k: made.append("c") or real(*a, **k)
         )
-    monkeypatch.setattr(_s3, "_CACHES", {})  # a resumed job, same node: no S3 client at all
-    assert batch_digest(open_blend(uri, "train", version=version, cache_dir=cache)) == want
+    # a resumed job, same node: no S3 client at all
+    assert read_again(uri, cache, monkeypatch, version=version) == want
     assert made == []
-    idx = next((cache / "files").rglob("s1_text_document.idx"))
-    idx.write_bytes(idx.read_bytes())  # written since it was checked: mirrored again
-    monkeypatch.setattr(_s3, "_CACHES", {})
-    assert batch_digest(open_blend(uri, "train", version=version, cache_dir=cache)) == want
+    assert not list((cache / "files").rglob("*.idx"))  # read by blocks, never mirrored
+    index = next((cache / "files").rglob("*-Nanoset-train-shuffle_index.npy"))
+    index.write_bytes(index.read_bytes())  # written since it was checked: mirrored again
+    assert read_again(uri, cache, monkeypatch, version=version) == want
     assert made
 
 
 def test_a_block_corrupted_in_the_cache_is_fetched_again(
-    blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cached: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    local_manifest, uri = blend
-    cache = tmp_path / "cache"
-    want = batch_digest(open_blend(local_manifest, "train"))
-    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    uri, cache, want = cached
     victim = block_files(cache)[3]
     data = bytearray(victim.read_bytes())
     data[7] ^= 0xFF
     victim.write_bytes(bytes(data))
-    monkeypatch.setattr(_s3, "_CACHES", {})  # a new process: blocks are checked on first use
-    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    # a new process: blocks are checked on first use
+    assert read_again(uri, cache, monkeypatch) == want
     assert victim.read_bytes() != bytes(data)
 
 
 def test_a_checked_block_is_trusted_by_its_stamp_until_written_again(
-    blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cached: tuple[str, Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    local_manifest, uri = blend
-    cache = tmp_path / "cache"
-    want = batch_digest(open_blend(local_manifest, "train"))
-    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    uri, cache, want = cached
     hashed: list[int] = []
     digest = _s3.block_digest
     monkeypatch.setattr(_s3, "block_digest", lambda data: hashed.append(len(data)) or digest(data))
-    monkeypatch.setattr(_s3, "_CACHES", {})  # a restarted job: its blocks were checked once
-    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    # a restarted job: its blocks were checked once
+    assert read_again(uri, cache, monkeypatch) == want
     assert hashed == []
     victim = block_files(cache)[0]
     victim.write_bytes(victim.read_bytes())  # written again (same bytes): checked again
-    monkeypatch.setattr(_s3, "_CACHES", {})
-    assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    assert read_again(uri, cache, monkeypatch) == want
     assert hashed == [victim.stat().st_size]
 
 
@@ -184,7 +234,7 @@ def test_missing_consecutive_blocks_come_by_one_range_get(
     cache = tmp_path / "cache"
     remote = open_blend(uri, "train", cache_dir=cache)
     assert batch_digest(remote) == batch_digest(open_blend(local_manifest, "train"))
-    stored = len(block_files(cache))
+    stored = len(block_files(cache))  # .bin and .idx blocks
     objects = 5  # three shards, the physical merge, code: runs never join two objects
     assert len(ranges) <= stored // _s3.RUN_BLOCKS + objects
     assert _s3.cache_for(cache, None).bytes_fetched == sum(
@@ -249,11 +299,7 @@ def test_prefetch_fills_the_cache_for_the_next_batches(
     ds = open_blend(uri, "train", cache_dir=cache)
     sampler = BatchSampler(len(ds), global_batch_size=8)
     ds.prefetch(np.concatenate([sampler.indices(1), sampler.indices(2)]))
-    deadline = time.monotonic() + 30
-    before = -1
-    while time.monotonic() < deadline and len(block_files(cache)) != before:
-        before = len(block_files(cache))
-        time.sleep(0.3)
+    _s3.cache_for(cache, None).drain()
     fetched = _s3.cache_for(cache, None).bytes_fetched
     assert fetched > 0
     ds.get_batch(sampler.indices(1))
@@ -388,6 +434,13 @@ def test_a_dataset_written_before_block_hashes_streams_unverified(s3: S3, tmp_pa
     assert [f.block_sha256 for f in parts["code"]] == [()]
     assert all(f.verified for f in parts["docs"])  # the virtual merge's shards: verified
     assert batch_digest(remote) == batch_digest(open_blend(local_manifest, "train"))
+    key = "old/merged/code.idx"  # unverified: its header is still checked against the counts
+    idx = bytearray(s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
+    idx[17] = 4  # int32, where the manifests record uint16
+    s3.client.put_object(Bucket=s3.bucket, Key=key, Body=bytes(idx))
+    fresh = open_blend(uri, "train", cache_dir=tmp_path / "fresh")
+    with pytest.raises(FormatError, match=rf"s3://{s3.bucket}/{key}: dtype code: found 4"):
+        fresh.get_batch(np.arange(len(fresh)))
 
 
 def test_a_shards_block_list_comes_by_reference_once_and_checked(
@@ -398,7 +451,7 @@ def test_a_shards_block_list_comes_by_reference_once_and_checked(
     ds = open_blend(uri, "train", cache_dir=cache)
     assert batch_digest(ds) == batch_digest(open_blend(local, "train"))
     lists = sorted(p for p in (cache / "blocklists").glob("*/*") if p.is_file())
-    assert len(lists) == 3  # one per shard of the virtual merge docs, each fetched once
+    assert len(lists) == 6  # a .bin's and an .idx's per shard of the virtual merge docs
     key = "data/v1/tokens/docs/manifests/s1_text_document.manifest.json"
     manifest = json.loads(s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
     manifest["files"]["s1_text_document.bin"]["block_sha256"][0] = "0" * 64
@@ -406,3 +459,51 @@ def test_a_shards_block_list_comes_by_reference_once_and_checked(
     fresh = open_blend(uri, "train", cache_dir=tmp_path / "fresh")
     with pytest.raises(CacheError, match=rf"s3://{s3.bucket}/{key}: its block list .* not the"):
         fresh.get_batch(np.arange(len(fresh)))
+
+
+def test_an_idx_is_read_by_the_blocks_a_batch_needs(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gets: list[tuple[str, int | None]]
+) -> None:
+    monkeypatch.setattr(dataset_manifest, "BLOCK_BYTES", 1024)
+    src = tmp_path / "src"
+    local_manifest = one_dataset_blend(
+        src, [src / "tokens" / "big_text_document"], docs=100_000, lengths=(5, 60)
+    )
+    s3.upload_tree(src, "v1")
+    idx_size = (src / "tokens" / "big_text_document.idx").stat().st_size
+    local = open_blend(local_manifest, "train")
+    remote = open_blend(
+        f"s3://{s3.bucket}/v1/blends/one/manifest.json", "train", cache_dir=tmp_path / "c"
+    )
+    assert not [key for key, _ in gets if key.endswith(".idx")]  # the open reads no index
+    batch = BatchSampler(len(local), global_batch_size=8).indices(0)
+    np.testing.assert_array_equal(remote.get_batch(batch), local.get_batch(batch))
+    for k in (1, len(local) - 1):
+        np.testing.assert_array_equal(remote[k], local[k])
+    fetched = sum(n or 0 for key, n in gets if key.endswith(".idx"))
+    assert idx_size > 2_000_000
+    assert 0 < fetched < idx_size // 20  # header and the blocks of the batch's sequences
+
+
+@pytest.mark.parametrize("shards", [1, 50])
+def test_the_open_sends_as_many_requests_for_50_shards_as_for_1(
+    s3: S3, tmp_path: Path, gets: list[tuple[str, int | None]], shards: int
+) -> None:
+    src = tmp_path / "src"
+    prefixes = [src / "tokens" / f"s{k}_text_document" for k in range(shards)]
+    if shards == 1:
+        prefixes = [src / "tokens" / "merge_one_text_document"]
+    local_manifest = one_dataset_blend(src, prefixes, docs=400 // shards, lengths=(5, 60))
+    s3.upload_tree(src, "v1")
+    uri = f"s3://{s3.bucket}/v1/blends/one/manifest.json"
+    remote = open_blend(uri, "train", cache_dir=tmp_path / "cache")
+    opened = list(gets)
+    # the pointer, its version's manifest, the merge's manifest, 2 blend arrays, the index's
+    # description and 3 arrays: nothing per shard
+    assert len(opened) == 9
+    assert not [key for key, _ in opened if key.endswith((".bin", ".idx"))]
+    local = open_blend(local_manifest, "train")
+    everything = np.arange(len(local))
+    np.testing.assert_array_equal(remote.get_batch(everything), local.get_batch(everything))
+    manifests = [key for key, _ in gets[len(opened) :] if key.endswith(".manifest.json")]
+    assert len(manifests) == len(set(manifests)) <= shards  # block lists: one GET per shard

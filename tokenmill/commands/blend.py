@@ -7,14 +7,13 @@ import sys
 from pathlib import Path
 
 from tokenmill.commands.blend_report import describe_blend
+from tokenmill.commands.verify import classify
 from tokenmill.errors import ConfigError
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.blend_plan import skipped_warnings
 from tokenmill.indices.growing import ERA_SAMPLES
 from tokenmill.indices.nanoset import SEMANTICS
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
-from tokenmill.storage.layout import POINTER_NAME
-from tokenmill.storage.versions import pointer_target
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -109,17 +108,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def dataset_prefix(path: str) -> Path:
-    """The ``.bin``/``.idx`` prefix a ``--dataset`` path names: a merged dataset's folder
-    holding a version pointer (``current.json``) or the pointer itself name the current
-    version's prefix; anything else is taken as a prefix."""
-    p = Path(path)
-    if p.is_dir() and (p / POINTER_NAME).is_file():
-        p = p / POINTER_NAME
-    if p.name == POINTER_NAME and p.is_file():
-        target = pointer_target(p)
-        assert target is not None  # the file exists
-        return target
-    return p
+    """The ``.bin``/``.idx`` prefix a ``--dataset`` path names (any dataset path ``tokenmill
+    verify`` takes: a prefix or either file, its manifest, a merged dataset's pointer or folder)."""
+    kind, prefix = classify(path)
+    if kind != "dataset":
+        raise ConfigError(f"--dataset {path}: names a {kind}, not a .bin/.idx dataset")
+    return prefix
 
 
 def _pairs(values: list[str], flag: str) -> dict[str, str]:

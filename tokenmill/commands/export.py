@@ -8,7 +8,8 @@ from pathlib import Path
 
 from tokenmill.commands import BAD_RECORD_HELP
 from tokenmill.errors import ConfigError
-from tokenmill.ingest.export import export_input, export_shard, tokenmill_info, write_dataset_info
+from tokenmill.ingest.dataset_info import export_input, tokenmill_info, write_dataset_info
+from tokenmill.ingest.export import export_shard
 from tokenmill.ingest.records import ON_BAD_RECORD, shard_name
 
 

@@ -1,4 +1,6 @@
-"""Blend manifest layout, reader and verifier (numpy + stdlib only, shared by writer and loader).
+"""Blend manifest layout, reader and verifier; over 400 lines: one format's parts stay together.
+
+Numpy and stdlib only, shared by the writer and the loader.
 
 A blend lives in one directory, ``blends/<name>/``; every build writes an immutable version and
 then moves the pointer::
@@ -393,50 +395,26 @@ def dataset_problems(
     if unknown:
         raise FormatError(mpath, "datasets", f"no entry for {sorted(unknown)} named by a split")
     for ds in manifest["datasets"]:
-        if ds["name"] not in names:
-            continue
-        prefix = resolve(mpath, ds["prefix"])
-        if "manifest" in ds["files"]:
-            problems += _virtual_problems(mpath, ds, prefix, full=full, merges=merges)
-            continue
-        for kind in ("bin", "idx"):
-            entry = ds["files"][kind]
-            path = resolve(mpath, entry["path"])
-            if path != Path(f"{prefix}.{kind}"):
-                raise FormatError(
-                    mpath,
-                    f"datasets.{ds['name']}.files.{kind}",
-                    f"{path} is not the {kind} file of the dataset's prefix {prefix}; "
-                    "rebuild the blend",
-                )
-            why = check_file(path, entry, hash_it=full)
-            if why:
-                problems.append(
-                    f"dataset {ds['name']!r} {kind}: {why} (the dataset changed "
-                    "after the blend was built)"
-                )
+        if ds["name"] in names:
+            problems += _dataset_problems(mpath, ds, full, merges)
     return problems
 
 
-def _virtual_problems(
-    mpath: Path,
-    ds: dict[str, Any],
-    prefix: Path,
-    *,
-    full: bool,
-    merges: dict[str, dict[str, Any]] | None = None,
+def _dataset_problems(
+    mpath: Path, ds: dict[str, Any], full: bool, merges: dict[str, dict[str, Any]] | None
 ) -> list[str]:
-    """Mismatches of a virtual merge's manifest (size; ``full``: sha256) and, through its
-    records, of every shard pair it names (sizes; ``full``: sha256)."""
-    entry = ds["files"]["manifest"]
-    path = resolve(mpath, entry["path"])
-    if path != dataset_manifest_path(prefix):
-        raise FormatError(
-            mpath,
-            f"datasets.{ds['name']}.files.manifest",
-            f"{path} is not the manifest of the dataset's prefix {prefix}; rebuild the blend",
-        )
-    why = check_file(path, entry, hash_it=True)  # a few hundred bytes per shard: always hashed
+    """One dataset's mismatches: its ``.bin`` and ``.idx``; or, for a virtual merge, its
+    manifest (a few hundred bytes per shard: always hashed) and, through its records, every
+    shard pair it names (sizes; ``full``: sha256)."""
+    prefix = resolve(mpath, ds["prefix"])
+    if "manifest" not in ds["files"]:
+        found = {kind: _file_problem(mpath, ds, kind, prefix, full) for kind in ("bin", "idx")}
+        return [
+            f"dataset {ds['name']!r} {kind}: {why} (the dataset changed after the blend was built)"
+            for kind, why in found.items()
+            if why
+        ]
+    why = _file_problem(mpath, ds, "manifest", prefix, True)
     if why:
         return [f"dataset {ds['name']!r} manifest: {why} (the merge changed after the blend)"]
     manifest = read_dataset_manifest(prefix)
@@ -446,6 +424,24 @@ def _virtual_problems(
         f"dataset {ds['name']!r}: {why}"
         for why in shard_problems(prefix.parent, manifest, full=full)
     ]
+
+
+def _file_problem(
+    mpath: Path, ds: dict[str, Any], kind: str, prefix: Path, hash_it: bool
+) -> str | None:
+    """:func:`check_file` of the dataset's recorded ``kind`` file (``bin``, ``idx`` or
+    ``manifest``), which must be that file of the dataset's ``prefix``: a record naming any
+    other file is a FormatError (an edited manifest must not vouch for other data)."""
+    entry = ds["files"][kind]
+    path = resolve(mpath, entry["path"])
+    wanted = dataset_manifest_path(prefix) if kind == "manifest" else Path(f"{prefix}.{kind}")
+    if path != wanted:
+        raise FormatError(
+            mpath,
+            f"datasets.{ds['name']}.files.{kind}",
+            f"{path} is not the {kind} file of the dataset's prefix {prefix}; rebuild the blend",
+        )
+    return check_file(path, entry, hash_it=hash_it)
 
 
 def verify_manifest(

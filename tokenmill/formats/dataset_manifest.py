@@ -161,10 +161,6 @@ def _parts_entry(path: Path, parts: list[dict[str, Any]]) -> dict[str, Any]:
     return {"bytes": size, "parts": parts, "sha256_of_parts": tree}
 
 
-def _file_digest(info: dict[str, Any]) -> str:
-    return str(info["sha256"] if "sha256" in info else info["sha256_of_parts"])
-
-
 def _digest_mismatch(path: Path, info: dict[str, Any]) -> str | None:
     """Rehash a file (or each recorded part of it); a message on mismatch."""
     if "sha256" in info:
@@ -178,10 +174,13 @@ def _digest_mismatch(path: Path, info: dict[str, Any]) -> str | None:
 
 
 def _content_hash(files: dict[str, dict[str, Any]]) -> str:
-    """One hash for the pair: sha256 over the sorted (name suffix, sha256) entries."""
+    """One hash for the pair: sha256 over the sorted (name suffix, sha256) entries (a file
+    hashed by parts enters with its ``sha256_of_parts``)."""
     h = hashlib.sha256()
     for name in sorted(files, key=lambda n: Path(n).suffix):
-        h.update(Path(name).suffix.encode() + b"\0" + _file_digest(files[name]).encode() + b"\0")
+        info = files[name]
+        digest = str(info["sha256"] if "sha256" in info else info["sha256_of_parts"])
+        h.update(Path(name).suffix.encode() + b"\0" + digest.encode() + b"\0")
     return h.hexdigest()
 
 

@@ -1,4 +1,6 @@
-"""Megatron "MMIDIDX" indexed dataset: ``P.bin`` (tokens) + ``P.idx`` (index), byte-exact.
+"""Megatron "MMIDIDX" pair, byte-exact; over 400 lines: its layout, reader and writer stay together.
+
+``P.bin`` holds the tokens, ``P.idx`` the index.
 
 ``.idx`` layout (little-endian):
 
@@ -24,13 +26,18 @@ import hashlib
 import os
 import struct
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.atomic import commit, create_temp, name_os_errors, remove_stale_temps
+from tokenmill.atomic import (
+    CommitOnExit,
+    commit,
+    create_temp,
+    name_os_errors,
+    remove_stale_temps,
+)
 from tokenmill.errors import FormatError
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -119,7 +126,7 @@ class _Growable:
         return self._buf[: self._n]
 
 
-class IndexedDatasetWriter:
+class IndexedDatasetWriter(CommitOnExit):
     """Builder for a ``.bin``/``.idx`` pair (Megatron ``IndexedDatasetBuilder`` semantics).
 
     Use as a context manager; ``finalize`` (called on clean exit) writes the index last and
@@ -155,20 +162,38 @@ class IndexedDatasetWriter:
         self._written_back = 0
 
     # -- adding data ---------------------------------------------------------------------
-    def _write_tokens(self, tokens: np.ndarray) -> None:
+    def _open_bin(self) -> IO[bytes]:
+        """The ``.bin`` temp being written; RuntimeError once finalized or aborted."""
         if self._bin is None:
             raise RuntimeError(f"{self.prefix}: writer already finalized or aborted")
+        return self._bin
+
+    def _write_tokens(self, tokens: np.ndarray) -> None:
+        bin_file = self._open_bin()
         data = np.ascontiguousarray(tokens, dtype=self.dtype).data.cast("B")
         with name_os_errors(data_file_path(self.prefix)):
-            self._bin.write(data)
+            bin_file.write(data)
             self._bin_size += data.nbytes
             if self._bin_hash is not None:
                 self._bin_hash.update(data)
-            end = self._bin.tell()
-            if end - self._written_back >= WRITEBACK_CHUNK:
-                self._bin.flush()
-                self._writeback.add(self._written_back, end - self._written_back)
-                self._written_back = end
+            self._write_back(bin_file.tell(), bin_file)
+
+    def _write_back(self, end: int, flush: IO[bytes] | None = None) -> None:
+        """Ask the kernel to write back ``.bin`` up to ``end`` once a chunk more is there
+        (``flush``: the file whose buffered bytes go to the kernel first)."""
+        if end - self._written_back >= WRITEBACK_CHUNK:
+            if flush is not None:
+                flush.flush()
+            self._writeback.add(self._written_back, end - self._written_back)
+            self._written_back = end
+
+    def _add_document_lengths(self, lens: np.ndarray) -> None:
+        """Record one-sequence documents of lengths ``lens``; a zero length is an empty
+        document: no sequence, a repeated boundary (FORMATS §1.3)."""
+        base = len(self._lengths)
+        nonempty = lens > 0
+        self._lengths.extend(lens[nonempty])
+        self._docs.extend(base + np.cumsum(nonempty, dtype=np.int64))
 
     def add_item(self, tokens: npt.ArrayLike) -> None:
         """Append one sequence without closing the document."""
@@ -197,19 +222,14 @@ class IndexedDatasetWriter:
         self.end_document()
 
     def add_documents(self, tokens: npt.ArrayLike, doc_lengths: npt.ArrayLike) -> None:
-        """Append many one-sequence documents at once (flat tokens + per-document lengths).
-
-        Zero lengths are empty documents: no sequence, repeated boundary (FORMATS §1.3).
-        """
+        """Append many one-sequence documents at once (flat tokens + per-document lengths;
+        zero lengths are empty documents)."""
         arr = np.asarray(tokens)
         lens = np.asarray(doc_lengths, dtype=np.int64)
         if int(lens.sum()) != arr.size:
             raise ValueError(f"doc_lengths sum to {int(lens.sum())}, tokens has {arr.size}")
         self._write_tokens(arr)
-        base = len(self._lengths)
-        nonempty = lens > 0
-        self._lengths.extend(lens[nonempty])
-        self._docs.extend(base + np.cumsum(nonempty, dtype=np.int64))
+        self._add_document_lengths(lens)
 
     def add_part(self, part: str | os.PathLike[str], doc_lengths: npt.ArrayLike) -> None:
         """Append a raw token file (e.g. a worker's part) as many one-sequence documents, as
@@ -217,8 +237,7 @@ class IndexedDatasetWriter:
         the part, no copy into Python)."""
         lens = np.asarray(doc_lengths, dtype=np.int64)
         size = int(lens.sum()) * self.dtype.itemsize
-        if self._bin is None:
-            raise RuntimeError(f"{self.prefix}: writer already finalized or aborted")
+        bin_file = self._open_bin()
         with name_os_errors(data_file_path(self.prefix), source=part), open(part, "rb") as src:
             if os.fstat(src.fileno()).st_size != size:
                 raise FormatError(part, "size", f"lengths need {size} bytes, file has "
@@ -226,16 +245,10 @@ class IndexedDatasetWriter:
             if size:
                 from tokenmill.formats._writer_io import append_part
 
-                append_part(src, self._bin, size, self._bin_hash)
+                append_part(src, bin_file, size, self._bin_hash)
         self._bin_size += size
-        base = len(self._lengths)
-        nonempty = lens > 0
-        self._lengths.extend(lens[nonempty])
-        self._docs.extend(base + np.cumsum(nonempty, dtype=np.int64))
-        end = self._bin_size
-        if end - self._written_back >= WRITEBACK_CHUNK:
-            self._writeback.add(self._written_back, end - self._written_back)
-            self._written_back = end
+        self._add_document_lengths(lens)
+        self._write_back(self._bin_size)
 
     def add_index(self, prefix: str | os.PathLike[str]) -> None:
         """Append a whole existing dataset (Megatron ``add_index``): bytes copied in blocks.
@@ -252,19 +265,18 @@ class IndexedDatasetWriter:
                 f"{src.dtype} does not match the output dtype {self.dtype}; "
                 "merge only datasets tokenized with the same vocabulary size rule",
             )
-        if self._bin is None:
-            raise RuntimeError(f"{self.prefix}: writer already finalized or aborted")
+        bin_file = self._open_bin()
         base = len(self._lengths)
         self._lengths.extend(src.sequence_lengths)
         self._docs.extend(base + src.document_indices[1:])
         self._bin_hash = None
         with name_os_errors(data_file_path(self.prefix), source=data_file_path(prefix)):
-            self._bin.flush()
+            bin_file.flush()
             from tokenmill.formats._writer_io import copy_file
 
             with open(data_file_path(prefix), "rb") as fh:
-                copy_file(fh, self._bin)
-        self._written_back = self._bin.tell()
+                copy_file(fh, bin_file)
+        self._written_back = bin_file.tell()
         src.close()
 
     # -- committing ----------------------------------------------------------------------
@@ -327,24 +339,6 @@ class IndexedDatasetWriter:
             self._bin = None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._bin_tmp)
-
-    def __enter__(self) -> IndexedDatasetWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is not None:
-            self.abort()
-            return
-        try:
-            self.finalize()
-        except BaseException:  # e.g. a full disk at the fsync: no temp file stays behind
-            self.abort()
-            raise
 
 
 class IndexedDataset:
@@ -447,10 +441,8 @@ class IndexedDataset:
                 f"index says {n_tokens} tokens x {itemsize} B = {n_tokens * itemsize} bytes, "
                 f"file has {size} bytes",
             )
-        if len(self):
-            expected_first = 0
-            if int(self.sequence_pointers[0]) != expected_first:
-                raise FormatError(self.idx_path, "sequence_pointers", "do not start at 0")
+        if len(self) and int(self.sequence_pointers[0]) != 0:
+            raise FormatError(self.idx_path, "sequence_pointers", "do not start at 0")
         self._bin = np.memmap(self.bin_path, dtype=self.dtype, mode="r") if size else None
 
     def check_pointers(self) -> None:

@@ -48,6 +48,24 @@ class MergeResult:
     seconds: float
     manifest: dict[str, Any]
 
+    @classmethod
+    def of(
+        cls, prefix: Path, inputs: list[Path], manifest: dict[str, Any], nbytes: int, start: float
+    ) -> MergeResult:
+        """The result of the merge into ``prefix`` whose ``manifest`` was just written
+        (``start``: its ``time.perf_counter()`` when the merge began)."""
+        counts = manifest["counts"]
+        return cls(
+            prefix=prefix,
+            inputs=inputs,
+            documents=counts["documents"],
+            sequences=counts["sequences"],
+            tokens=counts["tokens"],
+            bytes=nbytes,
+            seconds=time.perf_counter() - start,
+            manifest=manifest,
+        )
+
 
 def natural_key(name: str) -> list[Any]:
     """Sort key that compares digit runs as numbers: ``part_2`` < ``part_10``."""
@@ -225,16 +243,7 @@ def merge_datasets(
         for path in outputs:
             path.unlink(missing_ok=True)
         raise
-    return MergeResult(
-        prefix=out,
-        inputs=prefixes,
-        documents=counts["documents"],
-        sequences=counts["sequences"],
-        tokens=counts["tokens"],
-        bytes=nbytes,
-        seconds=time.perf_counter() - start,
-        manifest=manifest,
-    )
+    return MergeResult.of(out, prefixes, manifest, nbytes, start)
 
 
 def virtual_merge(
@@ -286,14 +295,5 @@ def virtual_merge(
         extends=extends,
         takedown=takedown,
     )
-    counts = manifest["counts"]
-    return MergeResult(
-        prefix=out,
-        inputs=prefixes,
-        documents=counts["documents"],
-        sequences=counts["sequences"],
-        tokens=counts["tokens"],
-        bytes=sum(int(e["files"]["bin"]["bytes"]) for e in entries),
-        seconds=time.perf_counter() - start,
-        manifest=manifest,
-    )
+    nbytes = sum(int(e["files"]["bin"]["bytes"]) for e in entries)
+    return MergeResult.of(out, prefixes, manifest, nbytes, start)

@@ -1,4 +1,6 @@
-"""Virtual merged datasets: a manifest of shard pairs read as one dataset; nothing is copied.
+"""Virtual merges: writer, checks and reader; over 400 lines: one format's parts stay together.
+
+A virtual merge is a manifest of shard pairs read as one dataset; nothing is copied.
 
 A virtual merge of the pairs ``S_0 .. S_{K-1}`` is the dataset a physical merge (Megatron's
 ``merge_datasets.py``) of the same pairs in the same order would be: sequence ``i`` of the merge

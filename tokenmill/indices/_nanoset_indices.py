@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -100,23 +100,22 @@ class IndexPlan:
 def compute_indices(
     sequence_lengths: np.ndarray | Sequence[int],
     split_range: tuple[int, int],
-    *,
-    sequence_length: int,
-    seed: int,
-    num_samples: int | None,
-    semantics: str,
-    add_extra_token: bool,
-    drop_last_partial: bool,
+    params: Mapping[str, Any],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, IndexPlan]:
     """``tokenmill.indices.nanoset.build_nanoset_indices`` plus the :class:`IndexPlan` it
-    followed."""
+    followed. ``params`` holds that function's keyword arguments by name (a Nanoset cache key
+    holds them all): ``sequence_length``, ``seed``, ``num_samples``, ``semantics``,
+    ``add_extra_token``, ``drop_last_partial``."""
+    semantics = params["semantics"]
     _check_semantics(semantics)
     sizes = _check_lengths(sequence_lengths)
     lo, hi = _check_range(split_range, len(sizes))
-    seq = check_int("sequence_length", sequence_length, minimum=2)
-    seed = check_int("seed", seed, minimum=0, maximum=2**32 - 1)
+    seq = check_int("sequence_length", params["sequence_length"], minimum=2)
+    seed = check_int("seed", params["seed"], minimum=0, maximum=2**32 - 1)
+    num_samples = params["num_samples"]
     if num_samples is not None:
         num_samples = check_int("num_samples", num_samples, minimum=0)
+    add_extra_token, drop_last_partial = params["add_extra_token"], params["drop_last_partial"]
     if semantics == "nanotron" and not (add_extra_token and drop_last_partial):
         raise ConfigError(
             "nanotron semantics always adds the extra token and drops the last partial "

@@ -69,7 +69,7 @@ def blend_sample_counts(
     megatron: ``ceil(ceil(size·w)·(1 + 0.005))``; nanotron: ``int(size·w·1.005)``, with the
     weights normalized once (the builder's pass).
     """
-    n = _check_size("size", size)
+    n = _check_size(size)
     w = _normalized(weights, semantics).tolist()
     if semantics == "megatron":
         return [math.ceil(math.ceil(n * x) * (1 + MEGATRON_SURPLUS)) for x in w]
@@ -82,7 +82,7 @@ def blend_size(weights: Sequence[float], size: int, *, semantics: str = "megatro
     megatron: ``Σ ceil(size·w)`` over the builder-normalized weights (can exceed ``size`` by up
     to K − 1); nanotron: ``size``.
     """
-    n = _check_size("size", size)
+    n = _check_size(size)
     w = _normalized(weights, semantics).tolist()
     if semantics == "megatron":
         return sum(math.ceil(n * x) for x in w)
@@ -101,7 +101,7 @@ def build_blend_indices(
     ``weights`` as configured; ``dataset_sizes`` (samples in each dataset's index) makes
     megatron reject oversampling and nanotron wrap sample positions modulo the sizes.
     """
-    n = _check_size("size", size)
+    n = _check_size(size)
     w = _normalized(weights, semantics)
     sizes = None
     if dataset_sizes is not None:
@@ -170,10 +170,11 @@ def _wrap(di: np.ndarray, dsi: np.ndarray, counts: np.ndarray, sizes: np.ndarray
     np.remainder(dsi, lengths, out=dsi)
 
 
-def _check_size(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
-        raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
-    return int(value)
+def _check_size(size: int) -> int:
+    """``size`` as an int; ConfigError unless it is a non-negative integer."""
+    if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 0:
+        raise ConfigError(f"size must be a non-negative integer, got {size!r}")
+    return int(size)
 
 
 def _as_counts(name: str, values: Sequence[int], *, minimum: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 the ``manifest.json`` pointer to it. Layout and reader: ``tokenmill.formats.blend_manifest``;
 plan and version: ``blend_plan``, ``blend_versioning``.
 
-A build computes the version first (:func:`blend_version`: sha256 of the canonical JSON of every
+A build computes the version first (:func:`prepare_blend`: sha256 of the canonical JSON of every
 setting, each dataset's content hash and path, and each Nanoset cache hash), so rebuilding an
 unchanged blend finds the complete version folder and reuses it (same bytes, nothing rewritten).
 A new version is written into a temp folder ``versions/.tmp/<version16>.tmp-<host>-<pid>-<rand>``
@@ -74,7 +74,7 @@ from tokenmill.indices import growing_blend
 from tokenmill.indices.blend_plan import Plan, file_entry
 from tokenmill.indices.blend_versioning import (
     complete_version,
-    prepared,
+    prepare_blend,
     settings_header,
     weighting,
 )
@@ -123,7 +123,7 @@ def build_blend(
     root = Path(output_dir)
     mpath = root / MANIFEST_NAME
     read_at_start = pointer_version(mpath) if expected == READ_AT_START else expected
-    entries, plan, version = prepared(name, datasets, root, cache_dir, settings)
+    entries, plan, version = prepare_blend(name, datasets, root, cache_dir, settings)
     configured, prefixes = plan.weights, plan.prefixes
     vdir = root / VERSIONS_DIR / version[:16]
     plan = Plan(**{**plan.__dict__, "base": vdir, "fetch": fetch})
@@ -217,31 +217,20 @@ def _rebased(manifest: dict[str, Any], folder: str) -> dict[str, Any]:
     def move(path: str) -> str:
         return posixpath.normpath(posixpath.join(folder, path))
 
-    def moved(entry: dict[str, Any]) -> dict[str, Any]:
-        return {**entry, "path": move(entry["path"])}
+    def moved(files: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return {k: {**entry, "path": move(entry["path"])} for k, entry in files.items()}
 
     datasets = [
-        {
-            **ds,
-            "prefix": move(ds["prefix"]),
-            "files": {k: moved(f) for k, f in ds["files"].items()},
-        }
+        {**ds, "prefix": move(ds["prefix"]), "files": moved(ds["files"])}
         for ds in manifest["datasets"]
     ]
     splits = {}
     for split, info in manifest["splits"].items():
         parts = [
-            {
-                **ds,
-                "index": {
-                    **ds["index"],
-                    "files": {k: moved(f) for k, f in ds["index"]["files"].items()},
-                },
-            }
+            {**ds, "index": {**ds["index"], "files": moved(ds["index"]["files"])}}
             for ds in info["datasets"]
         ]
-        files = {k: moved(f) for k, f in info["files"].items()}
-        splits[split] = {**info, "files": files, "datasets": parts}
+        splits[split] = {**info, "files": moved(info["files"]), "datasets": parts}
     return {**manifest, "datasets": datasets, "splits": splits}
 
 

@@ -32,7 +32,6 @@ from tokenmill.atomic import (
     file_sha256,
 )
 from tokenmill.errors import ConfigError, FormatError
-from tokenmill.formats import nanoset_cache as _index_cache
 from tokenmill.formats.blend_manifest import (
     SPLITS,
 )
@@ -52,7 +51,6 @@ from tokenmill.indices.nanoset import (
     SEMANTICS,
     FetchEntry,
     entry_key,
-    split_key,
     split_ranges,
 )
 from tokenmill.indices.settings import NanosetSettings
@@ -268,31 +266,26 @@ class Plan:
         """The Nanoset cache hash of every (split, dataset) the blend uses, computed from the
         settings and content hashes without building anything (None: empty split range)."""
         found = {}
+        shards = {} if self.growing is None else self.growing.shards
         for position, split in enumerate(SPLITS):
-            ranges, present = self.ranges(position), self.present(position)
+            present = self.present(position)
             if not present:
                 continue
             nums = dict(zip(present, self.counts(split), strict=True))
             hashes: list[str | None] = []
-            if self.growing is not None:
-                for name in self.prefixes:
+            for name in self.prefixes:
+                entry = None
+                if name in nums:  # a skipped dataset has no index in the split
+                    lengths, content = self.lengths[name], self.content_hashes[name]
                     entry = entry_key(
-                        len(self.lengths[name]),
-                        self.content_hashes[name],
+                        len(lengths),
+                        content,
                         split,
                         self.settings,
-                        shards=self.growing.shards[name],
+                        nums[name],
+                        shards=shards.get(name),
                     )
-                    hashes.append(None if entry is None else entry[1])
-                found[split] = hashes
-                continue
-            for name in self.prefixes:
-                r = ranges[name]
-                if name not in nums or r is None:
-                    hashes.append(None)
-                    continue
-                key = split_key(self.content_hashes[name], split, self.settings, r, nums[name])
-                hashes.append(_index_cache.key_hash(key))
+                hashes.append(None if entry is None else entry[1])
             found[split] = hashes
         return found
 

@@ -1,5 +1,5 @@
 """Owns a blend's version: the hash of everything its samples depend on, computed from the plan
-without building anything (``blend_version``, ``blend_skips``), the reuse check of a complete
+without building anything (``prepare_blend``), the reuse check of a complete
 version folder, and whether a growing blend extends the current version."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tokenmill.errors import FormatError
 from tokenmill.formats.blend_manifest import (
@@ -25,6 +25,7 @@ from tokenmill.indices import blend as blending
 from tokenmill.indices import growing_blend
 from tokenmill.indices._nanoset_indices import parse_split
 from tokenmill.indices.blend_plan import Plan, check_settings, dataset_entry
+from tokenmill.indices.growing import shard_lineage
 from tokenmill.indices.nanoset import index_lengths
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.storage.versions import (
@@ -133,7 +134,7 @@ def _grow(
 ) -> tuple[Plan, str]:
     """The plan and version of a growing blend: its shard lineages recorded in ``entries``, and
     whether it extends the current version (``growing_blend``'s docstring)."""
-    lineages = {n: growing_blend.dataset_lineage(p) for n, p in plan.prefixes.items()}
+    lineages = {n: shard_lineage(p) for n, p in plan.prefixes.items()}
     for entry in entries:
         entry["shards"] = growing_blend.lineage_record(lineages[entry["name"]])
     state = growing_blend.GrowingState(
@@ -165,18 +166,36 @@ def _grow(
     return plan, version_of(entries, plan, weights, temperature)
 
 
-def prepare(
+class PreparedBlend(NamedTuple):
+    """A blend as :func:`build_blend` with the same arguments builds or reuses it, computed
+    without building anything: its dataset entries, plan and version."""
+
+    entries: list[dict[str, Any]]
+    plan: Plan
+    version: str
+
+    def skips(self) -> dict[str, dict[str, str]]:
+        """``{split: {dataset: reason}}``: the datasets the build leaves out of each split the
+        spec gives a share (so a caller can refuse a blend where a weighted dataset would
+        vanish, before it exists)."""
+        shares = parse_split(self.plan.settings.split_spec)
+        skips = {split: self.plan.skipped(i) for i, split in enumerate(SPLITS) if shares[i] > 0}
+        return {split: out for split, out in skips.items() if out}
+
+
+def prepare_blend(
     name: str,
     datasets: Mapping[str, str | os.PathLike[str]],
-    root: Path,
-    cache_dir: Path,
-    weights: Mapping[str, float] | None,
-    temperature: float | None,
-    settings: NanosetSettings,
-) -> tuple[list[dict[str, Any]], Plan, str]:
-    """Checked settings, dataset entries (from the datasets' manifests and ``.idx``), the plan
-    and the version, without building anything."""
-    check_settings(datasets, weights, temperature, settings)
+    output_dir: str | os.PathLike[str],
+    cache_dir: str | os.PathLike[str],
+    settings: BlendSettings,
+) -> PreparedBlend:
+    """Checked settings, dataset entries, plan and version of :func:`build_blend`'s arguments
+    (less ``fetch`` and ``expected``), reading only the datasets' manifests and ``.idx``:
+    e.g. to stage ``versions/<v16>/`` from remote storage before building, or to compare."""
+    weights, temperature, nanoset = settings.weights, settings.temperature, settings.nanoset
+    check_settings(datasets, weights, temperature, nanoset)
+    root = Path(output_dir)
     base = root / VERSIONS_DIR / ("0" * 16)  # any version folder: all sit at the same depth
     prefixes = {n: Path(p) for n, p in datasets.items()}
     entries = [dataset_entry(n, p, base) for n, p in prefixes.items()]
@@ -188,60 +207,17 @@ def prepare(
     plan = Plan(
         name=name,
         base=base,
-        cache_dir=cache_dir,
+        cache_dir=Path(cache_dir),
         prefixes=prefixes,
-        lengths={n: index_lengths(p, settings.semantics) for n, p in prefixes.items()},
+        lengths={n: index_lengths(p, nanoset.semantics) for n, p in prefixes.items()},
         weights=configured,
-        settings=settings,
+        settings=nanoset,
         content_hashes={e["name"]: e["content_hash"] for e in entries},
     )
-    if settings.semantics == "growing":
+    if nanoset.semantics == "growing":
         plan, version = _grow(entries, plan, root, weights, temperature)
-        return entries, plan, version
-    return entries, plan, version_of(entries, plan, weights, temperature)
-
-
-def prepared(
-    name: str,
-    datasets: Mapping[str, str | os.PathLike[str]],
-    output_dir: str | os.PathLike[str],
-    cache_dir: str | os.PathLike[str],
-    settings: BlendSettings,
-) -> tuple[list[dict[str, Any]], Plan, str]:
-    """:func:`prepare` from :func:`build_blend`'s arguments (less ``fetch`` and ``expected``)."""
-    root, cache = Path(output_dir), Path(cache_dir)
-    return prepare(
-        name, datasets, root, cache, settings.weights, settings.temperature, settings.nanoset
-    )
-
-
-def blend_version(
-    name: str,
-    datasets: Mapping[str, str | os.PathLike[str]],
-    output_dir: str | os.PathLike[str],
-    cache_dir: str | os.PathLike[str],
-    settings: BlendSettings,
-) -> str:
-    """The version :func:`build_blend` with the same arguments builds or reuses, computed
-    without building anything (reads the datasets' manifests and ``.idx`` only): e.g. to
-    stage ``versions/<v16>/`` from remote storage before building, or to compare."""
-    return prepared(name, datasets, output_dir, cache_dir, settings)[2]
-
-
-def blend_skips(
-    name: str,
-    datasets: Mapping[str, str | os.PathLike[str]],
-    output_dir: str | os.PathLike[str],
-    cache_dir: str | os.PathLike[str],
-    settings: BlendSettings,
-) -> dict[str, dict[str, str]]:
-    """``{split: {dataset: reason}}``: the datasets :func:`build_blend` with the same arguments
-    would leave out of each split the spec gives a share, computed without building anything
-    (so a caller can refuse a blend where a weighted dataset would vanish, before it exists)."""
-    plan = prepared(name, datasets, output_dir, cache_dir, settings)[1]
-    shares = parse_split(plan.settings.split_spec)
-    skips = {split: plan.skipped(i) for i, split in enumerate(SPLITS) if shares[i] > 0}
-    return {split: out for split, out in skips.items() if out}
+        return PreparedBlend(entries, plan, version)
+    return PreparedBlend(entries, plan, version_of(entries, plan, weights, temperature))
 
 
 def complete_version(vdir: Path, version: str) -> dict[str, Any] | None:

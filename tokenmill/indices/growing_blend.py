@@ -39,13 +39,12 @@ from tokenmill.formats.blend_manifest import VERSIONS_DIR, load_blend_arrays, re
 from tokenmill.formats.nanoset_cache import read_description, segment_keys
 from tokenmill.indices._blend_kernels import greedy_blend, greedy_continue
 from tokenmill.indices.blend import normalize_weights
-from tokenmill.indices.growing import lineage_hash, shard_lineage
+from tokenmill.indices.growing import lineage_hash
 from tokenmill.indices.growing_segments import NPY_HEADER
 
 __all__ = [
     "GrowingState",
     "blend_segments",
-    "dataset_lineage",
     "extends_previous",
     "grow_blend",
     "growing_weights",
@@ -195,11 +194,6 @@ def grow_blend(
 
 
 Lineage = list[tuple[str, int, str]]
-
-
-def dataset_lineage(prefix: str | Path) -> Lineage:
-    """A dataset's shard lineage (``growing.shard_lineage``)."""
-    return shard_lineage(prefix)
 
 
 def lineage_record(rows: Lineage) -> dict[str, Any]:

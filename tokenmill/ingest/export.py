@@ -1,4 +1,5 @@
-"""HF dataset export: input shards -> ``<dir>/data/<shard>.parquet`` + ``<dir>/dataset_info.json``.
+"""HF dataset export: an input shard -> ``<dir>/data/<shard>.parquet`` (``dataset_info`` describes
+the shards in ``<dir>/dataset_info.json``).
 
 The layout loads with ``datasets.load_dataset("parquet", data_files=...)`` and plain pyarrow.
 Every field of the input records is kept. Export streams twice over the input with bounded
@@ -12,10 +13,10 @@ is stored as a string column holding each value's JSON text and listed under
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,24 +28,22 @@ import pyarrow.parquet as pq
 from tokenmill.atomic import (
     commit,
     create_temp,
-    file_sha256,
     name_os_errors,
     remove_stale_temps,
     remove_temp_dir,
-    write_bytes,
 )
-from tokenmill.errors import ConfigError, FormatError, InputError
-from tokenmill.formats.dataset_manifest import FORMAT_VERSION, input_sha256
-from tokenmill.formats.shard_records import INFO_COUNTS, IngestStats
-from tokenmill.ingest.records import ON_BAD_RECORD, Batch, Quarantine, shard_name
+from tokenmill.errors import ConfigError, InputError
+from tokenmill.formats.shard_records import IngestStats
+from tokenmill.ingest.records import Batch, Quarantine, shard_name
 from tokenmill.ingest.sources import read_input_batches
+from tokenmill.paths import name_problem
 
 DEFAULT_ROW_GROUP_ROWS = 1000
 PARQUET_COMPRESSION = "zstd"
 JSON_FIELDS_KEY = b"tokenmill.json_encoded_fields"
-# The counts ``dataset_info.json`` records per input and in total.
 _CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)
-_HF_DTYPES = {"double": "float64", "float": "float32", "halffloat": "float16"}
+# How a pass reads the input: with this sink for bad lines, counting into these stats.
+_Reader = Callable[[Quarantine | None, IngestStats], Iterator[Batch]]
 
 
 @dataclass
@@ -100,8 +99,7 @@ class _Unconvertible(Exception):
 
 
 def _check_shard(shard: str) -> None:
-    bad = not shard or shard.startswith(".") or any(c in shard for c in "/\\")
-    if bad or any(ord(c) < 32 or ord(c) == 127 for c in shard):
+    if name_problem(shard) or shard.startswith("."):
         raise ConfigError(f"shard name {shard!r}: use a plain file name (no slashes, no leading .)")
 
 
@@ -166,41 +164,16 @@ def _table(batch: Batch, schema: pa.Schema, plan: _Plan) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _read(
-    input_path: str | os.PathLike[str],
-    text_key: str,
-    on_bad_record: str,
-    quarantine: Quarantine | None,
-    stats: IngestStats,
-    source_name: str | None = None,
-) -> Any:
-    return read_input_batches(
-        input_path,
-        text_key=text_key,
-        on_bad_record=on_bad_record,
-        quarantine=quarantine,
-        stats=stats,
-        keep_records=True,
-        source_name=source_name,
-    )
-
-
-def _write(
-    input_path: str | os.PathLike[str],
-    tmp: Path,
-    plan: _Plan,
-    on_bad_record: str,
-    row_group_rows: int,
-) -> IngestStats:
-    """Second pass: stream the records into ``tmp`` in row groups of ``row_group_rows``."""
+def _write(read: _Reader, tmp: Path, plan: _Plan, row_group_rows: int) -> IngestStats:
+    """Second pass: stream the records into ``tmp`` in row groups of ``row_group_rows``; bad
+    lines, quarantined by the first pass, are only counted."""
     schema = plan.schema()
-    stats = IngestStats(path=os.fspath(input_path))
-    sink = _AlreadyQuarantined(os.devnull) if on_bad_record == "quarantine" else None
+    stats = IngestStats(path=tmp.name)
     options = {"compression": PARQUET_COMPRESSION, "use_dictionary": False}
     with pq.ParquetWriter(tmp, schema, write_statistics=False, **options) as writer:
         pending: list[pa.Table] = []
         rows = 0
-        for batch in _read(input_path, plan.text_key, on_bad_record, sink, stats):
+        for batch in read(_AlreadyQuarantined(os.devnull), stats):
             pending.append(_table(batch, schema, plan))
             rows += len(batch.texts)
             while rows >= row_group_rows:
@@ -236,8 +209,6 @@ def export_shard(
     how bad records name their file, e.g. the URI a downloaded shard came from. Nothing is left
     at the output path when the export fails.
     """
-    if on_bad_record not in ON_BAD_RECORD:
-        raise ConfigError(f"on_bad_record={on_bad_record!r}: expected one of {ON_BAD_RECORD}")
     if row_group_rows < 1:
         raise ConfigError(f"row_group_rows={row_group_rows}: must be at least 1")
     if quarantine_path is not None and not write_quarantine:
@@ -258,15 +229,27 @@ def export_shard(
     stats = IngestStats(path=os.fspath(input_path))
     created = [d for d in (final.parent, *final.parent.parents) if not d.exists()]
     tmp: Path | None = None
+
+    def read(sink: Quarantine | None, stats: IngestStats) -> Iterator[Batch]:
+        return read_input_batches(
+            input_path,
+            text_key=text_key,
+            on_bad_record=on_bad_record,
+            quarantine=sink if on_bad_record == "quarantine" else None,
+            stats=stats,
+            keep_records=True,
+            source_name=source_name,
+        )
+
     try:
         plan = _Plan(text_key)
-        for batch in _read(input_path, text_key, on_bad_record, sink, stats, source_name):
+        for batch in read(sink, stats):
             _learn(plan, batch.records or [])
         final.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(final)
         tmp, _ = create_temp(final, Path.touch)  # pyarrow writes the reserved name
         with name_os_errors(final):  # pyarrow's and fsync's disk errors name no file
-            second = _write_with_fallback(input_path, tmp, plan, on_bad_record, row_group_rows)
+            second = _write_with_fallback(read, tmp, plan, row_group_rows)
         _check_same(input_path, stats, second)
         commit(tmp, final)
     except BaseException:
@@ -286,13 +269,11 @@ def export_shard(
     return ExportResult(final, stats, stats.documents, size, written)
 
 
-def _write_with_fallback(
-    input_path: str | os.PathLike[str], tmp: Path, plan: _Plan, on_bad_record: str, rows: int
-) -> IngestStats:
+def _write_with_fallback(read: _Reader, tmp: Path, plan: _Plan, rows: int) -> IngestStats:
     """Write; a field whose values do not fit its inferred type is retried as JSON text."""
     while True:
         try:
-            return _write(input_path, tmp, plan, on_bad_record, rows)
+            return _write(read, tmp, plan, rows)
         except _Unconvertible as exc:
             plan.to_json(exc.name)
 
@@ -305,138 +286,3 @@ def _check_same(
     b = {k: getattr(second, k) for k in keys}
     if a != b:
         raise InputError(f"{input_path}: changed while being exported ({a} then {b}); run again")
-
-
-def hf_feature(kind: pa.DataType) -> dict[str, Any]:
-    """The ``datasets`` feature dict (``Features.to_dict()`` form) for an Arrow type."""
-    if pa.types.is_struct(kind):
-        return {f.name: hf_feature(f.type) for f in kind}
-    if pa.types.is_large_list(kind):
-        return {"feature": hf_feature(kind.value_type), "_type": "LargeList"}
-    if pa.types.is_fixed_size_list(kind):
-        return {"feature": hf_feature(kind.value_type), "length": kind.list_size, "_type": "List"}
-    if pa.types.is_list(kind):
-        return {"feature": hf_feature(kind.value_type), "_type": "List"}
-    if pa.types.is_date32(kind) or pa.types.is_date64(kind):
-        return {"dtype": str(kind).split("[")[0], "_type": "Value"}
-    return {"dtype": _HF_DTYPES.get(str(kind), str(kind)), "_type": "Value"}
-
-
-def parquet_record(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> dict[str, Any]:
-    """A Parquet shard as ``dataset_info.json`` lists it (``file`` relative to ``root``, rows,
-    uncompressed and file bytes, sha256) plus its Arrow ``schema`` (base64 IPC), so the
-    dataset's description is assembled from these small records without opening any Parquet."""
-    path = Path(path)
-    meta = pq.read_metadata(path)
-    schema = meta.schema.to_arrow_schema().remove_metadata()
-    rel = path.resolve()
-    with contextlib.suppress(ValueError):
-        rel = rel.relative_to(Path(root).resolve())
-    return {
-        "file": rel.as_posix(),
-        "num_rows": meta.num_rows,
-        "num_bytes": sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups)),
-        "size": path.stat().st_size,
-        "sha256": file_sha256(path),
-        "schema": base64.b64encode(schema.serialize().to_pybytes()).decode("ascii"),
-    }
-
-
-def record_schema(record: dict[str, Any], where: str) -> pa.Schema:
-    """The Arrow schema a ``parquet_record`` carries; FormatError naming ``where`` if damaged."""
-    try:
-        return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(record["schema"])))
-    except (KeyError, TypeError, ValueError, pa.ArrowInvalid) as exc:
-        raise FormatError(where, "schema", f"not a serialized Arrow schema ({exc})") from exc
-
-
-def dataset_info_from_records(
-    output_dir: str | os.PathLike[str],
-    records: list[dict[str, Any]],
-    *,
-    extra: dict[str, Any] | None = None,
-    where: str | None = None,
-) -> Path:
-    """Write ``output_dir/dataset_info.json`` from ``parquet_record``s (in shard order): features
-    (the shards' schemas must unify), ``train`` split sizes, shards; ``extra`` keys at the top
-    level. ``num_bytes`` is the uncompressed size, ``download_size`` the files' size. Keys keep
-    their order, so the bytes are deterministic without sorting."""
-    out = Path(output_dir)
-    if not records:
-        raise InputError(f"{out / 'data'}: no .parquet shards to describe")
-    schemas = [record_schema(r, where or str(out / r["file"])) for r in records]
-    shards = [
-        {k: r[k] for k in ("file", "num_rows", "num_bytes", "size", "sha256")} for r in records
-    ]
-    try:
-        schema = pa.unify_schemas(schemas, promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise FormatError(
-            out / "data", "schema", f"shards have incompatible schemas: {exc}"
-        ) from exc
-    num_bytes = sum(s["num_bytes"] for s in shards)
-    info: dict[str, Any] = {
-        "builder_name": "parquet",
-        "config_name": "default",
-        "features": {f.name: hf_feature(f.type) for f in schema},
-        "splits": {
-            "train": {
-                "name": "train",
-                "num_bytes": num_bytes,
-                "num_examples": sum(s["num_rows"] for s in shards),
-            }
-        },
-        "download_size": sum(s["size"] for s in shards),
-        "dataset_size": num_bytes,
-        "shards": shards,
-    }
-    info.update(extra or {})
-    target = out / "dataset_info.json"
-    write_bytes(target, (json.dumps(info, indent=2) + "\n").encode("utf-8"))
-    return target
-
-
-def write_dataset_info(
-    output_dir: str | os.PathLike[str],
-    *,
-    features_from: list[Path] | None = None,
-    extra: dict[str, Any] | None = None,
-) -> Path:
-    """Write ``output_dir/dataset_info.json`` for Parquet files (default: every
-    ``output_dir/data/*.parquet``) through ``dataset_info_from_records``."""
-    out = Path(output_dir)
-    files = sorted((out / "data").glob("*.parquet")) if features_from is None else features_from
-    return dataset_info_from_records(out, [parquet_record(p, out) for p in files], extra=extra)
-
-
-def export_input(
-    shard: str, uri: str, path: str | os.PathLike[str], stats: IngestStats
-) -> dict[str, Any]:
-    """One input of an export as ``dataset_info.json`` records it: ``{shard, uri, bytes,
-    sha256, counts}`` (a folder: its files' total size and ``input_sha256``)."""
-    path = Path(path)
-    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
-    return {
-        "shard": shard,
-        "uri": uri,
-        "bytes": sum(p.stat().st_size for p in files),
-        "sha256": input_sha256(path),
-        "counts": {key: getattr(stats, key) for key in INFO_COUNTS},
-    }
-
-
-def tokenmill_info(
-    inputs: list[dict[str, Any]], *, text_key: str, on_bad_record: str
-) -> dict[str, Any]:
-    """``{"tokenmill": ...}`` for ``write_dataset_info(extra=...)``: format version, the inputs
-    (``export_input`` records, in shard order), the config and the counts summed over them.
-    One extra top-level key, which ``datasets`` ignores."""
-    counts = {key: sum(int(i["counts"][key]) for i in inputs) for key in INFO_COUNTS}
-    return {
-        "tokenmill": {
-            "format_version": FORMAT_VERSION,
-            "inputs": inputs,
-            "config": {"text_key": text_key, "on_bad_record": on_bad_record},
-            "counts": {"shards": len(inputs), **counts},
-        }
-    }

@@ -1,9 +1,9 @@
-"""Streaming input readers: JSONL shards (plain, gzip, zstd) and Parquet/Arrow datasets.
+"""The JSONL reader (plain, gzip, zstd shards) and what every input reader shares.
 
-Every reader yields ``Batch``es of document texts (and, on request, the full records) with
-memory bounded by the batch size. JSONL is read in large decompressed blocks, split with bytes
-methods and parsed with orjson; only lines that fail the fast path are looked at again, to
-classify them precisely (blank, invalid UTF-8, invalid JSON, not an object, missing or non-string
+Every reader (this one, ``tables``) yields ``Batch``es of document texts (and, on request, the full
+records) with memory bounded by the batch size. JSONL is read in large decompressed blocks, split
+with bytes methods and parsed with orjson; only lines that fail the fast path are looked at again,
+to classify them precisely (blank, invalid UTF-8, invalid JSON, not an object, missing or non-string
 text, lone surrogates). A bad line either stops the run (``BadRecordError``, ``FILE:LINE: reason``)
 or goes to a ``Quarantine`` with its original bytes, so ``lines == documents + quarantined + blank``
 always holds.
@@ -11,8 +11,6 @@ always holds.
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import gzip
 import json
 import os
@@ -20,15 +18,14 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
 import orjson
 import zstandard
 
-from tokenmill.atomic import commit, create_temp, name_os_errors
 from tokenmill.errors import BadRecordError, ConfigError, InputError
 from tokenmill.formats.shard_records import IngestStats
+from tokenmill.ingest.quarantine import Quarantine
 
 ON_BAD_RECORD = ("fail", "quarantine")
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst")
@@ -38,92 +35,15 @@ _ZSTD_READ = 1 << 20
 _JSON_TYPE_NAMES = {dict: "object", list: "list", str: "string", type(None): "null"}
 
 
-class Quarantine:
-    """Collects bad lines (source path, 1-based line, reason, raw bytes) and writes them atomically.
+class ReadOptions(TypedDict, total=False):
+    """The keywords every reader takes (see ``read_jsonl_batches`` for their meaning)."""
 
-    Records are spooled to a temporary sibling of ``path`` as they arrive (memory stays bounded);
-    ``commit`` fsyncs and renames it, ``discard`` removes it. Each line of the file is
-    ``{"line": N, "raw_b64": ..., "reason": ..., "source": ...}`` with sorted keys; ``raw_b64`` is
-    the line's bytes without its ``\\n`` (a ``\\r`` and a first-line BOM are kept).
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self._tmp: Path | None = None
-        self._fh: IO[bytes] | None = None
-        self._count = 0
-        self._finished = False
-
-    def add(self, source: str, line: int, reason: str, raw: bytes) -> None:
-        """Append one bad line."""
-        fh = self._fh if self._fh is not None else self._open()
-        record = {
-            "line": line,
-            "raw_b64": base64.b64encode(raw).decode("ascii"),
-            "reason": reason,
-            "source": str(source),
-        }
-        with name_os_errors(self.path):
-            fh.write(json.dumps(record, sort_keys=True).encode("ascii") + b"\n")
-        self._count += 1
-
-    @property
-    def count(self) -> int:
-        """Number of lines added so far."""
-        return self._count
-
-    def commit(self) -> None:
-        """Write ``path`` atomically when a line was quarantined. With none, nothing is written
-        and a previous run's file is removed: no file means no bad lines (the counts say 0)."""
-        if self._count == 0:
-            self.discard()
-            self.path.unlink(missing_ok=True)
-            return
-        fh = self._fh if self._fh is not None else self._open()
-        with name_os_errors(self.path):
-            fh.flush()
-            os.fsync(fh.fileno())
-            fh.close()
-        self._fh = None
-        if self._tmp is not None:
-            commit(self._tmp, self.path)
-            self._tmp = None
-        self._finished = True
-
-    def discard(self) -> None:
-        """Drop everything collected; ``path`` is left untouched."""
-        if self._fh is not None:
-            with contextlib.suppress(OSError):  # flushing lines being discarded may fail too
-                self._fh.close()
-            self._fh = None
-        if self._tmp is not None:
-            with contextlib.suppress(FileNotFoundError):
-                self._tmp.unlink()
-            self._tmp = None
-        self._finished = True
-
-    def __enter__(self) -> Quarantine:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Commit on a clean exit (unless already committed), discard on an exception."""
-        if exc_type is not None:
-            self.discard()
-        elif not self._finished:
-            self.commit()
-
-    def _open(self) -> IO[bytes]:
-        if self._finished:
-            raise ValueError(f"{self.path}: quarantine already committed or discarded")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp, fh = create_temp(self.path, lambda t: open(t, "wb"))  # noqa: SIM115 - commit/discard close it
-        self._tmp, self._fh = tmp, fh
-        return fh
+    text_key: str
+    on_bad_record: str
+    quarantine: Quarantine | None
+    stats: IngestStats | None
+    keep_records: bool
+    source_name: str | None
 
 
 @dataclass
@@ -338,9 +258,44 @@ def read_jsonl_batches(
         raise ConfigError(f"{name}: a compressed file is read whole, not by byte range")
     st = stats if stats is not None else IngestStats(path=name)
     source = name if source_name is None else source_name
-    return _jsonl_batches(
-        name, source, text_key, on_bad_record, quarantine, st, batch_bytes, keep_records, byte_range
-    )
+
+    def batches() -> Iterator[Batch]:
+        """The fast path: orjson per line, everything else only for lines it rejects; bad lines are
+        reported as lines of ``source``."""
+        loads = orjson.loads
+        decode_errors = (orjson.JSONDecodeError, TypeError, KeyError)
+        blocks = _blocks(name, max(batch_bytes, 1), byte_range)
+        at_start = byte_range is None or byte_range[0] == 0
+        for first_no, lines in _line_chunks(blocks, st, at_start):
+            texts: list[str] = []
+            append = texts.append
+            records: list[dict[str, Any]] | None = [] if keep_records else None
+            bad: list[int] = []
+            for i, line in enumerate(lines):
+                try:
+                    obj = loads(line)
+                    text = obj[text_key]
+                except decode_errors:
+                    bad.append(i)
+                    continue
+                if text.__class__ is not str:
+                    bad.append(i)
+                    continue
+                append(text)
+                if records is not None:
+                    records.append(obj)
+            st.lines += len(lines)
+            for i in bad:
+                _handle_bad(source, lines[i], first_no + i, text_key, on_bad_record, quarantine, st)
+            if texts:
+                st.documents += len(texts)
+                st.empty_documents += texts.count("")
+                good = 0
+                while good < len(bad) and bad[good] == good:
+                    good += 1
+                yield Batch(texts, records, first_no + good)
+
+    return batches()
 
 
 def document_lines(
@@ -363,53 +318,6 @@ def document_lines(
                 yield first_no + i, obj
 
 
-def _jsonl_batches(
-    name: str,
-    source: str,
-    text_key: str,
-    on_bad_record: str,
-    quarantine: Quarantine | None,
-    st: IngestStats,
-    batch_bytes: int,
-    keep_records: bool,
-    byte_range: tuple[int, int] | None = None,
-) -> Iterator[Batch]:
-    """The fast path: orjson per line, everything else only for lines it rejects; bad lines are
-    reported as lines of ``source``."""
-    loads = orjson.loads
-    decode_errors = (orjson.JSONDecodeError, TypeError, KeyError)
-    blocks = _blocks(name, max(batch_bytes, 1), byte_range)
-    at_start = byte_range is None or byte_range[0] == 0
-    for first_no, lines in _line_chunks(blocks, st, at_start):
-        texts: list[str] = []
-        append = texts.append
-        records: list[dict[str, Any]] | None = [] if keep_records else None
-        bad: list[int] = []
-        for i, line in enumerate(lines):
-            try:
-                obj = loads(line)
-                text = obj[text_key]
-            except decode_errors:
-                bad.append(i)
-                continue
-            if text.__class__ is not str:
-                bad.append(i)
-                continue
-            append(text)
-            if records is not None:
-                records.append(obj)
-        st.lines += len(lines)
-        for i in bad:
-            _handle_bad(source, lines[i], first_no + i, text_key, on_bad_record, quarantine, st)
-        if texts:
-            st.documents += len(texts)
-            st.empty_documents += texts.count("")
-            good = 0
-            while good < len(bad) and bad[good] == good:
-                good += 1
-            yield Batch(texts, records, first_no + good)
-
-
 def _handle_bad(
     name: str,
     line: bytes,
@@ -428,22 +336,3 @@ def _handle_bad(
     raw = BOM + line if line_no == 1 and stats.bom else line
     quarantine.add(name, line_no, reason, raw)
     stats.quarantined += 1
-
-
-def quarantine_cause(path: str | os.PathLike[str], text_key: str, sample: int = 5) -> str:
-    """The likely cause when every record of a shard was quarantined, read from the first
-    ``sample`` records of its quarantine file: the text key against the keys those records
-    have (a wrong ``text_key`` is the usual one), else the first record's reason."""
-    keys: dict[str, None] = {}
-    reasons: list[str] = []
-    with open(path, "rb") as fh:
-        for _, line in zip(range(sample), fh, strict=False):
-            entry = json.loads(line)
-            reasons.append(str(entry["reason"]))
-            with contextlib.suppress(ValueError, RecursionError):
-                record = json.loads(base64.b64decode(entry["raw_b64"]))
-                keys.update(dict.fromkeys(map(str, record) if isinstance(record, dict) else ()))
-    if keys and text_key not in keys:
-        shown = ", ".join(sorted(keys)[:20]) + (", …" if len(keys) > 20 else "")
-        return f"text_key {text_key!r} not found; the first records have keys: {shown}"
-    return f"the first record's reason: {reasons[0]}" if reasons else "no record was read"

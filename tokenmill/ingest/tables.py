@@ -104,48 +104,38 @@ def read_table_batches(
     if source_name is not None:
         one = len(files) == 1 and not os.path.isdir(path)
         names = {f: source_name if one else f"{source_name.rstrip('/')}/{f.name}" for f in files}
-    options = (text_key, project, max(batch_rows, 1), keep_records, on_bad_record, quarantine)
-    return _table_batches(files, names, st, *options)
+    batch_rows = max(batch_rows, 1)
 
+    def batches() -> Iterator[Batch]:
+        import pyarrow.compute as pc
 
-def _table_batches(
-    files: list[Path],
-    names: dict[Path, str],
-    st: IngestStats,
-    text_key: str,
-    project: list[str] | None,
-    batch_rows: int,
-    keep_records: bool,
-    on_bad_record: str,
-    quarantine: Quarantine | None,
-) -> Iterator[Batch]:
-    import pyarrow.compute as pc
+        row_base = 0
+        for file in files:
+            file_row = 0
+            for batch in _file_batches(file, names[file], text_key, project, batch_rows):
+                column = batch.column(text_key)
+                texts = column.to_pylist()
+                records = batch.to_pylist() if keep_records else None
+                first_good = 0
+                if column.null_count:
+                    nulls = [i for i, t in enumerate(texts) if t is None]
+                    for i in nulls:
+                        _bad_row(names[file], file_row + i + 1, batch, i, on_bad_record, quarantine)
+                    first_good = next(i for i, t in enumerate([*texts, ""]) if t is not None)
+                    texts = [t for t in texts if t is not None]
+                    if records is not None:
+                        records = [r for r in records if r[text_key] is not None]
+                    st.quarantined += len(nulls)
+                st.lines += batch.num_rows
+                st.documents += len(texts)
+                st.empty_documents += texts.count("")
+                st.bytes_read += pc.sum(pc.binary_length(column)).as_py() or 0
+                if texts:
+                    yield Batch(texts, records, row_base + file_row + first_good + 1)
+                file_row += batch.num_rows
+            row_base += file_row
 
-    row_base = 0
-    for file in files:
-        file_row = 0
-        for batch in _file_batches(file, names[file], text_key, project, batch_rows):
-            column = batch.column(text_key)
-            texts = column.to_pylist()
-            records = batch.to_pylist() if keep_records else None
-            first_good = 0
-            if column.null_count:
-                nulls = [i for i, t in enumerate(texts) if t is None]
-                for i in nulls:
-                    _bad_row(names[file], file_row + i + 1, batch, i, on_bad_record, quarantine)
-                first_good = next(i for i, t in enumerate([*texts, ""]) if t is not None)
-                texts = [t for t in texts if t is not None]
-                if records is not None:
-                    records = [r for r in records if r[text_key] is not None]
-                st.quarantined += len(nulls)
-            st.lines += batch.num_rows
-            st.documents += len(texts)
-            st.empty_documents += texts.count("")
-            st.bytes_read += pc.sum(pc.binary_length(column)).as_py() or 0
-            if texts:
-                yield Batch(texts, records, row_base + file_row + first_good + 1)
-            file_row += batch.num_rows
-        row_base += file_row
+    return batches()
 
 
 def _bad_row(

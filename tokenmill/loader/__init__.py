@@ -155,12 +155,13 @@ def _open_s3_blend(
     cache_dir: str | os.PathLike[str] | None,
     cache_bytes: int | None,
 ) -> BlendedDataset:
-    """``open_blend`` of an ``s3://`` manifest (tokenmill.loader._s3, imported here only)."""
-    from tokenmill.loader._s3 import RemoteData, cache_for, remote_files
+    """``open_blend`` of an ``s3://`` manifest (tokenmill.loader._s3*, imported here only)."""
+    from tokenmill.loader._s3 import cache_for
+    from tokenmill.loader._s3_data import RemoteData, remote_dataset
     from tokenmill.loader._s3_open import default_cache_dir, mirror_blend
 
     cache = cache_for(cache_dir if cache_dir is not None else default_cache_dir(), cache_bytes)
-    _, mpath, bins = mirror_blend(uri, version, cache.root, cache.client)
+    mpath = mirror_blend(uri, version, cache.root, cache.client)
     info = read_blend_manifest(mpath)
     _check_split(info, uri, split, version)
     with schema_errors(mpath):
@@ -169,8 +170,7 @@ def _open_s3_blend(
         raise CacheError(f"{uri}: blend is stale or incomplete:\n  " + "\n  ".join(problems))
 
     def remote(prefix: Path, *, full: bool, recorded: dict[str, Any] | None) -> RemoteData:
-        data = open_dataset(prefix, index_only=True, recorded=recorded)
-        return RemoteData(data, remote_files(prefix, bins), cache)
+        return remote_dataset(prefix, recorded, cache)
 
     with schema_errors(mpath):
         return open_blend_split(info, mpath, split, full=False, pad_id=pad_id, open_data=remote)

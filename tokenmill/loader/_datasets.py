@@ -366,11 +366,11 @@ class NanosetDataset(_TrainingBatches):
 
     def prefetch(self, indices: npt.ArrayLike) -> None:
         """Start fetching what samples ``indices`` need in the background (a dataset read from
-        S3: their blocks enter the cache; local files: nothing to do)."""
+        S3: their index and token blocks enter the cache; local files: nothing to do)."""
         fetch = getattr(self.data, "prefetch", None)
         if fetch is not None:
-            parts, starts, stops, _ = self.pieces(_sample_ids(indices, len(self), self.name))
-            fetch(parts, starts, stops)
+            ks = _sample_ids(indices, len(self), self.name)
+            fetch(lambda: self.pieces(ks)[:3])
 
     def recorded_eod_id(self) -> int | None:
         """The EOD id in the dataset's ``.manifest.json`` config (``eod_id``), if recorded."""

@@ -1,5 +1,8 @@
-"""A blend read straight from S3 (``open_blend("s3://...")``): token files read by fixed-size
-blocks through a node-local block cache (the small files: ``_s3_open``).
+"""The S3 reader's node-local block cache; over 400 lines: its fetch, check, store, eviction.
+
+A blend read straight from S3 (``open_blend("s3://...")``) reads its ``.bin`` and ``.idx`` files
+by fixed-size blocks through this cache (the datasets over it: ``_s3_data``; the small files:
+``_s3_open``).
 
 The cache (``cache_dir``) is shared by every process on the node: a block is downloaded once
 (an ``flock`` per block; consecutive missing blocks of one object by one range GET, their
@@ -8,9 +11,10 @@ manifest records, written to a temp, fsynced and renamed (a reader never sees a 
 a killed writer leaves only a temp), stamped checked (inode, size, mtime: later processes map
 it without hashing until it is written again), and evicted least recently used first (the
 stamp's mtime, refreshed when a process maps the block) when ``cache_bytes`` would be exceeded.
-A shard of a version-2 virtual merge records only the digest of its block list: the list is
-fetched from the shard's dataset manifest (one GET per shard, when its first block is read),
-checked against that digest and kept in the cache (``blocklists/``) for every process.
+A shard of a version-2 virtual merge records only the digest of its block lists: a file of one
+block is checked against its recorded sha256; otherwise the lists are fetched from the shard's
+dataset manifest (one GET per shard for its ``.bin`` and ``.idx``, when a first block needs
+them), checked against that digest and kept in the cache (``blocklists/``) for every process.
 A batch reads one memoryview slice of a mapped block per piece, as from a local memmap. boto3
 is imported only here, lazily, through the one client factory,
 ``tokenmill.storage.s3.shared_client`` (endpoint and credentials from the AWS environment).
@@ -27,25 +31,16 @@ import os
 import posixpath
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from tokenmill.atomic import create_temp, fsync_dir, load_json, remove_stale_temps, write_bytes
-from tokenmill.errors import CacheError, ConfigError, FormatError
-from tokenmill.formats.dataset_manifest import (
-    BLOCK_BYTES,
-    DATASET_MANIFEST_SUFFIX,
-    DATASET_MANIFESTS,
-    open_dataset,
-    read_dataset_manifest,
-)
-from tokenmill.formats.indexed import IndexedDataset, data_file_path
-from tokenmill.formats.virtual_merge import VirtualDataset, block_list_digest
+from tokenmill.errors import CacheError, ConfigError, InputError
+from tokenmill.formats.dataset_manifest import DATASET_MANIFEST_SUFFIX, DATASET_MANIFESTS
+from tokenmill.formats.virtual_merge import block_list_digest
 
 OPEN_BLOCKS = 64  # cached blocks a process keeps memory-mapped (address space, not RSS)
 FETCH_THREADS = 8  # parallel range GETs for one batch or one prefetch
@@ -60,9 +55,10 @@ def block_digest(data: bytes | mmap.mmap) -> str:
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One token file in S3 and what its blocks must hash to: ``block_sha256`` inline, or
-    (``block_list``) the digest of a list its dataset manifest holds (``BlockCache.hashes``
-    fetches it); neither: unverified, an artifact written before per-block hashes."""
+    """One ``.bin`` or ``.idx`` in S3 and what its blocks must hash to: ``block_sha256``
+    inline, or (``block_list``) the digest of a list its dataset manifest holds
+    (``BlockCache.hashes`` fetches it); neither: unverified, an artifact written before
+    per-block hashes. ``sha256``: the whole file's, when recorded."""
 
     bucket: str
     key: str
@@ -70,6 +66,7 @@ class RemoteFile:
     block_bytes: int
     block_sha256: tuple[str, ...]
     block_list: str = ""  # block_list_digest of the list in the dataset manifest
+    sha256: str = ""
 
     @property
     def uri(self) -> str:
@@ -82,9 +79,9 @@ class RemoteFile:
 
     @property
     def manifest_key(self) -> str:
-        """The key of the dataset manifest of the pair this ``.bin`` belongs to."""
+        """The key of the dataset manifest of the pair this file belongs to."""
         folder, name = posixpath.split(self.key)
-        name = name.removesuffix(".bin") + DATASET_MANIFEST_SUFFIX
+        name = posixpath.splitext(name)[0] + DATASET_MANIFEST_SUFFIX
         return posixpath.join(folder, DATASET_MANIFESTS, name)
 
     def span(self, i: int) -> tuple[int, int]:
@@ -112,6 +109,9 @@ class BlockCache:
         self._inflight = 0  # reserved for blocks being written by this process
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
+        self._planner: ThreadPoolExecutor | None = None
+        self._planner_pid = 0
+        self._jobs: list[Future[None]] = []  # background jobs not known to have ended
         self.bytes_fetched = 0  # what this process downloaded (bench, tests)
 
     def client(self) -> Any:
@@ -132,27 +132,63 @@ class BlockCache:
                 self._pool_pid = os.getpid()
             return self._pool
 
+    def later(self, work: Callable[[], object]) -> None:
+        """Run ``work`` on this process's planning thread (not a fetch thread: it may wait on
+        them), e.g. reading the index blocks a prefetch needs; a failure is left for the read
+        that needs what it fetches."""
+        with self._lock:
+            if self._planner is None or self._planner_pid != os.getpid():
+                self._planner = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-s3-plan")
+                self._planner_pid = os.getpid()
+            planner = self._planner
+        self._background(planner.submit(self._quiet, work))
+
+    def _background(self, job: Future[None]) -> None:
+        """Keep a background job until it ends (``drain`` waits for those still running)."""
+        with self._lock:
+            self._jobs = [j for j in self._jobs if not j.done()]
+            self._jobs.append(job)
+
+    def drain(self) -> None:
+        """Wait until the background work (prefetches) submitted so far, and the fetches it
+        started, have ended."""
+        while True:
+            with self._lock:
+                jobs = [j for j in self._jobs if not j.done()]
+            if not jobs:
+                return
+            wait(jobs)
+
     def hashes(self, f: RemoteFile) -> tuple[str, ...]:
-        """``f``'s per-block sha256 list (``()``: none recorded): inline, or by reference from
-        the cache's ``blocklists/<digest>``, else fetched once on this node from the dataset
-        manifest ``f.manifest_key`` and checked against the recorded digest."""
+        """``f``'s per-block sha256 list (``()``: none recorded): inline; by reference, that of
+        a file of one block is its sha256 (no request); else the list in the cache's
+        ``blocklists/<digest>``, or fetched once on this node from the dataset manifest
+        ``f.manifest_key`` (every list it holds stored: the ``.bin``'s and the ``.idx``'s come
+        by one GET) and checked against the recorded digest."""
         if f.block_sha256 or not f.block_list:
             return f.block_sha256
         found = self._lists.get(f.block_list)
+        one = 0 < f.size <= f.block_bytes and f.sha256
+        if found is None and one and block_list_digest([f.sha256]) == f.block_list:
+            found = (f.sha256,)
         if found is None:
-            path = self.root / "blocklists" / f.block_list[:2] / f.block_list
-            with self._locked(path):
-                found = self._cached_list(path, f.block_list)
+            found = self._cached_list(self._list_path(f.block_list), f.block_list)
+        if found is None:
+            with self._locked(self._list_path(block_list_digest([f.manifest_key]))):
+                found = self._cached_list(self._list_path(f.block_list), f.block_list)
                 if found is None:
                     found = self._fetch_list(f)
-                    write_bytes(path, "\n".join(found).encode())
-            self._lists[f.block_list] = found
+        self._lists[f.block_list] = found
         if len(found) != -(-f.size // f.block_bytes):
             raise CacheError(
                 f"{f.uri}: its block list has {len(found)} hashes of {f.block_bytes} B for "
                 f"{f.size} B"
             )
         return found
+
+    def _list_path(self, digest: str) -> Path:
+        """Where the block list of this digest is kept: ``blocklists/<d[:2]>/<d>``."""
+        return self.root / "blocklists" / digest[:2] / digest
 
     @staticmethod
     def _cached_list(path: Path, digest: str) -> tuple[str, ...] | None:
@@ -165,8 +201,9 @@ class BlockCache:
         return found if block_list_digest(found) == digest else None
 
     def _fetch_list(self, f: RemoteFile) -> tuple[str, ...]:
-        """``f``'s block list from its dataset manifest in S3 (one GET), checked against the
-        digest the merge recorded; CacheError naming the manifest when it is not that list."""
+        """``f``'s block list from its dataset manifest in S3 (one GET; every list there is
+        stored by its digest), checked against the digest the merge recorded; CacheError
+        naming the manifest when it is not that list."""
         from tokenmill.storage.s3 import read_object
 
         uri = f"s3://{f.bucket}/{f.manifest_key}"
@@ -174,9 +211,13 @@ class BlockCache:
         if raw is None:
             raise CacheError(f"{uri}: missing; it holds the block list of {f.uri}")
         try:
-            info = load_json(raw, uri, "manifest")["files"][posixpath.basename(f.key)]
-            found = tuple(str(h) for h in info["block_sha256"])
-            size = int(info["block_bytes"])
+            files = load_json(raw, uri, "manifest")["files"]
+            lists = {
+                name: (int(info["block_bytes"]), tuple(str(h) for h in info["block_sha256"]))
+                for name, info in files.items()
+                if "block_sha256" in info
+            }
+            size, found = lists[posixpath.basename(f.key)]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CacheError(f"{uri}: no block list for {f.uri} ({exc!r})") from exc
         if size != f.block_bytes or block_list_digest(found) != f.block_list:
@@ -184,6 +225,10 @@ class BlockCache:
                 f"{uri}: its block list of {f.uri} is not the one the merge recorded "
                 "(the shard changed after the merge)"
             )
+        for _, hashes in lists.values():
+            digest = block_list_digest(hashes)
+            self._lists[digest] = hashes
+            write_bytes(self._list_path(digest), "\n".join(hashes).encode())
         return found
 
     def matches(self, f: RemoteFile, i: int, data: bytes | mmap.mmap) -> bool:
@@ -380,24 +425,14 @@ class BlockCache:
     def _get(self, f: RemoteFile, i: int) -> bytes:
         """Block ``i`` by a range GET, checked (size, and sha256 when recorded), fetched once
         more when it fails; CacheError naming the object and block after that."""
-        from tokenmill.storage.s3 import BODY_ATTEMPTS, is_cut_body, s3_errors
+        from tokenmill.storage.s3 import read_object
 
         lo, hi = f.span(i)
-        why = ""
+        why, what = "", f"reading block {i} (bytes {lo}..{hi}) of {f.uri}"
         for _ in range(GET_ATTEMPTS):
-            with s3_errors(f"reading block {i} (bytes {lo}..{hi}) of {f.uri}"):
-                for attempt in range(1, BODY_ATTEMPTS + 1):
-                    resp = self.client().get_object(
-                        Bucket=f.bucket, Key=f.key, Range=f"bytes={lo}-{hi - 1}"
-                    )
-                    try:
-                        data = bytes(resp["Body"].read())
-                        break
-                    except Exception as exc:
-                        if attempt == BODY_ATTEMPTS or not is_cut_body(exc):
-                            raise
-                    finally:
-                        resp["Body"].close()
+            data = read_object(self.client(), f.bucket, f.key, (lo, hi), what)
+            if data is None:
+                raise InputError(f"{what}: the object is missing")
             self.bytes_fetched += len(data)
             if len(data) != hi - lo:
                 why = f"{len(data)} bytes, expected {hi - lo}"
@@ -507,13 +542,27 @@ class BlockCache:
         if runs:
             pool = self.pool()
             for run in runs:
-                pool.submit(self._quiet_run, *run)
+                self._background(pool.submit(self._quiet, self._fill_run, *run))
 
-    def _quiet_run(self, f: RemoteFile, first: int, stop: int) -> None:
-        """A background fetch: a failure is left for the read that needs the blocks, which
-        fetches them again and raises there."""
+    def prefetch_lists(self, files: list[RemoteFile]) -> None:
+        """Fetch the block lists ``files`` hold by reference in the background, one GET per
+        dataset manifest (it then overlaps the GETs of their first blocks)."""
+        wanted = {
+            f.manifest_key: f
+            for f in files
+            if f.block_list and f.block_list not in self._lists and f.size > f.block_bytes
+        }
+        if wanted:
+            pool = self.pool()
+            for f in wanted.values():
+                self._background(pool.submit(self._quiet, self.hashes, f))
+
+    @staticmethod
+    def _quiet(fetch: Any, *args: Any) -> None:
+        """A background fetch: a failure is left for the read that needs what it fetches,
+        which fetches it again and raises there."""
         try:
-            self._fill_run(f, first, stop)
+            fetch(*args)
         except (CacheError, OSError):  # the foreground read retries and reports it
             return
         except Exception as exc:  # botocore errors: same, reported by the foreground read
@@ -531,200 +580,3 @@ def cache_for(root: str | os.PathLike[str], capacity: int | None) -> BlockCache:
     if found is None:
         found = _CACHES[key] = BlockCache(Path(key[0]), capacity)
     return found
-
-
-class RemoteView:
-    """The bytes of one token file, sliced as ``view[lo:hi]`` -> bytes (or a memoryview of
-    one block) through the cache."""
-
-    def __init__(self, cache: BlockCache, f: RemoteFile) -> None:
-        self.cache, self.f = cache, f
-        self._last: tuple[int, memoryview] | None = None  # the block the last slice read
-
-    def _block(self, i: int) -> memoryview:
-        last = self._last
-        if last is not None and last[0] == i:
-            return last[1]
-        view = self.cache.block(self.f, i)
-        self._last = (i, view)
-        return view
-
-    def __len__(self) -> int:
-        return self.f.size
-
-    def __getitem__(self, where: slice) -> bytes | memoryview:
-        lo, hi, _ = where.indices(self.f.size)
-        if hi <= lo:
-            return b""
-        size = self.f.block_bytes
-        first, last = lo // size, (hi - 1) // size
-        if first == last:
-            return self._block(first)[lo - first * size : hi - first * size]
-        out = []
-        for i in range(first, last + 1):
-            base = i * size
-            out.append(self._block(i)[max(lo, base) - base : min(hi, base + size) - base])
-        return b"".join(out)
-
-
-class RemoteData:
-    """A dataset whose index is local (fetched whole into the cache) and whose token files are
-    read through the block cache; the reading surface of ``IndexedDataset``."""
-
-    remote = True
-
-    def __init__(
-        self, data: IndexedDataset | VirtualDataset, files: list[RemoteFile], cache: BlockCache
-    ) -> None:
-        if len(files) != data.num_parts:
-            raise FormatError(
-                data.idx_path, "files", f"{len(files)} token files, expected {data.num_parts}"
-            )
-        self.data, self.files, self.cache = data, files, cache
-        self._block_bytes = np.array([f.block_bytes for f in files], dtype=np.int64)
-        self._stride = max(-(-f.size // f.block_bytes) for f in files) + 1  # blocks per key
-        self.prefix, self.dtype, self.idx_path = data.prefix, data.dtype, data.idx_path
-        self.num_parts = data.num_parts
-        self.num_tokens = data.num_tokens
-        self.masked = getattr(data, "masked", np.zeros(0, dtype=np.int64))  # taken down
-        total = sum(f.size for f in files)
-        if total != data.num_tokens * data.dtype.itemsize:
-            raise FormatError(
-                files[0].uri,
-                "size",
-                f"the index says {data.num_tokens} tokens x {data.dtype.itemsize} B, the "
-                f"manifests record {total} bytes",
-            )
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    @property
-    def num_documents(self) -> int:
-        return self.data.num_documents
-
-    def lengths_of(self, seq: np.ndarray) -> np.ndarray:
-        return self.data.lengths_of(seq)
-
-    def locate(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return self.data.locate(seq)
-
-    def buffer(self, part: int) -> RemoteView:  # type: ignore[override]
-        return RemoteView(self.cache, self.files[part])
-
-    def check_pointers(self) -> None:
-        """The index's full check (the lengths against the recorded token counts)."""
-        self.data.check_pointers()
-
-    def _plan(
-        self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray
-    ) -> tuple[list[tuple[RemoteFile, int]], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """The distinct (file, block) the non-empty byte ranges touch, and per piece (empty
-        ones dropped: they add no bytes): the position of its first block in that list, and
-        its range within that block (array arithmetic; ``hi > block size``: it spans blocks)."""
-        keep = stops > starts
-        if not bool(keep.all()):
-            parts, starts, stops = parts[keep], starts[keep], stops[keep]
-        sizes = self._block_bytes[parts]
-        first = starts // sizes
-        last = np.maximum(first, (stops - 1) // sizes)
-        keys = parts.astype(np.int64) * self._stride + first
-        spans = np.flatnonzero(last > first)
-        extra = [
-            int(p) * self._stride + i
-            for p, a, b in zip(
-                parts[spans].tolist(), first[spans].tolist(), last[spans].tolist(), strict=True
-            )
-            for i in range(a + 1, b + 1)
-        ]
-        uniq = np.unique(np.concatenate([keys, np.asarray(extra, dtype=np.int64)]))
-        wanted = [
-            (self.files[int(k) // self._stride], int(k) % self._stride) for k in uniq.tolist()
-        ]
-        base = first * sizes
-        return wanted, np.searchsorted(uniq, keys), starts - base, stops - base, sizes
-
-    def gather(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> bytes:
-        """The bytes of every piece back to back (the blocks fetched first if missing: parallel
-        range GETs): one memoryview slice of a mapped block per piece, as a local memmap."""
-        wanted, where, los, his, sizes = self._plan(parts, starts, stops)
-        views = self.cache.views(wanted)
-        chunks = [
-            views[k][lo:hi]
-            for k, lo, hi in zip(where.tolist(), los.tolist(), his.tolist(), strict=True)
-        ]
-        for j in np.flatnonzero(his > sizes).tolist():  # spans blocks: piece by piece
-            k, lo, hi, size = int(where[j]), int(los[j]), int(his[j]), int(sizes[j])
-            out = []
-            while hi > 0:
-                out.append(views[k][max(lo, 0) : min(hi, size)])
-                k, lo, hi = k + 1, lo - size, hi - size
-            chunks[j] = b"".join(out)
-        return b"".join(chunks)
-
-    def prefetch(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> None:
-        """Fetch what future batches' byte ranges need, in the background."""
-        self.cache.prefetch(self._plan(parts, starts, stops)[0])
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle the local prefix, where each token file lives and the cache settings: no
-        data, no hash list (the receiver reads those from the dataset manifest in the cache)."""
-        where = [(f.bucket, f.key, f.size) for f in self.files]
-        return (
-            _reopen_remote,
-            (str(self.prefix), where, str(self.cache.root), self.cache.capacity),
-        )
-
-
-def _reopen_remote(
-    prefix: str, where: list[tuple[str, str, int]], root: str, capacity: int | None
-) -> RemoteData:
-    """Inverse of ``RemoteData.__reduce__`` (a DataLoader worker on the same node): the block
-    records are read again from the dataset manifest in the cache."""
-    entries = _bin_entries(Path(prefix))
-    if len(entries) != len(where):
-        raise FormatError(
-            prefix, "files", f"{len(entries)} token files, the sender had {len(where)}"
-        )
-    files = [
-        _record(Path(prefix), RemoteFile(b, k, n, BLOCK_BYTES, ()), info)
-        for (b, k, n), (_, info) in zip(where, entries, strict=True)
-    ]
-    return RemoteData(open_dataset(prefix, index_only=True), files, cache_for(root, capacity))
-
-
-def _bin_entries(prefix: Path) -> list[tuple[Path, dict[str, Any]]]:
-    """(local ``.bin`` path, its manifest record) of each part of the dataset at ``prefix``."""
-    manifest = read_dataset_manifest(prefix)
-    if "shards" in manifest:
-        return [
-            (data_file_path(os.path.normpath(prefix.parent / str(s["prefix"]))), s["files"]["bin"])
-            for s in manifest["shards"]
-        ]
-    path = data_file_path(prefix)
-    return [(path, manifest["files"][path.name])]
-
-
-def _record(prefix: Path, found: RemoteFile, info: dict[str, Any]) -> RemoteFile:
-    """``found`` with the block size and per-block hashes of its manifest record (inline, or
-    the digest of the list a version-2 merge refers to)."""
-    hashes = tuple(str(h) for h in info.get("block_sha256", ()))
-    size = int(info.get("block_bytes", BLOCK_BYTES))
-    if size < 1 or (hashes and len(hashes) != -(-found.size // size)):
-        raise FormatError(
-            prefix, "files.block_sha256", f"{len(hashes)} hashes of {size} B for {found.size} B"
-        )
-    listed = "" if hashes else str(info.get("block_list_sha256", ""))
-    return RemoteFile(found.bucket, found.key, found.size, size, hashes, listed)
-
-
-def remote_files(prefix: Path, bins: dict[Path, tuple[str, str, int]]) -> list[RemoteFile]:
-    """The token files of the dataset at (local) ``prefix``, one per part, with the per-block
-    hashes its dataset manifest records (a virtual merge: each shard's record)."""
-    out = []
-    for path, info in _bin_entries(prefix):
-        found = bins.get(Path(path).resolve())
-        if found is None:
-            raise FormatError(prefix, "files", f"{path.name} is not among the blend's files")
-        out.append(_record(prefix, RemoteFile(*found, BLOCK_BYTES, ()), info))
-    return out

@@ -1,6 +1,7 @@
 """Opening an ``s3://`` blend in few requests: its small files (manifests, index descriptions
-and arrays, ``.idx``) are mirrored into the node-local cache, fetched in parallel and checked
-by sha256 when they arrive; token files are described for the block cache (``_s3``).
+and arrays) are mirrored into the node-local cache, fetched in parallel and checked by sha256
+when they arrive, to ``<cache_dir>/files/<bucket>/<key>``; the ``.bin`` and ``.idx`` of its
+pairs are read by blocks (``_s3_data``), from the keys their mirrored paths name.
 
 A version is immutable, so once one is mirrored an *open record* (``opened/<h>.json``) lists
 its local files with the inode, size and mtime each had when it was checked. Opening that
@@ -25,9 +26,8 @@ from tokenmill.formats.blend_manifest import MANIFEST_NAME, VERSIONS_DIR
 
 CACHE_ENV = "TOKENMILL_CACHE_DIR"
 MIRROR_THREADS = 8  # small files fetched at once
-RECORD_FORMAT = 1
-
-Bins = dict[Path, tuple[str, str, int]]  # local .bin path -> (bucket, key, size)
+RECORD_FORMAT = 2  # 1: the .idx files mirrored whole
+BLOCKED = (".bin", ".idx")  # read by blocks, not mirrored
 
 
 def default_cache_dir() -> Path:
@@ -61,9 +61,9 @@ def _stamp(path: Path) -> list[int]:
     return [st.st_ino, st.st_size, st.st_mtime_ns]
 
 
-def _recorded(path: Path, root: Path) -> tuple[Path, Bins] | None:
-    """The local manifest and token files of a recorded open, when the record exists and every
-    file it lists is unchanged since it was checked; None otherwise."""
+def _recorded(path: Path, root: Path) -> Path | None:
+    """The local manifest of a recorded open, when the record exists and every file it lists
+    is unchanged since it was checked; None otherwise."""
     try:
         record = load_json(path.read_bytes(), path, "open record")
         if record.get("format") != RECORD_FORMAT:
@@ -71,8 +71,7 @@ def _recorded(path: Path, root: Path) -> tuple[Path, Bins] | None:
         for rel, stamp in record["files"].items():
             if _stamp(root / rel) != stamp:
                 return None
-        bins = {root / rel: (str(b), str(k), int(n)) for rel, b, k, n in record["bins"]}
-        return root / record["manifest"], bins
+        return root / str(record["manifest"])
     except (OSError, FormatError, KeyError, TypeError, ValueError, AttributeError):
         return None  # no usable record: the version is mirrored (and checked) again
 
@@ -92,13 +91,12 @@ def _pointer_version(uri: str, client: Any) -> str | None:
 
 def mirror_blend(
     uri: str, version: str | None, cache_dir: str | os.PathLike[str] | None, client: Any
-) -> tuple[Path, Path, Bins]:
+) -> Path:
     """Mirror one version of a blend's small files into ``<cache_dir>/files/<bucket>/...``
-    (``version=None``: the version the pointer names now) and describe its token files.
+    (``version=None``: the version the pointer names now); returns the local blend manifest.
 
     ``client()`` gives the process's boto3 client (made on first use: not at all when the
-    version is named and recorded). Returns the cache root,
-    the local blend manifest and ``{local .bin path: (bucket, key, size)}``.
+    version is named and recorded).
     """
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     bucket, key, folder = _blend_folder(uri)
@@ -110,18 +108,16 @@ def mirror_blend(
     if named is not None:
         found = _recorded(_record_path(root, bucket, folder, named), root)
         if found is not None:
-            return root, *found
+            return found
     if version is None and named is not None:
         try:  # the version the pointer named, by its own manifest: the pointer is not re-read
-            return root, *_mirror(uri, named, root, bucket, folder)
+            return _mirror(uri, named, root, bucket, folder)
         except InputError:  # a layout without versions/: through the pointer
             pass
-    return root, *_mirror(uri, version, root, bucket, folder)
+    return _mirror(uri, version, root, bucket, folder)
 
 
-def _mirror(
-    uri: str, version: str | None, root: Path, bucket: str, folder: str
-) -> tuple[Path, Bins]:
+def _mirror(uri: str, version: str | None, root: Path, bucket: str, folder: str) -> Path:
     """Fetch what one version needs (parallel GETs; files already mirrored and intact are
     kept), then write its open record."""
     from tokenmill.storage.pull import plan_blend, sync_file
@@ -131,7 +127,7 @@ def _mirror(
     if plan.wanted:
         want = plan.wanted[0]
         mirror = mirror / want.key[: len(want.key) - len(want.rel)]
-    small = [w for w in plan.wanted if not w.rel.endswith(".bin")]
+    small = [w for w in plan.wanted if not w.rel.endswith(BLOCKED)]
     with ThreadPoolExecutor(MIRROR_THREADS, thread_name_prefix="tokenmill-mirror") as pool:
         list(pool.map(lambda w: sync_file(source, w, mirror), small))
     written = [mirror / w.rel for w in small]
@@ -141,11 +137,6 @@ def _mirror(
             write_bytes(path, data)
         written.append(path)
     mpath = mirror / plan.manifest_rel
-    bins = {
-        (mirror / w.rel).resolve(): (bucket, w.key, w.size)
-        for w in plan.wanted
-        if w.rel.endswith(".bin")
-    }
     found = load_json(raw, uri, "manifest").get("version")
     if isinstance(found, str) and len(found) >= 16:
         write_json(
@@ -154,7 +145,6 @@ def _mirror(
                 "format": RECORD_FORMAT,
                 "manifest": str(mpath.relative_to(root)),
                 "files": {str(p.relative_to(root)): _stamp(p) for p in written},
-                "bins": [[str(p.relative_to(root)), *where] for p, where in bins.items()],
             },
         )
-    return mpath, bins
+    return mpath

@@ -19,8 +19,8 @@ version; a small pointer names the current version and is the only thing a refre
 
 A pair's manifest lives in a ``manifests/`` folder beside the pair, never beside the pair itself:
 Megatron's and nanotron's ``tools/merge_datasets.py`` take every regular file of a folder as half
-of a ``.bin``/``.idx`` pair and skip folders. ``tokenmill migrate`` moves the manifests tokenmill
-0.1.0 wrote beside the pair.
+of a ``.bin``/``.idx`` pair and skip folders (``tokenmill migrate`` moves a manifest found beside
+its pair into it).
 """
 
 from __future__ import annotations
@@ -101,19 +101,24 @@ def tokens_dir(ds: str) -> str:
     return f"tokens/{check_name(ds, 'dataset')}"
 
 
+def _shard_file(folder: str, shard: str, suffix: str) -> str:
+    """``<folder>/<shard><suffix>``: one shard's file, its name checked."""
+    return f"{folder}/{check_name(shard, 'partition key')}{suffix}"
+
+
 def raw_stats(ds: str, shard: str) -> str:
     """``raw/<ds>/<shard>.stats.json``: a shard's validation counts (written last)."""
-    return f"{raw_dir(ds)}/{check_name(shard, 'partition key')}.stats.json"
+    return _shard_file(raw_dir(ds), shard, ".stats.json")
 
 
 def quarantine(ds: str, shard: str) -> str:
     """``raw/<ds>/<shard>.quarantine.jsonl``: a shard's bad lines with their line numbers."""
-    return f"{raw_dir(ds)}/{check_name(shard, 'partition key')}.quarantine.jsonl"
+    return _shard_file(raw_dir(ds), shard, ".quarantine.jsonl")
 
 
 def dochash(ds: str, shard: str) -> str:
     """``raw/<ds>/<shard>.dochash.npy``: sha256 of each document's normalized text, in order."""
-    return f"{raw_dir(ds)}/{check_name(shard, 'partition key')}.dochash.npy"
+    return _shard_file(raw_dir(ds), shard, ".dochash.npy")
 
 
 def hf_dir(ds: str) -> str:
@@ -123,13 +128,13 @@ def hf_dir(ds: str) -> str:
 
 def parquet(ds: str, shard: str) -> str:
     """``hf/<ds>/data/<shard>.parquet``: one shard's Parquet export."""
-    return f"{hf_dir(ds)}/data/{check_name(shard, 'partition key')}.parquet"
+    return _shard_file(f"{hf_dir(ds)}/data", shard, ".parquet")
 
 
 def export_record(ds: str, shard: str) -> str:
     """``hf/<ds>/shards/<shard>.json``: one shard's export record (rows, bytes, sha256, schema,
     input), from which ``dataset_info.json`` is assembled without reading any Parquet."""
-    return f"{hf_dir(ds)}/shards/{check_name(shard, 'partition key')}.json"
+    return _shard_file(f"{hf_dir(ds)}/shards", shard, ".json")
 
 
 def dataset_info(ds: str) -> str:

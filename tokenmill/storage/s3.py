@@ -11,8 +11,8 @@ build costs 0.1-0.5 s of CPU.
 Retries happen in one place: botocore's ``standard`` retry mode (``MAX_ATTEMPTS`` retries per
 request, exponential backoff with jitter, a per-client retry quota); s3transfer adds its own for a
 download stream cut mid-file. The only other retry is for a response body cut while it is read
-(``read_object``, ``tokenmill.storage.pull``): botocore has already handed that response over and
-cannot repeat it. boto3 is imported lazily (pipeline extra).
+(``read_object``, ``tokenmill.storage.pull_blocks``): botocore has already handed that response
+over and cannot repeat it. boto3 is imported lazily (pipeline extra).
 
 Timeouts: a connection must open within ``TOKENMILL_S3_CONNECT_TIMEOUT`` seconds (default 10) and
 an answer must not stall longer than ``TOKENMILL_S3_READ_TIMEOUT`` (default 30; botocore's own 60
@@ -314,14 +314,19 @@ def call(what: str, op: Callable[[], T]) -> T:
         return op()
 
 
-def read_object(client: Any, bucket: str, key: str) -> bytes | None:
-    """The bytes of ``s3://bucket/key``, None when it does not exist; a body cut mid-read is
-    fetched again (up to ``BODY_ATTEMPTS`` tries), other failures raise InputError."""
+def read_object(
+    client: Any, bucket: str, key: str, span: tuple[int, int] | None = None, what: str = ""
+) -> bytes | None:
+    """The bytes of ``s3://bucket/key`` (``span``: bytes ``[lo, hi)`` of it, by a range GET),
+    None when it does not exist; a body cut mid-read is fetched again (up to
+    ``BODY_ATTEMPTS`` tries), other failures raise InputError naming ``what`` (default: the
+    object). The one body-retry loop of the S3 readers (staging, pull's plan, the loader)."""
     attempt = 1
-    with s3_errors(f"reading s3://{bucket}/{key}"):
+    extra = {"Range": f"bytes={span[0]}-{span[1] - 1}"} if span else {}
+    with s3_errors(what or f"reading s3://{bucket}/{key}"):
         while True:
             try:
-                body = client.get_object(Bucket=bucket, Key=key)["Body"]
+                body = client.get_object(Bucket=bucket, Key=key, **extra)["Body"]
             except Exception as exc:
                 if is_missing(exc):
                     return None

@@ -1,13 +1,7 @@
 """Staging an ``s3://`` storage root: a step's local work directory filled from S3 and uploaded
 back in commit order, through a run's download cache (``tokenmill.storage.run_cache``). The
-pipeline's resources only wire it up.
-
-Clients come from the one factory, ``tokenmill.storage.s3.shared_client`` (endpoint from the
-recipe's ``storage.s3_endpoint_url`` or ``$AWS_ENDPOINT_URL``; credentials only from the
-environment, so they never pass through config, logs or metadata; the ``TOKENMILL_S3_*``
-timeouts), as for ``tokenmill pull``, ``gc`` and the streaming loader. Transient errors are
-retried by botocore's standard retry mode and by s3transfer for a download cut mid-stream; what
-still fails raises ``InputError`` naming the ``s3://`` URI (``tokenmill.storage.s3.call``).
+pipeline's resources only wire it up; the takedown mirror (``tokenmill.storage.mirror``) is a
+stage of a whole root. The client, its retries and the errors are ``tokenmill.storage.s3``'s.
 
 :class:`S3Stage` mirrors parts of an S3 root in a local directory: ``fetch`` downloads the
 inputs a step reads, ``push`` uploads what the step wrote in the commit order of
@@ -29,12 +23,12 @@ from __future__ import annotations
 
 import json
 import posixpath
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import is_temp
+from tokenmill.atomic import is_temp, write_bytes
 from tokenmill.errors import ConflictError, InputError
 from tokenmill.formats.dataset_manifest import read_dataset_manifest
 from tokenmill.formats.nanoset_cache import segment_files
@@ -162,35 +156,53 @@ class S3Stage:
         """Download each input: ``dir/`` is a folder (recursively), ``path`` is a file and its
         ``path.*`` siblings (a dataset prefix gives its ``.bin``, ``.idx`` and manifest). A key
         that would land outside the stage is refused (``local_name``) before any download."""
-        base = f"{self.prefix}/" if self.prefix else ""
         wanted: dict[str, S3Object] = {}
         listed: dict[str, S3Object] = {}
         for rel in inputs:
             folder = rel.endswith("/")
-            for obj in list_objects(self.client, self.bucket, self.key(rel), recursive=True):
-                name = obj.key[len(base) :]
+            for name, obj in self.listing(rel).items():
                 listed[name] = obj
-                if not (folder or name == rel or name.startswith(rel + ".")):
-                    continue
-                if not is_temp(name) and name not in self.fetched:
-                    wanted[local_name(self.bucket, obj.key, base)] = obj
+                if folder or name == rel or name.startswith(rel + "."):
+                    wanted[local_name(self.bucket, obj.key, self.key(""))] = obj
         for name, obj in wanted.items():
             self.get(obj, name)
         for rel in inputs:
             if is_pointer(rel) and rel not in self.pointers:
-                found = listed.get(rel)
-                etag = None if found is None else found.etag
-                self.pointers[rel] = ReadPointer(etag, pointer_version(self.local / rel))
+                self._read_pointer(rel, listed.get(rel))
+
+    def _read_pointer(self, rel: str, listed: S3Object | None) -> None:
+        """Remember a pointer as staged, with the ETag it was listed at (None: not there), for
+        the compare-and-swap of :meth:`push`."""
+        etag = None if listed is None else listed.etag
+        self.pointers[rel] = ReadPointer(etag, pointer_version(self.local / rel))
+
+    def mirror(self, wanted: Callable[[str], bool]) -> None:
+        """Stage every object of the root whose relative path ``wanted`` accepts: one LIST and
+        one GET each, no run cache; an object removed since the listing is not part of the root
+        now and is left out."""
+        for rel, obj in self.listing("").items():
+            if not wanted(rel):
+                continue
+            data = read_object(self.client, self.bucket, obj.key)
+            if data is None:
+                continue
+            write_bytes(self.local / rel, data)
+            self.fetched[rel] = _stamp(self.local / rel)
+            if is_pointer(rel):
+                self._read_pointer(rel, obj)
 
     def listing(self, rel_prefix: str) -> dict[str, S3Object]:
         """``{path relative to the root: object}`` of every object whose path starts with
         ``rel_prefix`` (one LIST request), temp names left out."""
-        base = f"{self.prefix}/" if self.prefix else ""
+        base = self.key("")
         found = list_objects(self.client, self.bucket, self.key(rel_prefix), recursive=True)
         return {o.key[len(base) :]: o for o in found if not is_temp(o.key[len(base) :])}
 
     def get(self, obj: S3Object, rel: str) -> None:
-        """One listed object to ``rel`` in the stage (through the run cache), as fetched."""
+        """One listed object to ``rel`` in the stage (through the run cache), as fetched, unless
+        it is staged already."""
+        if rel in self.fetched:
+            return
         path = self.local / rel
         if self.cache is None:
             download(self.client, self.bucket, obj.key, path)
@@ -210,8 +222,7 @@ class S3Stage:
         if not all(rel in found for rel in rels.values()):
             return False
         for _, rel in sorted(rels.items(), key=lambda item: item[0] == "description"):
-            if rel not in self.fetched:
-                self.get(found[rel], rel)
+            self.get(found[rel], rel)
         description = json.loads((self.local / rels["description"]).read_bytes())
         segments = segment_files(description if isinstance(description, dict) else {})
         if segments:  # a growing entry that extends: its earlier entries' files too
@@ -229,8 +240,7 @@ class S3Stage:
         found = self.listing(rels["description"].removesuffix("description.json"))
         if rels["description"] not in found:
             return None
-        if rels["description"] not in self.fetched:
-            self.get(found[rels["description"]], rels["description"])
+        self.get(found[rels["description"]], rels["description"])
         try:
             description = json.loads((self.local / rels["description"]).read_bytes())
             if description["key"] != key or description["hash"] != digest:

@@ -69,7 +69,7 @@ def shard_masks(manifest: dict[str, Any]) -> dict[str, list[int]]:
 
 def shard_identities(manifest: dict[str, Any]) -> list[tuple[str, str]]:
     """``(key, content hash)`` of the shards a merged manifest records, in merge order (empty
-    for a manifest that records none: a hand-made or pre-0.2 merge)."""
+    for a manifest that records none, as ``tokenmill merge`` writes)."""
     shards = manifest.get("shards")
     if not isinstance(shards, list):
         return []

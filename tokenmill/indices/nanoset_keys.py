@@ -1,0 +1,172 @@
+"""Owns the Nanoset cache key: the ordered description of everything that changes a split's
+arrays (its md5 names the entry's files), a split's key from a dataset's counts alone, and the
+index version an orchestrator records before the dataset is read."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tokenmill.errors import ConfigError
+from tokenmill.formats import nanoset_cache as cache
+from tokenmill.indices import growing
+from tokenmill.indices._nanoset_indices import SPLITS, check_int, parse_split, split_ranges
+from tokenmill.indices.settings import NanosetSettings
+from tokenmill.storage.versions import version_hash
+
+FORMAT_VERSION = 1
+SEMANTICS = ("megatron", "nanotron", "growing")  # growing: tokenmill.indices.growing
+ShardTable = Sequence[tuple[str, int]]
+
+
+def check_choices(split: str, semantics: str) -> None:
+    """ConfigError unless ``split`` and ``semantics`` are known names."""
+    if split not in SPLITS:
+        raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    if semantics not in SEMANTICS:
+        raise ConfigError(f"semantics must be one of {list(SEMANTICS)}, got {semantics!r}")
+
+
+def cache_key(
+    content_hash: str,
+    *,
+    semantics: str,
+    split: str,
+    split_spec: str,
+    split_range: tuple[int, int] | None,
+    sequence_length: int,
+    seed: int,
+    num_samples: int | None,
+    add_extra_token: bool,
+    drop_last_partial: bool,
+    era_samples: int | None = None,
+    shard_table_sha256: str | None = None,
+) -> dict[str, Any]:
+    """The ordered description of everything that changes a split's arrays (hashed for names).
+
+    Growing semantics has no split range (None) and adds ``era_samples`` and
+    ``shard_table_sha256``; the megatron and nanotron keys are unchanged by them."""
+    key = {
+        "class": "Nanoset",
+        "format_version": FORMAT_VERSION,
+        "dataset_content_hash": content_hash,
+        "semantics": semantics,
+        "split": split,
+        "split_spec": split_spec,
+        "split_range": None if split_range is None else list(split_range),
+        "sequence_length": check_int("sequence_length", sequence_length, minimum=2),
+        "seed": check_int("seed", seed, minimum=0, maximum=2**32 - 1),
+        "num_samples": None
+        if num_samples is None
+        else check_int("num_samples", num_samples, minimum=0),
+        "add_extra_token": bool(add_extra_token),
+        "drop_last_partial": bool(drop_last_partial),
+    }
+    if semantics == "growing":
+        key["era_samples"] = check_int("era_samples", era_samples, minimum=1)
+        key["shard_table_sha256"] = shard_table_sha256
+    return key
+
+
+def split_key(
+    content_hash: str,
+    split: str,
+    settings: NanosetSettings,
+    split_range: tuple[int, int] | None,
+    num_samples: int | None,
+    shard_table_sha256: str | None = None,
+) -> dict[str, Any]:
+    """The :func:`cache_key` of ``split`` under ``settings``: a megatron or nanotron split
+    whose range is known, or a growing one (no range; the era size its split uses)."""
+    growing_era = settings.semantics == "growing"
+    return cache_key(
+        content_hash,
+        semantics=settings.semantics,
+        split=split,
+        split_spec=settings.split_spec,
+        split_range=split_range,
+        sequence_length=settings.sequence_length,
+        seed=settings.seed,
+        num_samples=num_samples,
+        add_extra_token=settings.add_extra_token,
+        drop_last_partial=settings.drop_last(split),
+        era_samples=growing.split_era(split, settings.era_samples) if growing_era else None,
+        shard_table_sha256=shard_table_sha256,
+    )
+
+
+def entry_key(
+    num_sequences: int,
+    content_hash: str,
+    split: str,
+    settings: NanosetSettings,
+    num_samples: int | None = None,
+    *,
+    shards: ShardTable | None = None,
+    masked: np.ndarray | None = None,
+) -> tuple[dict[str, Any], str] | None:
+    """``(key, hash)`` of a split's cache entry (its :func:`cache_key` and the ``<hash>`` of
+    its file names) for a dataset of ``num_sequences`` sequences; None if the split is empty
+    (growing: if its split weight is 0; an entry may hold 0 samples until one era is there).
+    ``masked``: the sequence ids the dataset masks (megatron and nanotron split the rest)."""
+    check_choices(split, settings.semantics)
+    if settings.semantics == "growing":
+        return _growing_entry_key(num_sequences, content_hash, split, settings, num_samples, shards)
+    indexed = num_sequences - (0 if masked is None else len(masked))
+    split_range = split_ranges(settings.split_spec, indexed, settings.semantics)[
+        SPLITS.index(split)
+    ]
+    if split_range is None or split_range[0] >= split_range[1]:
+        return None
+    key = split_key(content_hash, split, settings, split_range, num_samples)
+    return key, cache.key_hash(key)
+
+
+def _growing_entry_key(
+    num_sequences: int,
+    content_hash: str,
+    split: str,
+    settings: NanosetSettings,
+    num_samples: int | None,
+    shards: ShardTable | None,
+) -> tuple[dict[str, Any], str] | None:
+    """:func:`entry_key` of growing semantics (checks the shard table against the dataset)."""
+    if shards is None:
+        raise ConfigError("growing semantics needs the dataset's shard table (shards=...)")
+    if sum(n for _, n in shards) != num_sequences:
+        raise ConfigError(
+            f"the shard table counts {sum(n for _, n in shards)} documents, the dataset has "
+            f"{num_sequences} sequences: growing semantics needs one sequence per document"
+        )
+    if not settings.drop_last(split):
+        raise ConfigError(
+            "growing semantics always drops the last partial sample (it would change when data "
+            "is added): drop_last_partial_validation must be true"
+        )
+    if parse_split(settings.split_spec)[SPLITS.index(split)] == 0:
+        return None
+    key = split_key(
+        content_hash, split, settings, None, num_samples, growing.shard_table_hash(shards)
+    )
+    return key, cache.key_hash(key)
+
+
+def index_version(
+    dataset_version: str | None,
+    settings: NanosetSettings,
+    num_samples: Mapping[str, int | None],
+) -> str:
+    """The version of a dataset's indices as known before the dataset is read: the hash of the
+    :func:`cache_key` of each split (``num_samples``: its requested size) with the dataset's
+    version (e.g. its merged version, which fixes its content) in place of its content hash
+    and no split range or shard table (the content fixes them). An orchestrator records it
+    (e.g. as a Dagster data version) to tell stale indices from their upstream versions alone."""
+    check_choices(SPLITS[0], settings.semantics)
+    keys = [
+        split_key("", split, settings, None, num_samples[split])
+        | {"dataset_content_hash": dataset_version}
+        for split in SPLITS
+    ]
+    return version_hash({"kind": "nanoset", "keys": keys})

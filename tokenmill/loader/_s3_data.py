@@ -1,0 +1,378 @@
+"""A dataset read from S3 (``open_blend("s3://...")``): a pair or a virtual merge whose ``.bin``
+and ``.idx`` are both read by blocks through the node-local cache (``_s3``), so its open fetches
+no index file.
+
+It opens from what the manifests record: each pair's sequence count, the dtype, the file sizes
+(a blend's entry of a pair, a merge's shard records) and the block records. A batch reads the
+length and pointer of each sequence it touches from the ``.idx`` blocks holding them (one
+parallel fetch; every block checked by its sha256 as it enters the cache), then its token
+blocks. A pair's 34-byte header comes with its first index read and is checked against those
+records (FormatError naming the object). The files of a pair live in S3 at the keys their
+mirrored paths name: the open mirrors a blend's small files to ``<cache>/files/<bucket>/<key>``.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tokenmill.errors import FormatError
+from tokenmill.formats.dataset_manifest import (
+    BLOCK_BYTES,
+    dataset_manifest_path,
+    read_dataset_manifest,
+)
+from tokenmill.formats.indexed import (
+    HEADER_SIZE,
+    MAGIC,
+    VERSION,
+    data_file_path,
+    dtype_code,
+    index_file_path,
+)
+from tokenmill.formats.virtual_merge import is_virtual, masked_sequences
+from tokenmill.loader._s3 import BlockCache, RemoteFile, cache_for
+
+COUNTS = ("num_sequences", "num_tokens")  # what a blend's entry of a pair records
+
+
+class RemoteView:
+    """The bytes of one file, sliced as ``view[lo:hi]`` -> bytes (or a memoryview of one
+    block) through the cache."""
+
+    def __init__(self, cache: BlockCache, f: RemoteFile) -> None:
+        self.cache, self.f = cache, f
+        self._last: tuple[int, memoryview] | None = None  # the block the last slice read
+
+    def _block(self, i: int) -> memoryview:
+        last = self._last
+        if last is not None and last[0] == i:
+            return last[1]
+        view = self.cache.block(self.f, i)
+        self._last = (i, view)
+        return view
+
+    def __len__(self) -> int:
+        return self.f.size
+
+    def __getitem__(self, where: slice) -> bytes | memoryview:
+        lo, hi, _ = where.indices(self.f.size)
+        if hi <= lo:
+            return b""
+        size = self.f.block_bytes
+        first, last = lo // size, (hi - 1) // size
+        if first == last:
+            return self._block(first)[lo - first * size : hi - first * size]
+        out = []
+        for i in range(first, last + 1):
+            base = i * size
+            out.append(self._block(i)[max(lo, base) - base : min(hi, base + size) - base])
+        return b"".join(out)
+
+
+class RemoteFiles:
+    """Byte ranges of a dataset's files of one kind (one per part) read through the cache."""
+
+    def __init__(self, files: list[RemoteFile], cache: BlockCache) -> None:
+        self.files, self.cache = files, cache
+        self._block_bytes = np.array([f.block_bytes for f in files], dtype=np.int64)
+        self._stride = max(-(-f.size // f.block_bytes) for f in files) + 1  # blocks per key
+
+    def _plan(
+        self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray
+    ) -> tuple[list[tuple[RemoteFile, int]], np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The distinct (file, block) the non-empty byte ranges touch, and per piece (empty
+        ones dropped: they add no bytes): the position of its first block in that list, and
+        its range within that block (array arithmetic; ``hi > block size``: it spans blocks)."""
+        keep = stops > starts
+        if not bool(keep.all()):
+            parts, starts, stops = parts[keep], starts[keep], stops[keep]
+        sizes = self._block_bytes[parts]
+        first = starts // sizes
+        last = np.maximum(first, (stops - 1) // sizes)
+        keys = parts.astype(np.int64) * self._stride + first
+        spans = np.flatnonzero(last > first)
+        extra = [
+            int(p) * self._stride + i
+            for p, a, b in zip(
+                parts[spans].tolist(), first[spans].tolist(), last[spans].tolist(), strict=True
+            )
+            for i in range(a + 1, b + 1)
+        ]
+        uniq = np.unique(np.concatenate([keys, np.asarray(extra, dtype=np.int64)]))
+        wanted = [
+            (self.files[int(k) // self._stride], int(k) % self._stride) for k in uniq.tolist()
+        ]
+        base = first * sizes
+        return wanted, np.searchsorted(uniq, keys), starts - base, stops - base, sizes
+
+    def gather(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> bytes:
+        """The bytes of every range back to back (missing blocks fetched first: parallel range
+        GETs): one memoryview slice of a mapped block per range, as from a local memmap."""
+        wanted, where, los, his, sizes = self._plan(parts, starts, stops)
+        views = self.cache.views(wanted)
+        chunks = [
+            views[k][lo:hi]
+            for k, lo, hi in zip(where.tolist(), los.tolist(), his.tolist(), strict=True)
+        ]
+        for j in np.flatnonzero(his > sizes).tolist():  # spans blocks: piece by piece
+            k, lo, hi, size = int(where[j]), int(los[j]), int(his[j]), int(sizes[j])
+            out = []
+            while hi > 0:
+                out.append(views[k][max(lo, 0) : min(hi, size)])
+                k, lo, hi = k + 1, lo - size, hi - size
+            chunks[j] = b"".join(out)
+        return b"".join(chunks)
+
+    def prefetch(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> None:
+        """Fetch the blocks these ranges need, in the background."""
+        self.cache.prefetch(self._plan(parts, starts, stops)[0])
+
+
+@dataclass(frozen=True)
+class RemotePair:
+    """One ``.bin``/``.idx`` pair of a remote dataset (the dataset, or a shard of a merge)."""
+
+    bin: RemoteFile
+    idx: RemoteFile
+    sequences: int
+
+    @property
+    def files(self) -> tuple[RemoteFile, RemoteFile]:
+        return self.bin, self.idx
+
+
+class RemoteData:
+    """A remote pair or virtual merge with the reading surface of ``IndexedDataset``:
+    lengths and pointers from ``.idx`` blocks, tokens from ``.bin`` blocks."""
+
+    remote = True
+
+    def __init__(
+        self,
+        prefix: Path,
+        pairs: list[RemotePair],
+        cache: BlockCache,
+        *,
+        dtype: np.dtype[Any],
+        num_tokens: int,
+        num_documents: int,
+        where: object,
+        recorded: dict[str, Any] | None = None,
+        keys: list[str] | None = None,
+        masked: np.ndarray | None = None,
+    ) -> None:
+        self.prefix, self.dtype, self.idx_path = prefix, dtype, where
+        self.pairs, self.cache = pairs, cache
+        self.files = [p.bin for p in pairs]
+        self.num_parts = len(pairs)
+        self.num_tokens = num_tokens
+        self.num_documents = num_documents
+        self.masked = np.zeros(0, dtype=np.int64) if masked is None else masked  # taken down
+        if keys is not None:
+            self.keys = keys  # a merge's shard keys (errors name the shard of a sequence)
+        self.first_sequence = np.zeros(len(pairs) + 1, dtype=np.int64)
+        np.cumsum([p.sequences for p in pairs], out=self.first_sequence[1:])
+        self._sequences = self.first_sequence[1:] - self.first_sequence[:-1]
+        self._recorded = recorded  # a pair's counts from its blend entry: what pickles send
+        self._bins = RemoteFiles(self.files, cache)
+        self._idxs = RemoteFiles([p.idx for p in pairs], cache)
+        self._headers: set[int] = set()  # parts whose .idx header was checked
+        self._last: tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+        for p in pairs:
+            if (p.idx.size - HEADER_SIZE - 12 * p.sequences) % 8 or p.idx.size < (
+                HEADER_SIZE + 12 * p.sequences + 8
+            ):
+                raise FormatError(
+                    p.idx.uri, "size", f"{p.idx.size} bytes cannot hold {p.sequences} sequences"
+                )
+        total = sum(f.size for f in self.files)
+        if total != num_tokens * dtype.itemsize:
+            raise FormatError(
+                self.files[0].uri,
+                "size",
+                f"the manifests record {num_tokens} tokens x {dtype.itemsize} B and "
+                f"{total} bytes of token files",
+            )
+
+    def __len__(self) -> int:
+        return int(self.first_sequence[-1])
+
+    def _index(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(part, length, byte pointer in that part's ``.bin``) of sequences ``seq``, read from
+        the ``.idx`` blocks holding them with the headers of parts not read yet (one fetch;
+        the last answer is kept: ``pieces`` asks for lengths, then pointers, of one array)."""
+        seq = np.asarray(seq, dtype=np.int64)
+        last = self._last
+        if last is not None and last[0].shape == seq.shape and np.array_equal(last[0], seq):
+            return last[1]
+        if seq.size and (int(seq.min()) < 0 or int(seq.max()) >= len(self)):
+            raise IndexError(f"{self.prefix}: a sequence outside [0, {len(self)})")
+        if self.num_parts == 1:
+            part, local = np.zeros(len(seq), dtype=np.int64), seq
+        else:
+            part = np.searchsorted(self.first_sequence, seq, side="right") - 1
+            local = seq - self.first_sequence[part]
+        new = np.array(
+            [p for p in np.unique(part).tolist() if p not in self._headers], dtype=np.int64
+        )
+        if len(new):  # their block lists (a shard's manifest) come while the index is read
+            self.cache.prefetch_lists([f for p in new.tolist() for f in self.pairs[p].files])
+        lengths_at = HEADER_SIZE + 4 * local
+        pointers_at = HEADER_SIZE + 4 * self._sequences[part] + 8 * local
+        starts = np.concatenate([np.zeros(len(new), dtype=np.int64), lengths_at, pointers_at])
+        widths = np.repeat(np.array([HEADER_SIZE, 4, 8]), [len(new), len(seq), len(seq)])
+        blob = self._idxs.gather(np.concatenate([new, part, part]), starts, starts + widths)
+        for k, p in enumerate(new.tolist()):
+            self._check_header(p, blob[k * HEADER_SIZE : (k + 1) * HEADER_SIZE])
+        at = len(new) * HEADER_SIZE
+        lengths = np.frombuffer(blob, dtype="<i4", count=len(seq), offset=at).astype(np.int64)
+        pointers = np.frombuffer(blob, dtype="<i8", count=len(seq), offset=at + 4 * len(seq))
+        found = (part, lengths, pointers.astype(np.int64))
+        self._last = (seq.copy(), found)
+        return found
+
+    def _check_header(self, part: int, head: bytes) -> None:
+        """FormatError naming the ``.idx`` when its header disagrees with the records."""
+        pair = self.pairs[part]
+        where = pair.idx.uri
+        if head[:9] != MAGIC:
+            raise FormatError(where, "magic", f"found {head[:9]!r}, expected {MAGIC!r}")
+        (version,) = struct.unpack("<Q", head[9:17])
+        if version != VERSION:
+            raise FormatError(where, "version", f"found {version}, expected {VERSION}")
+        if head[17] != dtype_code(self.dtype):
+            raise FormatError(
+                where, "dtype code", f"found {head[17]}, the manifests record {self.dtype}"
+            )
+        n_seq, n_doc = struct.unpack("<QQ", head[18:HEADER_SIZE])
+        if n_seq != pair.sequences or HEADER_SIZE + 12 * n_seq + 8 * n_doc != pair.idx.size:
+            raise FormatError(
+                where,
+                "sequence_count/document_count",
+                f"counts {n_seq}/{n_doc}, the manifests record {pair.sequences} sequences "
+                f"and {pair.idx.size} bytes",
+            )
+        self._headers.add(part)
+
+    def lengths_of(self, seq: np.ndarray) -> np.ndarray:
+        """Lengths of sequences ``seq`` (int64)."""
+        return self._index(seq)[1]
+
+    def locate(self, seq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(part, byte offset in that part's ``.bin``) of sequences ``seq``."""
+        part, _, pointers = self._index(seq)
+        return part, pointers
+
+    def buffer(self, part: int) -> RemoteView:
+        """The bytes of part ``part``'s ``.bin``, read by blocks."""
+        return RemoteView(self.cache, self.files[part])
+
+    def gather(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> bytes:
+        """The bytes of every piece of the ``.bin`` files back to back."""
+        return self._bins.gather(parts, starts, stops)
+
+    def prefetch(self, plan: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+        """Fetch what future batches need, in the background: ``plan()`` (their byte ranges
+        in the ``.bin`` files: it reads their index blocks) runs on the planning thread."""
+        self.cache.later(lambda: self._bins.prefetch(*plan()))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle the local prefix, a pair's counts and the cache settings: no data, no block
+        record (the receiver reads those from the manifests mirrored in the cache)."""
+        args = (str(self.prefix), self._recorded, str(self.cache.root), self.cache.capacity)
+        return (_reopen_remote, args)
+
+
+def _reopen_remote(
+    prefix: str, recorded: dict[str, Any] | None, root: str, capacity: int | None
+) -> RemoteData:
+    """Inverse of ``RemoteData.__reduce__`` (a DataLoader worker on the same node)."""
+    return remote_dataset(Path(prefix), recorded, cache_for(root, capacity))
+
+
+def remote_dataset(prefix: Path, recorded: dict[str, Any] | None, cache: BlockCache) -> RemoteData:
+    """The dataset at ``prefix`` (its manifests mirrored under ``cache.root``): a pair from the
+    counts its blend entry ``recorded`` holds and its dataset manifest's block records, or a
+    virtual merge from its manifest."""
+    manifest = read_dataset_manifest(prefix)
+    if is_virtual(manifest):
+        return _merge(prefix, manifest, cache)
+    if recorded is None or not all(type(recorded.get(c)) is int for c in COUNTS):
+        raise FormatError(
+            prefix, "blend entry", "records no num_sequences/num_tokens: rebuild the blend"
+        )
+    files = manifest["files"]
+    pair = RemotePair(
+        _remote_file(data_file_path(prefix), files, cache.root),
+        _remote_file(index_file_path(prefix), files, cache.root),
+        recorded["num_sequences"],
+    )
+    counts = {c: recorded[c] for c in (*COUNTS, "dtype")}
+    return RemoteData(
+        prefix,
+        [pair],
+        cache,
+        dtype=np.dtype(str(recorded["dtype"])),
+        num_tokens=recorded["num_tokens"],
+        num_documents=(pair.idx.size - HEADER_SIZE - 12 * pair.sequences) // 8 - 1,
+        where=pair.idx.uri,
+        recorded=counts,
+    )
+
+
+def _merge(prefix: Path, manifest: dict[str, Any], cache: BlockCache) -> RemoteData:
+    """A virtual merge read from S3: its shards from the merge's records."""
+    pairs = []
+    for shard in manifest["shards"]:
+        path = Path(os.path.normpath(prefix.parent / str(shard["prefix"])))
+        records = {
+            data_file_path(path).name: shard["files"]["bin"],
+            index_file_path(path).name: shard["files"]["idx"],
+        }
+        pairs.append(
+            RemotePair(
+                _remote_file(data_file_path(path), records, cache.root),
+                _remote_file(index_file_path(path), records, cache.root),
+                int(shard["sequences"]),
+            )
+        )
+    return RemoteData(
+        prefix,
+        pairs,
+        cache,
+        dtype=np.dtype(str(manifest["dtype"])),
+        num_tokens=int(manifest["counts"]["tokens"]),
+        num_documents=int(manifest["counts"]["documents"]),
+        where=dataset_manifest_path(prefix),
+        keys=[str(s["key"]) for s in manifest["shards"]],
+        masked=masked_sequences(manifest),
+    )
+
+
+def _remote_file(path: Path, records: dict[str, Any], root: Path) -> RemoteFile:
+    """The S3 object mirrored at ``path`` (``<root>/files/<bucket>/<key>``) with the size,
+    sha256 and block record ``records[path.name]`` holds (a list inline, or the digest of one
+    its shard's dataset manifest holds)."""
+    try:
+        bucket, *key = path.relative_to(root / "files").parts
+    except ValueError:
+        bucket, key = "", []
+    info = records.get(path.name)
+    if not key or not isinstance(info, dict):
+        raise FormatError(path, "files", "is not among the blend's files")
+    size = int(info["bytes"])
+    hashes = tuple(str(h) for h in info.get("block_sha256", ()))
+    block = int(info.get("block_bytes", BLOCK_BYTES))
+    if block < 1 or (hashes and len(hashes) != -(-size // block)):
+        raise FormatError(path, "block_sha256", f"{len(hashes)} hashes of {block} B for {size} B")
+    listed = "" if hashes else str(info.get("block_list_sha256", ""))
+    return RemoteFile(
+        bucket, "/".join(key), size, block, hashes, listed, str(info.get("sha256", ""))
+    )
