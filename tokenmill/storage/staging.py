@@ -3,13 +3,14 @@ back in commit order, through a run's download cache (``tokenmill.storage.run_ca
 pipeline's resources only wire it up; the takedown mirror (``tokenmill.storage.mirror``) is a
 stage of a whole root. The client, its retries and the errors are ``tokenmill.storage.s3``'s.
 
-:class:`S3Stage` mirrors parts of an S3 root in a local directory: ``fetch`` downloads the
-inputs a step reads, ``push`` uploads what the step wrote in the commit order of
+:class:`S3Stage` mirrors parts of an S3 root in a local directory: ``fetch`` downloads the inputs a
+step reads, ``push`` uploads what the step wrote in the commit order of
 :mod:`tokenmill.storage.publish` (data first, then dataset manifests, index-cache descriptions and
 stats, then ``current.json`` pointers, a blend's ``manifest.json`` last; a marker that really
-replaces an existing object is deleted before its data is overwritten, a pointer is simply
-overwritten: a PUT is atomic) and deletes the fetched files the step removed, so a failed or
-killed transfer never leaves a marker that describes files which are not there.
+replaces an existing object is deleted before its data is overwritten, one S3 holds byte for byte
+is left alone, one vouching for the same files is overwritten, as a pointer is: a PUT is atomic)
+and deletes the fetched files the step removed, so a failed or killed transfer never leaves a
+marker that describes files which are not there.
 
 A pointer the step fetched is written back by a conditional PUT (compare-and-swap, as
 ``tokenmill.storage.versions.swap_pointer`` locally): ``If-Match`` the ETag it had when fetched,
@@ -42,7 +43,6 @@ from tokenmill.storage.s3 import (
     call,
     delete,
     download,
-    exists,
     list_objects,
     read_object,
     shared_client,
@@ -116,6 +116,19 @@ def fetch_shard(
         cache.fetch(client, bucket, S3Object(key, int(size), etag), path)
     else:
         download(client, bucket, key, path)
+
+
+def _same_content(stored: bytes, ours: bytes) -> bool:
+    """Whether two dataset manifests vouch for the same files (equal ``files`` and
+    ``content_hash``; a setting such as the engine may differ): the data uploaded under the
+    stored one is then byte for byte the data uploaded under ours."""
+    try:
+        old, new = json.loads(stored), json.loads(ours)
+    except ValueError:  # not JSON (UnicodeDecodeError included): not a dataset manifest
+        return False
+    if not (isinstance(old, dict) and isinstance(new, dict)) or "content_hash" not in new:
+        return False
+    return all(old.get(key) == new[key] for key in ("content_hash", "files"))
 
 
 def _stamp(path: Path) -> tuple[int, int, int]:
@@ -283,13 +296,24 @@ class S3Stage:
 
     def push(self) -> list[str]:
         """Upload new and changed files in commit order (``tokenmill.storage.publish``) and delete
-        fetched files the step removed; the relative paths uploaded, in upload order."""
-        written = list(self._written())
-        for rel in sorted(written):
-            if delete_first(rel) and (
-                rel in self.fetched or exists(self.client, self.bucket, self.key(rel))
-            ):
-                delete(self.client, self.bucket, self.key(rel))
+        fetched files the step removed; the relative paths uploaded, in upload order. A marker
+        the step did not fetch is compared with the stored one (one GET): the same bytes are
+        not uploaded again, and one vouching for the same content is not deleted first, so a
+        second run that wrote the same result (two runs of one shard) never takes it away."""
+        written, replaced = [], set()
+        for rel in self._written():
+            if delete_first(rel) and rel not in self.fetched:
+                stored = read_object(self.client, self.bucket, self.key(rel))
+                ours = (self.local / rel).read_bytes()
+                if stored == ours:
+                    continue
+                if stored is not None and not _same_content(stored, ours):
+                    replaced.add(rel)
+            elif delete_first(rel):
+                replaced.add(rel)
+            written.append(rel)
+        for rel in sorted(replaced):
+            delete(self.client, self.bucket, self.key(rel))
 
         def put(rel: str) -> str:
             if rel in self.pointers:
