@@ -103,9 +103,10 @@ def test_bundled_rejects_unknown_name_and_foreign_dest(tmp_path: Path) -> None:
 def test_inspect_reports_megatron_facts(
     name: str, vocab: int, eod: int, dtype: type, request: pytest.FixtureRequest
 ) -> None:
-    info = inspect_tokenizer(request.getfixturevalue(name))
+    path = request.getfixturevalue(name)
+    info = inspect_tokenizer(path)
     assert (info.vocab_size, info.eod_id, info.dtype) == (vocab, eod, np.dtype(dtype))
-    assert info.max_id == max(_reference(request.getfixturevalue(name)).get_vocab().values())
+    assert info.max_id == max(reference_tokenizer(path).get_vocab().values())
     assert (info.prefix_ids, info.suffix_ids) == ((), ())
     assert info.verdicts == dict.fromkeys(ENGINES, "ok")
     assert info.ranks is not None and info.ranks.scheme is not None
@@ -214,7 +215,7 @@ def test_reference_loads_without_the_model_table(gpt2_dir: Path, tekken_dir: Pat
         "_LazyModule",
     )
     for path in paths:
-        tok = _reference(path)
+        tok = reference_tokenizer(path)
         assert out[str(path)] == [type(tok).__qualname__, reference_ids(path, texts)]
 
 

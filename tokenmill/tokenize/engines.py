@@ -35,15 +35,10 @@ def load_reference(source: Path) -> Any:
 
 
 def _defer_model_table() -> None:
-    """Import ``transformers.models`` without building its table of every model's names.
-
-    Its ``__init__`` reads ~3,000 source files for their ``__all__`` (0.3 s) to answer
-    ``transformers.models.<name>``; ``AutoTokenizer`` instead imports the one tokenizer module
-    it needs (``transformers.models.gpt2.tokenization_gpt2``), which takes only the package's
-    path. So the package stands in without its ``__init__`` until an attribute is asked for: a
-    submodule is then imported, anything else runs the real ``__init__`` and answers from it.
-    The tokenizer is the same class with the same code either way.
-    """
+    """Import ``transformers.models`` without its ``__init__``, which reads ~1,700 model sources
+    (0.3 s) for a table ``AutoTokenizer`` does not use: it imports the one tokenizer module it
+    needs by path. Asked for an attribute, the package imports that submodule, or runs the real
+    ``__init__`` and answers from it; the tokenizer is the same class either way."""
     import importlib
     import importlib.util
 
@@ -66,14 +61,13 @@ def _defer_model_table() -> None:
 
 
 def hide_torch() -> None:
-    """Make this process look torch-free to transformers, before transformers is imported.
+    """Make this process look torch-free to transformers (the verification child calls it first).
 
     transformers (>= 5) imports torch only because ``is_torch_available()`` finds it with
     ``importlib.util.find_spec``, which returns None for a module whose ``sys.modules`` entry is
-    None (as ``import torch`` then raises ImportError). A tokenizer call never uses torch: with no
-    ``return_tensors``, ``tokenizer(text).input_ids`` are Python lists from the ``tokenizers``
-    backend, so the ids are the same (the tests compare them with transformers imported with
-    torch). Only for this child: a process that already imported torch keeps it.
+    None. With no ``return_tensors``, ``tokenizer(text).input_ids`` are Python lists from the
+    ``tokenizers`` backend, the same with torch (the tests compare). A process that already
+    imported torch keeps it.
     """
     if "torch" not in sys.modules:
         sys.modules["torch"] = None  # type: ignore[assignment]
