@@ -7,18 +7,39 @@ tokenizer against transformers in a child process, the normalization study inclu
 with the cache the previous fresh run left (the verification record read back). Both report
 wall and CPU seconds of the whole process tree; the first-use cost is the difference, goal
 <= 2 s. Both runs' ``.bin`` must be equal. The machine's load average is recorded per pair.
+
+On a loaded machine the wall difference says little, so the verification child is also run
+alone (``child_split``): the CPU seconds of its own process (the reference's side) and of its
+forked helper (the engines' side), which run at once. On idle cores the child's wall is about
+the larger of the two (two cores or more), which is the "idle-core estimate" reported.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 RunStats = dict[str, float]
+# The verification child as ``tokenizer.run_verification`` starts it, reporting its own CPU and
+# its helper's (a joined child) from getrusage.
+CHILD = """
+import json, resource, sys
+from tokenmill.tokenize import tokenizer, tokenizer_verify
+source, definition = tokenizer.resolve_tokenizer_path(sys.argv[1])
+fingerprint = tokenizer.tokenizer_fingerprint(source, definition)
+tokenizer_verify.main([str(source), str(definition), fingerprint, sys.argv[2]])
+me, helper = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+print(json.dumps({"reference": me.ru_utime + me.ru_stime,
+                  "helper": helper.ru_utime + helper.ru_stime}))
+"""
 HEADER = ("tokenizer", "fresh wall s", "fresh CPU-s", "cached wall s", "cached CPU-s",
           "first use +wall s", "first use +CPU-s", "per rep +wall", "load")  # fmt: skip
 
@@ -56,6 +77,33 @@ def first_use_runs(
                     raise RuntimeError(f"{name}: the fresh and the cached run wrote different .bin")
         out[name] = rows
     return out
+
+
+def child_split(tok_dir: Path, env: dict[str, str], repeat: int) -> dict[str, Any]:
+    """The verification child alone in a fresh cache, ``repeat`` times: wall, and CPU-s of its
+    reference side and of its helper (each run's numbers)."""
+    runs = []
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory() as cache:
+            cmd = [sys.executable, "-c", CHILD, str(tok_dir), str(Path(cache) / "record.json")]
+            start = time.perf_counter()
+            proc = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+            runs.append({"wall": time.perf_counter() - start, **json.loads(proc.stdout)})
+    return {"runs": runs, "load": round(os.getloadavg()[0], 2)}
+
+
+def report_child_split(data: dict[str, Any]) -> list[list[str]]:
+    """Table rows: per tokenizer, the least CPU-s of each side over the runs (the least
+    disturbed by other load), their max (the idle-core estimate) and the child's wall."""
+    rows = [["tokenizer", "reference side CPU-s", "helper CPU-s", "idle-core estimate s",
+             "child wall s (median)", "load"]]  # fmt: skip
+    for name, split in data["child_split"].items():
+        ref = min(r["reference"] for r in split["runs"])
+        helper = min(r["helper"] for r in split["runs"])
+        wall = statistics.median(r["wall"] for r in split["runs"])
+        rows.append([name, f"{ref:.2f}", f"{helper:.2f}", f"{max(ref, helper):.2f}",
+                     f"{wall:.2f}", str(split["load"])])  # fmt: skip
+    return rows
 
 
 def report_first_use(data: dict[str, Any]) -> list[list[str]]:

@@ -71,7 +71,12 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH))
 
-from _tokenize_first_use import first_use_runs, report_first_use  # noqa: E402
+from _tokenize_first_use import (  # noqa: E402
+    child_split,
+    first_use_runs,
+    report_child_split,
+    report_first_use,
+)
 from _tokenize_scaling import report_scaling, scaling_runs, worker_counts  # noqa: E402
 from _util import OUT_DIR, machine, run_timed, table, write_results  # noqa: E402
 from corpus import MB, ensure_corpus  # noqa: E402
@@ -380,7 +385,7 @@ def gpt2_nfkc(gpt2_dir: Path) -> Path:
 def multilingual_texts(chars: int) -> list[str]:
     """Documents of 2,000 characters of the probe set's scripts, emoji and NFKC-sensitive text
     (nothing ASCII-only), ``chars`` characters in all: the guard's and normalizer's worst case."""
-    from tokenmill.tokenize.tokenizer_verify import _PROBES
+    from tokenmill.tokenize.tokenizer_probes import _PROBES
 
     unit = " ".join(_PROBES[6:11])
     doc = (unit * (2000 // len(unit) + 1))[:2000]
@@ -689,8 +694,9 @@ def first_use_bench(args: argparse.Namespace) -> dict[str, Any]:
         return run
 
     runs = first_use_runs(dirs, corpus, work, args.repeat, ENV, run_cli)
+    split = {name: child_split(tok_dir, ENV, args.repeat) for name, tok_dir in dirs.items()}
     return {"corpus": str(corpus), "bytes": corpus.stat().st_size, "workers": args.workers[-1],
-            "runs": runs}  # fmt: skip
+            "runs": runs, "child_split": split}  # fmt: skip
 
 
 def scaling(args: argparse.Namespace) -> dict[str, Any]:
@@ -782,6 +788,7 @@ def main() -> None:
         data = first_use_bench(args)
         print(f"{data['bytes'] / MB:.1f} MB, --workers {data['workers']}")
         print(table(report_first_use(data)))
+        print(table(report_child_split(data)))
         print(f"wrote {write_results(args.name + '-first-use', data)}")
         return
     if args.normalizers:

@@ -26,12 +26,9 @@ from tokenmill.tokenize.tokenizer import (
     pack_flat,
     record_mismatch,
 )
-from tokenmill.tokenize.tokenizer_verify import (
-    passthrough_problem,
-    probe_texts,
-    template_ids,
-    tiktoken_parts,
-)
+from tokenmill.tokenize.tokenizer_probes import probe_texts
+from tokenmill.tokenize.tokenizer_ranks import tiktoken_parts
+from tokenmill.tokenize.tokenizer_verify import passthrough_problem, template_ids
 from tokenmill_dev.bundled import build_bundled_tokenizer
 
 REAL_TEXTS = [
@@ -106,8 +103,10 @@ def test_bundled_rejects_unknown_name_and_foreign_dest(tmp_path: Path) -> None:
 def test_inspect_reports_megatron_facts(
     name: str, vocab: int, eod: int, dtype: type, request: pytest.FixtureRequest
 ) -> None:
-    info = inspect_tokenizer(request.getfixturevalue(name))
+    path = request.getfixturevalue(name)
+    info = inspect_tokenizer(path)
     assert (info.vocab_size, info.eod_id, info.dtype) == (vocab, eod, np.dtype(dtype))
+    assert info.max_id == max(reference_tokenizer(path).get_vocab().values())
     assert (info.prefix_ids, info.suffix_ids) == ((), ())
     assert info.verdicts == dict.fromkeys(ENGINES, "ok")
     assert info.ranks is not None and info.ranks.scheme is not None
@@ -136,14 +135,33 @@ def test_verification_child_never_imports_torch(gpt2_dir: Path, tmp_path: Path) 
     assert json.loads(record.read_text())["verdicts"] == dict.fromkeys(ENGINES, "ok")
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama2"])
+@pytest.mark.parametrize("name", ["gpt2", "gpt2-compact", "llama2"])
 def test_speculated_engine_side_writes_what_the_serial_path_writes(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The engines' part runs in a forked helper on the definition on disk while the reference
     loads; the record and files are the same as without it, also where transformers rewrites the
-    definition (llama2: the speculation is discarded) or the helper fails."""
-    src = build_bundled_tokenizer(name, tokenizer_dir(name))
+    definition (llama2: the speculation is discarded) or the helper fails. The reference's side
+    parses no definition when the backend serializes to the file's bytes (gpt2, as
+    save_pretrained wrote it), and keeps the speculation when it parses to the same (the same
+    definition in compact JSON)."""
+    src = build_bundled_tokenizer(name.split("-")[0], tokenizer_dir(name.split("-")[0]))
+    if name == "gpt2-compact":
+        shutil.copytree(src, tmp_path / name)
+        src = tmp_path / name
+        spec = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
+        (src / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    calls: list[str] = []
+
+    def counting(fn: Any) -> Any:
+        def counted(*args: Any, **kw: Any) -> Any:
+            calls.append(fn.__name__)  # only this process's calls reach this list
+            return fn(*args, **kw)
+
+        return counted
+
+    for fn_name in ("_disk_definition", "engine_side"):
+        monkeypatch.setattr(tokenizer_verify, fn_name, counting(getattr(tokenizer_verify, fn_name)))
 
     def files(folder: Path) -> dict[str, bytes]:
         return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
@@ -156,10 +174,49 @@ def test_speculated_engine_side_writes_what_the_serial_path_writes(
         return files(folder)
 
     speculated = verify(tmp_path / "speculated")
+    assert (
+        calls
+        == {
+            "gpt2": [],
+            "gpt2-compact": ["_disk_definition"],
+            "llama2": ["_disk_definition", "engine_side"],
+        }[name]
+    )
     monkeypatch.setattr(tokenizer_verify.Speculation, "result", lambda self: None)
     assert verify(tmp_path / "serial") == speculated
     record = json.loads(speculated["rec.json"])
-    assert (record["effective_definition"] is None) == (name == "gpt2")
+    assert (record["effective_definition"] is None) == (name != "llama2")
+
+
+def test_reference_loads_without_the_model_table(gpt2_dir: Path, tekken_dir: Path) -> None:
+    """``load_reference`` skips transformers' table of every model (0.3 s) and still gives the
+    class and ids ``AutoTokenizer`` gives in a normal import; asking the package for any other
+    name builds the table then."""
+    llama2 = build_bundled_tokenizer("llama2", tokenizer_dir("llama2"))
+    paths = [gpt2_dir, tekken_dir, llama2]
+    code = (
+        "import json, sys; from pathlib import Path; sys.modules['torch'] = None\n"
+        "from tokenmill.tokenize.engines import load_reference\n"
+        "texts = json.loads(sys.stdin.read())\n"
+        "out = {p: [type(t).__qualname__, t(texts).input_ids]\n"
+        "       for p in sys.argv[1:] for t in [load_reference(Path(p))]}\n"
+        "import transformers; out['deferred'] = type(sys.modules['transformers.models']).__name__\n"
+        "out['looked_up'] = transformers.models.GPT2Tokenizer.__qualname__\n"
+        "out['after'] = type(sys.modules['transformers.models']).__name__\n"
+        "print(json.dumps(out))\n"
+    )
+    texts = [*REAL_TEXTS, *probe_texts(["<|endoftext|>", "</s>", "<s>"])]
+    cmd = [sys.executable, "-c", code, *map(str, paths)]
+    proc = subprocess.run(cmd, input=json.dumps(texts), capture_output=True, text=True, check=True)
+    out = json.loads(proc.stdout)
+    assert (out["deferred"], out["looked_up"], out["after"]) == (
+        "module",
+        "GPT2Tokenizer",
+        "_LazyModule",
+    )
+    for path in paths:
+        tok = reference_tokenizer(path)
+        assert out[str(path)] == [type(tok).__qualname__, reference_ids(path, texts)]
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -20,7 +20,7 @@ from tokenmill.tokenize.tokenizer import inspect_tokenizer, load_encoder, load_t
 from tokenmill.tokenize.tokenizer_guard import (
     Guard,
     to_ranges,
-    unassigned_code_points,
+    unassigned_mask,
     unicode_form,
 )
 
@@ -72,6 +72,7 @@ def test_unicode_form_reads_single_forms_only() -> None:
     assert unicode_form({"type": "Lowercase"}) is None
     assert unicode_form(None) is None
     assert to_ranges([5, 1, 2, 3, 9]) == [(1, 3), (5, 5), (9, 9)]
+    assert to_ranges([]) == [] and to_ranges([0x10FFFF, 0]) == [(0, 0), (0x10FFFF, 0x10FFFF)]
 
 
 def test_guard_classes_and_normalization() -> None:
@@ -177,7 +178,7 @@ def test_unassigned_code_points_are_a_real_divergence(tekken_dir: Path) -> None:
     definition = tekken_dir / "tokenizer.json"
     fast = gigatoken.Tokenizer(gigatoken.gigatoken_rs.load_hf_json(definition.read_bytes()))
     hf = Tokenizer.from_file(str(definition))
-    guard = Guard([], to_ranges(unassigned_code_points()), None)
+    guard = Guard([], to_ranges(np.flatnonzero(unassigned_mask())), None)
     for ch in ("\U00011de0", "\U00016ff4"):
         text = f"a{ch}b {ch}{ch}"
         assert unicodedata.category(ch) == "Cn"

@@ -10,6 +10,7 @@ reproduce the reference); the fast ones run behind the tokenizer's per-document 
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,51 @@ def load_reference(source: Path) -> Any:
     """The tokenizer exactly as Megatron's HuggingFaceTokenizer loads it (offline)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    _defer_model_table()
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     if source.is_dir():
         return AutoTokenizer.from_pretrained(str(source), local_files_only=True)
     return PreTrainedTokenizerFast(tokenizer_file=str(source))
+
+
+def _defer_model_table() -> None:
+    """Import ``transformers.models`` without its ``__init__``, which reads ~1,700 model sources
+    (0.3 s) for a table ``AutoTokenizer`` does not use: it imports the one tokenizer module it
+    needs by path. Asked for an attribute, the package imports that submodule, or runs the real
+    ``__init__`` and answers from it; the tokenizer is the same class either way."""
+    import importlib
+    import importlib.util
+
+    if "transformers.models" in sys.modules:
+        return
+    spec = importlib.util.find_spec("transformers.models")  # imports transformers itself
+    if spec is None or spec.submodule_search_locations is None:
+        return
+    stub = importlib.util.module_from_spec(spec)
+
+    def attribute(name: str) -> Any:
+        if importlib.util.find_spec(f"{spec.name}.{name}"):
+            return importlib.import_module(f"{spec.name}.{name}")
+        if sys.modules.get(spec.name) is stub:
+            del sys.modules[spec.name]
+        return getattr(importlib.import_module(spec.name), name)
+
+    stub.__getattr__ = attribute  # type: ignore[method-assign]  # PEP 562, for this module only
+    sys.modules[spec.name] = stub
+
+
+def hide_torch() -> None:
+    """Make this process look torch-free to transformers (the verification child calls it first).
+
+    transformers (>= 5) imports torch only because ``is_torch_available()`` finds it with
+    ``importlib.util.find_spec``, which returns None for a module whose ``sys.modules`` entry is
+    None. With no ``return_tensors``, ``tokenizer(text).input_ids`` are Python lists from the
+    ``tokenizers`` backend, the same with torch (the tests compare). A process that already
+    imported torch keeps it.
+    """
+    if "torch" not in sys.modules:
+        sys.modules["torch"] = None  # type: ignore[assignment]
 
 
 def _assemble(
@@ -264,7 +305,7 @@ class TiktokenEncoder(Encoder):
 
     def __init__(self, info: TokenizerInfo) -> None:
         super().__init__(info)
-        import base64
+        from binascii import a2b_base64
 
         import tiktoken
 
@@ -272,8 +313,8 @@ class TiktokenEncoder(Encoder):
         if rf is None:
             raise ConfigError(f"tokenizer {info.source}: has no tiktoken form")
         ids = np.load(rf.ids, allow_pickle=False).tolist()
-        with open(rf.ranks, "rb") as fh:
-            ranks = {base64.b64decode(line.split()[0]): ids[i] for i, line in enumerate(fh)}
+        with open(rf.ranks, "rb") as fh:  # base64 and rank per line, ranks 0..n-1 in order
+            ranks = dict(zip(map(a2b_base64, (line.split()[0] for line in fh)), ids, strict=False))
         n = len(ranks)
         specials = {s: ids[n + j] for j, s in enumerate(rf.specials)}
         enc = tiktoken.Encoding(
