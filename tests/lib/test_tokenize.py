@@ -468,6 +468,48 @@ def test_commit_never_leaves_a_manifest_without_its_pair(
     assert check_dataset_files(changed.prefix, full=True) == []
 
 
+def test_a_manifest_removed_before_its_pair_changes_is_fsynced_first(
+    gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifest lives in ``manifests/``, the pair one folder up: the renames' fsyncs of the
+    pair's folder do not make the manifest's removal durable. Its folder is fsynced right after
+    the removal, before a pair file is replaced (a rewrite) or removed (a failed run's clear),
+    else a crash could leave the old manifest describing other bytes."""
+    src = write_jsonl(tmp_path / "in.jsonl", real_texts(5))
+    prefix = tokenize_files([src], tmp_path / "p", gpt2_dir).prefix
+    manifests = dataset_manifest_path(prefix).parent
+    events: list[str] = []
+    real_commit, real_unlink = outputs_module.commit, Path.unlink
+
+    def watched_commit(tmp: Any, final: Any) -> None:
+        events.append(f"replace {Path(final).name}")
+        real_commit(tmp, final)
+
+    def watched_unlink(path: Path, missing_ok: bool = False) -> None:
+        if path.parent in (manifests, prefix.parent) and path.name.startswith("p_"):
+            events.append(f"unlink {path.name}")
+        real_unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(outputs_module, "commit", watched_commit)
+    monkeypatch.setattr(
+        outputs_module, "fsync_dir", lambda d: events.append(f"fsync {d}"), raising=False
+    )
+    monkeypatch.setattr(Path, "unlink", watched_unlink)
+    tokenize_files([write_jsonl(src, real_texts(6))], tmp_path / "p", gpt2_dir)
+    assert events[:3] == [
+        "unlink p_text_document.manifest.json",
+        f"fsync {manifests}",
+        "replace p_text_document.bin",
+    ]
+    events.clear()
+    outputs_module.Outputs(prefix, tmp_path / "p.quarantine.jsonl").clear()
+    assert events[:3] == [
+        "unlink p_text_document.manifest.json",
+        f"fsync {manifests}",
+        "unlink p_text_document.idx",
+    ]
+
+
 def test_a_failed_run_removes_the_stale_pair_it_found_but_never_anothers(
     gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import commit, create_temp, remove_stale_temps, temp_dir
+from tokenmill.atomic import commit, create_temp, fsync_dir, remove_stale_temps, temp_dir
 from tokenmill.errors import FormatError
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
@@ -155,7 +155,7 @@ class Outputs:
         except FormatError:  # no old manifest, or a damaged one: it vouches for nothing
             same = False
         if not same:
-            self.manifest_path.unlink(missing_ok=True)
+            self._drop_manifest()
         commit(data_file_path(staged.prefix), data_file_path(self.prefix))
         commit(index_file_path(staged.prefix), index_file_path(self.prefix))
         if staged.qpath.is_file():
@@ -168,6 +168,16 @@ class Outputs:
 
     def clear(self) -> None:
         """Remove the pair and quarantine file, manifest first, so nothing looks complete."""
-        paths = (self.manifest_path, index_file_path(self.prefix), data_file_path(self.prefix))
-        for path in (*paths, self.qpath):
+        self._drop_manifest()
+        for path in (index_file_path(self.prefix), data_file_path(self.prefix), self.qpath):
             path.unlink(missing_ok=True)
+
+    def _drop_manifest(self) -> None:
+        """Remove the manifest and fsync its folder (``manifests/``, not the pair's), so the
+        removal is on disk before any pair file changes: a crash never leaves it describing
+        other bytes."""
+        try:
+            self.manifest_path.unlink()
+        except FileNotFoundError:
+            return
+        fsync_dir(self.manifest_path.parent)
