@@ -157,6 +157,22 @@ def test_a_pointer_moved_on_s3_meanwhile_is_refused(s3: S3, tmp_path: Path) -> N
     assert store.read("merged/d/v/data.idx") == b"new"  # data first; the pointer refused
 
 
+def test_a_pointer_created_on_s3_meanwhile_is_refused(s3: S3, tmp_path: Path) -> None:
+    """The mirror lists the whole root: a pointer it did not find was not there, so ours is
+    created only if it still is not (``If-None-Match: *``), never over another writer's."""
+    store = S3Store(f"s3://{s3.bucket}/r", s3.endpoint)
+    store.write("merged/d/v/data.idx", b"old")
+    pointer = {"format_version": 1, "version": "b" * 64, "target": "x"}
+    with (
+        pytest.raises(ConflictError, match=r"current\.json"),
+        mirror.local_root(store.uri, write=True) as base,
+    ):
+        store.write("merged/d/current.json", json.dumps(pointer).encode())  # another writer
+        mine = {**pointer, "version": "c" * 64}
+        (base / "merged/d/current.json").write_text(json.dumps(mine))
+    assert json.loads(store.read("merged/d/current.json") or b"")["version"] == "b" * 64
+
+
 def test_the_recipe_takedown_list_on_an_s3_root(
     make_recipe: Callable[..., Recipe],
     instance: DagsterInstance,

@@ -8,10 +8,10 @@ never read a ``.bin``). The mirror is an :class:`~tokenmill.storage.staging.S3St
 root (:meth:`~tokenmill.storage.staging.S3Stage.mirror`), so the local code runs unchanged on it
 and, with ``write=True``, what it wrote goes back as a pipeline step's work does
 (:meth:`~tokenmill.storage.staging.S3Stage.push`): in the commit order of
-``tokenmill.storage.publish``, each pointer a compare-and-swap against the ETag it was listed at
-(ConflictError naming it and the versions when another writer moved it meanwhile; the immutable
-files already uploaded stay for ``tokenmill gc``). The mirror is removed at the end, whatever
-happens.
+``tokenmill.storage.publish``, each pointer a compare-and-swap against the ETag it was listed at,
+or its absence (ConflictError naming it and the versions when another writer moved or created it
+meanwhile; the immutable files already uploaded stay for ``tokenmill gc``). The mirror is
+removed at the end, whatever happens.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ A pointer the step fetched is written back by a conditional PUT (compare-and-swa
 or ``If-None-Match: *`` when it was not there. When another writer moved it meanwhile, S3
 answers 412 and the push raises ConflictError naming the pointer and the versions (the
 step's immutable files are uploaded; the pointer stays at the other writer's version). A
-pointer the step never fetched is written unconditionally (the sole writer of a tree).
+pointer the step never fetched is written unconditionally (the sole writer of a tree), except
+after :meth:`S3Stage.mirror`, which listed the whole root: one it did not find was not there.
 """
 
 from __future__ import annotations
@@ -147,6 +148,7 @@ class S3Stage:
     cache: RunCache | None = None
     fetched: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     pointers: dict[str, ReadPointer] = field(default_factory=dict)  # as fetched: CAS on push
+    listed: set[str] | None = None  # every path of the root, when ``mirror`` listed it whole
 
     @classmethod
     def open(
@@ -192,8 +194,11 @@ class S3Stage:
     def mirror(self, wanted: Callable[[str], bool]) -> None:
         """Stage every object of the root whose relative path ``wanted`` accepts: one LIST and
         one GET each, no run cache; an object removed since the listing is not part of the root
-        now and is left out."""
-        for rel, obj in self.listing("").items():
+        now and is left out. A pointer the root did not hold is then pushed only if it still
+        does not (``If-None-Match: *``)."""
+        found = self.listing("")
+        self.listed = set(found)
+        for rel, obj in found.items():
             if not wanted(rel):
                 continue
             data = read_object(self.client, self.bucket, obj.key)
@@ -316,6 +321,8 @@ class S3Stage:
             delete(self.client, self.bucket, self.key(rel))
 
         def put(rel: str) -> str:
+            if self.listed is not None and is_pointer(rel) and rel not in self.listed:
+                self.pointers.setdefault(rel, ReadPointer(None, None))  # absent when listed
             if rel in self.pointers:
                 etag = put_pointer(
                     self.client, self.local / rel, self.bucket, self.key(rel), self.pointers[rel]
