@@ -82,13 +82,6 @@ class BatchSampler:
         """Full global batches in the dataset (the final partial one is dropped)."""
         return self.num_samples // self.global_batch_size
 
-    def global_batch(self, step: int) -> np.ndarray:
-        """All sample indices of global batch ``step`` (every rank's slices, in rank order)."""
-        if not 0 <= step < self.total_steps:
-            raise IndexError(f"step {step} out of range [0, {self.total_steps})")
-        start = step * self.global_batch_size
-        return np.arange(start, start + self.global_batch_size, dtype=np.int64)
-
     def indices(self, step: int) -> np.ndarray:
         """This rank's slice of global batch ``step``."""
         if not 0 <= step < self.total_steps:
