@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.errors import ConfigError
+from tokenmill.errors import ConfigError, FormatError
 from tokenmill.loader._training import TrainingFlags, resolve_eod, training_inputs
 
 
@@ -53,6 +53,15 @@ def sample_ids(indices: npt.ArrayLike, size: int, what: str) -> np.ndarray:
         bad = ks[(ks < 0) | (ks >= size)][0]
         raise IndexError(f"{what}: sample {int(bad)} out of range [0, {size})")
     return ks
+
+
+def check_range(
+    values: np.ndarray, bound: int, where: object, field: str, what: str = "values"
+) -> None:
+    """FormatError naming ``where`` and ``field`` when one of ``values`` (an index's, read
+    for a batch: O(batch)) lies outside ``[0, bound)``."""
+    if values.size and (int(values.min()) < 0 or int(values.max()) >= bound):
+        raise FormatError(where, field, f"{what} outside [0, {bound})")
 
 
 class Batches:

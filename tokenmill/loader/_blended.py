@@ -9,7 +9,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill.errors import CacheError, FormatError
-from tokenmill.loader._batch import Batches, Request, sample_ids
+from tokenmill.loader._batch import Batches, Request, check_range, sample_ids
 from tokenmill.loader._datasets import IndexPaths, NanosetDataset, as_index, map_arrays, reopen
 
 
@@ -92,10 +92,7 @@ class BlendedDataset(Batches):
         of datasets and each dataset's length."""
         which = self.dataset_index[ids].astype(np.int64)
         local = self.dataset_sample_index[ids].astype(np.int64)
-        if which.size and (int(which.min()) < 0 or int(which.max()) >= len(self._parts)):
-            raise FormatError(
-                self.split, "dataset_index", f"values outside [0, {len(self._parts)})"
-            )
+        check_range(which, len(self._parts), self.split, "dataset_index")
         if local.size:
             limits = np.array([len(ds) for ds in self._parts], dtype=np.int64)[which]
             bad = (local < 0) | (local >= limits)
@@ -121,10 +118,7 @@ class BlendedDataset(Batches):
                 )
         if not len(di) or not values:
             return
-        if int(di.min()) < 0 or int(di.max()) >= len(self._parts):
-            raise FormatError(
-                self.split, "dataset_index", f"values outside [0, {len(self._parts)})"
-            )
+        check_range(di, len(self._parts), self.split, "dataset_index")
         if int(dsi.min()) < 0:
             raise FormatError(self.split, "dataset_sample_index", "has negative values")
         high = np.full(len(self._parts), -1, dtype=np.int64)  # -1: a dataset never asked

@@ -27,7 +27,7 @@ from tokenmill.formats.dataset_manifest import (
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.formats.nanoset_cache import SegmentedArray
 from tokenmill.formats.virtual_merge import VirtualDataset
-from tokenmill.loader._batch import Batches, Request, sample_ids
+from tokenmill.loader._batch import Batches, Request, check_range, sample_ids
 
 # Each array's ``.npy`` file, or its parts' files (a segmented growing entry), in order.
 IndexPaths = tuple[str | tuple[str, ...], ...]
@@ -141,19 +141,11 @@ class NanosetDataset(Batches):
         if ks.size and (int(ks.min()) < 0 or int(ks.max()) >= len(self.shuffle_index)):
             raise IndexError(f"{self.name}: sample out of range [0, {len(self)})")
         j = self.shuffle_index[ks].astype(np.int64)
-        if j.size and (int(j.min()) < 0 or int(j.max()) >= len(self.sample_index) - 1):
-            raise FormatError(
-                self.name, "shuffle_index", f"values outside [0, {len(self.sample_index) - 1})"
-            )
+        check_range(j, len(self.sample_index) - 1, self.name, "shuffle_index")
         head = self.sample_index[j].astype(np.int64)
         tail = self.sample_index[j + 1].astype(np.int64)
         rows = np.concatenate([head, tail])
-        if rows.size and (
-            int(rows[:, 0].min()) < 0 or int(rows[:, 0].max()) >= len(self.document_index)
-        ):
-            raise FormatError(
-                self.name, "sample_index", f"positions outside [0, {len(self.document_index)})"
-            )
+        check_range(rows[:, 0], len(self.document_index), self.name, "sample_index", "positions")
         if rows.size and int(rows[:, 1].min()) < 0:
             raise FormatError(self.name, "sample_index", "has a negative token offset")
         return j, head, tail
@@ -161,8 +153,7 @@ class NanosetDataset(Batches):
     def _documents(self, positions: np.ndarray) -> np.ndarray:
         """``document_index[positions]`` with every sequence id checked (O(pieces))."""
         seq = self.document_index[positions].astype(np.int64)
-        if seq.size and (int(seq.min()) < 0 or int(seq.max()) >= len(self.data)):
-            raise FormatError(self.name, "document_index", f"values outside [0, {len(self.data)})")
+        check_range(seq, len(self.data), self.name, "document_index")
         self._check_unmasked(seq)
         return seq
 

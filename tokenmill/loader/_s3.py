@@ -57,8 +57,8 @@ def block_digest(data: bytes | mmap.mmap) -> str:
 class RemoteFile:
     """One ``.bin`` or ``.idx`` in S3 and what its blocks must hash to: ``block_sha256``
     inline, or (``block_list``) the digest of a list its dataset manifest holds
-    (``BlockCache.hashes`` fetches it); neither: unverified, an artifact written before
-    per-block hashes. ``sha256``: the whole file's, when recorded."""
+    (``BlockCache.hashes`` fetches it); neither: unverified (no per-block hashes recorded).
+    ``sha256``: the whole file's, when recorded."""
 
     bucket: str
     key: str
@@ -103,44 +103,41 @@ class BlockCache:
         self._bases: dict[tuple[str, str, int], str] = {}
         self._checked: set[str] = set()  # block files this process hashed
         self._lists: dict[str, tuple[str, ...]] = {}  # block lists fetched by reference
-        self._client: Any = None
-        self._pid = 0
+        self._owned: dict[str, tuple[int, Any]] = {}  # per process: client, pools (see _own)
         self._used: int | None = None  # bytes of blocks, stored or reserved (capacity set)
         self._inflight = 0  # reserved for blocks being written by this process
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_pid = 0
-        self._planner: ThreadPoolExecutor | None = None
-        self._planner_pid = 0
         self._jobs: list[Future[None]] = []  # background jobs not known to have ended
         self.bytes_fetched = 0  # what this process downloaded (bench, tests)
 
-    def client(self) -> Any:
-        """One boto3 client per process (a forked worker makes its own), made on first GET."""
+    def _own(self, name: str, make: Callable[[], Any]) -> Any:
+        """This process's ``name`` (client, thread pool), made on first use: a forked worker
+        makes its own."""
         with self._lock:
-            if self._client is None or self._pid != os.getpid():
-                from tokenmill.storage.s3 import shared_client
+            pid, found = self._owned.get(name, (0, None))
+            if found is None or pid != os.getpid():
+                found = make()
+                self._owned[name] = (os.getpid(), found)
+            return found
 
-                self._client = shared_client(None, max_pool_connections=FETCH_THREADS + 2)
-                self._pid = os.getpid()
-            return self._client
+    def client(self) -> Any:
+        """One boto3 client per process, made on first GET."""
+
+        def make() -> Any:
+            from tokenmill.storage.s3 import shared_client
+
+            return shared_client(None, max_pool_connections=FETCH_THREADS + 2)
+
+        return self._own("client", make)
 
     def pool(self) -> ThreadPoolExecutor:
-        """The fetch threads of this process (a forked worker makes its own)."""
-        with self._lock:
-            if self._pool is None or self._pool_pid != os.getpid():
-                self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="tokenmill-s3")
-                self._pool_pid = os.getpid()
-            return self._pool
+        """The fetch threads of this process."""
+        return self._own("pool", lambda: ThreadPoolExecutor(FETCH_THREADS, "tokenmill-s3"))
 
     def later(self, work: Callable[[], object]) -> None:
         """Run ``work`` on this process's planning thread (not a fetch thread: it may wait on
         them), e.g. reading the index blocks a prefetch needs; a failure is left for the read
         that needs what it fetches."""
-        with self._lock:
-            if self._planner is None or self._planner_pid != os.getpid():
-                self._planner = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-s3-plan")
-                self._planner_pid = os.getpid()
-            planner = self._planner
+        planner = self._own("planner", lambda: ThreadPoolExecutor(1, "tokenmill-s3-plan"))
         self._background(planner.submit(self._quiet, work))
 
     def _background(self, job: Future[None]) -> None:

@@ -26,7 +26,7 @@ from tokenmill.formats.blend_manifest import MANIFEST_NAME, VERSIONS_DIR
 
 CACHE_ENV = "TOKENMILL_CACHE_DIR"
 MIRROR_THREADS = 8  # small files fetched at once
-RECORD_FORMAT = 2  # 1: the .idx files mirrored whole
+RECORD_FORMAT = 2  # an open record of another format is ignored: the version is mirrored again
 BLOCKED = (".bin", ".idx")  # read by blocks, not mirrored
 
 
