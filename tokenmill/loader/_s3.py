@@ -53,6 +53,11 @@ def block_digest(data: bytes | mmap.mmap) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _stamp_of(st: os.stat_result) -> bytes:
+    """What a block's stamp records: its file's inode, size and mtime."""
+    return f"{st.st_ino} {st.st_size} {st.st_mtime_ns}".encode()
+
+
 @dataclass(frozen=True)
 class RemoteFile:
     """One ``.bin`` or ``.idx`` in S3 and what its blocks must hash to: ``block_sha256``
@@ -137,11 +142,12 @@ class BlockCache:
         """Run ``work`` on this process's planning thread (not a fetch thread: it may wait on
         them), e.g. reading the index blocks a prefetch needs; a failure is left for the read
         that needs what it fetches."""
-        planner = self._own("planner", lambda: ThreadPoolExecutor(1, "tokenmill-s3-plan"))
-        self._background(planner.submit(self._quiet, work))
+        self._submit(self._own("planner", lambda: ThreadPoolExecutor(1, "tokenmill-s3-plan")), work)
 
-    def _background(self, job: Future[None]) -> None:
-        """Keep a background job until it ends (``drain`` waits for those still running)."""
+    def _submit(self, pool: ThreadPoolExecutor, work: Callable[..., object], *args: Any) -> None:
+        """Run ``work(*args)`` on ``pool`` in the background (``_quiet``), kept until it ends
+        (``drain`` waits for those still running)."""
+        job = pool.submit(self._quiet, work, *args)
         with self._lock:
             self._jobs = [j for j in self._jobs if not j.done()]
             self._jobs.append(job)
@@ -281,7 +287,7 @@ class BlockCache:
         stamp = self._stamp_path(path)
         stamp.parent.mkdir(parents=True, exist_ok=True)
         tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_bytes(f"{st.st_ino} {st.st_size} {st.st_mtime_ns}".encode())
+        tmp.write_bytes(_stamp_of(st))
         os.replace(tmp, stamp)
 
     def _stamped(self, path: Path, st: os.stat_result) -> bool:
@@ -293,7 +299,7 @@ class BlockCache:
             os.utime(stamp)
         except FileNotFoundError:
             return False
-        return found == f"{st.st_ino} {st.st_size} {st.st_mtime_ns}".encode()
+        return found == _stamp_of(st)
 
     def _open_checked(self, f: RemoteFile, i: int, path: Path) -> memoryview | None:
         """The cached block mapped, or None when absent, short or not matching its hash (then
@@ -536,10 +542,8 @@ class BlockCache:
     def prefetch(self, wanted: list[tuple[RemoteFile, int]]) -> None:
         """Fetch these blocks in the background (errors surface when the batch is read)."""
         runs = self._runs([(f, i) for f, i in wanted if self._name(f, i) not in self._maps])
-        if runs:
-            pool = self.pool()
-            for run in runs:
-                self._background(pool.submit(self._quiet, self._fill_run, *run))
+        for run in runs:
+            self._submit(self.pool(), self._fill_run, *run)
 
     def prefetch_lists(self, files: list[RemoteFile]) -> None:
         """Fetch the block lists ``files`` hold by reference in the background, one GET per
@@ -549,10 +553,8 @@ class BlockCache:
             for f in files
             if f.block_list and f.block_list not in self._lists and f.size > f.block_bytes
         }
-        if wanted:
-            pool = self.pool()
-            for f in wanted.values():
-                self._background(pool.submit(self._quiet, self.hashes, f))
+        for f in wanted.values():
+            self._submit(self.pool(), self.hashes, f)
 
     @staticmethod
     def _quiet(fetch: Any, *args: Any) -> None:

@@ -30,8 +30,6 @@ class BatchSampler:
         *,
         consumed_samples: int | None = None,
     ) -> None:
-        if consumed_samples is not None:
-            start_step = self._step_of(consumed_samples, global_batch_size, start_step)
         for name, value, low in (
             ("num_samples", num_samples, 0),
             ("global_batch_size", global_batch_size, 1),
@@ -47,6 +45,8 @@ class BatchSampler:
             )
         if not isinstance(rank, int | np.integer) or not 0 <= rank < world_size:
             raise ConfigError(f"BatchSampler rank must be in [0, {world_size}), got {rank!r}")
+        if consumed_samples is not None:
+            start_step = self._step_of(consumed_samples, global_batch_size, start_step)
         self.num_samples = int(num_samples)
         self.global_batch_size = int(global_batch_size)
         self.rank = int(rank)
@@ -65,10 +65,6 @@ class BatchSampler:
         if not isinstance(consumed_samples, int | np.integer) or consumed_samples < 0:
             raise ConfigError(
                 f"BatchSampler consumed_samples must be an integer >= 0, got {consumed_samples!r}"
-            )
-        if not isinstance(global_batch_size, int | np.integer) or global_batch_size < 1:
-            raise ConfigError(
-                f"BatchSampler global_batch_size must be an integer >= 1, got {global_batch_size!r}"
             )
         if consumed_samples % global_batch_size:
             raise ConfigError(
