@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tokenmill.errors import ConfigError, FormatError
-from tokenmill.loader._training import TrainingFlags, resolve_eod, training_inputs
+from tokenmill.loader._training import TrainingFlags, training_inputs
 
 
 class Source(Protocol):
@@ -186,3 +186,25 @@ def training_batch(
         flags=flags,
         may_hold_pad=representable or bool(np.any(lengths < first.width)),
     )
+
+
+def resolve_eod(datasets: Mapping[str, Source], eod_id: int | None) -> int:
+    """``eod_id``, or the EOD id all ``datasets`` record; ConfigError when one records none or
+    they disagree (naming them)."""
+    if eod_id is not None:
+        return int(eod_id)
+    recorded = {name: ds.recorded_eod_id() for name, ds in datasets.items()}
+    missing = [name for name, value in recorded.items() if value is None]
+    if missing:
+        raise ConfigError(
+            f"no EOD id recorded for {', '.join(map(repr, missing))} (config.eod_id of the "
+            "dataset's .manifest.json); pass eod_id=... to get_training_batch"
+        )
+    values = set(recorded.values())
+    if len(values) > 1:
+        shown = ", ".join(f"{name!r}: {value}" for name, value in recorded.items())
+        raise ConfigError(
+            f"the blend's datasets record different EOD ids ({shown}); they were tokenized "
+            "differently: pass eod_id=... explicitly only if that is intended"
+        )
+    return int(values.pop())  # type: ignore[arg-type]
