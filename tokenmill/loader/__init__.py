@@ -165,15 +165,12 @@ def open_blend_split(
     from them without reading its own manifest), or a virtual merge's manifest already read and
     checked (``merges``, by dataset name), else None."""
     opener = open_local if open_data is None else open_data
-    prefixes = {ds["name"]: resolve(mpath, ds["prefix"]) for ds in info["datasets"]}
-    known = merges or {}
-    recorded = {
-        ds["name"]: known.get(ds["name"]) if "manifest" in ds["files"] else ds
-        for ds in info["datasets"]
-    }
+    entries = {ds["name"]: ds for ds in info["datasets"]}
     part = info["splits"][split]
     datasets = {}
     for ds in part["datasets"]:
+        entry = entries[ds["name"]]
+        recorded = (merges or {}).get(ds["name"]) if "manifest" in entry["files"] else entry
         paths = index_part_paths(ds, mpath)
         arrays = [
             load_index_parts(
@@ -184,7 +181,7 @@ def open_blend_split(
             for kind, parts in zip(INDEX_ARRAYS, paths, strict=True)
         ]
         datasets[ds["name"]] = NanosetDataset(
-            opener(prefixes[ds["name"]], full=full, recorded=recorded[ds["name"]]),
+            opener(resolve(mpath, entry["prefix"]), full=full, recorded=recorded),
             *arrays,
             sequence_length=info["sequence_length"],
             add_extra_token=info["add_extra_token"],
