@@ -4,7 +4,8 @@ Reads the validated Parquet (so bad lines were already quarantined upstream) and
 ``tokens/<ds>/<shard>_<text_key>_document.{bin,idx}`` + ``.manifest.json``, byte-identical to
 Megatron ``preprocess_data.py`` on the shard's good lines. A backfill run tokenizes a range of
 shards in one step (``assets/shards.py``), loading the engine and the reference checker once
-for the range (``TokenizeSession``), not once per shard.
+for the range (``TokenizeSession``), not once per shard. A shard whose pair already records its
+Parquet and settings is kept as it is (``kept``: a second run of one shard writes nothing).
 """
 
 from typing import Any
@@ -53,11 +54,10 @@ def build_tokens(ds: DatasetConfig) -> AssetsDefinition:
                 session=session,
             )
             fingerprint = str(result.manifest["config"]["tokenizer_fingerprint"])
-            metadata = token_dataset_metadata(
-                result.prefix, seconds=result.seconds, tokenizer=fingerprint
-            )
+            seconds = None if result.reused else result.seconds  # no rate for a kept pair
+            metadata = token_dataset_metadata(result.prefix, seconds=seconds, tokenizer=fingerprint)
             settings = tokens_settings(fingerprint, tokenizer.append_eod, ds)
-            return {**metadata, "engine": result.engine, SETTINGS: settings}
+            return {**metadata, "engine": result.engine, "kept": result.reused, SETTINGS: settings}
 
         parquets = [layout.parquet(ds.name, key) for key in keys]
         with (

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from tokenmill.errors import ConfigError
+
 VERSION_CHARS = 16  # a version folder is named by the first 16 hex digits of its version hash
 _CONTROL = re.compile("[\x00-\x1f\x7f]")
 
@@ -41,6 +43,19 @@ def name_problem(name: str) -> str | None:
     if "/" in name or "\\" in name:
         return "contains a slash or backslash"
     return "contains a control character" if has_control_character(name) else None
+
+
+def document_stem(prefix: str, text_key: str) -> str:
+    """``<prefix>_<text_key>_document``: Megatron's ``preprocess_data.py`` naming of a pair;
+    ConfigError when ``text_key`` could not be part of one file name (it would place the files
+    elsewhere)."""
+    problem = name_problem(text_key)
+    if problem:
+        raise ConfigError(
+            f"text_key {text_key!r} {problem}; it is part of the file names "
+            "<prefix>_<text_key>_document.*, so it must be one file-name part"
+        )
+    return f"{prefix}_{text_key}_document"
 
 
 def relative_path_problem(relative: str) -> str | None:

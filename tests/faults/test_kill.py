@@ -127,26 +127,33 @@ def test_tokenize_killed_mid_write(src: Path, clean: dict, tmp_path: Path, worke
     step = "add_documents" if workers == 1 else "add_part"
     kill_parked(args, f"{IDX_WRITER}:IndexedDatasetWriter.{step}", tmp_path / "k", after=True)
     state = audit(out)
-    assert state.temps and all(t.startswith(".tmp/") for t in state.temps)  # the parts too
-    assert [t for t in state.temps if t.startswith(".tmp/p_text_document.bin.tmp-")]
+    # all in the run's staging folder, .tmp/p_text_document.tmp-<host>-<pid>-<rand>/ (the parts too)
+    assert state.temps and all(t.startswith(".tmp/p_text_document.tmp-") for t in state.temps)
+    assert [t for t in state.temps if "/.tmp/p_text_document.bin.tmp-" in t]
     assert (state.orphans, state.manifests) == ([], [])
     rerun_matches("tokenize", src, out, clean)
 
 
 @pytest.mark.parametrize(
-    ("hook", "after", "orphans"),
+    ("call", "after", "orphans"),
     [
-        (f"{IDX_WRITER}:commit", True, ["p_text_document.bin"]),  # .bin renamed, .idx not yet
-        ("tokenmill.atomic:commit", False, ["p_text_document.bin", "p_text_document.idx"]),
+        (1, True, ["p_text_document.bin"]),  # .bin renamed into place, .idx not yet
+        (3, False, ["p_text_document.bin", "p_text_document.idx"]),  # the manifest not yet
     ],
     ids=["between-bin-and-idx", "manifest-written-not-renamed"],
 )
 def test_tokenize_killed_while_committing(
-    src: Path, clean: dict, tmp_path: Path, hook: str, after: bool, orphans: list[str]
+    src: Path, clean: dict, tmp_path: Path, call: int, after: bool, orphans: list[str]
 ) -> None:
-    out, state = killed(partial(tokenize_args, src, workers=2), tmp_path, hook, after=after)
+    """Killed while renaming the staged files into place (holding the output's lock): the
+    files not yet renamed and the lock file are left in .tmp/; the next run completes."""
+    hook = "tokenmill.tokenize.outputs:commit"
+    args = partial(tokenize_args, src, workers=2)
+    out, state = killed(args, tmp_path, hook, call=call, after=after)
     assert (state.orphans, state.manifests, state.problems) == (orphans, [], [])
-    assert len(state.temps) == 1
+    staged = {"p_text_document.idx", "p_text_document.manifest.json"} - set(orphans)
+    left = sorted(t.rsplit("/", 1)[1] for t in state.temps)
+    assert left == sorted({*staged, "p_text_document.lock"})
     never_completed(out / "p_text_document")
     rerun_matches("tokenize", src, out, clean)
 
@@ -157,8 +164,9 @@ def test_tokenize_killed_over_a_previous_result(src: Path, clean: dict, tmp_path
     kill_parked(
         tokenize_args(src, out), f"{IDX_WRITER}:IndexedDatasetWriter.add_documents", tmp_path / "k"
     )
-    state = audit(out)  # the old result is gone, manifest first: nothing claims the new bytes
-    assert (state.orphans, state.manifests, state.problems) == ([], [], [])
+    state = audit(out)  # the old result stays whole: the new one was only staged
+    assert (state.orphans, state.problems) == ([], [])
+    assert state.manifests == ["manifests/p_text_document.manifest.json"]
     rerun_matches("tokenize", src, out, clean)
 
 

@@ -164,9 +164,9 @@ def test_pointers_never_regress_with_daemon_refreshes_and_materialize(
     problems = {name: _regressions(moves) for name, moves in history.items()}
     assert problems == {name: [] for name in history}, history
     assert launched > 0 and running == 0, (tmp_path / "daemon.log").read_text()[-3000:]
-    # The writers' own success is not asserted: two runs tokenizing one new shard at once (the
-    # sensor's and materialize's) clear and rewrite its pair in place, and a merge check that
-    # reads it meanwhile fails ("its token pair is gone"); the pointers stay where they were.
+    # The writers' own success is not asserted: the subject is the pointers. (Two runs tokenizing
+    # one new shard at once used to fail a merge check that read its pair meanwhile, "its token
+    # pair is gone"; they no longer do: tests/lib/test_tokenize.py.)
     assert len(codes) == 6
     assert all(len(moves) >= 2 for moves in history.values()), history  # each one moved
     final: dict[str, Any] = json.loads((root / "blends" / "mix" / "manifest.json").read_text())

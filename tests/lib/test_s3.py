@@ -18,7 +18,7 @@ from botocore.stub import Stubber
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.loader._s3 import cache_for
 from tokenmill.storage import s3
-from tokenmill.storage.pull import _open_source
+from tokenmill.storage.pull_plan import open_source
 from tokenmill.storage.staging import S3Stage
 from tokenmill.storage.store import S3Store, open_store
 
@@ -253,7 +253,7 @@ def test_staging_gc_pull_and_the_loader_get_the_factorys_settings(
     stage = S3Stage.open("s3://bkt/root", ENDPOINT, tmp_path / "stage")
     store = open_store("s3://bkt/root", ENDPOINT)
     assert isinstance(store, S3Store)
-    source, key = _open_source("s3://bkt/blends/mix/manifest.json", ENDPOINT, 4)
+    source, key = open_source("s3://bkt/blends/mix/manifest.json", ENDPOINT, 4)
     assert key == "blends/mix/manifest.json"
     assert _settings(stage.client) == _settings(store.client) == expected
     assert _settings(source.client) == expected  # type: ignore[union-attr]

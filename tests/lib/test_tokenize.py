@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,10 +27,13 @@ from tokenmill.errors import BadRecordError, ConfigError, TokenmillError
 from tokenmill.formats.dataset_manifest import (
     check_dataset_files,
     dataset_manifest_path,
+    file_problems,
     input_sha256,
+    open_dataset,
     read_dataset_manifest,
 )
 from tokenmill.formats.indexed import IndexedDataset, encode_index
+from tokenmill.tokenize import outputs as outputs_module
 from tokenmill.tokenize import run as run_module
 from tokenmill.tokenize.procs import SAMPLE_CHARS
 from tokenmill.tokenize.run import TokenizeSession, dataset_prefix, tokenize_files
@@ -185,7 +189,7 @@ def test_manifest_is_reproducible_and_names_inputs_as_told(gpt2_dir: Path, tmp_p
         os.utime(src, ns=(len(manifests) * 10**9, len(manifests) * 10**9))
         res = tokenize_files(
             [src],
-            tmp_path / "out",
+            tmp_path / copy / "out",  # its own output: a second run into one would write nothing
             gpt2_dir,
             append_eod=True,
             input_uri=lambda path: f"s3://bucket/raw/{path.name}",
@@ -372,7 +376,7 @@ def test_sigkill_leaves_nothing_final_and_rerun_is_identical(
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
-    while not any(p.stat().st_size for p in out.glob(".tmp/p_text_document.bin.tmp-*")):
+    while not any(p.stat().st_size for p in out.glob(".tmp/*/.tmp/p_text_document.bin.tmp-*")):
         assert proc.poll() is None and time.monotonic() < deadline, "finished before it was killed"
         time.sleep(0.005)
     children = psutil.Process(proc.pid).children(recursive=True)
@@ -393,6 +397,153 @@ def test_sigkill_leaves_nothing_final_and_rerun_is_identical(
     assert _run_cli([*args, "--output-prefix", str(tmp_path / "clean")]).returncode == 0
     assert pair_bytes(out / "p_text_document") == pair_bytes(tmp_path / "clean_text_document")
     assert not [n for n in os.listdir(out) + os.listdir(out / ".tmp") if ".tmp-" in n]
+
+
+def _stamps(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """Every file and folder below ``folder``: (inode, size, mtime in ns); a ``.tmp/`` folder by
+    its entries alone (the run's lock file comes and goes there)."""
+    return {
+        p.relative_to(folder).as_posix(): (p.stat().st_ino, p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.name != ".tmp"
+    }
+
+
+def test_a_rerun_of_an_up_to_date_output_touches_nothing(gpt2_dir: Path, tmp_path: Path) -> None:
+    """Same inputs and settings as the manifest records, the pair at its sizes and sha256s: the
+    run writes nothing (no inode, size or mtime changes) and reports the recorded counts.
+    Another input or setting, or a damaged pair, is written anew."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "ok"}\n{"text": 5}\n{"text": "later on"}\n')
+    out = tmp_path / "out"
+    kwargs: dict[str, Any] = {"append_eod": True, "on_bad_record": "quarantine"}
+    first = tokenize_files([src], out / "p", gpt2_dir, **kwargs)
+    before = _stamps(tmp_path)
+    again = tokenize_files([src], out / "p", gpt2_dir, **kwargs)
+    assert _stamps(tmp_path) == before
+    assert (again.reused, first.reused) == (True, False)
+    assert again.manifest == first.manifest and again.quarantine_path == first.quarantine_path
+    assert (again.documents, again.tokens, again.quarantined) == (2, first.tokens, 1)
+    cli = ["--input", str(src), "--output-prefix", str(out / "p"), "--tokenizer", str(gpt2_dir)]
+    done = _run_cli([*cli, "--append-eod", "--on-bad-record", "quarantine"])
+    assert done.returncode == 0 and "up to date" in done.stdout and _stamps(tmp_path) == before
+    plain = tokenize_files([src], out / "p", gpt2_dir, on_bad_record="quarantine")  # no EOD
+    assert not plain.reused and plain.tokens == first.tokens - 2
+    src.write_text('{"text": "ok"}\n{"text": "later on"}\n')
+    fixed = tokenize_files([src], out / "p", gpt2_dir, append_eod=True)
+    assert not fixed.reused and fixed.quarantine_path is None
+    assert pair_bytes(fixed.prefix) == pair_bytes(first.prefix)
+    assert not (out / "p.quarantine.jsonl").exists()
+    data = Path(f"{fixed.prefix}.bin")
+    data.write_bytes(bytes([data.read_bytes()[0] ^ 1]) + data.read_bytes()[1:])  # same size
+    repaired = tokenize_files([src], out / "p", gpt2_dir, append_eod=True)
+    assert not repaired.reused and pair_bytes(repaired.prefix) == pair_bytes(first.prefix)
+
+
+def test_commit_never_leaves_a_manifest_without_its_pair(
+    gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rewriting an output renames each new file over the old one, manifest last. With the same
+    content (here: the inputs named by another uri) the old manifest stays until the new one
+    replaces it; with other content it goes before the first data file is replaced."""
+    src = write_jsonl(tmp_path / "in.jsonl", real_texts(5))
+    prefix = tokenize_files([src], tmp_path / "p", gpt2_dir).prefix
+    manifest = dataset_manifest_path(prefix)
+    seen: list[tuple[str, str | None]] = []
+    real = outputs_module.commit
+
+    def watched(tmp: Any, final: Any) -> None:
+        found = json.loads(manifest.read_bytes())["content_hash"] if manifest.is_file() else None
+        seen.append((Path(final).name, found))
+        real(tmp, final)
+
+    monkeypatch.setattr(outputs_module, "commit", watched)
+    old = read_dataset_manifest(prefix)["content_hash"]
+    tokenize_files([src], tmp_path / "p", gpt2_dir, input_uri=lambda _: "s3://b/in.jsonl")
+    names = ["p_text_document.bin", "p_text_document.idx", "p_text_document.manifest.json"]
+    assert seen == [(name, old) for name in names]
+    seen.clear()
+    changed = tokenize_files([write_jsonl(src, real_texts(6))], tmp_path / "p", gpt2_dir)
+    assert seen == [(name, None) for name in names]
+    assert check_dataset_files(changed.prefix, full=True) == []
+
+
+def test_a_failed_run_removes_the_stale_pair_it_found_but_never_anothers(
+    gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that fails leaves no pair of other inputs to pass for its own; but a pair another
+    run committed while it worked (that run's complete result) stays."""
+    old = write_jsonl(tmp_path / "old.jsonl", ["old one", "old two"])
+    new = write_jsonl(tmp_path / "new.jsonl", ["new one"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"text": oops}\n')
+    prefix = tokenize_files([old], tmp_path / "p", gpt2_dir).prefix
+    with pytest.raises(BadRecordError):
+        tokenize_files([bad], tmp_path / "p", gpt2_dir)
+    assert sorted(p.name for p in tmp_path.rglob("p_*")) == []
+    tokenize_files([old], tmp_path / "p", gpt2_dir)
+    real, other = run_module._attempts, []
+
+    def another_run_commits_meanwhile(*args: Any) -> Any:
+        if other:  # the other run's own attempt
+            return real(*args)
+        other.append(None)
+        other[0] = tokenize_files([new], tmp_path / "p", gpt2_dir)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run_module, "_attempts", another_run_commits_meanwhile)
+    with pytest.raises(OSError, match="No space left"):
+        tokenize_files([bad], tmp_path / "p", gpt2_dir)
+    assert read_dataset_manifest(prefix) == other[0].manifest
+    assert check_dataset_files(prefix, full=True) == [] and read_docs(prefix) == [[3605, 530]]
+
+
+def test_concurrent_runs_of_one_output_never_take_the_pair_from_a_reader(
+    gpt2_dir: Path, big_jsonl: Path, tmp_path: Path
+) -> None:
+    """Two processes tokenize one output at once (a sensor's run and ``materialize``'s) while a
+    reader keeps opening it: the reader always finds a complete pair with the first run's
+    content, and the end result is a single run's bytes. (Runs that cleared the output at their
+    start left readers a gap: "its token pair is gone".)"""
+    copies = []
+    for name in ("a", "b", "c"):  # the same bytes at other paths: other uris, so both rewrite
+        copies.append(tmp_path / f"{name}.jsonl")
+        shutil.copyfile(big_jsonl, copies[-1])
+    out = tmp_path / "out"
+    first = tokenize_files([copies[0]], out / "p", gpt2_dir, append_eod=True)
+    expected, content = pair_bytes(first.prefix), first.manifest["content_hash"]
+    cmd = [sys.executable, "-m", "tokenmill.cli", "tokenize", "--tokenizer", str(gpt2_dir)]
+    procs = [
+        subprocess.Popen(
+            [*cmd, "--input", str(src), "--output-prefix", str(out / "p"), "--append-eod"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for src in copies[1:]
+    ]
+    errors, reads = [], 0
+    while any(proc.poll() is None for proc in procs):
+        try:
+            manifest = read_dataset_manifest(first.prefix)
+            if manifest["content_hash"] != content:
+                errors.append(f"content changed: {manifest['content_hash']}")
+            errors += file_problems(first.prefix, manifest, full=False)
+            with open_dataset(first.prefix) as ds:
+                reads += len(ds) > 0
+        except (OSError, TokenmillError) as exc:
+            errors.append(repr(exc))
+        time.sleep(0.001)
+    assert [proc.wait() for proc in procs] == [0, 0], [p.stderr.read() for p in procs if p.stderr]
+    assert errors == [] and reads > 0
+    assert pair_bytes(first.prefix) == expected
+    assert check_dataset_files(first.prefix, full=True) == []
+    assert read_dataset_manifest(first.prefix)["inputs"][0]["uri"] in {
+        str(copies[1]), str(copies[2])
+    }  # fmt: skip
+    assert not [n for n in os.listdir(out) + os.listdir(out / ".tmp") if ".tmp-" in n]
+    for proc in procs:
+        if proc.stderr is not None:
+            proc.stderr.close()
 
 
 def test_ids_beyond_the_dtype_are_refused(tmp_path: Path) -> None:

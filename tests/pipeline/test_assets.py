@@ -84,6 +84,7 @@ def test_every_stage_of_one_recipe(
             for stage in SHARD_STAGES:
                 result = run([ds, stage], shard)
             assert value(result, "documents") == value(result, "sequences")
+            assert value(result, "kept") is False and float(value(result, "tokens_per_second")) > 0
     raw = run(["docs", "raw_jsonl"], "extra-00000")
     assert (value(raw, "lines"), value(raw, "documents"), value(raw, "quarantined")) == (13, 10, 3)
     raw_histogram = str(value(raw, "length_histogram"))
@@ -92,9 +93,13 @@ def test_every_stage_of_one_recipe(
     assert [json.loads(q)["line"] for q in quarantine] == [2, 3, 4]
     hf = run(["docs", "hf_dataset"], "extra-00000")
     assert value(hf, "documents") == 10 == pq.read_metadata(value(hf, "path")).num_rows
+    pair = storage.tokens_prefix("docs", "extra-00000", "text").with_suffix(".bin").stat()
     tokens = run(["docs", "tokens"], "extra-00000")
     assert value(tokens, "dtype") == "uint16" and len(str(value(tokens, "content_hash"))) == 64
-    assert float(value(tokens, "tokens_per_second")) > 0
+    # its Parquet as before: the pair is kept as it is, no rate to report
+    assert value(tokens, "kept") is True and "tokens_per_second" not in (tokens.metadata or {})
+    again = storage.tokens_prefix("docs", "extra-00000", "text").with_suffix(".bin").stat()
+    assert (again.st_ino, again.st_mtime_ns) == (pair.st_ino, pair.st_mtime_ns)
     assert value(tokens, "tokenizer_fingerprint")
     histogram = str(value(tokens, "length_histogram"))
     assert "| tokens from | count | |" in histogram and "\u2588" in histogram

@@ -22,7 +22,7 @@ from tokenmill.formats.takedown_records import read_ledger
 from tokenmill.loader import open_blend
 from tokenmill.provenance import explain, find
 from tokenmill.recipe import Recipe, load_recipe
-from tokenmill.storage import mirror
+from tokenmill.storage import mirror, staging
 from tokenmill.storage.publish import commit_rank, publish
 from tokenmill.storage.store import S3Store
 from tokenmill.takedown import takedown
@@ -96,20 +96,18 @@ def test_explain_find_and_takedown_on_an_s3_root_match_the_local_root(
     listing = tmp_path / "list.txt"
     listing.write_text("".join(q + "\n" for q in queries))
     written: list[str] = []
-    real_write = S3Store.write
+    real_upload, real_pointer = staging.upload, staging.put_pointer
 
-    def spy(self: S3Store, key: str, data: bytes) -> None:
-        written.append(key)
-        real_write(self, key, data)
-
-    real_pointer = mirror.put_pointer
+    def spy(client: object, path: Path, bucket: str, key: str) -> None:
+        written.append(key.removeprefix("root/"))
+        real_upload(client, path, bucket, key)
 
     def spy_pointer(client: object, path: Path, bucket: str, key: str, read: object) -> object:
         written.append(key.removeprefix("root/"))
         return real_pointer(client, path, bucket, key, read)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(S3Store, "write", spy)
-    monkeypatch.setattr(mirror, "put_pointer", spy_pointer)
+    monkeypatch.setattr(staging, "upload", spy)
+    monkeypatch.setattr(staging, "put_pointer", spy_pointer)
     remote = takedown(uri, listing, "licence", now=NOW)
     ref = takedown(local, listing, "licence", now=NOW)
     assert remote.merged == ref.merged and remote.blends == ref.blends

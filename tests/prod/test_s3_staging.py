@@ -6,6 +6,7 @@ indices on S3 by key: nothing rebuilt, no index array downloaded or uploaded."""
 from __future__ import annotations
 
 import collections
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -301,3 +302,38 @@ def test_unchanged_blend_refresh_uploads_no_array(
     assert requests.count("PutObject", ".npy") == 0
     assert requests.count("PutObject", "versions/") == 0
     assert requests.count("GetObject", ".bin") == 0
+
+
+def test_a_second_push_of_one_pair_never_takes_its_manifest_away(
+    s3: S3, requests: Requests, tmp_path: Path
+) -> None:
+    """Two runs of one shard (on two hosts sharing the bucket) push the same pair: the second
+    neither deletes the stored manifest nor uploads it again. A manifest vouching for the same
+    files with another setting (the engine) is overwritten, not deleted first; one for other
+    content is still deleted before its data is replaced."""
+    rel = "tokens/d/s_text_document"
+    manifest = layout.dataset_manifest(rel)
+
+    def push(name: str, seed: int, engine: str) -> list[str]:
+        local = tmp_path / name
+        with IndexedDatasetWriter(local / rel, np.uint16) as writer:
+            writer.add_documents(np.random.default_rng(seed).integers(0, 500, 400), np.full(4, 100))
+        config = {"engine": engine}
+        write_dataset_manifest(local / rel, kind="tokens", inputs=[], config=config, counts={})
+        requests.clear()
+        return s3_stage.S3Stage.open(f"s3://{s3.bucket}/root", None, local).push()
+
+    def stored() -> bytes:
+        return bytes(s3.client.get_object(Bucket=s3.bucket, Key=f"root/{manifest}")["Body"].read())
+
+    pair = [f"{rel}.bin", f"{rel}.idx"]
+    assert push("first", 0, "gigatoken") == [*pair, manifest]
+    first = stored()
+    assert push("again", 0, "gigatoken") == pair
+    assert requests.count("DeleteObject") == requests.count("PutObject", ".manifest.json") == 0
+    assert stored() == first
+    assert push("engine", 0, "tiktoken") == [*pair, manifest]
+    assert requests.count("DeleteObject") == 0 and requests.count("PutObject", manifest) == 1
+    assert json.loads(stored())["config"] == {"engine": "tiktoken"}
+    assert push("other", 1, "tiktoken") == [*pair, manifest]
+    assert requests.count("DeleteObject", manifest) == 1

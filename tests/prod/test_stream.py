@@ -24,8 +24,8 @@ from servers import build_stream_root
 from tiny_pairs import random_dataset
 
 import tokenmill.formats.dataset_manifest as dataset_manifest
-import tokenmill.storage.pull as pull_module
 import tokenmill.storage.s3 as s3_helpers
+import tokenmill.storage.store as store_module
 from tokenmill.errors import CacheError, FormatError
 from tokenmill.formats.merge import virtual_merge
 from tokenmill.indices.blend_build import build_blend
@@ -166,7 +166,7 @@ def test_a_mirrored_version_reopens_without_a_request_until_a_file_changes(
     version = open_blend(uri, "train", cache_dir=cache).version  # through the pointer
     made: list[str] = []
     real = s3_helpers.shared_client
-    for module in (s3_helpers, pull_module):  # pull imports it by name
+    for module in (s3_helpers, store_module):  # the store imports it by name
         monkeypatch.setattr(
             module, "shared_client", lambda *a, **k: made.append("c") or real(*a, **k)
         )

@@ -11,6 +11,18 @@ BAD_RECORD_HELP = (
 )
 
 
+def add_storage_options(p: argparse.ArgumentParser, *, root: bool = True) -> None:
+    """The options of a command that works on a storage root: the positional ``ROOT`` (unless
+    ``root`` is False) and ``--endpoint-url`` (credentials come from the environment only)."""
+    if root:
+        p.add_argument("root", metavar="ROOT", help="storage root: a folder or s3://bucket/prefix")
+    p.add_argument(
+        "--endpoint-url",
+        help="S3 endpoint (default $AWS_ENDPOINT_URL, else AWS); credentials come from the "
+        "environment only",
+    )
+
+
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends ``(default: X)`` to an option's help unless the help already states its default
     or there is none worth stating (None, off, empty)."""

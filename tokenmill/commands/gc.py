@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from tokenmill.commands import add_storage_options
 from tokenmill.storage.gc import gc
 
 
@@ -17,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "kept blend version reads; remove the other versions and the Nanoset cache entries no "
         "kept version uses. Age is the modification time (local mtime, S3 LastModified).",
     )
-    p.add_argument("root", metavar="ROOT", help="storage root: a folder or s3://bucket/prefix")
+    add_storage_options(p)
     p.add_argument(
         "--keep", type=int, required=True, metavar="N", help="newest versions kept per artifact"
     )
@@ -41,7 +42,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="run even when a --keep-version matches no version (refused otherwise: a typo "
         "would remove the version meant to be kept)",
     )
-    p.add_argument("--endpoint-url", help="S3 endpoint (default $AWS_ENDPOINT_URL, else AWS)")
     p.set_defaults(func=run)
 
 

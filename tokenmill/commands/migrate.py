@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from tokenmill.commands import add_storage_options
 from tokenmill.storage.migrate import migrate
 
 
@@ -16,9 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "the pair (P.manifest.json); this version reads only P's sidecar "
         "(manifests/<name>.manifest.json). Run once per root; running again changes nothing.",
     )
-    p.add_argument("root", metavar="ROOT", help="storage root: a folder or s3://bucket/prefix")
+    add_storage_options(p)
     p.add_argument("--dry-run", action="store_true", help="list the moves, change nothing")
-    p.add_argument("--endpoint-url", help="S3 endpoint (default $AWS_ENDPOINT_URL, else AWS)")
     p.set_defaults(func=run)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from tokenmill.commands import add_storage_options
 from tokenmill.storage.pull import DEFAULT_JOBS, pull
 
 
@@ -19,11 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("manifest", metavar="MANIFEST_URI", help="manifest.json (or its folder), s3://")
     p.add_argument("dest", metavar="DIR", help="local folder; the source layout is kept under it")
-    p.add_argument(
-        "--endpoint-url",
-        help="S3 endpoint (default $AWS_ENDPOINT_URL, else AWS); credentials "
-        "come from the environment only",
-    )
+    add_storage_options(p, root=False)
     p.add_argument(
         "--version",
         metavar="V",

@@ -74,6 +74,9 @@ def run(args: argparse.Namespace) -> int:
         workers=args.workers,
         on_bad_record=args.on_bad_record,
     )
+    if res.reused:
+        print(f"up to date: {res.prefix} already holds these inputs tokenized with these settings")
+        return 0
     fallback = f" (after {'; '.join(res.fallbacks)})" if res.fallbacks else ""
     print(
         f"tokenized {len(args.input)} inputs -> {res.prefix}: {res.documents} documents, "

@@ -1,5 +1,6 @@
 """Owns ``tokenmill gc``, one function per pass (finish half-removals, plan, re-plan, remove):
-old blend versions, merged versions and unreferenced Nanoset caches go.
+old blend versions, merged versions and unreferenced Nanoset caches go. What it reads is
+``tokenmill.storage.gc_listing``'s, the plan ``tokenmill.storage.gc_plan``'s.
 
 On a storage root (a local folder, or ``s3://bucket/prefix``) laid out as
 ``tokenmill.storage.layout``
@@ -43,37 +44,27 @@ neither manifest nor tombstone is reported as left alone.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from tokenmill.errors import ConfigError
-from tokenmill.formats.blend_manifest import MANIFEST_NAME, VERSIONS_DIR
-from tokenmill.formats.nanoset_cache import segment_files
 from tokenmill.paths import is_lower_hex
 from tokenmill.storage.gc_listing import (
     DAY,
-    DESCRIPTION,
     Listing,
     Pointers,
     Removal,
     blend_pointer,
-    blend_version_manifest,
     list_root,
     merged_current,
-    merged_manifest,
-    merged_version_manifest,
-    newest,
-    read_json,
     read_pointers,
-    referenced,
     tombstone,
 )
+from tokenmill.storage.gc_plan import Rules, matches, plan
 from tokenmill.storage.layout import VERSION_CHARS
-from tokenmill.storage.store import Store, StoredFile, open_store
+from tokenmill.storage.store import Store, open_store
 
 __all__ = ["GcReport", "Removal", "gc"]
 
@@ -115,16 +106,17 @@ class GcReport:
 def _remove(store: Store, removal: Removal) -> None:
     """Tombstone, commit file (the version stops looking complete), the rest, tombstone: a gc
     killed anywhere in between leaves a tombstone the next run finds and finishes."""
-    mark = tombstone(removal)
     record = {"kind": removal.kind, "name": removal.name, "version": removal.version}
-    store.write(mark, (json.dumps(record, sort_keys=True) + "\n").encode())
+    store.write(tombstone(removal), (json.dumps(record, sort_keys=True) + "\n").encode())
     store.delete([removal.commit])
+    _remove_rest(store, removal)
+
+
+def _remove_rest(store: Store, removal: Removal) -> None:
+    """A removal once its commit file is gone: the other files, then the tombstone."""
+    mark = tombstone(removal)
     store.delete([k for k in removal.keys if k not in (removal.commit, mark)])
     store.delete([mark])
-
-
-def _matches(version: str, keep: list[str]) -> bool:
-    return any(k[:VERSION_CHARS] == version for k in keep)
 
 
 def gc(
@@ -147,10 +139,10 @@ def gc(
     if not force:
         _check_pins(pins, listing, os.fspath(root))
     pointers = read_pointers(store, listing)
-    rules = _Rules(keep, None if older_than_days is None else started - older_than_days * DAY, pins)
+    rules = Rules(keep, None if older_than_days is None else started - older_than_days * DAY, pins)
     report = GcReport(dry_run=dry_run, incomplete=listing.incomplete)
     report.finished = _finish_halves(store, listing, dry_run)
-    doomed, report.kept = _plan(store, listing, pointers, rules)
+    doomed, report.kept = plan(store, listing, pointers, rules)
     if not dry_run:
         doomed, report.kept = _replan(store, listing, pointers, rules, doomed, report.kept)
     report.removed = _remove_doomed(store, doomed, started, dry_run, report.kept)
@@ -179,8 +171,7 @@ def _finish_halves(store: Store, listing: Listing, dry_run: bool) -> list[Remova
         if not dry_run:
             if removal.commit and store.read(removal.commit) is not None:
                 continue  # rebuilt meanwhile: complete again
-            store.delete([k for k in removal.keys if k != tombstone(removal)])
-            store.delete([tombstone(removal)])
+            _remove_rest(store, removal)
         finished.append(removal)
     return finished
 
@@ -189,7 +180,7 @@ def _replan(
     store: Store,
     listing: Listing,
     pointers: Pointers,
-    rules: _Rules,
+    rules: Rules,
     doomed: list[Removal],
     kept: list[str],
 ) -> tuple[list[Removal], list[str]]:
@@ -198,7 +189,7 @@ def _replan(
     again = read_pointers(store, listing)
     if again.same(pointers):
         return doomed, kept
-    still, kept = _plan(store, listing, again, rules)
+    still, kept = plan(store, listing, again, rules)
     commits = {r.commit for r in still}
     return [r for r in doomed if r.commit in commits], kept
 
@@ -233,7 +224,7 @@ def _check_pins(pins: list[str], listing: Listing, root: str) -> None:
         for name, versions in sorted(groups.items())
         for version in sorted(versions)
     ]
-    missing = [pin for pin in pins if not any(_matches(v, [pin]) for _, _, v in known)]
+    missing = [pin for pin in pins if not any(matches(v, [pin]) for _, _, v in known)]
     if missing:
         shown = "; ".join(f"{kind} {name} {version}" for kind, name, version in known[:30])
         more = f"; and {len(known) - 30} more" if len(known) > 30 else ""
@@ -242,168 +233,6 @@ def _check_pins(pins: list[str], listing: Listing, root: str) -> None:
             f"{root} (known: {shown or 'none'}{more}); nothing was removed. Fix the version, or "
             "pass --force to run gc anyway"
         )
-
-
-@dataclass(frozen=True)
-class _Rules:
-    """What the caller asked to keep."""
-
-    keep: int
-    cutoff: float | None  # versions modified after this stay (--older-than)
-    pins: list[str]
-
-    def recent(self, mtime: float) -> bool:
-        return self.cutoff is not None and mtime > self.cutoff
-
-    def choose(
-        self, kind: str, name: str, dated: list[tuple[str, float]], current: set[str]
-    ) -> tuple[set[str], list[str]]:
-        """The versions kept (newest first in ``dated``), each with a line saying why."""
-        kept, lines = set(), []
-        for rank, (version, mtime) in enumerate(dated):
-            why = (
-                "current"
-                if version in current
-                else "--keep-version"
-                if _matches(version, self.pins)
-                else f"among the {self.keep} newest"
-                if rank < self.keep
-                else "newer than --older-than"
-                if self.recent(mtime)
-                else None
-            )
-            if why:
-                kept.add(version)
-                lines.append(f"{kind} {name} {version} ({why})")
-        return kept, lines
-
-
-def _removal(
-    kind: str, name: str, version: str, files: list[StoredFile], mtime: float, commit: str
-) -> Removal:
-    """A planned removal of ``files`` (sorted keys, total size)."""
-    keys = sorted(f.key for f in files)
-    return Removal(kind, name, version, keys, sum(f.size for f in files), mtime, commit)
-
-
-def _plan(
-    store: Store, listing: Listing, pointers: Pointers, rules: _Rules
-) -> tuple[list[Removal], list[str]]:
-    """Pass 2: what may go given these pointers (blends, then the merged versions and Nanoset
-    entries nothing kept needs), and why each kept version stays."""
-    blends, protected, kept = _plan_blends(store, listing, pointers, rules)
-    merged, kept_content, kept_merged = _plan_merged(store, listing, pointers, rules, protected)
-    entries = _plan_entries(store, listing, rules, protected, kept_content)
-    return blends + merged + entries, kept + kept_merged
-
-
-def _plan_blends(
-    store: Store, listing: Listing, pointers: Pointers, rules: _Rules
-) -> tuple[list[Removal], set[str], list[str]]:
-    """The blend versions that may go, every file the pointers and kept versions reference,
-    and the kept lines."""
-    protected: set[str] = set()
-    doomed: list[Removal] = []
-    lines: list[str] = []
-    for name, record in pointers.blends.items():
-        protected |= referenced(record, f"blends/{name}")
-    for name, versions in sorted(listing.blends.items()):
-        folder = f"blends/{name}"
-        pointer = pointers.blends.get(name)
-        current = {str(pointer.get("version", ""))[:VERSION_CHARS]} if pointer else set()
-        dated = newest(versions, functools.partial(blend_version_manifest, folder))
-        kept, why = rules.choose("blend", name, dated, current)
-        lines += why
-        for version, mtime in dated:  # newest first: a version reads only older ones' arrays
-            vdir = f"{folder}/{VERSIONS_DIR}/{version}"
-            if version not in kept and protected & {f.key for f in versions[version]}:
-                kept.add(version)  # a growing version reads its blend arrays as segments
-                lines.append(f"blend {name} {version} (a kept version reads its arrays)")
-            if version in kept:
-                kept_manifest = read_json(store, f"{vdir}/{MANIFEST_NAME}") or {}
-                protected |= referenced(kept_manifest, vdir)
-            else:
-                doomed.append(
-                    _removal(
-                        "blend", name, version, versions[version], mtime, f"{vdir}/{MANIFEST_NAME}"
-                    )
-                )
-    return doomed, protected, lines
-
-
-def _plan_merged(
-    store: Store, listing: Listing, pointers: Pointers, rules: _Rules, protected: set[str]
-) -> tuple[list[Removal], set[str], list[str]]:
-    """The merged versions (``merged/<ds>/<v16>/``) that may go, the content hashes of the kept
-    ones and of unversioned pairs (their Nanoset entries stay), and the kept lines."""
-    kept_content: set[str] = set()
-    doomed: list[Removal] = []
-    lines: list[str] = []
-    for key in listing.unversioned:
-        kept_content |= _content_hash(store, key)
-    for name, versions in sorted(listing.merged.items()):
-        current = pointers.merged.get(name, set())
-        dated = newest(versions, functools.partial(merged_version_manifest, versions))
-        kept, why = rules.choose("merged", name, dated, current)
-        lines += why
-        for version, mtime in dated:
-            files = versions[version]
-            if version not in kept and protected & {f.key for f in files}:
-                kept.add(version)
-                lines.append(f"merged {name} {version} (a kept blend version reads it)")
-            if version in kept:
-                kept_content |= _content_hash(store, merged_manifest(files))
-            else:
-                doomed.append(
-                    _removal("merged", name, version, files, mtime, merged_manifest(files))
-                )
-    return doomed, kept_content, lines
-
-
-def _content_hash(store: Store, key: str) -> set[str]:
-    """The content hash a dataset manifest records, as a set (empty when there is none)."""
-    manifest = read_json(store, key)
-    if manifest and isinstance(manifest.get("content_hash"), str):
-        return {manifest["content_hash"]}
-    return set()
-
-
-def _plan_entries(
-    store: Store, listing: Listing, rules: _Rules, protected: set[str], kept_content: set[str]
-) -> list[Removal]:
-    """The complete Nanoset cache entries (with a description) nothing kept needs; a kept entry
-    keeps the earlier entries whose files are its segments (a growing entry that extends)."""
-    entries = sorted(listing.entries.items())
-    descriptions = {
-        stem: read_json(store, f"nanoset/{stem}{DESCRIPTION}") or {} for stem, _ in entries
-    }
-    keep_stems = set()
-    for stem, files in entries:
-        content = (descriptions[stem].get("key") or {}).get("dataset_content_hash")
-        mtime = max(f.mtime for f in files)
-        if {f.key for f in files} & protected or content in kept_content or rules.recent(mtime):
-            keep_stems.add(stem)
-    queue = list(keep_stems)
-    while queue:
-        for stem in _segment_stems(descriptions.get(queue.pop()) or {}):
-            if stem not in keep_stems:
-                keep_stems.add(stem)
-                queue.append(stem)
-    doomed = []
-    for stem, files in entries:
-        if stem not in keep_stems:
-            mtime = max(f.mtime for f in files)
-            description_key = f"nanoset/{stem}{DESCRIPTION}"
-            doomed.append(
-                _removal("nanoset", stem, stem.split("-", 1)[0], files, mtime, description_key)
-            )
-    return doomed
-
-
-def _segment_stems(description: dict[str, Any]) -> set[str]:
-    """The entry stems (``<hash>-Nanoset-<split>``) of a description's segment files (earlier
-    entries' arrays this entry reads)."""
-    return {name.rsplit("-", 1)[0] for name in segment_files(description) if "-" in name}
 
 
 def _still_old(store: Store, removal: Removal) -> bool:

@@ -42,6 +42,14 @@ class Removal:
     mtime: float
     commit: str  # the key removed first (manifest or description); "" when not known
 
+    @classmethod
+    def of(
+        cls, kind: str, name: str, version: str, files: list[StoredFile], commit: str, mtime: float
+    ) -> Removal:
+        """The removal of ``files`` (sorted keys, total size)."""
+        keys = sorted(f.key for f in files)
+        return cls(kind, name, version, keys, sum(f.size for f in files), mtime, commit)
+
     def line(self, dry_run: bool) -> str:
         verb = "would remove" if dry_run else "removed"
         age = (time.time() - self.mtime) / DAY
@@ -190,9 +198,8 @@ def list_root(store: Store) -> Listing:
 
     def half(kind: str, name: str, version: str, files: list[StoredFile], commit: str) -> None:
         """A group without its commit file: half-removed (tombstone) or still being written."""
-        keys = sorted(f.key for f in files)
-        size, mtime = sum(f.size for f in files), max(f.mtime for f in files)
-        removal = Removal(kind, name, version, keys, size, mtime, commit)
+        mtime = max(f.mtime for f in files)
+        removal = Removal.of(kind, name, version, files, commit, mtime)
         tomb = next((f for f in files if f.key == tombstone(removal)), None)
         if tomb is not None and all(f.mtime <= tomb.mtime for f in files):
             halves.append(removal)
@@ -202,12 +209,12 @@ def list_root(store: Store) -> Listing:
             age = (time.time() - mtime) / DAY
             incomplete.append(
                 f"{kind} {name} {version}: no manifest (a build or upload in progress, or a "
-                f"removal interrupted before gc wrote tombstones), {len(keys)} files, "
+                f"removal interrupted before gc wrote tombstones), {len(removal.keys)} files, "
                 f"modified {age:.1f} days ago"
             )
 
     for (name, version), files in sorted(blend_versions.items()):
-        commit = f"blends/{name}/{VERSIONS_DIR}/{version}/{MANIFEST_NAME}"
+        commit = blend_version_manifest(f"blends/{name}", version)
         if any(f.key == commit for f in files):
             by_blend.setdefault(name, {})[version] = files
         else:

@@ -19,8 +19,8 @@ version; a small pointer names the current version and is the only thing a refre
 
 A pair's manifest lives in a ``manifests/`` folder beside the pair, never beside the pair itself:
 Megatron's and nanotron's ``tools/merge_datasets.py`` take every regular file of a folder as half
-of a ``.bin``/``.idx`` pair and skip folders. ``tokenmill migrate`` moves the manifests tokenmill
-0.1.0 wrote beside the pair.
+of a ``.bin``/``.idx`` pair and skip folders (``tokenmill migrate`` moves a manifest found beside
+its pair into it).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from tokenmill.formats.dataset_manifest import DATASET_MANIFESTS as DATASET_MANI
 from tokenmill.formats.takedown_records import TAKEDOWNS as TAKEDOWNS
 from tokenmill.formats.takedown_records import record_key
 from tokenmill.paths import VERSION_CHARS as VERSION_CHARS
-from tokenmill.paths import is_lower_hex, name_problem
+from tokenmill.paths import document_stem, is_lower_hex, name_problem
 
 POINTER_NAME = "current.json"
 BLEND_MANIFEST = "manifest.json"
@@ -68,15 +68,9 @@ def version_dir_name(version: str) -> str:
 
 
 def document_name(name: str, text_key: str) -> str:
-    """``<name>_<text_key>_document``: Megatron's ``preprocess_data.py`` naming of a pair;
-    ConfigError when ``text_key`` could not be part of one file name."""
-    problem = name_problem(text_key)
-    if problem:
-        raise ConfigError(
-            f"text_key {text_key!r} {problem}; it is part of the file names "
-            "<prefix>_<text_key>_document.*, so it must be one file-name part"
-        )
-    return f"{check_name(name)}_{text_key}_document"
+    """``<name>_<text_key>_document`` (:func:`tokenmill.paths.document_stem`) of a checked
+    artifact name."""
+    return document_stem(check_name(name), text_key)
 
 
 def dataset_manifest(prefix: str) -> str:
@@ -101,19 +95,24 @@ def tokens_dir(ds: str) -> str:
     return f"tokens/{check_name(ds, 'dataset')}"
 
 
+def _shard_file(folder: str, shard: str, suffix: str) -> str:
+    """``<folder>/<shard><suffix>``: one shard's file, its name checked."""
+    return f"{folder}/{check_name(shard, 'partition key')}{suffix}"
+
+
 def raw_stats(ds: str, shard: str) -> str:
     """``raw/<ds>/<shard>.stats.json``: a shard's validation counts (written last)."""
-    return f"{raw_dir(ds)}/{check_name(shard, 'partition key')}.stats.json"
+    return _shard_file(raw_dir(ds), shard, ".stats.json")
 
 
 def quarantine(ds: str, shard: str) -> str:
     """``raw/<ds>/<shard>.quarantine.jsonl``: a shard's bad lines with their line numbers."""
-    return f"{raw_dir(ds)}/{check_name(shard, 'partition key')}.quarantine.jsonl"
+    return _shard_file(raw_dir(ds), shard, ".quarantine.jsonl")
 
 
 def dochash(ds: str, shard: str) -> str:
     """``raw/<ds>/<shard>.dochash.npy``: sha256 of each document's normalized text, in order."""
-    return f"{raw_dir(ds)}/{check_name(shard, 'partition key')}.dochash.npy"
+    return _shard_file(raw_dir(ds), shard, ".dochash.npy")
 
 
 def hf_dir(ds: str) -> str:
@@ -123,13 +122,13 @@ def hf_dir(ds: str) -> str:
 
 def parquet(ds: str, shard: str) -> str:
     """``hf/<ds>/data/<shard>.parquet``: one shard's Parquet export."""
-    return f"{hf_dir(ds)}/data/{check_name(shard, 'partition key')}.parquet"
+    return _shard_file(f"{hf_dir(ds)}/data", shard, ".parquet")
 
 
 def export_record(ds: str, shard: str) -> str:
     """``hf/<ds>/shards/<shard>.json``: one shard's export record (rows, bytes, sha256, schema,
     input), from which ``dataset_info.json`` is assembled without reading any Parquet."""
-    return f"{hf_dir(ds)}/shards/{check_name(shard, 'partition key')}.json"
+    return _shard_file(f"{hf_dir(ds)}/shards", shard, ".json")
 
 
 def dataset_info(ds: str) -> str:

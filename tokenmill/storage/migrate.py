@@ -2,7 +2,7 @@
 (``<prefix>.manifest.json`` beside the pair) into the ``manifests/`` sidecar folder readers use.
 
 Run it once on a storage root (a local folder or ``s3://bucket/prefix``) written by 0.1.0; readers
-no longer look beside the pair. Each move writes the sidecar copy first and removes the old file
+look only in the sidecar folder. Each move writes the sidecar copy first and removes the old file
 last, so a run killed half-way leaves both, which the next run finishes. A pair that already has
 a sidecar manifest keeps it (readers preferred it) and its stale 0.1.0 copy is removed.
 """

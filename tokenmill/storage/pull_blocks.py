@@ -5,8 +5,9 @@ sha256 list a ``.bin``'s manifest records, else the parts a merge records, else 
 one block (checked as a whole). Blocks land in a partial file (``<folder>/.tmp/<name>.partial``
 when a ledger records them, a unique temp otherwise), are fsynced and then recorded in the
 destination's ledger (``tokenmill.storage.pull_ledger``); the whole file is checked against its
-sha256 (or parts) before it is renamed into place. ``tokenmill.storage.pull`` plans the files and
-runs this for each.
+sha256 (or parts) before it is renamed into place. The source is a store
+(``tokenmill.storage.store``); ``tokenmill.storage.pull_plan`` plans the files and
+``tokenmill.storage.pull`` runs this for each.
 """
 
 from __future__ import annotations
@@ -17,31 +18,17 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from tokenmill.atomic import commit, name_os_errors, remove_stale_temps, temp_dir, temp_path_for
 from tokenmill.errors import CacheError, FormatError, InputError
 from tokenmill.storage.pull_ledger import Ledger
 from tokenmill.storage.s3 import BODY_ATTEMPTS, is_s3_error
+from tokenmill.storage.store import Store, ranged
 
-CHUNK = 1 << 22
 BLOCK_ATTEMPTS = 2  # a block failing its sha256 is fetched once more, then refused
 SYNC_BYTES = 64 << 20  # new blocks are fsynced and recorded at least this often
 PARTIAL_SUFFIX = ".partial"
-
-
-class Source(Protocol):
-    """Where pulled files come from (a local folder or an S3 bucket)."""
-
-    def uri(self, key: str) -> str: ...
-
-    def chunks(
-        self, key: str, lo: int, hi: int
-    ) -> contextlib.AbstractContextManager[Iterator[bytes]]: ...
-
-    def cut(self, exc: BaseException) -> bool: ...
-
-    def missing(self, exc: BaseException) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -77,16 +64,6 @@ class Wanted:
                 lo += n
             return out
         return [(0, self.size, None)] if self.size else []
-
-
-def ranged(fh: Any, size: int) -> Iterator[bytes]:
-    """Up to ``size`` bytes of a file object from where it stands, in chunks."""
-    while size > 0:
-        chunk = fh.read(min(CHUNK, size))
-        if not chunk:
-            return
-        size -= len(chunk)
-        yield chunk
 
 
 class Hasher:
@@ -184,7 +161,7 @@ def _take(
 
 
 def _fetch_block(
-    source: Source,
+    source: Store,
     want: Wanted,
     block: tuple[int, int, str | None],
     out: Any,
@@ -215,16 +192,16 @@ def _fetch_block(
                 continue
             if source.missing(exc):
                 raise InputError(
-                    f"{source.uri(want.key)} ({want.what}): missing at the source"
+                    f"{source.where(want.key)} ({want.what}): missing at the source"
                 ) from None
             if not (is_s3_error(exc) or isinstance(exc, OSError)):
                 raise  # a programming error, not a problem of the source or the disk
-            raise InputError(f"{source.uri(want.key)} ({want.what}): {exc}") from exc
+            raise InputError(f"{source.where(want.key)} ({want.what}): {exc}") from exc
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _fill(
-    source: Source,
+    source: Store,
     want: Wanted,
     partial: Path,
     local: Path | None,
@@ -242,7 +219,7 @@ def _fill(
     blocks = want.blocks()
     pending: list[int] = []  # new blocks written since the last fsync (recorded after it)
     pending_bytes = 0
-    uri = f"{source.uri(want.key)} ({want.what})"
+    uri = f"{source.where(want.key)} ({want.what})"
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(open(partial, "r+b", buffering=0))
         src: Any = out  # where blocks in ``good`` are read: the partial, or an older copy
@@ -296,7 +273,7 @@ def _write_all(out: Any, data: bytes, offset: int) -> None:
 
 
 def sync(
-    source: Source,
+    source: Store,
     want: Wanted,
     root: Path,
     advance: Callable[[int], None],

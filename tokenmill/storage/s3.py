@@ -11,8 +11,8 @@ build costs 0.1-0.5 s of CPU.
 Retries happen in one place: botocore's ``standard`` retry mode (``MAX_ATTEMPTS`` retries per
 request, exponential backoff with jitter, a per-client retry quota); s3transfer adds its own for a
 download stream cut mid-file. The only other retry is for a response body cut while it is read
-(``read_object``, ``tokenmill.storage.pull``): botocore has already handed that response over and
-cannot repeat it. boto3 is imported lazily (pipeline extra).
+(``read_object``, ``tokenmill.storage.pull_blocks``): botocore has already handed that response
+over and cannot repeat it. boto3 is imported lazily (pipeline extra).
 
 Timeouts: a connection must open within ``TOKENMILL_S3_CONNECT_TIMEOUT`` seconds (default 10) and
 an answer must not stall longer than ``TOKENMILL_S3_READ_TIMEOUT`` (default 30; botocore's own 60

@@ -1,21 +1,16 @@
 """Staging an ``s3://`` storage root: a step's local work directory filled from S3 and uploaded
 back in commit order, through a run's download cache (``tokenmill.storage.run_cache``). The
-pipeline's resources only wire it up.
+pipeline's resources only wire it up; the takedown mirror (``tokenmill.storage.mirror``) is a
+stage of a whole root. The client, its retries and the errors are ``tokenmill.storage.s3``'s.
 
-Clients come from the one factory, ``tokenmill.storage.s3.shared_client`` (endpoint from the
-recipe's ``storage.s3_endpoint_url`` or ``$AWS_ENDPOINT_URL``; credentials only from the
-environment, so they never pass through config, logs or metadata; the ``TOKENMILL_S3_*``
-timeouts), as for ``tokenmill pull``, ``gc`` and the streaming loader. Transient errors are
-retried by botocore's standard retry mode and by s3transfer for a download cut mid-stream; what
-still fails raises ``InputError`` naming the ``s3://`` URI (``tokenmill.storage.s3.call``).
-
-:class:`S3Stage` mirrors parts of an S3 root in a local directory: ``fetch`` downloads the
-inputs a step reads, ``push`` uploads what the step wrote in the commit order of
+:class:`S3Stage` mirrors parts of an S3 root in a local directory: ``fetch`` downloads the inputs a
+step reads, ``push`` uploads what the step wrote in the commit order of
 :mod:`tokenmill.storage.publish` (data first, then dataset manifests, index-cache descriptions and
 stats, then ``current.json`` pointers, a blend's ``manifest.json`` last; a marker that really
-replaces an existing object is deleted before its data is overwritten, a pointer is simply
-overwritten: a PUT is atomic) and deletes the fetched files the step removed, so a failed or
-killed transfer never leaves a marker that describes files which are not there.
+replaces an existing object is deleted before its data is overwritten, one S3 holds byte for byte
+is left alone, one vouching for the same files is overwritten, as a pointer is: a PUT is atomic)
+and deletes the fetched files the step removed, so a failed or killed transfer never leaves a
+marker that describes files which are not there.
 
 A pointer the step fetched is written back by a conditional PUT (compare-and-swap, as
 ``tokenmill.storage.versions.swap_pointer`` locally): ``If-Match`` the ETag it had when fetched,
@@ -29,12 +24,12 @@ from __future__ import annotations
 
 import json
 import posixpath
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import is_temp
+from tokenmill.atomic import is_temp, write_bytes
 from tokenmill.errors import ConflictError, InputError
 from tokenmill.formats.dataset_manifest import read_dataset_manifest
 from tokenmill.formats.nanoset_cache import segment_files
@@ -48,7 +43,6 @@ from tokenmill.storage.s3 import (
     call,
     delete,
     download,
-    exists,
     list_objects,
     read_object,
     shared_client,
@@ -124,6 +118,19 @@ def fetch_shard(
         download(client, bucket, key, path)
 
 
+def _same_content(stored: bytes, ours: bytes) -> bool:
+    """Whether two dataset manifests vouch for the same files (equal ``files`` and
+    ``content_hash``; a setting such as the engine may differ): the data uploaded under the
+    stored one is then byte for byte the data uploaded under ours."""
+    try:
+        old, new = json.loads(stored), json.loads(ours)
+    except ValueError:  # not JSON (UnicodeDecodeError included): not a dataset manifest
+        return False
+    if not (isinstance(old, dict) and isinstance(new, dict)) or "content_hash" not in new:
+        return False
+    return all(old.get(key) == new[key] for key in ("content_hash", "files"))
+
+
 def _stamp(path: Path) -> tuple[int, int, int]:
     st = path.stat()
     return (st.st_size, st.st_mtime_ns, st.st_ino)
@@ -162,35 +169,53 @@ class S3Stage:
         """Download each input: ``dir/`` is a folder (recursively), ``path`` is a file and its
         ``path.*`` siblings (a dataset prefix gives its ``.bin``, ``.idx`` and manifest). A key
         that would land outside the stage is refused (``local_name``) before any download."""
-        base = f"{self.prefix}/" if self.prefix else ""
         wanted: dict[str, S3Object] = {}
         listed: dict[str, S3Object] = {}
         for rel in inputs:
             folder = rel.endswith("/")
-            for obj in list_objects(self.client, self.bucket, self.key(rel), recursive=True):
-                name = obj.key[len(base) :]
+            for name, obj in self.listing(rel).items():
                 listed[name] = obj
-                if not (folder or name == rel or name.startswith(rel + ".")):
-                    continue
-                if not is_temp(name) and name not in self.fetched:
-                    wanted[local_name(self.bucket, obj.key, base)] = obj
+                if folder or name == rel or name.startswith(rel + "."):
+                    wanted[local_name(self.bucket, obj.key, self.key(""))] = obj
         for name, obj in wanted.items():
             self.get(obj, name)
         for rel in inputs:
             if is_pointer(rel) and rel not in self.pointers:
-                found = listed.get(rel)
-                etag = None if found is None else found.etag
-                self.pointers[rel] = ReadPointer(etag, pointer_version(self.local / rel))
+                self._read_pointer(rel, listed.get(rel))
+
+    def _read_pointer(self, rel: str, listed: S3Object | None) -> None:
+        """Remember a pointer as staged, with the ETag it was listed at (None: not there), for
+        the compare-and-swap of :meth:`push`."""
+        etag = None if listed is None else listed.etag
+        self.pointers[rel] = ReadPointer(etag, pointer_version(self.local / rel))
+
+    def mirror(self, wanted: Callable[[str], bool]) -> None:
+        """Stage every object of the root whose relative path ``wanted`` accepts: one LIST and
+        one GET each, no run cache; an object removed since the listing is not part of the root
+        now and is left out."""
+        for rel, obj in self.listing("").items():
+            if not wanted(rel):
+                continue
+            data = read_object(self.client, self.bucket, obj.key)
+            if data is None:
+                continue
+            write_bytes(self.local / rel, data)
+            self.fetched[rel] = _stamp(self.local / rel)
+            if is_pointer(rel):
+                self._read_pointer(rel, obj)
 
     def listing(self, rel_prefix: str) -> dict[str, S3Object]:
         """``{path relative to the root: object}`` of every object whose path starts with
         ``rel_prefix`` (one LIST request), temp names left out."""
-        base = f"{self.prefix}/" if self.prefix else ""
+        base = self.key("")
         found = list_objects(self.client, self.bucket, self.key(rel_prefix), recursive=True)
         return {o.key[len(base) :]: o for o in found if not is_temp(o.key[len(base) :])}
 
     def get(self, obj: S3Object, rel: str) -> None:
-        """One listed object to ``rel`` in the stage (through the run cache), as fetched."""
+        """One listed object to ``rel`` in the stage (through the run cache), as fetched, unless
+        it is staged already."""
+        if rel in self.fetched:
+            return
         path = self.local / rel
         if self.cache is None:
             download(self.client, self.bucket, obj.key, path)
@@ -210,8 +235,7 @@ class S3Stage:
         if not all(rel in found for rel in rels.values()):
             return False
         for _, rel in sorted(rels.items(), key=lambda item: item[0] == "description"):
-            if rel not in self.fetched:
-                self.get(found[rel], rel)
+            self.get(found[rel], rel)
         description = json.loads((self.local / rels["description"]).read_bytes())
         segments = segment_files(description if isinstance(description, dict) else {})
         if segments:  # a growing entry that extends: its earlier entries' files too
@@ -229,8 +253,7 @@ class S3Stage:
         found = self.listing(rels["description"].removesuffix("description.json"))
         if rels["description"] not in found:
             return None
-        if rels["description"] not in self.fetched:
-            self.get(found[rels["description"]], rels["description"])
+        self.get(found[rels["description"]], rels["description"])
         try:
             description = json.loads((self.local / rels["description"]).read_bytes())
             if description["key"] != key or description["hash"] != digest:
@@ -273,13 +296,24 @@ class S3Stage:
 
     def push(self) -> list[str]:
         """Upload new and changed files in commit order (``tokenmill.storage.publish``) and delete
-        fetched files the step removed; the relative paths uploaded, in upload order."""
-        written = list(self._written())
-        for rel in sorted(written):
-            if delete_first(rel) and (
-                rel in self.fetched or exists(self.client, self.bucket, self.key(rel))
-            ):
-                delete(self.client, self.bucket, self.key(rel))
+        fetched files the step removed; the relative paths uploaded, in upload order. A marker
+        the step did not fetch is compared with the stored one (one GET): the same bytes are
+        not uploaded again, and one vouching for the same content is not deleted first, so a
+        second run that wrote the same result (two runs of one shard) never takes it away."""
+        written, replaced = [], set()
+        for rel in self._written():
+            if delete_first(rel) and rel not in self.fetched:
+                stored = read_object(self.client, self.bucket, self.key(rel))
+                ours = (self.local / rel).read_bytes()
+                if stored == ours:
+                    continue
+                if stored is not None and not _same_content(stored, ours):
+                    replaced.add(rel)
+            elif delete_first(rel):
+                replaced.add(rel)
+            written.append(rel)
+        for rel in sorted(replaced):
+            delete(self.client, self.bucket, self.key(rel))
 
         def put(rel: str) -> str:
             if rel in self.pointers:

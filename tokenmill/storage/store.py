@@ -1,23 +1,47 @@
 """A storage root seen as keys: list, read, write and delete files, locally or under ``s3://``.
 
-The one home of "which files are under this folder of the root" and "remove these keys", used by
-``tokenmill gc`` and by the pipeline's pruning step alike. Listing reads names and sizes only,
-never a file's content. Keys are posix paths relative to the root (``tokenmill.storage.layout``).
+The one home of "which files are under this folder of the root", "read these bytes of a key" and
+"remove these keys", used by ``tokenmill gc``, ``tokenmill pull`` (whose source is a store rooted
+at ``/`` or at a bucket) and the pipeline's pruning step alike. Listing reads names and sizes
+only, never a file's content. Keys are posix paths relative to the root
+(``tokenmill.storage.layout``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenmill.atomic import remove_empty_dir, write_bytes
 from tokenmill.errors import ConfigError, InputError
-from tokenmill.storage.s3 import call, list_objects, read_object, shared_client, split_uri
+from tokenmill.storage.s3 import (
+    call,
+    is_cut_body,
+    is_missing,
+    list_objects,
+    read_object,
+    shared_client,
+    split_uri,
+)
 
-__all__ = ["LocalStore", "S3Store", "Store", "StoredFile", "open_store"]
+__all__ = ["CHUNK", "LocalStore", "S3Store", "Store", "StoredFile", "open_store", "ranged"]
+
+CHUNK = 1 << 22  # bytes per piece of a ranged read
+
+
+def ranged(fh: Any, size: int) -> Iterator[bytes]:
+    """Up to ``size`` bytes of a file object from where it stands, in chunks."""
+    while size > 0:
+        chunk = fh.read(min(CHUNK, size))
+        if not chunk:
+            return
+        size -= len(chunk)
+        yield chunk
 
 
 @dataclass(frozen=True)
@@ -52,12 +76,31 @@ class LocalStore:
                     continue
                 yield StoredFile(path.relative_to(self.root).as_posix(), st.st_size, st.st_mtime)
 
+    def where(self, key: str) -> str:
+        """The path of ``key``, for messages."""
+        return str(self.root / key)
+
     def read(self, key: str) -> bytes | None:
         """The file's bytes, or None when it does not exist."""
         try:
             return (self.root / key).read_bytes()
         except FileNotFoundError:
             return None
+
+    @contextlib.contextmanager
+    def chunks(self, key: str, lo: int, hi: int) -> Iterator[Iterator[bytes]]:
+        """Bytes ``lo..hi`` of the file, in pieces."""
+        with open(self.root / key, "rb") as fh:
+            fh.seek(lo)
+            yield ranged(fh, hi - lo)
+
+    def missing(self, exc: BaseException) -> bool:
+        """True when ``exc`` says the file is not there."""
+        return isinstance(exc, FileNotFoundError)
+
+    def cut(self, exc: BaseException) -> bool:
+        """True when ``exc`` is a read cut mid-way that another try may complete (never here)."""
+        return False
 
     def write(self, key: str, data: bytes) -> None:
         """Write (replace) the file atomically, creating its folder."""
@@ -77,12 +120,13 @@ class LocalStore:
 
 class S3Store:
     """A storage root under ``s3://bucket/prefix`` (boto3 imported lazily, one retry policy),
-    through the process's client for ``endpoint_url`` (``tokenmill.storage.s3.shared_client``)."""
+    through the process's client for ``endpoint_url`` and botocore ``config``
+    (``tokenmill.storage.s3.shared_client``)."""
 
-    def __init__(self, uri: str, endpoint_url: str | None) -> None:
+    def __init__(self, uri: str, endpoint_url: str | None, **config: Any) -> None:
         self.bucket, self.prefix = split_uri(uri)
         self.uri = uri
-        self.client = shared_client(endpoint_url)
+        self.client = shared_client(endpoint_url, **config)
 
     def key(self, key: str) -> str:
         """The S3 key of ``key`` (a path relative to the storage root)."""
@@ -96,15 +140,39 @@ class S3Store:
         for obj in list_objects(self.client, self.bucket, start, recursive=True):
             yield StoredFile(obj.key[cut:], obj.size, obj.mtime, obj.etag)
 
+    def where(self, key: str) -> str:
+        """``s3://bucket/prefix/key``."""
+        return f"s3://{self.bucket}/{self.key(key)}"
+
     def read(self, key: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
         return read_object(self.client, self.bucket, self.key(key))
 
+    @contextlib.contextmanager
+    def chunks(self, key: str, lo: int, hi: int) -> Iterator[Iterator[bytes]]:
+        """Bytes ``lo..hi`` of the object, in pieces (one range GET; S3 errors as they come, for
+        the caller to tell with :meth:`missing` and :meth:`cut`)."""
+        got = self.client.get_object(
+            Bucket=self.bucket, Key=self.key(key), Range=f"bytes={lo}-{hi - 1}"
+        )
+        body = got["Body"]
+        try:
+            yield body.iter_chunks(CHUNK)
+        finally:
+            body.close()
+
+    def missing(self, exc: BaseException) -> bool:
+        """True for S3's "no such object" answer."""
+        return is_missing(exc)
+
+    def cut(self, exc: BaseException) -> bool:
+        """True when a response body stopped mid-read (another GET may complete it)."""
+        return is_cut_body(exc)
+
     def write(self, key: str, data: bytes) -> None:
         """Upload (replace) the object."""
-        where = f"s3://{self.bucket}/{self.key(key)}"
         call(
-            f"writing {where}",
+            f"writing {self.where(key)}",
             lambda: self.client.put_object(Bucket=self.bucket, Key=self.key(key), Body=data),
         )
 

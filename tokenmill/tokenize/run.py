@@ -1,4 +1,5 @@
-"""Tokenize JSONL/Parquet inputs into one Megatron ``.bin``/``.idx`` pair plus its manifest.
+"""Tokenize inputs into one Megatron pair plus manifest; over 400 lines: one run's serial and
+parallel paths and its engine fallback share one ``_Run``.
 
 The bytes equal Megatron-LM ``tools/preprocess_data.py --tokenizer-type HuggingFaceTokenizer``
 (one sequence per document, ``{prefix}_{text_key}_document``): ids are
@@ -27,15 +28,18 @@ With one worker (or one range) the run stays in process: a reader thread parses,
 thread encodes and the writer hashes while writing, at most two batches between stages
 (gigatoken's per-text ``encode`` holds the GIL, so the stages overlap only where numpy, hashing
 and I/O release it). The inputs' sha256 for the manifest is taken on another thread in both modes.
-Outputs are written under temporary names and renamed at the end (manifest last, its sha256s
-taken while writing); a killed run leaves no final-named file, and the next run removes its
-leftovers (parts of killed workers included).
+A run whose outputs already record its inputs and settings writes nothing; any other run writes
+into a staging folder of its own and renames the finished files into place under the output's
+lock, manifest last (``tokenmill.tokenize.outputs``): a reader never meets a missing pair, and a
+failed run leaves no pair at the prefix.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -46,19 +50,18 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.atomic import remove_stale_temps
 from tokenmill.errors import BadRecordError, ConfigError, InputError, TokenmillError
 from tokenmill.formats.dataset_manifest import (
-    dataset_manifest_path,
     input_sha256,
     write_dataset_manifest,
 )
-from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, index_file_path
+from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path
 from tokenmill.formats.shard_records import IngestStats
 from tokenmill.ingest.records import ON_BAD_RECORD, Quarantine
 from tokenmill.ingest.sources import read_input_batches
-from tokenmill.paths import name_problem
+from tokenmill.paths import document_stem
 from tokenmill.tokenize.engines import Encoder, load_encoder
+from tokenmill.tokenize.outputs import Outputs, byte_settings, input_bytes
 from tokenmill.tokenize.parallel import (
     Job,
     RangeResult,
@@ -80,6 +83,7 @@ from tokenmill.tokenize.tokenizer_info import TokenizerInfo
 log = logging.getLogger(__name__)
 CHECKED_ENGINES = ("gigatoken", "tiktoken")
 Texts = tuple[Path | None, list[str]]  # (the input, on its first batch; the batch's texts)
+COUNTS = ("documents", "sequences", "tokens", "quarantined", "blank", "lines", "empty_documents")
 
 
 @dataclass
@@ -100,18 +104,12 @@ class TokenizeResult:
     seconds: float
     quarantine_path: Path | None
     manifest: dict[str, Any]
+    reused: bool = False  # the prefix already held these outputs: nothing was written there
 
 
 def dataset_prefix(output_prefix: str | os.PathLike[str], text_key: str = "text") -> Path:
-    """Megatron's output name: ``{output_prefix}_{text_key}_document``; ConfigError when
-    ``text_key`` could not be part of one file name (it would place the files elsewhere)."""
-    problem = name_problem(text_key)
-    if problem:
-        raise ConfigError(
-            f"text_key {text_key!r} {problem}; it is part of the file names "
-            "<prefix>_<text_key>_document.*, so it must be one file-name part"
-        )
-    return Path(f"{os.fspath(output_prefix)}_{text_key}_document")
+    """Megatron's output name: ``{output_prefix}_{text_key}_document``."""
+    return Path(document_stem(os.fspath(output_prefix), text_key))
 
 
 def tokenize_files(
@@ -136,6 +134,7 @@ def tokenize_files(
     the object's URI when the input is a local copy, and records its size and sha256.
     ``workers`` > 1 processes share the inputs by byte ranges; the bytes are the same for any.
     A ``session`` keeps the engine and the reference checker loaded for the next call.
+    Outputs that already record these inputs and settings are kept as they are (``reused``).
     """
     start = time.perf_counter()
     if not inputs:
@@ -154,44 +153,42 @@ def tokenize_files(
             f"Megatron picks for len(tokenizer) = {info.vocab_size}"
         )
     prefix = dataset_prefix(output_prefix, text_key)
-    qpath = Path(f"{os.fspath(output_prefix)}.quarantine.jsonl")
-    _clear_outputs(prefix, qpath)
+    out = Outputs(prefix, Path(f"{os.fspath(output_prefix)}.quarantine.jsonl"))
     paths = [Path(p) for p in inputs]
-    run = _Run(
-        inputs=paths,
-        uris=[str(p.resolve()) if input_uri is None else input_uri(p) for p in paths],
-        prefix=prefix,
-        qpath=qpath if on_bad_record == "quarantine" else None,
-        text_key=text_key,
-        eod=info.eod_id if append_eod else None,
-        workers=workers,
-        on_bad_record=on_bad_record,
-        progress=sys.stderr.isatty() if progress is None else progress,
-        start=start,
-    )
-    fallbacks: list[str] = []
-    reuse = session if session is not None else TokenizeSession()
-    while True:
-        engine = given.name if given is not None else info.usable_engines()[0]
-        # Forked before the engine loads, so the reference loads on another core meanwhile.
-        checker = reuse.checker(info) if engine in CHECKED_ENGINES else None
-        passed = False
-        try:
-            encoder = given if given is not None else reuse.encoder(info, engine)
-            result = run.execute(encoder, checker, fallbacks)
-            passed = True
-            return result
-        except EngineMismatch as exc:
-            record_mismatch(info, engine, str(exc))
-            fallbacks.append(f"{engine}: {exc}")
-            log.warning("engine %s disagrees with the reference (%s); redoing", engine, exc)
-            given = None
-        except BaseException:  # e.g. a full disk at the manifest: no pair without one stays
-            _clear_outputs(prefix, qpath)
-            raise
-        finally:
-            if checker is not None:
-                reuse.release(info, checker, keep=passed and session is not None)
+    uris = [str(p.resolve()) if input_uri is None else input_uri(p) for p in paths]
+    with out.locked():
+        found = out.manifest_bytes()
+        manifest = out.up_to_date(
+            paths, uris, byte_settings(info, text_key, append_eod), on_bad_record
+        )
+    if manifest is not None:
+        return _reused(out, manifest, start)
+    staged = out.stage()
+    try:
+        run = _Run(
+            inputs=paths,
+            uris=uris,
+            prefix=staged.prefix,
+            qpath=staged.qpath if on_bad_record == "quarantine" else None,
+            text_key=text_key,
+            eod=info.eod_id if append_eod else None,
+            workers=workers,
+            on_bad_record=on_bad_record,
+            progress=sys.stderr.isatty() if progress is None else progress,
+            start=start,
+        )
+        result = _attempts(run, info, given, session)
+        with out.locked():
+            wrote = out.commit(staged, result.manifest)
+    except BaseException:
+        with out.locked():  # the pair found stale at the start goes; another run's stays
+            if out.manifest_bytes() == found:
+                out.clear()
+        raise
+    finally:
+        shutil.rmtree(staged.prefix.parent, ignore_errors=True)  # else swept as a dead temp
+    kept = out.qpath if result.quarantine_path is not None else None
+    return dataclasses.replace(result, prefix=prefix, quarantine_path=kept, reused=not wrote)
 
 
 class TokenizeSession:
@@ -248,12 +245,47 @@ def _checker_key(info: TokenizerInfo) -> tuple[str, str | None]:
     return info.fingerprint, info.verdicts.get("hf")
 
 
-def _clear_outputs(prefix: Path, qpath: Path) -> None:
-    """Remove a previous result (manifest first, so nothing looks complete) and stale temps."""
-    outputs = (dataset_manifest_path(prefix), index_file_path(prefix), data_file_path(prefix))
-    for path in (*outputs, qpath):
-        path.unlink(missing_ok=True)
-        remove_stale_temps(path)
+def _attempts(
+    run: _Run, info: TokenizerInfo, given: Encoder | None, session: TokenizeSession | None
+) -> TokenizeResult:
+    """Execute ``run`` with the first usable engine (or the one given), redoing it with the
+    next engine while the reference checker disagrees."""
+    fallbacks: list[str] = []
+    reuse = session if session is not None else TokenizeSession()
+    while True:
+        engine = given.name if given is not None else info.usable_engines()[0]
+        # Forked before the engine loads, so the reference loads on another core meanwhile.
+        checker = reuse.checker(info) if engine in CHECKED_ENGINES else None
+        passed = False
+        try:
+            encoder = given if given is not None else reuse.encoder(info, engine)
+            result = run.execute(encoder, checker, fallbacks)
+            passed = True
+            return result
+        except EngineMismatch as exc:
+            record_mismatch(info, engine, str(exc))
+            fallbacks.append(f"{engine}: {exc}")
+            log.warning("engine %s disagrees with the reference (%s); redoing", engine, exc)
+            given = None
+        finally:
+            if checker is not None:
+                reuse.release(info, checker, keep=passed and session is not None)
+
+
+def _reused(out: Outputs, manifest: dict[str, Any], start: float) -> TokenizeResult:
+    """The result of a run whose outputs were already up to date, from their manifest."""
+    counts = manifest["counts"]
+    return TokenizeResult(
+        prefix=out.prefix,
+        engine=str(manifest["config"].get("engine")),
+        fallbacks=[],
+        bytes_read=0,
+        seconds=time.perf_counter() - start,
+        quarantine_path=out.qpath if counts.get("quarantined") else None,
+        manifest=manifest,
+        reused=True,
+        **{key: int(counts[key]) for key in COUNTS},
+    )
 
 
 @dataclass
@@ -415,15 +447,10 @@ class _Run:
             for key in ("documents", "quarantined", "blank", "lines", "empty_documents")
         }
         counts.update(sequences=writer.num_sequences, tokens=tokens)
-        config = {
+        config: dict[str, Any] = {
             "tokenizer": str(info.source),
-            "tokenizer_fingerprint": info.fingerprint,
             "engine": encoder.name,
-            "dtype": info.dtype.name,
-            "text_key": self.text_key,
-            "append_eod": self.eod is not None,
-            "vocab_size": info.vocab_size,
-            "eod_id": info.eod_id,
+            **byte_settings(info, self.text_key, self.eod is not None),
         }
         config["verification"] = verification_summary(
             encoder,
@@ -432,7 +459,7 @@ class _Run:
             sampled=encoder.name in CHECKED_ENGINES,
         )
         inputs = [
-            {"uri": uri, "bytes": _input_bytes([path]), "sha256": sha256, "stats": st.to_dict()}
+            {"uri": uri, "bytes": input_bytes([path]), "sha256": sha256, "stats": st.to_dict()}
             for uri, path, sha256, st in zip(self.uris, self.inputs, hashes, stats, strict=True)
         ]
         manifest = write_dataset_manifest(
@@ -453,15 +480,6 @@ class _Run:
             manifest=manifest,
             **counts,
         )
-
-
-def _input_bytes(inputs: list[Path]) -> int:
-    """Bytes of the input files (a dataset folder: its files); compressed files count as stored."""
-    total = 0
-    for path in map(Path, inputs):
-        files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
-        total += sum(p.stat().st_size for p in files if p.exists())
-    return total
 
 
 def _progress_bar(inputs: list[Path]) -> Any:

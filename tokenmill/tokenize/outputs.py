@@ -1,0 +1,173 @@
+"""Where a tokenize run's files go: kept when up to date, else staged and renamed into place.
+
+A run that finds a manifest at its prefix recording its inputs (uri, size, sha256) and every
+setting the bytes depend on, beside files of the recorded sizes and sha256s, ends there: nothing
+is written or touched. Else it writes into a staging folder of its own in ``<dir>/.tmp/`` and
+:meth:`Outputs.commit` renames the finished files over the old ones, data first, manifest last
+(the old manifest goes first only when it vouches for other content), so a reader meets the old
+complete pair or the new one, never a gap. The check and the renames hold an exclusive lock on
+the output (``<dir>/.tmp/<name>.lock``, an ``flock``, released by the kernel when the holder
+dies): two runs of one shard at once (a sensor's and ``tokenmill materialize``'s) never
+interleave their renames, and the later one, finding the very same files in place, touches
+nothing. A killed run leaves only its staging folder, which the next run removes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenmill.atomic import commit, create_temp, remove_stale_temps, temp_dir
+from tokenmill.errors import FormatError
+from tokenmill.formats.dataset_manifest import (
+    dataset_manifest_path,
+    file_problems,
+    input_sha256,
+    read_dataset_manifest,
+)
+from tokenmill.formats.indexed import data_file_path, index_file_path
+from tokenmill.formats.nanoset_cache import exclusive_lock
+from tokenmill.tokenize.tokenizer_info import TokenizerInfo
+
+log = logging.getLogger(__name__)
+LOCK_SUFFIX = ".lock"
+
+
+def byte_settings(info: TokenizerInfo, text_key: str, append_eod: bool) -> dict[str, Any]:
+    """The manifest's config entries the output bytes depend on (the engine does not: every
+    engine gives the reference's ids)."""
+    return {
+        "tokenizer_fingerprint": info.fingerprint,
+        "dtype": info.dtype.name,
+        "text_key": text_key,
+        "append_eod": append_eod,
+        "vocab_size": info.vocab_size,
+        "eod_id": info.eod_id,
+    }
+
+
+def input_bytes(inputs: list[Path]) -> int:
+    """Bytes of the input files (a dataset folder: its files); compressed files count as stored."""
+    total = 0
+    for path in map(Path, inputs):
+        files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+        total += sum(p.stat().st_size for p in files if p.exists())
+    return total
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    """The bytes of ``path``; None when there is no such file."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """One run's outputs: the pair at ``prefix`` with its manifest, and the quarantine file."""
+
+    prefix: Path
+    qpath: Path
+
+    @property
+    def manifest_path(self) -> Path:
+        """The pair's manifest (``manifests/<name>.manifest.json``)."""
+        return dataset_manifest_path(self.prefix)
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the output's exclusive lock, ``<dir>/.tmp/<name>.lock``."""
+        with exclusive_lock(temp_dir(self.prefix.parent) / f"{self.prefix.name}{LOCK_SUFFIX}"):
+            yield
+
+    def manifest_bytes(self) -> bytes | None:
+        """The manifest as it is now; None when there is none."""
+        return _read_or_none(self.manifest_path)
+
+    def up_to_date(
+        self, inputs: list[Path], uris: list[str], settings: dict[str, Any], on_bad_record: str
+    ) -> dict[str, Any] | None:
+        """The manifest when it records exactly these inputs (uri, size, sha256) and
+        ``settings``, its pair has the recorded sizes and sha256s and its quarantine file is
+        there when it counts bad lines (and may: ``on_bad_record``); None when the run must
+        write. Files are hashed last, only when everything else matches."""
+        if not self.manifest_path.is_file():
+            return None
+        try:
+            manifest = read_dataset_manifest(self.prefix)
+        except FormatError as exc:
+            log.warning("%s; tokenizing anew to replace it", exc)
+            return None
+        config, recorded = manifest.get("config"), manifest.get("inputs")
+        if manifest.get("kind") != "tokens" or not isinstance(config, dict):
+            return None
+        if any(config.get(key) != value for key, value in settings.items()):
+            return None
+        if not isinstance(recorded, list) or len(recorded) != len(inputs):
+            return None
+        if any(
+            not isinstance(entry, dict)
+            or entry.get("uri") != uri
+            or entry.get("bytes") != input_bytes([path])
+            for entry, uri, path in zip(recorded, uris, inputs, strict=True)
+        ):
+            return None
+        quarantined = manifest["counts"].get("quarantined")
+        if quarantined and (on_bad_record != "quarantine" or not self.qpath.is_file()):
+            return None
+        if file_problems(self.prefix, manifest, full=True):  # a damaged pair is rewritten
+            return None
+        if any(
+            entry.get("sha256") != input_sha256(path)
+            for entry, path in zip(recorded, inputs, strict=True)
+        ):
+            return None
+        return manifest
+
+    def stage(self) -> Outputs:
+        """A new staging folder of this run's own in ``<dir>/.tmp/`` (the folders of killed
+        runs removed first), as the outputs to write there under the same names."""
+        remove_stale_temps(self.prefix)
+        folder, _ = create_temp(self.prefix, Path.mkdir)
+        return Outputs(folder / self.prefix.name, folder / self.qpath.name)
+
+    def commit(self, staged: Outputs, manifest: dict[str, Any]) -> bool:
+        """Move the finished ``staged`` files over these, the manifest last; False (nothing
+        touched) when another run already put these very files here (sha256s checked). Each
+        rename replaces a file whole, so a reader of the old manifest finds its pair until
+        the new manifest replaces it; when the old one vouches for other content it goes
+        first, so no manifest ever names bytes it does not describe. Call under
+        :meth:`locked`."""
+        new = staged.manifest_path.read_bytes()
+        if (
+            self.manifest_bytes() == new
+            and staged.qpath.is_file() == self.qpath.is_file()
+            and not file_problems(self.prefix, manifest, full=True)
+        ):
+            return False
+        try:
+            same = read_dataset_manifest(self.prefix)["content_hash"] == manifest["content_hash"]
+        except FormatError:  # no old manifest, or a damaged one: it vouches for nothing
+            same = False
+        if not same:
+            self.manifest_path.unlink(missing_ok=True)
+        commit(data_file_path(staged.prefix), data_file_path(self.prefix))
+        commit(index_file_path(staged.prefix), index_file_path(self.prefix))
+        if staged.qpath.is_file():
+            commit(staged.qpath, self.qpath)
+        else:
+            self.qpath.unlink(missing_ok=True)  # no file means no bad lines
+        self.manifest_path.parent.mkdir(exist_ok=True)
+        commit(staged.manifest_path, self.manifest_path)
+        return True
+
+    def clear(self) -> None:
+        """Remove the pair and quarantine file, manifest first, so nothing looks complete."""
+        paths = (self.manifest_path, index_file_path(self.prefix), data_file_path(self.prefix))
+        for path in (*paths, self.qpath):
+            path.unlink(missing_ok=True)
