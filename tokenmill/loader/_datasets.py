@@ -1,12 +1,12 @@
-"""Map-style datasets over Nanoset indices and blends; samples assembled as in FORMATS §5.5.
+"""Owns ``NanosetDataset``: one (dataset, split) Nanoset, samples assembled as in FORMATS §5.5.
 
 Sample ``k`` of a Nanoset: ``j = shuffle_index[k]``; rows ``j`` and ``j+1`` of ``sample_index``
 give (position in ``document_index``, token offset) of its start and end; the tokens are the
 concatenated pieces of those sequences, as int64, ``sequence_length + extra`` long (padded with
 ``pad_id`` only for a final partial validation sample built without drop-last).
 
-``get_batch`` and ``get_training_batch`` (``_batch``) read the pieces :meth:`NanosetDataset.pieces`
-locates.
+``get_batch`` and ``get_training_batch`` (``_batch``) read the pieces that
+:meth:`NanosetDataset.pieces` locates.
 """
 
 from __future__ import annotations
