@@ -107,22 +107,6 @@ class Anchor(Dataset):  # type: ignore[type-arg]
         return self.__getitems__([i])[0]
 
 
-class Tokenmill(Dataset):  # type: ignore[type-arg]
-    """tokenmill's blend as a map-style dataset: one ``get_batch`` per step."""
-
-    def __init__(self, ds: Any) -> None:
-        self.ds = ds
-
-    def __len__(self) -> int:
-        return len(self.ds)
-
-    def __getitems__(self, indices: list[int]) -> torch.Tensor:
-        return torch.from_numpy(self.ds.get_batch(indices))
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return self.__getitems__([i])[0]
-
-
 def rss_mib() -> float:
     """Peak RSS of this rank and of its largest DataLoader worker, added (MiB)."""
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -137,12 +121,13 @@ def main() -> None:
     version = os.environ.get("BENCH_VERSION") or None
     if tool in ("tokenmill", "local"):
         from tokenmill.loader import open_blend
+        from tokenmill.loader.torch import TokenDataset
 
         if tool == "tokenmill":
             ds = open_blend(source, "train", version=version, cache_dir=cache)
         else:
             ds = open_blend(source, "train")
-        dataset: Dataset = Tokenmill(ds)  # type: ignore[type-arg]
+        dataset: Dataset = TokenDataset(ds)  # type: ignore[type-arg]
     else:
         dataset = Anchor(tool, source, cache, n_steps * b)
     share = b // w

@@ -229,7 +229,6 @@ def test_blended_dataset_routes_samples(tmp_path: Path, four: IndexedDataset) ->
         blend.get_batch([4, 0, 3, 1]), np.stack([expected[i] for i in (4, 0, 3, 1)])
     )
     assert blend.proportions == {"a": 0.4, "b": 0.6}
-    assert blend.dataset_of(1) == "b"
 
 
 def test_out_of_range_samples_raise(four: IndexedDataset) -> None:

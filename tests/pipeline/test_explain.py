@@ -107,7 +107,7 @@ def test_explain_maps_every_sample_to_its_source_lines(
         found = explain(mpath, split, range(len(blend)))
         assert [p.sample for p in found] == list(range(len(blend)))
         for row, prov in zip(batch, found, strict=True):
-            assert prov.dataset == blend.dataset_of(prov.sample)
+            assert prov.dataset == blend.names[int(blend.dataset_index[prov.sample])]
             parts = []
             for piece in prov.pieces:
                 assert piece.source is not None and piece.line is not None and piece.shard

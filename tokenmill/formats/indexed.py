@@ -76,6 +76,21 @@ def dtype_code(dtype: npt.DTypeLike) -> int:
     return _CODE_OF[dt]
 
 
+def parse_header(head: bytes, where: object) -> tuple[np.dtype[Any], int, int]:
+    """(dtype, sequence count, document count) of a ``.idx`` header's ``HEADER_SIZE`` bytes;
+    FormatError naming ``where`` for a wrong magic, version or dtype code."""
+    if head[:9] != MAGIC:
+        raise FormatError(where, "magic", f"found {head[:9]!r}, expected {MAGIC!r}")
+    (version,) = struct.unpack("<Q", head[9:17])
+    if version != VERSION:
+        raise FormatError(where, "version", f"found {version}, expected {VERSION}")
+    code = head[17]
+    if code not in DTYPE_CODES:
+        raise FormatError(where, "dtype code", f"found {code}, allowed {sorted(DTYPE_CODES)}")
+    n_seq, n_doc = struct.unpack("<QQ", head[18:HEADER_SIZE])
+    return np.dtype(DTYPE_CODES[code]), n_seq, n_doc
+
+
 def optimal_dtype(vocab_size: int) -> type[np.generic]:
     """Megatron's rule: uint16 when the vocabulary has fewer than 65500 entries, else int32."""
     return np.uint16 if vocab_size < UINT16_VOCAB_LIMIT else np.int32
@@ -380,16 +395,7 @@ class IndexedDataset:
             raise FormatError(path, "header", f"file has {size} bytes, the header needs 34")
         with open(path, "rb") as fh:
             head = fh.read(HEADER_SIZE)
-        if head[:9] != MAGIC:
-            raise FormatError(path, "magic", f"found {head[:9]!r}, expected {MAGIC!r}")
-        (version,) = struct.unpack("<Q", head[9:17])
-        if version != VERSION:
-            raise FormatError(path, "version", f"found {version}, expected {VERSION}")
-        code = head[17]
-        if code not in DTYPE_CODES:
-            raise FormatError(path, "dtype code", f"found {code}, allowed {sorted(DTYPE_CODES)}")
-        self.dtype = np.dtype(DTYPE_CODES[code])
-        n_seq, n_doc = struct.unpack("<QQ", head[18:34])
+        self.dtype, n_seq, n_doc = parse_header(head, path)
         expected = HEADER_SIZE + 12 * n_seq + 8 * n_doc + (n_seq if multimodal else 0)
         if size != expected:
             raise FormatError(

@@ -20,8 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import load_json
-from tokenmill.errors import CacheError, ConfigError, FormatError
+from tokenmill.errors import CacheError, ConfigError
 from tokenmill.formats.blend_manifest import (
     BLEND_ARRAYS,
     INDEX_ARRAYS,
@@ -37,29 +36,10 @@ from tokenmill.formats.blend_manifest import (
     verify_manifest,
     version_manifest_path,
 )
-from tokenmill.formats.dataset_manifest import (
-    check_dataset_files,
-    dataset_content_hash,
-    dataset_manifest_path,
-    open_dataset,
-)
-from tokenmill.formats.indexed import IndexedDataset
-from tokenmill.formats.nanoset_cache import (
-    ARRAYS,
-    DESCRIPTION_SUFFIX,
-    entry_array_paths,
-    entry_paths_from_description,
-    load_entry_arrays,
-)
-from tokenmill.formats.virtual_merge import VirtualDataset
-from tokenmill.loader._datasets import (
-    PAD_ID,
-    BlendedDataset,
-    IndexPaths,
-    NanosetDataset,
-    part_names,
-)
+from tokenmill.loader._blended import BlendedDataset
+from tokenmill.loader._datasets import PAD_ID, NanosetDataset, part_names
 from tokenmill.loader._growth import newest_extension
+from tokenmill.loader._open import is_full, open_local, open_nanoset
 from tokenmill.loader._sampler import BatchSampler
 
 __all__ = [
@@ -73,8 +53,6 @@ __all__ = [
     "open_nanoset",
     "reopen_if_extended",
 ]
-
-VERIFY_MODES = ("fast", "full")
 
 
 def open_blend(
@@ -111,33 +89,21 @@ def open_blend(
     the node-local cache there, each block checked against its recorded sha256, at most
     ``cache_bytes`` of blocks kept (None: unbounded). ``verify="full"`` is local only.
     """
-    if verify not in VERIFY_MODES:
-        raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+    full = is_full(verify)
+    where: object = manifest
+    opener = None
     if str(manifest).startswith("s3://"):
-        if verify == "full":
+        if full:
             raise ConfigError(
                 "verify='full' reads every byte: pull the blend and verify it locally"
             )
-        return _open_s3_blend(str(manifest), split, version, pad_id, cache_dir, cache_bytes)
-    mpath = manifest_path(manifest)
-    if version is not None:
-        mpath = version_manifest_path(mpath, version)
+        mpath, opener = _mirror_s3_blend(str(manifest), version, cache_dir, cache_bytes)
+    else:
+        mpath = manifest_path(manifest)
+        if version is not None:
+            mpath = version_manifest_path(mpath, version)
+        where = mpath
     info = read_blend_manifest(mpath)
-    _check_split(info, mpath, split, version)
-    full = verify == "full"
-    merges: dict[str, dict[str, Any]] = {}  # virtual merges' manifests, read once
-    problems = verify_manifest(mpath, [split], full=full, merges=merges)
-    if problems:
-        raise CacheError(
-            f"{mpath}: blend is stale or incomplete; {rebuild_hint(info, mpath)}:\n  "
-            + "\n  ".join(problems)
-        )
-    with schema_errors(mpath):
-        return open_blend_split(info, mpath, split, full=full, pad_id=pad_id, merges=merges)
-
-
-def _check_split(info: dict[str, Any], where: object, split: str, version: str | None) -> None:
-    """ConfigError when the blend has no ``split``; CacheError when it is not ``version``."""
     if split not in info["splits"]:
         raise ConfigError(
             f"{where}: blend {info['name']!r} has no {split!r} split "
@@ -145,35 +111,40 @@ def _check_split(info: dict[str, Any], where: object, split: str, version: str |
         )
     if version is not None and not str(info["version"]).startswith(version):
         raise CacheError(f"{where}: records version {info['version']}, not {version}")
+    merges: dict[str, dict[str, Any]] = {}  # virtual merges' manifests, read once
+    with schema_errors(mpath):
+        if opener is None:  # local: the datasets' files too (S3: checked when read)
+            problems = verify_manifest(mpath, [split], full=full, merges=merges)
+            hint = f"; {rebuild_hint(info, mpath)}"
+        else:
+            problems, hint = split_problems(info, mpath, split, full=False), ""
+        if problems:
+            raise CacheError(
+                f"{where}: blend is stale or incomplete{hint}:\n  " + "\n  ".join(problems)
+            )
+        return open_blend_split(
+            info, mpath, split, full=full, pad_id=pad_id, open_data=opener, merges=merges
+        )
 
 
-def _open_s3_blend(
+def _mirror_s3_blend(
     uri: str,
-    split: str,
     version: str | None,
-    pad_id: int,
     cache_dir: str | os.PathLike[str] | None,
     cache_bytes: int | None,
-) -> BlendedDataset:
-    """``open_blend`` of an ``s3://`` manifest (tokenmill.loader._s3*, imported here only)."""
+) -> tuple[Path, Any]:
+    """The local manifest of an ``s3://`` blend's mirrored small files and the opener of its
+    datasets (read by blocks through the cache: tokenmill.loader._s3*, imported here only)."""
     from tokenmill.loader._s3 import cache_for
     from tokenmill.loader._s3_data import RemoteData, remote_dataset
     from tokenmill.loader._s3_open import default_cache_dir, mirror_blend
 
     cache = cache_for(cache_dir if cache_dir is not None else default_cache_dir(), cache_bytes)
-    mpath = mirror_blend(uri, version, cache.root, cache.client)
-    info = read_blend_manifest(mpath)
-    _check_split(info, uri, split, version)
-    with schema_errors(mpath):
-        problems = split_problems(info, mpath, split, full=False)
-    if problems:
-        raise CacheError(f"{uri}: blend is stale or incomplete:\n  " + "\n  ".join(problems))
 
     def remote(prefix: Path, *, full: bool, recorded: dict[str, Any] | None) -> RemoteData:
         return remote_dataset(prefix, recorded, cache)
 
-    with schema_errors(mpath):
-        return open_blend_split(info, mpath, split, full=False, pad_id=pad_id, open_data=remote)
+    return mirror_blend(uri, version, cache.root, cache.client), remote
 
 
 def open_blend_split(
@@ -193,16 +164,13 @@ def open_blend_split(
     merge); ``recorded`` is the blend's entry of a pair (its counts and dtype: the pair opens
     from them without reading its own manifest), or a virtual merge's manifest already read and
     checked (``merges``, by dataset name), else None."""
-    opener = _open_data if open_data is None else open_data
-    prefixes = {ds["name"]: resolve(mpath, ds["prefix"]) for ds in info["datasets"]}
-    known = merges or {}
-    recorded = {
-        ds["name"]: known.get(ds["name"]) if "manifest" in ds["files"] else ds
-        for ds in info["datasets"]
-    }
+    opener = open_local if open_data is None else open_data
+    entries = {ds["name"]: ds for ds in info["datasets"]}
     part = info["splits"][split]
     datasets = {}
     for ds in part["datasets"]:
+        entry = entries[ds["name"]]
+        recorded = (merges or {}).get(ds["name"]) if "manifest" in entry["files"] else entry
         paths = index_part_paths(ds, mpath)
         arrays = [
             load_index_parts(
@@ -213,7 +181,7 @@ def open_blend_split(
             for kind, parts in zip(INDEX_ARRAYS, paths, strict=True)
         ]
         datasets[ds["name"]] = NanosetDataset(
-            opener(prefixes[ds["name"]], full=full, recorded=recorded[ds["name"]]),
+            opener(resolve(mpath, entry["prefix"]), full=full, recorded=recorded),
             *arrays,
             sequence_length=info["sequence_length"],
             add_extra_token=info["add_extra_token"],
@@ -313,109 +281,4 @@ class FollowGrowth:
         """This rank's batches of the version in use, from ``start_step`` on."""
         return BatchSampler(
             len(self.ds), self.global_batch_size, self.rank, self.world_size, start_step
-        )
-
-
-def _open_data(
-    prefix: str | os.PathLike[str], *, full: bool, recorded: dict[str, Any] | None = None
-) -> IndexedDataset | VirtualDataset:
-    """A ``.bin``/``.idx`` pair (header, counts and sizes checked on open; ``recorded``: counts
-    from a checked blend entry) or a virtual merge of pairs (each checked when first read);
-    ``full`` also checks every pointer against the lengths (samples are read through them)."""
-    data = open_dataset(prefix, recorded=recorded)
-    if full:
-        data.check_pointers()
-    return data
-
-
-def open_nanoset(
-    dataset_prefix: str | os.PathLike[str],
-    index: Any,
-    *,
-    verify: str = "fast",
-    pad_id: int = PAD_ID,
-) -> NanosetDataset:
-    """One dataset's split as a NanosetDataset.
-
-    ``index`` is a ``tokenmill.indices.nanoset.NanosetIndex`` (what ``build_or_load`` returns:
-    the loader builds nothing) or the path of a cache entry's
-    ``<hash>-Nanoset-<split>-description.json``; the split, sequence length and flags come from
-    its description. The entry is checked against its description (``verify="fast"``: sizes,
-    dtypes and shapes of the arrays, and the dataset's content hash when its manifest makes that
-    cheap; ``"full"``: also the sha256 of the arrays, every index value in bounds, and the
-    dataset's content hash always); a stale or damaged entry raises CacheError. The dataset's
-    ``.version`` is the cache entry's hash. ``pad_id`` fills short samples (default -1,
-    Megatron's when the tokenizer has no pad id).
-    """
-    if verify not in VERIFY_MODES:
-        raise ConfigError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
-    if index is None:
-        raise ConfigError(
-            f"{dataset_prefix}: no index to open (build_or_load returns None for a split with "
-            "no sequences): change the split or the dataset"
-        )
-    path = Path(index) if isinstance(index, str | os.PathLike) else index.paths["description"]
-    full = verify == "full"
-    key, arrays, paths = _load_cache(path, full=full)
-    data = _open_data(dataset_prefix, full=full)  # a malformed pair is named before hashing
-    _check_dataset(path, key, dataset_prefix, full=full)
-    return NanosetDataset(
-        data,
-        *arrays,
-        sequence_length=int(key["sequence_length"]),
-        add_extra_token=bool(key["add_extra_token"]),
-        pad_id=pad_id,
-        name=f"{dataset_prefix} ({key['split']})",
-        validate=full,
-        index_paths=paths,
-        version=path.name[: -len(DESCRIPTION_SUFFIX)].split("-", 1)[0],
-    )
-
-
-def _load_cache(
-    description_path: Path, *, full: bool
-) -> tuple[dict[str, Any], list[Any], IndexPaths]:
-    """The key, the checked arrays and their paths of a cache entry, given its description
-    path (``full``: the arrays' sha256 too)."""
-    if not description_path.name.endswith(DESCRIPTION_SUFFIX):
-        raise ConfigError(
-            f"index must be a '*{DESCRIPTION_SUFFIX}' cache file, got {description_path}"
-        )
-    rebuild = "rebuild it with tokenmill.indices.nanoset.build_or_load (same settings)"
-    if not description_path.is_file():
-        raise CacheError(f"{description_path}: missing (never completed); {rebuild}")
-    description = load_json(description_path.read_bytes(), description_path, "description")
-    try:
-        key = description["key"]
-    except (KeyError, TypeError) as exc:
-        raise FormatError(description_path, "description", f"unreadable ({exc!r})") from exc
-    paths = entry_paths_from_description(description_path)
-    try:
-        arrays = load_entry_arrays(paths, description, full=full)
-    except CacheError as exc:
-        raise CacheError(f"{exc}; the cache entry is stale or damaged: {rebuild}") from exc
-    parts = entry_array_paths(paths, description)
-    return key, [arrays[kind] for kind in ARRAYS], part_names([parts[k] for k in ARRAYS])
-
-
-def _check_dataset(
-    description_path: Path, key: dict[str, Any], prefix: str | os.PathLike[str], *, full: bool
-) -> None:
-    """Refuse an index built for other dataset content (hash from the manifest when cheap;
-    ``full`` also re-hashes the files against that manifest, so a changed byte is caught)."""
-    has_manifest = dataset_manifest_path(prefix).is_file()
-    if not (full or has_manifest):
-        return
-    problems = check_dataset_files(prefix, full=True) if full and has_manifest else []
-    if problems:
-        raise CacheError(
-            f"{description_path}: dataset {prefix} does not match its manifest "
-            f"({'; '.join(problems)}): the dataset changed or is damaged; rebuild it"
-        )
-    actual = dataset_content_hash(prefix)
-    if actual != key.get("dataset_content_hash"):
-        raise CacheError(
-            f"{description_path}: built for dataset content {key.get('dataset_content_hash')}, "
-            f"but {prefix} now hashes to {actual}: the dataset changed; rebuild the index with "
-            "tokenmill.indices.nanoset.build_or_load"
         )

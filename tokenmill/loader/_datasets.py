@@ -1,31 +1,24 @@
-"""Map-style datasets over Nanoset indices and blends; samples assembled as in FORMATS §5.5.
+"""Owns ``NanosetDataset``: one (dataset, split) Nanoset, samples assembled as in FORMATS §5.5.
 
 Sample ``k`` of a Nanoset: ``j = shuffle_index[k]``; rows ``j`` and ``j+1`` of ``sample_index``
 give (position in ``document_index``, token offset) of its start and end; the tokens are the
 concatenated pieces of those sequences, as int64, ``sequence_length + extra`` long (padded with
 ``pad_id`` only for a final partial validation sample built without drop-last).
 
-``get_batch`` computes the pieces of all samples with array arithmetic (no per-sample Python),
-copies them with one ``bytes.join`` over memoryview slices of the ``.bin`` memmap, and converts
-that buffer to the int64 ``[B, width]`` output in one pass. Measured against the alternatives
-(a fancy-index gather of every token position; overlapping-window block gathers with fix-ups;
-``np.concatenate`` of the slices; a copy per piece) it was the fastest, and it is exact by
-construction. (bench/bench_loader.py also times the block gather without its fix-ups, as a
-floor for any numpy gather of the same pieces.)
-
-``get_training_batch`` turns the same batch, and the pieces it was read from, into the
-training inputs megatron-core's ``GPTDataset.__getitem__`` returns (``_training``, FORMATS §11).
+``get_batch`` and ``get_training_batch`` (``_batch``) read the pieces that
+:meth:`NanosetDataset.pieces` locates.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.errors import CacheError, ConfigError, FormatError
+from tokenmill.errors import CacheError, FormatError
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     open_dataset,
@@ -34,7 +27,7 @@ from tokenmill.formats.dataset_manifest import (
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.formats.nanoset_cache import SegmentedArray
 from tokenmill.formats.virtual_merge import VirtualDataset
-from tokenmill.loader._training import TrainingFlags, resolve_eod, training_inputs
+from tokenmill.loader._batch import Batches, Request, check_range, sample_ids
 
 # Each array's ``.npy`` file, or its parts' files (a segmented growing entry), in order.
 IndexPaths = tuple[str | tuple[str, ...], ...]
@@ -43,54 +36,7 @@ PAD_ID = -1  # Megatron's _PAD_TOKEN_ID, used when the tokenizer has no pad id
 _UNREAD = object()
 
 
-def _sample_ids(indices: npt.ArrayLike, size: int, what: str) -> np.ndarray:
-    """Indices as int64 after a bounds check (negative ids are refused, not wrapped)."""
-    ks = np.asarray(indices)
-    if ks.size and ks.dtype.kind not in "iu":
-        raise TypeError(f"{what}: sample indices must be integers, got {ks.dtype}")
-    ks = ks.astype(np.int64, copy=False).reshape(-1)
-    if ks.size and (int(ks.min()) < 0 or int(ks.max()) >= size):
-        bad = ks[(ks < 0) | (ks >= size)][0]
-        raise IndexError(f"{what}: sample {int(bad)} out of range [0, {size})")
-    return ks
-
-
-class _TrainingBatches:
-    """``get_training_batch``, the same for a Nanoset and a blend (DESIGN §3's signature)."""
-
-    def _training_requests(
-        self, indices: npt.ArrayLike
-    ) -> tuple[dict[str, NanosetDataset], list[tuple[NanosetDataset, np.ndarray, np.ndarray]], int]:
-        """The datasets a batch may read, the requests per dataset and the batch size (each
-        dataset class says how)."""
-        raise NotImplementedError
-
-    def get_training_batch(
-        self,
-        indices: npt.ArrayLike,
-        *,
-        eod_id: int | None = None,
-        reset_position_ids: bool = False,
-        reset_attention_mask: bool = False,
-        eod_mask_loss: bool = False,
-        create_attention_mask: bool = False,
-        inter_document_masking: bool = False,
-    ) -> dict[str, np.ndarray]:
-        """Samples ``indices`` as megatron-core ``GPTDataset.__getitem__`` training dicts with
-        these flags, stacked (FORMATS §11); ``eod_id=None`` takes the EOD id every dataset's
-        manifest records (they must agree)."""
-        flags = TrainingFlags(
-            reset_position_ids=reset_position_ids,
-            reset_attention_mask=reset_attention_mask,
-            eod_mask_loss=eod_mask_loss,
-            create_attention_mask=create_attention_mask,
-            inter_document_masking=inter_document_masking,
-        )
-        parts, requests, size = self._training_requests(indices)
-        return training_batch(parts, requests, size, eod_id=eod_id, flags=flags)
-
-
-class NanosetDataset(_TrainingBatches):
+class NanosetDataset(Batches):
     """One (dataset, split) Nanoset: ``ds[k]`` -> int64 tokens, ``get_batch`` -> ``[B, width]``."""
 
     def __init__(
@@ -112,9 +58,9 @@ class NanosetDataset(_TrainingBatches):
         self.index_paths = index_paths  # the arrays' .npy files: pickles send these, not data
         self.version = version
         self.name = name or str(data.prefix)
-        self.document_index: Any = _as_index(document_index)
-        self.sample_index: Any = _as_index(sample_index)
-        self.shuffle_index: Any = _as_index(shuffle_index)
+        self.document_index: Any = as_index(document_index)
+        self.sample_index: Any = as_index(sample_index)
+        self.shuffle_index: Any = as_index(shuffle_index)
         self.sequence_length = int(sequence_length)
         self.extra = int(bool(add_extra_token))
         self.width = self.sequence_length + self.extra
@@ -195,19 +141,11 @@ class NanosetDataset(_TrainingBatches):
         if ks.size and (int(ks.min()) < 0 or int(ks.max()) >= len(self.shuffle_index)):
             raise IndexError(f"{self.name}: sample out of range [0, {len(self)})")
         j = self.shuffle_index[ks].astype(np.int64)
-        if j.size and (int(j.min()) < 0 or int(j.max()) >= len(self.sample_index) - 1):
-            raise FormatError(
-                self.name, "shuffle_index", f"values outside [0, {len(self.sample_index) - 1})"
-            )
+        check_range(j, len(self.sample_index) - 1, self.name, "shuffle_index")
         head = self.sample_index[j].astype(np.int64)
         tail = self.sample_index[j + 1].astype(np.int64)
         rows = np.concatenate([head, tail])
-        if rows.size and (
-            int(rows[:, 0].min()) < 0 or int(rows[:, 0].max()) >= len(self.document_index)
-        ):
-            raise FormatError(
-                self.name, "sample_index", f"positions outside [0, {len(self.document_index)})"
-            )
+        check_range(rows[:, 0], len(self.document_index), self.name, "sample_index", "positions")
         if rows.size and int(rows[:, 1].min()) < 0:
             raise FormatError(self.name, "sample_index", "has a negative token offset")
         return j, head, tail
@@ -215,8 +153,7 @@ class NanosetDataset(_TrainingBatches):
     def _documents(self, positions: np.ndarray) -> np.ndarray:
         """``document_index[positions]`` with every sequence id checked (O(pieces))."""
         seq = self.document_index[positions].astype(np.int64)
-        if seq.size and (int(seq.min()) < 0 or int(seq.max()) >= len(self.data)):
-            raise FormatError(self.name, "document_index", f"values outside [0, {len(self.data)})")
+        check_range(seq, len(self.data), self.name, "document_index")
         self._check_unmasked(seq)
         return seq
 
@@ -244,7 +181,7 @@ class NanosetDataset(_TrainingBatches):
             data = self.data
         elif isinstance(self.data, IndexedDataset):  # a pair: its checked token count travels
             data = (data, self.data.num_tokens)
-        return (_reopen, (data, *arrays, settings))
+        return (reopen, (data, *arrays, settings))
 
     def _buffer(self, part: int) -> memoryview:
         """The bytes of ``.bin`` number ``part`` (one for a pair, one per shard if virtual)."""
@@ -298,13 +235,8 @@ class NanosetDataset(_TrainingBatches):
         return sample
 
     def __getitem__(self, k: int) -> np.ndarray:
-        (k,) = _sample_ids([k], len(self), self.name)
+        (k,) = sample_ids([k], len(self), self.name)
         return self.assemble(int(self.shuffle_index[k]))
-
-    def get_batch(self, indices: npt.ArrayLike) -> np.ndarray:
-        """Samples ``indices`` as one int64 ``[B, width]`` array (vectorized reads)."""
-        ks = _sample_ids(indices, len(self), self.name)
-        return gather_batch(self.width, [(self, np.arange(len(ks)), ks)], len(ks))[0]
 
     def pieces(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Where samples ``ks`` lie: the ``.bin`` part (always 0 for a pair; the shard of a
@@ -369,7 +301,7 @@ class NanosetDataset(_TrainingBatches):
         S3: their index and token blocks enter the cache; local files: nothing to do)."""
         fetch = getattr(self.data, "prefetch", None)
         if fetch is not None:
-            ks = _sample_ids(indices, len(self), self.name)
+            ks = sample_ids(indices, len(self), self.name)
             fetch(lambda: self.pieces(ks)[:3])
 
     def recorded_eod_id(self) -> int | None:
@@ -383,33 +315,42 @@ class NanosetDataset(_TrainingBatches):
             self._eod_id = value
         return self._eod_id  # type: ignore[return-value]
 
-    def _training_requests(
+    def _requests(
         self, indices: npt.ArrayLike
-    ) -> tuple[dict[str, NanosetDataset], list[tuple[NanosetDataset, np.ndarray, np.ndarray]], int]:
-        """What ``get_training_batch`` reads: this dataset, its one request and the batch size."""
-        ks = _sample_ids(indices, len(self), self.name)
+    ) -> tuple[dict[str, NanosetDataset], Sequence[Request], int]:
+        """What a batch reads: this dataset, its one request and the batch size."""
+        ks = sample_ids(indices, len(self), self.name)
         return {self.name: self}, [(self, np.arange(len(ks)), ks)], len(ks)
 
 
-def _as_index(values: Any) -> Any:
+def as_index(values: Any) -> Any:
     """An index array as given when segmented (reads touch only their parts), else ndarray."""
     return values if isinstance(values, SegmentedArray) else np.asarray(values)
 
 
 def part_names(parts: list[list[Path]]) -> IndexPaths:
     """The ``index_paths`` of a dataset's three arrays: a file name each, or a tuple of them
-    for a segmented array (what a pickle sends; :func:`_reopen` maps them again)."""
+    for a segmented array (what a pickle sends; :func:`reopen` maps them again)."""
     return tuple(str(p[0]) if len(p) == 1 else tuple(str(x) for x in p) for p in parts)
 
 
-def _load_parts(names: str | tuple[str, ...]) -> Any:
-    """Memory-map one array's file, or its parts as a SegmentedArray."""
-    if isinstance(names, str):
-        return np.load(names, mmap_mode="r", allow_pickle=False)
-    return SegmentedArray([np.load(n, mmap_mode="r", allow_pickle=False) for n in names])
+def map_arrays(arrays: list[Any]) -> tuple[list[Any], IndexPaths | None]:
+    """Pickled index arrays as sent: file names (each array's file, or its parts') are
+    memory-mapped again (``allow_pickle=False``) and returned as the paths too; arrays sent by
+    value are kept, with no paths."""
+    if not all(isinstance(a, str | tuple) for a in arrays):
+        return arrays, None
+
+    def load(name: str) -> Any:
+        return np.load(name, mmap_mode="r", allow_pickle=False)
+
+    mapped = [
+        load(a) if isinstance(a, str) else SegmentedArray([load(n) for n in a]) for a in arrays
+    ]
+    return mapped, tuple(arrays)
 
 
-def _reopen(
+def reopen(
     prefix: Any,
     document_index: np.ndarray | str | tuple[str, ...],
     sample_index: np.ndarray | str | tuple[str, ...],
@@ -418,12 +359,8 @@ def _reopen(
 ) -> NanosetDataset:
     """Inverse of ``NanosetDataset.__reduce__``: index files are memory-mapped again
     (``allow_pickle=False``); the sender verified them, so only the O(1) checks run."""
-    arrays: list[Any] = [document_index, sample_index, shuffle_index]
-    paths: IndexPaths | None = None
     try:
-        if all(isinstance(a, str | tuple) for a in arrays):
-            paths = tuple(arrays)
-            arrays = [_load_parts(a) for a in arrays]
+        arrays, paths = map_arrays([document_index, sample_index, shuffle_index])
         if isinstance(prefix, tuple):  # a pair with the token count the sender checked: O(1)
             data: Any = IndexedDataset(prefix[0], num_tokens=prefix[1])
         else:
@@ -442,273 +379,3 @@ def _reopen(
         index_paths=paths,
         **settings,  # type: ignore[arg-type]
     )
-
-
-def _reopen_blend(
-    parts: dict[str, tuple[Any, ...]],
-    dataset_index: np.ndarray | str | tuple[str, ...],
-    dataset_sample_index: np.ndarray | str | tuple[str, ...],
-    settings: dict[str, Any],
-) -> BlendedDataset:
-    """Inverse of ``BlendedDataset.__reduce__`` (datasets reopened from ``_reopen`` arguments,
-    blend arrays memory-mapped from their files); a file gone since the job opened the blend
-    (gc removed its version) is a CacheError naming the blend version."""
-    arrays: list[Any] = [dataset_index, dataset_sample_index]
-    paths: IndexPaths | None = None
-    try:
-        datasets = {name: _reopen(*args) for name, args in parts.items()}
-        if all(isinstance(a, str | tuple) for a in arrays):
-            paths = tuple(arrays)
-            arrays = [_load_parts(a) for a in arrays]
-    except (FileNotFoundError, CacheError) as exc:
-        version = settings.get("version")
-        name = settings.get("manifest", {}).get("name", "?")
-        cause = exc.__cause__ if isinstance(exc, CacheError) else exc
-        missing = getattr(cause, "filename", None) or exc
-        raise CacheError(
-            f"blend {name!r} version {version}: a DataLoader worker could not reopen it "
-            f"({missing} is missing): the version was removed after the job opened it, most "
-            f"likely by `tokenmill gc`; pin it (`tokenmill gc --keep-version {version}`) for "
-            "as long as a job reads it, and restart the job (or open the current version)"
-        ) from exc
-    return BlendedDataset(datasets, *arrays, validate=paths is None, array_paths=paths, **settings)
-
-
-def gather_batch(
-    width: int,
-    requests: list[tuple[NanosetDataset, np.ndarray, np.ndarray]],
-    size: int,
-    *,
-    widen: bool = True,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """An int64 ``[size, width]`` batch; each request (dataset, output rows in ascending order,
-    sample ids) fills its rows. Samples shorter than ``width`` are padded with the pad id. Also
-    each piece's output row and token count, in row order (the pieces of §11.4).
-
-    ``widen=False`` keeps the token files' dtype when no sample is short (possibly a read-only
-    view of the copied bytes): a caller that widens slices of it anyway saves a pass.
-    """
-    reads, short = [], False
-    for ds, rows, ks in requests:
-        flat, sizes, counts = ds.read(ks)
-        firsts = np.cumsum(counts) - counts
-        lengths = np.add.reduceat(sizes, firsts) if len(ks) else np.zeros(0, np.int64)
-        if lengths.size and int(lengths.max()) > width:
-            ds.assemble(int(ds.shuffle_index[ks[int(np.argmax(lengths))]]))  # raises FormatError
-        short = short or bool(np.any(lengths < width))
-        reads.append((ds, rows, flat, np.repeat(rows, counts), sizes, lengths))
-    if widen or short or not reads:
-        dtype = np.dtype(np.int64)
-    else:
-        dtype = np.result_type(*(read[2].dtype for read in reads))
-    if not widen and not short and len(reads) == 1 and len(reads[0][1]) == size:
-        out = reads[0][2].reshape(size, width)
-    else:
-        out = np.empty((size, width), dtype=dtype)
-        for ds, rows, flat, _, _, lengths in reads:
-            if bool(np.all(lengths == width)):
-                if len(rows) == size:
-                    np.copyto(out.reshape(-1), flat)
-                else:
-                    out[rows] = flat.reshape(len(rows), width)
-                continue
-            block = np.full((len(rows), width), ds.pad_id, dtype=np.int64)
-            block[np.arange(width) < lengths[:, None]] = flat
-            out[rows] = block
-    if len(reads) == 1:
-        return out, reads[0][3], reads[0][4]
-    all_rows = np.concatenate([r[3] for r in reads]) if reads else np.zeros(0, np.int64)
-    order = np.argsort(all_rows, kind="stable")
-    sizes = np.concatenate([r[4] for r in reads]) if reads else np.zeros(0, np.int64)
-    return out, all_rows[order], sizes[order]
-
-
-def training_batch(
-    parts: dict[str, NanosetDataset],
-    requests: list[tuple[NanosetDataset, np.ndarray, np.ndarray]],
-    size: int,
-    *,
-    eod_id: int | None,
-    flags: TrainingFlags,
-) -> dict[str, np.ndarray]:
-    """``gather_batch`` as §11 training inputs. ``parts`` (the datasets requests may come from)
-    must share ``extra`` and the pad id; ``eod_id=None`` takes the EOD id they all record. The
-    passes mapping padding run only if a sample is short or the pad id is a token value."""
-    for setting in ("pad_id", "extra"):
-        values = {name: getattr(ds, setting) for name, ds in parts.items()}
-        if len(set(values.values())) > 1:
-            raise ConfigError(f"the datasets' {setting} differ ({values}); training needs one")
-    eod = resolve_eod(parts, eod_id)
-    first = next(iter(parts.values()))
-    text, rows, sizes = gather_batch(first.width, requests, size, widen=False)
-    lengths = np.bincount(rows, weights=sizes, minlength=size)
-    dtypes = [np.iinfo(ds.data.dtype) for ds in parts.values()]
-    representable = any(info.min <= first.pad_id <= info.max for info in dtypes)
-    return training_inputs(
-        text,
-        rows,
-        sizes,
-        extra=bool(first.extra),
-        eod_id=eod,
-        pad_id=first.pad_id,
-        flags=flags,
-        may_hold_pad=representable or bool(np.any(lengths < first.width)),
-    )
-
-
-class BlendedDataset(_TrainingBatches):
-    """A blend: sample ``i`` is ``datasets[dataset_index[i]][dataset_sample_index[i]]``."""
-
-    def __init__(
-        self,
-        datasets: dict[str, NanosetDataset],
-        dataset_index: npt.ArrayLike,
-        dataset_sample_index: npt.ArrayLike,
-        *,
-        manifest: dict[str, Any] | None = None,
-        split: str = "train",
-        validate: bool = True,
-        array_paths: IndexPaths | None = None,
-        version: str | None = None,
-    ) -> None:
-        self.datasets = dict(datasets)
-        self.array_paths = array_paths  # the blend arrays' .npy files: pickles send these
-        self.version = version
-        self.names = list(self.datasets)
-        self._parts = list(self.datasets.values())
-        self.dataset_index: Any = _as_index(dataset_index)
-        self.dataset_sample_index: Any = _as_index(dataset_sample_index)
-        self.manifest = manifest or {}
-        self.split = split
-        widths = {ds.width for ds in self._parts}
-        if len(widths) != 1:
-            raise FormatError(split, "datasets", f"sample widths differ: {sorted(widths)}")
-        self.width = widths.pop()
-        self.sequence_length = self._parts[0].sequence_length
-        self._check_arrays(values=validate)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle the datasets (paths, see NanosetDataset), the blend arrays' paths and small
-        settings; the receiver memory-maps the files again."""
-        settings = {"manifest": self.manifest, "split": self.split, "version": self.version}
-        arrays: tuple[Any, ...] = self.array_paths or (
-            self.dataset_index,
-            self.dataset_sample_index,
-        )
-        parts = {name: ds.__reduce__()[1] for name, ds in self.datasets.items()}
-        return (_reopen_blend, (parts, *arrays, settings))
-
-    def validate(self) -> None:
-        """Full check: every blend value and every dataset's index values in range."""
-        self._check_arrays(values=True)
-        for part in self._parts:
-            part.validate()
-
-    def _route(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Dataset and sample of blend samples ``ids``, checked (O(batch)) against the number
-        of datasets and each dataset's length."""
-        which = self.dataset_index[ids].astype(np.int64)
-        local = self.dataset_sample_index[ids].astype(np.int64)
-        if which.size and (int(which.min()) < 0 or int(which.max()) >= len(self._parts)):
-            raise FormatError(
-                self.split, "dataset_index", f"values outside [0, {len(self._parts)})"
-            )
-        if local.size:
-            limits = np.array([len(ds) for ds in self._parts], dtype=np.int64)[which]
-            bad = (local < 0) | (local >= limits)
-            if bool(bad.any()):
-                d, k = int(which[bad][0]), int(local[bad][0])
-                raise FormatError(
-                    self.split,
-                    "dataset_sample_index",
-                    f"dataset {self.names[d]!r} is asked for sample {k} but has "
-                    f"{len(self._parts[d])}",
-                )
-        return which, local
-
-    def _check_arrays(self, *, values: bool = True) -> None:
-        di, dsi = self.dataset_index, self.dataset_sample_index
-        for field, arr in (("dataset_index", di), ("dataset_sample_index", dsi)):
-            if arr.dtype.kind not in "iu" or arr.ndim != 1 or len(arr) != len(di):
-                raise FormatError(
-                    self.split,
-                    field,
-                    "must be 1-D integer arrays of equal length, "
-                    f"found {arr.ndim}-D {arr.dtype} of {len(arr)}",
-                )
-        if not len(di) or not values:
-            return
-        if int(di.min()) < 0 or int(di.max()) >= len(self._parts):
-            raise FormatError(
-                self.split, "dataset_index", f"values outside [0, {len(self._parts)})"
-            )
-        if int(dsi.min()) < 0:
-            raise FormatError(self.split, "dataset_sample_index", "has negative values")
-        high = np.full(len(self._parts), -1, dtype=np.int64)  # -1: a dataset never asked
-        np.maximum.at(high, di.astype(np.int64), dsi.astype(np.int64))
-        for d, ds in enumerate(self._parts):
-            if int(high[d]) >= len(ds):
-                raise FormatError(
-                    self.split,
-                    "dataset_sample_index",
-                    f"dataset {ds.name!r} is asked for sample {int(high[d])} but has {len(ds)}",
-                )
-
-    def __len__(self) -> int:
-        return len(self.dataset_index)
-
-    @property
-    def extends(self) -> str | None:
-        """The blend version this one extends (growing semantics: sample i of every split is
-        the same for every i below that version's length), or None (another semantics, a first
-        version, or one that edited, removed or reordered data or changed a setting)."""
-        found = self.manifest.get("extends")
-        return None if found is None else str(found)
-
-    @property
-    def proportions(self) -> dict[str, float]:
-        """Realized share of each dataset in this split's blend."""
-        counts = np.bincount(self.dataset_index.astype(np.int64), minlength=len(self._parts))
-        total = max(1, len(self))
-        return {name: float(c) / total for name, c in zip(self.names, counts, strict=True)}
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        ids = _sample_ids([i], len(self), f"blend split {self.split!r}")
-        which, local = self._route(ids)
-        return self._parts[int(which[0])][int(local[0])]
-
-    def dataset_of(self, i: int) -> str:
-        """Name of the dataset blend sample ``i`` comes from."""
-        ids = _sample_ids([i], len(self), f"blend split {self.split!r}")
-        return self.names[int(self._route(ids)[0][0])]
-
-    def get_batch(self, indices: npt.ArrayLike) -> np.ndarray:
-        """Samples ``indices`` as one int64 ``[B, width]`` array (one concatenate in total)."""
-        size, requests = self._requests(indices)
-        return gather_batch(self.width, requests, size)[0]
-
-    def _requests(
-        self, indices: npt.ArrayLike
-    ) -> tuple[int, list[tuple[NanosetDataset, np.ndarray, np.ndarray]]]:
-        """The batch size and, per dataset with samples in it, (dataset, rows, its sample ids)."""
-        ids = _sample_ids(indices, len(self), f"blend split {self.split!r}")
-        which, local = self._route(ids)
-        requests = []
-        for d, part in enumerate(self._parts):
-            rows = np.flatnonzero(which == d)
-            if len(rows):
-                requests.append((part, rows, local[rows]))
-        return len(ids), requests
-
-    def prefetch(self, indices: npt.ArrayLike) -> None:
-        """Start fetching what samples ``indices`` need in the background (a blend read from
-        S3), e.g. this rank's next batches: ``sampler.indices(step + k)`` for k = 1..N."""
-        for part, _, ks in self._requests(indices)[1]:
-            part.prefetch(ks)
-
-    def _training_requests(
-        self, indices: npt.ArrayLike
-    ) -> tuple[dict[str, NanosetDataset], list[tuple[NanosetDataset, np.ndarray, np.ndarray]], int]:
-        """What ``get_training_batch`` reads: every dataset, the requests and the batch size."""
-        size, requests = self._requests(indices)
-        return self.datasets, requests, size

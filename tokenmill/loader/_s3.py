@@ -53,12 +53,17 @@ def block_digest(data: bytes | mmap.mmap) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _stamp_of(st: os.stat_result) -> bytes:
+    """What a block's stamp records: its file's inode, size and mtime."""
+    return f"{st.st_ino} {st.st_size} {st.st_mtime_ns}".encode()
+
+
 @dataclass(frozen=True)
 class RemoteFile:
     """One ``.bin`` or ``.idx`` in S3 and what its blocks must hash to: ``block_sha256``
     inline, or (``block_list``) the digest of a list its dataset manifest holds
-    (``BlockCache.hashes`` fetches it); neither: unverified, an artifact written before
-    per-block hashes. ``sha256``: the whole file's, when recorded."""
+    (``BlockCache.hashes`` fetches it); neither: unverified (no per-block hashes recorded).
+    ``sha256``: the whole file's, when recorded."""
 
     bucket: str
     key: str
@@ -103,48 +108,46 @@ class BlockCache:
         self._bases: dict[tuple[str, str, int], str] = {}
         self._checked: set[str] = set()  # block files this process hashed
         self._lists: dict[str, tuple[str, ...]] = {}  # block lists fetched by reference
-        self._client: Any = None
-        self._pid = 0
+        self._owned: dict[str, tuple[int, Any]] = {}  # per process: client, pools (see _own)
         self._used: int | None = None  # bytes of blocks, stored or reserved (capacity set)
         self._inflight = 0  # reserved for blocks being written by this process
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_pid = 0
-        self._planner: ThreadPoolExecutor | None = None
-        self._planner_pid = 0
         self._jobs: list[Future[None]] = []  # background jobs not known to have ended
         self.bytes_fetched = 0  # what this process downloaded (bench, tests)
 
-    def client(self) -> Any:
-        """One boto3 client per process (a forked worker makes its own), made on first GET."""
+    def _own(self, name: str, make: Callable[[], Any]) -> Any:
+        """This process's ``name`` (client, thread pool), made on first use: a forked worker
+        makes its own."""
         with self._lock:
-            if self._client is None or self._pid != os.getpid():
-                from tokenmill.storage.s3 import shared_client
+            pid, found = self._owned.get(name, (0, None))
+            if found is None or pid != os.getpid():
+                found = make()
+                self._owned[name] = (os.getpid(), found)
+            return found
 
-                self._client = shared_client(None, max_pool_connections=FETCH_THREADS + 2)
-                self._pid = os.getpid()
-            return self._client
+    def client(self) -> Any:
+        """One boto3 client per process, made on first GET."""
+
+        def make() -> Any:
+            from tokenmill.storage.s3 import shared_client
+
+            return shared_client(None, max_pool_connections=FETCH_THREADS + 2)
+
+        return self._own("client", make)
 
     def pool(self) -> ThreadPoolExecutor:
-        """The fetch threads of this process (a forked worker makes its own)."""
-        with self._lock:
-            if self._pool is None or self._pool_pid != os.getpid():
-                self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="tokenmill-s3")
-                self._pool_pid = os.getpid()
-            return self._pool
+        """The fetch threads of this process."""
+        return self._own("pool", lambda: ThreadPoolExecutor(FETCH_THREADS, "tokenmill-s3"))
 
     def later(self, work: Callable[[], object]) -> None:
         """Run ``work`` on this process's planning thread (not a fetch thread: it may wait on
         them), e.g. reading the index blocks a prefetch needs; a failure is left for the read
         that needs what it fetches."""
-        with self._lock:
-            if self._planner is None or self._planner_pid != os.getpid():
-                self._planner = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-s3-plan")
-                self._planner_pid = os.getpid()
-            planner = self._planner
-        self._background(planner.submit(self._quiet, work))
+        self._submit(self._own("planner", lambda: ThreadPoolExecutor(1, "tokenmill-s3-plan")), work)
 
-    def _background(self, job: Future[None]) -> None:
-        """Keep a background job until it ends (``drain`` waits for those still running)."""
+    def _submit(self, pool: ThreadPoolExecutor, work: Callable[..., object], *args: Any) -> None:
+        """Run ``work(*args)`` on ``pool`` in the background (``_quiet``), kept until it ends
+        (``drain`` waits for those still running)."""
+        job = pool.submit(self._quiet, work, *args)
         with self._lock:
             self._jobs = [j for j in self._jobs if not j.done()]
             self._jobs.append(job)
@@ -284,7 +287,7 @@ class BlockCache:
         stamp = self._stamp_path(path)
         stamp.parent.mkdir(parents=True, exist_ok=True)
         tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_bytes(f"{st.st_ino} {st.st_size} {st.st_mtime_ns}".encode())
+        tmp.write_bytes(_stamp_of(st))
         os.replace(tmp, stamp)
 
     def _stamped(self, path: Path, st: os.stat_result) -> bool:
@@ -296,7 +299,7 @@ class BlockCache:
             os.utime(stamp)
         except FileNotFoundError:
             return False
-        return found == f"{st.st_ino} {st.st_size} {st.st_mtime_ns}".encode()
+        return found == _stamp_of(st)
 
     def _open_checked(self, f: RemoteFile, i: int, path: Path) -> memoryview | None:
         """The cached block mapped, or None when absent, short or not matching its hash (then
@@ -539,10 +542,8 @@ class BlockCache:
     def prefetch(self, wanted: list[tuple[RemoteFile, int]]) -> None:
         """Fetch these blocks in the background (errors surface when the batch is read)."""
         runs = self._runs([(f, i) for f, i in wanted if self._name(f, i) not in self._maps])
-        if runs:
-            pool = self.pool()
-            for run in runs:
-                self._background(pool.submit(self._quiet, self._fill_run, *run))
+        for run in runs:
+            self._submit(self.pool(), self._fill_run, *run)
 
     def prefetch_lists(self, files: list[RemoteFile]) -> None:
         """Fetch the block lists ``files`` hold by reference in the background, one GET per
@@ -552,10 +553,8 @@ class BlockCache:
             for f in files
             if f.block_list and f.block_list not in self._lists and f.size > f.block_bytes
         }
-        if wanted:
-            pool = self.pool()
-            for f in wanted.values():
-                self._background(pool.submit(self._quiet, self.hashes, f))
+        for f in wanted.values():
+            self._submit(self.pool(), self.hashes, f)
 
     @staticmethod
     def _quiet(fetch: Any, *args: Any) -> None:

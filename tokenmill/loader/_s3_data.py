@@ -14,7 +14,6 @@ mirrored paths name: the open mirrors a blend's small files to ``<cache>/files/<
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,52 +27,11 @@ from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     read_dataset_manifest,
 )
-from tokenmill.formats.indexed import (
-    HEADER_SIZE,
-    MAGIC,
-    VERSION,
-    data_file_path,
-    dtype_code,
-    index_file_path,
-)
+from tokenmill.formats.indexed import HEADER_SIZE, data_file_path, index_file_path, parse_header
 from tokenmill.formats.virtual_merge import is_virtual, masked_sequences
 from tokenmill.loader._s3 import BlockCache, RemoteFile, cache_for
 
 COUNTS = ("num_sequences", "num_tokens")  # what a blend's entry of a pair records
-
-
-class RemoteView:
-    """The bytes of one file, sliced as ``view[lo:hi]`` -> bytes (or a memoryview of one
-    block) through the cache."""
-
-    def __init__(self, cache: BlockCache, f: RemoteFile) -> None:
-        self.cache, self.f = cache, f
-        self._last: tuple[int, memoryview] | None = None  # the block the last slice read
-
-    def _block(self, i: int) -> memoryview:
-        last = self._last
-        if last is not None and last[0] == i:
-            return last[1]
-        view = self.cache.block(self.f, i)
-        self._last = (i, view)
-        return view
-
-    def __len__(self) -> int:
-        return self.f.size
-
-    def __getitem__(self, where: slice) -> bytes | memoryview:
-        lo, hi, _ = where.indices(self.f.size)
-        if hi <= lo:
-            return b""
-        size = self.f.block_bytes
-        first, last = lo // size, (hi - 1) // size
-        if first == last:
-            return self._block(first)[lo - first * size : hi - first * size]
-        out = []
-        for i in range(first, last + 1):
-            base = i * size
-            out.append(self._block(i)[max(lo, base) - base : min(hi, base + size) - base])
-        return b"".join(out)
 
 
 class RemoteFiles:
@@ -133,6 +91,22 @@ class RemoteFiles:
     def prefetch(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> None:
         """Fetch the blocks these ranges need, in the background."""
         self.cache.prefetch(self._plan(parts, starts, stops)[0])
+
+
+@dataclass(frozen=True)
+class RemoteView:
+    """The bytes of one part's file, sliced as ``view[lo:hi]`` -> bytes through the cache."""
+
+    files: RemoteFiles
+    part: int
+
+    def __len__(self) -> int:
+        return self.files.files[self.part].size
+
+    def __getitem__(self, where: slice) -> bytes:
+        lo, hi, _ = where.indices(len(self))
+        at = np.array([self.part])
+        return self.files.gather(at, np.array([lo]), np.array([max(lo, hi)]))
 
 
 @dataclass(frozen=True)
@@ -242,16 +216,11 @@ class RemoteData:
         """FormatError naming the ``.idx`` when its header disagrees with the records."""
         pair = self.pairs[part]
         where = pair.idx.uri
-        if head[:9] != MAGIC:
-            raise FormatError(where, "magic", f"found {head[:9]!r}, expected {MAGIC!r}")
-        (version,) = struct.unpack("<Q", head[9:17])
-        if version != VERSION:
-            raise FormatError(where, "version", f"found {version}, expected {VERSION}")
-        if head[17] != dtype_code(self.dtype):
+        dtype, n_seq, n_doc = parse_header(head, where)
+        if dtype != self.dtype:
             raise FormatError(
                 where, "dtype code", f"found {head[17]}, the manifests record {self.dtype}"
             )
-        n_seq, n_doc = struct.unpack("<QQ", head[18:HEADER_SIZE])
         if n_seq != pair.sequences or HEADER_SIZE + 12 * n_seq + 8 * n_doc != pair.idx.size:
             raise FormatError(
                 where,
@@ -272,7 +241,7 @@ class RemoteData:
 
     def buffer(self, part: int) -> RemoteView:
         """The bytes of part ``part``'s ``.bin``, read by blocks."""
-        return RemoteView(self.cache, self.files[part])
+        return RemoteView(self._bins, part)
 
     def gather(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> bytes:
         """The bytes of every piece of the ``.bin`` files back to back."""
@@ -308,12 +277,7 @@ def remote_dataset(prefix: Path, recorded: dict[str, Any] | None, cache: BlockCa
         raise FormatError(
             prefix, "blend entry", "records no num_sequences/num_tokens: rebuild the blend"
         )
-    files = manifest["files"]
-    pair = RemotePair(
-        _remote_file(data_file_path(prefix), files, cache.root),
-        _remote_file(index_file_path(prefix), files, cache.root),
-        recorded["num_sequences"],
-    )
+    pair = _pair(prefix, manifest["files"], recorded["num_sequences"], cache.root)
     counts = {c: recorded[c] for c in (*COUNTS, "dtype")}
     return RemoteData(
         prefix,
@@ -336,13 +300,7 @@ def _merge(prefix: Path, manifest: dict[str, Any], cache: BlockCache) -> RemoteD
             data_file_path(path).name: shard["files"]["bin"],
             index_file_path(path).name: shard["files"]["idx"],
         }
-        pairs.append(
-            RemotePair(
-                _remote_file(data_file_path(path), records, cache.root),
-                _remote_file(index_file_path(path), records, cache.root),
-                int(shard["sequences"]),
-            )
-        )
+        pairs.append(_pair(path, records, int(shard["sequences"]), cache.root))
     return RemoteData(
         prefix,
         pairs,
@@ -353,6 +311,15 @@ def _merge(prefix: Path, manifest: dict[str, Any], cache: BlockCache) -> RemoteD
         where=dataset_manifest_path(prefix),
         keys=[str(s["key"]) for s in manifest["shards"]],
         masked=masked_sequences(manifest),
+    )
+
+
+def _pair(prefix: Path, records: dict[str, Any], sequences: int, root: Path) -> RemotePair:
+    """The pair mirrored at ``prefix`` with its files' ``records`` (by file name)."""
+    return RemotePair(
+        _remote_file(data_file_path(prefix), records, root),
+        _remote_file(index_file_path(prefix), records, root),
+        sequences,
     )
 
 

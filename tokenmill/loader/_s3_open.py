@@ -26,7 +26,7 @@ from tokenmill.formats.blend_manifest import MANIFEST_NAME, VERSIONS_DIR
 
 CACHE_ENV = "TOKENMILL_CACHE_DIR"
 MIRROR_THREADS = 8  # small files fetched at once
-RECORD_FORMAT = 2  # 1: the .idx files mirrored whole
+RECORD_FORMAT = 2  # an open record of another format is ignored: the version is mirrored again
 BLOCKED = (".bin", ".idx")  # read by blocks, not mirrored
 
 
@@ -76,11 +76,10 @@ def _recorded(path: Path, root: Path) -> Path | None:
         return None  # no usable record: the version is mirrored (and checked) again
 
 
-def _pointer_version(uri: str, client: Any) -> str | None:
-    """The version the pointer ``uri`` names now (one GET), None if it records none."""
+def _pointer_version(bucket: str, key: str, client: Any) -> str | None:
+    """The version the pointer at ``key`` names now (one GET), None if it records none."""
     from tokenmill.storage.s3 import read_object
 
-    bucket, key, _ = _blend_folder(uri)
     raw = read_object(client, bucket, key)
     if raw is None:
         return None  # plan_blend says so, naming the URI
@@ -89,22 +88,17 @@ def _pointer_version(uri: str, client: Any) -> str | None:
     return str(version) if isinstance(version, str) and len(version) >= 16 else None
 
 
-def mirror_blend(
-    uri: str, version: str | None, cache_dir: str | os.PathLike[str] | None, client: Any
-) -> Path:
-    """Mirror one version of a blend's small files into ``<cache_dir>/files/<bucket>/...``
+def mirror_blend(uri: str, version: str | None, root: Path, client: Any) -> Path:
+    """Mirror one version of a blend's small files into ``<root>/files/<bucket>/...``
     (``version=None``: the version the pointer names now); returns the local blend manifest.
 
     ``client()`` gives the process's boto3 client (made on first use: not at all when the
     version is named and recorded).
     """
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     bucket, key, folder = _blend_folder(uri)
     named = version
-    if named is None and posixpath.basename(posixpath.dirname(posixpath.dirname(key))) != (
-        VERSIONS_DIR
-    ):
-        named = _pointer_version(uri, client())
+    if named is None and posixpath.dirname(key) == folder:  # the pointer, not a version's
+        named = _pointer_version(bucket, key, client())
     if named is not None:
         found = _recorded(_record_path(root, bucket, folder, named), root)
         if found is not None:

@@ -30,8 +30,6 @@ class BatchSampler:
         *,
         consumed_samples: int | None = None,
     ) -> None:
-        if consumed_samples is not None:
-            start_step = self._step_of(consumed_samples, global_batch_size, start_step)
         for name, value, low in (
             ("num_samples", num_samples, 0),
             ("global_batch_size", global_batch_size, 1),
@@ -47,6 +45,8 @@ class BatchSampler:
             )
         if not isinstance(rank, int | np.integer) or not 0 <= rank < world_size:
             raise ConfigError(f"BatchSampler rank must be in [0, {world_size}), got {rank!r}")
+        if consumed_samples is not None:
+            start_step = self._step_of(consumed_samples, global_batch_size, start_step)
         self.num_samples = int(num_samples)
         self.global_batch_size = int(global_batch_size)
         self.rank = int(rank)
@@ -66,10 +66,6 @@ class BatchSampler:
             raise ConfigError(
                 f"BatchSampler consumed_samples must be an integer >= 0, got {consumed_samples!r}"
             )
-        if not isinstance(global_batch_size, int | np.integer) or global_batch_size < 1:
-            raise ConfigError(
-                f"BatchSampler global_batch_size must be an integer >= 1, got {global_batch_size!r}"
-            )
         if consumed_samples % global_batch_size:
             raise ConfigError(
                 f"BatchSampler consumed_samples {consumed_samples} is not a multiple of "
@@ -81,13 +77,6 @@ class BatchSampler:
     def total_steps(self) -> int:
         """Full global batches in the dataset (the final partial one is dropped)."""
         return self.num_samples // self.global_batch_size
-
-    def global_batch(self, step: int) -> np.ndarray:
-        """All sample indices of global batch ``step`` (every rank's slices, in rank order)."""
-        if not 0 <= step < self.total_steps:
-            raise IndexError(f"step {step} out of range [0, {self.total_steps})")
-        start = step * self.global_batch_size
-        return np.arange(start, start + self.global_batch_size, dtype=np.int64)
 
     def indices(self, step: int) -> np.ndarray:
         """This rank's slice of global batch ``step``."""

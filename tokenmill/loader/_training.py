@@ -15,17 +15,11 @@ its own, as §11 specifies.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
-from tokenmill.errors import ConfigError, FormatError
-
-
-class _RecordsEod(Protocol):
-    def recorded_eod_id(self) -> int | None: ...
+from tokenmill.errors import FormatError
 
 
 @dataclass(frozen=True)
@@ -56,37 +50,37 @@ def training_inputs(
     ``may_hold_pad=False`` (no sample was padded and no token can equal ``pad_id``) skips the
     three full passes that map padding; the last label without the extra token is still pad.
     """
-    reset_position_ids, reset_attention_mask = flags.reset_position_ids, flags.reset_attention_mask
-    eod_mask_loss, create_attention_mask = flags.eod_mask_loss, flags.create_attention_mask
-    inter_document_masking = flags.inter_document_masking
     tokens, labels = _shift(text, extra, pad_id)
     batch, seq = tokens.shape
-    need_eods = eod_mask_loss or (
-        not inter_document_masking
-        and (reset_position_ids or (create_attention_mask and reset_attention_mask))
+    # positions restart after each EOD (for the position ids or the attention mask)
+    resets = flags.reset_position_ids or (
+        flags.create_attention_mask and flags.reset_attention_mask
     )
+    need_eods = flags.eod_mask_loss or (not flags.inter_document_masking and resets)
     eods = np.flatnonzero(text[:, :seq] == eod_id) if need_eods else np.zeros(0, np.int64)
     loss_mask = np.ones((batch, seq), dtype=np.float32)
-    if eod_mask_loss:
+    if flags.eod_mask_loss:
         loss_mask.reshape(-1)[eods] = 0.0
     row_starts = np.arange(0, batch * seq, seq)
     attention_mask = None
-    if inter_document_masking:
+    if flags.inter_document_masking:
         cu_seqlens, max_seqlen, piece_starts = _cu_seqlens(
             piece_rows, piece_sizes, batch, seq, extra
         )
         position_ids = _positions(np.union1d(row_starts, piece_starts), batch, seq)
     else:
         reset = None
-        if reset_position_ids or (create_attention_mask and reset_attention_mask):
+        if resets:
             eod_runs = np.union1d(row_starts, eods[(eods + 1) % seq != 0] + 1)
             reset = _positions(eod_runs, batch, seq)
-        if reset_position_ids and reset is not None:
+        if flags.reset_position_ids and reset is not None:
             position_ids = reset
         else:
             position_ids = np.tile(np.arange(seq, dtype=np.int64), (batch, 1))
-        if create_attention_mask:
-            attention_mask = _attention_mask(reset if reset_attention_mask else None, batch, seq)
+        if flags.create_attention_mask:
+            attention_mask = _attention_mask(
+                reset if flags.reset_attention_mask else None, batch, seq
+            )
     if may_hold_pad:
         loss_mask[labels == pad_id] = 0.0
         tokens[tokens == pad_id] = 0
@@ -98,31 +92,9 @@ def training_inputs(
     if attention_mask is not None:
         out["attention_mask"] = attention_mask
     out |= {"loss_mask": loss_mask, "position_ids": position_ids}
-    if inter_document_masking:
+    if flags.inter_document_masking:
         out |= {"cu_seqlens": cu_seqlens, "max_seqlen": max_seqlen}
     return out  # Megatron's key order for each flag combination
-
-
-def resolve_eod(datasets: Mapping[str, _RecordsEod], eod_id: int | None) -> int:
-    """``eod_id``, or the EOD id all ``datasets`` record; ConfigError when one records none or
-    they disagree (naming them)."""
-    if eod_id is not None:
-        return int(eod_id)
-    recorded = {name: ds.recorded_eod_id() for name, ds in datasets.items()}
-    missing = [name for name, value in recorded.items() if value is None]
-    if missing:
-        raise ConfigError(
-            f"no EOD id recorded for {', '.join(map(repr, missing))} (config.eod_id of the "
-            "dataset's .manifest.json); pass eod_id=... to get_training_batch"
-        )
-    values = set(recorded.values())
-    if len(values) > 1:
-        shown = ", ".join(f"{name!r}: {value}" for name, value in recorded.items())
-        raise ConfigError(
-            f"the blend's datasets record different EOD ids ({shown}); they were tokenized "
-            "differently: pass eod_id=... explicitly only if that is intended"
-        )
-    return int(values.pop())  # type: ignore[arg-type]
 
 
 def _shift(text: np.ndarray, extra: bool, pad_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -61,8 +61,8 @@ class _Samples(Protocol):
 IGNORE_INDEX = -100  # the label Hugging Face losses skip
 
 
-class TokenDataset(Dataset):  # type: ignore[type-arg]
-    """A NanosetDataset or BlendedDataset as a torch map-style Dataset of int64 tensors."""
+class _Adapter(Dataset):  # type: ignore[type-arg]
+    """A NanosetDataset or BlendedDataset as a torch map-style Dataset."""
 
     def __init__(self, samples: _Samples) -> None:
         self.samples = samples
@@ -70,12 +70,20 @@ class TokenDataset(Dataset):  # type: ignore[type-arg]
     def __len__(self) -> int:
         return len(self.samples)
 
+    def _tokens(self, indices: Sequence[int]) -> torch.Tensor:
+        """Samples ``indices`` read at once, ``[B, S + 1]`` int64."""
+        return torch.from_numpy(self.samples.get_batch(np.asarray(indices, dtype=np.int64)))
+
+
+class TokenDataset(_Adapter):
+    """A NanosetDataset or BlendedDataset as a torch map-style Dataset of int64 tensors."""
+
     def __getitem__(self, k: int) -> torch.Tensor:
         return torch.from_numpy(self.samples[int(k)])
 
     def __getitems__(self, indices: Sequence[int]) -> torch.Tensor:
         """The whole batch at once, ``[B, S + 1]`` (used by DataLoader with a batch sampler)."""
-        return torch.from_numpy(self.samples.get_batch(np.asarray(indices, dtype=np.int64)))
+        return self._tokens(indices)
 
 
 def collate(batch: torch.Tensor | Sequence[torch.Tensor | np.ndarray]) -> dict[str, torch.Tensor]:
@@ -98,16 +106,13 @@ def training_batch(samples: _Samples, indices: Any, **flags: Any) -> dict[str, t
     return {key: torch.from_numpy(value) for key, value in batch.items()}
 
 
-class TrainingDataset(Dataset):  # type: ignore[type-arg]
+class TrainingDataset(_Adapter):
     """A NanosetDataset or BlendedDataset whose items are §11 training dicts of tensors
     (``get_training_batch`` with fixed flags, e.g. ``eod_id``, ``inter_document_masking``)."""
 
     def __init__(self, samples: _Samples, **flags: Any) -> None:
-        self.samples = samples
+        super().__init__(samples)
         self.flags = flags
-
-    def __len__(self) -> int:
-        return len(self.samples)
 
     def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
         return {key: value[0] for key, value in self.__getitems__([k]).items()}
@@ -135,7 +140,7 @@ def packed_collate(
     return {key: value.reshape(1, -1) for key, value in out.items()} if flatten else out
 
 
-class NanotronDataset(Dataset):  # type: ignore[type-arg]
+class NanotronDataset(_Adapter):
     """Items as nanotron's collators take them: ``{"input_ids": int64 tensor [S + 1]}``.
 
     Source: index-era ``src/nanotron/data/nanoset.py`` (the unmerged Nanoset PR,
@@ -148,19 +153,12 @@ class NanotronDataset(Dataset):  # type: ignore[type-arg]
     ``torch.LongTensor`` works with both.
     """
 
-    def __init__(self, samples: _Samples) -> None:
-        self.samples = samples
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
     def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
         return {"input_ids": torch.from_numpy(self.samples[int(k)])}
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, torch.Tensor]]:
         """The samples of one batch, read at once (DataLoader calls this per batch)."""
-        tokens = torch.from_numpy(self.samples.get_batch(np.asarray(indices, dtype=np.int64)))
-        return [{"input_ids": row} for row in tokens]
+        return [{"input_ids": row} for row in self._tokens(indices)]
 
 
 class NanotronSkipSampler(Sampler[int]):
