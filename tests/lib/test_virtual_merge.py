@@ -273,6 +273,45 @@ def test_pull_copies_a_blend_of_virtual_merges_with_its_shards(tmp_path: Path) -
     ]
 
 
+def test_pull_fsyncs_the_removal_of_another_versions_manifest_before_fetching(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pull of another version removes the blend manifest in place first; its folder is
+    fsynced then, before any file is renamed into place (those renames fsync their own
+    folders), so a crash never leaves the old manifest over the new files."""
+    from tokenmill.storage import pull_blocks
+    from tokenmill.storage import pull as pull_module
+
+    root = tmp_path / "root"
+    _, virtual = _merges(root, "docs", [6, 10, 4], seed=13)
+    out = root / "blends" / "one"
+
+    def build(samples: int) -> None:
+        nanoset = NanosetSettings(sequence_length=6, train_samples=samples)
+        build_blend(
+            "one", {"docs": virtual}, out, root / "nanoset", BlendSettings(nanoset, {"docs": 1})
+        )
+
+    build(20)
+    dest = tmp_path / "copy"
+    local = pull_module.pull(str(out / "manifest.json"), dest).manifest
+    build(30)
+    events: list[str] = []
+    real_commit = pull_blocks.commit
+
+    def watched(tmp: Path, final: Path) -> None:
+        events.append(f"commit {Path(final).name}")
+        real_commit(tmp, final)
+
+    monkeypatch.setattr(pull_blocks, "commit", watched)
+    monkeypatch.setattr(
+        pull_module, "fsync_dir", lambda d: events.append(f"fsync {d}"), raising=False
+    )
+    pull_module.pull(str(out / "manifest.json"), dest)
+    assert events and events[0] == f"fsync {local.parent}", events[:3]
+    assert any(e.startswith("commit ") for e in events)
+
+
 def test_pull_refuses_a_shard_block_list_the_merge_did_not_record(tmp_path: Path) -> None:
     from tokenmill.storage.pull import pull
 

@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokenmill.atomic import atomic_open, write_bytes
+from tokenmill.atomic import atomic_open, fsync_dir, write_bytes
 from tokenmill.errors import CacheError
 from tokenmill.formats.blend_manifest import read_blend_manifest, verify_manifest
 from tokenmill.storage.publish import publish
@@ -115,6 +115,7 @@ def _pull_into(
     final_manifest = root / plan.manifest_rel
     if final_manifest.is_file() and final_manifest.read_bytes() != raw:
         final_manifest.unlink()  # another version: never leave it claiming new files
+        fsync_dir(final_manifest.parent)  # gone on disk before any file it names changes
     report = PullReport(manifest=final_manifest)
     by_rel = {w.rel: w for w in plan.wanted}
     total = sum(w.size for w in plan.wanted)
