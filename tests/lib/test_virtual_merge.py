@@ -279,8 +279,8 @@ def test_pull_fsyncs_the_removal_of_another_versions_manifest_before_fetching(
     """A pull of another version removes the blend manifest in place first; its folder is
     fsynced then, before any file is renamed into place (those renames fsync their own
     folders), so a crash never leaves the old manifest over the new files."""
-    from tokenmill.storage import pull_blocks
     from tokenmill.storage import pull as pull_module
+    from tokenmill.storage import pull_blocks
 
     root = tmp_path / "root"
     _, virtual = _merges(root, "docs", [6, 10, 4], seed=13)
