@@ -38,6 +38,31 @@ def test_merge_vector(tmp_path):
     assert verify_dataset(res.prefix) == []
 
 
+def test_a_merge_over_an_old_one_fsyncs_its_manifest_removal_first(tmp_path, monkeypatch):
+    """The old manifest (in ``manifests/``) is removed and its folder fsynced before the new
+    pair is renamed over the old one: a crash never leaves it vouching for the new bytes."""
+    from tokenmill.formats import indexed
+    from tokenmill.formats import merge as merge_module
+
+    _make(tmp_path / "A", [[1, 2, 3], [4, 5]])
+    _make(tmp_path / "B", [[6, 7, 8, 9]])
+    merge_datasets([tmp_path / "A"], tmp_path / "M")
+    events = []
+    real_commit = indexed.commit
+
+    def watched(tmp, final):
+        events.append(f"commit {final.name}")
+        real_commit(tmp, final)
+
+    monkeypatch.setattr(indexed, "commit", watched)
+    monkeypatch.setattr(
+        merge_module, "fsync_dir", lambda d: events.append(f"fsync {d}"), raising=False
+    )
+    merge_datasets([tmp_path / "A", tmp_path / "B"], tmp_path / "M")
+    assert events[:2] == [f"fsync {tmp_path / 'manifests'}", "commit M.bin"]
+    assert verify_dataset(tmp_path / "M") == []
+
+
 def _tokens_manifest(prefix, fingerprint, quarantined, text_key="text"):
     config = {"tokenizer_fingerprint": fingerprint, "text_key": text_key, "append_eod": True}
     write_dataset_manifest(

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenmill.atomic import fsync_dir
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.formats.dataset_manifest import (
     bin_parts,
@@ -213,7 +214,9 @@ def merge_datasets(
     provenance, quarantined = _provenance(_manifests(prefixes))
     # The old manifest goes first: it must never vouch for a new pair of the same sizes.
     outputs = (dataset_manifest_path(out), data_file_path(out), index_file_path(out))
-    outputs[0].unlink(missing_ok=True)
+    if outputs[0].is_file():
+        outputs[0].unlink()
+        fsync_dir(outputs[0].parent)  # gone on disk before the pair changes (another folder)
     try:
         with IndexedDatasetWriter(out, dtype) as writer:
             for q in prefixes:
