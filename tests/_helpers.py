@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import itertools
@@ -91,6 +92,29 @@ def stop_group(process: subprocess.Popen[bytes], term_seconds: float = 60) -> No
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every descendant, as an OOM kill of its group would. Each process is
+    stopped first, so none can fork a child (a compute-log ``tail``, a worker) that the kill
+    would miss and that would keep the run going or hold its output pipe open."""
+    import psutil
+
+    frozen: dict[int, psutil.Process] = {}
+    frontier = [psutil.Process(pid)]
+    while frontier:
+        for process in frontier:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.suspend()
+            frozen[process.pid] = process
+        found: list[psutil.Process] = []
+        for process in list(frozen.values()):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found += [c for c in process.children() if c.pid not in frozen]
+        frontier = found
+    for process in frozen.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
 
 
 @contextmanager

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _helpers import kill_tree
 from dagster import (
     DagsterInstance,
     DagsterRun,
@@ -106,11 +107,7 @@ def test_a_killed_materialize_does_not_block_the_schedules(recipe: Recipe, home:
     run is marked failed), and so does the next ``materialize``."""
     proc = start(recipe, home)
     run = wait_for_run(home, REFRESH_JOB, proc)
-    # the whole tree, as an OOM kill of the process group would: a surviving grandchild (the
-    # compute-log ``tail`` Dagster starts) would hold the output pipe open
-    for p in psutil.Process(proc.pid).children(recursive=True):
-        p.kill()
-    proc.kill()
+    kill_tree(proc.pid)
     proc.communicate(timeout=60)
     assert run_status(home, run.run_id) == DagsterRunStatus.STARTED
     defs = build_definitions(recipe)
