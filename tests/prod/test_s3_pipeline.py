@@ -191,9 +191,10 @@ def test_persistent_s3_error_fails_cleanly(s3_secret: S3, gpt2_dir: Path, tmp_pa
         message = failure.event_specific_data.error.to_string()
         logged = everything_logged(instance)
     assert (
-        # a clean shard writes no quarantine file: its document hashes are the first upload
-        f"InputError: uploading part-00000.dochash.npy to s3://{missing}/root/raw/docs/" in message
-        and "NoSuchBucket" in message
+        # the push first reads the stored marker it would replace (a rerun of the same result
+        # uploads nothing): the bucket's absence surfaces there, naming the object
+        f"InputError: reading s3://{missing}/root/raw/docs/part-00000.stats.json: NoSuchBucket"
+        in message
     )
     assert SECRET not in logged
     assert list(work.iterdir()) == []
