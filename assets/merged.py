@@ -48,6 +48,7 @@ from tokenmill.recipe import DatasetConfig
 from tokenmill.storage import layout
 from tokenmill.storage.versions import read_pointer, write_pointer
 from tokenmill.tokenize.merged_versions import extends, previous_manifest, write_merged
+from tokenmill.tokenize.merged_versions import shard_identities as recorded_shards
 
 
 def shard_identities(
@@ -99,7 +100,9 @@ def build_merged(
             previous = read_pointer(ws.storage.path(pointer_key))
             prefixes = [ws.storage.path(t) for t in tokens]
             found = dict(zip(keys, prefixes, strict=True))
-            keys, left_out = complete_shards(context.instance, ds, found)
+            old = _previous(ws, ds, previous)
+            held = dict(recorded_shards(old)) if old else {}
+            keys, left_out = complete_shards(context.instance, ds, found, held)
             report_left_out(context, ds, keys, left_out)
             tokens = [layout.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
             prefixes = [ws.storage.path(t) for t in tokens]
@@ -118,7 +121,12 @@ def build_merged(
                 reused = not check_dataset_files(out)
             seconds, base = None, None
             if not reused:
-                base = _extended(ws, ds, previous, identities, masks)
+                base = extends(
+                    str(previous["version"]) if previous else None,
+                    old,
+                    [(k, str(h)) for k, h in identities],
+                    masks,
+                )
                 if merge == "physical":
                     ws.fetch([f"{t}.bin" for t in tokens] + [f"{t}.idx" for t in tokens])
                 shards = list(zip(keys, prefixes, strict=True))
@@ -162,21 +170,14 @@ def build_merged(
     return merged
 
 
-def _extended(
-    ws: Any,
-    ds: DatasetConfig,
-    previous: dict[str, Any] | None,
-    shards: list[tuple[str, Any]],
-    masks: dict[str, list[int]],
-) -> str | None:
-    """The previous version when the new one only appends shards to it, with the same masks
-    (else None); reads the previous version's manifest (staged from S3 first)."""
+def _previous(ws: Any, ds: DatasetConfig, previous: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The manifest of the version the pointer names (staged from S3 first), None without one:
+    the shards it holds stay in, and a new version extends it when it only appends shards."""
     if previous is None:
         return None
     prev_key = f"{layout.merged_dir(ds.name)}/{previous['target']}"
     ws.fetch([layout.dataset_manifest(prev_key)])
-    old = previous_manifest(ws.storage.path(prev_key))
-    return extends(str(previous["version"]), old, [(k, str(h)) for k, h in shards], masks)
+    return previous_manifest(ws.storage.path(prev_key))
 
 
 def shard_files(ds: DatasetConfig) -> dict[str, tuple[str, ...]]:

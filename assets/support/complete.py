@@ -15,7 +15,7 @@ from pathlib import Path
 from dagster import AssetExecutionContext, DagsterInstance, Failure, MetadataValue
 
 from assets.support.staleness import SHARD_STAGES, failed_shards, shard_records, token_status
-from tokenmill.formats.dataset_manifest import dataset_manifest_path
+from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
 from tokenmill.recipe import DatasetConfig
 
 LEFT_OUT = "left_out"  # merged metadata: {shard: reason} of the shards the version left out
@@ -41,16 +41,29 @@ def left_out_reasons(
 
 
 def complete_shards(
-    instance: DagsterInstance, ds: DatasetConfig, prefixes: Mapping[str, Path]
+    instance: DagsterInstance,
+    ds: DatasetConfig,
+    prefixes: Mapping[str, Path],
+    held: Mapping[str, str] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """``(complete keys, {left-out key: reason})`` of the shards ``prefixes`` (key -> local
     tokens prefix, in merge order): a shard is complete when its token manifest is there and
     the run that recorded its tokens succeeded (its blocking checks passed) or recorded it on
     its own (another shard of its range failed); tokens made outside any recorded run count
-    as complete (nothing says they are bad; ``verify`` and the checks read them)."""
+    as complete (nothing says they are bad; ``verify`` and the checks read them). A shard the
+    current version ``held`` ({key: content hash}) with the content its manifest has now stays
+    complete whatever a later run of it is doing: a second run of one shard still in progress
+    must not drop it from the next version (the pointer would move back)."""
+    held = held or {}
     present = [key for key, prefix in prefixes.items() if dataset_manifest_path(prefix).is_file()]
     records = shard_records(instance, ds, present)
-    complete = [key for key in present if records[key].tokens_ok or not records[key].content_hash]
+    complete = [
+        key
+        for key in present
+        if records[key].tokens_ok
+        or not records[key].content_hash
+        or (key in held and read_dataset_manifest(prefixes[key])["content_hash"] == held[key])
+    ]
     missing = [key for key in prefixes if key not in set(present)]
     reasons = left_out_reasons(instance, ds, missing)
     for key in set(present) - set(complete):

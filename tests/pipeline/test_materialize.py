@@ -10,17 +10,21 @@ import numpy as np
 import pytest
 from dagster import (
     AssetKey,
+    AssetMaterialization,
     DagsterInstance,
     build_sensor_context,
 )
 from pipeline_project import materialize_downstream, materialize_shards, runs_by_job
 
 from assets.factory import build_assets
+from assets.support.complete import LEFT_OUT
 from assets.support.partitions import partitions_name, shard_keys
 from assets.support.sources import list_shards
 from assets.support.staleness import (
+    CONTENT_HASH,
     current_shards,
     expected_versions,
+    latest_records,
     recorded_version,
     tokens_settings,
 )
@@ -155,6 +159,37 @@ def test_dagster_materialize_end_to_end(recipe: Recipe, instance: DagsterInstanc
     }
     manifest = json.loads((Path(recipe.storage.root) / "blends/mix/manifest.json").read_text())
     assert [d["name"] for d in manifest["datasets"]] == ["docs", "code"]
+
+
+def test_a_held_shard_stays_while_a_later_run_of_it_is_unconfirmed(
+    recipe: Recipe, instance: DagsterInstance
+) -> None:
+    """A later tokens record of a shard whose run is not known to have succeeded (a second run
+    of it still in progress) does not drop the shard from the next merged version while its
+    content is what the current version holds: the pointer never moves back."""
+    graph = build_assets(recipe)
+    resources = resources_for(recipe)
+    keys = {"docs": ["extra-00000", "part-00000"], "code": ["part-00000", "part-00001"]}
+    (Path(recipe.dataset("docs").source) / "part-00001.jsonl").unlink()
+    (Path(recipe.dataset("docs").source) / "part-00002.jsonl").unlink()
+    for ds, shards in keys.items():
+        assert all(r.success for r in materialize_shards(graph, instance, resources, ds, shards))
+    assert materialize_downstream(graph, instance, resources).success
+    before = instance.get_latest_materialization_event(AssetKey(["code", "merged"]))
+    held = before.asset_materialization.metadata
+    [record] = latest_records(instance, AssetKey(["code", "tokens"]), ["part-00000"]).values()
+    same = record.asset_materialization.metadata[CONTENT_HASH].value
+    instance.report_runless_asset_event(  # the unconfirmed run's record, same content
+        AssetMaterialization(
+            AssetKey(["code", "tokens"]), partition="part-00000", metadata={CONTENT_HASH: same}
+        )
+    )
+    assert materialize_downstream(graph, instance, resources).success
+    after = instance.get_latest_materialization_event(AssetKey(["code", "merged"]))
+    meta = after.asset_materialization.metadata
+    assert meta["shards"].value == held["shards"].value == 2
+    assert meta["version"].value == held["version"].value
+    assert meta[LEFT_OUT].value == {}
 
 
 def test_cli_finds_the_code_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
