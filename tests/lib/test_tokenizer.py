@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -184,6 +185,7 @@ def test_speculated_engine_side_writes_what_the_serial_path_writes(
     )
     monkeypatch.setattr(tokenizer_verify.Speculation, "result", lambda self: None)
     assert verify(tmp_path / "serial") == speculated
+    assert multiprocessing.active_children() == []  # an untaken helper is ended, not left blocked
     record = json.loads(speculated["rec.json"])
     assert (record["effective_definition"] is None) == (name != "llama2")
 

@@ -1,4 +1,5 @@
-"""First-use verification of a tokenizer against transformers (runs in a child process).
+"""First-use verification of a tokenizer against transformers, in a child process; over 400
+lines: the reference side, the speculated engine side and the record they make stay together.
 
 ``python -m tokenmill.tokenize.tokenizer_verify SOURCE DEFINITION FINGERPRINT RECORD`` loads the
 reference (``AutoTokenizer.from_pretrained(SOURCE)``), checks that its class passes text straight to
@@ -277,20 +278,32 @@ class Speculation:
             self._proc.join()
         return answer if isinstance(answer, EngineSide) else None
 
+    def close(self) -> None:
+        """End the helper when its result was not taken (this process failed first): SIGKILL,
+        as it may be blocked sending a result nobody reads, and would hold up this process's
+        exit, which joins its children."""
+        self._conn.close()
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._proc.join()
+
 
 def verify_tokenizer(
     source: Path, definition: Path, fingerprint: str, record_path: Path
 ) -> dict[str, Any]:
     """Run the reference and every engine on the probe set; return the record to cache."""
     speculation = Speculation((source, definition, fingerprint, record_path))
-    tok = load_reference(source)
-    problem = passthrough_problem(tok)
-    split = bool(getattr(tok, "split_special_tokens", False))
-    added = tok.backend_tokenizer.get_added_tokens_decoder()
-    probes = probe_texts([added[i].content for i in sorted(added)])
-    expected = _assemble([np.array(x, dtype=np.uint32) for x in tok(probes).input_ids])
-    spec, effective = _effective_definition(tok, definition, record_path)
-    side = guess = speculation.result()
+    try:
+        tok = load_reference(source)
+        problem = passthrough_problem(tok)
+        split = bool(getattr(tok, "split_special_tokens", False))
+        added = tok.backend_tokenizer.get_added_tokens_decoder()
+        probes = probe_texts([added[i].content for i in sorted(added)])
+        expected = _assemble([np.array(x, dtype=np.uint32) for x in tok(probes).input_ids])
+        spec, effective = _effective_definition(tok, definition, record_path)
+        side = guess = speculation.result()
+    finally:
+        speculation.close()
     if side is None or effective is not None or split or side.probes != probes_digest(probes):
         engines_reads = record_path.parent / effective if effective else definition
         spec = _disk_definition(definition) if spec is None else spec
