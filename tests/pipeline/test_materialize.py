@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -136,8 +137,9 @@ def test_bad_record_in_fail_mode_fails_only_that_dataset(
     assert "downstream rebuilt: code/dataset_info, code/merged, code/pruned, code/nanoset" in out
 
 
-def test_dagster_materialize_end_to_end(recipe: Recipe, instance: DagsterInstance) -> None:
-    """The same graph through ``dagster.materialize``: each shard partition, then downstream."""
+def _two_shards_each(recipe: Recipe, instance: DagsterInstance) -> tuple[Any, dict[str, Any]]:
+    """``(graph, resources)`` after materializing two shards of each dataset through
+    ``dagster.materialize``, every run and check green."""
     graph = build_assets(recipe)
     resources = resources_for(recipe)
     keys = {"docs": ["extra-00000", "part-00000"], "code": ["part-00000", "part-00001"]}
@@ -147,6 +149,12 @@ def test_dagster_materialize_end_to_end(recipe: Recipe, instance: DagsterInstanc
         results = materialize_shards(graph, instance, resources, ds, shards)
         assert [r.success for r in results] == [True] * len(shards)
         assert all(e.passed for r in results for e in r.get_asset_check_evaluations())
+    return graph, resources
+
+
+def test_dagster_materialize_end_to_end(recipe: Recipe, instance: DagsterInstance) -> None:
+    """The same graph through ``dagster.materialize``: each shard partition, then downstream."""
+    graph, resources = _two_shards_each(recipe, instance)
     result = materialize_downstream(graph, instance, resources)
     assert result.success
     evaluations = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
@@ -167,13 +175,7 @@ def test_a_held_shard_stays_while_a_later_run_of_it_is_unconfirmed(
     """A later tokens record of a shard whose run is not known to have succeeded (a second run
     of it still in progress) does not drop the shard from the next merged version while its
     content is what the current version holds: the pointer never moves back."""
-    graph = build_assets(recipe)
-    resources = resources_for(recipe)
-    keys = {"docs": ["extra-00000", "part-00000"], "code": ["part-00000", "part-00001"]}
-    (Path(recipe.dataset("docs").source) / "part-00001.jsonl").unlink()
-    (Path(recipe.dataset("docs").source) / "part-00002.jsonl").unlink()
-    for ds, shards in keys.items():
-        assert all(r.success for r in materialize_shards(graph, instance, resources, ds, shards))
+    graph, resources = _two_shards_each(recipe, instance)
     assert materialize_downstream(graph, instance, resources).success
     before = instance.get_latest_materialization_event(AssetKey(["code", "merged"]))
     held = before.asset_materialization.metadata
