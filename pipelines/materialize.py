@@ -69,6 +69,7 @@ from pipelines.summary import (
 from tokenmill.cli import run_command
 from tokenmill.formats.merge import natural_key
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe, recipe_path
+from tokenmill.storage import layout
 from tokenmill.storage.s3 import call, shared_client, split_uri
 
 # Shards per in-process run: a run costs ≈ 1.3 CPU-s however many shards it holds (the run's
@@ -171,6 +172,7 @@ def stale_downstream(
     keys = {ds.name: shard_keys(instance, ds) for ds in recipe.datasets}
     ledger = read_storage_ledger(storage) if storage is not None else []
     expected = expected_versions(instance, recipe, keys, ledger)
+    gone = _gone(storage, recipe)
     stale: list[AssetKey] = []
     if recipe.takedown.list is not None and not list_recorded(ledger, recipe.takedown.list):
         stale.append(TAKEDOWNS)
@@ -179,7 +181,11 @@ def stale_downstream(
         if ds.name in skip:
             continue
         merged_key, nanoset_key = AssetKey([ds.name, "merged"]), AssetKey([ds.name, "nanoset"])
-        if not expected or recorded_version(instance, merged_key) != expected[merged_key]:
+        if (
+            not expected
+            or merged_key in gone
+            or recorded_version(instance, merged_key) != expected[merged_key]
+        ):
             stale += [AssetKey([ds.name, stage]) for stage in DOWNSTREAM_STAGES]
         elif recorded_version(instance, nanoset_key) != expected[nanoset_key]:
             stale.append(nanoset_key)
@@ -187,9 +193,20 @@ def stale_downstream(
         key = AssetKey(["blend", blend.name])
         if skip & set(blend.datasets):
             continue
-        if not expected or recorded_version(instance, key) != expected[key]:
+        if not expected or key in gone or recorded_version(instance, key) != expected[key]:
             stale.append(key)
     return stale
+
+
+def _gone(storage: StorageResource | None, recipe: Recipe) -> set[AssetKey]:
+    """Merged datasets and blends whose pointer or manifest is missing from a local root (its
+    data folder was removed while the instance kept its records): rebuilt, not "up to date"."""
+    if storage is None or storage.is_s3:
+        return set()
+    root = storage.local_root()
+    files = {AssetKey([d.name, "merged"]): layout.merged_pointer(d.name) for d in recipe.datasets}
+    files |= {AssetKey(["blend", b.name]): layout.blend_manifest(b.name) for b in recipe.blends}
+    return {key for key, rel in files.items() if not (root / rel).is_file()}
 
 
 def materialize_recipe(

@@ -65,6 +65,12 @@ def test_whole_graph_then_incremental(
     assert "downstream rebuilt: nothing" in capsys.readouterr().out
     assert sum(runs_by_job(instance).values()) == 3
 
+    shutil.rmtree(storage / "blends")  # outputs removed, the instance's records kept
+    assert materialize_recipe(recipe, instance) == 0
+    assert "downstream rebuilt: blend/mix" in capsys.readouterr().out
+    assert (storage / "blends" / "mix" / "manifest.json").is_file()
+    assert sum(runs_by_job(instance).values()) == 4
+
     docs = Path(recipe.dataset("docs").source)
     shutil.copy(docs / "part-00000.jsonl", docs / "part-00003.jsonl")
     assert materialize_recipe(recipe, instance) == 0
@@ -74,7 +80,7 @@ def test_whole_graph_then_incremental(
         "downstream rebuilt: docs/dataset_info, docs/merged, docs/pruned, docs/nanoset, blend/mix"
         in out
     )
-    assert runs_by_job(instance) == {"docs_shard_job": 2, "code_shard_job": 1, "refresh_job": 2}
+    assert runs_by_job(instance) == {"docs_shard_job": 2, "code_shard_job": 1, "refresh_job": 3}
 
     (docs / "part-00003.jsonl").unlink()
     assert materialize_recipe(recipe, instance) == 0
