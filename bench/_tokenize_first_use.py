@@ -66,6 +66,7 @@ def first_use_runs(
                 rows["load"].append(round(os.getloadavg()[0], 2))
                 order = ("fresh", "cached") if rep % 2 == 0 else ("cached", "fresh")
                 for kind in order:
+                    _remove_outputs(work, f"{name}-{kind}")  # else the run finds them up to date
                     with tempfile.TemporaryDirectory() as fresh:
                         run_env = cached_env if kind == "cached" else {
                             **env, "TOKENMILL_CACHE_DIR": fresh}  # fmt: skip
@@ -77,6 +78,14 @@ def first_use_runs(
                     raise RuntimeError(f"{name}: the fresh and the cached run wrote different .bin")
         out[name] = rows
     return out
+
+
+def _remove_outputs(work: Path, prefix: str) -> None:
+    """Delete what a run at ``work/prefix`` wrote, so the next run there tokenizes: a run whose
+    outputs already record its inputs and settings writes nothing."""
+    for path in work.glob(f"{prefix}[_.]*"):
+        if path.is_file():
+            path.unlink()
 
 
 def child_split(tok_dir: Path, env: dict[str, str], repeat: int) -> dict[str, Any]:
