@@ -33,6 +33,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import threading
+import traceback
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -58,6 +61,8 @@ from tokenmill.tokenize.tokenizer_info import TokenizerInfo as TokenizerInfo
 
 CACHE_VERSION = 4  # bump when the probes or the record layout change
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+# Modules whose thread pools or state a forked verification child must not inherit.
+FORK_BLOCKERS = ("gigatoken", "tiktoken", "tokenizers", "transformers", "torch")
 
 
 def cache_dir() -> Path:
@@ -179,16 +184,47 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
 
 
 def run_verification(source: Path, definition: Path, fingerprint: str, record_path: Path) -> None:
-    """Verify in a child interpreter and wait; TokenmillError with its stderr if it fails."""
-    cmd = [sys.executable, "-m", "tokenmill.tokenize.tokenizer_verify"]
-    cmd += [str(source), str(definition), fingerprint, str(record_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-5:]
-        raise TokenmillError(
-            f"tokenizer {source}: verification against transformers failed "
-            f"(exit {proc.returncode}): {' | '.join(tail)}"
-        )
+    """Verify in a child process and wait; TokenmillError with its output's tail if it fails.
+
+    A process that runs no thread of its own and has loaded no engine or transformers (a CLI run
+    at its start) forks the child: no interpreter start and no second import of numpy and
+    tokenmill (0.15 s of first use). Any other starts a new interpreter, as forking threads or an
+    engine's thread pools is unsafe.
+    """
+    argv = [str(source), str(definition), fingerprint, str(record_path)]
+    with tempfile.TemporaryFile() as output:  # the child's stdout and stderr
+        if threading.active_count() == 1 and not any(m in sys.modules for m in FORK_BLOCKERS):
+            status = _forked_verification(argv, output.fileno())
+        else:
+            cmd = [sys.executable, "-m", "tokenmill.tokenize.tokenizer_verify", *argv]
+            status = subprocess.run(cmd, stdout=output, stderr=output, check=False).returncode
+        if status != 0:
+            output.seek(0)
+            tail = output.read().decode(errors="replace").strip().splitlines()[-5:]
+            raise TokenmillError(
+                f"tokenizer {source}: verification against transformers failed "
+                f"(exit {status}): {' | '.join(tail)}"
+            )
+
+
+def _forked_verification(argv: list[str], output: int) -> int:
+    """``tokenizer_verify.main(argv)`` in a forked child writing to ``output``; its exit code."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's frames
+        status = 1
+        try:
+            os.dup2(output, 1)
+            os.dup2(output, 2)
+            from tokenmill.tokenize import tokenizer_verify
+
+            status = tokenizer_verify.main(argv)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)  # no teardown of transformers (0.2 s) or of the caller's state
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def _read_record(path: Path, fingerprint: str) -> dict[str, Any] | None:
