@@ -141,10 +141,12 @@ def _hf_definition(spec: dict[str, Any], record_path: Path) -> str | None:
     where both spellings mean the same merges; the ``hf`` engine is verified on this copy.
     """
     merges = (spec.get("model") or {}).get("merges") or []
-    pairs = [m for m in merges if isinstance(m, list)]
-    if not pairs or any(" " in part for m in pairs for part in m):
+    if not merges or not all(isinstance(m, list) and len(m) == 2 for m in merges):
         return None
-    fast = dict(spec, model=dict(spec["model"], merges=[" ".join(m) for m in merges]))
+    joined = [" ".join(m) for m in merges]
+    if "".join(joined).count(" ") != len(joined):  # a part with a space of its own
+        return None
+    fast = dict(spec, model=dict(spec["model"], merges=joined))
     name = record_path.with_suffix(".hf.json").name
     write_bytes(record_path.parent / name, orjson.dumps(fast))
     return name
