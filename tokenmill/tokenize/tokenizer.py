@@ -31,6 +31,7 @@ import importlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -209,10 +210,14 @@ def run_verification(source: Path, definition: Path, fingerprint: str, record_pa
 
 def _forked_verification(argv: list[str], output: int) -> int:
     """``tokenizer_verify.main(argv)`` in a forked child writing to ``output``; its exit code."""
+    sys.stdout.flush()  # else the child would write what this process had buffered
+    sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # the child: never returns into the caller's frames
         status = 1
         try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller ends it (below)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the handler the caller set
             os.dup2(output, 1)
             os.dup2(output, 2)
             from tokenmill.tokenize import tokenizer_verify
@@ -224,7 +229,12 @@ def _forked_verification(argv: list[str], output: int) -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(status)  # no teardown of transformers (0.2 s) or of the caller's state
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    try:
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    except BaseException:  # interrupted: end the child, as subprocess.run would
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
 
 
 def _read_record(path: Path, fingerprint: str) -> dict[str, Any] | None:
