@@ -31,6 +31,7 @@ import importlib
 import importlib.util
 import json
 import os
+import runpy
 import signal
 import subprocess
 import sys
@@ -62,6 +63,7 @@ from tokenmill.tokenize.tokenizer_info import TokenizerInfo as TokenizerInfo
 
 CACHE_VERSION = 4  # bump when the probes or the record layout change
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+VERIFIER = "tokenmill.tokenize.tokenizer_verify"  # the verification child's module
 # Modules whose thread pools or state a forked verification child must not inherit.
 FORK_BLOCKERS = ("gigatoken", "tiktoken", "tokenizers", "transformers", "torch")
 
@@ -197,7 +199,7 @@ def run_verification(source: Path, definition: Path, fingerprint: str, record_pa
         if threading.active_count() == 1 and not any(m in sys.modules for m in FORK_BLOCKERS):
             status = _forked_verification(argv, output.fileno())
         else:
-            cmd = [sys.executable, "-m", "tokenmill.tokenize.tokenizer_verify", *argv]
+            cmd = [sys.executable, "-m", VERIFIER, *argv]
             status = subprocess.run(cmd, stdout=output, stderr=output, check=False).returncode
         if status != 0:
             output.seek(0)
@@ -209,26 +211,25 @@ def run_verification(source: Path, definition: Path, fingerprint: str, record_pa
 
 
 def _forked_verification(argv: list[str], output: int) -> int:
-    """``tokenizer_verify.main(argv)`` in a forked child writing to ``output``; its exit code."""
+    """``python -m tokenmill.tokenize.tokenizer_verify *argv`` run by ``runpy`` in a forked child
+    (the same entry code as in a new interpreter) writing to ``output``; its exit code."""
     sys.stdout.flush()  # else the child would write what this process had buffered
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # the child: never returns into the caller's frames
-        status = 1
         try:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller ends it (below)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the handler the caller set
             os.dup2(output, 1)
             os.dup2(output, 2)
-            from tokenmill.tokenize import tokenizer_verify
-
-            status = tokenizer_verify.main(argv)
+            sys.argv = ["tokenizer_verify", *argv]
+            runpy.run_module(VERIFIER, run_name="__main__", alter_sys=True)  # exits by itself
         except BaseException:
             traceback.print_exc()
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(status)  # no teardown of transformers (0.2 s) or of the caller's state
+            os._exit(1)  # reached only when the module failed before its own exit
     try:
         return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     except BaseException:  # interrupted: end the child, as subprocess.run would
