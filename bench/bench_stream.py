@@ -188,7 +188,8 @@ def first_batch(
     """A fresh process, from before its imports: open plus the first batch, cold (an empty
     cache dir) then warm (the same cache: a restarted job), ``repeats`` times; and moto alone
     serving the same GETs as a cold run, 8 at once (nothing stored or hashed): its bound."""
-    found: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": [], "moto_alone_s": []}
+    found: dict[str, list[Any]] = {"cold": [], "warm": [], "moto_alone_s": []}
+    found["load"] = [os.getloadavg()[0]]  # the 1-minute load average, before and after
     for r in range(repeats):
         cache = work / f"first-{r}"
         for kind in ("cold", "warm"):
@@ -199,6 +200,7 @@ def first_batch(
             found[kind].append(got)
             if kind == "cold":
                 found["moto_alone_s"].append(replay(client, "bench", gets))
+    found["load"].append(os.getloadavg()[0])
     return found
 
 
@@ -337,7 +339,10 @@ def report_first(found: dict[str, Any]) -> None:
             f"{span([r['open_requests'] for r in runs], 0)} requests in the open, "
             f"{span([r['requests'] for r in runs], 0)} by the end of the first batch"
         )
-    print(f"moto alone serving a cold run's GETs, 8 at once: {span(found['moto_alone_s'])} s")
+    print(
+        f"moto alone serving a cold run's GETs, 8 at once: {span(found['moto_alone_s'])} s; "
+        f"load average {found['load'][0]:.1f} before, {found['load'][-1]:.1f} after"
+    )
 
 
 def report(results: dict[str, Any], args: argparse.Namespace, tools: list[str]) -> None:
