@@ -185,13 +185,15 @@ class _Watchdog:
     def __init__(self) -> None:
         self.pending: dict[int, tuple[float, _Waiting, str]] = {}
         self.wake = threading.Condition()
+        self.next = float("inf")  # when the thread wakes next (inf: when woken)
         self.thread = threading.Thread(target=self.run, name="tokenmill-s3-waiting", daemon=True)
         self.thread.start()
 
     def arm(self, deadline: float, waiting: _Waiting, what: str) -> None:
         with self.wake:
             self.pending[threading.get_ident()] = (deadline, waiting, what)
-            if len(self.pending) == 1:  # else the thread already sleeps until an earlier one
+            if deadline < self.next:  # else the thread wakes in time already
+                self.next = deadline
                 self.wake.notify()
 
     def disarm(self) -> None:
@@ -201,13 +203,12 @@ class _Watchdog:
     def run(self) -> None:
         while True:
             with self.wake:
-                while not self.pending:
-                    self.wake.wait()
                 now = time.monotonic()
                 due = [k for k, (t, _, _) in self.pending.items() if t <= now]
                 late = [self.pending.pop(k) for k in due]
                 if not late:
-                    self.wake.wait(min(t for t, _, _ in self.pending.values()) - now)
+                    self.next = min((t for t, _, _ in self.pending.values()), default=float("inf"))
+                    self.wake.wait(self.next - now if self.pending else None)
             for _, waiting, what in late:
                 waiting.say(what)
 
