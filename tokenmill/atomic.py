@@ -316,6 +316,12 @@ def file_sha256(path: str | os.PathLike[str], offset: int = 0, length: int | Non
     return h.hexdigest()
 
 
+def json_sha256(obj: Any) -> str:
+    """Hex sha256 of ``obj``'s canonical JSON (sorted keys, compact, ASCII): a content hash."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 class CommitOnExit:
     """A writer used as a context manager: a clean exit commits it (``finalize``), an exception
     discards what it wrote (``abort``), and so does a commit that fails (e.g. a full disk at

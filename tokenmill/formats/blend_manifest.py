@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.atomic import file_sha256, load_json
+from tokenmill.atomic import file_sha256, json_sha256, load_json
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
 from tokenmill.formats.nanoset_cache import SegmentedArray, segment_keys
@@ -58,9 +57,7 @@ def blend_array_name(split: str, array: str) -> str:
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
     """sha256 of a manifest's canonical JSON (sorted keys, compact) without its own hash."""
-    body = {k: v for k, v in manifest.items() if k != SELF_HASH}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return json_sha256({k: v for k, v in manifest.items() if k != SELF_HASH})
 
 
 def seal(manifest: dict[str, Any]) -> dict[str, Any]:

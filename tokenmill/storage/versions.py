@@ -17,7 +17,6 @@ conditional PUT (``tokenmill.storage.staging``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -25,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
-from tokenmill.atomic import load_json, temp_dir, write_bytes
+from tokenmill.atomic import json_sha256, load_json, temp_dir, write_bytes
 from tokenmill.errors import ConflictError, FormatError
 from tokenmill.formats.nanoset_cache import exclusive_lock
 from tokenmill.storage.layout import version_dir_name
@@ -43,8 +42,7 @@ Expected = Mapping[str, Any] | str | None
 def version_hash(description: Any) -> str:
     """The version of an artifact: sha256 of the canonical JSON of everything its content
     depends on (inputs' content hashes, settings, format version)."""
-    text = json.dumps(description, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return json_sha256(description)
 
 
 def pointer_version(path: str | os.PathLike[str]) -> str | None:
