@@ -219,6 +219,14 @@ def load_json(raw: bytes | str, where: object, field: str = "json") -> Any:
         raise FormatError(where, field, f"not readable JSON ({exc})") from exc
 
 
+def read_if_exists(path: str | os.PathLike[str]) -> bytes | None:
+    """The file's bytes, or None when there is no such file."""
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
 def read_json(path: str | os.PathLike[str], field: str = "json") -> Any:
     """``load_json`` of the file at ``path`` (FileNotFoundError when it is not there)."""
     return load_json(Path(path).read_bytes(), path, field)

@@ -157,18 +157,23 @@ def _parts_entry(path: Path, parts: list[dict[str, Any]]) -> dict[str, Any]:
     size = path.stat().st_size
     if total != size:
         raise FormatError(path, "size", f"{size} bytes, its parts add up to {total}")
-    tree = hashlib.sha256("".join(p["sha256"] for p in parts).encode()).hexdigest()
-    return {"bytes": size, "parts": parts, "sha256_of_parts": tree}
+    return {"bytes": size, "parts": parts, "sha256_of_parts": parts_sha256(parts)}
 
 
-def _digest_mismatch(path: Path, info: dict[str, Any]) -> str | None:
-    """Rehash a file (or each recorded part of it); a message on mismatch."""
-    if "sha256" in info:
-        return None if file_sha256(path) == info["sha256"] else "sha256 differs from the manifest"
+def parts_sha256(parts: list[dict[str, Any]]) -> str:
+    """``sha256_of_parts`` of a file recorded by parts: sha256 over their sha256s, in order."""
+    return hashlib.sha256("".join(str(p["sha256"]) for p in parts).encode()).hexdigest()
+
+
+def digest_problem(path: Path, info: dict[str, Any], source: str = "the manifest") -> str | None:
+    """Rehash a file recorded as ``{sha256}`` (or each of its recorded ``parts``): why it
+    differs from ``source``, or None."""
+    if "parts" not in info:
+        return None if file_sha256(path) == info.get("sha256") else f"sha256 differs from {source}"
     offset = 0
     for i, part in enumerate(info["parts"]):
         if file_sha256(path, offset, int(part["bytes"])) != part["sha256"]:
-            return f"sha256 of part {i} (bytes {offset}..) differs from the manifest"
+            return f"sha256 of part {i} (bytes {offset}..) differs from {source}"
         offset += int(part["bytes"])
     return None
 
@@ -314,7 +319,7 @@ def file_problems(prefix: Path, manifest: dict[str, Any], *, full: bool) -> list
         size = p.stat().st_size
         if size != info["bytes"]:
             problems.append(f"{p}: {size} bytes, manifest says {info['bytes']}")
-        elif full and (msg := _digest_mismatch(p, info)):
+        elif full and (msg := digest_problem(p, info)):
             problems.append(f"{p}: {msg}")
     return problems
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import remove_empty_dir, write_bytes
+from tokenmill.atomic import read_if_exists, remove_empty_dir, write_bytes
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.storage.s3 import (
     call,
@@ -82,10 +82,7 @@ class LocalStore:
 
     def read(self, key: str) -> bytes | None:
         """The file's bytes, or None when it does not exist."""
-        try:
-            return (self.root / key).read_bytes()
-        except FileNotFoundError:
-            return None
+        return read_if_exists(self.root / key)
 
     @contextlib.contextmanager
     def chunks(self, key: str, lo: int, hi: int) -> Iterator[Iterator[bytes]]:
