@@ -21,6 +21,7 @@ from tokenmill.atomic import read_if_exists, remove_empty_dir, write_bytes
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.storage.s3 import (
     call,
+    exists,
     is_cut_body,
     is_missing,
     list_objects,
@@ -79,6 +80,10 @@ class LocalStore:
     def where(self, key: str) -> str:
         """The path of ``key``, for messages."""
         return str(self.root / key)
+
+    def exists(self, key: str) -> bool:
+        """True when ``key`` is a file now."""
+        return (self.root / key).is_file()
 
     def read(self, key: str) -> bytes | None:
         """The file's bytes, or None when it does not exist."""
@@ -140,6 +145,10 @@ class S3Store:
     def where(self, key: str) -> str:
         """``s3://bucket/prefix/key``."""
         return f"s3://{self.bucket}/{self.key(key)}"
+
+    def exists(self, key: str) -> bool:
+        """True when ``key`` is an object now (one HEAD request)."""
+        return exists(self.client, self.bucket, self.key(key))
 
     def read(self, key: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
