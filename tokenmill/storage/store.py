@@ -205,6 +205,4 @@ Store = LocalStore | S3Store
 def open_store(root: str | os.PathLike[str], endpoint_url: str | None = None) -> Store:
     """The store of a storage root: ``s3://bucket/prefix`` or a local folder."""
     uri = os.fspath(root)
-    if uri.startswith("s3://"):
-        return S3Store(uri, endpoint_url)
-    return LocalStore(Path(uri))
+    return S3Store(uri, endpoint_url) if uri.startswith("s3://") else LocalStore(Path(uri))
