@@ -52,18 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_index_options(
         p, train_help="train size; required unless --semantics growing (there: a cap, default none)"
     )
-    p.add_argument(
-        "--valid-samples",
-        type=int,
-        metavar="N",
-        help="default: one epoch of every dataset's valid split",
-    )
-    p.add_argument(
-        "--test-samples",
-        type=int,
-        metavar="N",
-        help="default: one epoch of every dataset's test split",
-    )
+    for split in ("valid", "test"):
+        help_text = f"default: one epoch of every dataset's {split} split"
+        p.add_argument(f"--{split}-samples", type=int, metavar="N", help=help_text)
     p.add_argument(
         "--add-extra-token",
         action=argparse.BooleanOptionalAction,
