@@ -80,14 +80,18 @@ def block_sha256(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTES) -
             return list(pool.map(one, range(count)))
 
 
+def input_files(path: Path) -> list[Path]:
+    """An input's files: itself, or a folder's (an HF dataset) in name order."""
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+
+
 def input_sha256(path: str | os.PathLike[str]) -> str:
     """Content hash of an input: a file's sha256; for a folder (an HF dataset), the sha256 of
     its files' relative names and sha256s, one per line in name order."""
     path = Path(path)
     if not path.is_dir():
         return file_sha256(path)
-    files = sorted(p for p in path.rglob("*") if p.is_file())
-    lines = [f"{p.relative_to(path).as_posix()}\0{file_sha256(p)}\n" for p in files]
+    lines = [f"{p.relative_to(path).as_posix()}\0{file_sha256(p)}\n" for p in input_files(path)]
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
