@@ -13,6 +13,7 @@ and the pointer as they were, and a job that pinned an older version keeps readi
 ``tokenmill gc`` removes it.
 """
 
+from collections.abc import Mapping
 from typing import Any
 
 from dagster import (
@@ -52,13 +53,21 @@ from tokenmill.tokenize.merged_versions import shard_identities as recorded_shar
 
 
 def shard_identities(
-    storage: StorageResource, ds: DatasetConfig, keys: list[str]
+    storage: StorageResource,
+    ds: DatasetConfig,
+    keys: list[str],
+    parsed: Mapping[str, dict[str, Any]] | None = None,
 ) -> list[tuple[str, str | None]]:
     """``(shard, tokens content hash)`` of ``keys`` from the token manifests alone (a shard not
-    tokenized yet counts as None): the inputs of the merged version."""
+    tokenized yet counts as None; ``parsed``: manifests already read, by key): the inputs of the
+    merged version."""
+    parsed = parsed or {}
     inputs: list[tuple[str, str | None]] = []
     for key in keys:
         prefix = storage.tokens_prefix(ds.name, key, ds.text_key)
+        if key in parsed:
+            inputs.append((key, str(parsed[key]["content_hash"])))
+            continue
         done = dataset_manifest_path(prefix).is_file()
         inputs.append((key, str(read_dataset_manifest(prefix)["content_hash"]) if done else None))
     return inputs
@@ -102,11 +111,12 @@ def build_merged(
             found = dict(zip(keys, prefixes, strict=True))
             old = _previous(ws, ds, previous)
             held = dict(recorded_shards(old)) if old else {}
-            keys, left_out = complete_shards(context.instance, ds, found, held)
+            parsed: dict[str, dict[str, Any]] = {}
+            keys, left_out = complete_shards(context.instance, ds, found, held, parsed)
             report_left_out(context, ds, keys, left_out)
             tokens = [layout.tokens_prefix(ds.name, k, ds.text_key) for k in keys]
             prefixes = [ws.storage.path(t) for t in tokens]
-            identities = shard_identities(ws.storage, ds, keys)
+            identities = shard_identities(ws.storage, ds, keys, parsed)
             # the takedown ledger: documents every merge masks (ConfigError for a physical one)
             ledger = read_storage_ledger(storage)
             masks, taken = merge_masks(ledger, ds.name, identities, merge)

@@ -46,6 +46,7 @@ from tokenmill.formats.blend_manifest import FORMAT_VERSION, seal
 from tokenmill.formats.indexed import HEADER_SIZE, MAGIC, VERSION, dtype_code
 from tokenmill.formats.virtual_merge import is_virtual, shard_entry, write_virtual_manifest
 from tokenmill.indices.nanoset import cache_key
+from tokenmill.indices.settings import NanosetSettings
 from tokenmill.storage.versions import version_hash
 
 S = 2048  # sequence length of the samples
@@ -149,18 +150,7 @@ def cache_entry(root: Path, content: str, n: int, length: int) -> tuple[str, dic
     """A one-epoch Nanoset entry over ``n`` sequences of ``length`` tokens (real in the
     window): sample j starts at token j·S."""
     samples = (n * length - 1) // S
-    key = cache_key(
-        content,
-        semantics="megatron",
-        split="train",
-        split_spec="1,0,0",
-        split_range=(0, n),
-        sequence_length=S,
-        seed=1234,
-        num_samples=samples,
-        add_extra_token=True,
-        drop_last_partial=True,
-    )
+    key = cache_key(content, "train", NanosetSettings(S, "1,0,0", seed=1234), (0, n), samples)
     digest = _index_cache.key_hash(key)
     base = root / "nanoset" / f"{digest}-Nanoset-train"
     base.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@ uploaded beside it (not timed). Measured:
 * a fresh process, ``--repeats`` times: its imports, then ``open_blend("s3://...",
   version=...)`` and the first batch, cold (an empty cache dir) then warm (the same cache: a
   restarted job), wall and CPU seconds and the GETs it sent; and moto alone serving the same
-  GETs as a cold run, 8 at once (nothing stored or hashed): the server's bound for it;
+  GETs as a cold run, 8 at once (nothing stored or hashed): the server's bound for it
+  (``--against DIR``: another checkout's processes too, alternating with this one's);
 * the job, per tool: ``--ranks`` rank processes at once, each a torch DataLoader with
   ``--workers`` workers reading its slice of ``--steps`` global batches of ``--batch``
   samples (the same indices for every tool: each anchor reads sample i of its copy by random
@@ -26,7 +27,7 @@ uploaded beside it (not timed). Measured:
 
     python bench/bench_stream.py [--tokens 40000000] [--shards 4] [--steps 40] [--batch 64]
         [--ranks 2] [--workers 2] [--block-mib 8] [--tools tokenmill,mosaic,litdata]
-        [--repeats 3] [--first-only]
+        [--repeats 3] [--first-only] [--against OTHER_CHECKOUT]
 """
 
 from __future__ import annotations
@@ -183,22 +184,34 @@ print(json.dumps({"imports_s": imported - start, "open_s": opened - imported,
 
 
 def first_batch(
-    uri: str, version: str, work: Path, batch: int, repeats: int, client: Any, env: dict[str, str]
+    uri: str,
+    version: str,
+    work: Path,
+    args: argparse.Namespace,
+    client: Any,
+    env: dict[str, str],
 ) -> dict[str, Any]:
     """A fresh process, from before its imports: open plus the first batch, cold (an empty
-    cache dir) then warm (the same cache: a restarted job), ``repeats`` times; and moto alone
-    serving the same GETs as a cold run, 8 at once (nothing stored or hashed): its bound."""
-    found: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": [], "moto_alone_s": []}
-    for r in range(repeats):
-        cache = work / f"first-{r}"
-        for kind in ("cold", "warm"):
-            cmd = [sys.executable, "-c", FIRST, uri, version, str(cache), str(batch)]
-            out = subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=ROOT).stdout
-            got = json.loads(out)
-            gets = got.pop("gets")
-            found[kind].append(got)
-            if kind == "cold":
-                found["moto_alone_s"].append(replay(client, "bench", gets))
+    cache dir) then warm (the same cache: a restarted job), ``args.repeats`` times; and moto
+    alone serving the same GETs as a cold run, 8 at once (nothing stored or hashed): its bound.
+    ``args.against``: another checkout's processes too, alternating with this one's."""
+    roots = [ROOT, *([Path(args.against).resolve()] if args.against else [])]
+    found: dict[str, list[Any]] = {"load": [os.getloadavg()[0]]}  # 1-minute load average
+    for r in range(args.repeats):
+        for root in roots:
+            tag = "" if root == ROOT else f" ({root})"
+            for kind in ("cold", "warm"):
+                cache = work / f"first-{r}-{roots.index(root)}"
+                cmd = [sys.executable, "-c", FIRST, uri, version, str(cache), str(args.batch)]
+                run_env = dict(env, PYTHONPATH=str(root))
+                out = subprocess.run(cmd, env=run_env, check=True, capture_output=True, cwd=root)
+                got = json.loads(out.stdout)
+                gets = got.pop("gets")
+                found.setdefault(kind + tag, []).append(got)
+                if kind == "cold":
+                    moto = replay(client, "bench", gets)
+                    found.setdefault("moto_alone_s" + tag, []).append(moto)
+    found["load"].append(os.getloadavg()[0])
     return found
 
 
@@ -259,6 +272,7 @@ def main() -> None:
     parser.add_argument("--tools", default="tokenmill,mosaic,litdata")
     parser.add_argument("--repeats", type=int, default=3, help="cold/warm first batches")
     parser.add_argument("--first-only", action="store_true", help="only the first batches")
+    parser.add_argument("--against", help="another checkout: its first batches too, alternating")
     args = parser.parse_args()
     tools = [] if args.first_only else args.tools.split(",")
     dataset_manifest.BLOCK_BYTES = int(args.block_mib * (1 << 20))  # what the writers record
@@ -293,9 +307,7 @@ def main() -> None:
             uri = "s3://bench/blends/stream/manifest.json"
             version = str(open_blend(manifest, "train").version)
             env["BENCH_VERSION"] = version
-            results["first_batch"] = first_batch(
-                uri, version, work, args.batch, args.repeats, client, env
-            )
+            results["first_batch"] = first_batch(uri, version, work, args, client, env)
             if args.first_only:
                 report_first(results["first_batch"])
                 return
@@ -325,19 +337,24 @@ def report_first(found: dict[str, Any]) -> None:
     def span(values: list[float], digits: int = 2) -> str:
         return f"{min(values):.{digits}f}-{max(values):.{digits}f}"
 
-    for kind in ("cold", "warm"):
-        runs = found[kind]
+    for kind, runs in found.items():
+        if kind == "load" or kind.startswith("moto_alone_s"):
+            continue
         print(
             f"one fresh process, {kind}: imports (numpy, tokenmill.loader, boto3) "
             f"{span([r['imports_s'] for r in runs])} s, then open "
             f"{span([r['open_s'] for r in runs])} s, first batch at "
-            f"{span([r['first_batch_s'] for r in runs])} s ("
+            f"{span([r['first_batch_s'] for r in runs])} s, median "
+            f"{float(np.median([r['first_batch_s'] for r in runs])):.2f} s ("
             f"{span([r['startup_s'] for r in runs])} s from the start), "
             f"{span([r['cpu_s'] for r in runs])} CPU-s in all, "
             f"{span([r['open_requests'] for r in runs], 0)} requests in the open, "
             f"{span([r['requests'] for r in runs], 0)} by the end of the first batch"
         )
-    print(f"moto alone serving a cold run's GETs, 8 at once: {span(found['moto_alone_s'])} s")
+        moto = found.get("moto_alone_s" + kind.removeprefix("cold").removeprefix("warm"))
+        if kind.startswith("cold") and moto:
+            print(f"  moto alone serving the same GETs, 8 at once: {span(moto)} s")
+    print(f"load average {found['load'][0]:.1f} before, {found['load'][-1]:.1f} after")
 
 
 def report(results: dict[str, Any], args: argparse.Namespace, tools: list[str]) -> None:

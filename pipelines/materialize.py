@@ -18,12 +18,13 @@ repo root) executes in process on the configured instance (``$DAGSTER_HOME``; SQ
    records give now, and everything after them, are rebuilt together in one run of
    ``refresh_job``. Datasets with a failed shard are left out of step 3 (and reported).
 
-Nothing here reads the storage root: the comparisons and the summary read the instance's
-records, so an ``s3://`` root costs no listing or download (``s3://`` buckets get one HEAD
-each first, before any run). The summary has one line per failure with its cause; the full
-errors go to ``$DAGSTER_HOME/logs/`` (``--verbose``: to the console too). The guards of
-``pipelines/runguard.py`` hold: one materialize per instance and storage root, interrupted
-runs marked failed, SIGTERM handled as Ctrl-C.
+The comparisons and the summary read the instance's records, not the storage root, so an
+``s3://`` root costs no listing or download: its buckets get one HEAD each first, before any
+run, and each merged pointer and blend manifest one HEAD (a removed one is rebuilt). The
+summary has one line per failure with its cause; the full errors go to ``$DAGSTER_HOME/logs/``
+(``--verbose``: to the console too). The guards of ``pipelines/runguard.py`` hold: one
+materialize per instance and storage root, interrupted runs marked failed, SIGTERM handled as
+Ctrl-C.
 """
 
 import argparse
@@ -199,14 +200,13 @@ def stale_downstream(
 
 
 def _gone(storage: StorageResource | None, recipe: Recipe) -> set[AssetKey]:
-    """Merged datasets and blends whose pointer or manifest is missing from a local root (its
-    data folder was removed while the instance kept its records): rebuilt, not "up to date"."""
-    if storage is None or storage.is_s3:
+    """Merged datasets and blends whose pointer or manifest is missing from the root (removed
+    while the instance kept its records; one HEAD each on S3): rebuilt, not "up to date"."""
+    if storage is None:
         return set()
-    root = storage.local_root()
     files = {AssetKey([d.name, "merged"]): layout.merged_pointer(d.name) for d in recipe.datasets}
     files |= {AssetKey(["blend", b.name]): layout.blend_manifest(b.name) for b in recipe.blends}
-    return {key for key, rel in files.items() if not (root / rel).is_file()}
+    return {key for key, rel in files.items() if not storage.exists(rel)}
 
 
 def materialize_recipe(

@@ -219,6 +219,14 @@ def load_json(raw: bytes | str, where: object, field: str = "json") -> Any:
         raise FormatError(where, field, f"not readable JSON ({exc})") from exc
 
 
+def read_if_exists(path: str | os.PathLike[str]) -> bytes | None:
+    """The file's bytes, or None when there is no such file."""
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
 def read_json(path: str | os.PathLike[str], field: str = "json") -> Any:
     """``load_json`` of the file at ``path`` (FileNotFoundError when it is not there)."""
     return load_json(Path(path).read_bytes(), path, field)
@@ -314,6 +322,12 @@ def file_sha256(path: str | os.PathLike[str], offset: int = 0, length: int | Non
             if left > 0:
                 left -= len(chunk)
     return h.hexdigest()
+
+
+def json_sha256(obj: Any) -> str:
+    """Hex sha256 of ``obj``'s canonical JSON (sorted keys, compact, ASCII): a content hash."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class CommitOnExit:

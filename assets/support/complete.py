@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from dagster import AssetExecutionContext, DagsterInstance, Failure, MetadataValue
 
@@ -45,6 +46,7 @@ def complete_shards(
     ds: DatasetConfig,
     prefixes: Mapping[str, Path],
     held: Mapping[str, str] | None = None,
+    parsed: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """``(complete keys, {left-out key: reason})`` of the shards ``prefixes`` (key -> local
     tokens prefix, in merge order): a shard is complete when its token manifest is there and
@@ -53,16 +55,21 @@ def complete_shards(
     as complete (nothing says they are bad; ``verify`` and the checks read them). A shard the
     current version ``held`` ({key: content hash}) with the content its manifest has now stays
     complete whatever a later run of it is doing: a second run of one shard still in progress
-    must not drop it from the next version (the pointer would move back)."""
+    must not drop it from the next version (the pointer would move back). ``parsed`` receives
+    ``{key: manifest}`` of the token manifests read for that, for the caller to reuse."""
     held = held or {}
+    parsed = {} if parsed is None else parsed
     present = [key for key, prefix in prefixes.items() if dataset_manifest_path(prefix).is_file()]
     records = shard_records(instance, ds, present)
+
+    def holds(key: str) -> bool:
+        parsed[key] = read_dataset_manifest(prefixes[key])
+        return bool(parsed[key]["content_hash"] == held[key])
+
     complete = [
         key
         for key in present
-        if records[key].tokens_ok
-        or not records[key].content_hash
-        or (key in held and read_dataset_manifest(prefixes[key])["content_hash"] == held[key])
+        if records[key].tokens_ok or not records[key].content_hash or (key in held and holds(key))
     ]
     missing = [key for key in prefixes if key not in set(present)]
     reasons = left_out_reasons(instance, ds, missing)

@@ -212,6 +212,10 @@ class StorageResource(ConfigurableResource):
         store = self._store()
         return sorted(f.key for folder in folders for f in store.files(folder.rstrip("/")))
 
+    def exists(self, key: str) -> bool:
+        """True when the file ``key`` (relative to the root) is there now; on S3 one HEAD."""
+        return self._store().exists(key)
+
     def delete_keys(self, keys: Sequence[str]) -> None:
         """Remove files by key (absent ones are fine), locally or on S3."""
         self._store().delete(keys)

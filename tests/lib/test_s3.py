@@ -7,7 +7,9 @@ loader. Stubbed clients and a dead loopback port, no server."""
 from __future__ import annotations
 
 import socket
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -229,6 +231,50 @@ def test_an_endpoint_that_never_answers_fails_soon_and_says_it_waits(
     assert f"tokenmill: waiting for S3 ({url}): " in err
     assert "ReadTimeoutError" in err and f"s3://{BUCKET}/blends/mix/manifest.json" in err
     assert len(held) == 1 + s3.MAX_ATTEMPTS  # every try reached the endpoint, none answered
+
+
+def test_requests_share_one_watchdog_that_reports_only_late_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request only records its deadline with the process's one watchdog thread (no thread
+    per request): one answered in time says nothing, one past its deadline says it waits, even
+    while the watchdog sleeps until a later deadline of another thread's request."""
+    waiting = s3._Waiting(_client(), read_timeout=60.0)
+    get = SimpleNamespace(method="GET")
+    waiting.sent(request=get)  # the watchdog starts here, if no request started it before
+    waiting.answered()
+    started: list[threading.Thread] = []
+    start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda t: (started.append(t), start(t))[1])
+
+    said: list[str] = []
+    late = threading.Event()
+    monkeypatch.setattr(waiting, "say", lambda what: (said.append(what), late.set()))
+    for _ in range(20):
+        waiting.sent(request=get)
+        waiting.answered()
+    slow = s3._Waiting(_client(), read_timeout=60.0)
+    slow.slow_after = 3600.0
+    armed, done = threading.Event(), threading.Event()
+
+    def pending() -> None:  # another thread's request, due in an hour, answered at the end
+        slow.sent(request=get)
+        armed.set()
+        done.wait(60)
+        slow.answered()
+
+    other = threading.Thread(target=pending, daemon=True)
+    other.start()
+    armed.wait(30)
+    waiting.slow_after = 0.0
+    waiting.sent(request=get)  # due now: wakes the watchdog sleeping until the hour is up
+    try:
+        assert late.wait(30)  # a hang guard: the watchdog reports a due request at once
+    finally:
+        done.set()
+        other.join()
+    assert started == [other]  # that thread only: none per request
+    assert said == ["no answer to a GET after 0 s …"]
 
 
 @pytest.fixture

@@ -474,6 +474,25 @@ def first_outputs(result: Any) -> outputs_module.Outputs:
     return outputs_module.Outputs(result.prefix, Path(f"{result.prefix}.quarantine.jsonl"))
 
 
+@pytest.mark.parametrize("count", ["tokens", "empty_documents"])
+def test_a_manifest_missing_a_count_is_rewritten(
+    gpt2_dir: Path, tmp_path: Path, count: str
+) -> None:
+    """A hand-edited manifest whose ``counts`` lacks a key (its pair intact) is not up to date:
+    the run tokenizes anew and rewrites a correct pair and manifest, instead of a KeyError."""
+    src = write_jsonl(tmp_path / "in.jsonl", real_texts(5))
+    first = tokenize_files([src], tmp_path / "p", gpt2_dir, append_eod=True)
+    path = dataset_manifest_path(first.prefix)
+    edited = json.loads(path.read_bytes())
+    del edited["counts"][count]
+    path.write_text(json.dumps(edited))
+    again = tokenize_files([src], tmp_path / "p", gpt2_dir, append_eod=True)
+    assert not again.reused and (again.documents, again.tokens) == (5, first.tokens)
+    assert read_dataset_manifest(first.prefix)["counts"] == first.manifest["counts"]
+    assert check_dataset_files(first.prefix, full=True) == []
+    assert pair_bytes(again.prefix) == pair_bytes(first.prefix)
+
+
 def test_commit_never_leaves_a_manifest_without_its_pair(
     gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

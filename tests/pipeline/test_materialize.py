@@ -17,6 +17,8 @@ from dagster import (
 )
 from pipeline_project import materialize_downstream, materialize_shards, runs_by_job
 
+import assets.merged as merged_module
+import assets.support.complete as complete_module
 from assets.factory import build_assets
 from assets.support.complete import LEFT_OUT
 from assets.support.partitions import partitions_name, shard_keys
@@ -176,11 +178,21 @@ def test_dagster_materialize_end_to_end(recipe: Recipe, instance: DagsterInstanc
 
 
 def test_a_held_shard_stays_while_a_later_run_of_it_is_unconfirmed(
-    recipe: Recipe, instance: DagsterInstance
+    recipe: Recipe, instance: DagsterInstance, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A later tokens record of a shard whose run is not known to have succeeded (a second run
     of it still in progress) does not drop the shard from the next merged version while its
-    content is what the current version holds: the pointer never moves back."""
+    content is what the current version holds: the pointer never moves back. The merge reads
+    that shard's token manifest once (the held check and the version's inputs share it)."""
+    reads: list[str] = []
+    for module in (complete_module, merged_module):
+        real = module.read_dataset_manifest
+
+        def counted(prefix: Any, real: Any = real) -> dict[str, Any]:
+            reads.append(Path(prefix).as_posix())
+            return real(prefix)  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(module, "read_dataset_manifest", counted)
     graph, resources = _two_shards_each(recipe, instance)
     assert materialize_downstream(graph, instance, resources).success
     before = instance.get_latest_materialization_event(AssetKey(["code", "merged"]))
@@ -192,7 +204,9 @@ def test_a_held_shard_stays_while_a_later_run_of_it_is_unconfirmed(
             AssetKey(["code", "tokens"]), partition="part-00000", metadata={CONTENT_HASH: same}
         )
     )
+    reads.clear()
     assert materialize_downstream(graph, instance, resources).success
+    assert sum(r.endswith("tokens/code/part-00000_text_document") for r in reads) == 1
     after = instance.get_latest_materialization_event(AssetKey(["code", "merged"]))
     meta = after.asset_materialization.metadata
     assert meta["shards"].value == held["shards"].value == 2

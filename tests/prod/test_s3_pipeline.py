@@ -21,7 +21,7 @@ from assets.factory import build_assets
 from assets.support.resources import StorageResource
 from assets.support.sources import diff_listing, list_shards
 from pipelines.build import build_definitions, resources_for
-from pipelines.materialize import materialize_recipe
+from pipelines.materialize import materialize_recipe, stale_downstream
 from pipelines.sensors import range_run_key
 from tokenmill.loader import open_blend
 from tokenmill.recipe import Recipe, load_recipe
@@ -294,6 +294,44 @@ def test_materialize_a_local_root_from_s3_sources(s3: S3, gpt2_dir: Path, tmp_pa
     assert stats["input"]["uri"] == f"s3://{s3.bucket}/sources/docs/part-00001.jsonl"
     blend = open_blend(tmp_path / "data/blends/mix/manifest.json", "train", verify="full")
     assert len(blend) == 100
+
+
+def test_materialize_rebuilds_a_pointer_and_blend_removed_from_an_s3_root(
+    s3: S3, gpt2_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A merged pointer and a blend manifest removed from an ``s3://`` root (the instance keeps
+    its records) are rebuilt by the next materialize, not reported up to date; finding that
+    costs one HEAD per merged dataset and per blend."""
+    recipe = s3_recipe(tmp_path, s3, gpt2_dir, s3.bucket)
+    removed = [f"root/{layout.merged_pointer('docs')}", f"root/{layout.blend_manifest('mix')}"]
+    heads: list[str] = []
+
+    def head(params: dict[str, Any], **_: Any) -> None:
+        heads.append(params["Key"])
+
+    events = shared_client(recipe.storage.s3_endpoint_url).meta.events
+    with DagsterInstance.ephemeral() as instance:
+        assert materialize_recipe(recipe, instance) == 0
+        for key in removed:
+            s3.client.delete_object(Bucket=s3.bucket, Key=key)
+        storage = StorageResource(
+            root=recipe.storage.root, s3_endpoint_url=recipe.storage.s3_endpoint_url
+        )
+        events.register("before-parameter-build.s3.HeadObject", head)
+        try:
+            stale = stale_downstream(instance, recipe, set(), storage)
+        finally:
+            events.unregister("before-parameter-build.s3.HeadObject", head)
+        rebuilt = "docs/dataset_info, docs/merged, docs/pruned, docs/nanoset, blend/mix"
+        assert ", ".join(k.to_user_string() for k in stale) == rebuilt
+        assert sorted(heads) == sorted(
+            [f"root/{layout.merged_pointer(ds)}" for ds in ("docs", "code")] + removed[1:]
+        )
+        capsys.readouterr()
+        assert materialize_recipe(recipe, instance) == 0
+        assert f"downstream rebuilt: {rebuilt}" in capsys.readouterr().out
+        assert stale_downstream(instance, recipe, set(), storage) == []
+    assert set(removed) <= set(s3.keys("root/"))
 
 
 def test_raw_and_hf_artifacts_on_s3_name_s3_and_repeat_byte_identical(

@@ -507,3 +507,30 @@ def test_the_open_sends_as_many_requests_for_50_shards_as_for_1(
     np.testing.assert_array_equal(remote.get_batch(everything), local.get_batch(everything))
     manifests = [key for key, _ in gets[len(opened) :] if key.endswith(".manifest.json")]
     assert len(manifests) == len(set(manifests)) <= shards  # block lists: one GET per shard
+
+
+def test_a_first_batch_over_50_shards_gets_each_file_once_token_blocks_with_the_index(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gets: list[tuple[str, int | None]]
+) -> None:
+    """Shards whose files are one block each: the first batch GETs each touched shard's
+    ``.idx`` and ``.bin`` once, whole, and the token blocks go out with the index reads (they
+    need no pointer), not after them."""
+    monkeypatch.setattr(dataset_manifest, "BLOCK_BYTES", 1 << 20)
+    src = tmp_path / "src"
+    prefixes = [src / "tokens" / f"s{k}_text_document" for k in range(50)]
+    local_manifest = one_dataset_blend(src, prefixes, docs=8, lengths=(5, 60))
+    s3.upload_tree(src, "v1")
+    uri = f"s3://{s3.bucket}/v1/blends/one/manifest.json"
+    remote = open_blend(uri, "train", cache_dir=tmp_path / "cache")
+    opened = len(gets)
+    local = open_blend(local_manifest, "train")
+    batch = BatchSampler(len(local), global_batch_size=16).indices(0)
+    np.testing.assert_array_equal(remote.get_batch(batch), local.get_batch(batch))
+    sent = gets[opened:]
+    shards = {key.rsplit(".", 1)[0] for key, _ in sent}
+    sizes = {key: (src / key.removeprefix("v1/")).stat().st_size for key, _ in sent}
+    assert len(shards) > 1 and sorted(sent) == sorted(
+        (f"{shard}.{ext}", sizes[f"{shard}.{ext}"]) for shard in shards for ext in ("bin", "idx")
+    )
+    kinds = [key.rsplit(".", 1)[1] for key, _ in sent]
+    assert kinds.index("bin") < len(kinds) - 1 - kinds[::-1].index("idx")

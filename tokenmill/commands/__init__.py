@@ -23,6 +23,31 @@ def add_storage_options(p: argparse.ArgumentParser, *, root: bool = True) -> Non
     )
 
 
+def add_index_options(p: argparse.ArgumentParser, *, train_help: str) -> None:
+    """The index settings ``tokenmill index`` and ``tokenmill blend`` share."""
+    from tokenmill.indices.growing import ERA_SAMPLES
+    from tokenmill.indices.nanoset_keys import SEMANTICS
+
+    p.add_argument("--sequence-length", type=int, required=True, metavar="S")
+    p.add_argument("--split", default="949,50,1", help="train,valid,test weights")
+    p.add_argument("--seed", type=int, default=1234, help="index shuffle seed")
+    p.add_argument("--train-samples", type=int, metavar="N", help=train_help)
+    p.add_argument(
+        "--semantics",
+        choices=SEMANTICS,
+        default="megatron",
+        help="index rules; growing: splits by document identity, each version extends the "
+        "previous one",
+    )
+    p.add_argument(
+        "--era-samples",
+        type=int,
+        default=ERA_SAMPLES,
+        metavar="N",
+        help="growing semantics: samples per shuffled era",
+    )
+
+
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends ``(default: X)`` to an option's help unless the help already states its default
     or there is none worth stating (None, off, empty)."""

@@ -6,13 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from tokenmill.commands import add_index_options
 from tokenmill.commands.blend_report import describe_blend
 from tokenmill.commands.verify import classify
 from tokenmill.errors import ConfigError
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.blend_plan import skipped_warnings
-from tokenmill.indices.growing import ERA_SAMPLES
-from tokenmill.indices.nanoset import SEMANTICS
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
 
 
@@ -50,45 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--cache-dir", metavar="DIR", help="Nanoset index cache directory (default: OUTPUT/cache)"
     )
-    p.add_argument("--sequence-length", type=int, required=True, metavar="S")
-    p.add_argument(
-        "--split", default="949,50,1", help="train,valid,test split (default: %(default)s)"
+    add_index_options(
+        p, train_help="train size; required unless --semantics growing (there: a cap, default none)"
     )
-    p.add_argument(
-        "--seed", type=int, default=1234, help="index shuffle seed (default: %(default)s)"
-    )
-    p.add_argument(
-        "--train-samples",
-        type=int,
-        metavar="N",
-        help="train size; required unless --semantics growing (there: a cap, default none)",
-    )
-    p.add_argument(
-        "--valid-samples",
-        type=int,
-        metavar="N",
-        help="default: one epoch of every dataset's valid split",
-    )
-    p.add_argument(
-        "--test-samples",
-        type=int,
-        metavar="N",
-        help="default: one epoch of every dataset's test split",
-    )
-    p.add_argument(
-        "--semantics",
-        choices=SEMANTICS,
-        default="megatron",
-        help="index rules; growing: splits by document identity, each version extends the "
-        "previous one (default: %(default)s)",
-    )
-    p.add_argument(
-        "--era-samples",
-        type=int,
-        default=ERA_SAMPLES,
-        metavar="N",
-        help="growing semantics: samples per shuffled era (default: %(default)s)",
-    )
+    for split in ("valid", "test"):
+        help_text = f"default: one epoch of every dataset's {split} split"
+        p.add_argument(f"--{split}-samples", type=int, metavar="N", help=help_text)
     p.add_argument(
         "--add-extra-token",
         action=argparse.BooleanOptionalAction,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from tokenmill.commands import add_index_options
 from tokenmill.errors import ConfigError
-from tokenmill.indices.growing import ERA_SAMPLES
-from tokenmill.indices.nanoset import SEMANTICS, SPLITS, build_or_load
+from tokenmill.indices.nanoset import SPLITS, build_or_load
 from tokenmill.indices.settings import NanosetSettings
 
 
@@ -22,18 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--dataset", required=True, metavar="PREFIX", help=".bin/.idx prefix")
     p.add_argument("--cache-dir", required=True, metavar="DIR")
-    p.add_argument("--sequence-length", required=True, type=int, metavar="S")
-    p.add_argument("--split", default="949,50,1", help="train,valid,test weights")
-    p.add_argument("--seed", type=int, default=1234, help="index shuffle seed")
-    p.add_argument("--train-samples", type=int, metavar="N", help="default: one epoch")
-    p.add_argument("--semantics", choices=SEMANTICS, default="megatron", help="index rules")
-    p.add_argument(
-        "--era-samples",
-        type=int,
-        default=ERA_SAMPLES,
-        metavar="N",
-        help=f"growing semantics: samples per shuffled era (default {ERA_SAMPLES})",
-    )
+    add_index_options(p, train_help="default: one epoch")
     p.add_argument(
         "--no-extra-token",
         action="store_true",

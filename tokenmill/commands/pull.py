@@ -27,12 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="pull this version of the blend (its hash or first 16 hex digits, as recorded in "
         "ds.version): versions/<v16>/manifest.json beside MANIFEST_URI, and its files",
     )
-    p.add_argument(
-        "--jobs",
-        type=int,
-        default=DEFAULT_JOBS,
-        help=f"parallel transfers (default {DEFAULT_JOBS})",
-    )
+    p.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help="parallel transfers")
     p.set_defaults(func=run)
 
 

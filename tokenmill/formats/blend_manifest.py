@@ -25,8 +25,6 @@ there.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,9 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.atomic import file_sha256, load_json
+from tokenmill.atomic import file_sha256, json_sha256, load_json
 from tokenmill.errors import CacheError, ConfigError, FormatError
-from tokenmill.formats.dataset_manifest import dataset_manifest_path, read_dataset_manifest
+from tokenmill.formats.dataset_manifest import (
+    dataset_manifest_path,
+    digest_problem,
+    parts_sha256,
+    read_dataset_manifest,
+)
 from tokenmill.formats.nanoset_cache import SegmentedArray, segment_keys
 from tokenmill.formats.virtual_merge import shard_problems
 from tokenmill.paths import VERSION_CHARS, has_control_character, is_lower_hex, leading_parents
@@ -58,9 +61,7 @@ def blend_array_name(split: str, array: str) -> str:
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
     """sha256 of a manifest's canonical JSON (sorted keys, compact) without its own hash."""
-    body = {k: v for k, v in manifest.items() if k != SELF_HASH}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return json_sha256({k: v for k, v in manifest.items() if k != SELF_HASH})
 
 
 def seal(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -260,25 +261,13 @@ def check_file(path: Path, entry: dict[str, Any], *, hash_it: bool) -> str | Non
         return f"{path}: {size} bytes, recorded {entry.get('bytes')!r}"
     if not hash_it:
         return None
-    if "parts" in entry:
-        return _parts_problem(path, entry)
-    if file_sha256(path) != entry.get("sha256"):
-        return f"{path}: sha256 differs from the recorded one"
-    return None
-
-
-def _parts_problem(path: Path, entry: dict[str, Any]) -> str | None:
-    """Hash each recorded byte range of a file recorded by parts (a merged ``.bin``)."""
-    parts = entry["parts"]
-    digests = "".join(str(p["sha256"]) for p in parts)
-    if hashlib.sha256(digests.encode()).hexdigest() != entry.get("sha256_of_parts"):
+    if "parts" not in entry:
+        ok = file_sha256(path) == entry.get("sha256")
+        return None if ok else f"{path}: sha256 differs from the recorded one"
+    if parts_sha256(entry["parts"]) != entry.get("sha256_of_parts"):
         return f"{path}: sha256_of_parts is not the hash of the recorded parts"
-    offset = 0
-    for i, part in enumerate(parts):
-        if file_sha256(path, offset, int(part["bytes"])) != part["sha256"]:
-            return f"{path}: sha256 of part {i} (bytes {offset}..) differs from the recorded one"
-        offset += int(part["bytes"])
-    return None
+    problem = digest_problem(path, entry, "the recorded one")
+    return None if problem is None else f"{path}: {problem}"
 
 
 def drop_last_partial(manifest: dict[str, Any], split: str) -> bool:

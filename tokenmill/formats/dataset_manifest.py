@@ -80,14 +80,18 @@ def block_sha256(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTES) -
             return list(pool.map(one, range(count)))
 
 
+def input_files(path: Path) -> list[Path]:
+    """An input's files: itself, or a folder's (an HF dataset) in name order."""
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+
+
 def input_sha256(path: str | os.PathLike[str]) -> str:
     """Content hash of an input: a file's sha256; for a folder (an HF dataset), the sha256 of
     its files' relative names and sha256s, one per line in name order."""
     path = Path(path)
     if not path.is_dir():
         return file_sha256(path)
-    files = sorted(p for p in path.rglob("*") if p.is_file())
-    lines = [f"{p.relative_to(path).as_posix()}\0{file_sha256(p)}\n" for p in files]
+    lines = [f"{p.relative_to(path).as_posix()}\0{file_sha256(p)}\n" for p in input_files(path)]
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
@@ -157,18 +161,23 @@ def _parts_entry(path: Path, parts: list[dict[str, Any]]) -> dict[str, Any]:
     size = path.stat().st_size
     if total != size:
         raise FormatError(path, "size", f"{size} bytes, its parts add up to {total}")
-    tree = hashlib.sha256("".join(p["sha256"] for p in parts).encode()).hexdigest()
-    return {"bytes": size, "parts": parts, "sha256_of_parts": tree}
+    return {"bytes": size, "parts": parts, "sha256_of_parts": parts_sha256(parts)}
 
 
-def _digest_mismatch(path: Path, info: dict[str, Any]) -> str | None:
-    """Rehash a file (or each recorded part of it); a message on mismatch."""
-    if "sha256" in info:
-        return None if file_sha256(path) == info["sha256"] else "sha256 differs from the manifest"
+def parts_sha256(parts: list[dict[str, Any]]) -> str:
+    """``sha256_of_parts`` of a file recorded by parts: sha256 over their sha256s, in order."""
+    return hashlib.sha256("".join(str(p["sha256"]) for p in parts).encode()).hexdigest()
+
+
+def digest_problem(path: Path, info: dict[str, Any], source: str = "the manifest") -> str | None:
+    """Rehash a file recorded as ``{sha256}`` (or each of its recorded ``parts``): why it
+    differs from ``source``, or None."""
+    if "parts" not in info:
+        return None if file_sha256(path) == info.get("sha256") else f"sha256 differs from {source}"
     offset = 0
     for i, part in enumerate(info["parts"]):
         if file_sha256(path, offset, int(part["bytes"])) != part["sha256"]:
-            return f"sha256 of part {i} (bytes {offset}..) differs from the manifest"
+            return f"sha256 of part {i} (bytes {offset}..) differs from {source}"
         offset += int(part["bytes"])
     return None
 
@@ -314,7 +323,7 @@ def file_problems(prefix: Path, manifest: dict[str, Any], *, full: bool) -> list
         size = p.stat().st_size
         if size != info["bytes"]:
             problems.append(f"{p}: {size} bytes, manifest says {info['bytes']}")
-        elif full and (msg := _digest_mismatch(p, info)):
+        elif full and (msg := digest_problem(p, info)):
             problems.append(f"{p}: {msg}")
     return problems
 

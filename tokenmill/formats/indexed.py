@@ -31,13 +31,7 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 
-from tokenmill.atomic import (
-    CommitOnExit,
-    commit,
-    create_temp,
-    name_os_errors,
-    remove_stale_temps,
-)
+from tokenmill.atomic import CommitOnExit, commit, create_temp, name_os_errors, remove_stale_temps
 from tokenmill.errors import FormatError
 
 MAGIC = b"MMIDIDX\x00\x00"

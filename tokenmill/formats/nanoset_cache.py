@@ -25,13 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.atomic import (
-    atomic_open,
-    file_sha256,
-    load_json,
-    remove_stale_temps,
-    write_bytes,
-)
+from tokenmill.atomic import atomic_open, file_sha256, load_json, remove_stale_temps, write_bytes
 from tokenmill.errors import CacheError, FormatError
 
 ARRAYS = ("document", "sample", "shuffle")

@@ -84,9 +84,7 @@ def blend_size(weights: Sequence[float], size: int, *, semantics: str = "megatro
     """
     n = _check_size(size)
     w = _normalized(weights, semantics).tolist()
-    if semantics == "megatron":
-        return sum(math.ceil(n * x) for x in w)
-    return n
+    return sum(math.ceil(n * x) for x in w) if semantics == "megatron" else n
 
 
 def build_blend_indices(

@@ -78,18 +78,9 @@ from tokenmill.indices.blend_versioning import (
     settings_header,
     weighting,
 )
-from tokenmill.indices.nanoset import (
-    FetchEntry,
-    NanosetIndex,
-    build_or_load,
-)
+from tokenmill.indices.nanoset import FetchEntry, NanosetIndex, build_or_load
 from tokenmill.indices.settings import BlendSettings
-from tokenmill.storage.versions import (
-    READ_AT_START,
-    Expected,
-    pointer_version,
-    swap_pointer,
-)
+from tokenmill.storage.versions import READ_AT_START, Expected, pointer_version, swap_pointer
 
 
 def build_blend(

@@ -28,13 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.atomic import (
-    file_sha256,
-)
+from tokenmill.atomic import file_sha256
 from tokenmill.errors import ConfigError, FormatError
-from tokenmill.formats.blend_manifest import (
-    SPLITS,
-)
+from tokenmill.formats.blend_manifest import SPLITS
 from tokenmill.formats.dataset_manifest import (
     dataset_content_hash,
     dataset_manifest_path,
@@ -47,12 +43,7 @@ from tokenmill.indices import blend as blending
 from tokenmill.indices import growing_blend
 from tokenmill.indices._nanoset_indices import parse_split
 from tokenmill.indices._sample_index import count_samples
-from tokenmill.indices.nanoset import (
-    SEMANTICS,
-    FetchEntry,
-    entry_key,
-    split_ranges,
-)
+from tokenmill.indices.nanoset import SEMANTICS, FetchEntry, entry_key, split_ranges
 from tokenmill.indices.settings import NanosetSettings
 
 # Megatron's add_extra_token_to_sequence and drop_last_partial_validation_sequence (both on by

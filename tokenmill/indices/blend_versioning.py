@@ -28,9 +28,7 @@ from tokenmill.indices.blend_plan import Plan, check_settings, dataset_entry
 from tokenmill.indices.growing import shard_lineage
 from tokenmill.indices.nanoset import index_lengths
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
-from tokenmill.storage.versions import (
-    version_hash,
-)
+from tokenmill.storage.versions import version_hash
 
 
 def version_of(

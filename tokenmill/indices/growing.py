@@ -32,7 +32,6 @@ The arrays have the shapes and dtypes of Megatron's (document_index int32/int64,
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from tokenmill.atomic import json_sha256
 from tokenmill.errors import ConfigError
 from tokenmill.formats.dataset_manifest import (
     dataset_content_hash,
@@ -151,14 +151,12 @@ def _identity(row: Mapping[str, Any]) -> str:
 
 def lineage_hash(rows: Sequence[tuple[str, int, str]]) -> str:
     """sha256 of :func:`shard_lineage` rows (canonical JSON); compare it over a prefix."""
-    text = json.dumps([[str(k), int(n), str(h)] for k, n, h in rows], separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return json_sha256([[str(k), int(n), str(h)] for k, n, h in rows])
 
 
 def shard_table_hash(shards: Sequence[tuple[str, int]]) -> str:
     """sha256 of the table's canonical JSON: the identity the growing cache key records."""
-    text = json.dumps([[str(k), int(n)] for k, n in shards], separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return json_sha256([[str(k), int(n)] for k, n in shards])
 
 
 # -- stable splits -------------------------------------------------------------------------------

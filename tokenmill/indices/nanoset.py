@@ -38,6 +38,7 @@ import numpy as np
 
 from tokenmill.errors import CacheError, ConfigError, FormatError
 from tokenmill.formats import nanoset_cache as cache
+from tokenmill.formats.nanoset_cache import entry_paths as cache_paths
 from tokenmill.indices import growing, growing_segments
 from tokenmill.indices._nanoset_indices import SPLITS, compute_indices, split_ranges
 from tokenmill.indices.nanoset_inputs import IndexInputs, index_lengths, masked_of, unmasked
@@ -269,11 +270,6 @@ def build_or_load(
         return None
     entry.ensure(build=build, fetch=fetch)
     return entry.load(build=build)
-
-
-def cache_paths(cache_dir: str | Path, digest: str, split: str) -> dict[str, Path]:
-    """The four files of one cache entry, keyed "document", "sample", "shuffle", "description"."""
-    return cache.entry_paths(cache_dir, digest, split)
 
 
 def verify_index(index: NanosetIndex) -> None:

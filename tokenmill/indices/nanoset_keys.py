@@ -31,70 +31,37 @@ def check_choices(split: str, semantics: str) -> None:
 
 def cache_key(
     content_hash: str,
-    *,
-    semantics: str,
-    split: str,
-    split_spec: str,
-    split_range: tuple[int, int] | None,
-    sequence_length: int,
-    seed: int,
-    num_samples: int | None,
-    add_extra_token: bool,
-    drop_last_partial: bool,
-    era_samples: int | None = None,
-    shard_table_sha256: str | None = None,
-) -> dict[str, Any]:
-    """The ordered description of everything that changes a split's arrays (hashed for names).
-
-    Growing semantics has no split range (None) and adds ``era_samples`` and
-    ``shard_table_sha256``; the megatron and nanotron keys are unchanged by them."""
-    key = {
-        "class": "Nanoset",
-        "format_version": FORMAT_VERSION,
-        "dataset_content_hash": content_hash,
-        "semantics": semantics,
-        "split": split,
-        "split_spec": split_spec,
-        "split_range": None if split_range is None else list(split_range),
-        "sequence_length": check_int("sequence_length", sequence_length, minimum=2),
-        "seed": check_int("seed", seed, minimum=0, maximum=2**32 - 1),
-        "num_samples": None
-        if num_samples is None
-        else check_int("num_samples", num_samples, minimum=0),
-        "add_extra_token": bool(add_extra_token),
-        "drop_last_partial": bool(drop_last_partial),
-    }
-    if semantics == "growing":
-        key["era_samples"] = check_int("era_samples", era_samples, minimum=1)
-        key["shard_table_sha256"] = shard_table_sha256
-    return key
-
-
-def split_key(
-    content_hash: str,
     split: str,
     settings: NanosetSettings,
     split_range: tuple[int, int] | None,
     num_samples: int | None,
     shard_table_sha256: str | None = None,
 ) -> dict[str, Any]:
-    """The :func:`cache_key` of ``split`` under ``settings``: a megatron or nanotron split
-    whose range is known, or a growing one (no range; the era size its split uses)."""
-    growing_era = settings.semantics == "growing"
-    return cache_key(
-        content_hash,
-        semantics=settings.semantics,
-        split=split,
-        split_spec=settings.split_spec,
-        split_range=split_range,
-        sequence_length=settings.sequence_length,
-        seed=settings.seed,
-        num_samples=num_samples,
-        add_extra_token=settings.add_extra_token,
-        drop_last_partial=settings.drop_last(split),
-        era_samples=growing.split_era(split, settings.era_samples) if growing_era else None,
-        shard_table_sha256=shard_table_sha256,
-    )
+    """The ordered description of everything that changes ``split``'s arrays under
+    ``settings`` (hashed for names). Growing semantics has no split range (None) and adds the
+    era size its split uses and ``shard_table_sha256``; the megatron and nanotron keys are
+    unchanged by them."""
+    key = {
+        "class": "Nanoset",
+        "format_version": FORMAT_VERSION,
+        "dataset_content_hash": content_hash,
+        "semantics": settings.semantics,
+        "split": split,
+        "split_spec": settings.split_spec,
+        "split_range": None if split_range is None else list(split_range),
+        "sequence_length": check_int("sequence_length", settings.sequence_length, minimum=2),
+        "seed": check_int("seed", settings.seed, minimum=0, maximum=2**32 - 1),
+        "num_samples": None
+        if num_samples is None
+        else check_int("num_samples", num_samples, minimum=0),
+        "add_extra_token": bool(settings.add_extra_token),
+        "drop_last_partial": bool(settings.drop_last(split)),
+    }
+    if settings.semantics == "growing":
+        era = growing.split_era(split, settings.era_samples)
+        key["era_samples"] = check_int("era_samples", era, minimum=1)
+        key["shard_table_sha256"] = shard_table_sha256
+    return key
 
 
 def entry_key(
@@ -120,7 +87,7 @@ def entry_key(
     ]
     if split_range is None or split_range[0] >= split_range[1]:
         return None
-    key = split_key(content_hash, split, settings, split_range, num_samples)
+    key = cache_key(content_hash, split, settings, split_range, num_samples)
     return key, cache.key_hash(key)
 
 
@@ -147,7 +114,7 @@ def _growing_entry_key(
         )
     if parse_split(settings.split_spec)[SPLITS.index(split)] == 0:
         return None
-    key = split_key(
+    key = cache_key(
         content_hash, split, settings, None, num_samples, growing.shard_table_hash(shards)
     )
     return key, cache.key_hash(key)
@@ -165,7 +132,7 @@ def index_version(
     (e.g. as a Dagster data version) to tell stale indices from their upstream versions alone."""
     check_choices(SPLITS[0], settings.semantics)
     keys = [
-        split_key("", split, settings, None, num_samples[split])
+        cache_key("", split, settings, None, num_samples[split])
         | {"dataset_content_hash": dataset_version}
         for split in SPLITS
     ]

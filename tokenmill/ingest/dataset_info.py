@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from tokenmill.atomic import file_sha256, write_bytes
 from tokenmill.errors import FormatError, InputError
-from tokenmill.formats.dataset_manifest import FORMAT_VERSION, input_sha256
+from tokenmill.formats.dataset_manifest import FORMAT_VERSION, input_files, input_sha256
 from tokenmill.formats.shard_records import INFO_COUNTS, IngestStats
 
 _HF_DTYPES = {"double": "float64", "float": "float32", "halffloat": "float16"}
@@ -128,11 +128,10 @@ def export_input(
     """One input of an export as ``dataset_info.json`` records it: ``{shard, uri, bytes,
     sha256, counts}`` (a folder: its files' total size and ``input_sha256``)."""
     path = Path(path)
-    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
     return {
         "shard": shard,
         "uri": uri,
-        "bytes": sum(p.stat().st_size for p in files),
+        "bytes": sum(p.stat().st_size for p in input_files(path)),
         "sha256": input_sha256(path),
         "counts": {key: getattr(stats, key) for key in INFO_COUNTS},
     }

@@ -98,11 +98,6 @@ class _Unconvertible(Exception):
         self.name = name
 
 
-def _check_shard(shard: str) -> None:
-    if name_problem(shard) or shard.startswith("."):
-        raise ConfigError(f"shard name {shard!r}: use a plain file name (no slashes, no leading .)")
-
-
 def _parquet_ok(kind: pa.DataType) -> bool:
     """Parquet cannot store a struct without fields (an empty JSON object)."""
     if pa.types.is_struct(kind):
@@ -217,7 +212,8 @@ def export_shard(
             "writes no quarantine file"
         )
     shard = shard_name(input_path) if shard is None else shard
-    _check_shard(shard)
+    if name_problem(shard) or shard.startswith("."):
+        raise ConfigError(f"shard name {shard!r}: use a plain file name (no slashes, no leading .)")
     final = Path(output_dir) / "data" / f"{shard}.parquet"
     qpath = None
     if on_bad_record == "quarantine" and write_quarantine:

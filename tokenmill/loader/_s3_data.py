@@ -6,9 +6,11 @@ It opens from what the manifests record: each pair's sequence count, the dtype, 
 (a blend's entry of a pair, a merge's shard records) and the block records. A batch reads the
 length and pointer of each sequence it touches from the ``.idx`` blocks holding them (one
 parallel fetch; every block checked by its sha256 as it enters the cache), then its token
-blocks. A pair's 34-byte header comes with its first index read and is checked against those
-records (FormatError naming the object). The files of a pair live in S3 at the keys their
-mirrored paths name: the open mirrors a blend's small files to ``<cache>/files/<bucket>/<key>``.
+blocks; a part's token file of one block is fetched with its first index read (many small
+shards: one round of GETs, not two). A pair's 34-byte header comes with its first index read
+and is checked against those records (FormatError naming the object). The files of a pair
+live in S3 at the keys their mirrored paths name: the open mirrors a blend's small files to
+``<cache>/files/<bucket>/<key>``.
 """
 
 from __future__ import annotations
@@ -196,8 +198,12 @@ class RemoteData:
         new = np.array(
             [p for p in np.unique(part).tolist() if p not in self._headers], dtype=np.int64
         )
-        if len(new):  # their block lists (a shard's manifest) come while the index is read
+        if len(new):  # their block lists (a shard's manifest) come while the index is read,
+            # and so does a token file of one block: the batch needs it, whatever the pointers
             self.cache.prefetch_lists([f for p in new.tolist() for f in self.pairs[p].files])
+            self.cache.prefetch(
+                [(b, 0) for b in (self.pairs[p].bin for p in new.tolist()) if b.blocks == 1]
+            )
         lengths_at = HEADER_SIZE + 4 * local
         pointers_at = HEADER_SIZE + 4 * self._sequences[part] + 8 * local
         starts = np.concatenate([np.zeros(len(new), dtype=np.int64), lengths_at, pointers_at])

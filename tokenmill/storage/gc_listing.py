@@ -96,12 +96,6 @@ def blend_pointer(store: Store, name: str, versions: int) -> dict[str, Any] | No
         ) from exc
 
 
-def _pointer(store: Store, key: str) -> dict[str, Any] | None:
-    """A merged pointer, checked as ``tokenmill.storage.versions.read_pointer`` checks one."""
-    raw = store.read(key)
-    return None if raw is None else parse_pointer(raw, key)
-
-
 def groups(files: list[StoredFile], version_at: int) -> dict[tuple[str, str], list[StoredFile]]:
     """Files grouped by (name, version): ``parts[1]`` is the name, ``parts[version_at]`` a
     version folder (16 hex digits; anything else, e.g. a temp folder, is not grouped)."""
@@ -220,15 +214,11 @@ def list_root(store: Store) -> Listing:
         else:
             half("blend", name, version, files, commit)
     merged_files = list(store.files("merged"))
-    unversioned = []
-    for f in merged_files:  # unversioned pairs (merged/<ds>_..._document.*): never removed
-        parts = f.key.split("/")
-        if (
-            len(parts) == 3
-            and parts[1] == DATASET_MANIFESTS
-            and f.key.endswith(DATASET_MANIFEST_SUFFIX)
-        ):
-            unversioned.append(f.key)
+    unversioned = [  # unversioned pairs (merged/<ds>_..._document.*): never removed
+        f.key
+        for f in merged_files
+        if f.key.split("/")[1:-1] == [DATASET_MANIFESTS] and f.key.endswith(DATASET_MANIFEST_SUFFIX)
+    ]
     by_dataset: dict[str, dict[str, list[StoredFile]]] = {}
     for (name, version), files in sorted(groups(merged_files, 2).items()):
         if any(f.key.endswith(DATASET_MANIFEST_SUFFIX) for f in files):
@@ -274,11 +264,14 @@ def read_pointers(store: Store, listing: Listing) -> Pointers:
 
 
 def merged_current(store: Store, folder: str) -> set[str]:
-    """The current merged version folder named by ``merged/<ds>/current.json``."""
+    """The current merged version folder named by ``merged/<ds>/current.json`` (checked as
+    ``tokenmill.storage.versions.read_pointer`` checks one)."""
+    key = f"{folder}/{POINTER_NAME}"
+    raw = store.read(key)
     try:
-        pointer = _pointer(store, f"{folder}/{POINTER_NAME}")
+        pointer = None if raw is None else parse_pointer(raw, key)
     except (FormatError, ConfigError) as exc:
-        raise FormatError(f"{folder}/{POINTER_NAME}", "pointer", f"{exc}; gc stops") from exc
+        raise FormatError(key, "pointer", f"{exc}; gc stops") from exc
     if pointer is None:
         return set()
     current = {pointer["version"][:VERSION_CHARS]}

@@ -46,9 +46,7 @@ def mirrored(key: str) -> bool:
 
 
 @contextmanager
-def local_root(
-    root: str | os.PathLike[str], *, endpoint_url: str | None = None, write: bool = False
-) -> Iterator[Path]:
+def local_root(root: str | os.PathLike[str], *, write: bool = False) -> Iterator[Path]:
     """The storage ``root`` as a local folder: itself when local; for ``s3://`` a mirror of its
     records (module docstring), pushed back on success when ``write`` and always removed."""
     uri = os.fspath(root)
@@ -57,7 +55,7 @@ def local_root(
         return
     local = Path(tempfile.mkdtemp(prefix="tokenmill-mirror-"))
     try:
-        stage = S3Stage.open(uri, endpoint_url, local)
+        stage = S3Stage.open(uri, None, local)  # endpoint: the AWS environment's
         stage.mirror(mirrored)
         yield local
         if write:

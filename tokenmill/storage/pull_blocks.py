@@ -13,6 +13,7 @@ sha256 (or parts) before it is renamed into place. The source is a store
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import os
 from collections.abc import Callable, Iterator
@@ -79,10 +80,9 @@ class Hasher:
 
     def copy(self) -> Hasher:
         """An independent copy of the state (a block is taken only once it verifies)."""
-        other = Hasher.__new__(Hasher)
-        other.want, other.whole, other.size = self.want, self.whole.copy(), self.size
-        other.part_hashes, other.part = list(self.part_hashes), self.part.copy()
-        other.part_left = self.part_left
+        other = copy.copy(self)
+        other.whole, other.part = self.whole.copy(), self.part.copy()
+        other.part_hashes = list(self.part_hashes)
         return other
 
     def update(self, chunk: bytes) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import write_bytes
+from tokenmill.atomic import read_if_exists, write_bytes
 
 LEDGER_NAME = ".tokenmill-pull.jsonl"
 
@@ -47,9 +47,8 @@ class Ledger:
         self._partial: dict[str, tuple[Any, set[int]]] = {}
         self._fd: int | None = None
         self._newline = False  # the file ends in a torn line: start the next on a new one
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
+        raw = read_if_exists(self.path)
+        if raw is None:
             return
         self._newline = bool(raw) and not raw.endswith(b"\n")
         for line in raw.splitlines():
@@ -126,11 +125,7 @@ class Ledger:
         data = "".join(lines).encode()
         with self._lock:
             self.close()
-            try:
-                unchanged = self.path.read_bytes() == data
-            except FileNotFoundError:
-                unchanged = False
-            if not unchanged:  # a pull that changed nothing leaves its ledger untouched
+            if read_if_exists(self.path) != data:  # a pull that changed nothing leaves it untouched
                 write_bytes(self.path, data)
 
     def close(self) -> None:

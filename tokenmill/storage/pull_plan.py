@@ -25,6 +25,7 @@ from typing import Any
 from tokenmill.atomic import load_json
 from tokenmill.errors import ConfigError, FormatError, InputError
 from tokenmill.formats.blend_manifest import MANIFEST_NAME, VERSIONS_DIR
+from tokenmill.formats.dataset_manifest import parts_sha256
 from tokenmill.formats.virtual_merge import block_list_digest, check_manifest, is_virtual
 from tokenmill.paths import has_control_character, leading_parents
 from tokenmill.storage.layout import dataset_manifest, version_dir_name
@@ -170,7 +171,7 @@ def _wanted(key: str, entry: dict[str, Any], what: str, uri: str) -> Wanted:
     """A FILE entry as a Wanted: ``{bytes, sha256}`` or ``{bytes, parts, sha256_of_parts}``."""
     parts = _parts(entry)
     if "parts" in entry:
-        tree = hashlib.sha256("".join(d for _, d in parts).encode()).hexdigest()
+        tree = parts_sha256(entry["parts"])
         if tree != entry.get("sha256_of_parts") or sum(n for n, _ in parts) != entry["bytes"]:
             raise FormatError(uri, "files", f"{entry['path']}: parts do not add up; not pulled")
     elif not isinstance(entry["sha256"], str):

@@ -18,7 +18,8 @@ Timeouts: a connection must open within ``TOKENMILL_S3_CONNECT_TIMEOUT`` seconds
 an answer must not stall longer than ``TOKENMILL_S3_READ_TIMEOUT`` (default 30; botocore's own 60
 would make an endpoint that accepts and never answers sit silent for 9 minutes per request). A
 request without an answer after ``min(5, read timeout / 2)`` s, or one being retried, prints one
-"waiting for S3 (<endpoint>)" line on stderr (at most one per 10 s per process).
+"waiting for S3 (<endpoint>)" line on stderr (at most one per 10 s per process), from one
+watchdog thread per process.
 """
 
 from __future__ import annotations
@@ -131,7 +132,9 @@ def shared_client(endpoint_url: str | None = None, **config: Any) -> Any:
 
 class _Waiting:
     """Prints "waiting for S3 (<endpoint>) ..." when a request of ``client`` has no answer after
-    a few seconds, or failed and is retried: a stalled endpoint is never silent."""
+    a few seconds, or failed and is retried: a stalled endpoint is never silent. A request only
+    records its deadline; one watchdog thread per process (``_Watchdog``) reports those past
+    it (a timer thread per request cost ~1 ms of CPU per GET)."""
 
     _last = 0.0  # when this process last printed (shared: many clients, one terminal)
     _lock = threading.Lock()
@@ -140,7 +143,6 @@ class _Waiting:
         self.endpoint = client.meta.endpoint_url
         self.client = client
         self.slow_after = min(SLOW_AFTER_MAX, read_timeout / 2)
-        self.timers = threading.local()  # the pending timer of each thread's request
 
     def register(self) -> None:
         events = self.client.meta.events
@@ -156,21 +158,16 @@ class _Waiting:
         print(f"tokenmill: waiting for S3 ({self.endpoint}): {what}", file=sys.stderr, flush=True)
 
     def sent(self, request: Any = None, **_: Any) -> None:
-        """A request goes out: arm a timer that reports it if no answer comes in time."""
-        self.cancel()
+        """A request goes out: the watchdog reports it if no answer comes in time."""
         method = getattr(request, "method", "request")
-        timer = threading.Timer(
-            self.slow_after, self.say, (f"no answer to a {method} after {self.slow_after:g} s …",)
-        )
-        timer.daemon = True
-        self.timers.pending = timer
-        timer.start()
+        what = f"no answer to a {method} after {self.slow_after:g} s …"
+        _watchdog().arm(time.monotonic() + self.slow_after, self, what)
 
     def answered(
         self, response: Any = None, caught_exception: Any = None, attempts: int = 1, **_: Any
     ) -> None:
-        """An attempt ended: disarm the timer; report a failure botocore may retry."""
-        self.cancel()
+        """An attempt ended: disarm the watchdog; report a failure botocore may retry."""
+        _watchdog().disarm()
         status = response[0].status_code if response else None
         if caught_exception is not None or (
             status is not None and (status >= 500 or status == 429)
@@ -179,11 +176,56 @@ class _Waiting:
             then = "; retrying …" if attempts <= MAX_ATTEMPTS else ""
             self.say(f"try {attempts} of {MAX_ATTEMPTS + 1} failed ({why}){then}")
 
-    def cancel(self) -> None:
-        timer = getattr(self.timers, "pending", None)
-        if timer is not None:
-            timer.cancel()
-            self.timers.pending = None
+
+class _Watchdog:
+    """The requests in flight of this process (one per sending thread: its deadline, who
+    reports it and what), and the one daemon thread that reports each once its deadline
+    passes; it sleeps while none is pending."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, tuple[float, _Waiting, str]] = {}
+        self.wake = threading.Condition()
+        self.next = float("inf")  # when the thread wakes next (inf: when woken)
+        self.thread = threading.Thread(target=self.run, name="tokenmill-s3-waiting", daemon=True)
+        self.thread.start()
+
+    def arm(self, deadline: float, waiting: _Waiting, what: str) -> None:
+        with self.wake:
+            self.pending[threading.get_ident()] = (deadline, waiting, what)
+            if deadline < self.next:  # else the thread wakes in time already
+                self.next = deadline
+                self.wake.notify()
+
+    def disarm(self) -> None:
+        with self.wake:
+            self.pending.pop(threading.get_ident(), None)
+
+    def run(self) -> None:
+        while True:
+            with self.wake:
+                now = time.monotonic()
+                due = [k for k, (t, _, _) in self.pending.items() if t <= now]
+                late = [self.pending.pop(k) for k in due]
+                if not late:
+                    self.next = min((t for t, _, _ in self.pending.values()), default=float("inf"))
+                    self.wake.wait(self.next - now if self.pending else None)
+            for _, waiting, what in late:
+                waiting.say(what)
+
+
+_WATCHDOGS: dict[int, _Watchdog] = {}  # by process id: a forked process starts its own
+
+
+def _watchdog() -> _Watchdog:
+    """This process's watchdog, started on first use."""
+    pid = os.getpid()
+    found = _WATCHDOGS.get(pid)
+    if found is None:
+        with _Waiting._lock:
+            found = _WATCHDOGS.get(pid)
+            if found is None:
+                found = _WATCHDOGS[pid] = _Watchdog()
+    return found
 
 
 @dataclass(frozen=True)

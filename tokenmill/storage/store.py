@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import remove_empty_dir, write_bytes
+from tokenmill.atomic import read_if_exists, remove_empty_dir, write_bytes
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.storage.s3 import (
     call,
+    exists,
     is_cut_body,
     is_missing,
     list_objects,
@@ -80,12 +81,13 @@ class LocalStore:
         """The path of ``key``, for messages."""
         return str(self.root / key)
 
+    def exists(self, key: str) -> bool:
+        """True when ``key`` is a file now."""
+        return (self.root / key).is_file()
+
     def read(self, key: str) -> bytes | None:
         """The file's bytes, or None when it does not exist."""
-        try:
-            return (self.root / key).read_bytes()
-        except FileNotFoundError:
-            return None
+        return read_if_exists(self.root / key)
 
     @contextlib.contextmanager
     def chunks(self, key: str, lo: int, hi: int) -> Iterator[Iterator[bytes]]:
@@ -144,6 +146,10 @@ class S3Store:
         """``s3://bucket/prefix/key``."""
         return f"s3://{self.bucket}/{self.key(key)}"
 
+    def exists(self, key: str) -> bool:
+        """True when ``key`` is an object now (one HEAD request)."""
+        return exists(self.client, self.bucket, self.key(key))
+
     def read(self, key: str) -> bytes | None:
         """The object's bytes, or None when it does not exist."""
         return read_object(self.client, self.bucket, self.key(key))
@@ -199,6 +205,4 @@ Store = LocalStore | S3Store
 def open_store(root: str | os.PathLike[str], endpoint_url: str | None = None) -> Store:
     """The store of a storage root: ``s3://bucket/prefix`` or a local folder."""
     uri = os.fspath(root)
-    if uri.startswith("s3://"):
-        return S3Store(uri, endpoint_url)
-    return LocalStore(Path(uri))
+    return S3Store(uri, endpoint_url) if uri.startswith("s3://") else LocalStore(Path(uri))

@@ -17,7 +17,6 @@ conditional PUT (``tokenmill.storage.staging``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -25,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
 
-from tokenmill.atomic import load_json, temp_dir, write_bytes
+from tokenmill.atomic import json_sha256, load_json, read_if_exists, temp_dir, write_bytes
 from tokenmill.errors import ConflictError, FormatError
 from tokenmill.formats.nanoset_cache import exclusive_lock
 from tokenmill.storage.layout import version_dir_name
@@ -43,19 +42,15 @@ Expected = Mapping[str, Any] | str | None
 def version_hash(description: Any) -> str:
     """The version of an artifact: sha256 of the canonical JSON of everything its content
     depends on (inputs' content hashes, settings, format version)."""
-    text = json.dumps(description, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return json_sha256(description)
 
 
 def pointer_version(path: str | os.PathLike[str]) -> str | None:
     """The version any pointer file names (a merged ``current.json`` or a blend's
     ``manifest.json``): None when there is no pointer, ``""`` when it is not JSON naming a
     version (a damaged pointer: a build that read it so may replace it)."""
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return None
-    return version_named(data)
+    data = read_if_exists(path)
+    return None if data is None else version_named(data)
 
 
 def version_named(data: bytes) -> str:
@@ -102,11 +97,8 @@ def swap_pointer(
             want = expected_version(expected)
             if found not in (want, version):
                 raise ConflictError(path, want, found, version)
-        try:
-            if path.read_bytes() == data:
-                return False
-        except FileNotFoundError:
-            pass
+        if read_if_exists(path) == data:
+            return False
         write_bytes(path, data)
     return True
 
@@ -128,12 +120,8 @@ def write_pointer(
 def read_pointer(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The pointer at ``path`` (``{"version", "target"}``), or None when there is none yet;
     FormatError naming the file when it is not a pointer this tokenmill wrote."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    return parse_pointer(raw, path)
+    raw = read_if_exists(path)
+    return None if raw is None else parse_pointer(raw, path)
 
 
 def parse_pointer(raw: bytes, path: object) -> dict[str, Any]:

@@ -91,9 +91,7 @@ def extends(
     if not old or len(old) >= len(shards) or list(shards[: len(old)]) != old:
         return None
     new = {k: sorted(int(o) for o in v) for k, v in (masks or {}).items() if len(v)}
-    if new != shard_masks(previous_manifest):
-        return None
-    return previous_version
+    return previous_version if new == shard_masks(previous_manifest) else None
 
 
 def write_merged(

@@ -35,6 +35,8 @@ from tokenmill.tokenize.tokenizer_info import TokenizerInfo
 
 log = logging.getLogger(__name__)
 LOCK_SUFFIX = ".lock"
+# the counts a tokens manifest records, every one an int (a run reusing the pair reports them)
+COUNTS = ("documents", "sequences", "tokens", "quarantined", "blank", "lines", "empty_documents")
 
 
 def byte_settings(info: TokenizerInfo, text_key: str, append_eod: bool) -> dict[str, Any]:
@@ -92,10 +94,11 @@ class Outputs:
     def up_to_date(
         self, inputs: list[Path], uris: list[str], settings: dict[str, Any], on_bad_record: str
     ) -> dict[str, Any] | None:
-        """The manifest when it records exactly these inputs (uri, size, sha256) and
-        ``settings``, its pair has the recorded sizes and sha256s and its quarantine file is
-        there when it counts bad lines (and may: ``on_bad_record``); None when the run must
-        write. Files are hashed last, only when everything else matches."""
+        """The manifest when it records exactly these inputs (uri, size, sha256), ``settings``
+        and every count as an int (a hand-edited one may not), its pair has the recorded sizes
+        and sha256s and its quarantine file is there when it counts bad lines (and may:
+        ``on_bad_record``); None when the run must write. Files are hashed last, only when
+        everything else matches."""
         if not self.manifest_path.is_file():
             return None
         try:
@@ -117,7 +120,10 @@ class Outputs:
             for entry, uri, path in zip(recorded, uris, inputs, strict=True)
         ):
             return None
-        quarantined = manifest["counts"].get("quarantined")
+        counts = manifest["counts"]  # a mapping (read_dataset_manifest checked)
+        if any(type(counts.get(key)) is not int for key in COUNTS):  # hand-edited: rewrite
+            return None
+        quarantined = counts["quarantined"]
         if quarantined and (on_bad_record != "quarantine" or not self.qpath.is_file()):
             return None
         if file_problems(self.prefix, manifest, full=True):  # a damaged pair is rewritten

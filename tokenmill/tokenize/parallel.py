@@ -30,6 +30,7 @@ import numpy as np
 
 from tokenmill.atomic import temp_path_for
 from tokenmill.errors import BadRecordError, TokenmillError
+from tokenmill.formats.dataset_manifest import input_files
 from tokenmill.formats.shard_records import IngestStats
 from tokenmill.ingest.records import Quarantine, read_jsonl_batches
 from tokenmill.ingest.sources import read_input_batches
@@ -84,8 +85,7 @@ def plan_ranges(inputs: list[Path], workers: int) -> list[InputRange]:
 
 def _size(path: Path) -> int:
     """Stored bytes of an input file or dataset folder (0 for one that is missing)."""
-    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
-    return sum(p.stat().st_size for p in files if p.exists())
+    return sum(p.stat().st_size for p in input_files(path) if p.exists())
 
 
 def _line_cuts(path: Path, size: int, target: int) -> list[int]:

@@ -63,7 +63,7 @@ from tokenmill.ingest.records import ON_BAD_RECORD, Quarantine
 from tokenmill.ingest.sources import read_input_batches
 from tokenmill.paths import document_stem
 from tokenmill.tokenize.engines import Encoder, load_encoder
-from tokenmill.tokenize.outputs import Outputs, byte_settings, input_bytes
+from tokenmill.tokenize.outputs import COUNTS, Outputs, byte_settings, input_bytes
 from tokenmill.tokenize.parallel import (
     Job,
     RangeResult,
@@ -92,7 +92,6 @@ from tokenmill.tokenize.tokenizer_info import TokenizerInfo
 log = logging.getLogger(__name__)
 CHECKED_ENGINES = ("gigatoken", "tiktoken")
 Texts = tuple[Path | None, list[str]]  # (the input, on its first batch; the batch's texts)
-COUNTS = ("documents", "sequences", "tokens", "quarantined", "blank", "lines", "empty_documents")
 
 
 @dataclass
