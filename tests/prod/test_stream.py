@@ -3,6 +3,7 @@ bounds, sharing between processes and crash safety (moto_server on loopback)."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import itertools
 import json
@@ -12,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -103,6 +105,7 @@ def cached(blend: tuple[Path, str], tmp_path: Path) -> tuple[str, Path, str]:
     cache = tmp_path / "cache"
     want = batch_digest(open_blend(local_manifest, "train"))
     assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == want
+    _s3.cache_for(cache, None).drain()  # the blocks served from memory are stored after
     return uri, cache, want
 
 
@@ -234,6 +237,7 @@ def test_missing_consecutive_blocks_come_by_one_range_get(
     cache = tmp_path / "cache"
     remote = open_blend(uri, "train", cache_dir=cache)
     assert batch_digest(remote) == batch_digest(open_blend(local_manifest, "train"))
+    _s3.cache_for(cache, None).drain()
     stored = len(block_files(cache))  # .bin and .idx blocks
     objects = 5  # three shards, the physical merge, code: runs never join two objects
     assert len(ranges) <= stored // _s3.RUN_BLOCKS + objects
@@ -265,6 +269,7 @@ def test_the_cache_stays_under_its_bound_and_a_batch_too_big_is_a_clear_error(
     remote = open_blend(uri, "train", cache_dir=cache, cache_bytes=bound)
     for indices in BatchSampler(len(local), global_batch_size=4):
         np.testing.assert_array_equal(remote.get_batch(indices), local.get_batch(indices))
+        _s3.cache_for(cache, bound).drain()  # the batch's blocks are stored
         assert sum(p.stat().st_size for p in block_files(cache)) <= bound
     with pytest.raises(CacheError, match=r"one batch needs \d+ blocks .*raise cache_bytes"):
         remote.get_batch(np.arange(len(remote)))
@@ -273,7 +278,7 @@ def test_the_cache_stays_under_its_bound_and_a_batch_too_big_is_a_clear_error(
 def test_a_full_cache_directory_is_a_clear_error(
     blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, uri = blend
+    local_manifest, uri = blend
     ds = open_blend(uri, "train", cache_dir=tmp_path / "cache")
 
     class Full:
@@ -287,8 +292,12 @@ def test_a_full_cache_directory_is_a_clear_error(
             raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(_s3, "create_temp", lambda path, make: (Path(str(path) + ".t"), Full()))
-    with pytest.raises(CacheError, match="the cache directory is full storing block"):
-        ds.get_batch([0])
+    want = open_blend(local_manifest, "train").get_batch([0])
+    with pytest.raises(CacheError, match=r"the cache directory is full storing block \d+ of s3://"):
+        for _ in range(2):  # a read is served from the checked bytes; the next one says so
+            np.testing.assert_array_equal(ds.get_batch([0]), want)
+            _s3.cache_for(tmp_path / "cache", None).drain()
+    assert not block_files(tmp_path / "cache")
 
 
 def test_prefetch_fills_the_cache_for_the_next_batches(
@@ -363,7 +372,70 @@ def test_a_writer_killed_mid_block_leaves_no_block(blend: tuple[Path, str], tmp_
     assert batch_digest(open_blend(uri, "train", cache_dir=cache)) == batch_digest(
         open_blend(local_manifest, "train")
     )
+    _s3.cache_for(cache, None).drain()
     assert not [p for p in cache.rglob("*.tmp-*") if p.is_file()]  # removed when refilled
+
+
+def test_a_batch_is_served_from_the_checked_bytes_while_its_blocks_are_stored(
+    blend: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    local_manifest, uri = blend
+    cache = tmp_path / "cache"
+    ds = open_blend(uri, "train", cache_dir=cache)
+    disk = threading.Event()
+    store = _s3.BlockCache._store
+
+    def slow(self: _s3.BlockCache, *args: Any) -> None:  # a slow disk, for the writer thread
+        if threading.current_thread().name.startswith("tokenmill-s3-store"):
+            assert disk.wait(60)
+        store(self, *args)
+
+    monkeypatch.setattr(_s3.BlockCache, "_store", slow)
+    indices = np.arange(24)
+    want = open_blend(local_manifest, "train").get_batch(indices)
+    np.testing.assert_array_equal(ds.get_batch(indices), want)
+    assert block_files(cache) == []  # served before any block was stored
+    busy = [lock for lock in (cache / "locks").iterdir() if not free(lock)]
+    assert busy  # the blocks being stored: another process waits for their files
+    disk.set()
+    _s3.cache_for(cache, None).drain()
+    assert all(free(lock) for lock in busy)
+    assert len(block_files(cache)) >= len(busy)
+    assert _s3.cache_for(cache, None).bytes_fetched == sum(
+        p.stat().st_size for p in block_files(cache)
+    )  # each block downloaded once
+    np.testing.assert_array_equal(ds.get_batch(indices), want)  # now from the stored files
+
+
+def free(lock: Path) -> bool:
+    """Whether another process could take this block lock now."""
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def test_a_forked_child_keeps_no_block_lock_of_its_parent(tmp_path: Path) -> None:
+    cache = _s3.BlockCache(tmp_path, None)
+    block = tmp_path / "blocks" / "ab" / "ab-00000000"
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    with cache._locked(block):  # another thread of the parent, storing it
+        pid = os.fork()
+        if pid == 0:  # a DataLoader worker forked meanwhile: alive until told
+            os.write(ready_w, b"r")
+            os.read(done_r, 1)
+            os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"r"
+        assert free(tmp_path / "locks" / block.name)  # released, though the child lives
+    finally:
+        os.write(done_w, b"x")
+        os.waitpid(pid, 0)
 
 
 def test_torch_dataloader_workers_read_an_s3_blend(blend: tuple[Path, str], tmp_path: Path) -> None:

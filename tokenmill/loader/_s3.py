@@ -11,6 +11,9 @@ manifest records, written to a temp, fsynced and renamed (a reader never sees a 
 a killed writer leaves only a temp), stamped checked (inode, size, mtime: later processes map
 it without hashing until it is written again), and evicted least recently used first (the
 stamp's mtime, refreshed when a process maps the block) when ``cache_bytes`` would be exceeded.
+A batch is served from the checked bytes in memory while one writer thread stores them, each
+block's lock held until it is stored (other processes wait for the file; a failed store is
+raised by the next read).
 A shard of a version-2 virtual merge records only the digest of its block lists: a file of one
 block is checked against its recorded sha256; otherwise the lists are fetched from the shard's
 dataset manifest (one GET per shard for its ``.bin`` and ``.idx``, when a first block needs
@@ -46,6 +49,9 @@ OPEN_BLOCKS = 64  # cached blocks a process keeps memory-mapped (address space, 
 FETCH_THREADS = 8  # parallel range GETs for one batch or one prefetch
 GET_ATTEMPTS = 2  # a block that fails its check is fetched once more, then refused
 RUN_BLOCKS = 8  # consecutive missing blocks of one object fetched by one range GET
+
+
+Fresh = tuple[str, memoryview]  # a block served from memory (its file), being stored
 
 
 def block_digest(data: bytes | mmap.mmap) -> str:
@@ -117,6 +123,7 @@ class BlockCache:
         self._used: int | None = None  # bytes of blocks, stored or reserved (capacity set)
         self._inflight = 0  # reserved for blocks being written by this process
         self._jobs: list[Future[None]] = []  # background jobs not known to have ended
+        self._failed: Exception | None = None  # a store after the batch failed (raised next)
         self.bytes_fetched = 0  # what this process downloaded (bench, tests)
 
     def _own(self, name: str, make: Callable[[], Any]) -> Any:
@@ -352,9 +359,14 @@ class BlockCache:
         locks = self.root / "locks"
         locks.mkdir(parents=True, exist_ok=True)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(locks / path.name, "a+b") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        fd = os.open(locks / path.name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        _HELD.add(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
+        finally:
+            _HELD.discard(fd)
+            os.close(fd)
 
     def _store(self, f: RemoteFile, i: int, path: Path, data: bytes) -> None:
         """Write checked block ``data`` crash-safely (temp, fsync, rename) under the capacity,
@@ -386,27 +398,40 @@ class BlockCache:
         with self._lock:
             self._checked.add(str(path))
 
-    def _fill_run(self, f: RemoteFile, first: int, stop: int) -> None:
+    def _fill_run(
+        self, f: RemoteFile, first: int, stop: int, fresh: list[Fresh] | None = None
+    ) -> None:
         """Download the missing blocks of ``first..stop-1`` of ``f`` with one range GET (the
         fewest requests), once on this node: the blocks' locks are taken in ascending order
         (no two runs deadlock), then the blocks still missing are fetched and each stored once
-        it passes its check. A block that fails its check, or a body cut short, ends the run:
-        what it did not deliver is fetched block by block when read (``block``: once more,
-        then refused naming the block)."""
-        if stop - first == 1:
+        it passes its check (``fresh``, a batch's read: served from memory, stored by the
+        writer thread, ``_keep``). A block that fails its check, or a body cut short, ends
+        the run: what it did not deliver is fetched block by block when read (``block``: once
+        more, then refused naming the block)."""
+        if stop - first == 1 and fresh is None:
             self.block(f, first)
             return
         with contextlib.ExitStack() as held:
-            paths = [Path(self._name(f, i)) for i in range(first, stop)]
-            for path in paths:
-                held.enter_context(self._locked(path))
-            missing = [first + k for k, path in enumerate(paths) if not path.is_file()]
+            locks = {}
+            for i in range(first, stop):
+                locks[i] = contextlib.ExitStack()
+                held.callback(locks[i].close)  # unless handed over with the block
+                locks[i].enter_context(self._locked(Path(self._name(f, i))))
+            missing = [i for i in locks if not os.path.isfile(self._name(f, i))]
             if missing:
-                self._get_run(f, missing[0], missing[-1] + 1)
+                self._get_run(f, missing[0], missing[-1] + 1, fresh, locks)
 
-    def _get_run(self, f: RemoteFile, first: int, stop: int) -> None:
-        """One range GET of blocks ``first..stop-1`` (their locks held), storing each absent
-        block that passes its check, until one does not or the body is cut."""
+    def _get_run(
+        self,
+        f: RemoteFile,
+        first: int,
+        stop: int,
+        fresh: list[Fresh] | None = None,
+        locks: dict[int, contextlib.ExitStack] | None = None,
+    ) -> None:
+        """One range GET of blocks ``first..stop-1`` (their ``locks`` held), storing each
+        absent block that passes its check (or handing it to ``fresh`` with its lock), until
+        one does not or the body is cut."""
         from tokenmill.storage.s3 import is_cut_body, s3_errors
 
         lo, hi = f.span(first)[0], f.span(stop - 1)[1]
@@ -422,8 +447,12 @@ class BlockCache:
                     if len(data) != b - a or not self.matches(f, i, data):
                         return
                     path = Path(self._name(f, i))
-                    if not path.is_file():
+                    if path.is_file():
+                        continue
+                    if fresh is None or locks is None:
                         self._store(f, i, path, data)
+                    else:
+                        fresh.append(self._keep(f, i, path, data, locks[i].pop_all()))
             except Exception as exc:
                 if not is_cut_body(exc):
                     raise
@@ -505,6 +534,7 @@ class BlockCache:
         """Every (file, block) mapped and checked, the missing ones fetched first, in parallel,
         contiguous blocks of one object by one range GET; CacheError when they cannot all be
         held at once (one batch larger than ``cache_bytes``)."""
+        self.stored_failure()
         need = sum(f.span(i)[1] - f.span(i)[0] for f, i in wanted)
         if self.capacity is not None and need > self.capacity:
             raise CacheError(
@@ -517,13 +547,60 @@ class BlockCache:
         if not todo:
             return found  # type: ignore[return-value]
         runs = self._runs([wanted[k] for k in todo])
+        fresh: list[Fresh] = []
         if len(runs) > 1:
-            list(self.pool().map(lambda run: self._fill_run(*run), runs))
+            list(self.pool().map(lambda r: self._fill_run(r[0], r[1], r[2], fresh), runs))
         elif runs:
-            self._fill_run(*runs[0])
+            self._fill_run(*runs[0], fresh=fresh)
+        served = dict(fresh)
         for k in todo:
-            found[k] = self.block(*wanted[k])
+            view = served.get(self._name(*wanted[k]))
+            found[k] = self.block(*wanted[k]) if view is None else view
         return found  # type: ignore[return-value]
+
+    def _keep(
+        self, f: RemoteFile, i: int, path: Path, data: bytes, lock: contextlib.ExitStack
+    ) -> Fresh:
+        """Serve this fetched, checked block from memory, and store it on the writer thread,
+        off the batch's path: its ``lock`` is released once it is stored (until then other
+        processes wait for the file and this one reads the bytes)."""
+        view = memoryview(data)
+        with self._lock:
+            self._maps[str(path)] = view
+        writer = self._own("writer", lambda: ThreadPoolExecutor(1, "tokenmill-s3-store"))
+        job = writer.submit(self._store_kept, f, i, path, data, lock, view)
+        with self._lock:
+            self._jobs.append(job)
+        return str(path), view
+
+    def _store_kept(
+        self,
+        f: RemoteFile,
+        i: int,
+        path: Path,
+        data: bytes,
+        lock: contextlib.ExitStack,
+        view: memoryview,
+    ) -> None:
+        """Store a block served from memory (``_keep``), then release its lock; a failure (the
+        cache directory full) is raised by the next read (``stored_failure``)."""
+        try:
+            self._store(f, i, path, data)
+        except Exception as exc:
+            with self._lock:
+                self._failed = self._failed or exc
+        finally:
+            lock.close()
+            with self._lock:  # read from the file from now on (or fetched again)
+                if self._maps.get(str(path)) is view:
+                    del self._maps[str(path)]
+
+    def stored_failure(self) -> None:
+        """Raise, once, the failure of storing blocks a batch was served from memory."""
+        with self._lock:
+            failed, self._failed = self._failed, None
+        if failed is not None:
+            raise failed
 
     def _runs(self, wanted: list[tuple[RemoteFile, int]]) -> list[tuple[RemoteFile, int, int]]:
         """The blocks not on disk, as runs (file, first, stop) of consecutive blocks of one
@@ -573,6 +650,21 @@ class BlockCache:
             if type(exc).__module__.split(".")[0] not in ("botocore", "tokenmill"):
                 raise
 
+
+_HELD: set[int] = set()  # descriptors of the block locks this process holds
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child: close the block locks it inherited (the parent's threads hold them):
+    an inherited descriptor would keep a lock held after the parent releases it, and the child
+    wait on it forever."""
+    for fd in list(_HELD):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_drop_inherited_locks)
 
 _CACHES: dict[tuple[str, int | None], BlockCache] = {}
 
