@@ -10,7 +10,8 @@ uploaded beside it (not timed). Measured:
 
 * a fresh process, ``--repeats`` times: its imports, then ``open_blend("s3://...",
   version=...)`` and the first batch, cold (an empty cache dir) then warm (the same cache: a
-  restarted job), wall and CPU seconds and the GETs it sent; and moto alone serving the same
+  restarted job), wall and CPU seconds (at the first batch, and by the process's exit: the
+  blocks still being stored) and the GETs it sent; and moto alone serving the same
   GETs as a cold run, 8 at once (nothing stored or hashed): the server's bound for it
   (``--against DIR``: another checkout's processes too, alternating with this one's);
 * the job, per tool: ``--ranks`` rank processes at once, each a torch DataLoader with
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -204,8 +206,13 @@ def first_batch(
                 cache = work / f"first-{r}-{roots.index(root)}"
                 cmd = [sys.executable, "-c", FIRST, uri, version, str(cache), str(args.batch)]
                 run_env = dict(env, PYTHONPATH=str(root))
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 out = subprocess.run(cmd, env=run_env, check=True, capture_output=True, cwd=root)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
                 got = json.loads(out.stdout)
+                got["cpu_exit_s"] = (after.ru_utime + after.ru_stime) - (
+                    before.ru_utime + before.ru_stime
+                )  # with what it still did after the first batch (blocks stored on exit)
                 gets = got.pop("gets")
                 found.setdefault(kind + tag, []).append(got)
                 if kind == "cold":
@@ -347,7 +354,8 @@ def report_first(found: dict[str, Any]) -> None:
             f"{span([r['first_batch_s'] for r in runs])} s, median "
             f"{float(np.median([r['first_batch_s'] for r in runs])):.2f} s ("
             f"{span([r['startup_s'] for r in runs])} s from the start), "
-            f"{span([r['cpu_s'] for r in runs])} CPU-s in all, "
+            f"{span([r['cpu_s'] for r in runs])} CPU-s by then "
+            f"({span([r['cpu_exit_s'] for r in runs])} by its exit), "
             f"{span([r['open_requests'] for r in runs], 0)} requests in the open, "
             f"{span([r['requests'] for r in runs], 0)} by the end of the first batch"
         )
