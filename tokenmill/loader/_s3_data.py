@@ -72,11 +72,18 @@ class RemoteFiles:
         base = first * sizes
         return wanted, np.searchsorted(uniq, keys), starts - base, stops - base, sizes
 
-    def gather(self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> bytes:
+    def gather(
+        self,
+        parts: np.ndarray,
+        starts: np.ndarray,
+        stops: np.ndarray,
+        also: list[tuple[RemoteFile, int]] | None = None,
+    ) -> bytes:
         """The bytes of every range back to back (missing blocks fetched first: parallel range
-        GETs): one memoryview slice of a mapped block per range, as from a local memmap."""
+        GETs, with the blocks ``also`` lists, which the next read needs): one memoryview slice
+        of a mapped block per range, as from a local memmap."""
         wanted, where, los, his, sizes = self._plan(parts, starts, stops)
-        views = self.cache.views(wanted)
+        views = self.cache.views(wanted + (also or []))
         chunks = [
             views[k][lo:hi]
             for k, lo, hi in zip(where.tolist(), los.tolist(), his.tolist(), strict=True)
@@ -198,17 +205,15 @@ class RemoteData:
         new = np.array(
             [p for p in np.unique(part).tolist() if p not in self._headers], dtype=np.int64
         )
-        if len(new):  # their block lists (a shard's manifest) come while the index is read,
-            # and so does a token file of one block: the batch needs it, whatever the pointers
+        if len(new):  # their block lists (a shard's manifest) come while the index is read
             self.cache.prefetch_lists([f for p in new.tolist() for f in self.pairs[p].files])
-            self.cache.prefetch(
-                [(b, 0) for b in (self.pairs[p].bin for p in new.tolist()) if b.blocks == 1]
-            )
+        # and so does a token file of one block: the batch needs it, whatever the pointers
+        also = [(b, 0) for b in (self.pairs[p].bin for p in new.tolist()) if b.blocks == 1]
         lengths_at = HEADER_SIZE + 4 * local
         pointers_at = HEADER_SIZE + 4 * self._sequences[part] + 8 * local
         starts = np.concatenate([np.zeros(len(new), dtype=np.int64), lengths_at, pointers_at])
         widths = np.repeat(np.array([HEADER_SIZE, 4, 8]), [len(new), len(seq), len(seq)])
-        blob = self._idxs.gather(np.concatenate([new, part, part]), starts, starts + widths)
+        blob = self._idxs.gather(np.concatenate([new, part, part]), starts, starts + widths, also)
         for k, p in enumerate(new.tolist()):
             self._check_header(p, blob[k * HEADER_SIZE : (k + 1) * HEADER_SIZE])
         at = len(new) * HEADER_SIZE
