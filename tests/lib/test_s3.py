@@ -6,8 +6,11 @@ loader. Stubbed clients and a dead loopback port, no server."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -275,6 +278,45 @@ def test_requests_share_one_watchdog_that_reports_only_late_ones(
         other.join()
     assert started == [other]  # that thread only: none per request
     assert said == ["no answer to a GET after 0 s …"]
+
+
+def test_a_forked_child_gets_a_working_watchdog_whatever_its_parent_held() -> None:
+    """A process forked (a DataLoader worker) while another thread of its parent held the
+    "waiting" lock (the watchdog printing a line) starts its own watchdog, which reports a
+    late request of the child: no deadlock on the lock held at fork time."""
+    waiting = s3._Waiting(_client(), read_timeout=60.0)
+    get = SimpleNamespace(method="GET")
+    waiting.sent(request=get)  # the parent's watchdog is running
+    waiting.answered()
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # the parent's watchdog thread inside say() when the fork happens
+        with s3._Waiting._lock:
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert held.wait(30)
+    pid = os.fork()
+    if pid == 0:  # the child: a late request must be reported (real say: its lock too)
+        late, say = threading.Event(), waiting.say
+        waiting.say = lambda what: (say(what), late.set())  # type: ignore[method-assign]
+        waiting.slow_after = 0.0
+        threading.Thread(target=waiting.sent, kwargs={"request": get}, daemon=True).start()
+        os._exit(0 if late.wait(20) else 3)
+    release.set()
+    holder.join()
+    for _ in range(300):  # a hang guard: a deadlocked child is killed, the test fails
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung on a lock its parent held at fork time")
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 @pytest.fixture

@@ -228,6 +228,16 @@ def _watchdog() -> _Watchdog:
     return found
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) starts without its parent's watchdog and with a
+    fresh "waiting" lock: another parent thread may have held it at the fork, forever."""
+    _Waiting._lock = threading.Lock()
+    _WATCHDOGS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @dataclass(frozen=True)
 class S3Object:
     """One listed object: key, size, ETag (quotes removed) and LastModified (epoch seconds)."""
