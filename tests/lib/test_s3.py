@@ -126,6 +126,24 @@ def test_read_object_missing_is_none() -> None:
         stub.assert_no_pending_responses()
 
 
+def test_exists_is_false_only_for_a_missing_object() -> None:
+    """HEAD answers: 200 is there, 404 is absent, and a 403 (or any other failure) is an
+    InputError naming the object, never read as "missing" (materialize would rebuild)."""
+    client = _client()
+    with Stubber(client) as stub:
+        stub.add_response("head_object", {}, {"Bucket": BUCKET, "Key": "a.json"})
+        stub.add_client_error("head_object", "404", "Not Found", 404)
+        stub.add_client_error("head_object", "403", "Forbidden", 403)
+        assert s3.exists(client, BUCKET, "a.json")
+        assert not s3.exists(client, BUCKET, "b.json")
+        with pytest.raises(InputError) as info:
+            s3.exists(client, BUCKET, "c.json")
+    assert str(info.value) == (
+        f"looking up s3://{BUCKET}/c.json: ClientError: An error occurred (403) when calling "
+        "the HeadObject operation: Forbidden"
+    )
+
+
 def test_read_object_fetches_a_cut_body_again() -> None:
     client = _client()
     bodies = [_Body(b"", _cut()), _Body(b"{}")]
