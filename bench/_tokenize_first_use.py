@@ -7,6 +7,8 @@ tokenizer against transformers in a child process, the normalization study inclu
 with the cache the previous fresh run left (the verification record read back). Both report
 wall and CPU seconds of the whole process tree; the first-use cost is the difference, goal
 <= 2 s. Both runs' ``.bin`` must be equal. The machine's load average is recorded per pair.
+Every run first removes the outputs at its prefix (manifest included): a run whose outputs are
+up to date writes nothing and verifies nothing.
 
 On a loaded machine the wall difference says little, so the verification child is also run
 alone (``child_split``): the CPU seconds of its own process (the reference's side) and of its
@@ -61,11 +63,13 @@ def first_use_runs(
         rows: dict[str, list[Any]] = {"fresh": [], "cached": [], "load": []}
         with tempfile.TemporaryDirectory() as keep:
             cached_env = {**env, "TOKENMILL_CACHE_DIR": keep}
+            _remove_outputs(work, f"{name}-warmup")  # kept outputs would skip verifying
             run_cli(corpus, tok_dir, work / f"{name}-warmup", cached_env)  # fills the cache
             for rep in range(repeat):
                 rows["load"].append(round(os.getloadavg()[0], 2))
                 order = ("fresh", "cached") if rep % 2 == 0 else ("cached", "fresh")
                 for kind in order:
+                    _remove_outputs(work, f"{name}-{kind}")  # else the run finds them up to date
                     with tempfile.TemporaryDirectory() as fresh:
                         run_env = cached_env if kind == "cached" else {
                             **env, "TOKENMILL_CACHE_DIR": fresh}  # fmt: skip
@@ -77,6 +81,14 @@ def first_use_runs(
                     raise RuntimeError(f"{name}: the fresh and the cached run wrote different .bin")
         out[name] = rows
     return out
+
+
+def _remove_outputs(work: Path, prefix: str) -> None:
+    """Delete what a run at ``work/prefix`` wrote, so the next run there tokenizes: a run whose
+    outputs already record its inputs and settings writes nothing."""
+    for path in [*work.glob(f"{prefix}[_.]*"), *work.glob(f"manifests/{prefix}_*")]:
+        if path.is_file():
+            path.unlink()
 
 
 def child_split(tok_dir: Path, env: dict[str, str], repeat: int) -> dict[str, Any]:

@@ -683,6 +683,8 @@ def first_use_bench(args: argparse.Namespace) -> dict[str, Any]:
         "qwen2-nfc": build_bundled_tokenizer("qwen2", ROOT / ".tokenizers" / "qwen2"),
         "llama2": build_bundled_tokenizer("llama2", ROOT / ".tokenizers" / "llama2"),
     }
+    if args.first_use_tokenizers:
+        dirs = {name: dirs[name] for name in args.first_use_tokenizers.split(",")}
     work = OUT_DIR / "tokenize-first-use"
     work.mkdir(parents=True, exist_ok=True)
 
@@ -731,7 +733,11 @@ def main() -> None:
     parser.add_argument("--mb", type=float, help="corpus MB (default 20; 200 with --scaling)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--workers", default=f"1,{os.cpu_count() or 1}")
-    parser.add_argument("--tokenizers", help=f"default {','.join(TOKENIZERS)}; gpt2 with --scaling")
+    parser.add_argument(
+        "--tokenizers",
+        help=f"default {','.join(TOKENIZERS)}; gpt2 with --scaling; "
+        "gpt2,gpt2-nfkc,qwen2-nfc,llama2 with --first-use",
+    )
     parser.add_argument(
         "--floors",
         default=",".join(FLOORS),
@@ -770,6 +776,7 @@ def main() -> None:
         help="a CLI run with a fresh tokenizer cache vs the same run cached, alternating",
     )
     args = parser.parse_args()
+    args.first_use_tokenizers = args.tokenizers  # --first-use: a subset of its four, if given
     if args.mb is None:
         args.mb = 200.0 if args.scaling else 20.0
     args.workers = sorted({int(w) for w in args.workers.split(",")})

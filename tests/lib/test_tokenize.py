@@ -35,6 +35,7 @@ from tokenmill.formats.dataset_manifest import (
 from tokenmill.formats.indexed import IndexedDataset, encode_index
 from tokenmill.tokenize import outputs as outputs_module
 from tokenmill.tokenize import run as run_module
+from tokenmill.tokenize import tokenizer as tokenizer_module
 from tokenmill.tokenize.procs import SAMPLE_CHARS
 from tokenmill.tokenize.run import TokenizeSession, dataset_prefix, tokenize_files
 from tokenmill.tokenize.tokenizer import load_tokenizer
@@ -438,6 +439,39 @@ def test_a_rerun_of_an_up_to_date_output_touches_nothing(gpt2_dir: Path, tmp_pat
     data.write_bytes(bytes([data.read_bytes()[0] ^ 1]) + data.read_bytes()[1:])  # same size
     repaired = tokenize_files([src], out / "p", gpt2_dir, append_eod=True)
     assert not repaired.reused and pair_bytes(repaired.prefix) == pair_bytes(first.prefix)
+
+
+def test_up_to_date_outputs_need_no_verification(
+    gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run with a tokenizer not verified in this cache keeps outputs whose manifest names
+    the tokenizer's fingerprint and the installed library versions, and verifies nothing; with
+    other libraries recorded, or other settings, it verifies first. The settings it takes from
+    the manifest are exactly those a verified run compares."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "ok"}\n{"text": "later on"}\n')
+    first = tokenize_files([src], tmp_path / "p", gpt2_dir, append_eod=True)
+    info = load_tokenizer(gpt2_dir).info
+    recorded = run_module._recorded_settings(first_outputs(first), gpt2_dir, "text", True)
+    assert recorded == outputs_module.byte_settings(info, "text", True)
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "empty-cache"))
+    verified: list[Path] = []
+    monkeypatch.setattr(tokenizer_module, "run_verification", lambda *a: verified.append(a[0]))
+    again = tokenize_files([src], tmp_path / "p", gpt2_dir, append_eod=True)
+    assert again.reused and again.manifest == first.manifest and verified == []
+    with pytest.raises(TokenmillError, match="verification wrote no record"):
+        tokenize_files([src], tmp_path / "p", gpt2_dir)  # no EOD: another setting
+    assert verified == [gpt2_dir]
+    versions = {**tokenizer_module._library_versions(), "transformers": "0.0"}
+    monkeypatch.setattr(run_module, "_library_versions", lambda: versions)
+    with pytest.raises(TokenmillError, match="verification wrote no record"):
+        tokenize_files([src], tmp_path / "p", gpt2_dir, append_eod=True)
+    assert verified == [gpt2_dir, gpt2_dir]
+
+
+def first_outputs(result: Any) -> outputs_module.Outputs:
+    """The ``Outputs`` of a run's prefix (its manifest beside the pair)."""
+    return outputs_module.Outputs(result.prefix, Path(f"{result.prefix}.quarantine.jsonl"))
 
 
 @pytest.mark.parametrize("count", ["tokens", "empty_documents"])

@@ -136,6 +136,47 @@ def test_verification_child_never_imports_torch(gpt2_dir: Path, tmp_path: Path) 
     assert json.loads(record.read_text())["verdicts"] == dict.fromkeys(ENGINES, "ok")
 
 
+FORKED = """
+import sys
+from tokenmill.errors import TokenmillError
+from tokenmill.tokenize import tokenizer
+forks = []
+real = tokenizer._forked_verification
+tokenizer._forked_verification = lambda *args: forks.append(1) or real(*args)
+tokenizer.inspect_tokenizer(sys.argv[1])
+try:
+    tokenizer.inspect_tokenizer(sys.argv[2])
+except TokenmillError as exc:
+    sys.stdout.write(f"{len(forks)} forks; {exc}")
+"""
+
+
+def test_a_fresh_process_forks_the_verification_child(
+    gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that loaded no engine (a CLI run) forks the verification child instead of
+    starting an interpreter: the record and files are those a new interpreter writes, none of
+    its output reaches the caller, and a failure is reported with the child's last lines."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text('{"model": {"type": "BPE"}}', encoding="utf-8")
+    env = {**os.environ, "TOKENMILL_CACHE_DIR": str(tmp_path / "forked")}
+    cmd = [sys.executable, "-c", FORKED, str(gpt2_dir), str(broken)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    assert proc.stderr == ""
+    assert proc.stdout.startswith(f"2 forks; tokenizer {broken}: verification against ")
+    assert "(exit 1): " in proc.stdout and "Error" in proc.stdout
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "started"))
+    monkeypatch.setattr(tokenizer, "FORK_BLOCKERS", ("tokenmill",))  # a new interpreter
+    inspect_tokenizer(gpt2_dir)
+
+    def files(folder: Path) -> dict[str, bytes]:
+        return {p.name: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+    forked, started = files(tmp_path / "forked"), files(tmp_path / "started")
+    assert len(started) == 4 and forked == started  # record, hf copy, ranks, ids
+
+
 @pytest.mark.parametrize("name", ["gpt2", "gpt2-compact", "llama2"])
 def test_speculated_engine_side_writes_what_the_serial_path_writes(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

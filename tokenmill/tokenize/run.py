@@ -28,15 +28,17 @@ With one worker (or one range) the run stays in process: a reader thread parses,
 thread encodes and the writer hashes while writing, at most two batches between stages
 (gigatoken's per-text ``encode`` holds the GIL, so the stages overlap only where numpy, hashing
 and I/O release it). The inputs' sha256 for the manifest is taken on another thread in both modes.
-A run whose outputs already record its inputs and settings writes nothing; any other run writes
-into a staging folder of its own and renames the finished files into place under the output's
-lock, manifest last (``tokenmill.tokenize.outputs``): a reader never meets a missing pair, and a
-failed run leaves no pair at the prefix.
+A run whose outputs already record its inputs and settings writes nothing (nor verifies the
+tokenizer first, where they name its fingerprint and the installed library versions); any other
+run writes into a staging folder of its own and renames the finished files into place under the
+output's lock, manifest last (``tokenmill.tokenize.outputs``): a reader never meets a missing
+pair, and a failed run leaves no pair at the prefix.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -77,7 +79,14 @@ from tokenmill.tokenize.procs import (
     Checker,
     EngineMismatch,
 )
-from tokenmill.tokenize.tokenizer import inspect_tokenizer, record_mismatch, verification_summary
+from tokenmill.tokenize.tokenizer import (
+    _library_versions,
+    inspect_tokenizer,
+    record_mismatch,
+    resolve_tokenizer_path,
+    tokenizer_fingerprint,
+    verification_summary,
+)
 from tokenmill.tokenize.tokenizer_info import TokenizerInfo
 
 log = logging.getLogger(__name__)
@@ -143,6 +152,18 @@ def tokenize_files(
     if workers < 1:
         raise ConfigError(f"workers={workers}: expected a positive number of processes")
     given = tokenizer if isinstance(tokenizer, Encoder) else None
+    prefix = dataset_prefix(output_prefix, text_key)
+    out = Outputs(prefix, Path(f"{os.fspath(output_prefix)}.quarantine.jsonl"))
+    paths = [Path(p) for p in inputs]
+    uris = [str(p.resolve()) if input_uri is None else input_uri(p) for p in paths]
+    settings = None
+    if not isinstance(tokenizer, Encoder):
+        settings = _recorded_settings(out, tokenizer, text_key, append_eod)
+    if settings is not None:  # up to date outputs need no verification of the tokenizer
+        with out.locked():
+            manifest = out.up_to_date(paths, uris, settings, on_bad_record)
+        if manifest is not None:
+            return _reused(out, manifest, start)
     info = tokenizer.info if isinstance(tokenizer, Encoder) else inspect_tokenizer(tokenizer)
     if append_eod and info.eod_id is None:
         raise ConfigError(f"append_eod: tokenizer {info.source} has no eos token to use as EOD")
@@ -151,10 +172,6 @@ def tokenize_files(
             f"tokenizer {info.source}: id {info.max_id} does not fit {info.dtype.name}, the dtype "
             f"Megatron picks for len(tokenizer) = {info.vocab_size}"
         )
-    prefix = dataset_prefix(output_prefix, text_key)
-    out = Outputs(prefix, Path(f"{os.fspath(output_prefix)}.quarantine.jsonl"))
-    paths = [Path(p) for p in inputs]
-    uris = [str(p.resolve()) if input_uri is None else input_uri(p) for p in paths]
     with out.locked():
         found = out.manifest_bytes()
         manifest = out.up_to_date(
@@ -269,6 +286,31 @@ def _attempts(
         finally:
             if checker is not None:
                 reuse.release(info, checker, keep=passed and session is not None)
+
+
+def _recorded_settings(
+    out: Outputs, tokenizer: str | os.PathLike[str], text_key: str, append_eod: bool
+) -> dict[str, Any] | None:
+    """``byte_settings`` for a run with ``tokenizer``, read from the manifest at ``out`` without
+    verifying the tokenizer: where the manifest names this tokenizer's fingerprint and the
+    library versions installed now, its vocab_size, eod_id and dtype are what a verification
+    would find. None when there is no such manifest."""
+    try:
+        config = json.loads(out.manifest_bytes() or b"null")["config"]
+        recorded = config["verification"]["libraries"]
+    except (ValueError, RecursionError, TypeError, KeyError):  # the run will say what is wrong
+        return None
+    fingerprint = tokenizer_fingerprint(*resolve_tokenizer_path(tokenizer))
+    if config.get("tokenizer_fingerprint") != fingerprint or recorded != _library_versions():
+        return None
+    return {
+        "tokenizer_fingerprint": fingerprint,
+        "dtype": config.get("dtype"),
+        "text_key": text_key,
+        "append_eod": append_eod,
+        "vocab_size": config.get("vocab_size"),
+        "eod_id": config.get("eod_id"),
+    }
 
 
 def _reused(out: Outputs, manifest: dict[str, Any], start: float) -> TokenizeResult:

@@ -31,8 +31,13 @@ import importlib
 import importlib.util
 import json
 import os
+import runpy
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import traceback
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -58,6 +63,9 @@ from tokenmill.tokenize.tokenizer_info import TokenizerInfo as TokenizerInfo
 
 CACHE_VERSION = 4  # bump when the probes or the record layout change
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+VERIFIER = "tokenmill.tokenize.tokenizer_verify"  # the verification child's module
+# Modules whose thread pools or state a forked verification child must not inherit.
+FORK_BLOCKERS = ("gigatoken", "tiktoken", "tokenizers", "transformers", "torch")
 
 
 def cache_dir() -> Path:
@@ -179,16 +187,55 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
 
 
 def run_verification(source: Path, definition: Path, fingerprint: str, record_path: Path) -> None:
-    """Verify in a child interpreter and wait; TokenmillError with its stderr if it fails."""
-    cmd = [sys.executable, "-m", "tokenmill.tokenize.tokenizer_verify"]
-    cmd += [str(source), str(definition), fingerprint, str(record_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-5:]
-        raise TokenmillError(
-            f"tokenizer {source}: verification against transformers failed "
-            f"(exit {proc.returncode}): {' | '.join(tail)}"
-        )
+    """Verify in a child process and wait; TokenmillError with its output's tail if it fails.
+
+    A process that runs no thread of its own and has loaded no engine or transformers (a CLI run
+    at its start) forks the child: no interpreter start and no second import of numpy and
+    tokenmill (0.15 s of first use). Any other starts a new interpreter, as forking threads or an
+    engine's thread pools is unsafe.
+    """
+    argv = [str(source), str(definition), fingerprint, str(record_path)]
+    with tempfile.TemporaryFile() as output:  # the child's stdout and stderr
+        if threading.active_count() == 1 and not any(m in sys.modules for m in FORK_BLOCKERS):
+            status = _forked_verification(argv, output.fileno())
+        else:
+            cmd = [sys.executable, "-m", VERIFIER, *argv]
+            status = subprocess.run(cmd, stdout=output, stderr=output, check=False).returncode
+        if status != 0:
+            output.seek(0)
+            tail = output.read().decode(errors="replace").strip().splitlines()[-5:]
+            raise TokenmillError(
+                f"tokenizer {source}: verification against transformers failed "
+                f"(exit {status}): {' | '.join(tail)}"
+            )
+
+
+def _forked_verification(argv: list[str], output: int) -> int:
+    """``python -m tokenmill.tokenize.tokenizer_verify *argv`` run by ``runpy`` in a forked child
+    (the same entry code as in a new interpreter) writing to ``output``; its exit code."""
+    sys.stdout.flush()  # else the child would write what this process had buffered
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's frames
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller ends it (below)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the handler the caller set
+            os.dup2(output, 1)
+            os.dup2(output, 2)
+            sys.argv = ["tokenizer_verify", *argv]
+            runpy.run_module(VERIFIER, run_name="__main__", alter_sys=True)  # exits by itself
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)  # reached only when the module failed before its own exit
+    try:
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    except BaseException:  # interrupted: end the child, as subprocess.run would
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
 
 
 def _read_record(path: Path, fingerprint: str) -> dict[str, Any] | None:

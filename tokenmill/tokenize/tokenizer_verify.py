@@ -13,12 +13,14 @@ transformers (a second to import, hundreds of MB) and any thread pools out of th
 process.
 
 Where first use spends its time, and how each part is kept short (docs/performance.md has the
-numbers): the child hides torch from transformers (``hide_torch``; importing it was most of 19 s
-on a GPU node) and does not build transformers' lazy table of every model
-(``tokenmill.tokenize.engines.load_reference``). While it loads the reference, a forked helper
-does the engines' part on the definition on disk (``Speculation``), parsing it once; the helper's
-work is kept when the reference's backend serializes to that file's exact bytes (no second parse)
-or parses to the same definition, without ``split_special_tokens``.
+numbers): a tokenizing process without threads or engines forks the child (no interpreter start
+or imports: ``tokenmill.tokenize.tokenizer.run_verification``); the child hides torch from
+transformers (``hide_torch``; importing it was most of 19 s on a GPU node) and does not build
+transformers' lazy table of every model (``tokenmill.tokenize.engines.load_reference``). While it
+loads the reference, a forked helper does the engines' part on the definition on disk
+(``Speculation``), parsing it once; the helper's work is kept when the reference's backend
+serializes to that file's exact bytes (no second parse) or parses to the same definition,
+without ``split_special_tokens``.
 """
 
 from __future__ import annotations
@@ -141,10 +143,12 @@ def _hf_definition(spec: dict[str, Any], record_path: Path) -> str | None:
     where both spellings mean the same merges; the ``hf`` engine is verified on this copy.
     """
     merges = (spec.get("model") or {}).get("merges") or []
-    pairs = [m for m in merges if isinstance(m, list)]
-    if not pairs or any(" " in part for m in pairs for part in m):
+    if not merges or not all(isinstance(m, list) and len(m) == 2 for m in merges):
         return None
-    fast = dict(spec, model=dict(spec["model"], merges=[" ".join(m) for m in merges]))
+    joined = [" ".join(m) for m in merges]
+    if "".join(joined).count(" ") != len(joined):  # a part with a space of its own
+        return None
+    fast = dict(spec, model=dict(spec["model"], merges=joined))
     name = record_path.with_suffix(".hf.json").name
     write_bytes(record_path.parent / name, orjson.dumps(fast))
     return name
