@@ -57,7 +57,7 @@ from tokenmill.formats.dataset_manifest import (
     input_sha256,
     write_dataset_manifest,
 )
-from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path
+from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, optimal_dtype
 from tokenmill.formats.shard_records import IngestStats
 from tokenmill.ingest.records import ON_BAD_RECORD, Quarantine
 from tokenmill.ingest.sources import read_input_batches
@@ -82,6 +82,7 @@ from tokenmill.tokenize.procs import (
 from tokenmill.tokenize.tokenizer import (
     _library_versions,
     inspect_tokenizer,
+    is_verified,
     record_mismatch,
     resolve_tokenizer_path,
     tokenizer_fingerprint,
@@ -291,17 +292,30 @@ def _attempts(
 def _recorded_settings(
     out: Outputs, tokenizer: str | os.PathLike[str], text_key: str, append_eod: bool
 ) -> dict[str, Any] | None:
-    """``byte_settings`` for a run with ``tokenizer``, read from the manifest at ``out`` without
-    verifying the tokenizer: where the manifest names this tokenizer's fingerprint and the
-    library versions installed now, its vocab_size, eod_id and dtype are what a verification
-    would find. None when there is no such manifest."""
+    """``byte_settings`` for a run with ``tokenizer`` not verified in this cache, read from the
+    manifest at ``out`` without verifying it: where the manifest names this tokenizer's
+    fingerprint and the library versions installed now, its vocab_size, eod_id and dtype are
+    what a verification would find (when they hold together: a hand-edited one may not). None
+    when there is no such manifest, or the tokenizer's record is cached (its facts are
+    compared then, as a verified run compares them)."""
     try:
         config = json.loads(out.manifest_bytes() or b"null")["config"]
         recorded = config["verification"]["libraries"]
     except (ValueError, RecursionError, TypeError, KeyError):  # the run will say what is wrong
         return None
+    if is_verified(tokenizer):
+        return None
     fingerprint = tokenizer_fingerprint(*resolve_tokenizer_path(tokenizer))
     if config.get("tokenizer_fingerprint") != fingerprint or recorded != _library_versions():
+        return None
+    vocab, eod = config.get("vocab_size"), config.get("eod_id")
+    if (
+        type(vocab) is not int
+        or vocab < 1
+        or config.get("dtype") != np.dtype(optimal_dtype(vocab)).name
+    ):
+        return None
+    if not ((type(eod) is int and 0 <= eod < vocab) or (eod is None and not append_eod)):
         return None
     return {
         "tokenizer_fingerprint": fingerprint,
