@@ -80,12 +80,10 @@ from tokenmill.tokenize.procs import (
     EngineMismatch,
 )
 from tokenmill.tokenize.tokenizer import (
+    _cached_record,
     _library_versions,
     inspect_tokenizer,
-    is_verified,
     record_mismatch,
-    resolve_tokenizer_path,
-    tokenizer_fingerprint,
     verification_summary,
 )
 from tokenmill.tokenize.tokenizer_info import TokenizerInfo
@@ -303,9 +301,9 @@ def _recorded_settings(
         recorded = config["verification"]["libraries"]
     except (ValueError, RecursionError, TypeError, KeyError):  # the run will say what is wrong
         return None
-    if is_verified(tokenizer):
+    _, _, fingerprint, _, cached = _cached_record(tokenizer)
+    if cached is not None:
         return None
-    fingerprint = tokenizer_fingerprint(*resolve_tokenizer_path(tokenizer))
     if config.get("tokenizer_fingerprint") != fingerprint or recorded != _library_versions():
         return None
     vocab, eod = config.get("vocab_size"), config.get("eod_id")

@@ -152,12 +152,6 @@ def _cached_record(
     return source, definition, fingerprint, record_path, _read_record(record_path, fingerprint)
 
 
-def is_verified(path: str | os.PathLike[str]) -> bool:
-    """True when the tokenizer's verification record is cached: ``inspect_tokenizer`` then
-    only reads it."""
-    return _cached_record(path)[4] is not None
-
-
 def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
     """Facts and engine verdicts for a tokenizer; verifies it (once, cached) when needed."""
     source, definition, fingerprint, record_path, record = _cached_record(path)
