@@ -28,8 +28,9 @@ With one worker (or one range) the run stays in process: a reader thread parses,
 thread encodes and the writer hashes while writing, at most two batches between stages
 (gigatoken's per-text ``encode`` holds the GIL, so the stages overlap only where numpy, hashing
 and I/O release it). The inputs' sha256 for the manifest is taken on another thread in both modes.
-A run whose outputs already record its inputs and settings writes nothing (nor verifies the
-tokenizer first, where they name its fingerprint and the installed library versions); any other
+A run whose outputs already record its inputs and settings writes nothing (nor verifies a
+tokenizer not verified in this cache first, where they name its fingerprint and the installed
+library versions and their vocab_size, dtype and eod_id hold together); any other
 run writes into a staging folder of its own and renames the finished files into place under the
 output's lock, manifest last (``tokenmill.tokenize.outputs``): a reader never meets a missing
 pair, and a failed run leaves no pair at the prefix.
