@@ -11,6 +11,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -298,6 +299,37 @@ def test_requests_share_one_watchdog_that_reports_only_late_ones(
     assert said == ["no answer to a GET after 0 s …"]
 
 
+def _fork_while_held(lock: Any, child: Callable[[], bool]) -> int:
+    """Fork while another thread holds ``lock`` (as a thread of a DataLoader's parent may);
+    the exit code of the child, which runs ``child`` on a thread of its own (0 when it returns
+    True within 20 s, 3 when it hangs or fails)."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert held.wait(30)
+    pid = os.fork()
+    if pid == 0:
+        ok = threading.Event()
+        threading.Thread(target=lambda: child() and ok.set(), daemon=True).start()
+        os._exit(0 if ok.wait(20) else 3)
+    release.set()
+    holder.join()
+    for _ in range(300):  # a hang guard: a deadlocked child is killed, the test fails
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung on a lock its parent held at fork time")
+
+
 def test_a_forked_child_gets_a_working_watchdog_whatever_its_parent_held() -> None:
     """A process forked (a DataLoader worker) while another thread of its parent held the
     "waiting" lock (the watchdog printing a line) starts its own watchdog, which reports a
@@ -306,35 +338,24 @@ def test_a_forked_child_gets_a_working_watchdog_whatever_its_parent_held() -> No
     get = SimpleNamespace(method="GET")
     waiting.sent(request=get)  # the parent's watchdog is running
     waiting.answered()
-    held, release = threading.Event(), threading.Event()
 
-    def hold() -> None:  # the parent's watchdog thread inside say() when the fork happens
-        with s3._Waiting._lock:
-            held.set()
-            release.wait(60)
-
-    holder = threading.Thread(target=hold, daemon=True)
-    holder.start()
-    assert held.wait(30)
-    pid = os.fork()
-    if pid == 0:  # the child: a late request must be reported (real say: its lock too)
+    def late_request_reported() -> bool:  # real say: its lock too
         late, say = threading.Event(), waiting.say
         waiting.say = lambda what: (say(what), late.set())  # type: ignore[method-assign]
         waiting.slow_after = 0.0
-        threading.Thread(target=waiting.sent, kwargs={"request": get}, daemon=True).start()
-        os._exit(0 if late.wait(20) else 3)
-    release.set()
-    holder.join()
-    for _ in range(300):  # a hang guard: a deadlocked child is killed, the test fails
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child hung on a lock its parent held at fork time")
-    assert os.waitstatus_to_exitcode(status) == 0
+        waiting.sent(request=get)
+        return late.wait(20)
+
+    assert _fork_while_held(s3._Waiting._lock, late_request_reported) == 0
+
+
+def test_a_forked_child_builds_its_client_whatever_its_parent_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process forked while another thread of its parent was building a shared client (a
+    background fetch's first GET; 0.1-0.5 s under the clients' lock) builds its own."""
+    monkeypatch.setattr(s3, "_CLIENTS", {})
+    assert _fork_while_held(s3._CLIENTS_LOCK, lambda: s3.shared_client(ENDPOINT) is not None) == 0
 
 
 @pytest.fixture

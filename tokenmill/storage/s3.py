@@ -229,9 +229,12 @@ def _watchdog() -> _Watchdog:
 
 
 def _after_fork_in_child() -> None:
-    """A forked child (a DataLoader worker) starts without its parent's watchdog and with a
-    fresh "waiting" lock: another parent thread may have held it at the fork, forever."""
+    """A forked child (a DataLoader worker) starts without its parent's watchdog and with
+    fresh locks (the "waiting" one, the clients'): another parent thread may have held one at
+    the fork (building a client takes 0.1-0.5 s under it), and the child would wait forever."""
+    global _CLIENTS_LOCK, _LOADER_LOCK
     _Waiting._lock = threading.Lock()
+    _CLIENTS_LOCK, _LOADER_LOCK = threading.Lock(), threading.Lock()
     _WATCHDOGS.clear()
 
 
