@@ -358,6 +358,27 @@ def test_a_forked_child_builds_its_client_whatever_its_parent_held(
     assert _fork_while_held(s3._CLIENTS_LOCK, lambda: s3.shared_client(ENDPOINT) is not None) == 0
 
 
+def test_a_forked_child_uses_the_block_cache_whatever_its_parent_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DataLoader worker forked while a fetch thread of its parent held the block cache's
+    lock (making the client, or evicting blocks) gets its client; it waits on none of the
+    parent's background jobs."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", ENDPOINT)
+    cache = cache_for(tmp_path / "cache", None)
+    stop = threading.Event()
+    cache.later(lambda: stop.wait(60))  # a parent's job its child never runs
+
+    def child() -> bool:
+        cache.drain()
+        return cache.client() is not None
+
+    try:
+        assert _fork_while_held(cache._lock, child) == 0
+    finally:
+        stop.set()
+
+
 @pytest.fixture
 def _timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
     """tokenmill's timeouts set, and no shared client of an earlier test."""

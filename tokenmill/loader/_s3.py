@@ -577,6 +577,18 @@ class BlockCache:
 _CACHES: dict[tuple[str, int | None], BlockCache] = {}
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) gets fresh locks in its caches (a fetch thread of
+    its parent may have held one at the fork: the child would wait forever) and none of its
+    parent's background jobs or reservations (their threads are not in the child)."""
+    for cache in _CACHES.values():
+        cache._lock = threading.Lock()
+        cache._jobs, cache._inflight = [], 0
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def cache_for(root: str | os.PathLike[str], capacity: int | None) -> BlockCache:
     """The process's BlockCache for ``root`` (shared by every dataset read through it)."""
     key = (str(Path(root).resolve()), capacity)
