@@ -7,8 +7,11 @@ loader. Stubbed clients and a dead loopback port, no server."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -142,6 +145,24 @@ def test_read_object_missing_is_none() -> None:
         stub.add_client_error("get_object", "NoSuchKey", "gone", 404)
         assert s3.read_object(client, BUCKET, "absent.json") is None
         stub.assert_no_pending_responses()
+
+
+def test_exists_is_false_only_for_a_missing_object() -> None:
+    """HEAD answers: 200 is there, 404 is absent, and a 403 (or any other failure) is an
+    InputError naming the object, never read as "missing" (materialize would rebuild)."""
+    client = _client()
+    with Stubber(client) as stub:
+        stub.add_response("head_object", {}, {"Bucket": BUCKET, "Key": "a.json"})
+        stub.add_client_error("head_object", "404", "Not Found", 404)
+        stub.add_client_error("head_object", "403", "Forbidden", 403)
+        assert s3.exists(client, BUCKET, "a.json")
+        assert not s3.exists(client, BUCKET, "b.json")
+        with pytest.raises(InputError) as info:
+            s3.exists(client, BUCKET, "c.json")
+    assert str(info.value) == (
+        f"looking up s3://{BUCKET}/c.json: ClientError: An error occurred (403) when calling "
+        "the HeadObject operation: Forbidden"
+    )
 
 
 def test_read_object_fetches_a_cut_body_again() -> None:
@@ -296,6 +317,86 @@ def test_requests_share_one_watchdog_that_reports_only_late_ones(
         other.join()
     assert started == [other]  # that thread only: none per request
     assert said == ["no answer to a GET after 0 s …"]
+
+
+def _fork_while_held(lock: Any, child: Callable[[], bool]) -> int:
+    """Fork while another thread holds ``lock`` (as a thread of a DataLoader's parent may);
+    the exit code of the child, which runs ``child`` on a thread of its own (0 when it returns
+    True within 20 s, 3 when it hangs or fails)."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            release.wait(60)
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    assert held.wait(30)
+    pid = os.fork()
+    if pid == 0:
+        ok = threading.Event()
+        threading.Thread(target=lambda: child() and ok.set(), daemon=True).start()
+        os._exit(0 if ok.wait(20) else 3)
+    release.set()
+    holder.join()
+    for _ in range(300):  # a hang guard: a deadlocked child is killed, the test fails
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung on a lock its parent held at fork time")
+
+
+def test_a_forked_child_gets_a_working_watchdog_whatever_its_parent_held() -> None:
+    """A process forked (a DataLoader worker) while another thread of its parent held the
+    "waiting" lock (the watchdog printing a line) starts its own watchdog, which reports a
+    late request of the child: no deadlock on the lock held at fork time."""
+    waiting = s3._Waiting(_client(), read_timeout=60.0)
+    get = SimpleNamespace(method="GET")
+    waiting.sent(request=get)  # the parent's watchdog is running
+    waiting.answered()
+
+    def late_request_reported() -> bool:  # real say: its lock too
+        late, say = threading.Event(), waiting.say
+        waiting.say = lambda what: (say(what), late.set())  # type: ignore[method-assign]
+        waiting.slow_after = 0.0
+        waiting.sent(request=get)
+        return late.wait(20)
+
+    assert _fork_while_held(s3._Waiting._lock, late_request_reported) == 0
+
+
+def test_a_forked_child_builds_its_client_whatever_its_parent_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process forked while another thread of its parent was building a shared client (a
+    background fetch's first GET; 0.1-0.5 s under the clients' lock) builds its own."""
+    monkeypatch.setattr(s3, "_CLIENTS", {})
+    assert _fork_while_held(s3._CLIENTS_LOCK, lambda: s3.shared_client(ENDPOINT) is not None) == 0
+
+
+def test_a_forked_child_uses_the_block_cache_whatever_its_parent_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DataLoader worker forked while a fetch thread of its parent held the block cache's
+    lock (making the client, or evicting blocks) gets its client; it waits on none of the
+    parent's background jobs."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", ENDPOINT)
+    cache = cache_for(tmp_path / "cache", None)
+    stop = threading.Event()
+    cache.later(lambda: stop.wait(60))  # a parent's job its child never runs
+
+    def child() -> bool:
+        cache.drain()
+        return cache.client() is not None
+
+    try:
+        assert _fork_while_held(cache._lock, child) == 0
+    finally:
+        stop.set()
 
 
 @pytest.fixture

@@ -452,9 +452,9 @@ def test_up_to_date_outputs_need_no_verification(
     src.write_text('{"text": "ok"}\n{"text": "later on"}\n')
     first = tokenize_files([src], tmp_path / "p", gpt2_dir, append_eod=True)
     info = load_tokenizer(gpt2_dir).info
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "empty-cache"))
     recorded = run_module._recorded_settings(first_outputs(first), gpt2_dir, "text", True)
     assert recorded == outputs_module.byte_settings(info, "text", True)
-    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "empty-cache"))
     verified: list[Path] = []
     monkeypatch.setattr(tokenizer_module, "run_verification", lambda *a: verified.append(a[0]))
     again = tokenize_files([src], tmp_path / "p", gpt2_dir, append_eod=True)
@@ -467,6 +467,35 @@ def test_up_to_date_outputs_need_no_verification(
     with pytest.raises(TokenmillError, match="verification wrote no record"):
         tokenize_files([src], tmp_path / "p", gpt2_dir, append_eod=True)
     assert verified == [gpt2_dir, gpt2_dir]
+
+
+def test_edited_tokenizer_facts_in_a_manifest_are_not_taken_as_up_to_date(
+    gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manifest whose recorded vocab_size, dtype or eod_id was edited is not up to date:
+    with the tokenizer's record cached, its facts are compared (the run rewrites the pair and
+    a correct manifest); without it, facts that do not hold together send the run to verify."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "ok"}\n{"text": "later on"}\n')
+    first = tokenize_files([src], tmp_path / "p", gpt2_dir, append_eod=True)
+    path = dataset_manifest_path(first.prefix)
+
+    def edit(**changes: Any) -> None:
+        manifest = json.loads(path.read_bytes())
+        manifest["config"].update(changes)
+        path.write_text(json.dumps(manifest))
+
+    edit(vocab_size=50258)  # still uint16: only the verified facts tell
+    again = tokenize_files([src], tmp_path / "p", gpt2_dir, append_eod=True)
+    assert not again.reused and again.manifest == first.manifest
+    assert pair_bytes(again.prefix) == pair_bytes(first.prefix)
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(tokenizer_module, "run_verification", lambda *a: None)
+    for changes in ({"dtype": "int32"}, {"vocab_size": "50257"}, {"eod_id": None}):
+        path.write_bytes(json.dumps(first.manifest).encode())
+        edit(**changes)
+        with pytest.raises(TokenmillError, match="verification wrote no record"):
+            tokenize_files([src], tmp_path / "p", gpt2_dir, append_eod=True)
 
 
 def first_outputs(result: Any) -> outputs_module.Outputs:

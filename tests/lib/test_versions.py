@@ -239,6 +239,21 @@ def test_merged_datasets_are_recorded_by_their_parts_and_never_read(
     assert any("docs_text_document.bin: sha256 of part 0" in p for p in problems)
 
 
+def test_a_bin_recorded_by_sha256_and_parts_is_checked_by_its_sha256(tmp_path: Path) -> None:
+    """A ``.bin`` entry holding both ``sha256`` and ``parts`` is checked against its
+    ``sha256``, the digest its content hash uses: a wrong one is a problem even when every
+    part matches."""
+    prefix = make_merged(tmp_path / "merged" / "docs_text_document", 40, seed=3)
+    path = dataset_manifest.dataset_manifest_path(prefix)
+    manifest = json.loads(path.read_bytes())
+    name = prefix.name + ".bin"
+    manifest["files"][name]["sha256"] = "0" * 64
+    path.write_text(json.dumps(manifest))
+    assert dataset_manifest.check_dataset_files(prefix, full=True) == [
+        f"{prefix}.bin: sha256 differs from the manifest"
+    ]
+
+
 def _rchar() -> int:
     """Bytes this process has read through read() calls so far (Linux /proc/self/io)."""
     text = Path("/proc/self/io").read_text()

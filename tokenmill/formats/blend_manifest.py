@@ -266,7 +266,7 @@ def check_file(path: Path, entry: dict[str, Any], *, hash_it: bool) -> str | Non
         return None if ok else f"{path}: sha256 differs from the recorded one"
     if parts_sha256(entry["parts"]) != entry.get("sha256_of_parts"):
         return f"{path}: sha256_of_parts is not the hash of the recorded parts"
-    problem = digest_problem(path, entry, "the recorded one")
+    problem = digest_problem(path, {"parts": entry["parts"]}, "the recorded one")
     return None if problem is None else f"{path}: {problem}"
 
 

@@ -170,9 +170,10 @@ def parts_sha256(parts: list[dict[str, Any]]) -> str:
 
 
 def digest_problem(path: Path, info: dict[str, Any], source: str = "the manifest") -> str | None:
-    """Rehash a file recorded as ``{sha256}`` (or each of its recorded ``parts``): why it
-    differs from ``source``, or None."""
-    if "parts" not in info:
+    """Rehash a file recorded as ``{sha256}`` (or, without one, each of its recorded
+    ``parts``: the content hash too takes ``sha256`` first): why it differs from ``source``,
+    or None."""
+    if "sha256" in info or "parts" not in info:
         return None if file_sha256(path) == info.get("sha256") else f"sha256 differs from {source}"
     offset = 0
     for i, part in enumerate(info["parts"]):

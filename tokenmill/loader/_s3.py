@@ -651,22 +651,28 @@ class BlockCache:
                 raise
 
 
-_HELD: set[int] = set()  # descriptors of the block locks this process holds
+_HELD: set[int] = set()  # descriptors of the block locks (flock) this process holds
+_CACHES: dict[tuple[str, int | None], BlockCache] = {}
 
 
-def _drop_inherited_locks() -> None:
-    """In a forked child: close the block locks it inherited (the parent's threads hold them):
-    an inherited descriptor would keep a lock held after the parent releases it, and the child
-    wait on it forever."""
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) gets fresh locks in its caches (a fetch thread of
+    its parent may have held one at the fork: the child would wait forever), none of its
+    parent's background jobs, reservations, failures or blocks held in memory for the parent's
+    writer (their threads are not in the child), and closes the block locks it inherited (an
+    inherited descriptor would keep a lock held after the parent releases it)."""
+    for cache in _CACHES.values():
+        cache._lock = threading.Lock()
+        cache._jobs, cache._inflight, cache._failed = [], 0, None
+        for key in [k for k, v in cache._maps.items() if isinstance(v.obj, bytes)]:
+            del cache._maps[key]
     for fd in list(_HELD):
         with contextlib.suppress(OSError):
             os.close(fd)
     _HELD.clear()
 
 
-os.register_at_fork(after_in_child=_drop_inherited_locks)
-
-_CACHES: dict[tuple[str, int | None], BlockCache] = {}
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def cache_for(root: str | os.PathLike[str], capacity: int | None) -> BlockCache:

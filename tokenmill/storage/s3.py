@@ -252,6 +252,19 @@ def _watchdog() -> _Watchdog:
     return found
 
 
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader worker) starts without its parent's watchdog and with
+    fresh locks (the "waiting" one, the clients'): another parent thread may have held one at
+    the fork (building a client takes 0.1-0.5 s under it), and the child would wait forever."""
+    global _CLIENTS_LOCK, _LOADER_LOCK
+    _Waiting._lock = threading.Lock()
+    _CLIENTS_LOCK, _LOADER_LOCK = threading.Lock(), threading.Lock()
+    _WATCHDOGS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @dataclass(frozen=True)
 class S3Object:
     """One listed object: key, size, ETag (quotes removed) and LastModified (epoch seconds)."""

@@ -28,8 +28,9 @@ With one worker (or one range) the run stays in process: a reader thread parses,
 thread encodes and the writer hashes while writing, at most two batches between stages
 (gigatoken's per-text ``encode`` holds the GIL, so the stages overlap only where numpy, hashing
 and I/O release it). The inputs' sha256 for the manifest is taken on another thread in both modes.
-A run whose outputs already record its inputs and settings writes nothing (nor verifies the
-tokenizer first, where they name its fingerprint and the installed library versions); any other
+A run whose outputs already record its inputs and settings writes nothing (nor verifies a
+tokenizer not verified in this cache first, where they name its fingerprint and the installed
+library versions and their vocab_size, dtype and eod_id hold together); any other
 run writes into a staging folder of its own and renames the finished files into place under the
 output's lock, manifest last (``tokenmill.tokenize.outputs``): a reader never meets a missing
 pair, and a failed run leaves no pair at the prefix.
@@ -57,7 +58,7 @@ from tokenmill.formats.dataset_manifest import (
     input_sha256,
     write_dataset_manifest,
 )
-from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path
+from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, optimal_dtype
 from tokenmill.formats.shard_records import IngestStats
 from tokenmill.ingest.records import ON_BAD_RECORD, Quarantine
 from tokenmill.ingest.sources import read_input_batches
@@ -80,11 +81,10 @@ from tokenmill.tokenize.procs import (
     EngineMismatch,
 )
 from tokenmill.tokenize.tokenizer import (
+    _cached_record,
     _library_versions,
     inspect_tokenizer,
     record_mismatch,
-    resolve_tokenizer_path,
-    tokenizer_fingerprint,
     verification_summary,
 )
 from tokenmill.tokenize.tokenizer_info import TokenizerInfo
@@ -291,17 +291,30 @@ def _attempts(
 def _recorded_settings(
     out: Outputs, tokenizer: str | os.PathLike[str], text_key: str, append_eod: bool
 ) -> dict[str, Any] | None:
-    """``byte_settings`` for a run with ``tokenizer``, read from the manifest at ``out`` without
-    verifying the tokenizer: where the manifest names this tokenizer's fingerprint and the
-    library versions installed now, its vocab_size, eod_id and dtype are what a verification
-    would find. None when there is no such manifest."""
+    """``byte_settings`` for a run with ``tokenizer`` not verified in this cache, read from the
+    manifest at ``out`` without verifying it: where the manifest names this tokenizer's
+    fingerprint and the library versions installed now, its vocab_size, eod_id and dtype are
+    what a verification would find (when they hold together: a hand-edited one may not). None
+    when there is no such manifest, or the tokenizer's record is cached (its facts are
+    compared then, as a verified run compares them)."""
     try:
         config = json.loads(out.manifest_bytes() or b"null")["config"]
         recorded = config["verification"]["libraries"]
     except (ValueError, RecursionError, TypeError, KeyError):  # the run will say what is wrong
         return None
-    fingerprint = tokenizer_fingerprint(*resolve_tokenizer_path(tokenizer))
+    _, _, fingerprint, _, cached = _cached_record(tokenizer)
+    if cached is not None:
+        return None
     if config.get("tokenizer_fingerprint") != fingerprint or recorded != _library_versions():
+        return None
+    vocab, eod = config.get("vocab_size"), config.get("eod_id")
+    if (
+        type(vocab) is not int
+        or vocab < 1
+        or config.get("dtype") != np.dtype(optimal_dtype(vocab)).name
+    ):
+        return None
+    if not ((type(eod) is int and 0 <= eod < vocab) or (eod is None and not append_eod)):
         return None
     return {
         "tokenizer_fingerprint": fingerprint,

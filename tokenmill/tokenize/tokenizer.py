@@ -137,8 +137,11 @@ def _library_versions() -> dict[str, str]:
     return out
 
 
-def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
-    """Facts and engine verdicts for a tokenizer; verifies it (once, cached) when needed."""
+def _cached_record(
+    path: str | os.PathLike[str],
+) -> tuple[Path, Path, str, Path, dict[str, Any] | None]:
+    """``(source, definition, fingerprint, record path, record)`` of a tokenizer: the record
+    of its verification in the cache, None when it was not verified here yet."""
     source, definition = resolve_tokenizer_path(path)
     fingerprint = tokenizer_fingerprint(source, definition)
     versions = {**_library_versions(), "unicodedata": unicodedata.unidata_version}
@@ -146,7 +149,12 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
     record_path = (
         cache_dir() / "tokenizers" / f"{hashlib.sha256(key_src.encode()).hexdigest()}.json"
     )
-    record = _read_record(record_path, fingerprint)
+    return source, definition, fingerprint, record_path, _read_record(record_path, fingerprint)
+
+
+def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
+    """Facts and engine verdicts for a tokenizer; verifies it (once, cached) when needed."""
+    source, definition, fingerprint, record_path, record = _cached_record(path)
     if record is None:
         run_verification(source, definition, fingerprint, record_path)
         record = _read_record(record_path, fingerprint)
