@@ -16,9 +16,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import botocore.session
 import pytest
-from botocore.exceptions import ClientError, ResponseStreamingError, UnknownServiceError
+from botocore.exceptions import ClientError, ResponseStreamingError
 from botocore.retries.standard import ExponentialBackoff
 from botocore.stub import Stubber
 
@@ -60,25 +59,6 @@ class _Body:
 def _client() -> Any:
     """A real S3 client that never reaches the network (answers come from a Stubber)."""
     return s3.make_client("http://127.0.0.1:9")
-
-
-def test_a_client_build_looks_its_service_up_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """botocore lists all ~450 service folders to check one name (0.08 CPU-s of a cold
-    start); the factory's loader checks the one folder, and lists all only when asked."""
-    monkeypatch.setattr(s3, "_LOADER", [])
-    listed: list[str] = []
-    real = os.listdir
-    monkeypatch.setattr(os, "listdir", lambda path=".": listed.append(path) or real(path))
-    _client()
-    assert 0 < len(listed) < 20
-    services = s3._LOADER[0].list_available_services("service-2")
-    assert "s3" in services and "sts" in services and "no-such-service" not in services
-    assert {"s3", "sts", "ec2"} <= set(services) and len(list(services)) > 100
-    session = botocore.session.get_session()  # other services (sts: credentials) still load
-    session.register_component("data_loader", s3._LOADER[0])
-    assert session.create_client("sts", region_name="us-east-1").meta.service_model.service_name
-    with pytest.raises(UnknownServiceError, match=r"Valid service names are: .*s3"):
-        session.create_client("no-such-service", region_name="us-east-1")
 
 
 def _cut() -> ResponseStreamingError:

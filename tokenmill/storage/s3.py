@@ -103,10 +103,7 @@ def make_client(endpoint_url: str | None, **config: Any) -> Any:
         if _LOADER:  # the parsed service models, shared: a second client costs ~50 ms, not 150
             session.register_component("data_loader", _LOADER[0])
         else:
-            loader = session.get_component("data_loader")
-            listing = loader.list_available_services
-            loader.list_available_services = lambda kind: _Services(loader, kind, listing)
-            _LOADER.append(loader)
+            _LOADER.append(session.get_component("data_loader"))
     client = boto3.session.Session(botocore_session=session).client(
         "s3",
         endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
@@ -114,27 +111,6 @@ def make_client(endpoint_url: str | None, **config: Any) -> Any:
     )
     _Waiting(client, limits["read_timeout"]).register()
     return client
-
-
-class _Services:
-    """What botocore's data loader answers for "which services have a model of this kind":
-    a name is looked up in its own folder, the full list made only when iterated (botocore
-    lists all ~450 service folders to check one name: ~900 listdir calls, 0.08 CPU-s, most
-    of a cold client build)."""
-
-    def __init__(self, loader: Any, kind: str, listing: Callable[[str], list[str]]) -> None:
-        self.loader, self.kind, self.listing = loader, kind, listing
-
-    def __contains__(self, name: object) -> bool:
-        from botocore.exceptions import DataNotFoundError
-
-        try:
-            return bool(self.loader.list_api_versions(name, self.kind))
-        except DataNotFoundError:
-            return False
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.listing(self.kind))
 
 
 _CLIENTS: dict[str, Any] = {}
