@@ -469,6 +469,35 @@ def test_up_to_date_outputs_need_no_verification(
     assert verified == [gpt2_dir, gpt2_dir]
 
 
+def test_a_damaged_pair_is_checked_once_around_a_first_use_verification(
+    gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run with a tokenizer not verified in this cache checks outputs its manifest's
+    settings describe before verifying; found damaged, they are not hashed again with the
+    verified settings (the same ones), only by the commit (which looks for another run's
+    pair), and the run rewrites the pair."""
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "ok"}\n{"text": "later on"}\n')
+    first = tokenize_files([src], tmp_path / "p", gpt2_dir, append_eod=True)
+    expected = pair_bytes(first.prefix)
+    bin_path = Path(f"{first.prefix}.bin")
+    damaged = bytearray(bin_path.read_bytes())
+    damaged[0] ^= 0xFF
+    bin_path.write_bytes(bytes(damaged))
+    monkeypatch.setenv("TOKENMILL_CACHE_DIR", str(tmp_path / "empty-cache"))
+    checks: list[Path] = []
+    real = outputs_module.file_problems
+
+    def counted(prefix: Path, *args: Any, **kwargs: Any) -> Any:
+        checks.append(prefix)
+        return real(prefix, *args, **kwargs)
+
+    monkeypatch.setattr(outputs_module, "file_problems", counted)
+    again = tokenize_files([src], tmp_path / "p", gpt2_dir, append_eod=True)
+    assert not again.reused and pair_bytes(again.prefix) == expected
+    assert checks.count(first.prefix) == 2  # before the verification, and by the commit
+
+
 def test_edited_tokenizer_facts_in_a_manifest_are_not_taken_as_up_to_date(
     gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

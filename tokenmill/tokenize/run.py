@@ -172,10 +172,13 @@ def tokenize_files(
             f"tokenizer {info.source}: id {info.max_id} does not fit {info.dtype.name}, the dtype "
             f"Megatron picks for len(tokenizer) = {info.vocab_size}"
         )
+    verified = byte_settings(info, text_key, append_eod)
     with out.locked():
         found = out.manifest_bytes()
-        manifest = out.up_to_date(
-            paths, uris, byte_settings(info, text_key, append_eod), on_bad_record
+        # the same settings were found not up to date before the verification: not checked
+        # (hashing the pair and inputs) twice
+        manifest = (
+            None if verified == settings else out.up_to_date(paths, uris, verified, on_bad_record)
         )
     if manifest is not None:
         return _reused(out, manifest, start)
