@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenmill.atomic import commit, create_temp, fsync_dir, remove_stale_temps, temp_dir
+from tokenmill.atomic import (
+    commit,
+    create_temp,
+    fsync_dir,
+    read_if_exists,
+    remove_stale_temps,
+    temp_dir,
+)
 from tokenmill.errors import FormatError
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
@@ -61,14 +68,6 @@ def input_bytes(inputs: list[Path]) -> int:
     return total
 
 
-def _read_or_none(path: Path) -> bytes | None:
-    """The bytes of ``path``; None when there is no such file."""
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return None
-
-
 @dataclass(frozen=True)
 class Outputs:
     """One run's outputs: the pair at ``prefix`` with its manifest, and the quarantine file."""
@@ -89,7 +88,7 @@ class Outputs:
 
     def manifest_bytes(self) -> bytes | None:
         """The manifest as it is now; None when there is none."""
-        return _read_or_none(self.manifest_path)
+        return read_if_exists(self.manifest_path)
 
     def up_to_date(
         self, inputs: list[Path], uris: list[str], settings: dict[str, Any], on_bad_record: str
