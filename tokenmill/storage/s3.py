@@ -213,19 +213,16 @@ class _Watchdog:
                 waiting.say(what)
 
 
-_WATCHDOGS: dict[int, _Watchdog] = {}  # by process id: a forked process starts its own
+_WATCHDOG: list[_Watchdog] = []  # this process's, once started (a forked child's starts empty)
 
 
 def _watchdog() -> _Watchdog:
     """This process's watchdog, started on first use."""
-    pid = os.getpid()
-    found = _WATCHDOGS.get(pid)
-    if found is None:
+    if not _WATCHDOG:
         with _Waiting._lock:
-            found = _WATCHDOGS.get(pid)
-            if found is None:
-                found = _WATCHDOGS[pid] = _Watchdog()
-    return found
+            if not _WATCHDOG:
+                _WATCHDOG.append(_Watchdog())
+    return _WATCHDOG[0]
 
 
 def _after_fork_in_child() -> None:
@@ -235,7 +232,7 @@ def _after_fork_in_child() -> None:
     global _CLIENTS_LOCK, _LOADER_LOCK
     _Waiting._lock = threading.Lock()
     _CLIENTS_LOCK, _LOADER_LOCK = threading.Lock(), threading.Lock()
-    _WATCHDOGS.clear()
+    _WATCHDOG.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
