@@ -124,11 +124,14 @@ def latest_storage_ids(
 
 
 def pool_slots(instance: DagsterInstance, pool: str) -> tuple[int, bool, set[str]]:
-    """``(slot count, whether it is the default limit, run ids holding a slot)`` of a pool.
-    Per-pool limits can only be read and set on the event log storage (``dagster instance
-    concurrency`` does the same); ``dagster.yaml`` cannot name them."""
+    """``(slot count, whether it is the default limit, run ids holding or queued for a slot)``
+    of a pool. A queued step counts: Dagster assigns a slot and claims it in two commits, so a
+    run killed between them holds the slot through its assigned step alone. Per-pool limits can
+    only be read and set on the event log storage (``dagster instance concurrency`` does the
+    same); ``dagster.yaml`` cannot name them."""
     info = instance.event_log_storage.get_concurrency_info(pool)
-    return info.slot_count, info.using_default_limit, {s.run_id for s in info.claimed_slots}
+    runs = {s.run_id for s in info.claimed_slots} | {s.run_id for s in info.pending_steps}
+    return info.slot_count, info.using_default_limit, runs
 
 
 def set_pool_slots(instance: DagsterInstance, pool: str, slots: int) -> None:
@@ -137,7 +140,7 @@ def set_pool_slots(instance: DagsterInstance, pool: str, slots: int) -> None:
 
 
 def free_pool_slots(instance: DagsterInstance, run_id: str) -> None:
-    """Free the slots a run that ended still claims (see :func:`pool_slots`)."""
+    """Free the slots a run that ended still claims or was assigned (see :func:`pool_slots`)."""
     instance.event_log_storage.free_concurrency_slots_for_run(run_id)
 
 

@@ -48,6 +48,21 @@ def test_instance_setup_gives_each_pool_one_slot_and_frees_ended_runs_slots() ->
         assert storage.get_concurrency_info("tokenmill_merged").claimed_slots == []
 
 
+def test_a_step_assigned_but_not_claimed_by_a_killed_run_is_freed() -> None:
+    """Dagster assigns a pool slot to a waiting step and claims it in two commits; a run killed
+    between them leaves an assigned step and no claimed slot, and every later step of the pool
+    waited forever (a CI hang after a SIGKILLed ``materialize``)."""
+    with DagsterInstance.ephemeral() as instance:
+        ensure_pool_limits(instance)
+        storage = instance.event_log_storage
+        storage.add_pending_step("tokenmill_merged", "killed-run", "merged", should_assign=True)
+        assert storage.get_concurrency_info("tokenmill_merged").claimed_slots == []
+        assert not storage.claim_concurrency_slot("tokenmill_merged", "next-run", "m").is_claimed
+        ensure_pool_limits(instance)  # both runs are unknown to the instance: both are freed
+        assert storage.get_concurrency_info("tokenmill_merged").pending_steps == []
+        assert storage.claim_concurrency_slot("tokenmill_merged", "next-run", "m").is_claimed
+
+
 def conflict(n: int) -> ConflictError:
     return ConflictError("merged/docs/current.json", "a" * 64, f"{n}" * 64, "c" * 64)
 
