@@ -2,31 +2,25 @@
 
 A merged dataset is a list of shards in merge (= append) order; a document is named by its shard
 key and its ordinal in that shard, and its global sequence id is its position in merge order
-(one sequence per document). Three steps, each stable under appending shards:
+(one sequence per document). Three steps, each stable under appending shards (the formulas are
+in docs/formats.md, "Growing indices"):
 
-1. **Split by identity.** A document's split is a function of (shard key, ordinal, seed) only:
-   ``h = splitmix64(base(key, seed) + (ordinal + 1)·φ)`` with ``base`` the first 8 bytes of
-   sha256 over the seed and the key and φ = 0x9E3779B97F4A7C15 (splitmix64's increment); the
-   top 53 bits of ``h`` are compared with the cumulative split fractions (``"80,10,10"``,
-   normalized, scaled to 2**53): below the first is train, below the second valid, else test.
-   The dataset's size never enters, so adding shards never moves a document between splits.
-2. **Pack.** A split's documents in merge order are one unshuffled epoch; samples are packed
-   across document (and shard) boundaries exactly as Megatron's sample index over that document
-   index (``sequence_length`` + the extra token, drop-last). Sample k starts at token k·S of the
-   split's stream, so appending documents only adds samples after the old last one.
-3. **Era shuffle** (Levanter's ``EraShufflingDataset``), train only: samples are cut into eras
-   of ``era_samples``; complete era e is permuted by sorting 64-bit keys
-   ``splitmix64(base(split, seed) + (i + 1)·φ)`` of its global sample positions i, a function
-   of (seed, split, e) alone. The trailing incomplete era is held back, also when no more data
-   will come (a finished dataset never emits its last ``< era_samples`` train samples), so
-   sample i never changes once emitted. Valid and test are evaluation sets, read whole or as a
-   stable prefix: they keep merge order (an era of 1 sample), so they hold nothing back but the
-   partial last sample and a small dataset has them from the start.
+1. **Split by identity.** A document's split is a function of (shard key, ordinal, seed) only: a
+   splitmix64 stream per shard compared with the cumulative split fractions. The dataset's size
+   never enters, so adding shards never moves a document between splits.
+2. **Pack.** A split's documents in merge order are one unshuffled epoch, packed as Megatron's
+   sample index over it (drop-last): sample k starts at token k·S of the split's stream, so
+   appending documents only adds samples after the old last one.
+3. **Era shuffle** (Levanter's ``EraShufflingDataset``), train only: each complete era of
+   ``era_samples`` samples is permuted by a function of (seed, split, era) alone. The trailing
+   incomplete era is held back, even when no more data will come, so sample i never changes
+   once emitted. Valid and test are evaluation sets, read whole or as a stable prefix: they keep
+   merge order (an era of 1 sample), so they hold nothing back but the partial last sample.
 
-There are no epochs: ``num_samples`` (``train_samples`` …) is a cap, the length is
-``min(num_samples, emitted)``; as data grows the length grows up to the cap (None = no cap).
-The arrays have the shapes and dtypes of Megatron's (document_index int32/int64, sample_index
-(rows, 2), shuffle_index uint32/int64), so the loader reads them unchanged.
+There are no epochs: ``num_samples`` (``train_samples`` …) is a cap (None: none), the length
+``min(num_samples, emitted)``. The arrays have the shapes and dtypes of Megatron's
+(document_index int32/int64, sample_index (rows, 2), shuffle_index uint32/int64), so the loader
+reads them unchanged.
 """
 
 from __future__ import annotations
@@ -48,7 +42,7 @@ from tokenmill.formats.dataset_manifest import (
 )
 from tokenmill.formats.indexed import IndexedDataset
 from tokenmill.indices._nanoset_indices import SPLITS, check_int, parse_split, shuffle_index_dtype
-from tokenmill.indices._sample_index import build_sample_index, count_samples
+from tokenmill.indices._sample_index import INT32_MAX, build_sample_index, count_samples
 
 __all__ = [
     "ERA_SAMPLES",
@@ -80,7 +74,6 @@ _PHI = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 _UNIT_BITS = 53
-INT32_MAX = int(np.iinfo(np.int32).max)
 
 
 # -- the shard table -----------------------------------------------------------------------------
@@ -287,13 +280,9 @@ def build_growing_indices(
         )
     else:  # row 0 points at the first document; with no document there is no row at all
         sample_index = np.zeros((1 if len(document_index) else 0, 2), dtype=np.int32)
-    return document_index, sample_index, era_shuffle(plan, seed, split), plan
-
-
-def era_shuffle(plan: GrowingPlan, seed: int, split: str) -> np.ndarray:
-    """The first ``plan.num_samples`` entries of the era-shuffled order of the emitted samples."""
     dtype = shuffle_index_dtype(plan.num_samples, "megatron")
-    return era_shuffle_range(seed, split, plan.era_samples, 0, plan.num_samples, dtype)
+    shuffle_index = era_shuffle_range(seed, split, era, 0, plan.num_samples, dtype)
+    return document_index, sample_index, shuffle_index, plan
 
 
 def era_shuffle_range(

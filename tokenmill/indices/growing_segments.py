@@ -2,28 +2,26 @@
 
 Under growing semantics a dataset version that only appends shards only appends rows to each
 split's three arrays (``tokenmill.indices.growing``). An entry built with its predecessor's
-description at hand therefore writes just the rows after the predecessor's and records the
-predecessor's array files as its first parts (*segments*, oldest first): a refresh writes and
-uploads O(new documents + new samples) bytes and computes only those rows. Readers see the
-concatenation (``tokenmill.formats.nanoset_cache.SegmentedArray``), equal row for row to the
-arrays a full build makes (tests compare the bytes).
+description at hand writes just the rows after the predecessor's and records the predecessor's
+array files as its first parts (*segments*, oldest first): a refresh computes, writes and uploads
+O(new documents + new samples) bytes. Readers see the concatenation
+(``tokenmill.formats.nanoset_cache.SegmentedArray``), equal row for row to a full build.
 
-The rows after any point follow from a small **state** recorded there (JSON, in the
-description's ``growth``): ``shards`` and ``shard_table_sha256`` (the dataset's shards so far),
-``documents`` (their documents), ``split_documents``, ``tokens``, ``emitted`` (E) and
-``num_samples`` of the split, ``row`` (sample-index row E: where sample E starts) and ``at``
-(the global id of the document ``row`` points into). Sample k of the split starts at token
-k·S of its stream, so the rows after E need only the documents from ``at`` on.
+The rows after any point follow from a small **state** recorded there (the description's
+``growth``; fields in docs/formats.md, "Growing entries: segments"): sample k starts at token
+k·S of the split's stream, so the rows after it need only the documents from ``at`` (the one
+its last sample-index row points into) on.
 
 Segments are compacted like a binary counter: the new part absorbs the trailing segments while
-the last is at most twice the part's size (recomputed from the state before them; absorbing
-the first segment is a full build). Each segment is then more than twice the next, so an entry
-has O(log dataset) segments and a row is rewritten O(log dataset) times over the growth.
+the last is at most twice the part's size (absorbing the first segment is a full build). Each
+segment is then more than twice the next: O(log dataset) segments, each row rewritten
+O(log dataset) times over the growth.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,9 +29,8 @@ import numpy as np
 from tokenmill.errors import ConfigError
 from tokenmill.formats.nanoset_cache import ARRAYS, segment_keys
 from tokenmill.indices._nanoset_indices import SPLITS, shuffle_index_dtype
-from tokenmill.indices._sample_index import count_samples, sample_index_dtype
+from tokenmill.indices._sample_index import INT32_MAX, count_samples, sample_index_dtype
 from tokenmill.indices.growing import (
-    INT32_MAX,
     GrowingPlan,
     document_splits,
     era_shuffle_range,
@@ -55,16 +52,23 @@ def end_state(
     if plan.emitted == 0:
         return None
     p, offset = (int(v) for v in sample_index[plan.emitted])
+    return _state(shards, len(document_index), plan, [p, offset], int(document_index[p]))
+
+
+def _state(
+    shards: ShardTable, split_documents: int, plan: GrowingPlan, row: list[int], at: int
+) -> dict[str, Any]:
+    """The recorded state after ``plan``'s emitted samples (docs/formats.md lists the fields)."""
     return {
         "shards": len(shards),
         "shard_table_sha256": shard_table_hash(shards),
         "documents": sum(n for _, n in shards),
-        "split_documents": len(document_index),
+        "split_documents": split_documents,
         "tokens": plan.tokens,
         "emitted": plan.emitted,
         "num_samples": plan.num_samples,
-        "row": [p, offset],
-        "at": int(document_index[p]),
+        "row": row,
+        "at": at,
     }
 
 
@@ -115,35 +119,20 @@ def rows_after(
         plan.num_samples,
         shuffle_index_dtype(plan.num_samples, "megatron"),
     )
-    total = int(counts.sum())
-    doc_rows = new.astype(np.int32 if total <= INT32_MAX else np.int64)
-    last = (int(rows[-1, 0]), int(rows[-1, 1]), int(ids[c[-1]])) if len(ks) else (p, offset, at)
-    after = {
-        "shards": len(shards),
-        "shard_table_sha256": shard_table_hash(shards),
-        "documents": total,
-        "split_documents": documents,
-        "tokens": tokens,
-        "emitted": plan.emitted,
-        "num_samples": plan.num_samples,
-        "row": [last[0], last[1]],
-        "at": last[2],
-    }
-    return [doc_rows, rows, shuffle], plan, after
+    doc_rows = new.astype(np.int32 if int(counts.sum()) <= INT32_MAX else np.int64)
+    row, at = ([int(v) for v in rows[-1]], int(ids[c[-1]])) if len(ks) else ([p, offset], at)
+    return [doc_rows, rows, shuffle], plan, _state(shards, documents, plan, row, at)
 
 
+@dataclass(frozen=True)
 class Extension:
     """What an entry that extends its predecessor writes: its own part's arrays, the plan, the
     state at its end and the segments before it (``files`` records and states, oldest first)."""
 
-    def __init__(
-        self,
-        arrays: list[np.ndarray],
-        plan: GrowingPlan,
-        state: dict[str, Any],
-        segments: list[dict[str, Any]],
-    ) -> None:
-        self.arrays, self.plan, self.state, self.segments = arrays, plan, state, segments
+    arrays: list[np.ndarray]
+    plan: GrowingPlan
+    state: dict[str, Any]
+    segments: list[dict[str, Any]]
 
     def records(self) -> dict[str, dict[str, Any]]:
         """The segments' file records, keyed ``<array>.<i>`` as the description keeps them."""
@@ -180,14 +169,6 @@ def _same_settings(previous: Mapping[str, Any], key: Mapping[str, Any]) -> bool:
     return key.get("semantics") == "growing" and {
         k: v for k, v in old.items() if k not in data
     } == {k: v for k, v in key.items() if k not in data}
-
-
-def _dtypes(chain: list[dict[str, Any]], arrays: list[np.ndarray]) -> bool:
-    """True when the new part's dtypes are those of every segment (else: build whole)."""
-    wanted = [np.dtype(a.dtype).str for a in arrays]
-    return all(
-        [np.dtype(s["files"][name]["dtype"]).str for name in ARRAYS] == wanted for s in chain
-    )
 
 
 def _data_bytes(segment: Mapping[str, Any]) -> int:
@@ -227,6 +208,7 @@ def plan_extension(
         return None
     if absorbed:
         arrays, plan, after = rows_after(chain[-1]["end"], lengths, shards, key, masked)
-    if not _dtypes(chain, arrays):
+    wanted = [a.dtype.str for a in arrays]  # a segment of another dtype: build whole
+    if any([np.dtype(s["files"][n]["dtype"]).str for n in ARRAYS] != wanted for s in chain):
         return None
     return Extension(arrays, plan, after, chain)
