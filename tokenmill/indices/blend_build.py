@@ -2,14 +2,10 @@
 the ``manifest.json`` pointer to it. Layout and reader: ``tokenmill.formats.blend_manifest``;
 plan and version: ``blend_plan``, ``blend_versioning``.
 
-A build computes the version first (:func:`prepare_blend`: sha256 of the canonical JSON of every
-setting, each dataset's content hash and path, and each Nanoset cache hash), so rebuilding an
-unchanged blend finds the complete version folder and reuses it (same bytes, nothing rewritten).
-A new version is written into a temp folder ``versions/.tmp/<version16>.tmp-<host>-<pid>-<rand>``
-and renamed into place when complete; only then is the pointer replaced, by compare-and-swap
-under the pointer's lock against the version read before the inputs (a build that lost a race
-to a newer one leaves the pointer at the newer version: ConflictError). A failed build (any
-exception, a full disk, a kill) leaves the previous pointer and version untouched.
+The version is computed first (``prepare_blend``), so an unchanged blend reuses its complete
+version folder. A new version is written into ``versions/.tmp/`` and renamed into place when
+complete; only then does the pointer move (compare-and-swap). A failed build (any exception, a
+full disk, a kill) leaves the previous pointer and version untouched.
 
 ``manifest.json`` (keys sorted; lists keep the blend's dataset order, which the indices use)::
 
@@ -44,6 +40,7 @@ import os
 import posixpath
 import shutil
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +73,6 @@ from tokenmill.indices.blend_versioning import (
     complete_version,
     prepare_blend,
     settings_header,
-    weighting,
 )
 from tokenmill.indices.nanoset import FetchEntry, NanosetIndex, build_or_load
 from tokenmill.indices.settings import BlendSettings
@@ -93,52 +89,35 @@ def build_blend(
     fetch: FetchEntry | None = None,
     expected: Expected = READ_AT_START,
 ) -> dict[str, Any]:
-    """Build (or reuse) the blend's version, then point ``output_dir/manifest.json`` at it.
+    """Build (or reuse) the blend's version, then point ``output_dir/manifest.json`` at it;
+    returns the pointer manifest (paths relative to ``output_dir``).
 
-    Each dataset's index caches are built or reused; the version (``versions/<v16>/``: blend
-    arrays + manifest) is written only when no complete folder of that version exists. Returns
-    the pointer manifest (``output_dir/manifest.json``, paths relative to ``output_dir``). On any
-    error the previous pointer and versions are left as they were. ``fetch`` is passed to
-    ``build_or_load`` (e.g. a pipeline step's download of an index entry stored on S3).
-    A dataset left out of a split is listed in the returned manifest's
-    ``splits.<split>.skipped``. Growing semantics: ``train_samples`` may be None (no cap), and
-    the manifest says whether the version ``extends`` the current one
-    (``tokenmill.indices.growing_blend``).
-
-    The pointer moves by compare-and-swap (``tokenmill.storage.versions.swap_pointer``) against
-    ``expected`` (the pointer's version read by the caller before it read the inputs; by
-    default the version this call reads before anything else): ConflictError, with this
-    build's version complete and the pointer left as found, when another build moved it
-    meanwhile to another version.
+    Each dataset's index caches are built or reused (``fetch``: ``build_or_load``'s, e.g. a
+    download from S3); the version folder is written only when no complete one exists. The
+    pointer moves by compare-and-swap (``swap_pointer``) against ``expected`` (the pointer's
+    version read before the inputs; by default read first by this call): ConflictError, with
+    this build's version complete and the pointer left as found, when another build moved it.
     """
     root = Path(output_dir)
     mpath = root / MANIFEST_NAME
     read_at_start = pointer_version(mpath) if expected == READ_AT_START else expected
     entries, plan, version = prepare_blend(name, datasets, root, cache_dir, settings)
-    configured, prefixes = plan.weights, plan.prefixes
     vdir = root / VERSIONS_DIR / version[:16]
-    plan = Plan(**{**plan.__dict__, "base": vdir, "fetch": fetch})
+    plan = replace(plan, base=vdir, fetch=fetch)
     remove_stale_temps(vdir)  # temp version folders of killed builds (versions/.tmp/ only)
-    predicted = plan.cache_hashes()
-    caches = {}
-    for split in SPLITS:
-        if split in predicted:
-            caches[split] = _split_caches(plan, split, predicted[split])
+    caches = {split: _split_caches(plan, split, h) for split, h in plan.cache_hashes().items()}
     manifest = complete_version(vdir, version)
     if manifest is None:
-        normalized = blending.normalize_weights(configured).tolist()
+        normalized = blending.normalize_weights(plan.weights).tolist()
         header = {
             "format_version": FORMAT_VERSION,
             "kind": KIND,
             "name": name,
             "version": version,
-            **settings_header(plan.settings),
-            "weighting": {
-                **weighting(prefixes, settings.weights, settings.temperature),
-                "normalized": dict(zip(prefixes, normalized, strict=True)),
-            },
+            **settings_header(plan, settings.weights, settings.temperature),
             "datasets": entries,
         }
+        header["weighting"]["normalized"] = dict(zip(plan.prefixes, normalized, strict=True))
         if plan.growing is not None:
             era = settings.nanoset.era_samples
             header["growing"] = {"era_samples": era, "inputs": plan.growing.inputs}
@@ -182,11 +161,7 @@ def _write_version(
     vdir.parent.mkdir(parents=True, exist_ok=True)
     staging, _ = create_temp(vdir, Path.mkdir)
     try:
-        splits = {}
-        for position, split in enumerate(SPLITS):
-            if split in caches:
-                ranges = plan.ranges(position)
-                splits[split] = _build_split(plan, staging, split, ranges, caches[split])
+        splits = {split: _build_split(plan, staging, split, c) for split, c in caches.items()}
         manifest = seal({**header, "splits": splits})
         write_json(staging / MANIFEST_NAME, manifest)
         remove_temp_dir(staging)  # a private folder: a version holds no .tmp/
@@ -299,7 +274,6 @@ def _build_split(
     plan: Plan,
     folder: Path,
     split: str,
-    ranges: dict[str, tuple[int, int] | None],
     caches: tuple[list[NanosetIndex], list[int | None]],
 ) -> dict[str, Any]:
     """One split: blend arrays written into ``folder``, and the split's manifest part."""
@@ -316,7 +290,7 @@ def _build_split(
         files[array] = {**file_entry(path, folder), "path": path.name}
     used = np.bincount(np.asarray(dataset_index, dtype=np.int64), minlength=len(indices))
     position = SPLITS.index(split)
-    present = plan.present(position)
+    ranges, present = plan.ranges(position), plan.present(position)
     parts = []
     for name, ix, num, n_used in zip(present, indices, counts, used.tolist(), strict=True):
         span = ranges[name]  # None under growing semantics only (no range)

@@ -27,7 +27,7 @@ from tokenmill.indices._nanoset_indices import parse_split
 from tokenmill.indices.blend_plan import Plan, check_settings, dataset_entry
 from tokenmill.indices.growing import shard_lineage
 from tokenmill.indices.nanoset import index_lengths
-from tokenmill.indices.settings import BlendSettings, NanosetSettings
+from tokenmill.indices.settings import BlendSettings
 from tokenmill.storage.versions import version_hash
 
 
@@ -89,8 +89,13 @@ def blend_data_version(settings: BlendSettings, members: Sequence[tuple[str, str
     return version_hash(description)
 
 
-def settings_header(settings: NanosetSettings) -> dict[str, Any]:
-    """The settings as a blend manifest records them."""
+def settings_header(
+    plan: Plan, weights: Mapping[str, float] | None, temperature: float | None
+) -> dict[str, Any]:
+    """The settings and configured weighting as a blend manifest records them (the build adds
+    the normalized weights)."""
+    settings = plan.settings
+    configured = None if weights is None else {n: float(weights[n]) for n in plan.prefixes}
     return {
         "semantics": settings.semantics,
         "sequence_length": settings.sequence_length,
@@ -98,15 +103,8 @@ def settings_header(settings: NanosetSettings) -> dict[str, Any]:
         "drop_last_partial_validation": settings.drop_last_partial_validation,
         "split": settings.split_spec,
         "seed": settings.seed,
+        "weighting": {"weights": configured, "temperature": temperature},
     }
-
-
-def weighting(
-    prefixes: Mapping[str, Path], weights: Mapping[str, float] | None, temperature: float | None
-) -> dict[str, Any]:
-    """The configured weighting as a manifest records it (without the normalized weights)."""
-    configured = None if weights is None else {n: float(weights[n]) for n in prefixes}
-    return {"weights": configured, "temperature": temperature}
 
 
 def _current_manifest(root: Path) -> dict[str, Any] | None:
@@ -146,8 +144,7 @@ def _grow(
         state = replace(state, inputs=inputs, extends=current.get("extends"))
         return replace(plan, growing=state), str(current["version"])  # unchanged: reuse it
     header = {
-        **settings_header(plan.settings),
-        "weighting": weighting(plan.prefixes, weights, temperature),
+        **settings_header(plan, weights, temperature),
         "growing": {"era_samples": state.era_samples},
     }
     state = replace(state, inputs=inputs)

@@ -58,8 +58,7 @@ def cache_key(
         "drop_last_partial": bool(settings.drop_last(split)),
     }
     if settings.semantics == "growing":
-        era = growing.split_era(split, settings.era_samples)
-        key["era_samples"] = check_int("era_samples", era, minimum=1)
+        key["era_samples"] = growing.split_era(split, settings.era_samples)
         key["shard_table_sha256"] = shard_table_sha256
     return key
 
@@ -79,44 +78,29 @@ def entry_key(
     (growing: if its split weight is 0; an entry may hold 0 samples until one era is there).
     ``masked``: the sequence ids the dataset masks (megatron and nanotron split the rest)."""
     check_choices(split, settings.semantics)
+    position, table_hash = SPLITS.index(split), None
     if settings.semantics == "growing":
-        return _growing_entry_key(num_sequences, content_hash, split, settings, num_samples, shards)
-    indexed = num_sequences - (0 if masked is None else len(masked))
-    split_range = split_ranges(settings.split_spec, indexed, settings.semantics)[
-        SPLITS.index(split)
-    ]
-    if split_range is None or split_range[0] >= split_range[1]:
-        return None
-    key = cache_key(content_hash, split, settings, split_range, num_samples)
-    return key, cache.key_hash(key)
-
-
-def _growing_entry_key(
-    num_sequences: int,
-    content_hash: str,
-    split: str,
-    settings: NanosetSettings,
-    num_samples: int | None,
-    shards: ShardTable | None,
-) -> tuple[dict[str, Any], str] | None:
-    """:func:`entry_key` of growing semantics (checks the shard table against the dataset)."""
-    if shards is None:
-        raise ConfigError("growing semantics needs the dataset's shard table (shards=...)")
-    if sum(n for _, n in shards) != num_sequences:
-        raise ConfigError(
-            f"the shard table counts {sum(n for _, n in shards)} documents, the dataset has "
-            f"{num_sequences} sequences: growing semantics needs one sequence per document"
-        )
-    if not settings.drop_last(split):
-        raise ConfigError(
-            "growing semantics always drops the last partial sample (it would change when data "
-            "is added): drop_last_partial_validation must be true"
-        )
-    if parse_split(settings.split_spec)[SPLITS.index(split)] == 0:
-        return None
-    key = cache_key(
-        content_hash, split, settings, None, num_samples, growing.shard_table_hash(shards)
-    )
+        if shards is None:
+            raise ConfigError("growing semantics needs the dataset's shard table (shards=...)")
+        if sum(n for _, n in shards) != num_sequences:
+            raise ConfigError(
+                f"the shard table counts {sum(n for _, n in shards)} documents, the dataset has "
+                f"{num_sequences} sequences: growing semantics needs one sequence per document"
+            )
+        if not settings.drop_last(split):
+            raise ConfigError(
+                "growing semantics always drops the last partial sample (it would change when "
+                "data is added): drop_last_partial_validation must be true"
+            )
+        if parse_split(settings.split_spec)[position] == 0:
+            return None
+        split_range, table_hash = None, growing.shard_table_hash(shards)
+    else:
+        indexed = num_sequences - (0 if masked is None else len(masked))
+        split_range = split_ranges(settings.split_spec, indexed, settings.semantics)[position]
+        if split_range is None or split_range[0] >= split_range[1]:
+            return None
+    key = cache_key(content_hash, split, settings, split_range, num_samples, table_hash)
     return key, cache.key_hash(key)
 
 
