@@ -2,19 +2,14 @@
 its manifest, never reading a ``.bin``) and, per split, the ranges, skipped datasets, sample
 counts and Nanoset cache hashes, all computed before anything is written.
 
-A split whose spec weight is 0 is absent. A dataset whose split yields no sample (an empty split
-range, e.g. no test documents with "949,50,1" on a small dataset; or too few tokens for one
-sample) is left out of that split and listed in its ``skipped`` with the reason; the other
-datasets are blended as if it were not in the blend (a weighted split renormalizes the
-remaining configured weights: the blend Megatron builds from those datasets alone). A split
-every dataset is left out of is absent, like a 0-weight split. Sizes follow FORMATS
-§7.2/§7.3: a train split (and a valid/test split with a requested sample count) is a weighted
-blend; megatron builds each
-dataset's index with ``ceil(ceil(N·w)·1.005)`` samples and blends ``Σ ceil(N·w)``, nanotron
-builds ``int(N·w·1.005)`` and blends ``N`` with wrap-around. A valid/test split without a
-requested count uses one epoch of every dataset: megatron blends them exhaustively (every
-sample exactly once, Megatron's full-validation rule: proportions follow dataset sizes),
-nanotron blends ``Σ len`` samples with the configured weights (its reference behaviour).
+A split whose spec weight is 0 is absent. A dataset whose split yields no sample (an empty
+range, or too few tokens for one sample) is left out of that split and listed in its ``skipped``
+with the reason; the others are blended as if it were not in the blend (weights renormalized:
+the blend Megatron builds from those datasets alone); a split every dataset is left out of is
+absent. A train split, and a valid/test split with a requested count, is a weighted blend (sizes:
+FORMATS §7.2/§7.3). A valid/test split without one uses one epoch of every dataset: megatron
+blends them exhaustively (every sample once, Megatron's full-validation rule), nanotron blends
+``Σ len`` samples with the configured weights (its reference behaviour).
 """
 
 from __future__ import annotations
@@ -73,22 +68,26 @@ def dataset_entry(name: str, prefix: Path, base: Path) -> dict[str, Any]:
     has_manifest = dataset_manifest_path(prefix).is_file()
     if has_manifest and not index_file_path(prefix).is_file():
         manifest = read_dataset_manifest(prefix)
-        if is_virtual(manifest):
-            return _virtual_entry(name, prefix, base, manifest)
+        if is_virtual(manifest):  # its manifest records every shard pair's digests: none is read
+            entry = {
+                "name": name,
+                "prefix": os.path.relpath(prefix, base),
+                "content_hash": str(manifest["content_hash"]),
+                "dtype": str(manifest["dtype"]),
+                "num_sequences": int(manifest["counts"]["sequences"]),
+                "num_tokens": int(manifest["counts"]["tokens"]),
+                "files": {"manifest": file_entry(dataset_manifest_path(prefix), base)},
+            }
+            return entry | ({"takedown": manifest["takedown"]} if "takedown" in manifest else {})
     # The .idx header and counts; with a manifest the .bin need not even be there (an S3 step
     # stages the .idx and manifest only), else it is sized and hashed.
     data = IndexedDataset(prefix, index_only=has_manifest)
-    recorded: dict[str, Any] | None = None
-    if has_manifest:
-        manifest = read_dataset_manifest(prefix)
-        if data_file_path(prefix).is_file():
-            problems = file_problems(prefix, manifest, full=False)
-        else:
-            dataset_content_hash(prefix, index_only=True)  # the .idx size, or FormatError
-            problems = []
-        if problems:
+    recorded = read_dataset_manifest(prefix) if has_manifest else None
+    if recorded is not None and data_file_path(prefix).is_file():
+        if problems := file_problems(prefix, recorded, full=False):
             raise FormatError(prefix, "files", "; ".join(problems))
-        recorded = manifest
+    elif recorded is not None:
+        dataset_content_hash(prefix, index_only=True)  # the .idx size, or FormatError
     files = {}
     for kind, path in (("bin", data_file_path(prefix)), ("idx", index_file_path(prefix))):
         if recorded is None:
@@ -108,24 +107,6 @@ def dataset_entry(name: str, prefix: Path, base: Path) -> dict[str, Any]:
         "num_tokens": data.num_tokens,
         "files": files,
     }
-
-
-def _virtual_entry(name: str, prefix: Path, base: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """A virtual merge's identity: its manifest's digest (the manifest records every shard
-    pair's digests in turn), content hash, dtype and counts, and its ``takedown`` record when it
-    masks documents; no shard file is read."""
-    entry = {
-        "name": name,
-        "prefix": os.path.relpath(prefix, base),
-        "content_hash": str(manifest["content_hash"]),
-        "dtype": str(manifest["dtype"]),
-        "num_sequences": int(manifest["counts"]["sequences"]),
-        "num_tokens": int(manifest["counts"]["tokens"]),
-        "files": {"manifest": file_entry(dataset_manifest_path(prefix), base)},
-    }
-    if "takedown" in manifest:
-        entry["takedown"] = manifest["takedown"]
-    return entry
 
 
 def check_settings(
@@ -263,21 +244,20 @@ class Plan:
             if not present:
                 continue
             nums = dict(zip(present, self.counts(split), strict=True))
-            hashes: list[str | None] = []
-            for name in self.prefixes:
-                entry = None
-                if name in nums:  # a skipped dataset has no index in the split
-                    lengths, content = self.lengths[name], self.content_hashes[name]
-                    entry = entry_key(
-                        len(lengths),
-                        content,
-                        split,
-                        self.settings,
-                        nums[name],
-                        shards=shards.get(name),
-                    )
-                hashes.append(None if entry is None else entry[1])
-            found[split] = hashes
+            keys = [  # a skipped dataset has no index in the split
+                entry_key(
+                    len(self.lengths[n]),
+                    self.content_hashes[n],
+                    split,
+                    self.settings,
+                    nums[n],
+                    shards=shards.get(n),
+                )
+                if n in nums
+                else None
+                for n in self.prefixes
+            ]
+            found[split] = [None if key is None else key[1] for key in keys]
         return found
 
 
