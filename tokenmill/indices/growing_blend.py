@@ -1,27 +1,23 @@
 """Blends of growing datasets: each version of a split starts with its predecessor's samples.
 
-Under growing semantics every dataset's index of a split only ever extends (see
-``tokenmill.indices.growing``), and the blend keeps that property:
+Under growing semantics every dataset's index of a split only ever extends
+(``tokenmill.indices.growing``), and the blend keeps that property:
 
 - **Weighted blends.** Megatron's greedy interleave with fixed weights picks step i's dataset
   from the step and the counts so far only, never from the datasets' sizes, so its first n picks
-  are the same for any sizes. The blend is cut at the first pick a dataset cannot supply yet
-  (the largest size every dataset can supply without oversampling: no epochs), then at the cap
-  (``*_samples``; None = no cap). Growth only moves the cut later.
+  are the same for any sizes. The blend is cut at the first pick a dataset cannot supply yet (no
+  epochs), then at the cap (``*_samples``; None = no cap): growth only moves the cut later.
 - **Temperature blends.** The weights follow the datasets' token counts, so they change as data
   grows. A version that extends its predecessor keeps the predecessor's arrays and continues
   the greedy loop from its per-dataset counts with the new weights (then cuts as above).
-- **Extends.** A build extends the blend's current version (``"extends": <version>``) when the
-  current version is growing, every setting but the caps is the same (sequence length, flags,
-  split, seed, era size, weighting, the datasets and their order), each dataset's shard lineage
-  (``growing.shard_lineage``: key, documents, content hash per shard) starts with the one
-  recorded by the current version, and no cap is below the current split size. Otherwise
-  (edited or removed shards, changed settings, no current version) ``"extends": null`` and the
-  arrays are built from scratch. A rebuild with unchanged inputs reuses the current version.
+- **Extends.** A build extends the current version when every setting but the caps is the same,
+  each dataset's shard lineage starts with the recorded one and no cap is below the current
+  size (docs/formats.md, ``extends``); else its arrays are built from scratch. A rebuild with
+  unchanged inputs reuses the current version.
 
-Every dataset of the blend stays in every split with a non-zero weight (a dataset whose split
-has no whole era yet has length 0, which holds the blend at 0 samples until it has one),
-because leaving one out would renormalize the weights and change the order later on.
+Every dataset stays in every split with a non-zero weight (one whose split has no whole era yet
+has length 0, holding the blend at 0 samples until it has one): leaving one out would
+renormalize the weights and change the order later on.
 """
 
 from __future__ import annotations
@@ -50,16 +46,6 @@ __all__ = [
     "growing_weights",
     "lineage_record",
 ]
-
-# Settings of a blend manifest that must match for a version to extend another.
-SAME_SETTINGS = (
-    "semantics",
-    "sequence_length",
-    "add_extra_token",
-    "drop_last_partial_validation",
-    "split",
-    "seed",
-)
 
 
 @dataclass(frozen=True)
@@ -207,20 +193,18 @@ def extends_previous(
     lineages: Mapping[str, Lineage],
     sizes: Mapping[str, int | None],
 ) -> bool:
-    """True when a blend with ``header`` (settings, ``weighting``, ``growing.era_samples``)
-    over datasets with ``lineages`` (in blend order) extends the ``previous`` manifest."""
+    """True when a blend with ``header`` (``blend_versioning.settings_header`` and
+    ``growing.era_samples``) over datasets with ``lineages`` (in blend order) extends the
+    ``previous`` manifest."""
     if previous is None or previous.get("semantics") != "growing":
         return False
-    if any(previous.get(k) != header[k] for k in SAME_SETTINGS):
-        return False
-    if previous.get("growing", {}).get("era_samples") != header["growing"]["era_samples"]:
-        return False
-    old_weighting, new_weighting = previous["weighting"], header["weighting"]
-    if [old_weighting.get(k) for k in ("weights", "temperature")] != [
-        new_weighting.get(k) for k in ("weights", "temperature")
-    ]:
-        return False
-    if [ds["name"] for ds in previous["datasets"]] != list(lineages):
+    same = (
+        all(previous.get(k) == v for k, v in header.items() if k not in ("weighting", "growing"))
+        and previous.get("growing", {}).get("era_samples") == header["growing"]["era_samples"]
+        and {k: previous["weighting"].get(k) for k in header["weighting"]} == header["weighting"]
+        and [ds["name"] for ds in previous["datasets"]] == list(lineages)
+    )
+    if not same:
         return False
     for ds in previous["datasets"]:
         recorded = ds.get("shards") or {}
