@@ -110,12 +110,9 @@ def settings_header(
 def _current_manifest(root: Path) -> dict[str, Any] | None:
     """The blend's current pointer manifest, or None when there is none, it is unreadable or
     its version folder is incomplete (a build then extends nothing, and replaces it)."""
-    mpath = root / MANIFEST_NAME
     try:
-        current = read_blend_manifest(mpath) if mpath.is_file() else None
+        current = read_blend_manifest(root / MANIFEST_NAME)
     except FormatError:
-        return None
-    if current is None:
         return None
     version = str(current["version"])
     return current if complete_version(root / VERSIONS_DIR / version[:16], version) else None
@@ -210,8 +207,7 @@ def prepare_blend(
         content_hashes={e["name"]: e["content_hash"] for e in entries},
     )
     if nanoset.semantics == "growing":
-        plan, version = _grow(entries, plan, root, weights, temperature)
-        return PreparedBlend(entries, plan, version)
+        return PreparedBlend(entries, *_grow(entries, plan, root, weights, temperature))
     return PreparedBlend(entries, plan, version_of(entries, plan, weights, temperature))
 
 
@@ -221,8 +217,6 @@ def complete_version(vdir: Path, version: str) -> dict[str, Any] | None:
     reuse. Only the folder's own files are looked at: the datasets and index caches it reads
     are fixed by the version hash, and a remote step need not stage a merged ``.bin``."""
     mpath = vdir / MANIFEST_NAME
-    if not mpath.is_file():
-        return None
     try:
         manifest = read_blend_manifest(mpath)
         if manifest.get("version") != version:
