@@ -65,16 +65,12 @@ def split_ranges(split: str, num_sequences: int, semantics: str) -> list[tuple[i
     n = check_int("num_sequences", num_sequences, minimum=0)
     weights = parse_split(split)
     if semantics == "megatron":
-        bookends: list[float] = [0]
-        for w in weights:
-            bookends.append(bookends[-1] + w)
+        bookends = itertools.accumulate(weights, initial=0.0)
         return [
             None if hi <= lo else (round(lo * float(n)), round(hi * float(n)))
             for lo, hi in itertools.pairwise(bookends)
         ]
-    bounds = [0]
-    for w in weights:
-        bounds.append(bounds[-1] + round(w * float(n)))
+    bounds = list(itertools.accumulate((round(w * float(n)) for w in weights), initial=0))
     excess = bounds[-1] - n
     bounds = [bounds[0]] + [b - excess for b in bounds[1:]]
     ranges = [None if w == 0.0 else (bounds[i], bounds[i + 1]) for i, w in enumerate(weights)]

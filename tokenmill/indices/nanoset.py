@@ -1,30 +1,23 @@
 """Nanoset indices: split ranges, document/sample/shuffle indices, and their on-disk cache.
 
 ``semantics="megatron"`` follows megatron-core GPTDataset and ``semantics="nanotron"`` the
-index-era nanotron Nanoset, both bit-exact (FORMATS.md §4–§6; the algorithms are in
-``tokenmill.indices._nanoset_indices``). :func:`build_or_load` caches one split's arrays as
-``<hash>-Nanoset-<split>-{document,sample,shuffle}_index.npy`` plus
-``<hash>-Nanoset-<split>-description.json`` (written last). The hash is the md5 of an ordered
-JSON key holding everything that changes the arrays: the dataset's content hash, semantics,
-split string and range, sequence length, seed, num_samples, both flags and the format version
-(both references leave some of these out, so they can reuse a stale cache; we do not).
+index-era nanotron Nanoset, both bit-exact (FORMATS.md §4–§6; algorithms in
+``_nanoset_indices``); ``semantics="growing"`` (``growing``) only ever extends as shards are
+appended. :func:`build_or_load` caches one split's arrays (``tokenmill.formats.nanoset_cache``)
+under the md5 of a key holding everything that changes them (``nanoset_keys``), so unlike both
+references it never reuses a stale cache.
 
-``semantics="growing"`` (``tokenmill.indices.growing``) splits by document identity and only
-ever extends as shards are appended; its key has no split range but the sha256 of the dataset's
-shard table (keys and document counts, which decide the splits) and the era size.
+A virtual merge with masked (taken-down) documents is indexed without them: megatron and
+nanotron index it exactly as the physical merge of its unmasked documents (split ranges over the
+unmasked count, each document id then mapped back to its sequence id in the merge), so every
+sample after the first removed document's position can change; growing drops them from their
+split by identity (the others keep their split, samples packed before the first removed
+document stay). The mask enters the key through the dataset's content hash.
 
-A virtual merge with masked (taken-down) documents (``tokenmill.formats.virtual_merge``) is
-indexed without them: megatron and nanotron index it exactly as the physical merge of its
-unmasked documents (split ranges over the unmasked count, then each document id mapped back to
-its sequence id in the merge), so every sample after the first removed document's position can
-change; growing drops them from their split by identity (the other documents keep their split,
-samples packed before the first removed document stay as they were). The mask enters the key
-through the dataset's content hash.
-
-An entry needs only the dataset's :class:`IndexInputs` (sequence lengths, content hash, shard
-table, mask), never its ``.bin``: :func:`entry_key` (``nanoset_keys``) names a split's entry
-from counts alone and :func:`cache_entry` from the inputs, so remote storage can be asked for an
-entry by name first; :meth:`Entry.ensure` commits it and :meth:`Entry.load` maps it.
+An entry needs only the dataset's :class:`IndexInputs`, never its ``.bin``: :func:`entry_key`
+names a split's entry from counts alone and :func:`cache_entry` from the inputs, so remote
+storage can be asked for an entry by name first; :meth:`Entry.ensure` commits it and
+:meth:`Entry.load` maps it.
 """
 
 from __future__ import annotations
