@@ -31,11 +31,8 @@ PARALLEL_MIN_SIZE = 1 << 20
 
 
 def _choose(w, limits, counts, x):  # type: ignore[no-untyped-def]
-    """Index of the largest ``w·x − c`` among datasets under their limit (lowest on ties).
-
-    ``limits`` is empty for the plain loop (no dataset ever drops out). Scans like the C++:
-    ascending, replacing the best only on a strictly greater error.
-    """
+    """Index of the largest ``w·x − c`` among datasets under their limit (empty ``limits``: no
+    limit), scanned as the C++: ascending, replacing the best only on a strictly greater error."""
     if limits.shape[0] == 0:
         best, best_error = 0, w[0] * x - counts[0]
         for d in range(1, w.shape[0]):
@@ -62,11 +59,8 @@ def _run_chunk(w, limits, counts, start, stop, di, dsi):  # type: ignore[no-unty
 
 
 def _fix_chunk(w, limits, counts, start, stop, di, dsi, diff):  # type: ignore[no-untyped-def]
-    """Re-run a speculated chunk from its true ``counts`` until it meets the speculation.
-
-    ``diff`` = true counts − speculated counts at ``start``; it is kept up to date (reading
-    the speculated choice from ``di`` before overwriting it) and is all zero on a meet.
-    """
+    """Re-run a speculated chunk from its true ``counts`` until it meets the speculation;
+    ``diff`` (true − speculated counts, all zero on a meet) is kept up to date from ``di``."""
     nonzero = 0
     for d in range(w.shape[0]):
         nonzero += diff[d] != 0
@@ -104,12 +98,9 @@ def greedy_blend(
     limits: np.ndarray | None = None,
     engine: str | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dataset_index, dataset_sample_index, final counts) of ``size`` greedy steps.
-
-    ``weights`` are used as given (already normalized); ``limits`` switches to the exhaustive
-    variant. ``engine`` ("numba"/"numpy", default: the fastest available) never changes the
-    result.
-    """
+    """(dataset_index, dataset_sample_index, final counts) of ``size`` greedy steps with
+    ``weights`` as given (normalized); ``limits`` switches to the exhaustive variant. ``engine``
+    ("numba"/"numpy", default: the fastest available) never changes the result."""
     w = np.ascontiguousarray(weights, dtype=np.float64)
     lim = np.empty(0) if limits is None else np.asarray(limits, dtype=np.float64)
     di: np.ndarray = np.empty(size, dtype=index_dtype)
@@ -128,9 +119,9 @@ def greedy_continue(
     weights: np.ndarray, counts: np.ndarray, start: int, stop: int, *, index_dtype: type
 ) -> tuple[np.ndarray, np.ndarray]:
     """(dataset_index, dataset_sample_index) of steps ``[start, stop)`` of the plain loop run
-    from ``counts`` (the state after ``start`` steps, e.g. of a blend built with other
-    weights): how a growing temperature blend continues its previous version. One thread; the
-    numba kernel when available, else the loop in Python (slow past ~10^6 steps)."""
+    from ``counts`` (after ``start`` steps, e.g. of a blend built with other weights): how a
+    growing temperature blend continues. One thread, numba when available (pure Python is slow
+    past ~10^6 steps)."""
     w = np.ascontiguousarray(weights, dtype=np.float64)
     state = np.array(counts, dtype=np.float64)
     di: np.ndarray = np.empty(max(stop, start), dtype=index_dtype)
@@ -227,11 +218,9 @@ def _run_rows(w, lim, counts, starts, size, di, dsi):  # type: ignore[no-untyped
 
 
 def _fix_rows(w, lim, counts, starts, stops, di, diff):  # type: ignore[no-untyped-def]
-    """Re-run chunks from their assumed true start ``counts`` until each meets its speculation.
-
-    ``diff`` (rows × K, true − speculated) is kept up to date; ``di`` still holds the
-    speculated choices. Returns the re-run choices as ``(step, rows, choice, sample)`` batches.
-    """
+    """Re-run chunks from their assumed true start ``counts`` until each meets its speculation
+    (``diff``, rows × K, kept up to date; ``di`` holds the speculated choices): the re-run
+    choices as ``(step, rows, choice, sample)`` batches."""
     num_rows = counts.shape[1]
     flat = counts.reshape(-1)
     active = np.flatnonzero(diff.any(axis=1))

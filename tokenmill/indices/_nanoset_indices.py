@@ -98,10 +98,8 @@ def compute_indices(
     split_range: tuple[int, int],
     params: Mapping[str, Any],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, IndexPlan]:
-    """``tokenmill.indices.nanoset.build_nanoset_indices`` plus the :class:`IndexPlan` it
-    followed. ``params`` holds that function's keyword arguments by name (a Nanoset cache key
-    holds them all): ``sequence_length``, ``seed``, ``num_samples``, ``semantics``,
-    ``add_extra_token``, ``drop_last_partial``."""
+    """``nanoset.build_nanoset_indices`` plus the :class:`IndexPlan` it followed; ``params``
+    holds that function's keyword arguments by name (as a Nanoset cache key does)."""
     semantics = params["semantics"]
     _check_semantics(semantics)
     sizes = _check_lengths(sequence_lengths)

@@ -28,11 +28,8 @@ def sample_index_dtype(document_index_length: int, max_sequence_length: int) -> 
 
 
 def count_samples(total_tokens: int, sequence_length: int, extra: int, drop_last: bool) -> int:
-    """Number of samples ``M`` in an index over ``total_tokens`` tokens.
-
-    Keeping the last partial sample rounds up in single precision, exactly as helpers.cpp
-    does (``ceil(float(E·T − extra) / S)``), so large inputs can differ from exact ceil.
-    """
+    """Number of samples ``M`` in an index over ``total_tokens`` tokens; keeping the last partial
+    sample rounds up in single precision as helpers.cpp (``ceil(float(E·T − extra) / S)``)."""
     if drop_last:
         return (total_tokens - extra) // sequence_length
     quotient = np.float32(total_tokens - extra) / np.float32(sequence_length)
@@ -52,11 +49,10 @@ def build_sample_index(
 ) -> np.ndarray:
     """The ``(M + 1, 2)`` sample index of helpers.cpp for one (possibly multi-epoch) stream.
 
-    ``sizes`` are all sequence lengths of the dataset, ``document_index`` the shuffled
-    sequence ids, ``total_tokens`` = ``E·T`` (their summed length). ``dtype`` defaults to the
-    Megatron rule; ``engine`` ("numba" = the C++ loop compiled, "numpy" = vectorized; default:
-    numba when installed) never changes the result. Where the reference aborts: ConfigError.
-    """
+    ``sizes`` are all the dataset's sequence lengths, ``document_index`` the shuffled ids,
+    ``total_tokens`` = ``E·T`` their summed length, ``dtype`` by default Megatron's rule;
+    ``engine`` ("numba"/"numpy", default numba when installed) never changes the result.
+    ConfigError where the reference aborts."""
     n = len(document_index)
     num_samples = count_samples(total_tokens, sequence_length, extra, drop_last)
     if dtype is None:
@@ -87,11 +83,8 @@ def build_sample_index(
 
 
 def _fill_rows(lengths, seq, extra, out):  # type: ignore[no-untyped-def]
-    """helpers.cpp's loop over the stream's sequence ``lengths``: rows 1..M of ``out``.
-
-    Returns the sample that ran past the end of the data before the last one (where the
-    reference aborts), else 0.
-    """
+    """helpers.cpp's loop over the stream's sequence ``lengths``: rows 1..M of ``out``; returns
+    the sample that ran past the end of the data before the last (the reference aborts), or 0."""
     last = lengths.shape[0] - 1
     num_samples = out.shape[0] - 1
     d = 0
@@ -151,11 +144,8 @@ def _fill_rows_vectorized(lengths: np.ndarray, seq: int, extra: int, out: np.nda
 def _first_documents(
     ends: np.ndarray, sequence_length: int, extra: int, num_samples: int
 ) -> np.ndarray:
-    """For k = 1..M, the number of documents ending at or before token ``k·S + extra − 1``.
-
-    Document j ends before sample k's start for every ``k >= (ends[j] − extra + S) // S``;
-    counting those thresholds (a bincount and a running sum) is linear, unlike a search.
-    """
+    """For k = 1..M, the number of documents ending at or before token ``k·S + extra − 1``:
+    document j does for every ``k >= (ends[j] − extra + S) // S``, counted in linear time."""
     first_sample = ends + (sequence_length - extra)
     first_sample //= sequence_length
     np.minimum(first_sample, num_samples + 1, out=first_sample)

@@ -28,10 +28,8 @@ MAX_MEGATRON_DATASETS = 32767  # dataset_index is int16
 
 
 def normalize_weights(weights: Sequence[float] | np.ndarray) -> np.ndarray:
-    """``w / sum(w)`` in float64 exactly as the references' ``normalize`` (one pass).
-
-    Rejects empty, non-finite or negative weights and an all-zero list (ConfigError).
-    """
+    """``w / sum(w)`` in float64 exactly as the references' ``normalize`` (one pass); ConfigError
+    for empty, non-finite or negative weights and an all-zero list."""
     try:
         w = np.array(weights, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -48,10 +46,8 @@ def normalize_weights(weights: Sequence[float] | np.ndarray) -> np.ndarray:
 
 
 def temperature_weights(dataset_sizes: Sequence[int], temperature: float) -> np.ndarray:
-    """Sampling weights ``∝ (size_i / Σ size)^(1/T)``, normalized (fairseq multilingual).
-
-    T = 1 keeps the natural proportions; larger T flattens them toward uniform.
-    """
+    """Sampling weights ``∝ (size_i / Σ size)^(1/T)``, normalized (fairseq multilingual): T = 1
+    keeps the natural proportions, larger T flattens them toward uniform."""
     if isinstance(temperature, bool) or not isinstance(temperature, int | float):
         raise ConfigError(f"temperature must be a number, got {temperature!r}")
     if not 0 < temperature < math.inf:
@@ -64,11 +60,8 @@ def temperature_weights(dataset_sizes: Sequence[int], temperature: float) -> np.
 def blend_sample_counts(
     weights: Sequence[float], size: int, *, semantics: str = "megatron"
 ) -> list[int]:
-    """Samples each dataset's index is built with for a blend of ``size`` samples.
-
-    megatron: ``ceil(ceil(size·w)·(1 + 0.005))``; nanotron: ``int(size·w·1.005)``, with the
-    weights normalized once (the builder's pass).
-    """
+    """Samples each dataset's index is built with for a blend of ``size`` samples (weights
+    normalized once): megatron ``ceil(ceil(size·w)·1.005)``, nanotron ``int(size·w·1.005)``."""
     n = _check_size(size)
     w = _normalized(weights, semantics).tolist()
     if semantics == "megatron":
@@ -77,11 +70,8 @@ def blend_sample_counts(
 
 
 def blend_size(weights: Sequence[float], size: int, *, semantics: str = "megatron") -> int:
-    """Length of the blend built for ``size`` requested samples.
-
-    megatron: ``Σ ceil(size·w)`` over the builder-normalized weights (can exceed ``size`` by up
-    to K − 1); nanotron: ``size``.
-    """
+    """Length of the blend built for ``size`` requested samples: megatron ``Σ ceil(size·w)`` over
+    the builder-normalized weights (up to K − 1 more than ``size``), nanotron ``size``."""
     n = _check_size(size)
     w = _normalized(weights, semantics).tolist()
     return sum(math.ceil(n * x) for x in w) if semantics == "megatron" else n
@@ -94,11 +84,9 @@ def build_blend_indices(
     semantics: str = "megatron",
     dataset_sizes: Sequence[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(dataset_index, dataset_sample_index) of a blend of length ``size``.
-
-    ``weights`` as configured; ``dataset_sizes`` (samples in each dataset's index) makes
-    megatron reject oversampling and nanotron wrap sample positions modulo the sizes.
-    """
+    """(dataset_index, dataset_sample_index) of a blend of length ``size``, ``weights`` as
+    configured; ``dataset_sizes`` (samples in each dataset's index) makes megatron reject
+    oversampling and nanotron wrap sample positions modulo the sizes."""
     n = _check_size(size)
     w = _normalized(weights, semantics)
     sizes = None
@@ -125,11 +113,8 @@ def build_blend_indices(
 
 
 def exhaustive_blend_indices(counts: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """Megatron's exhaustive blending: every sample of every dataset exactly once.
-
-    ``counts`` are the datasets' lengths; their fractions steer the greedy order. Returns
-    int16 dataset_index and int64 dataset_sample_index of length ``Σ counts``.
-    """
+    """Megatron's exhaustive blending of datasets of lengths ``counts`` (their fractions steer
+    the greedy order): int16 dataset_index and int64 dataset_sample_index of length ``Σ counts``."""
     c = _as_counts("counts", counts, minimum=1)
     if len(c) >= MAX_MEGATRON_DATASETS:
         raise ConfigError(f"counts: at most {MAX_MEGATRON_DATASETS - 1} datasets, got {len(c)}")

@@ -80,12 +80,9 @@ _UNIT_BITS = 53
 def shard_table(
     manifest_or_prefix: Mapping[str, Any] | str | os.PathLike[str],
 ) -> list[tuple[str, int]]:
-    """``[(shard key, documents), ...]`` of a dataset in merge order.
-
-    From a manifest's ``shards`` when present; a pair without them (``tokenmill tokenize``, or
-    made by hand, with or without a manifest) is one shard keyed by its prefix name. ConfigError
-    when a shard holds more sequences than documents (growing semantics needs one each).
-    """
+    """``[(shard key, documents), ...]`` of a dataset in merge order, from its manifest's
+    ``shards`` (a pair without them is one shard keyed by its prefix name); ConfigError when a
+    shard holds more sequences than documents (growing semantics needs one each)."""
     return [(key, docs) for key, docs, _ in shard_lineage(manifest_or_prefix)]
 
 
@@ -243,11 +240,9 @@ def build_growing_indices(
     """(document_index, sample_index, shuffle_index, plan) of ``split`` (module docstring).
 
     ``sequence_lengths`` are all of the dataset's, one per document, ``shards`` its
-    :func:`shard_table`. ``era_samples`` applies to train (:func:`split_era`). A split without
-    one complete era has 0 samples (the arrays are then
-    ``document_index`` of its documents, a one-row sample index, none without documents, and
-    an empty shuffle index). ``masked`` (global ids of taken-down documents) leave their
-    split: the others keep theirs, and samples packed before the first removed one stay.
+    :func:`shard_table`; ``era_samples`` applies to train. A split without one complete era
+    has 0 samples (a one-row sample index, none without documents). ``masked`` (global ids of
+    taken-down documents) leave their split: samples packed before the first one stay.
     """
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")

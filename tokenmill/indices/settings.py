@@ -13,13 +13,10 @@ from tokenmill.indices.growing import ERA_SAMPLES
 
 @dataclass(frozen=True)
 class NanosetSettings:
-    """The index settings shared by every dataset and blend of a recipe (FORMATS §4-§7).
-
-    ``add_extra_token`` and ``drop_last_partial_validation`` are Megatron's
-    ``add_extra_token_to_sequence`` and ``drop_last_partial_validation_sequence`` (the latter
-    for the valid split only); ``era_samples`` matters to growing semantics only; a requested
-    size of None is one epoch of the split (train: no cap under growing semantics).
-    """
+    """The index settings shared by every dataset and blend of a recipe (FORMATS §4-§7). The
+    flags are Megatron's ``add_extra_token_to_sequence`` and
+    ``drop_last_partial_validation_sequence`` (valid only); ``era_samples`` is for growing
+    semantics; a requested size of None is one epoch (growing: no cap)."""
 
     sequence_length: int
     split_spec: str = "949,50,1"
