@@ -107,8 +107,7 @@ def compute_indices(
     seq = check_int("sequence_length", params["sequence_length"], minimum=2)
     seed = check_int("seed", params["seed"], minimum=0, maximum=2**32 - 1)
     num_samples = params["num_samples"]
-    if num_samples is not None:
-        num_samples = check_int("num_samples", num_samples, minimum=0)
+    num_samples = None if num_samples is None else check_int("num_samples", num_samples, minimum=0)
     add_extra_token, drop_last_partial = params["add_extra_token"], params["drop_last_partial"]
     if semantics == "nanotron" and not (add_extra_token and drop_last_partial):
         raise ConfigError(
@@ -119,19 +118,15 @@ def compute_indices(
     tokens = int(np.sum(sizes[lo:hi], dtype=np.int64))
     plan = _plan(tokens, num_samples, seq, extra, drop_last_partial, semantics)
     rng = np.random.RandomState(seed)
-    indices = np.arange(lo, hi, dtype=np.int32)
-    if plan.separate_final_epoch:
-        document_index = np.concatenate(
-            [_shuffled_epochs(indices, plan.num_epochs - 1, rng), _shuffled_epochs(indices, 1, rng)]
-        )
-    else:
-        document_index = _shuffled_epochs(indices, plan.num_epochs, rng)
-    split_at = plan.samples_before_final_epoch if plan.separate_final_epoch else plan.num_samples
+    document_index = np.tile(np.arange(lo, hi, dtype=np.int32), plan.num_epochs)
+    _shuffled(document_index, (hi - lo) * (plan.num_epochs - plan.separate_final_epoch), rng)
+    shuffle_dtype = shuffle_index_dtype(plan.num_samples, semantics)
+    shuffle_index = np.arange(plan.num_samples, dtype=shuffle_dtype)
     dtype = np.dtype(np.int32) if semantics == "nanotron" else None
     with ThreadPoolExecutor(max_workers=1) as pool:
         # The shuffle only needs the sample count, known in advance, and the RNG state after
         # the document shuffle, so it overlaps with the sample index (numpy drops the GIL).
-        shuffled = pool.submit(_shuffle_index, split_at, plan.num_samples, rng, semantics)
+        shuffled = pool.submit(_shuffled, shuffle_index, plan.samples_before_final_epoch, rng)
         sample_index = build_sample_index(
             sizes,
             document_index,
@@ -141,7 +136,7 @@ def compute_indices(
             extra=extra,
             dtype=dtype,
         )
-        shuffle_index = shuffled.result()
+        shuffled.result()
     if plan.shuffle_copies > 1:
         shuffle_index = np.tile(shuffle_index, plan.shuffle_copies)
     return document_index, sample_index, shuffle_index, plan
@@ -179,28 +174,18 @@ def _plan(
     return IndexPlan(tokens, epochs, total, separate, before if separate else total, 1)
 
 
-def _shuffled_epochs(indices: np.ndarray, epochs: int, rng: np.random.RandomState) -> np.ndarray:
-    """``epochs`` copies of the sequence ids, epoch-major, shuffled as one int32 array."""
-    document_index = np.tile(indices.astype(np.int32), epochs)
-    _shuffle.shuffle(document_index, rng)
-    return document_index
-
-
 def shuffle_index_dtype(num_samples: int, semantics: str) -> np.dtype:
     """uint32, or int64 from 2**32 - 2 samples on (megatron; nanotron is always uint32)."""
     small = semantics == "nanotron" or num_samples < UINT32_SHUFFLE_LIMIT
     return np.dtype(np.uint32 if small else np.int64)
 
 
-def _shuffle_index(
-    split_at: int, total: int, rng: np.random.RandomState, semantics: str
-) -> np.ndarray:
-    """Shuffled ``[0, split_at)`` then, separately, ``[split_at, total)``."""
-    shuffle_index = np.arange(total, dtype=shuffle_index_dtype(total, semantics))
-    _shuffle.shuffle(shuffle_index[:split_at], rng)
-    if split_at < total:
-        _shuffle.shuffle(shuffle_index[split_at:], rng)
-    return shuffle_index
+def _shuffled(values: np.ndarray, split_at: int, rng: np.random.RandomState) -> None:
+    """Shuffle ``values[:split_at]`` then, separately, the rest, in place: the references' joint
+    epochs and their separately shuffled final epoch (of documents or of samples)."""
+    _shuffle.shuffle(values[:split_at], rng)
+    if split_at < len(values):
+        _shuffle.shuffle(values[split_at:], rng)
 
 
 # -- argument checks ---------------------------------------------------------------------------
