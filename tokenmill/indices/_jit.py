@@ -23,12 +23,8 @@ def available() -> bool:
 
 
 def compile_kernel(kernel: Callable[..., Any], *, inline: bool = False) -> Callable[..., Any]:
-    """A numba dispatcher for ``kernel``: compiled to machine code that releases the GIL on its
-    first call with each argument types, the code cached on disk when numba finds a writable
-    cache folder (else compiled again in each process).
-
-    ``inline`` kernels are helpers compiled into their callers instead.
-    """
+    """A numba dispatcher for ``kernel``, compiled on first call to code that releases the GIL
+    (cached on disk when numba finds a writable folder); ``inline``: compiled into callers."""
     if inline:
         return numba.njit(inline="always")(kernel)
     try:

@@ -56,11 +56,9 @@ def parse_split(split: str) -> list[float]:
 
 
 def split_ranges(split: str, num_sequences: int, semantics: str) -> list[tuple[int, int] | None]:
-    """Sequence-id range ``(begin, end)`` of train/valid/test, None for a zero-weight split.
-
-    megatron rounds each cumulative bookend independently (half to even); nanotron (and legacy
-    Megatron) rounds each weight and moves the excess off every boundary but the first.
-    """
+    """Sequence-id range ``(begin, end)`` of train/valid/test, None for a zero-weight split:
+    megatron rounds each cumulative bookend (half to even); nanotron (and legacy Megatron)
+    rounds each weight and moves the excess off every boundary but the first."""
     _check_semantics(semantics)
     n = check_int("num_sequences", num_sequences, minimum=0)
     weights = parse_split(split)

@@ -47,12 +47,9 @@ def build_sample_index(
     dtype: np.dtype | None = None,
     engine: str | None = None,
 ) -> np.ndarray:
-    """The ``(M + 1, 2)`` sample index of helpers.cpp for one (possibly multi-epoch) stream.
-
-    ``sizes`` are all the dataset's sequence lengths, ``document_index`` the shuffled ids,
-    ``total_tokens`` = ``E·T`` their summed length, ``dtype`` by default Megatron's rule;
-    ``engine`` ("numba"/"numpy", default numba when installed) never changes the result.
-    ConfigError where the reference aborts."""
+    """The ``(M + 1, 2)`` sample index of helpers.cpp over ``document_index`` (shuffled ids into
+    ``sizes``, ``total_tokens`` = ``E·T`` long); ``dtype`` defaults to Megatron's rule, ``engine``
+    ("numba"/"numpy") never changes the result. ConfigError where the reference aborts."""
     n = len(document_index)
     num_samples = count_samples(total_tokens, sequence_length, extra, drop_last)
     if dtype is None:

@@ -41,11 +41,9 @@ def _twist(key):  # type: ignore[no-untyped-def]
 
 
 def _fill_draws(key, pos, top, count, draws):  # type: ignore[no-untyped-def]
-    """``random_interval(i)`` for i = top, top-1, …, top-count+1 into ``draws[0:count]``.
-
-    Each draw takes tempered 32-bit outputs ``y`` until ``y & mask <= i`` (``mask`` = the
-    smallest all-ones value >= i). Returns the key position after the last output used.
-    """
+    """``random_interval(i)`` for i = top, top-1, …, top-count+1 into ``draws[0:count]``: each
+    takes tempered 32-bit outputs ``y`` until ``y & mask <= i`` (``mask``: the smallest all-ones
+    value >= i). Returns the key position after the last output used."""
     temper_b, temper_c = np.uint64(0x9D2C5680), np.uint64(0xEFC60000)
     word = np.uint64(WORD)
     for step in range(count):
@@ -107,8 +105,7 @@ def _compiled() -> Callable[..., int] | None:
 def shuffle(values: np.ndarray, rng: np.random.RandomState, *, engine: str | None = None) -> None:
     """``rng.shuffle(values)`` for a 1-D contiguous integer array: same permutation, same RNG
     state afterwards. ``engine`` "numba" (the default when installed) or "numpy" only changes
-    the speed; the numpy path permutes pointer-sized items, for which numpy's loop is fastest.
-    """
+    the speed."""
     if values.ndim != 1 or not values.flags.c_contiguous:
         raise ValueError(f"shuffle needs a 1-D contiguous array, got shape {values.shape}")
     kernel = _compiled() if engine in (None, "numba") else None
@@ -117,7 +114,7 @@ def shuffle(values: np.ndarray, rng: np.random.RandomState, *, engine: str | Non
         if values.dtype == np.intp:
             rng.shuffle(values)
             return
-        wide = values.astype(np.intp)
+        wide = values.astype(np.intp)  # numpy's loop is fastest on pointer-sized items
         rng.shuffle(wide)
         values[...] = wide
         return

@@ -90,14 +90,10 @@ def build_blend(
     expected: Expected = READ_AT_START,
 ) -> dict[str, Any]:
     """Build (or reuse) the blend's version, then point ``output_dir/manifest.json`` at it;
-    returns the pointer manifest (paths relative to ``output_dir``).
-
-    Each dataset's index caches are built or reused (``fetch``: ``build_or_load``'s, e.g. a
-    download from S3); the version folder is written only when no complete one exists. The
-    pointer moves by compare-and-swap (``swap_pointer``) against ``expected`` (the pointer's
-    version read before the inputs; by default read first by this call): ConflictError, with
-    this build's version complete and the pointer left as found, when another build moved it.
-    """
+    returns the pointer manifest. ``fetch``: ``build_or_load``'s (e.g. a download from S3). The
+    pointer moves by compare-and-swap against ``expected`` (its version read before the inputs,
+    by default first by this call): ConflictError, with this build's version complete and the
+    pointer as found, when another build moved it."""
     root = Path(output_dir)
     mpath = root / MANIFEST_NAME
     read_at_start = pointer_version(mpath) if expected == READ_AT_START else expected
@@ -154,10 +150,8 @@ def _write_version(
     header: dict[str, Any],
     caches: dict[str, tuple[list[NanosetIndex], list[int | None]]],
 ) -> dict[str, Any]:
-    """Write a version into a temp folder (arrays, then its manifest) and rename it into place.
-
-    On any error the temp folder is removed; a folder of this version without a valid manifest
-    (a partial copy, never a readable version) is replaced."""
+    """Write a version into a temp folder (arrays, then its manifest) and rename it into place,
+    replacing a folder of this version without a valid manifest; on error the temp goes."""
     vdir.parent.mkdir(parents=True, exist_ok=True)
     staging, _ = create_temp(vdir, Path.mkdir)
     try:
@@ -254,20 +248,19 @@ def _blend_arrays(
         if plan.growing is not None:
             previous = plan.growing.previous_arrays(split, weights, present)
             grown = growing_blend.grow_blend(weights, lengths, requested, previous=previous)
-            return grown[0], grown[1], "growing"
+            return (*grown, "growing")
         if requested is None and semantics == "megatron":
-            dataset_index, sample_index = blending.exhaustive_blend_indices(lengths)
-            return dataset_index, sample_index, "exhaustive"
+            return (*blending.exhaustive_blend_indices(lengths), "exhaustive")
         if requested is None:  # nanotron valid/test: one epoch of each, configured weights
             size = sum(lengths)
         else:
             size = blending.blend_size(weights, requested, semantics=semantics)
-        dataset_index, sample_index = blending.build_blend_indices(
+        blended = blending.build_blend_indices(
             weights, size, semantics=semantics, dataset_sizes=lengths
         )
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
-    return dataset_index, sample_index, "weighted"
+    return (*blended, "weighted")
 
 
 def _build_split(

@@ -57,14 +57,10 @@ def file_entry(path: Path, base: Path, sha256: str | None = None) -> dict[str, A
 
 
 def dataset_entry(name: str, prefix: Path, base: Path) -> dict[str, Any]:
-    """A dataset's identity: relative prefix, content hash, dtype, counts and file digests.
-
-    With a dataset manifest, the digests (``{bytes, sha256}`` or, for a merge, ``{bytes, parts,
-    sha256_of_parts}``) and the content hash are copied from it after a size check (a file of
-    another size is a FormatError, never hashed instead): the ``.bin`` is never read and need
-    not be present (then the ``.idx`` size is checked). Only a hand-made pair without a manifest
-    is hashed here.
-    """
+    """A dataset's identity: relative prefix, content hash, dtype, counts and file digests. With
+    a dataset manifest the digests and content hash are copied from it after a size check (a file
+    of another size is a FormatError): the ``.bin`` is never read and need not be present. Only
+    a hand-made pair without a manifest is hashed."""
     has_manifest = dataset_manifest_path(prefix).is_file()
     if has_manifest and not index_file_path(prefix).is_file():
         manifest = read_dataset_manifest(prefix)

@@ -237,13 +237,10 @@ def build_growing_indices(
     add_extra_token: bool = True,
     masked: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, GrowingPlan]:
-    """(document_index, sample_index, shuffle_index, plan) of ``split`` (module docstring).
-
-    ``sequence_lengths`` are all of the dataset's, one per document, ``shards`` its
-    :func:`shard_table`; ``era_samples`` applies to train. A split without one complete era
-    has 0 samples (a one-row sample index, none without documents). ``masked`` (global ids of
-    taken-down documents) leave their split: samples packed before the first one stay.
-    """
+    """(document_index, sample_index, shuffle_index, plan) of ``split`` (module docstring) over
+    all the dataset's ``sequence_lengths`` (one per document) and its :func:`shard_table`. A split
+    without one complete era has 0 samples (a one-row sample index, none without documents);
+    ``masked`` documents (global ids) leave their split: samples packed before the first stay."""
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {list(SPLITS)}, got {split!r}")
     seq = check_int("sequence_length", sequence_length, minimum=2)

@@ -62,10 +62,9 @@ class GrowingState:
     def previous_arrays(
         self, split: str, weights: Sequence[float], names: Sequence[str]
     ) -> tuple[np.ndarray, np.ndarray] | None:
-        """The predecessor's arrays of ``split`` when the loop must continue from them (its
-        normalized weights differ from ``weights``: a temperature blend that grew); None when
-        the blend is built from scratch (no predecessor, or the same weights, which replay it).
-        """
+        """The predecessor's arrays of ``split`` when the loop must continue from them (a grown
+        temperature blend: other normalized weights); None when built from scratch (no
+        predecessor, or the same weights, which replay it)."""
         if self.previous is None or self.previous_path is None:
             return None
         info = self.previous["splits"].get(split)
@@ -141,11 +140,9 @@ def grow_blend(
     *,
     previous: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(dataset_index int16, dataset_sample_index int64) of a growing split (module docstring).
-
-    ``lengths`` are the datasets' index lengths, ``cap`` the requested size (None: none).
-    ``previous``: the predecessor's arrays to keep and continue from with these weights.
-    """
+    """(dataset_index int16, dataset_sample_index int64) of a growing split (module docstring)
+    over index ``lengths``, cut at ``cap`` (None: none); ``previous``: the predecessor's arrays
+    to keep and continue from with these weights."""
     w = growing_weights(weights)
     sizes = np.asarray(lengths, dtype=np.int64)
     stop = int(sizes.sum()) if cap is None else min(int(cap), int(sizes.sum()))

@@ -76,10 +76,8 @@ def build_nanoset_indices(
     drop_last_partial: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(document_index, sample_index, shuffle_index) of one split, values and dtypes as the
-    reference. ``sequence_lengths`` are all of the dataset's (the .idx array); ``split_range``
-    an entry of :func:`split_ranges`; ``drop_last_partial`` the effective flag for the split
-    (Megatron drops for train/test and applies its validation setting to valid only).
-    """
+    reference, over all the dataset's ``sequence_lengths`` (the .idx array); ``drop_last_partial``
+    is the split's effective flag (Megatron applies its validation setting to valid only)."""
     params = {
         "sequence_length": sequence_length,
         "seed": seed,
@@ -88,10 +86,7 @@ def build_nanoset_indices(
         "add_extra_token": add_extra_token,
         "drop_last_partial": drop_last_partial,
     }
-    document_index, sample_index, shuffle_index, _ = compute_indices(
-        sequence_lengths, split_range, params
-    )
-    return document_index, sample_index, shuffle_index
+    return compute_indices(sequence_lengths, split_range, params)[:3]
 
 
 @dataclass(frozen=True)

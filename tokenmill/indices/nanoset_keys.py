@@ -37,10 +37,9 @@ def cache_key(
     num_samples: int | None,
     shard_table_sha256: str | None = None,
 ) -> dict[str, Any]:
-    """The ordered description of everything that changes ``split``'s arrays under
-    ``settings`` (hashed for names). Growing semantics has no split range (None) and adds the
-    era size its split uses and ``shard_table_sha256``; the megatron and nanotron keys are
-    unchanged by them."""
+    """The ordered description of everything that changes ``split``'s arrays under ``settings``
+    (hashed for names); growing semantics has no split range and adds its split's era size and
+    ``shard_table_sha256``."""
     key = {
         "class": "Nanoset",
         "format_version": FORMAT_VERSION,
