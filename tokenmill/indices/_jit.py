@@ -1,9 +1,6 @@
-"""numba compilation of the index and blend kernels, when numba (a dependency of the
-``pipeline`` extra, not of the base install) is importable.
-
-Kernels are plain Python functions in numba's subset. ``_sample_index`` and ``_shuffle`` compile
-theirs on first use, ``_blend_kernels`` when it is imported; each keeps a numpy path giving the
-same result for when numba is missing. ``tokenmill.loader`` never imports this module.
+"""numba compilation of the index and blend kernels when numba (the ``pipeline`` extra, not the
+base install) is importable: kernels are plain Python in numba's subset, each with a numpy path
+giving the same result without it. ``tokenmill.loader`` never imports this module.
 """
 
 from __future__ import annotations

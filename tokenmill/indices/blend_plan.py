@@ -183,9 +183,8 @@ class Plan:
         spec, seq = self.settings.split_spec, self.settings.sequence_length
         extra = 1 if self.settings.add_extra_token else 0
         if self.growing is not None:  # every dataset stays in (growing_blend's docstring)
-            if parse_split(spec)[position] > 0:
-                return {}
-            return {n: f"split {split!r} has weight 0 in {spec!r}" for n in self.prefixes}
+            why = f"split {split!r} has weight 0 in {spec!r}"
+            return {} if parse_split(spec)[position] > 0 else dict.fromkeys(self.prefixes, why)
         out = {}
         for name, r in self.ranges(position).items():
             if r is None or r[0] >= r[1]:

@@ -148,12 +148,8 @@ def _grow(
     if current is not None and growing_blend.extends_previous(
         current, header, lineages, plan.settings.sizes()
     ):
-        state = replace(
-            state,
-            extends=str(current["version"]),
-            previous=current,
-            previous_path=root / MANIFEST_NAME,
-        )
+        version, path = str(current["version"]), root / MANIFEST_NAME
+        state = replace(state, extends=version, previous=current, previous_path=path)
     plan = replace(plan, growing=state)
     return plan, version_of(entries, plan, weights, temperature)
 

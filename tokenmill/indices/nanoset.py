@@ -123,11 +123,10 @@ class Entry:
     previous: Mapping[str, Any] | None = None
 
     def ensure(self, *, build: bool = True, fetch: FetchEntry | None = None) -> None:
-        """Commit the entry, building it first if needed, without mapping its arrays: a
-        growing entry's segments (earlier entries' files) need not be in ``cache_dir``.
-        ``build=False`` only looks: a missing entry is a CacheError (checks read, never
-        repair). ``fetch(paths)``, if given, is called with the entry's :func:`cache_paths`
-        when its description is absent, to bring a stored copy (e.g. from S3) first."""
+        """Commit the entry, building it first if needed, without mapping its arrays (a growing
+        entry's segments need not be in ``cache_dir``). ``build=False`` only looks: a missing
+        entry is a CacheError. ``fetch(paths)``, if given, first brings a stored copy (e.g. from
+        S3) when the description is absent."""
         if fetch is not None and not self.paths["description"].is_file():
             fetch(self.paths)
         if self._committed() or not build:

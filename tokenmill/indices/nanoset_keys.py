@@ -108,11 +108,10 @@ def index_version(
     settings: NanosetSettings,
     num_samples: Mapping[str, int | None],
 ) -> str:
-    """The version of a dataset's indices as known before the dataset is read: the hash of the
-    :func:`cache_key` of each split (``num_samples``: its requested size) with the dataset's
-    version (e.g. its merged version, which fixes its content) in place of its content hash
-    and no split range or shard table (the content fixes them). An orchestrator records it
-    (e.g. as a Dagster data version) to tell stale indices from their upstream versions alone."""
+    """The version of a dataset's indices known before it is read: the hash of each split's
+    :func:`cache_key` with ``dataset_version`` (which fixes the content, hence the split range
+    and shard table) in place of the content hash. An orchestrator records it (e.g. as a Dagster
+    data version) to tell stale indices from their upstream versions alone."""
     check_choices(SPLITS[0], settings.semantics)
     keys = [
         cache_key("", split, settings, None, num_samples[split])
