@@ -1,6 +1,5 @@
-"""Nanoset index algorithms: split ranges and document/sample/shuffle indices (pure functions).
-
-Two recipes, bit-exact to their references (FORMATS.md §4–§6, vectors in §9):
+"""Nanoset index algorithms: split ranges and document/sample/shuffle indices (pure functions),
+bit-exact to their references (FORMATS.md §4–§6, vectors in §9):
 
 - ``megatron``: megatron-core GPTDataset — bookend split rounding, ``E`` epochs shuffled
   jointly (a final epoch used below 80% is shuffled separately), ``add_extra_token`` and

@@ -1,12 +1,11 @@
 """Megatron's ``build_sample_idx`` (FORMATS.md §5.4), bit-exact, two ways.
 
-Row ``k`` of the sample index is ``(position in document_index, token offset)`` where sample
-``k`` starts. With numba installed the C++ loop itself is compiled (:func:`_fill_rows`).
-Without it the index is vectorized: walking the loop shows that, away from the very end,
-sample ``k`` starts at token ``k·S`` of the concatenated (shuffled) stream and that its
-document position is the number of documents whose cumulative end is ``<= k·S + extra − 1``;
-the last row of a keep-partial index may instead be the "end of data" row
-``(n − 1, len − extra)``. That is one cumulative sum plus one count, no per-sample loop.
+Row ``k`` is ``(position in document_index, token offset)`` where sample ``k`` starts. With
+numba the C++ loop itself is compiled (:func:`_fill_rows`); without it the index is vectorized:
+away from the very end, sample ``k`` starts at token ``k·S`` of the concatenated stream, in the
+document counted by how many documents end at or before ``k·S + extra − 1`` (one cumulative sum
+and one count, no per-sample loop). The last row of a keep-partial index may instead be the
+"end of data" row ``(n − 1, len − extra)``.
 """
 
 from __future__ import annotations

@@ -225,8 +225,7 @@ class Plan:
         requested = self.settings.sizes()[split]
         if requested is None or self.growing is not None:  # growing: the cap is the blend's
             return [None] * len(self.present(position))
-        semantics = self.settings.semantics
-        weights = self.split_weights(position)
+        weights, semantics = self.split_weights(position), self.settings.semantics
         return list(blending.blend_sample_counts(weights, requested, semantics=semantics))
 
     def cache_hashes(self) -> dict[str, list[str | None]]:

@@ -90,11 +90,10 @@ class GrowingState:
 def blend_segments(
     state: GrowingState, split: str, size: int
 ) -> tuple[dict[str, dict[str, Any]], int]:
-    """The predecessor's blend-array parts a version of ``size`` samples reads in place, as
-    ``<array>.<i>`` file records (paths relative to the new version's folder), and the samples
-    they hold: the version writes only the samples after them. Compacted as Nanoset segments
-    (``growing_segments``): the trailing parts are rewritten while the last holds at most twice
-    the new samples. ({}, 0) without a predecessor: the arrays are written whole."""
+    """The predecessor's blend-array parts a version of ``size`` samples reads in place (as
+    ``<array>.<i>`` records relative to the new version's folder) and the samples they hold, or
+    ({}, 0): the version writes only the samples after them. Compacted as Nanoset segments are
+    (``growing_segments``)."""
     if state.previous is None or state.extends is None:
         return {}, 0
     info = state.previous["splits"].get(split)

@@ -38,10 +38,9 @@ def unmasked(num_sequences: int, masked: np.ndarray | None) -> np.ndarray | None
 
 
 def index_lengths(dataset_prefix: str | Path, semantics: str) -> np.ndarray:
-    """The sequence lengths a split's range and tokens count over (from the ``.idx`` files):
-    under megatron and nanotron, the unmasked sequences' (a masked merge indexes as the physical
-    merge of its unmasked documents); under growing, every sequence's (masked documents leave
-    their split by identity)."""
+    """The sequence lengths (of the ``.idx``) a split's range and tokens count over: megatron and
+    nanotron skip masked sequences (a masked merge indexes as the physical merge of its unmasked
+    documents); growing keeps them (they leave their split by identity)."""
     index_only = dataset_manifest_path(dataset_prefix).is_file()
     lengths = np.asarray(open_dataset(dataset_prefix, index_only=index_only).sequence_lengths)
     kept = None if semantics == "growing" else unmasked(len(lengths), masked_of(dataset_prefix))
