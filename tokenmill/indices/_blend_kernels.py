@@ -1,20 +1,18 @@
 """The greedy blending loop of Megatron's helpers.cpp, bit-exact and fast (FORMATS.md §7.1/§7.4).
 
 At step ``i`` the loop picks the dataset ``d`` with the largest ``w[d]·max(i, 1) − c[d]``
-(double precision, multiply then subtract, ties to the lowest index) and counts it. In the
+(double precision, multiply then subtract, ties to the lowest index) and counts it; in the
 exhaustive variant a dataset drops out once ``c[d]`` reaches its limit.
 
-The state after step ``i`` is just the count vector, and two runs that reach the same counts
-at the same step agree from then on. A run started from slightly wrong counts is observed to
-reach the true ones within a few (at most a few hundred) steps, so the step range is cut into
-chunks simulated at the same time from guessed start counts (the largest-remainder rounding
-of ``w·i``), then checked in order: each chunk is re-run from its true start counts until the
-two runs meet, or to its end if they never do. Exactness does not rest on the observation,
-only speed does, and the result does not depend on how the range was chunked.
+The state after step ``i`` is the count vector: two runs that reach the same counts at the same
+step agree from then on, and a run started from slightly wrong counts is observed to reach the
+true ones within at most a few hundred steps. So the range is cut into chunks simulated at once
+from guessed start counts (largest-remainder rounding of ``w·i``), then checked in order: each
+is re-run from its true start counts until the two runs meet (or to its end). Exactness does
+not rest on the observation, only speed does; the result does not depend on the chunking.
 
-Engines: numba kernels on worker threads when numba is installed (the pipeline extra), else
-numpy, stepping all chunks in lock-step. Both compute every decision with the same IEEE
-operations as the reference.
+Engines: numba kernels on worker threads when numba is installed, else numpy stepping all
+chunks in lock-step; both make every decision with the reference's IEEE operations.
 """
 
 from __future__ import annotations
@@ -118,10 +116,9 @@ def greedy_blend(
 def greedy_continue(
     weights: np.ndarray, counts: np.ndarray, start: int, stop: int, *, index_dtype: type
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(dataset_index, dataset_sample_index) of steps ``[start, stop)`` of the plain loop run
-    from ``counts`` (after ``start`` steps, e.g. of a blend built with other weights): how a
-    growing temperature blend continues. One thread, numba when available (pure Python is slow
-    past ~10^6 steps)."""
+    """(dataset_index, dataset_sample_index) of steps ``[start, stop)`` of the plain loop from
+    ``counts`` (after ``start`` steps, e.g. with other weights: a grown temperature blend); one
+    thread, numba when available (pure Python is slow past ~10^6 steps)."""
     w = np.ascontiguousarray(weights, dtype=np.float64)
     state = np.array(counts, dtype=np.float64)
     di: np.ndarray = np.empty(max(stop, start), dtype=index_dtype)

@@ -111,12 +111,10 @@ def shuffle(values: np.ndarray, rng: np.random.RandomState, *, engine: str | Non
     kernel = _compiled() if engine in (None, "numba") else None
     n = len(values)
     if kernel is None or n < 2 or n - 1 > MAX_32BIT_DRAW:
-        if values.dtype == np.intp:
-            rng.shuffle(values)
-            return
-        wide = values.astype(np.intp)  # numpy's loop is fastest on pointer-sized items
-        rng.shuffle(wide)
-        values[...] = wide
+        wide = values if values.dtype == np.intp else values.astype(np.intp)
+        rng.shuffle(wide)  # numpy's loop is fastest on pointer-sized items
+        if wide is not values:
+            values[...] = wide
         return
     state = rng.get_state(legacy=False)  # {"state": {"key": uint32[624], "pos": int}, ...}
     key = np.array(state["state"]["key"], dtype=np.uint32)

@@ -37,11 +37,10 @@ def version_of(
     weights: Mapping[str, float] | None,
     temperature: float | None,
 ) -> str:
-    """The version of a blend: sha256 (``tokenmill.storage.versions.version_hash``) of everything
-    its samples and manifest depend on: format version, semantics, sequence length, flags, split,
-    seed, configured weighting, requested sizes, each dataset's name, path and content hash, and
-    each Nanoset cache hash with the cache's path; growing blends add the era size, each
-    dataset's shard lineage and the version they extend."""
+    """The version of a blend: sha256 (``version_hash``) of everything its samples and manifest
+    depend on: every setting, the configured weighting, each dataset's name, path and content
+    hash, and each Nanoset cache hash with the cache's path; growing blends add the era size,
+    each dataset's shard lineage and the version they extend."""
     settings = BlendSettings(plan.settings, weights=weights, temperature=temperature)
     description: dict[str, Any] = {
         **settings_description(settings, list(plan.prefixes)),
@@ -208,10 +207,9 @@ def prepare_blend(
 
 
 def complete_version(vdir: Path, version: str) -> dict[str, Any] | None:
-    """The manifest of an existing, complete version folder (its own hash and version check
-    out, and every file of the folder has its recorded size), or None when there is none to
-    reuse. Only the folder's own files are looked at: the datasets and index caches it reads
-    are fixed by the version hash, and a remote step need not stage a merged ``.bin``."""
+    """The manifest of a complete version folder (its hash and version check out, and its own
+    files have their recorded sizes), else None: the datasets and caches it reads are fixed by
+    the version hash, and a remote step need not stage a merged ``.bin``."""
     mpath = vdir / MANIFEST_NAME
     try:
         manifest = read_blend_manifest(mpath)

@@ -79,10 +79,9 @@ def rows_after(
     key: Mapping[str, Any],
     masked: np.ndarray | None = None,
 ) -> tuple[list[np.ndarray], GrowingPlan, dict[str, Any]]:
-    """The rows of the three arrays after ``state`` for the dataset ``lengths``/``shards``
-    (whose first ``state["shards"]`` shards are those the state was taken over), the split's
-    plan and the state at the new end. ``key``: the entry's cache key (its settings);
-    ``masked``: taken-down documents, left out as ``growing.build_growing_indices`` does."""
+    """The rows of the three arrays after ``state`` (taken over the first ``state["shards"]``
+    shards) for the dataset ``lengths``/``shards``, the split's plan and the new end state;
+    ``key``: the entry's cache key; ``masked`` as ``growing.build_growing_indices``."""
     split, seq = key["split"], int(key["sequence_length"])
     extra = 1 if key["add_extra_token"] else 0
     counts = np.array([n for _, n in shards], dtype=np.int64)
@@ -183,9 +182,8 @@ def plan_extension(
     shards: ShardTable,
     masked: np.ndarray | None = None,
 ) -> Extension | None:
-    """The extension of ``previous`` (the description of the predecessor's entry: same
-    settings, a dataset version this one extends) to the entry ``key`` over ``lengths`` and
-    ``shards``; None when the entry must be built whole (no usable predecessor, a changed
+    """The extension of ``previous`` (the predecessor entry's description) to the entry ``key``
+    over ``lengths`` and ``shards``; None when it must be built whole (other settings, a changed
     shard table prefix or dtype, or compaction reached the first segment)."""
     if previous is None or not _same_settings(previous, key):
         return None

@@ -7,12 +7,10 @@ appended. :func:`build_or_load` caches one split's arrays (``tokenmill.formats.n
 under the md5 of a key holding everything that changes them (``nanoset_keys``), so unlike both
 references it never reuses a stale cache.
 
-A virtual merge with masked (taken-down) documents is indexed without them: megatron and
-nanotron index it exactly as the physical merge of its unmasked documents (split ranges over the
-unmasked count, each document id then mapped back to its sequence id in the merge), so every
-sample after the first removed document's position can change; growing drops them from their
-split by identity (the others keep their split, samples packed before the first removed
-document stay). The mask enters the key through the dataset's content hash.
+A virtual merge's masked (taken-down) documents are left out: megatron and nanotron index it as
+the physical merge of its unmasked documents (ids then mapped back to the merge's), so samples
+after the first removed document can change; growing drops them from their split by identity
+(samples packed before the first stay). The mask enters the key via the content hash.
 
 An entry needs only the dataset's :class:`IndexInputs`, never its ``.bin``: :func:`entry_key`
 names a split's entry from counts alone and :func:`cache_entry` from the inputs, so remote
@@ -246,10 +244,9 @@ def build_or_load(
     previous: Mapping[str, Any] | None = None,
 ) -> NanosetIndex | None:
     """Load the split's cached indices, building them first if needed; None if the split is
-    empty for this dataset. Safe when many processes call it at once: one builds under an
-    exclusive lock, the others wait and load the same files. The dataset is read as
-    :meth:`IndexInputs.of` says; ``build``, ``fetch``: :meth:`Entry.ensure`; ``previous``:
-    :class:`Entry`."""
+    empty for this dataset. Many processes may call it at once: one builds under an exclusive
+    lock, the others wait and load the same files. ``build``, ``fetch``: :meth:`Entry.ensure`;
+    ``previous``: :class:`Entry`."""
     check_choices(split, settings.semantics)
     inputs = IndexInputs.of(dataset_prefix, settings.semantics)
     entry = cache_entry(inputs, cache_dir, split, settings, num_samples, previous=previous)

@@ -72,10 +72,9 @@ def entry_key(
     shards: ShardTable | None = None,
     masked: np.ndarray | None = None,
 ) -> tuple[dict[str, Any], str] | None:
-    """``(key, hash)`` of a split's cache entry (its :func:`cache_key` and the ``<hash>`` of
-    its file names) for a dataset of ``num_sequences`` sequences; None if the split is empty
-    (growing: if its split weight is 0; an entry may hold 0 samples until one era is there).
-    ``masked``: the sequence ids the dataset masks (megatron and nanotron split the rest)."""
+    """``(key, hash)`` of a split's cache entry (:func:`cache_key`, its file names' ``<hash>``)
+    for a dataset of ``num_sequences`` sequences, ``masked`` of them masked; None if the split
+    is empty (growing: of weight 0; an entry may hold 0 samples until one era is there)."""
     check_choices(split, settings.semantics)
     position, table_hash = SPLITS.index(split), None
     if settings.semantics == "growing":
