@@ -131,9 +131,8 @@ def build_blend(
 
 @contextlib.contextmanager
 def _versions_locked(versions: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on the ``versions`` folder itself (no lock file is left):
-    concurrent builds of one blend write a version one at a time, and a build that waited
-    finds the version another one completed."""
+    """Hold an exclusive ``flock`` on the ``versions`` folder itself (no lock file is left), so
+    concurrent builds write a version one at a time and one that waited finds it complete."""
     versions.mkdir(parents=True, exist_ok=True)
     fd = os.open(versions, os.O_RDONLY)
     try:

@@ -77,10 +77,10 @@ def settings_description(settings: BlendSettings, names: Sequence[str]) -> dict[
 
 
 def blend_data_version(settings: BlendSettings, members: Sequence[tuple[str, str | None]]) -> str:
-    """A blend's version as known before its inputs are read: :func:`version_of`'s description
-    of the settings with each member's ``(name, index version)`` (``nanoset.index_version``) in
-    place of the datasets and their index caches, which those fix. An orchestrator records it
-    (e.g. as a Dagster data version) to tell a stale blend from its upstream versions alone."""
+    """A blend's version known before its inputs are read: :func:`version_of`'s settings with
+    each member's ``(name, nanoset.index_version)`` in place of the datasets and caches those
+    fix. An orchestrator records it (e.g. as a Dagster data version) to tell a stale blend from
+    its upstream versions alone."""
     names = [name for name, _ in members]
     description = {**settings_description(settings, names), "members": [list(m) for m in members]}
     if settings.nanoset.semantics == "growing":
@@ -162,9 +162,8 @@ class PreparedBlend(NamedTuple):
     version: str
 
     def skips(self) -> dict[str, dict[str, str]]:
-        """``{split: {dataset: reason}}``: the datasets the build leaves out of each split the
-        spec gives a share (so a caller can refuse a blend where a weighted dataset would
-        vanish, before it exists)."""
+        """``{split: {dataset: reason}}``: the datasets the build leaves out of each split of
+        non-zero share (a caller may refuse a blend where a weighted dataset would vanish)."""
         shares = parse_split(self.plan.settings.split_spec)
         skips = {split: self.plan.skipped(i) for i, split in enumerate(SPLITS) if shares[i] > 0}
         return {split: out for split, out in skips.items() if out}

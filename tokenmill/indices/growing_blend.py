@@ -1,15 +1,14 @@
 """Blends of growing datasets: each version of a split starts with its predecessor's samples.
 
-Under growing semantics every dataset's index of a split only ever extends
-(``tokenmill.indices.growing``), and the blend keeps that property:
+Every dataset's growing index of a split only ever extends, and the blend keeps that property:
 
 - **Weighted blends.** Megatron's greedy interleave with fixed weights picks step i's dataset
   from the step and the counts so far only, never from the datasets' sizes, so its first n picks
   are the same for any sizes. The blend is cut at the first pick a dataset cannot supply yet (no
   epochs), then at the cap (``*_samples``; None = no cap): growth only moves the cut later.
-- **Temperature blends.** The weights follow the datasets' token counts, so they change as data
-  grows. A version that extends its predecessor keeps the predecessor's arrays and continues
-  the greedy loop from its per-dataset counts with the new weights (then cuts as above).
+- **Temperature blends.** The weights follow the token counts, so they change as data grows: a
+  version that extends its predecessor keeps its arrays and continues the greedy loop from its
+  per-dataset counts with the new weights (then cuts as above).
 - **Extends.** A build extends the current version when every setting but the caps is the same,
   each dataset's shard lineage starts with the recorded one and no cap is below the current
   size (docs/formats.md, ``extends``); else its arrays are built from scratch. A rebuild with

@@ -1,16 +1,14 @@
 """Growing Nanoset entries that extend their predecessor: new rows written, old ones referenced.
 
 Under growing semantics a dataset version that only appends shards only appends rows to each
-split's three arrays (``tokenmill.indices.growing``). An entry built with its predecessor's
-description at hand writes just the rows after the predecessor's and records the predecessor's
-array files as its first parts (*segments*, oldest first): a refresh computes, writes and uploads
-O(new documents + new samples) bytes. Readers see the concatenation
-(``tokenmill.formats.nanoset_cache.SegmentedArray``), equal row for row to a full build.
+split's three arrays (``tokenmill.indices.growing``). So an entry built with its predecessor's
+description at hand writes just the rows after the predecessor's, whose array files it records
+as its first parts (*segments*, oldest first): a refresh computes, writes and uploads O(new
+documents + new samples) bytes, and readers see the concatenation (``SegmentedArray``).
 
 The rows after any point follow from a small **state** recorded there (the description's
-``growth``; fields in docs/formats.md, "Growing entries: segments"): sample k starts at token
-k·S of the split's stream, so the rows after it need only the documents from ``at`` (the one
-its last sample-index row points into) on.
+``growth``, docs/formats.md): sample k starts at token k·S of the split's stream, so the rows
+after it need only the documents from ``at`` (the one its last row points into) on.
 
 Segments are compacted like a binary counter: the new part absorbs the trailing segments while
 the last is at most twice the part's size (absorbing the first segment is a full build). Each

@@ -109,9 +109,8 @@ FetchEntry = Callable[[Mapping[str, Path]], object]
 
 @dataclass(frozen=True)
 class Entry:
-    """One split's cache entry, named by its key: its files, and what builds them. ``previous``
-    is the description of the entry of a dataset version this one extends (same settings): a
-    new growing entry then writes only the rows after it (``growing_segments``)."""
+    """One split's cache entry, named by its key: its files, and what builds them. ``previous``:
+    the description of the entry this growing one extends (writing only the rows after it)."""
 
     inputs: IndexInputs
     cache_dir: Path
@@ -134,9 +133,9 @@ class Entry:
         self._build(again=False)
 
     def load(self, *, build: bool = True) -> NanosetIndex:
-        """Map the committed entry's arrays (its segments too). With ``build``, an entry that
-        looks complete but is unreadable (a damaged or planted array of the recorded size) is
-        built again in place; a growing entry's missing segment stays a CacheError."""
+        """Map the committed entry's arrays (its segments too); with ``build``, one that looks
+        complete but is unreadable (a damaged or planted array) is built again in place, while a
+        growing entry's missing segment stays a CacheError."""
         try:
             loaded = self._mapped()
         except CacheError as exc:

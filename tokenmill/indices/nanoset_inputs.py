@@ -49,9 +49,8 @@ def index_lengths(dataset_prefix: str | Path, semantics: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class IndexInputs:
-    """What a dataset's Nanoset entries are computed from: its sequence lengths (the ``.idx``
-    array, every sequence's), content hash, shard table (growing semantics only) and masked
-    sequence ids (left out of the index). No ``.bin`` is needed."""
+    """What a dataset's Nanoset entries are computed from, no ``.bin`` needed: every sequence's
+    length, the content hash, the shard table (growing only) and the masked sequence ids."""
 
     lengths: np.ndarray
     content_hash: str
@@ -60,9 +59,8 @@ class IndexInputs:
 
     @classmethod
     def of(cls, dataset_prefix: str | Path, semantics: str) -> IndexInputs:
-        """The inputs of a dataset on disk. One with a manifest is read through its ``.idx``
-        and manifest alone (an S3 step need not stage the ``.bin``); a hand-made pair without
-        one is hashed whole. Growing semantics reads the shard table from the manifest."""
+        """The inputs of a dataset on disk, through its ``.idx`` and manifest alone (an S3 step
+        need not stage the ``.bin``); a hand-made pair without a manifest is hashed whole."""
         index_only = dataset_manifest_path(dataset_prefix).is_file()
         return cls(
             np.asarray(open_dataset(dataset_prefix, index_only=index_only).sequence_lengths),

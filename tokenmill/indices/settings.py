@@ -47,9 +47,8 @@ class NanosetSettings:
 @dataclass(frozen=True)
 class BlendSettings:
     """Everything a blend build takes besides its name, datasets and folders: the index
-    settings and the weighting, ``weights`` (``{dataset: weight}``, normalized by the build)
-    or a token-count ``temperature`` (exactly one; the build checks it against the datasets).
-    """
+    settings and exactly one of ``weights`` (``{dataset: weight}``, normalized by the build) and
+    a token-count ``temperature``."""
 
     nanoset: NanosetSettings
     weights: Mapping[str, float] | None = field(default=None)
