@@ -2,11 +2,10 @@
 
 Bit-exact index builds must draw their permutations from ``RandomState(seed).shuffle``. numpy's
 loop interleaves each draw (MT19937 plus a rejection loop with unpredictable branches) with a
-swap at a random position, so the CPU waits on one cache miss at a time. Here the same draws
-are made first, for a chunk of steps (MT19937 and numpy's ``random_interval`` rejection rule,
-ported), then the chunk's swaps run as a branch-free loop whose independent loads overlap. The
-result, and the generator state left behind, are identical to numpy's; without numba (or for
-lengths that need 64-bit draws) numpy's own ``shuffle`` runs instead.
+swap at a random position, so the CPU waits on one cache miss at a time. Here a chunk's draws
+are made first (MT19937 and numpy's ``random_interval`` rejection rule, ported), then its swaps
+run as a branch-free loop whose independent loads overlap. The permutation and the generator
+state left behind are numpy's; without numba (or for 64-bit draws) numpy's ``shuffle`` runs.
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """Blend algorithms: weight normalization, per-dataset sample counts and blend indices.
 
 ``semantics="megatron"`` follows megatron-core's BlendedMegatronDatasetBuilder + BlendedDataset:
-the builder normalizes the configured weights once (per-dataset target ``ceil(N·w)`` and
-buffer ``ceil(ceil(N·w)·1.005)``, blend size ``Σ target``), BlendedDataset normalizes them again
-before the greedy loop (the second pass can change the last bits), dtypes int16/int64, and
-sampling a dataset past its length is an error. ``semantics="nanotron"`` follows the index-era
-BlendedNanoset: one normalization, ``int(N·w·1.005)`` samples per dataset, blend size ``N``,
-sample positions wrapped modulo each dataset's length, dtypes uint64/int64.
-Beyond the references: :func:`temperature_weights` (fairseq-style multilingual sampling) and
-:func:`exhaustive_blend_indices` (Megatron's weights-as-counts blending, FORMATS.md §7.4).
-The greedy loop itself is in ``tokenmill.indices._blend_kernels`` (bit-exact, vectorized/compiled).
+the builder normalizes the configured weights once (for the sizes), BlendedDataset again before
+the greedy loop (the second pass can change the last bits), dtypes int16/int64, and sampling a
+dataset past its length is an error. ``semantics="nanotron"`` follows the index-era
+BlendedNanoset: one normalization, sample positions wrapped modulo each dataset's length, dtypes
+uint64/int64. Beyond the references: :func:`temperature_weights` (fairseq-style multilingual
+sampling) and :func:`exhaustive_blend_indices` (Megatron's weights-as-counts, FORMATS.md §7.4).
+The greedy loop itself is in ``_blend_kernels`` (bit-exact, vectorized/compiled).
 """
 
 from __future__ import annotations

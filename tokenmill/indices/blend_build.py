@@ -271,10 +271,8 @@ def _build_split(
     """One split: blend arrays written into ``folder``, and the split's manifest part."""
     indices, counts = caches
     dataset_index, sample_index, mode = _blend_arrays(plan, split, indices)
-    files: dict[str, dict[str, Any]] = {}  # growing: the predecessor's parts, read in place
-    start = 0
-    if mode == "growing" and plan.growing is not None:
-        files, start = growing_blend.blend_segments(plan.growing, split, len(dataset_index))
+    # growing: the predecessor's parts are read in place, only the samples after them written
+    files, start = growing_blend.blend_segments(plan.growing, split, len(dataset_index))
     for array, values in zip(BLEND_ARRAYS, (dataset_index, sample_index), strict=True):
         path = folder / blend_array_name(split, array)
         with atomic_open(path, "wb") as fh:

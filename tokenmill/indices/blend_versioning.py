@@ -176,9 +176,8 @@ def prepare_blend(
     cache_dir: str | os.PathLike[str],
     settings: BlendSettings,
 ) -> PreparedBlend:
-    """Checked settings, dataset entries, plan and version of :func:`build_blend`'s arguments
-    (less ``fetch`` and ``expected``), reading only the datasets' manifests and ``.idx``:
-    e.g. to stage ``versions/<v16>/`` from remote storage before building, or to compare."""
+    """Checked settings, dataset entries, plan and version of :func:`build_blend`'s arguments,
+    reading only manifests and ``.idx`` (e.g. to stage ``versions/<v16>/`` before building)."""
     weights, temperature, nanoset = settings.weights, settings.temperature, settings.nanoset
     check_settings(datasets, weights, temperature, nanoset)
     root = Path(output_dir)

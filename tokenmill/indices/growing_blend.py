@@ -87,13 +87,13 @@ class GrowingState:
 
 
 def blend_segments(
-    state: GrowingState, split: str, size: int
+    state: GrowingState | None, split: str, size: int
 ) -> tuple[dict[str, dict[str, Any]], int]:
     """The predecessor's blend-array parts a version of ``size`` samples reads in place (as
     ``<array>.<i>`` records relative to the new version's folder) and the samples they hold, or
     ({}, 0): the version writes only the samples after them. Compacted as Nanoset segments are
     (``growing_segments``)."""
-    if state.previous is None or state.extends is None:
+    if state is None or state.previous is None or state.extends is None:
         return {}, 0
     info = state.previous["splits"].get(split)
     if info is None or not info["size"]:

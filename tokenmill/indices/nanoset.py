@@ -212,9 +212,8 @@ def cache_entry(
     *,
     previous: Mapping[str, Any] | None = None,
 ) -> Entry | None:
-    """The split's entry of a dataset's inputs (its :func:`entry_key` in ``cache_dir``),
-    nothing read or built yet; None if the split is empty for this dataset. ``num_samples``:
-    the split's size (None: one epoch; growing: no cap)."""
+    """The split's entry of a dataset's inputs in ``cache_dir``, nothing read or built yet; None
+    if the split is empty. ``num_samples``: the split's size (None: one epoch; growing: no cap)."""
     found = entry_key(
         len(inputs.lengths),
         inputs.content_hash,
