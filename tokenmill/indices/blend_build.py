@@ -196,8 +196,7 @@ def _rebased(manifest: dict[str, Any], folder: str) -> dict[str, Any]:
 def _split_caches(
     plan: Plan, split: str, predicted: list[str | None]
 ) -> tuple[list[NanosetIndex], list[int | None]]:
-    """Build or reuse the index of ``split`` of each dataset present in it (the cache hashes
-    the version names)."""
+    """Build or reuse each present dataset's index of ``split``, as the version predicted it."""
     counts = plan.counts(split)
     present = plan.present(SPLITS.index(split))
     expected_of = dict(zip(plan.prefixes, predicted, strict=True))

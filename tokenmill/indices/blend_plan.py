@@ -177,8 +177,7 @@ class Plan:
         }
 
     def skipped(self, position: int) -> dict[str, str]:
-        """The datasets left out of split ``SPLITS[position]`` (their index would hold no
-        sample), each with the reason, in blend order."""
+        """The datasets left out of split ``SPLITS[position]`` (no sample), with the reason."""
         split = SPLITS[position]
         spec, seq = self.settings.split_spec, self.settings.sequence_length
         extra = 1 if self.settings.add_extra_token else 0

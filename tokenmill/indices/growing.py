@@ -65,8 +65,7 @@ ERA_SAMPLES = 64
 
 
 def split_era(split: str, era_samples: int) -> int:
-    """The era a split is shuffled in: ``era_samples`` for train, 1 (merge order) for valid and
-    test (see the module docstring)."""
+    """The era a split is shuffled in: ``era_samples`` for train, 1 (merge order) otherwise."""
     return check_int("era_samples", era_samples, minimum=1) if split == "train" else 1
 
 
@@ -89,9 +88,8 @@ def shard_table(
 def shard_lineage(
     manifest_or_prefix: Mapping[str, Any] | str | os.PathLike[str],
 ) -> list[tuple[str, int, str]]:
-    """``[(shard key, documents, content hash), ...]`` in merge order (see :func:`shard_table`;
-    a pair without ``shards`` is one shard with the pair's content hash): a version extends
-    another when the other's lineage is a prefix of its own."""
+    """:func:`shard_table`'s rows with each shard's content hash, ``(key, documents, hash)``: a
+    version extends another whose lineage is a prefix of its own."""
     if isinstance(manifest_or_prefix, Mapping):
         manifest: Mapping[str, Any] = manifest_or_prefix
         where = str(manifest.get("prefix", "manifest"))

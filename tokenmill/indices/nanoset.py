@@ -313,8 +313,7 @@ def _write_growing(entry: Entry) -> None:
 
 
 def _write_split(entry: Entry) -> None:
-    """The arrays and description of a megatron or nanotron entry (module docstring: masked
-    documents)."""
+    """The arrays and description of a megatron or nanotron entry (masked: module docstring)."""
     lengths = entry.inputs.lengths
     kept = unmasked(len(lengths), entry.inputs.masked)
     document_index, sample_index, shuffle_index, plan = compute_indices(
