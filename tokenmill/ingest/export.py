@@ -1,14 +1,11 @@
 """HF dataset export: an input shard -> ``<dir>/data/<shard>.parquet`` (``dataset_info`` describes
 the shards in ``<dir>/dataset_info.json``).
 
-The layout loads with ``datasets.load_dataset("parquet", data_files=...)`` and plain pyarrow.
-Every field of the input records is kept. Export streams twice over the input with bounded
-memory: the first pass validates (quarantining bad lines) and infers one schema for the whole
-shard (per-field types unified across batches; a field missing from a record becomes null); the
-second pass writes row groups of exactly ``row_group_rows`` rows. A field whose values cannot
-share one Arrow type (e.g. an int in one record and a string in another, or an empty object)
-is stored as a string column holding each value's JSON text and listed under
-``json_encoded_fields`` in the Parquet key-value metadata. Same input and settings -> same bytes.
+Loads with ``datasets.load_dataset("parquet", ...)`` and plain pyarrow; every input field is kept.
+Two streaming passes: the first validates and infers one schema for the shard (a missing field is
+null), the second writes row groups of ``row_group_rows`` rows. A field whose values share no
+Arrow type (an int and a string, an empty object) is stored as JSON text and listed under
+``json_encoded_fields`` in the Parquet metadata. Same input and settings -> same bytes.
 """
 
 from __future__ import annotations
@@ -83,8 +80,8 @@ class _Plan:
 
 
 class _AlreadyQuarantined(Quarantine):
-    """A sink that only counts bad lines: they were quarantined by the first pass, or by the
-    validation step that owns the quarantine file (``write_quarantine=False``)."""
+    """A sink that only counts bad lines: the first pass (or the validation step that owns the
+    quarantine file) quarantined them."""
 
     def add(self, source: str, line: int, reason: str, raw: bytes) -> None:
         self._count += 1
@@ -195,15 +192,11 @@ def export_shard(
     write_quarantine: bool = True,
     source_name: str | None = None,
 ) -> ExportResult:
-    """Write ``output_dir/data/<shard>.parquet`` atomically from one input shard.
-
-    Bad lines raise ``BadRecordError`` (``fail``) or go to ``quarantine_path`` (default
-    ``output_dir/<shard>.quarantine.jsonl``), written only when a line was quarantined.
-    With ``write_quarantine=False`` they are only counted and skipped: a validation step that
-    read the same shard owns its quarantine file. ``source_name`` (default: the input path) is
-    how bad records name their file, e.g. the URI a downloaded shard came from. Nothing is left
-    at the output path when the export fails.
-    """
+    """Write ``output_dir/data/<shard>.parquet`` atomically from one input shard (nothing left
+    there on failure). Bad lines raise ``BadRecordError`` (``fail``) or go to ``quarantine_path``
+    (default ``output_dir/<shard>.quarantine.jsonl``, written only if not empty); with
+    ``write_quarantine=False`` only counted (the validation step owns that file).
+    ``source_name`` (default: the input path): how bad records name their file."""
     if row_group_rows < 1:
         raise ConfigError(f"row_group_rows={row_group_rows}: must be at least 1")
     if quarantine_path is not None and not write_quarantine:
