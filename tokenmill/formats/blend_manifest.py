@@ -75,9 +75,7 @@ def versions_root(mpath: Path) -> Path:
 
 def available_versions(mpath: Path) -> list[str]:
     """The version folders (16 hex digits) with a manifest beside a blend manifest, sorted."""
-    folder = versions_root(mpath) / VERSIONS_DIR
-    if not folder.is_dir():
-        return []
+    folder = versions_root(mpath) / VERSIONS_DIR  # a missing folder globs nothing
     return sorted(p.parent.name for p in folder.glob(f"*/{MANIFEST_NAME}"))
 
 

@@ -246,12 +246,9 @@ def open_dataset(
 def _check_schema(path: Path, name: str, manifest: dict[str, Any]) -> None:
     """FormatError for fields of the wrong shape, or ``files`` naming anything but the pair
     beside the manifest (a tampered manifest must not make readers look elsewhere)."""
-    if not isinstance(manifest["counts"], dict):
-        raise FormatError(path, "counts", f"expected a mapping, found {manifest['counts']!r}")
-    if not isinstance(manifest["content_hash"], str):
-        raise FormatError(
-            path, "content_hash", f"expected a string, found {manifest['content_hash']!r}"
-        )
+    for key, kind, expected in (("counts", dict, "a mapping"), ("content_hash", str, "a string")):
+        if not isinstance(manifest[key], kind):
+            raise FormatError(path, key, f"expected {expected}, found {manifest[key]!r}")
     files = manifest["files"]
     pair = sorted(f"{name}{suffix}" for suffix in (".bin", ".idx"))
     if not isinstance(files, dict) or sorted(files) != pair:

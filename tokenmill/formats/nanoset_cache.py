@@ -95,14 +95,11 @@ def load_array(
         ) from exc
     if array.dtype.hasobject:
         raise FormatError(path, what, "unreadable .npy: an object array; rebuild it")
-    if array.dtype.str != record.get("dtype"):
-        raise CacheError(
-            f"{path}: dtype {array.dtype.str}, the description records {record.get('dtype')}"
-        )
-    if list(array.shape) != record.get("shape"):
-        raise CacheError(
-            f"{path}: shape {list(array.shape)}, the description records {record.get('shape')}"
-        )
+    for field, found in (("dtype", array.dtype.str), ("shape", list(array.shape))):
+        if found != record.get(field):
+            raise CacheError(
+                f"{path}: {field} {found}, the description records {record.get(field)}"
+            )
     if full and file_sha256(path) != record.get("sha256"):
         raise CacheError(f"{path}: sha256 differs from the description")
     return array

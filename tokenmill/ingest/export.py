@@ -65,12 +65,11 @@ class _Plan:
 
     def schema(self) -> pa.Schema:
         names = list(self.order) if self.text_key in self.order else [self.text_key, *self.order]
-        fields = []
-        for name in names:
-            if name == self.text_key or name in self.as_json:
-                fields.append(pa.field(name, pa.string()))
-            else:
-                fields.append(pa.field(name, self.types.get(name, pa.null())))
+        strings = {self.text_key, *self.as_json}
+        fields = [
+            pa.field(n, pa.string() if n in strings else self.types.get(n, pa.null()))
+            for n in names
+        ]
         metadata = {JSON_FIELDS_KEY: json.dumps(sorted(self.as_json)).encode()}
         return pa.schema(fields, metadata=metadata if self.as_json else None)
 
