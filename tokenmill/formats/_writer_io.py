@@ -17,16 +17,10 @@ from typing import IO, Any
 COPY_BLOCK = 16 << 20
 
 
-def _load_sync_file_range() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (AttributeError, OSError):
-        return None
-
-
-_SYNC_FILE_RANGE = _load_sync_file_range()
+_SYNC_FILE_RANGE: Any = None  # Linux only
+if sys.platform.startswith("linux"):
+    with contextlib.suppress(AttributeError, OSError):
+        _SYNC_FILE_RANGE = ctypes.CDLL(None, use_errno=True).sync_file_range
 _SYNC_FILE_RANGE_WRITE = 2
 
 

@@ -270,7 +270,6 @@ def _check_same(
     input_path: str | os.PathLike[str], first: IngestStats, second: IngestStats
 ) -> None:
     keys = ("lines", "documents", "blank", "quarantined", "bytes_read")
-    a = {k: getattr(first, k) for k in keys}
-    b = {k: getattr(second, k) for k in keys}
+    a, b = ({k: getattr(stats, k) for k in keys} for stats in (first, second))
     if a != b:
         raise InputError(f"{input_path}: changed while being exported ({a} then {b}); run again")
