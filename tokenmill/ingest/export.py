@@ -87,11 +87,7 @@ class _AlreadyQuarantined(Quarantine):
 
 
 class _Unconvertible(Exception):
-    """A value of ``field`` does not fit the type inferred for it (e.g. int -> float loss)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.name = name
+    """A value of the field ``args[0]`` does not fit its inferred type (e.g. int -> float loss)."""
 
 
 def _parquet_ok(kind: pa.DataType) -> bool:
@@ -263,7 +259,7 @@ def _write_with_fallback(read: _Reader, tmp: Path, plan: _Plan, rows: int) -> In
         try:
             return _write(read, tmp, plan, rows)
         except _Unconvertible as exc:
-            plan.to_json(exc.name)
+            plan.to_json(exc.args[0])
 
 
 def _check_same(
