@@ -1,14 +1,12 @@
 """Recipes (one module past 400 lines: models, field rules and error lines change together).
 
-A recipe (``recipes/*.yaml``, chosen by ``TOKENMILL_RECIPE``; every field in docs/user-guide.md
-§3) says which datasets and blends exist and how to build them. It is validated into the frozen
-pydantic models below; the Dagster code location turns each dataset and blend into assets,
-partitions, sensors and schedules named after it. Every rule below is read with the one-line
-error that names its field (``_problem``), so they stay in one module. Every bad field
-raises one ``ConfigError`` line naming the file, the field, the value found and what is allowed
-(``file: field: bad value V; expected …``). Relative paths are resolved against ``base_dir``
-(itself relative to the recipe file, default: its folder), so a recipe means the same from any
-cwd. pydantic and PyYAML come with the ``pipeline`` extra; the loader never imports this module.
+A recipe (``recipes/*.yaml``, chosen by ``TOKENMILL_RECIPE``; fields in docs/user-guide.md §3)
+says which datasets and blends exist and how to build them; it is validated into the frozen
+pydantic models below. Every bad field raises one ``ConfigError`` line naming the file, the
+field, the value found and what is allowed (``file: field: bad value V; expected …``, made by
+``_problem``). Relative paths resolve against ``base_dir`` (relative to the recipe file, default
+its folder), so a recipe means the same from any cwd. Needs the ``pipeline`` extra (pydantic,
+PyYAML); the loader never imports this module.
 """
 
 from __future__ import annotations
@@ -443,24 +441,17 @@ class Recipe(_Config):
         return tuple(b.model_copy(update={"datasets": b.datasets or known}) for b in blends)
 
     @model_validator(mode="after")
-    def _train_share(self) -> Recipe:
-        """A blend is built from the train split; ``train_samples`` needs one too."""
-        if _shares(self.nanoset.split)[0] > 0:
-            return self
-        if self.blends:
+    def _train_split(self) -> Recipe:
+        """A blend is built from the train split and needs its size (growing semantics: None =
+        every emitted sample); ``train_samples`` needs a train share too."""
+        split, train = self.nanoset.split, self.nanoset.train_samples
+        if _shares(split)[0] == 0 and self.blends:
             wanted = "a positive train share (a blend needs a train split)"
-            raise _expected(wanted, at=("nanoset", "split"), value=self.nanoset.split)
-        if self.nanoset.train_samples is not None:
-            expected = f"null (split {self.nanoset.split!r} gives the train split no share)"
-            at = ("nanoset", "train_samples")
-            raise _expected(expected, at=at, value=self.nanoset.train_samples)
-        return self
-
-    @model_validator(mode="after")
-    def _train_size(self) -> Recipe:
-        """A blend needs a train size (growing semantics: None = every emitted sample)."""
-        growing = self.nanoset.semantics == "growing"
-        if self.blends and self.nanoset.train_samples is None and not growing:
+            raise _expected(wanted, at=("nanoset", "split"), value=split)
+        if _shares(split)[0] == 0 and train is not None:
+            expected = f"null (split {split!r} gives the train split no share)"
+            raise _expected(expected, at=("nanoset", "train_samples"), value=train)
+        if self.blends and train is None and self.nanoset.semantics != "growing":
             wanted = "an integer >= 1 (a blend needs a train size)"
             raise _expected(wanted, at=("nanoset", "train_samples"), value=None)
         return self
@@ -567,10 +558,9 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
 def recipe_path(
     explicit: str | os.PathLike[str] | None = None, *, root: Path | None = None
 ) -> Path:
-    """The recipe to use: ``explicit``, else ``$TOKENMILL_RECIPE``, else ``recipes/demo.yaml``.
+    """The recipe to use: ``explicit``, else ``$TOKENMILL_RECIPE``, else ``recipes/demo.yaml``;
+    a relative path is taken from ``root`` (default: the current directory)."""
 
-    Relative paths are taken from ``root`` (default: the current directory).
-    """
     chosen = explicit or os.environ.get(RECIPE_ENV) or DEFAULT_RECIPE
     p = Path(chosen).expanduser()
     return p if p.is_absolute() else (root or Path.cwd()) / p
