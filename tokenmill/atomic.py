@@ -162,7 +162,6 @@ def discard_temp(fh: IO[Any] | None, tmp: str | os.PathLike[str] | None) -> None
 def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
     """Open a temp of ``path`` for writing; on clean exit fsync and rename it to ``path``, on
     an exception remove the temp (``path`` untouched)."""
-
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp, opened = create_temp(final, lambda t: open(t, mode))  # noqa: SIM115 - closed below

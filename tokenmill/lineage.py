@@ -109,7 +109,6 @@ class Shard:
     def _local_source(self, uri: str) -> Path | None:
         """The source file as a local path: itself, or an ``s3://`` source's copy in a temporary
         folder (downloaded once, removed with this object); None when not there."""
-
         if not uri.startswith("s3://"):
             return Path(uri)
         if self._copy is None:

@@ -279,7 +279,6 @@ def find(
     """Every blend version on ``root`` holding a document a query names, with the samples of
     each split holding it (``refs``: ``resolve_queries``' answer, so sources are not read
     again). ``s3://``: through a local mirror."""
-
     if os.fspath(root).startswith("s3://"):
         with local_root(root) as local:
             return find(local, queries, refs=refs)

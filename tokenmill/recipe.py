@@ -560,7 +560,6 @@ def recipe_path(
 ) -> Path:
     """The recipe to use: ``explicit``, else ``$TOKENMILL_RECIPE``, else ``recipes/demo.yaml``;
     a relative path is taken from ``root`` (default: the current directory)."""
-
     chosen = explicit or os.environ.get(RECIPE_ENV) or DEFAULT_RECIPE
     p = Path(chosen).expanduser()
     return p if p.is_absolute() else (root or Path.cwd()) / p

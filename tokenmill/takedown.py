@@ -313,6 +313,5 @@ def takedown(
     """:func:`record_takedown` then :func:`apply_takedown` (``tokenmill takedown``); an ``s3://``
     root is worked on in a local mirror, uploaded in commit order (a moved pointer:
     ConflictError)."""
-
     with local_root(root, write=True) as base:
         return apply_takedown(base, record_takedown(base, list_path, reason, now=now))

@@ -45,7 +45,6 @@ def verify_dataset(prefix: str | os.PathLike[str], *, full: bool = True) -> list
     except FormatError as exc:
         return [str(exc)]
     problems = file_problems(prefix, manifest, full=full)
-
     for key, value in counts.items():
         recorded = manifest["counts"].get(key)
         if recorded is not None and recorded != value:
@@ -103,7 +102,6 @@ def verify_blend(path: str | os.PathLike[str], *, full: bool = False) -> list[st
     """Problems between a blend manifest and its files (empty = consistent): its schema and own
     hash, every file's size, the index records (O(1) in the index sizes); ``full``: also every
     file's sha256 and every index value in bounds (as ``open_blend(verify="full")``)."""
-
     problems = verify_manifest(path, full=full)
     if full and not problems:  # the files hash right: now every index value and pointer
         mpath = manifest_path(path)

@@ -33,7 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "records, as open_blend's default check); without it every file is hashed and, for a "
         "blend, every index value checked",
     )
-    p.set_defaults(func=run)
 
 
 def _pointed(pointer: Path) -> Path:
