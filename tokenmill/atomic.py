@@ -21,7 +21,6 @@ import shutil
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, Self, TypeVar
 
 from tokenmill.errors import FormatError
@@ -46,11 +45,6 @@ def host_tag() -> str:
     return name or "_"
 
 
-def temp_suffix() -> str:
-    """``<host>-<pid>-<rand>``: who writes a temp, so only its own host judges it stale."""
-    return f"{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
 def temp_dir(folder: str | os.PathLike[str]) -> Path:
     """``<folder>/.tmp``, made (with ``folder``) when absent; the call that makes it also
     removes dead temps beside the files (so ``folder`` is listed once only)."""
@@ -68,7 +62,8 @@ def temp_path_for(path: str | os.PathLike[str]) -> Path:
     temp stays in its ``.tmp/``); the caller creates it, through ``create_temp`` if racing."""
     p = Path(path)
     folder = p.parent.parent if p.parent.name == TMP_DIR else p.parent
-    return temp_dir(folder) / f"{p.name}{TMP_MARK}{temp_suffix()}"
+    writer = f"{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}"  # only its host judges it
+    return temp_dir(folder) / f"{p.name}{TMP_MARK}{writer}"
 
 
 def is_temp(rel: str) -> bool:
@@ -218,19 +213,10 @@ def writer_alive(suffix: str) -> bool:
     host's always does; here its pid must run, not a zombie (a host-less ``<pid>-<rand>``: the
     same)."""
     parts = suffix.rsplit("-", 2)
-    if len(parts) == 3:
-        host, pid_text = parts[0], parts[1]
-        if host != host_tag():
-            return True
-    else:
-        pid_text = suffix.split("-", 1)[0]
-    return _pid_alive(pid_text)
-
-
-def _pid_alive(pid_text: str) -> bool:
-    """True when ``pid_text`` is the pid of a process of this host that runs (not a zombie)."""
+    if len(parts) == 3 and parts[0] != host_tag():
+        return True
     try:
-        pid = int(pid_text)
+        pid = int(parts[1] if len(parts) == 3 else suffix.split("-", 1)[0])
         if pid <= 0:
             return False
         os.kill(pid, 0)
@@ -320,12 +306,7 @@ class CommitOnExit:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if exc_type is not None:
             self.abort()
             return

@@ -241,25 +241,17 @@ class NanosetConfig(_Config):
     era_samples: Annotated[int, _int(1)] = ERA_SAMPLES
 
     @model_validator(mode="after")
-    def _seed_range(self) -> NanosetConfig:
-        """The index builders seed numpy's RandomState, which takes 0 to 2**32 - 1."""
+    def _consistent(self) -> NanosetConfig:
+        """The seed fits numpy's RandomState (the index builders'); a split the ``split`` shares
+        give nothing has no sample count; nanotron always adds the extra token and drops the
+        last partial valid sample, growing semantics drops it too."""
         if self.seed > SEED_MAX:
             raise _expected(f"an integer from 0 to {SEED_MAX}", at=("seed",), value=self.seed)
-        return self
-
-    @model_validator(mode="after")
-    def _samples_need_a_share(self) -> NanosetConfig:
-        """A split the ``split`` shares give nothing cannot be asked for samples."""
-        for name, share in zip(("train", "valid", "test"), _shares(self.split), strict=True):
-            wanted = getattr(self, f"{name}_samples")
-            if share == 0 and wanted is not None and name != "train":  # train: Recipe's rule
+        for name, share in zip(("valid", "test"), _shares(self.split)[1:], strict=True):
+            wanted = getattr(self, f"{name}_samples")  # train: Recipe's rule
+            if share == 0 and wanted is not None:
                 expected = f"null (split {self.split!r} gives the {name} split no share)"
                 raise _expected(expected, at=(f"{name}_samples",), value=wanted)
-        return self
-
-    @model_validator(mode="after")
-    def _nanotron_flags(self) -> NanosetConfig:
-        """nanotron always adds the extra token and drops the last partial valid sample."""
         for flag in ("add_extra_token", "drop_last_partial_validation"):
             if self.semantics == "nanotron" and not getattr(self, flag):
                 wanted = "true with semantics nanotron (nanotron always uses it)"
