@@ -96,13 +96,10 @@ class Shard:
         path = self._local_source(uri)
         if path is None or not path.is_file():
             return None
-        if path.stat().st_size != int(stats["input"]["bytes"]):
-            raise FormatError(
-                uri,
-                "bytes",
-                f"{path.stat().st_size}, the raw stats recorded {stats['input']['bytes']}: "
-                f"the source changed after shard {self.key!r} was read",
-            )
+        size, recorded = path.stat().st_size, stats["input"]["bytes"]
+        if size != int(recorded):
+            changed = f"the source changed after shard {self.key!r} was read"
+            raise FormatError(uri, "bytes", f"{size}, the raw stats recorded {recorded}: {changed}")
         read = document_rows if table else document_lines
         return self._checked(path, read(path, self.text_key()))
 

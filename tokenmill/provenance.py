@@ -264,9 +264,8 @@ def _samples_holding(ds: dict[str, Any], mpath: Path, seqs: np.ndarray, extra: i
     for p, a, b in zip(pos.tolist(), lo.tolist(), hi.tolist(), strict=True):
         for j in range(a, b + 1):
             (sb, _), (eb, eo) = sample[j].tolist(), sample[j + 1].tolist()
-            if not sb <= p <= eb or (p == eb and eo + extra == 0):
-                continue
-            rows.append(j)
+            if sb <= p <= eb and not (p == eb and eo + extra == 0):
+                rows.append(j)
     return np.flatnonzero(np.isin(shuffle, np.unique(np.asarray(rows, dtype=np.int64))))
 
 
