@@ -97,15 +97,11 @@ def remove_empty_dir(folder: str | os.PathLike[str]) -> bool:
     """Remove ``folder`` when nothing but an empty ``.tmp/`` is left in it (e.g. a version
     folder whose files were just deleted); True when it is gone."""
     try:
-        names = os.listdir(folder)
-    except OSError:
-        return False
-    if names not in ([], [TMP_DIR]):
-        return False
-    remove_temp_dir(folder)
-    try:
+        if os.listdir(folder) not in ([], [TMP_DIR]):
+            return False
+        remove_temp_dir(folder)
         os.rmdir(folder)
-    except OSError:  # a writer put something there meanwhile
+    except OSError:  # not there, or a writer put something there meanwhile
         return False
     return True
 
