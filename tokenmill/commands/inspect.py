@@ -58,16 +58,17 @@ def _decoder(path: str) -> Any:
     return Tokenizer.from_file(str(resolve_tokenizer_path(path)[1]))
 
 
-def _print_decoded(args: argparse.Namespace, n: int, what: str, item: Callable[[int], Any]) -> None:
-    """Print the text of item ``k`` (``item(k)``: its title and tokens) of each ``--decode k``,
-    cut to ``--max-tokens``; ConfigError unless ``0 <= k < n`` (``what`` names the items)."""
+def _print_decoded(
+    args: argparse.Namespace, n: int, what: str, name: str, get: Callable[[int], Any]
+) -> None:
+    """Print the text of item ``get(k)`` (titled ``<name> k``) of each ``--decode k``, cut to
+    ``--max-tokens``; ConfigError unless ``0 <= k < n`` (``what`` names the items)."""
     tok = _decoder(args.tokenizer)
     for k in args.decode:
         if not 0 <= k < n:
             raise ConfigError(f"--decode {k}: {what} " + (f"0..{n - 1}" if n else "none"))
-        title, tokens = item(k)
-        ids = tokens.tolist()
-        print(f"--- {title} ({len(ids)} tokens) ---")
+        ids = get(k).tolist()
+        print(f"--- {name} {k} ({len(ids)} tokens) ---")
         shown = ids[: args.max_tokens] if args.max_tokens > 0 else ids
         print(tok.decode(shown, skip_special_tokens=False))
         if len(shown) < len(ids):
@@ -85,7 +86,7 @@ def _blend(mpath: Path, args: argparse.Namespace) -> None:
 
     ds = open_blend(mpath, split=args.split)
     what = f"the blend's {args.split} split has samples"
-    _print_decoded(args, len(ds), what, lambda k: (f"{args.split} sample {k}", ds[k]))
+    _print_decoded(args, len(ds), what, f"{args.split} sample", ds.__getitem__)
 
 
 def _dataset(prefix: Path, args: argparse.Namespace) -> None:
@@ -103,8 +104,7 @@ def _dataset(prefix: Path, args: argparse.Namespace) -> None:
             "    " + histogram_text(length_histogram(ds.sequence_lengths)).replace("\n", "\n    ")
         )
         if args.decode:
-            item = lambda k: (f"sequence {k}", ds.get(k))  # noqa: E731
-            _print_decoded(args, len(ds), "the dataset has sequences", item)
+            _print_decoded(args, len(ds), "the dataset has sequences", "sequence", ds.get)
 
 
 def run(args: argparse.Namespace) -> int:
