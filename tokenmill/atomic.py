@@ -265,19 +265,16 @@ def _remove_dead(folder: Path, names: list[str], *, strict: bool) -> None:
 
 
 def file_sha256(path: str | os.PathLike[str], offset: int = 0, length: int | None = None) -> str:
-    """Hex sha256 of a file (or of ``length`` bytes from ``offset``), streamed in 4 MiB blocks."""
-    block = 1 << 22
-    h = hashlib.sha256()
+    """Hex sha256 of a file from ``offset`` (``length`` bytes; None or negative: to the end),
+    streamed in blocks."""
     with open(path, "rb") as fh:
         fh.seek(offset)
-        left = -1 if length is None else length
-        while left:
-            chunk = fh.read(block if left < 0 else min(block, left))
-            if not chunk:
-                break
+        if length is None or length < 0:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+        h = hashlib.sha256()
+        while length > 0 and (chunk := fh.read(min(1 << 22, length))):
             h.update(chunk)
-            if left > 0:
-                left -= len(chunk)
+            length -= len(chunk)
     return h.hexdigest()
 
 
