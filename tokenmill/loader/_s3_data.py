@@ -1,16 +1,11 @@
 """A dataset read from S3 (``open_blend("s3://...")``): a pair or a virtual merge whose ``.bin``
-and ``.idx`` are both read by blocks through the node-local cache (``_s3``), so its open fetches
-no index file.
+and ``.idx`` are both read by blocks through the node-local cache (``_s3``).
 
-It opens from what the manifests record: each pair's sequence count, the dtype, the file sizes
-(a blend's entry of a pair, a merge's shard records) and the block records. A batch reads the
-length and pointer of each sequence it touches from the ``.idx`` blocks holding them (one
-parallel fetch; every block checked by its sha256 as it enters the cache), then its token
-blocks; a part's token file of one block is fetched with its first index read (many small
-shards: one round of GETs, not two). A pair's 34-byte header comes with its first index read
-and is checked against those records (FormatError naming the object). The files of a pair
-live in S3 at the keys their mirrored paths name: the open mirrors a blend's small files to
-``<cache>/files/<bucket>/<key>``.
+It opens from what the manifests record (counts, dtype, file sizes, block records), so its open
+fetches no index file. A batch reads the length and pointer of each sequence it touches from
+the ``.idx`` blocks holding them, with the header of each pair not read yet (checked against the
+records) and any one-block token file (many small shards: one round of GETs, not two), then its
+token blocks. A file's S3 key is the one its mirrored path ``<cache>/files/<bucket>/<key>`` names.
 """
 
 from __future__ import annotations
@@ -42,7 +37,7 @@ class RemoteFiles:
     def __init__(self, files: list[RemoteFile], cache: BlockCache) -> None:
         self.files, self.cache = files, cache
         self._block_bytes = np.array([f.block_bytes for f in files], dtype=np.int64)
-        self._stride = max(-(-f.size // f.block_bytes) for f in files) + 1  # blocks per key
+        self._stride = max(f.blocks for f in files) + 1  # blocks per key
 
     def _plan(
         self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray
@@ -126,10 +121,6 @@ class RemotePair:
     idx: RemoteFile
     sequences: int
 
-    @property
-    def files(self) -> tuple[RemoteFile, RemoteFile]:
-        return self.bin, self.idx
-
 
 class RemoteData:
     """A remote pair or virtual merge with the reading surface of ``IndexedDataset``:
@@ -169,9 +160,8 @@ class RemoteData:
         self._headers: set[int] = set()  # parts whose .idx header was checked
         self._last: tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         for p in pairs:
-            if (p.idx.size - HEADER_SIZE - 12 * p.sequences) % 8 or p.idx.size < (
-                HEADER_SIZE + 12 * p.sequences + 8
-            ):
+            pointers = p.idx.size - HEADER_SIZE - 12 * p.sequences  # document index bytes
+            if pointers % 8 or pointers < 8:
                 raise FormatError(
                     p.idx.uri, "size", f"{p.idx.size} bytes cannot hold {p.sequences} sequences"
                 )
@@ -205,10 +195,11 @@ class RemoteData:
         new = np.array(
             [p for p in np.unique(part).tolist() if p not in self._headers], dtype=np.int64
         )
-        if len(new):  # their block lists (a shard's manifest) come while the index is read
-            self.cache.prefetch_lists([f for p in new.tolist() for f in self.pairs[p].files])
+        fresh = [self.pairs[p] for p in new.tolist()]
+        if fresh:  # their block lists (a shard's manifest) come while the index is read
+            self.cache.prefetch_lists([f for pair in fresh for f in (pair.bin, pair.idx)])
         # and so does a token file of one block: the batch needs it, whatever the pointers
-        also = [(b, 0) for b in (self.pairs[p].bin for p in new.tolist()) if b.blocks == 1]
+        also = [(pair.bin, 0) for pair in fresh if pair.bin.blocks == 1]
         lengths_at = HEADER_SIZE + 4 * local
         pointers_at = HEADER_SIZE + 4 * self._sequences[part] + 8 * local
         starts = np.concatenate([np.zeros(len(new), dtype=np.int64), lengths_at, pointers_at])
