@@ -136,9 +136,8 @@ class BlendedDataset(Batches):
 
     @property
     def extends(self) -> str | None:
-        """The blend version this one extends (growing semantics: sample i of every split is
-        the same for every i below that version's length), or None (another semantics, a first
-        version, or one that edited, removed or reordered data or changed a setting)."""
+        """The blend version whose samples this one's start with (growing semantics, data only
+        added), or None."""
         found = self.manifest.get("extends")
         return None if found is None else str(found)
 

@@ -525,35 +525,28 @@ class BlockCache:
     ) -> Fresh:
         """Serve this fetched, checked block from memory, and store it on the writer thread,
         off the batch's path: its ``lock`` is released once it is stored (until then other
-        processes wait for the file and this one reads the bytes)."""
+        processes wait for the file and this one reads the bytes); a failure (the cache
+        directory full) is raised by the next read (``stored_failure``)."""
         view = memoryview(data)
         with self._lock:
             self._maps[str(path)] = view
-        writer = self._own("writer", lambda: ThreadPoolExecutor(1, "tokenmill-s3-store"))
-        self._submit(writer, self._store_kept, f, i, path, data, lock, view)
-        return str(path), view
 
-    def _store_kept(
-        self,
-        f: RemoteFile,
-        i: int,
-        path: Path,
-        data: bytes,
-        lock: contextlib.ExitStack,
-        view: memoryview,
-    ) -> None:
-        """Store a block served from memory (``_keep``), then release its lock; a failure (the
-        cache directory full) is raised by the next read (``stored_failure``)."""
-        try:
-            self._store(f, i, path, data)
-        except Exception as exc:
-            with self._lock:
-                self._failed = self._failed or exc
-        finally:
-            lock.close()
-            with self._lock:  # read from the file from now on (or fetched again)
-                if self._maps.get(str(path)) is view:
-                    del self._maps[str(path)]
+        def store() -> None:
+            try:
+                self._store(f, i, path, data)
+            except Exception as exc:
+                with self._lock:
+                    self._failed = self._failed or exc
+            finally:
+                lock.close()
+                with self._lock:  # read from the file from now on (or fetched again)
+                    if self._maps.get(str(path)) is view:
+                        del self._maps[str(path)]
+
+        self._submit(
+            self._own("writer", lambda: ThreadPoolExecutor(1, "tokenmill-s3-store")), store
+        )
+        return str(path), view
 
     def stored_failure(self) -> None:
         """Raise, once, the failure of storing blocks a batch was served from memory."""
