@@ -7,11 +7,8 @@
     for indices in sampler:
         tokens = ds.get_batch(indices)        # int64 [B, sequence_length + 1]
 
-``ds[k]`` is one sample assembled as Megatron's GPTDataset does (FORMATS §5.5); inputs are
-``tokens[:, :-1]`` and labels ``tokens[:, 1:]``. ``tokenmill.loader.torch`` adapts this to a
-PyTorch map-style Dataset when torch is installed. A blend with growing semantics can be
-followed at step boundaries (``FollowGrowth``, ``reopen_if_extended``: ``ds.extends`` names the
-version a version extends).
+``ds[k]`` is one sample as Megatron's GPTDataset assembles it (FORMATS §5.5). A growing blend
+is followed at step boundaries by ``FollowGrowth``; ``tokenmill.loader.torch`` adapts to torch.
 """
 
 from __future__ import annotations
@@ -233,27 +230,9 @@ def reopen_if_extended(
 
 
 class FollowGrowth:
-    """One split of a blend that moves to newer versions extending the one in use.
-
-    ::
-
-        follow = FollowGrowth("blends/mix", "train", version=ckpt.get("version"),
-                              global_batch_size=512, rank=r, world_size=w)
-        step = ckpt.get("step", 0)
-        while True:
-            for indices in follow.sampler(step):      # this rank's slice of each global batch
-                train_on(follow.ds.get_batch(indices)); step += 1
-                if step % checkpoint_every == 0:
-                    save(step=step, version=follow.version)
-                    if follow.refresh():              # a newer version extends ours: switch
-                        break
-            else:
-                if not follow.refresh():              # out of whole batches and no new data
-                    break
-
-    Steps count global batches, so ``step · global_batch_size`` samples were consumed; after a
-    switch the sampler starts at the same step of the larger version.
-    """
+    """One split of a blend that moves to newer versions extending the one in use: call
+    ``refresh()`` at a checkpoint, then iterate ``sampler(step)`` from the same step (steps count
+    global batches, so no sample is replayed or skipped); the user guide's §5 shows the loop."""
 
     def __init__(
         self,

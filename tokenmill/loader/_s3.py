@@ -563,13 +563,9 @@ class BlockCache:
         )
         runs: list[tuple[RemoteFile, int, int]] = []
         for (uri, i), f in missing:
-            if (
-                runs
-                and runs[-1][0].uri == uri
-                and runs[-1][2] == i
-                and i - runs[-1][1] < RUN_BLOCKS
-            ):
-                runs[-1] = (f, runs[-1][1], i + 1)
+            last = runs[-1] if runs else None
+            if last and last[0].uri == uri and last[2] == i and i - last[1] < RUN_BLOCKS:
+                runs[-1] = (f, last[1], i + 1)
             else:
                 runs.append((f, i, i + 1))
         return runs
