@@ -19,9 +19,8 @@ def _reopen_blend(
     dataset_sample_index: np.ndarray | str | tuple[str, ...],
     settings: dict[str, Any],
 ) -> BlendedDataset:
-    """Inverse of ``BlendedDataset.__reduce__`` (datasets reopened from ``reopen`` arguments,
-    blend arrays memory-mapped from their files); a file gone since the job opened the blend
-    (gc removed its version) is a CacheError naming the blend version."""
+    """Inverse of ``BlendedDataset.__reduce__``; a file gone since the job opened the blend (gc
+    removed its version) is a CacheError naming the blend version."""
     try:
         datasets = {name: reopen(*args) for name, args in parts.items()}
         arrays, paths = map_arrays([dataset_index, dataset_sample_index])

@@ -130,9 +130,8 @@ class NanosetDataset(Batches):
         self._check_arrays(values=True)
 
     def _rows(self, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The first and last sample-index rows of samples ``ks``, each value
-        checked against the array it indexes (O(batch): a damaged index raises FormatError
-        instead of reading out of bounds)."""
+        """The first and last sample-index rows of samples ``ks``, each value checked against
+        the array it indexes (O(batch): a damaged index raises FormatError, never reads beyond)."""
         if ks.size and (int(ks.min()) < 0 or int(ks.max()) >= len(self.shuffle_index)):
             raise IndexError(f"{self.name}: sample out of range [0, {len(self)})")
         j = self.shuffle_index[ks].astype(np.int64)
@@ -156,9 +155,8 @@ class NanosetDataset(Batches):
         return len(self.shuffle_index)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickle file paths and small settings; the receiver memory-maps the ``.npy`` index
-        files and the token file again (DataLoader workers started with ``spawn`` get a working
-        copy of O(1) size). Arrays not read from files (built in memory) travel by value."""
+        """Pickle file paths and small settings, which the receiver (a ``spawn`` DataLoader
+        worker) maps again: O(1) in size; arrays built in memory travel by value."""
         settings = {
             "sequence_length": self.sequence_length,
             "add_extra_token": bool(self.extra),
@@ -325,9 +323,8 @@ def part_names(parts: list[list[Path]]) -> IndexPaths:
 
 
 def map_arrays(arrays: list[Any]) -> tuple[list[Any], IndexPaths | None]:
-    """Pickled index arrays as sent: file names (each array's file, or its parts') are
-    memory-mapped again (``allow_pickle=False``) and returned as the paths too; arrays sent by
-    value are kept, with no paths."""
+    """Pickled index arrays with their paths: file names (an array's file or its parts')
+    memory-mapped again (``allow_pickle=False``), or arrays sent by value (no paths)."""
     if not all(isinstance(a, str | tuple) for a in arrays):
         return arrays, None
 

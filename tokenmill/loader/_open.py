@@ -39,9 +39,8 @@ def is_full(verify: str) -> bool:
 def open_local(
     prefix: str | os.PathLike[str], *, full: bool, recorded: dict[str, Any] | None = None
 ) -> IndexedDataset | VirtualDataset:
-    """A ``.bin``/``.idx`` pair (header, counts and sizes checked on open; ``recorded``: counts
-    from a checked blend entry) or a virtual merge of pairs (each checked when first read);
-    ``full`` also checks every pointer against the lengths (samples are read through them)."""
+    """A ``.bin``/``.idx`` pair (checked on open; ``recorded``: counts from a checked blend
+    entry) or a virtual merge of pairs (each checked when first read); ``full``: every pointer."""
     data = open_dataset(prefix, recorded=recorded)
     if full:
         data.check_pointers()

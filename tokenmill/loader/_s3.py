@@ -572,8 +572,7 @@ class BlockCache:
 
     def prefetch(self, wanted: list[tuple[RemoteFile, int]]) -> None:
         """Fetch these blocks in the background (errors surface when the batch is read)."""
-        runs = self._runs([(f, i) for f, i in wanted if self._name(f, i) not in self._maps])
-        for run in runs:
+        for run in self._runs([(f, i) for f, i in wanted if self._name(f, i) not in self._maps]):
             self._submit(self.pool(), self._fill_run, *run)
 
     def prefetch_lists(self, files: list[RemoteFile]) -> None:
@@ -589,13 +588,13 @@ class BlockCache:
 
     @staticmethod
     def _quiet(fetch: Any, *args: Any) -> None:
-        """A background fetch: a failure is left for the read that needs what it fetches,
-        which fetches it again and raises there."""
+        """A background fetch: a failure (OSError, tokenmill's or botocore's) is left for the
+        read that needs what it fetches, which fetches it again and raises there."""
         try:
             fetch(*args)
-        except (CacheError, OSError):  # the foreground read retries and reports it
+        except OSError:
             return
-        except Exception as exc:  # botocore errors: same, reported by the foreground read
+        except Exception as exc:
             if type(exc).__module__.split(".")[0] not in ("botocore", "tokenmill"):
                 raise
 

@@ -269,9 +269,8 @@ def _reopen_remote(
 
 
 def remote_dataset(prefix: Path, recorded: dict[str, Any] | None, cache: BlockCache) -> RemoteData:
-    """The dataset at ``prefix`` (its manifests mirrored under ``cache.root``): a pair from the
-    counts its blend entry ``recorded`` holds and its dataset manifest's block records, or a
-    virtual merge from its manifest."""
+    """The dataset mirrored at ``prefix``: a pair from its blend entry's counts (``recorded``)
+    and its dataset manifest's block records, or a virtual merge from its manifest."""
     manifest = read_dataset_manifest(prefix)
     if is_virtual(manifest):
         return _merge(prefix, manifest, cache)
@@ -327,8 +326,7 @@ def _pair(prefix: Path, records: dict[str, Any], sequences: int, root: Path) -> 
 
 def _remote_file(path: Path, records: dict[str, Any], root: Path) -> RemoteFile:
     """The S3 object mirrored at ``path`` (``<root>/files/<bucket>/<key>``) with the size,
-    sha256 and block record ``records[path.name]`` holds (a list inline, or the digest of one
-    its shard's dataset manifest holds)."""
+    sha256 and block record (a list, or a list's digest) that ``records[path.name]`` holds."""
     try:
         bucket, *key = path.relative_to(root / "files").parts
     except ValueError:

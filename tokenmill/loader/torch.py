@@ -19,22 +19,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping, Sequence, Sized
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from tokenmill.errors import ConfigError
-from tokenmill.loader import FollowGrowth
+from tokenmill.loader import BlendedDataset, FollowGrowth, NanosetDataset
 
-
-class _Samples(Protocol):
-    def __len__(self) -> int: ...
-    def __getitem__(self, k: int) -> np.ndarray: ...
-    def get_batch(self, indices: Any) -> np.ndarray: ...
-    def get_training_batch(self, indices: Any, **flags: Any) -> dict[str, np.ndarray]: ...
-
+_Samples = BlendedDataset | NanosetDataset
 
 IGNORE_INDEX = -100  # the label Hugging Face losses skip
 
@@ -193,8 +187,5 @@ def growth_loader(follow: FollowGrowth, start_step: int = 0, **kwargs: Any) -> D
     each global batch, :func:`collate`d unless ``collate_fn`` is given). Make a new one from
     the same step after ``follow.refresh()`` switched versions: workers hold the old one."""
     kwargs.setdefault("collate_fn", collate)
-    # BlendedDataset and BatchSampler fit _Samples and DataLoader's batch_sampler structurally
-    # (keyword flags; index arrays for lists), which mypy's protocol check cannot see
-    samples: Any = follow.ds
-    batches: Any = follow.sampler(start_step)
-    return DataLoader(TokenDataset(samples), batch_sampler=batches, **kwargs)
+    batches: Any = follow.sampler(start_step)  # yields index arrays, not the lists typed
+    return DataLoader(TokenDataset(follow.ds), batch_sampler=batches, **kwargs)
