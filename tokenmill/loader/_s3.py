@@ -2,15 +2,11 @@
 
 A blend read from S3 reads its ``.bin`` and ``.idx`` by fixed-size blocks through this cache
 (the datasets over it: ``_s3_data``; the small files: ``_s3_open``), shared by every process on
-the node. A block is downloaded once (an ``flock`` per block, taken in ascending order for a
-run of consecutive blocks fetched by one range GET), checked against the sha256 its dataset
-manifest records, stored crash-safely (temp, fsync, rename), stamped checked (inode, size,
-mtime: later processes map it without hashing until it is written again) and evicted least
-recently used first (the stamp's mtime) beyond ``cache_bytes``. A batch is served from the
-checked bytes in memory while a writer thread stores them, each block's lock held until it is
-stored (a failed store is raised by the next read). A merge shard that records only the digest
-of its block lists gets them from its dataset manifest once per node (``blocklists/``). boto3
-comes lazily, only here, through ``tokenmill.storage.s3.shared_client``.
+the node. A block is downloaded once (an ``flock`` per block; runs of blocks by one range GET),
+checked against the sha256 its dataset manifest records, stored crash-safely (temp, fsync,
+rename), stamped checked (later processes map it without hashing until it is written again)
+and evicted least recently used first beyond ``cache_bytes``. boto3 comes lazily, only here,
+through ``tokenmill.storage.s3.shared_client``.
 """
 
 from __future__ import annotations
@@ -503,8 +499,7 @@ class BlockCache:
                 f"one batch needs {len(wanted)} blocks ({need} bytes), more than "
                 f"cache_bytes={self.capacity} at {self.root}: raise cache_bytes"
             )
-        maps = self._maps
-        found = [maps.get(self._name(f, i)) for f, i in wanted]
+        found = [self._maps.get(self._name(f, i)) for f, i in wanted]
         todo = [k for k, v in enumerate(found) if v is None]
         if not todo:
             return found  # type: ignore[return-value]
@@ -625,7 +620,6 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def cache_for(root: str | os.PathLike[str], capacity: int | None) -> BlockCache:
     """The process's BlockCache for ``root`` (shared by every dataset read through it)."""
     key = (str(Path(root).resolve()), capacity)
-    found = _CACHES.get(key)
-    if found is None:
-        found = _CACHES[key] = BlockCache(Path(key[0]), capacity)
-    return found
+    if key not in _CACHES:
+        _CACHES[key] = BlockCache(Path(key[0]), capacity)
+    return _CACHES[key]

@@ -2,10 +2,8 @@
 and ``.idx`` are both read by blocks through the node-local cache (``_s3``).
 
 It opens from what the manifests record (counts, dtype, file sizes, block records), so its open
-fetches no index file. A batch reads the length and pointer of each sequence it touches from
-the ``.idx`` blocks holding them, with the header of each pair not read yet (checked against the
-records) and any one-block token file (many small shards: one round of GETs, not two), then its
-token blocks. A file's S3 key is the one its mirrored path ``<cache>/files/<bucket>/<key>`` names.
+fetches no index file; a batch reads the index entries it needs, then its token blocks. A file's
+S3 key is the one its mirrored path ``<cache>/files/<bucket>/<key>`` names.
 """
 
 from __future__ import annotations
