@@ -123,13 +123,11 @@ class BlockCache:
 
     def client(self) -> Any:
         """One boto3 client per process, made on first GET."""
+        from tokenmill.storage.s3 import shared_client
 
-        def make() -> Any:
-            from tokenmill.storage.s3 import shared_client
-
-            return shared_client(None, max_pool_connections=FETCH_THREADS + 2)
-
-        return self._own("client", make)
+        return self._own(
+            "client", lambda: shared_client(None, max_pool_connections=FETCH_THREADS + 2)
+        )
 
     def pool(self) -> ThreadPoolExecutor:
         """The fetch threads of this process."""

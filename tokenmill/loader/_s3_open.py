@@ -10,6 +10,7 @@ the record: the version is mirrored again, each file re-checked (those intact ar
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import posixpath
@@ -97,11 +98,9 @@ def mirror_blend(uri: str, version: str | None, root: Path, client: Any) -> Path
         found = _recorded(_record_path(root, bucket, folder, named), root)
         if found is not None:
             return found
-    if version is None and named is not None:
-        try:  # the version the pointer named, by its own manifest: the pointer is not re-read
+    if version is None and named is not None:  # by its own manifest: no second pointer GET
+        with contextlib.suppress(InputError):  # a layout without versions/: through the pointer
             return _mirror(uri, named, root, bucket, folder)
-        except InputError:  # a layout without versions/: through the pointer
-            pass
     return _mirror(uri, version, root, bucket, folder)
 
 
