@@ -7,11 +7,8 @@
     for indices in sampler:
         tokens = ds.get_batch(indices)        # int64 [B, sequence_length + 1]
 
-``ds[k]`` is one sample assembled as Megatron's GPTDataset does (FORMATS §5.5); inputs are
-``tokens[:, :-1]`` and labels ``tokens[:, 1:]``. ``tokenmill.loader.torch`` adapts this to a
-PyTorch map-style Dataset when torch is installed. A blend with growing semantics can be
-followed at step boundaries (``FollowGrowth``, ``reopen_if_extended``: ``ds.extends`` names the
-version a version extends).
+``ds[k]`` is one sample as Megatron's GPTDataset assembles it (FORMATS §5.5). A growing blend
+is followed at step boundaries by ``FollowGrowth``; ``tokenmill.loader.torch`` adapts to torch.
 """
 
 from __future__ import annotations
@@ -38,7 +35,6 @@ from tokenmill.formats.blend_manifest import (
 )
 from tokenmill.loader._blended import BlendedDataset
 from tokenmill.loader._datasets import PAD_ID, NanosetDataset, part_names
-from tokenmill.loader._growth import newest_extension
 from tokenmill.loader._open import is_full, open_local, open_nanoset
 from tokenmill.loader._sampler import BatchSampler
 
@@ -67,27 +63,20 @@ def open_blend(
 ) -> BlendedDataset:
     """Open one split of a blend after checking its files against the manifest.
 
-    ``manifest`` is ``blends/<name>/manifest.json`` (or its folder): the current version.
-    ``version`` (the full hash recorded in ``ds.version``, or its first 16 hex digits) opens
-    that version instead, ``versions/<v16>/manifest.json`` beside the pointer (ConfigError
-    listing the available versions when it was removed). The files of a version are never
-    rewritten, so a dataset keeps reading the same bytes while newer versions land.
+    ``manifest`` is ``blends/<name>/manifest.json`` (or its folder): the current version;
+    ``version`` (``ds.version``, or its first 16 hex digits) opens that immutable version
+    instead (ConfigError listing the available ones when it was removed).
+    ``verify="fast"`` (O(1) in index size, every rank): the manifest's schema and sha256, file
+    sizes, index descriptions; index values are checked per batch. ``"full"`` (``tokenmill
+    verify``, once): also every file's sha256 and every index value and ``.idx`` pointer. A stale
+    or partial blend raises CacheError naming what to rebuild; a malformed file FormatError.
+    ``pad_id`` fills short samples (default -1, Megatron's without a tokenizer pad id).
 
-    ``verify="fast"`` (the default; O(1) in the size of the indices, run it on every rank):
-    the manifest's schema and its own sha256, every file's size, the index descriptions'
-    settings and records; index values are checked per batch when read. ``"full"``: also the
-    sha256 of every file (blend arrays, index caches, ``.idx``, ``.bin``) and every index value
-    and ``.idx`` pointer in bounds (what ``tokenmill verify`` runs; once, e.g. on rank 0). A
-    stale or partial blend raises CacheError saying what to rebuild; a malformed file raises
-    FormatError. ``pad_id`` fills short samples (default -1, Megatron's when the tokenizer has
-    no pad id).
-
-    An ``s3://bucket/.../manifest.json`` (or its folder) reads the blend from S3 (boto3, the
-    ``tokenmill[s3]`` extra; endpoint and credentials from the AWS environment): its small
-    files are fetched whole into ``cache_dir`` (default ``$TOKENMILL_CACHE_DIR`` or
-    ``~/.cache/tokenmill/s3``) and checked by sha256, token files are read by blocks through
-    the node-local cache there, each block checked against its recorded sha256, at most
-    ``cache_bytes`` of blocks kept (None: unbounded). ``verify="full"`` is local only.
+    An ``s3://`` manifest (the ``tokenmill[s3]`` extra; endpoint and credentials from the AWS
+    environment) mirrors its small files into ``cache_dir`` (default ``$TOKENMILL_CACHE_DIR`` or
+    ``~/.cache/tokenmill/s3``) and reads token files by blocks through the node-local cache
+    there, each block checked by its sha256, at most ``cache_bytes`` kept (None: unbounded);
+    ``verify="full"`` is local only.
     """
     full = is_full(verify)
     where: object = manifest
@@ -157,13 +146,10 @@ def open_blend_split(
     open_data: Any = None,
     merges: dict[str, dict[str, Any]] | None = None,
 ) -> BlendedDataset:
-    """Open the checked files of one split as a BlendedDataset (memory-mapped; ``full`` also
-    checks every index value). ``info`` and ``mpath``: a manifest already read and verified
-    (``open_blend`` does both; ``tokenmill verify`` reuses this for its value checks).
-    ``open_data(prefix, full=..., recorded=...)`` opens each dataset (default: the local pair or
-    merge); ``recorded`` is the blend's entry of a pair (its counts and dtype: the pair opens
-    from them without reading its own manifest), or a virtual merge's manifest already read and
-    checked (``merges``, by dataset name), else None."""
+    """Open one split of a manifest already read and verified as a BlendedDataset (``full``:
+    every index value checked too; ``tokenmill verify`` reuses this). ``open_data(prefix,
+    full=, recorded=)`` opens each dataset (default: local); ``recorded`` is a pair's blend entry
+    (it opens from those counts) or a virtual merge's manifest already checked (``merges``)."""
     opener = open_local if open_data is None else open_data
     entries = {ds["name"]: ds for ds in info["datasets"]}
     part = info["splits"][split]
@@ -207,6 +193,25 @@ def open_blend_split(
     )
 
 
+def newest_extension(manifest: str | os.PathLike[str], version: str) -> str | None:
+    """The blend's current version when it is ``version`` or extends it through a chain of
+    versions each recording the one it extends (all still present), else None: a job pinned
+    to ``version`` may then switch to it at the same step, with no replay and no gap."""
+    mpath = manifest_path(manifest)
+    current = read_blend_manifest(mpath)
+    info, seen = current, set()
+    while str(info["version"]) != version:
+        parent = info.get("extends")
+        if parent is None or parent in seen:
+            return None
+        seen.add(parent)
+        try:
+            info = read_blend_manifest(version_manifest_path(mpath, str(parent)))
+        except ConfigError:  # a version of the chain was removed: the chain cannot be checked
+            return None
+    return str(current["version"])
+
+
 def reopen_if_extended(
     ds: BlendedDataset,
     manifest: str | os.PathLike[str],
@@ -225,27 +230,9 @@ def reopen_if_extended(
 
 
 class FollowGrowth:
-    """One split of a blend that moves to newer versions extending the one in use.
-
-    ::
-
-        follow = FollowGrowth("blends/mix", "train", version=ckpt.get("version"),
-                              global_batch_size=512, rank=r, world_size=w)
-        step = ckpt.get("step", 0)
-        while True:
-            for indices in follow.sampler(step):      # this rank's slice of each global batch
-                train_on(follow.ds.get_batch(indices)); step += 1
-                if step % checkpoint_every == 0:
-                    save(step=step, version=follow.version)
-                    if follow.refresh():              # a newer version extends ours: switch
-                        break
-            else:
-                if not follow.refresh():              # out of whole batches and no new data
-                    break
-
-    Steps count global batches, so ``step · global_batch_size`` samples were consumed; after a
-    switch the sampler starts at the same step of the larger version.
-    """
+    """One split of a blend that moves to newer versions extending the one in use: call
+    ``refresh()`` at a checkpoint, then iterate ``sampler(step)`` from the same step (steps count
+    global batches, so no sample is replayed or skipped); the user guide's §5 shows the loop."""
 
     def __init__(
         self,

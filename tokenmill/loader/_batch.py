@@ -1,15 +1,9 @@
 """Owns batch reads shared by a Nanoset and a blend: ``get_batch`` and ``get_training_batch``.
 
-``get_batch`` computes the pieces of all samples with array arithmetic (no per-sample Python),
-copies them with one ``bytes.join`` over memoryview slices of the ``.bin`` memmap, and converts
-that buffer to the int64 ``[B, width]`` output in one pass. Measured against the alternatives
-(a fancy-index gather of every token position; overlapping-window block gathers with fix-ups;
-``np.concatenate`` of the slices; a copy per piece) it was the fastest, and it is exact by
-construction. (bench/bench_loader.py also times the block gather without its fix-ups, as a
-floor for any numpy gather of the same pieces.)
-
-``get_training_batch`` turns the same batch, and the pieces it was read from, into the
-training inputs megatron-core's ``GPTDataset.__getitem__`` returns (``_training``, FORMATS §11).
+``get_batch`` locates all pieces with array arithmetic, copies them with one ``bytes.join`` over
+memoryview slices of the ``.bin`` memmap and widens to int64 ``[B, width]`` in one pass: exact,
+and faster than every numpy gather measured (bench/bench_loader.py). ``get_training_batch``
+turns that batch and its pieces into megatron-core's training inputs (``_training``, §11).
 """
 
 from __future__ import annotations
@@ -94,7 +88,8 @@ class Batches:
     ) -> dict[str, np.ndarray]:
         """Samples ``indices`` as megatron-core ``GPTDataset.__getitem__`` training dicts with
         these flags, stacked (FORMATS §11); ``eod_id=None`` takes the EOD id every dataset's
-        manifest records (they must agree)."""
+        manifest records (they must agree, as must their ``extra`` and pad id). The passes
+        mapping padding run only if a sample is short or the pad id is a token value."""
         flags = TrainingFlags(
             reset_position_ids=reset_position_ids,
             reset_attention_mask=reset_attention_mask,
@@ -103,7 +98,26 @@ class Batches:
             inter_document_masking=inter_document_masking,
         )
         parts, requests, size = self._requests(indices)
-        return training_batch(parts, requests, size, eod_id=eod_id, flags=flags)
+        for setting in ("pad_id", "extra"):
+            values = {name: getattr(ds, setting) for name, ds in parts.items()}
+            if len(set(values.values())) > 1:
+                raise ConfigError(f"the datasets' {setting} differ ({values}); training needs one")
+        eod = resolve_eod(parts, eod_id)
+        first = next(iter(parts.values()))
+        text, rows, sizes = gather_batch(first.width, requests, size, widen=False)
+        lengths = np.bincount(rows, weights=sizes, minlength=size)
+        dtypes = [np.iinfo(ds.data.dtype) for ds in parts.values()]
+        representable = any(info.min <= first.pad_id <= info.max for info in dtypes)
+        return training_inputs(
+            text,
+            rows,
+            sizes,
+            extra=bool(first.extra),
+            eod_id=eod,
+            pad_id=first.pad_id,
+            flags=flags,
+            may_hold_pad=representable or bool(np.any(lengths < first.width)),
+        )
 
 
 def gather_batch(
@@ -113,13 +127,10 @@ def gather_batch(
     *,
     widen: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """An int64 ``[size, width]`` batch; each request (dataset, output rows in ascending order,
-    sample ids) fills its rows. Samples shorter than ``width`` are padded with the pad id. Also
-    each piece's output row and token count, in row order (the pieces of §11.4).
-
-    ``widen=False`` keeps the token files' dtype when no sample is short (possibly a read-only
-    view of the copied bytes): a caller that widens slices of it anyway saves a pass.
-    """
+    """An int64 ``[size, width]`` batch, each request filling its rows (short samples padded
+    with the pad id), and each piece's output row and token count in row order (§11.4).
+    ``widen=False`` keeps the token dtype when no sample is short (maybe a read-only view): a
+    caller that widens slices of it anyway saves a pass."""
     reads, short = [], False
     for ds, rows, ks in requests:
         flat, sizes, counts = ds.read(ks)
@@ -153,39 +164,6 @@ def gather_batch(
     order = np.argsort(all_rows, kind="stable")
     sizes = np.concatenate([r[4] for r in reads]) if reads else np.zeros(0, np.int64)
     return out, all_rows[order], sizes[order]
-
-
-def training_batch(
-    parts: Mapping[str, Source],
-    requests: Sequence[Request],
-    size: int,
-    *,
-    eod_id: int | None,
-    flags: TrainingFlags,
-) -> dict[str, np.ndarray]:
-    """``gather_batch`` as §11 training inputs. ``parts`` (the datasets requests may come from)
-    must share ``extra`` and the pad id; ``eod_id=None`` takes the EOD id they all record. The
-    passes mapping padding run only if a sample is short or the pad id is a token value."""
-    for setting in ("pad_id", "extra"):
-        values = {name: getattr(ds, setting) for name, ds in parts.items()}
-        if len(set(values.values())) > 1:
-            raise ConfigError(f"the datasets' {setting} differ ({values}); training needs one")
-    eod = resolve_eod(parts, eod_id)
-    first = next(iter(parts.values()))
-    text, rows, sizes = gather_batch(first.width, requests, size, widen=False)
-    lengths = np.bincount(rows, weights=sizes, minlength=size)
-    dtypes = [np.iinfo(ds.data.dtype) for ds in parts.values()]
-    representable = any(info.min <= first.pad_id <= info.max for info in dtypes)
-    return training_inputs(
-        text,
-        rows,
-        sizes,
-        extra=bool(first.extra),
-        eod_id=eod,
-        pad_id=first.pad_id,
-        flags=flags,
-        may_hold_pad=representable or bool(np.any(lengths < first.width)),
-    )
 
 
 def resolve_eod(datasets: Mapping[str, Source], eod_id: int | None) -> int:

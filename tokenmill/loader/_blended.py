@@ -19,9 +19,8 @@ def _reopen_blend(
     dataset_sample_index: np.ndarray | str | tuple[str, ...],
     settings: dict[str, Any],
 ) -> BlendedDataset:
-    """Inverse of ``BlendedDataset.__reduce__`` (datasets reopened from ``reopen`` arguments,
-    blend arrays memory-mapped from their files); a file gone since the job opened the blend
-    (gc removed its version) is a CacheError naming the blend version."""
+    """Inverse of ``BlendedDataset.__reduce__``; a file gone since the job opened the blend (gc
+    removed its version) is a CacheError naming the blend version."""
     try:
         datasets = {name: reopen(*args) for name, args in parts.items()}
         arrays, paths = map_arrays([dataset_index, dataset_sample_index])
@@ -136,9 +135,8 @@ class BlendedDataset(Batches):
 
     @property
     def extends(self) -> str | None:
-        """The blend version this one extends (growing semantics: sample i of every split is
-        the same for every i below that version's length), or None (another semantics, a first
-        version, or one that edited, removed or reordered data or changed a setting)."""
+        """The blend version whose samples this one's start with (growing semantics, data only
+        added), or None."""
         found = self.manifest.get("extends")
         return None if found is None else str(found)
 

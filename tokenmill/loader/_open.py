@@ -39,9 +39,8 @@ def is_full(verify: str) -> bool:
 def open_local(
     prefix: str | os.PathLike[str], *, full: bool, recorded: dict[str, Any] | None = None
 ) -> IndexedDataset | VirtualDataset:
-    """A ``.bin``/``.idx`` pair (header, counts and sizes checked on open; ``recorded``: counts
-    from a checked blend entry) or a virtual merge of pairs (each checked when first read);
-    ``full`` also checks every pointer against the lengths (samples are read through them)."""
+    """A ``.bin``/``.idx`` pair (checked on open; ``recorded``: counts from a checked blend
+    entry) or a virtual merge of pairs (each checked when first read); ``full``: every pointer."""
     data = open_dataset(prefix, recorded=recorded)
     if full:
         data.check_pointers()
@@ -55,17 +54,12 @@ def open_nanoset(
     verify: str = "fast",
     pad_id: int = PAD_ID,
 ) -> NanosetDataset:
-    """One dataset's split as a NanosetDataset.
-
-    ``index`` is a ``tokenmill.indices.nanoset.NanosetIndex`` (what ``build_or_load`` returns:
-    the loader builds nothing) or the path of a cache entry's
-    ``<hash>-Nanoset-<split>-description.json``; the split, sequence length and flags come from
-    its description. The entry is checked against its description (``verify="fast"``: sizes,
-    dtypes and shapes of the arrays, and the dataset's content hash when its manifest makes that
-    cheap; ``"full"``: also the sha256 of the arrays, every index value in bounds, and the
-    dataset's content hash always); a stale or damaged entry raises CacheError. The dataset's
-    ``.version`` is the cache entry's hash. ``pad_id`` fills short samples (default -1,
-    Megatron's when the tokenizer has no pad id).
+    """One dataset's split as a NanosetDataset, from ``index``: what ``build_or_load`` returns
+    (the loader builds nothing) or the path of a cache entry's ``*-description.json``, whose
+    settings it takes. ``verify="fast"``: the arrays' sizes, dtypes and shapes, and the dataset's
+    content hash when its manifest makes that cheap; ``"full"``: also the arrays' sha256, every
+    index value and the dataset's content hash always. A stale or damaged entry raises
+    CacheError. ``.version`` is the entry's hash; ``pad_id`` as in ``open_blend``.
     """
     full = is_full(verify)
     if index is None:

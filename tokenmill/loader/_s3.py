@@ -1,26 +1,12 @@
 """The S3 reader's node-local block cache; over 400 lines: its fetch, check, store, eviction.
 
-A blend read straight from S3 (``open_blend("s3://...")``) reads its ``.bin`` and ``.idx`` files
-by fixed-size blocks through this cache (the datasets over it: ``_s3_data``; the small files:
-``_s3_open``).
-
-The cache (``cache_dir``) is shared by every process on the node: a block is downloaded once
-(an ``flock`` per block; consecutive missing blocks of one object by one range GET, their
-locks taken in ascending order), checked against the per-block sha256 list its dataset
-manifest records, written to a temp, fsynced and renamed (a reader never sees a partial block;
-a killed writer leaves only a temp), stamped checked (inode, size, mtime: later processes map
-it without hashing until it is written again), and evicted least recently used first (the
-stamp's mtime, refreshed when a process maps the block) when ``cache_bytes`` would be exceeded.
-A batch is served from the checked bytes in memory while one writer thread stores them, each
-block's lock held until it is stored (other processes wait for the file; a failed store is
-raised by the next read).
-A shard of a version-2 virtual merge records only the digest of its block lists: a file of one
-block is checked against its recorded sha256; otherwise the lists are fetched from the shard's
-dataset manifest (one GET per shard for its ``.bin`` and ``.idx``, when a first block needs
-them), checked against that digest and kept in the cache (``blocklists/``) for every process.
-A batch reads one memoryview slice of a mapped block per piece, as from a local memmap. boto3
-is imported only here, lazily, through the one client factory,
-``tokenmill.storage.s3.shared_client`` (endpoint and credentials from the AWS environment).
+A blend read from S3 reads its ``.bin`` and ``.idx`` by fixed-size blocks through this cache
+(the datasets over it: ``_s3_data``; the small files: ``_s3_open``), shared by every process on
+the node. A block is downloaded once (an ``flock`` per block; runs of blocks by one range GET),
+checked against the sha256 its dataset manifest records, stored crash-safely (temp, fsync,
+rename), stamped checked (later processes map it without hashing until it is written again)
+and evicted least recently used first beyond ``cache_bytes``. boto3 comes lazily, only here,
+through ``tokenmill.storage.s3.shared_client``.
 """
 
 from __future__ import annotations
@@ -67,9 +53,8 @@ def _stamp_of(st: os.stat_result) -> bytes:
 @dataclass(frozen=True)
 class RemoteFile:
     """One ``.bin`` or ``.idx`` in S3 and what its blocks must hash to: ``block_sha256``
-    inline, or (``block_list``) the digest of a list its dataset manifest holds
-    (``BlockCache.hashes`` fetches it); neither: unverified (no per-block hashes recorded).
-    ``sha256``: the whole file's, when recorded."""
+    inline, or the digest (``block_list``) of a list its dataset manifest holds; neither:
+    unverified. ``sha256``: the whole file's, when recorded."""
 
     bucket: str
     key: str
@@ -138,22 +123,19 @@ class BlockCache:
 
     def client(self) -> Any:
         """One boto3 client per process, made on first GET."""
+        from tokenmill.storage.s3 import shared_client
 
-        def make() -> Any:
-            from tokenmill.storage.s3 import shared_client
-
-            return shared_client(None, max_pool_connections=FETCH_THREADS + 2)
-
-        return self._own("client", make)
+        return self._own(
+            "client", lambda: shared_client(None, max_pool_connections=FETCH_THREADS + 2)
+        )
 
     def pool(self) -> ThreadPoolExecutor:
         """The fetch threads of this process."""
         return self._own("pool", lambda: ThreadPoolExecutor(FETCH_THREADS, "tokenmill-s3"))
 
     def later(self, work: Callable[[], object]) -> None:
-        """Run ``work`` on this process's planning thread (not a fetch thread: it may wait on
-        them), e.g. reading the index blocks a prefetch needs; a failure is left for the read
-        that needs what it fetches."""
+        """Run ``work`` (e.g. reading the index blocks a prefetch needs) in the background on
+        this process's planning thread, not a fetch thread: it may wait on them."""
         self._submit(self._own("planner", lambda: ThreadPoolExecutor(1, "tokenmill-s3-plan")), work)
 
     def _submit(self, pool: ThreadPoolExecutor, work: Callable[..., object], *args: Any) -> None:
@@ -175,26 +157,24 @@ class BlockCache:
             wait(jobs)
 
     def hashes(self, f: RemoteFile) -> tuple[str, ...]:
-        """``f``'s per-block sha256 list (``()``: none recorded): inline; by reference, that of
-        a file of one block is its sha256 (no request); else the list in the cache's
-        ``blocklists/<digest>``, or fetched once on this node from the dataset manifest
-        ``f.manifest_key`` (every list it holds stored: the ``.bin``'s and the ``.idx``'s come
-        by one GET) and checked against the recorded digest."""
+        """``f``'s per-block sha256 list (``()``: none recorded): inline; by reference, a
+        one-block file's sha256, else ``blocklists/<digest>``, fetched once per node from its
+        dataset manifest (one GET for the ``.bin``'s and the ``.idx``'s)."""
         if f.block_sha256 or not f.block_list:
             return f.block_sha256
         found = self._lists.get(f.block_list)
-        one = 0 < f.size <= f.block_bytes and f.sha256
+        one = f.blocks == 1 and f.sha256
         if found is None and one and block_list_digest([f.sha256]) == f.block_list:
             found = (f.sha256,)
         if found is None:
-            found = self._cached_list(self._list_path(f.block_list), f.block_list)
+            found = self._cached_list(f.block_list)
         if found is None:
             with self._locked(self._list_path(block_list_digest([f.manifest_key]))):
-                found = self._cached_list(self._list_path(f.block_list), f.block_list)
+                found = self._cached_list(f.block_list)
                 if found is None:
                     found = self._fetch_list(f)
         self._lists[f.block_list] = found
-        if len(found) != -(-f.size // f.block_bytes):
+        if len(found) != f.blocks:
             raise CacheError(
                 f"{f.uri}: its block list has {len(found)} hashes of {f.block_bytes} B for "
                 f"{f.size} B"
@@ -205,20 +185,18 @@ class BlockCache:
         """Where the block list of this digest is kept: ``blocklists/<d[:2]>/<d>``."""
         return self.root / "blocklists" / digest[:2] / digest
 
-    @staticmethod
-    def _cached_list(path: Path, digest: str) -> tuple[str, ...] | None:
-        """The block list stored at ``path`` when it is there and hashes to ``digest``."""
+    def _cached_list(self, digest: str) -> tuple[str, ...] | None:
+        """The block list of ``digest`` stored in the cache, when it is there and intact."""
         try:
-            text = path.read_bytes().decode()
+            text = self._list_path(digest).read_bytes().decode()
         except (FileNotFoundError, UnicodeDecodeError):
             return None
         found = tuple(text.split("\n")) if text else ()
         return found if block_list_digest(found) == digest else None
 
     def _fetch_list(self, f: RemoteFile) -> tuple[str, ...]:
-        """``f``'s block list from its dataset manifest in S3 (one GET; every list there is
-        stored by its digest), checked against the digest the merge recorded; CacheError
-        naming the manifest when it is not that list."""
+        """``f``'s block list from its dataset manifest (one GET; every list there is stored by
+        its digest); CacheError naming the manifest when it is not the digest recorded."""
         from tokenmill.storage.s3 import read_object
 
         uri = f"s3://{f.bucket}/{f.manifest_key}"
@@ -274,7 +252,9 @@ class BlockCache:
         for _ in range(GET_ATTEMPTS):  # evicted by another process in between: fill again
             if view is not None:
                 break
-            self._fill(f, i, path)
+            with self._locked(path):  # fetched once on this node
+                if not path.is_file():  # else another process stored it meanwhile
+                    self._store(f, i, path, self._get(f, i))
             view = self._open_checked(f, i, path)
         if view is None:
             raise CacheError(
@@ -293,9 +273,8 @@ class BlockCache:
         return self.root / "verified" / path.parent.name / path.name
 
     def _stamp(self, path: Path, st: os.stat_result) -> None:
-        """Record that the block file ``st`` describes was checked (its inode, size and mtime):
-        later processes trust it without hashing until the file is written again. A torn or
-        lost stamp only costs a re-hash, so it is renamed into place without an fsync."""
+        """Record that the block file ``st`` describes was checked; a torn or lost stamp only
+        costs a re-hash, so it is renamed into place without an fsync."""
         stamp = self._stamp_path(path)
         stamp.parent.mkdir(parents=True, exist_ok=True)
         tmp = stamp.with_name(f"{stamp.name}.{os.getpid()}.{threading.get_ident()}")
@@ -303,8 +282,8 @@ class BlockCache:
         os.replace(tmp, stamp)
 
     def _stamped(self, path: Path, st: os.stat_result) -> bool:
-        """True when the block was checked since it was last written (stamp matches); the
-        stamp's mtime is refreshed, the eviction order (least recently used first)."""
+        """True when the block was checked since it was last written; refreshes the stamp's
+        mtime (the eviction order)."""
         stamp = self._stamp_path(path)
         try:
             found = stamp.read_bytes()
@@ -314,10 +293,8 @@ class BlockCache:
         return found == _stamp_of(st)
 
     def _open_checked(self, f: RemoteFile, i: int, path: Path) -> memoryview | None:
-        """The cached block mapped, or None when absent, short or not matching its hash (then
-        it is removed: the caller fetches it again). A block is hashed once after it is
-        written (by the process that stored it, or the first to map it), then trusted by its
-        stamp; a block written since (corrupted in place) is hashed again."""
+        """The cached block mapped, or None (then removed) when absent, short or not matching
+        its hash; hashed once after it is written, then trusted while its stamp matches."""
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
@@ -345,13 +322,6 @@ class BlockCache:
             path.unlink(missing_ok=True)
             return None
         return memoryview(view)
-
-    def _fill(self, f: RemoteFile, i: int, path: Path) -> None:
-        """Download block ``i`` once on this node (the lock file serializes the processes and
-        threads that want it), check it, store it crash-safely."""
-        with self._locked(path):
-            if not path.is_file():  # else another process stored it meanwhile
-                self._store(f, i, path, self._get(f, i))
 
     @contextlib.contextmanager
     def _locked(self, path: Path) -> Iterator[None]:
@@ -401,13 +371,12 @@ class BlockCache:
     def _fill_run(
         self, f: RemoteFile, first: int, stop: int, fresh: list[Fresh] | None = None
     ) -> None:
-        """Download the missing blocks of ``first..stop-1`` of ``f`` with one range GET (the
-        fewest requests), once on this node: the blocks' locks are taken in ascending order
-        (no two runs deadlock), then the blocks still missing are fetched and each stored once
-        it passes its check (``fresh``, a batch's read: served from memory, stored by the
-        writer thread, ``_keep``). A block that fails its check, or a body cut short, ends
-        the run: what it did not deliver is fetched block by block when read (``block``: once
-        more, then refused naming the block)."""
+        """Download the missing blocks of ``first..stop-1`` of ``f`` by one range GET, once on
+        this node (locks taken in ascending order: no two runs deadlock); ``fresh``: a batch's
+        read, served from memory (``_keep``). A failed check or a cut body ends the run: the
+        rest is fetched block by block when read."""
+        from tokenmill.storage.s3 import is_cut_body, s3_errors
+
         if stop - first == 1 and fresh is None:
             self.block(f, first)
             return
@@ -418,46 +387,33 @@ class BlockCache:
                 held.callback(locks[i].close)  # unless handed over with the block
                 locks[i].enter_context(self._locked(Path(self._name(f, i))))
             missing = [i for i in locks if not os.path.isfile(self._name(f, i))]
-            if missing:
-                self._get_run(f, missing[0], missing[-1] + 1, fresh, locks)
-
-    def _get_run(
-        self,
-        f: RemoteFile,
-        first: int,
-        stop: int,
-        fresh: list[Fresh] | None = None,
-        locks: dict[int, contextlib.ExitStack] | None = None,
-    ) -> None:
-        """One range GET of blocks ``first..stop-1`` (their ``locks`` held), storing each
-        absent block that passes its check (or handing it to ``fresh`` with its lock), until
-        one does not or the body is cut."""
-        from tokenmill.storage.s3 import is_cut_body, s3_errors
-
-        lo, hi = f.span(first)[0], f.span(stop - 1)[1]
-        with s3_errors(f"reading block {first} (bytes {lo}..{hi}) of {f.uri}"):
-            resp = self.client().get_object(
-                Bucket=f.bucket, Key=f.key, Range=f"bytes={lo}-{hi - 1}"
-            )
-            try:
-                for i in range(first, stop):
-                    a, b = f.span(i)
-                    data = bytes(resp["Body"].read(b - a))
-                    self.bytes_fetched += len(data)
-                    if len(data) != b - a or not self.matches(f, i, data):
-                        return
-                    path = Path(self._name(f, i))
-                    if path.is_file():
-                        continue
-                    if fresh is None or locks is None:
-                        self._store(f, i, path, data)
-                    else:
-                        fresh.append(self._keep(f, i, path, data, locks[i].pop_all()))
-            except Exception as exc:
-                if not is_cut_body(exc):
-                    raise
-            finally:
-                resp["Body"].close()
+            if not missing:
+                return
+            first, stop = missing[0], missing[-1] + 1
+            lo, hi = f.span(first)[0], f.span(stop - 1)[1]
+            with s3_errors(f"reading block {first} (bytes {lo}..{hi}) of {f.uri}"):
+                body = self.client().get_object(
+                    Bucket=f.bucket, Key=f.key, Range=f"bytes={lo}-{hi - 1}"
+                )["Body"]
+                try:
+                    for i in range(first, stop):  # until a block fails its check
+                        a, b = f.span(i)
+                        data = bytes(body.read(b - a))
+                        self.bytes_fetched += len(data)
+                        if len(data) != b - a or not self.matches(f, i, data):
+                            return
+                        path = Path(self._name(f, i))
+                        if path.is_file():
+                            continue
+                        if fresh is None:
+                            self._store(f, i, path, data)
+                        else:
+                            fresh.append(self._keep(f, i, path, data, locks[i].pop_all()))
+                except Exception as exc:
+                    if not is_cut_body(exc):
+                        raise
+                finally:
+                    body.close()
 
     def _get(self, f: RemoteFile, i: int) -> bytes:
         """Block ``i`` by a range GET, checked (size, and sha256 when recorded), fetched once
@@ -541,8 +497,7 @@ class BlockCache:
                 f"one batch needs {len(wanted)} blocks ({need} bytes), more than "
                 f"cache_bytes={self.capacity} at {self.root}: raise cache_bytes"
             )
-        maps = self._maps
-        found = [maps.get(self._name(f, i)) for f, i in wanted]
+        found = [self._maps.get(self._name(f, i)) for f, i in wanted]
         todo = [k for k, v in enumerate(found) if v is None]
         if not todo:
             return found  # type: ignore[return-value]
@@ -563,37 +518,28 @@ class BlockCache:
     ) -> Fresh:
         """Serve this fetched, checked block from memory, and store it on the writer thread,
         off the batch's path: its ``lock`` is released once it is stored (until then other
-        processes wait for the file and this one reads the bytes)."""
+        processes wait for the file and this one reads the bytes); a failure (the cache
+        directory full) is raised by the next read (``stored_failure``)."""
         view = memoryview(data)
         with self._lock:
             self._maps[str(path)] = view
-        writer = self._own("writer", lambda: ThreadPoolExecutor(1, "tokenmill-s3-store"))
-        job = writer.submit(self._store_kept, f, i, path, data, lock, view)
-        with self._lock:
-            self._jobs.append(job)
-        return str(path), view
 
-    def _store_kept(
-        self,
-        f: RemoteFile,
-        i: int,
-        path: Path,
-        data: bytes,
-        lock: contextlib.ExitStack,
-        view: memoryview,
-    ) -> None:
-        """Store a block served from memory (``_keep``), then release its lock; a failure (the
-        cache directory full) is raised by the next read (``stored_failure``)."""
-        try:
-            self._store(f, i, path, data)
-        except Exception as exc:
-            with self._lock:
-                self._failed = self._failed or exc
-        finally:
-            lock.close()
-            with self._lock:  # read from the file from now on (or fetched again)
-                if self._maps.get(str(path)) is view:
-                    del self._maps[str(path)]
+        def store() -> None:
+            try:
+                self._store(f, i, path, data)
+            except Exception as exc:
+                with self._lock:
+                    self._failed = self._failed or exc
+            finally:
+                lock.close()
+                with self._lock:  # read from the file from now on (or fetched again)
+                    if self._maps.get(str(path)) is view:
+                        del self._maps[str(path)]
+
+        self._submit(
+            self._own("writer", lambda: ThreadPoolExecutor(1, "tokenmill-s3-store")), store
+        )
+        return str(path), view
 
     def stored_failure(self) -> None:
         """Raise, once, the failure of storing blocks a batch was served from memory."""
@@ -610,21 +556,16 @@ class BlockCache:
         )
         runs: list[tuple[RemoteFile, int, int]] = []
         for (uri, i), f in missing:
-            if (
-                runs
-                and runs[-1][0].uri == uri
-                and runs[-1][2] == i
-                and i - runs[-1][1] < RUN_BLOCKS
-            ):
-                runs[-1] = (f, runs[-1][1], i + 1)
+            last = runs[-1] if runs else None
+            if last and last[0].uri == uri and last[2] == i and i - last[1] < RUN_BLOCKS:
+                runs[-1] = (f, last[1], i + 1)
             else:
                 runs.append((f, i, i + 1))
         return runs
 
     def prefetch(self, wanted: list[tuple[RemoteFile, int]]) -> None:
         """Fetch these blocks in the background (errors surface when the batch is read)."""
-        runs = self._runs([(f, i) for f, i in wanted if self._name(f, i) not in self._maps])
-        for run in runs:
+        for run in self._runs([(f, i) for f, i in wanted if self._name(f, i) not in self._maps]):
             self._submit(self.pool(), self._fill_run, *run)
 
     def prefetch_lists(self, files: list[RemoteFile]) -> None:
@@ -633,20 +574,20 @@ class BlockCache:
         wanted = {
             f.manifest_key: f
             for f in files
-            if f.block_list and f.block_list not in self._lists and f.size > f.block_bytes
+            if f.block_list and f.block_list not in self._lists and f.blocks > 1
         }
         for f in wanted.values():
             self._submit(self.pool(), self.hashes, f)
 
     @staticmethod
     def _quiet(fetch: Any, *args: Any) -> None:
-        """A background fetch: a failure is left for the read that needs what it fetches,
-        which fetches it again and raises there."""
+        """A background fetch: a failure (OSError, tokenmill's or botocore's) is left for the
+        read that needs what it fetches, which fetches it again and raises there."""
         try:
             fetch(*args)
-        except (CacheError, OSError):  # the foreground read retries and reports it
+        except OSError:
             return
-        except Exception as exc:  # botocore errors: same, reported by the foreground read
+        except Exception as exc:
             if type(exc).__module__.split(".")[0] not in ("botocore", "tokenmill"):
                 raise
 
@@ -656,11 +597,10 @@ _CACHES: dict[tuple[str, int | None], BlockCache] = {}
 
 
 def _after_fork_in_child() -> None:
-    """A forked child (a DataLoader worker) gets fresh locks in its caches (a fetch thread of
-    its parent may have held one at the fork: the child would wait forever), none of its
-    parent's background jobs, reservations, failures or blocks held in memory for the parent's
-    writer (their threads are not in the child), and closes the block locks it inherited (an
-    inherited descriptor would keep a lock held after the parent releases it)."""
+    """A forked child (a DataLoader worker) gets fresh thread locks (a parent's thread may have
+    held one at the fork), none of the parent's jobs, reservations, failures or blocks held for
+    its writer (their threads are not here), and closes the inherited block locks (they would
+    stay held after the parent releases them)."""
     for cache in _CACHES.values():
         cache._lock = threading.Lock()
         cache._jobs, cache._inflight, cache._failed = [], 0, None
@@ -678,7 +618,6 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 def cache_for(root: str | os.PathLike[str], capacity: int | None) -> BlockCache:
     """The process's BlockCache for ``root`` (shared by every dataset read through it)."""
     key = (str(Path(root).resolve()), capacity)
-    found = _CACHES.get(key)
-    if found is None:
-        found = _CACHES[key] = BlockCache(Path(key[0]), capacity)
-    return found
+    if key not in _CACHES:
+        _CACHES[key] = BlockCache(Path(key[0]), capacity)
+    return _CACHES[key]

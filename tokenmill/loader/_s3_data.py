@@ -1,16 +1,9 @@
 """A dataset read from S3 (``open_blend("s3://...")``): a pair or a virtual merge whose ``.bin``
-and ``.idx`` are both read by blocks through the node-local cache (``_s3``), so its open fetches
-no index file.
+and ``.idx`` are both read by blocks through the node-local cache (``_s3``).
 
-It opens from what the manifests record: each pair's sequence count, the dtype, the file sizes
-(a blend's entry of a pair, a merge's shard records) and the block records. A batch reads the
-length and pointer of each sequence it touches from the ``.idx`` blocks holding them (one
-parallel fetch; every block checked by its sha256 as it enters the cache), then its token
-blocks; a part's token file of one block is fetched with its first index read (many small
-shards: one round of GETs, not two). A pair's 34-byte header comes with its first index read
-and is checked against those records (FormatError naming the object). The files of a pair
-live in S3 at the keys their mirrored paths name: the open mirrors a blend's small files to
-``<cache>/files/<bucket>/<key>``.
+It opens from what the manifests record (counts, dtype, file sizes, block records), so its open
+fetches no index file; a batch reads the index entries it needs, then its token blocks. A file's
+S3 key is the one its mirrored path ``<cache>/files/<bucket>/<key>`` names.
 """
 
 from __future__ import annotations
@@ -42,7 +35,7 @@ class RemoteFiles:
     def __init__(self, files: list[RemoteFile], cache: BlockCache) -> None:
         self.files, self.cache = files, cache
         self._block_bytes = np.array([f.block_bytes for f in files], dtype=np.int64)
-        self._stride = max(-(-f.size // f.block_bytes) for f in files) + 1  # blocks per key
+        self._stride = max(f.blocks for f in files) + 1  # blocks per key
 
     def _plan(
         self, parts: np.ndarray, starts: np.ndarray, stops: np.ndarray
@@ -126,10 +119,6 @@ class RemotePair:
     idx: RemoteFile
     sequences: int
 
-    @property
-    def files(self) -> tuple[RemoteFile, RemoteFile]:
-        return self.bin, self.idx
-
 
 class RemoteData:
     """A remote pair or virtual merge with the reading surface of ``IndexedDataset``:
@@ -169,9 +158,8 @@ class RemoteData:
         self._headers: set[int] = set()  # parts whose .idx header was checked
         self._last: tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         for p in pairs:
-            if (p.idx.size - HEADER_SIZE - 12 * p.sequences) % 8 or p.idx.size < (
-                HEADER_SIZE + 12 * p.sequences + 8
-            ):
+            pointers = p.idx.size - HEADER_SIZE - 12 * p.sequences  # document index bytes
+            if pointers % 8 or pointers < 8:
                 raise FormatError(
                     p.idx.uri, "size", f"{p.idx.size} bytes cannot hold {p.sequences} sequences"
                 )
@@ -205,10 +193,11 @@ class RemoteData:
         new = np.array(
             [p for p in np.unique(part).tolist() if p not in self._headers], dtype=np.int64
         )
-        if len(new):  # their block lists (a shard's manifest) come while the index is read
-            self.cache.prefetch_lists([f for p in new.tolist() for f in self.pairs[p].files])
+        fresh = [self.pairs[p] for p in new.tolist()]
+        if fresh:  # their block lists (a shard's manifest) come while the index is read
+            self.cache.prefetch_lists([f for pair in fresh for f in (pair.bin, pair.idx)])
         # and so does a token file of one block: the batch needs it, whatever the pointers
-        also = [(b, 0) for b in (self.pairs[p].bin for p in new.tolist()) if b.blocks == 1]
+        also = [(pair.bin, 0) for pair in fresh if pair.bin.blocks == 1]
         lengths_at = HEADER_SIZE + 4 * local
         pointers_at = HEADER_SIZE + 4 * self._sequences[part] + 8 * local
         starts = np.concatenate([np.zeros(len(new), dtype=np.int64), lengths_at, pointers_at])
@@ -278,9 +267,8 @@ def _reopen_remote(
 
 
 def remote_dataset(prefix: Path, recorded: dict[str, Any] | None, cache: BlockCache) -> RemoteData:
-    """The dataset at ``prefix`` (its manifests mirrored under ``cache.root``): a pair from the
-    counts its blend entry ``recorded`` holds and its dataset manifest's block records, or a
-    virtual merge from its manifest."""
+    """The dataset mirrored at ``prefix``: a pair from its blend entry's counts (``recorded``)
+    and its dataset manifest's block records, or a virtual merge from its manifest."""
     manifest = read_dataset_manifest(prefix)
     if is_virtual(manifest):
         return _merge(prefix, manifest, cache)
@@ -336,8 +324,7 @@ def _pair(prefix: Path, records: dict[str, Any], sequences: int, root: Path) -> 
 
 def _remote_file(path: Path, records: dict[str, Any], root: Path) -> RemoteFile:
     """The S3 object mirrored at ``path`` (``<root>/files/<bucket>/<key>``) with the size,
-    sha256 and block record ``records[path.name]`` holds (a list inline, or the digest of one
-    its shard's dataset manifest holds)."""
+    sha256 and block record (a list, or a list's digest) that ``records[path.name]`` holds."""
     try:
         bucket, *key = path.relative_to(root / "files").parts
     except ValueError:

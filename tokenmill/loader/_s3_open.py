@@ -1,18 +1,16 @@
 """Opening an ``s3://`` blend in few requests: its small files (manifests, index descriptions
-and arrays) are mirrored into the node-local cache, fetched in parallel and checked by sha256
-when they arrive, to ``<cache_dir>/files/<bucket>/<key>``; the ``.bin`` and ``.idx`` of its
-pairs are read by blocks (``_s3_data``), from the keys their mirrored paths name.
+and arrays) are fetched in parallel, checked by sha256, to ``<cache_dir>/files/<bucket>/<key>``
+(the ``.bin`` and ``.idx`` are read by blocks: ``_s3_data``).
 
-A version is immutable, so once one is mirrored an *open record* (``opened/<h>.json``) lists
-its local files with the inode, size and mtime each had when it was checked. Opening that
-version again (``version=``, e.g. a resumed job) costs no request and does not import boto3
-while every file still matches its record; opening the pointer costs one GET (the pointer,
-to learn its version). A file written since (corrupted, replaced) voids the record: the
-version is mirrored again, each file re-checked by its sha256 (those intact are kept).
+A version is immutable, so an *open record* (``opened/<h>.json``) lists its mirrored files with
+the inode, size and mtime each had when checked: reopening that version costs no request (and
+no boto3 import) while they all match; the pointer costs one GET. A file written since voids
+the record: the version is mirrored again, each file re-checked (those intact are kept).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import posixpath
@@ -90,11 +88,8 @@ def _pointer_version(bucket: str, key: str, client: Any) -> str | None:
 
 def mirror_blend(uri: str, version: str | None, root: Path, client: Any) -> Path:
     """Mirror one version of a blend's small files into ``<root>/files/<bucket>/...``
-    (``version=None``: the version the pointer names now); returns the local blend manifest.
-
-    ``client()`` gives the process's boto3 client (made on first use: not at all when the
-    version is named and recorded).
-    """
+    (``version=None``: the one the pointer names now); returns the local blend manifest.
+    ``client()`` gives the boto3 client (not made when the version is named and recorded)."""
     bucket, key, folder = _blend_folder(uri)
     named = version
     if named is None and posixpath.dirname(key) == folder:  # the pointer, not a version's
@@ -103,11 +98,9 @@ def mirror_blend(uri: str, version: str | None, root: Path, client: Any) -> Path
         found = _recorded(_record_path(root, bucket, folder, named), root)
         if found is not None:
             return found
-    if version is None and named is not None:
-        try:  # the version the pointer named, by its own manifest: the pointer is not re-read
+    if version is None and named is not None:  # by its own manifest: no second pointer GET
+        with contextlib.suppress(InputError):  # a layout without versions/: through the pointer
             return _mirror(uri, named, root, bucket, folder)
-        except InputError:  # a layout without versions/: through the pointer
-            pass
     return _mirror(uri, version, root, bucket, folder)
 
 

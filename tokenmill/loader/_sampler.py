@@ -1,11 +1,9 @@
 """Deterministic, resumable data-parallel batch sampler over an already shuffled dataset.
 
-Order: global batch ``b`` is samples ``[b·G, (b+1)·G)`` in index order (the Nanoset shuffle
-index and the blend already randomize, as in Megatron's pretraining sampler); a final partial
-global batch is dropped. Rank ``r`` of ``w`` gets the contiguous slice ``[r·G/w, (r+1)·G/w)`` of
-every global batch, so the global batches are identical for every ``w`` that divides ``G``, and
-starting at step ``b`` is arithmetic (O(1)), not a replay. A resume gives either the step
-(``start_step``) or, as Megatron's checkpoints record it, ``consumed_samples`` (= step · G).
+Global batch ``b`` is samples ``[b·G, (b+1)·G)`` in index order (the indices already shuffle,
+as in Megatron's pretraining sampler; a final partial batch is dropped), and rank ``r`` of ``w``
+gets its slice ``[r·G/w, (r+1)·G/w)``: the same global batches for every ``w`` dividing ``G``,
+and a resume at a step (or Megatron's ``consumed_samples`` = step · G) is O(1).
 """
 
 from __future__ import annotations

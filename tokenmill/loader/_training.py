@@ -1,16 +1,8 @@
 """Training inputs as megatron-core ``GPTDataset.__getitem__`` builds them (FORMATS §11), for a
-whole batch at once.
+whole batch at once, by array arithmetic over the flattened ``B·S`` positions.
 
-``training_inputs`` takes the assembled samples ``text`` (``[B, S + extra]``, any integer
-dtype; short ones padded with the pad id) and the pieces they were read from (each piece's
-output row and token count, in row order) and returns, stacked over the batch, the dict
-Megatron returns per sample: same keys, dtypes and values. It is array arithmetic over the
-flattened ``B·S`` positions: EODs are found with one comparison; position ids that restart
-(after an EOD, or at a piece start) are a cumulative sum of ones stepping back to 0 at each
-run start, in place in the output; the attention mask is ``column > row`` (causal) or
-``column < the row's run start``. Where Megatron caches the flag-free masks and then zeroes
-padding in the cached loss mask (so later samples inherit those zeros), each sample here gets
-its own, as §11 specifies.
+Where Megatron caches the flag-free masks and then zeroes padding in the cached loss mask (so
+later samples inherit those zeros), each sample here gets its own, as §11 specifies.
 """
 
 from __future__ import annotations
@@ -24,8 +16,7 @@ from tokenmill.errors import FormatError
 
 @dataclass(frozen=True)
 class TrainingFlags:
-    """megatron-core's five training-input flags (``GPTDatasetConfig``; FORMATS §11), made once
-    by ``get_training_batch`` from its keywords and passed whole."""
+    """megatron-core's five training-input flags (``GPTDatasetConfig``; FORMATS §11)."""
 
     reset_position_ids: bool = False
     reset_attention_mask: bool = False
@@ -45,11 +36,10 @@ def training_inputs(
     flags: TrainingFlags,
     may_hold_pad: bool = True,
 ) -> dict[str, np.ndarray]:
-    """The §11 training dict of every row of ``text`` (see the module docstring).
-
-    ``may_hold_pad=False`` (no sample was padded and no token can equal ``pad_id``) skips the
-    three full passes that map padding; the last label without the extra token is still pad.
-    """
+    """The §11 dict (Megatron's keys, dtypes and values) of every row of ``text`` (``[B, S +
+    extra]``, short rows padded with ``pad_id``), given its pieces' output rows and token counts
+    in row order. ``may_hold_pad=False`` (no padding, no token can equal ``pad_id``) skips the
+    three passes that map padding; the last label without the extra token is still pad."""
     tokens, labels = _shift(text, extra, pad_id)
     batch, seq = tokens.shape
     # positions restart after each EOD (for the position ids or the attention mask)

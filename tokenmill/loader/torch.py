@@ -8,55 +8,27 @@
     sampler = BatchSampler(len(ds), 512, rank=r, world_size=w, start_step=b)
     loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate, num_workers=2)
 
-With a batch sampler, DataLoader calls ``__getitems__`` once per step, which reads the whole
-batch with the vectorized ``get_batch``. Samples must carry the extra token (``S + 1`` tokens):
-``input_ids = tokens[:, :-1]`` and ``labels = tokens[:, 1:]``.
-
-Megatron-style training inputs (FORMATS §11: loss mask, position ids, attention mask or
-``cu_seqlens``) come from ``training_batch(ds, indices, **flags)``, or per step through
-``TrainingDataset(ds, **flags)``; ``packed_collate`` turns them into Hugging Face inputs::
-
-    ds = TrainingDataset(open_blend(...), inter_document_masking=True)
-    loader = DataLoader(ds, batch_sampler=sampler, collate_fn=packed_collate)
-    # {"input_ids", "labels" (-100 where the loss mask is 0), "position_ids"}
-
-Following a growing blend (``tokenmill.loader.FollowGrowth``): a new DataLoader from the same
-step after each switch to a newer version that extends the one in use::
-
-    follow = FollowGrowth("blends/mix", "train", global_batch_size=512, rank=r, world_size=w)
-    loader = growth_loader(follow, step, num_workers=2)
-    ...  # at a checkpoint: if follow.refresh(): loader = growth_loader(follow, step, ...)
-
-nanotron's trainer takes per-sample ``{"input_ids": S + 1 tokens}`` dicts and a torch
-``DistributedSampler`` over data-parallel ranks; ``NanotronDataset`` and ``nanotron_sampler``
-give both, so its collator and its training order work unchanged::
-
-    ds = NanotronDataset(open_blend(...))
-    sampler = nanotron_sampler(ds, dp_rank, dp_size, seed=42, consumed_train_samples=c)
-    loader = DataLoader(ds, batch_size=micro_batch_size, sampler=sampler,
-                        collate_fn=data_collator, drop_last=True)  # nanotron's DataCollatorForCLM
+With a batch sampler, DataLoader calls ``__getitems__`` once per step: one vectorized
+``get_batch``. Also: §11 training inputs (``training_batch``, ``TrainingDataset``, and
+``packed_collate`` for Hugging Face models), ``growth_loader`` for ``FollowGrowth``, and
+nanotron's dataset and sampler (``NanotronDataset``, ``nanotron_sampler``); the user guide's §5
+shows each.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping, Sequence, Sized
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from tokenmill.errors import ConfigError
-from tokenmill.loader import FollowGrowth
+from tokenmill.loader import BlendedDataset, FollowGrowth, NanosetDataset
 
-
-class _Samples(Protocol):
-    def __len__(self) -> int: ...
-    def __getitem__(self, k: int) -> np.ndarray: ...
-    def get_batch(self, indices: Any) -> np.ndarray: ...
-    def get_training_batch(self, indices: Any, **flags: Any) -> dict[str, np.ndarray]: ...
-
+_Samples = BlendedDataset | NanosetDataset
 
 IGNORE_INDEX = -100  # the label Hugging Face losses skip
 
@@ -141,17 +113,10 @@ def packed_collate(
 
 
 class NanotronDataset(_Adapter):
-    """Items as nanotron's collators take them: ``{"input_ids": int64 tensor [S + 1]}``.
-
-    Source: index-era ``src/nanotron/data/nanoset.py`` (the unmerged Nanoset PR,
-    huggingface/nanotron#102): the revision whose indices tokenmill's ``nanotron`` semantics
-    follow (one shuffled epoch, uint32 shuffle index tiled ``int(N / M) + 1`` times, ``None``
-    samples for valid/test) returns ``{"input_ids": numpy int64 [S + 1]}`` from ``__getitem__``;
-    earlier revisions (huggingface/nanotron 07afee92, TJ-Solergibert/nanotron a63ff105)
-    returned ``{"text": ...}``. nanotron's ``DataCollatorForCLM`` asserts ``input_ids`` is the
-    only key and ``np.vstack``-s the samples; later main collators ``torch.vstack`` them. A CPU
-    ``torch.LongTensor`` works with both.
-    """
+    """Items as nanotron's collators take them: ``{"input_ids": int64 tensor [S + 1]}``, as the
+    Nanoset of huggingface/nanotron#102 (whose indices the ``nanotron`` semantics follow) returns
+    them; a CPU ``torch.LongTensor`` stacks under both its ``np.vstack`` and ``torch.vstack``
+    collators."""
 
     def __getitem__(self, k: int) -> dict[str, torch.Tensor]:
         return {"input_ids": torch.from_numpy(self.samples[int(k)])}
@@ -188,20 +153,13 @@ def nanotron_sampler(
     consumed_train_samples: int = 0,
     drop_last: bool = True,
 ) -> DistributedSampler[int] | NanotronSkipSampler:
-    """The sampler nanotron's ``get_sampler`` builds for a Nanoset: ``DistributedSampler(
-    dataset, num_replicas=dp_size, rank=dp_rank, seed=seed, drop_last=drop_last)`` (shuffle
-    left at its default, True; nanotron passes ``seed_worker=config.data.seed`` and
-    ``dataloader_drop_last=True``), wrapped to skip ``consumed_train_samples // dp_size``
-    indices when resuming (its ``SkipBatchSampler``). Source: index-era nanotron's
-    ``get_sampler`` (src/nanotron/dataloader.py, src/nanotron/data/dataloader_builder.py);
-    nanotron's later main (src/nanotron/data/samplers.py) passes ``shuffle=False`` for its
-    Nanoset instead.
+    """The sampler nanotron's ``get_sampler`` (src/nanotron/dataloader.py of huggingface/
+    nanotron#102) builds for a Nanoset: ``DistributedSampler(dataset, num_replicas=dp_size,
+    rank=dp_rank, seed=seed, drop_last=drop_last)`` with the default ``shuffle=True``, skipping
+    ``consumed_train_samples // dp_size`` indices on resume (its ``SkipBatchSampler``).
 
-    Its order is not tokenmill's ``BatchSampler`` order: the dataset is shuffled once more
-    with ``torch.randperm`` (generator seeded ``seed + epoch``) and dealt round-robin to the
-    ranks, so which rank and step read a sample depends on ``dp_size``, and a resume must keep
-    the same ``dp_size``. Use it to reproduce a nanotron run; ``BatchSampler`` for tokenmill's
-    world-size-independent order.
+    Its order depends on ``dp_size`` (a second shuffle dealt round-robin to the ranks), so a
+    resume must keep it; use it to reproduce a nanotron run, ``BatchSampler`` otherwise.
     """
     for name, value, low in (
         ("dp_size", dp_size, 1),
@@ -229,8 +187,5 @@ def growth_loader(follow: FollowGrowth, start_step: int = 0, **kwargs: Any) -> D
     each global batch, :func:`collate`d unless ``collate_fn`` is given). Make a new one from
     the same step after ``follow.refresh()`` switched versions: workers hold the old one."""
     kwargs.setdefault("collate_fn", collate)
-    # BlendedDataset and BatchSampler fit _Samples and DataLoader's batch_sampler structurally
-    # (keyword flags; index arrays for lists), which mypy's protocol check cannot see
-    samples: Any = follow.ds
-    batches: Any = follow.sampler(start_step)
-    return DataLoader(TokenDataset(samples), batch_sampler=batches, **kwargs)
+    batches: Any = follow.sampler(start_step)  # yields index arrays, not the lists typed
+    return DataLoader(TokenDataset(follow.ds), batch_sampler=batches, **kwargs)
