@@ -1,45 +1,23 @@
 """Owns ``tokenmill gc``, one function per pass (finish half-removals, plan, re-plan, remove):
-old blend versions, merged versions and unreferenced Nanoset caches go. What it reads is
-``tokenmill.storage.gc_listing``'s, the plan ``tokenmill.storage.gc_plan``'s.
+old blend versions, merged versions and unreferenced Nanoset caches under a storage root (a
+folder or ``s3://bucket/prefix``, laid out as ``tokenmill.storage.layout`` says) go. What it
+reads is ``tokenmill.storage.gc_listing``'s, the plan ``tokenmill.storage.gc_plan``'s.
 
-On a storage root (a local folder, or ``s3://bucket/prefix``) laid out as
-``tokenmill.storage.layout``
-describes::
+What stays: every current version; every version ``keep_versions`` names (a full hash or a
+prefix of at least 16 hex digits); per blend and merged dataset the ``keep`` newest (by the
+mtime of the version's manifest) and, with ``older_than_days``, those modified more recently;
+every file a kept blend version references (its merged versions whatever their age, its index
+caches); every Nanoset entry built for the content of a kept merged version or of an unversioned
+pair (its description records the content hash) or, with ``older_than_days``, recent. Anything
+not a complete version (no manifest yet: a build or upload in progress, a temp folder) and files
+outside these layouts are left alone.
 
-    blends/<name>/manifest.json                   pointer: the current version's manifest
-    blends/<name>/versions/<v16>/...              one blend version (manifest.json + arrays)
-    merged/<ds>/current.json                      pointer: {"version", "target"}
-    merged/<ds>/<v16>/...                         one merged version (pair + manifests/)
-    nanoset/<hash>-Nanoset-<split>-*              index cache entries (description last)
-
-What stays:
-
-- every current version (the pointers' targets) and every version named by ``keep_versions``
-  (a full hash or a prefix of at least 16 hex digits);
-- per blend and per merged dataset, the ``keep`` newest versions (by modification time: local
-  mtime, S3 ``LastModified`` of the version's manifest), and with ``older_than_days`` every
-  version modified more recently than that;
-- every file a kept blend version references (its index caches, its merged datasets: such a
-  merged version is kept whatever its age);
-- every Nanoset cache entry referenced by a kept blend version or built for the content of a
-  kept merged version (its description records the dataset's content hash), or, with
-  ``older_than_days``, modified more recently than that.
-
-Anything that is not a complete version (no manifest yet: a build or an upload in progress, a
-temp folder, a ``.tmp/`` folder) is left alone (a removed version's folder goes, with its empty
-``.tmp/``), and so are files outside these layouts (e.g. an unversioned
-``merged/<ds>_text_document.*`` pair, whose content hash also keeps its Nanoset caches).
-
-Concurrent refreshes: the pointers are read after the last listing (a refresh that moved one
-meanwhile has what it references protected), read again before anything is removed (what the
-new pointers need stays), and once more before each version goes; anything modified after gc
-started stays. A blend pointer that is missing beside versions, or damaged, stops gc before
-anything is removed (it names the version that must stay), as a damaged merged pointer does. A
-version's manifest (an entry's description) is removed first, so a half-removed version never
-looks complete. A tombstone (``gc-removing.json`` in a version's folder,
-``<entry>-gc-removing.json`` beside a cache entry) is written before that and removed last, so
-the next gc finishes, and reports, a removal that was killed half-way. A version folder with
-neither manifest nor tombstone is reported as left alone.
+Beside a refresh: the pointers are read after the last listing, again before anything is
+removed and once more before each version goes (what they name stays); anything modified after
+gc started stays. A damaged pointer, or a blend pointer missing beside versions, stops gc before
+anything is removed. A removal writes a tombstone (``gc-removing.json``), removes the manifest
+first (a half-removed version never looks complete), then the rest, the tombstone last: the next
+gc finishes, and reports, a removal killed half-way.
 """
 
 from __future__ import annotations

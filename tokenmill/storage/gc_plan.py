@@ -4,9 +4,8 @@ each kept version stays (the rules are in ``tokenmill.storage.gc``'s docstring).
 
 from __future__ import annotations
 
-import functools
 import posixpath
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,6 @@ from tokenmill.storage.gc_listing import (
     Removal,
     blend_version_manifest,
     merged_manifest,
-    merged_version_manifest,
     newest,
     read_json,
     referenced,
@@ -87,7 +85,7 @@ class _Artifact:
     name: str
     versions: dict[str, list[StoredFile]]
     current: set[str]
-    commit: Callable[[str], str]  # version -> the key of its commit file
+    commits: dict[str, str]  # version -> the key of its commit file
 
 
 def _sweep(
@@ -97,7 +95,7 @@ def _sweep(
     the rules let go stays when ``protected`` (which the caller grows between versions: a
     version reads only older ones) holds one of its files; ``read_by`` says who reads it."""
     kind, name = artifact.kind, artifact.name
-    dated = newest(artifact.versions, artifact.commit)
+    dated = newest(artifact.versions, artifact.commits)
     kept, why = rules.choose(kind, name, dated, artifact.current)
     lines += why
     for version, mtime in dated:
@@ -108,7 +106,7 @@ def _sweep(
         if version in kept:
             yield version, None
         else:
-            yield version, Removal.of(kind, name, version, files, artifact.commit(version), mtime)
+            yield version, Removal.of(kind, name, version, files, artifact.commits[version], mtime)
 
 
 def _plan_blends(
@@ -124,13 +122,13 @@ def _plan_blends(
     for name, versions in sorted(listing.blends.items()):
         pointer = pointers.blends.get(name)
         current = {str(pointer.get("version", ""))[:VERSION_CHARS]} if pointer else set()
-        commit = functools.partial(blend_version_manifest, f"blends/{name}")
-        blend = _Artifact("blend", name, versions, current, commit)
+        commits = {v: blend_version_manifest(f"blends/{name}", v) for v in versions}
+        blend = _Artifact("blend", name, versions, current, commits)
         for version, removal in _sweep(
             blend, rules, protected, lines, "a kept version reads its arrays"
         ):
             if removal is None:
-                manifest = commit(version)
+                manifest = commits[version]
                 protected |= referenced(
                     read_json(store, manifest) or {}, posixpath.dirname(manifest)
                 )
@@ -151,13 +149,13 @@ def _plan_merged(
         kept_content |= _content_hash(store, key)
     for name, versions in sorted(listing.merged.items()):
         current = pointers.merged.get(name, set())
-        commit = functools.partial(merged_version_manifest, versions)
-        merged = _Artifact("merged", name, versions, current, commit)
+        commits = {v: merged_manifest(files) for v, files in versions.items()}
+        merged = _Artifact("merged", name, versions, current, commits)
         for version, removal in _sweep(
             merged, rules, protected, lines, "a kept blend version reads it"
         ):
             if removal is None:
-                kept_content |= _content_hash(store, merged_manifest(versions[version]))
+                kept_content |= _content_hash(store, commits[version])
             else:
                 doomed.append(removal)
     return doomed, kept_content, lines

@@ -1,25 +1,18 @@
 """The one S3 client factory and the helpers every S3 user shares (pipeline staging, ``tokenmill
 pull``, ``gc``, the streaming loader): URI parsing, the retry policy, the timeouts, listing,
 whole-object transfers, and the one wrapper that turns S3 failures into ``InputError`` naming the
-URI.
-
-Clients: :func:`make_client` builds one (endpoint from the caller, i.e. the recipe's
-``storage.s3_endpoint_url``, else ``$AWS_ENDPOINT_URL``; credentials and region only from the
-standard AWS environment); :func:`shared_client` keeps one per process and settings, since a
-build costs 0.1-0.5 s of CPU.
+URI. boto3 is imported lazily (pipeline extra).
 
 Retries happen in one place: botocore's ``standard`` retry mode (``MAX_ATTEMPTS`` retries per
-request, exponential backoff with jitter, a per-client retry quota); s3transfer adds its own for a
-download stream cut mid-file. The only other retry is for a response body cut while it is read
-(``read_object``, ``tokenmill.storage.pull_blocks``): botocore has already handed that response
-over and cannot repeat it. boto3 is imported lazily (pipeline extra).
+request, backoff with jitter, a per-client quota); s3transfer adds its own for a download stream
+cut mid-file. The only other retry is for a response body cut while it is read (``read_object``,
+``tokenmill.storage.pull_blocks``): botocore has already handed that response over.
 
-Timeouts: a connection must open within ``TOKENMILL_S3_CONNECT_TIMEOUT`` seconds (default 10) and
-an answer must not stall longer than ``TOKENMILL_S3_READ_TIMEOUT`` (default 30; botocore's own 60
-would make an endpoint that accepts and never answers sit silent for 9 minutes per request). A
-request without an answer after ``min(5, read timeout / 2)`` s, or one being retried, prints one
-"waiting for S3 (<endpoint>)" line on stderr (at most one per 10 s per process), from one
-watchdog thread per process.
+Timeouts: ``TOKENMILL_S3_CONNECT_TIMEOUT`` (default 10 s) and ``TOKENMILL_S3_READ_TIMEOUT``
+(default 30 s: botocore's own 60 would leave an endpoint that accepts and never answers silent
+for 9 minutes per request). A request unanswered after ``min(5, read timeout / 2)`` s, or
+retried, prints one "waiting for S3 (<endpoint>)" line on stderr (at most one per 10 s per
+process), from one watchdog thread per process.
 """
 
 from __future__ import annotations
@@ -59,11 +52,6 @@ def split_uri(uri: str) -> tuple[str, str]:
     if not bucket:
         raise ConfigError(f"{uri}: no bucket name")
     return bucket, prefix.strip("/")
-
-
-def retry_config() -> dict[str, Any]:
-    """botocore's ``retries`` setting every tokenmill S3 client uses."""
-    return {"mode": RETRY_MODE, "max_attempts": MAX_ATTEMPTS}
 
 
 def timeouts() -> dict[str, float]:
@@ -107,7 +95,9 @@ def make_client(endpoint_url: str | None, **config: Any) -> Any:
     client = boto3.session.Session(botocore_session=session).client(
         "s3",
         endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
-        config=Config(retries=retry_config(), **{**limits, **config}),
+        config=Config(
+            retries={"mode": RETRY_MODE, "max_attempts": MAX_ATTEMPTS}, **{**limits, **config}
+        ),
     )
     _Waiting(client, limits["read_timeout"]).register()
     return client
@@ -118,9 +108,10 @@ _CLIENTS_LOCK = threading.Lock()
 
 
 def shared_client(endpoint_url: str | None = None, **config: Any) -> Any:
-    """This process's client for these settings (:func:`make_client`, built on first use): one
-    per endpoint, ``config``, timeouts and ``AWS_*`` environment (keyed by a hash: no credential
-    is kept in the key); a forked process builds its own. boto3 clients are thread-safe."""
+    """This process's client for these settings (:func:`make_client`, built on first use: a
+    build costs 0.1-0.5 s of CPU): one per endpoint, ``config``, timeouts and ``AWS_*``
+    environment (keyed by a hash: no credential is kept in the key); a forked process builds
+    its own. boto3 clients are thread-safe."""
     aws = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))
     settings = (os.getpid(), endpoint_url, sorted(config.items()), sorted(timeouts().items()), aws)
     key = hashlib.sha256(repr(settings).encode()).hexdigest()

@@ -3,22 +3,17 @@ back in commit order, through a run's download cache (``tokenmill.storage.run_ca
 pipeline's resources only wire it up; the takedown mirror (``tokenmill.storage.mirror``) is a
 stage of a whole root. The client, its retries and the errors are ``tokenmill.storage.s3``'s.
 
-:class:`S3Stage` mirrors parts of an S3 root in a local directory: ``fetch`` downloads the inputs a
-step reads, ``push`` uploads what the step wrote in the commit order of
-:mod:`tokenmill.storage.publish` (data first, then dataset manifests, index-cache descriptions and
-stats, then ``current.json`` pointers, a blend's ``manifest.json`` last; a marker that really
-replaces an existing object is deleted before its data is overwritten, one S3 holds byte for byte
-is left alone, one vouching for the same files is overwritten, as a pointer is: a PUT is atomic)
-and deletes the fetched files the step removed, so a failed or killed transfer never leaves a
-marker that describes files which are not there.
+:class:`S3Stage` ``fetch``es the inputs a step reads, ``push``es what the step wrote in the commit
+order of :mod:`tokenmill.storage.publish` and deletes the fetched files the step removed, so a
+failed or killed transfer never leaves a marker that describes files which are not there.
 
 A pointer the step fetched is written back by a conditional PUT (compare-and-swap, as
-``tokenmill.storage.versions.swap_pointer`` locally): ``If-Match`` the ETag it had when fetched,
-or ``If-None-Match: *`` when it was not there. When another writer moved it meanwhile, S3
-answers 412 and the push raises ConflictError naming the pointer and the versions (the
-step's immutable files are uploaded; the pointer stays at the other writer's version). A
-pointer the step never fetched is written unconditionally (the sole writer of a tree), except
-after :meth:`S3Stage.mirror`, which listed the whole root: one it did not find was not there.
+``tokenmill.storage.versions.swap_pointer`` locally): ``If-Match`` its ETag when fetched, or
+``If-None-Match: *`` when it was not there. When another writer moved it meanwhile, S3 answers
+412 and the push raises ConflictError naming the pointer and the versions (the immutable files
+are uploaded; the pointer stays at the other writer's version). A pointer the step never
+fetched is written unconditionally (the sole writer of a tree), except after
+:meth:`S3Stage.mirror`, which listed the whole root: one it did not find was not there.
 """
 
 from __future__ import annotations
