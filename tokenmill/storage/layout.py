@@ -1,15 +1,13 @@
 """The storage layout: every artifact's key relative to the storage root, as a pure string.
 
-One home for ``tokens/<ds>/<shard>_<key>_document`` and its siblings: the pipeline, the CLI and
-``tokenmill gc`` all spell paths through these functions, for a local root (join to the root)
-and for an ``s3://`` root (join to the prefix) alike. Every name part that comes from outside
-(dataset, shard, blend, text key, version) is checked first, so no key can climb out of its
-folder.
+The pipeline, the CLI and ``tokenmill gc`` spell every path through these functions, for a local
+root and an ``s3://`` root alike. Every name part that comes from outside (dataset, shard,
+blend, text key, version) is checked first, so no key can climb out of its folder.
 
 Immutable, versioned artifacts (merged datasets and blends) live under a folder that names the
 version; a small pointer names the current version and is the only thing a refresh moves::
 
-    merged/<ds>/current.json                                  pointer: {"version", "prefix"}
+    merged/<ds>/current.json                                  pointer: {"version", "target"}
     merged/<ds>/<version>/<ds>_<text_key>_document.{bin,idx}
     merged/<ds>/<version>/manifests/<ds>_<text_key>_document.manifest.json
     blends/<name>/manifest.json                               pointer: the current manifest
@@ -19,8 +17,7 @@ version; a small pointer names the current version and is the only thing a refre
 
 A pair's manifest lives in a ``manifests/`` folder beside the pair, never beside the pair itself:
 Megatron's and nanotron's ``tools/merge_datasets.py`` take every regular file of a folder as half
-of a ``.bin``/``.idx`` pair and skip folders (``tokenmill migrate`` moves a manifest found beside
-its pair into it).
+of a ``.bin``/``.idx`` pair and skip folders.
 """
 
 from __future__ import annotations

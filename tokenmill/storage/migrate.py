@@ -1,10 +1,9 @@
 """Owns ``tokenmill migrate``: the one-off move of tokenmill 0.1.0 dataset manifests
 (``<prefix>.manifest.json`` beside the pair) into the ``manifests/`` sidecar folder readers use.
 
-Run it once on a storage root (a local folder or ``s3://bucket/prefix``) written by 0.1.0; readers
-look only in the sidecar folder. Each move writes the sidecar copy first and removes the old file
-last, so a run killed half-way leaves both, which the next run finishes. A pair that already has
-a sidecar manifest keeps it (readers preferred it) and its stale 0.1.0 copy is removed.
+Each move writes the sidecar copy first and removes the old file last, so a run killed half-way
+leaves both, which the next run finishes. A pair that already has a sidecar manifest keeps it and
+its stale 0.1.0 copy is removed.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """``tokenmill pull``: copy exactly the files a blend manifest needs, verified by hash, resumable.
 
-What to copy is :func:`~tokenmill.storage.pull_plan.plan_blend`'s plan; the relative layout is
-kept under the destination, so ``open_blend(<dest>/blends/<name>/manifest.json)`` works, and
-``version=`` pulls a named version instead of the current. Files are fetched in parallel
-threads, block by block, each block and each file checked against its sha256
+What to copy is :func:`~tokenmill.storage.pull_plan.plan_blend`'s plan, laid out relatively under
+the destination, so ``open_blend(<dest>/blends/<name>/manifest.json)`` works. Files are fetched
+in parallel threads, block by block, each checked against its sha256
 (``tokenmill.storage.pull_blocks``); the destination's ledger (``tokenmill.storage.pull_ledger``)
-lets a resumed pull trust complete files and fetch only the blocks that are missing or fail their
-hash. Files arrive in the commit order the pipeline uploads in (``tokenmill.storage.publish``:
-data, then index-cache descriptions and dataset manifests once all data is complete), and the
-blend manifest is written last (a different one already in the destination is removed first),
-so its presence means "complete".
+lets a resumed pull trust complete files and fetch only the missing or bad blocks. Files arrive in
+the pipeline's commit order (``tokenmill.storage.publish``) and the blend manifest last (a
+different one already there is removed first), so its presence means "complete".
 """
 
 from __future__ import annotations

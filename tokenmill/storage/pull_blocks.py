@@ -2,12 +2,10 @@
 
 A file is a list of blocks, each fetched by one range GET and checked on its own: the per-block
 sha256 list a ``.bin``'s manifest records, else the parts a merge records, else the whole file as
-one block (checked as a whole). Blocks land in a partial file (``<folder>/.tmp/<name>.partial``
-when a ledger records them, a unique temp otherwise), are fsynced and then recorded in the
-destination's ledger (``tokenmill.storage.pull_ledger``); the whole file is checked against its
-sha256 (or parts) before it is renamed into place. The source is a store
-(``tokenmill.storage.store``); ``tokenmill.storage.pull_plan`` plans the files and
-``tokenmill.storage.pull`` runs this for each.
+one block. Blocks land in a partial file (``<folder>/.tmp/<name>.partial`` when a ledger records
+them, a unique temp otherwise), are fsynced, then recorded in the destination's ledger
+(``tokenmill.storage.pull_ledger``); the whole file is checked against its sha256 (or parts)
+before it is renamed into place.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -58,12 +57,8 @@ class Wanted:
             b, size = self.block_bytes, self.size
             return [(i * b, min(size, (i + 1) * b), d) for i, d in enumerate(self.block_sha256)]
         if self.parts:
-            out: list[tuple[int, int, str | None]] = []
-            lo = 0
-            for n, digest in self.parts:
-                out.append((lo, lo + n, digest))
-                lo += n
-            return out
+            ends = itertools.accumulate(n for n, _ in self.parts)
+            return [(end - n, end, d) for end, (n, d) in zip(ends, self.parts, strict=True)]
         return [(0, self.size, None)] if self.size else []
 
 
@@ -117,9 +112,11 @@ class Hasher:
         return None
 
 
-def check_local(path: Path, want: Wanted, advance: Callable[[int], None]) -> tuple[set[int], bool]:
+def check_local(
+    path: Path, want: Wanted, advance: Callable[[int], None]
+) -> tuple[set[int], bool, int]:
     """Hash a destination file of the right size block by block: the blocks that match their
-    sha256, and whether the whole file is complete and verified."""
+    sha256, whether the whole file is complete and verified, and the bytes read."""
     running, good, ok = Hasher(want), set(), True
     with open(path, "rb") as fh:
         for i, (lo, hi, digest) in enumerate(want.blocks()):
@@ -133,7 +130,7 @@ def check_local(path: Path, want: Wanted, advance: Callable[[int], None]) -> tup
                 good.add(i)
             elif digest is not None:
                 ok = False
-    return good, ok and running.problem() is None
+    return good, ok and running.problem() is None, running.size
 
 
 def _take(
@@ -305,22 +302,17 @@ def sync(
     good: set[int] = set()
     local: Path | None = None
     if path.is_file() and path.stat().st_size == want.size:
-        seen = [0]
-
-        def counting(n: int) -> None:
-            seen[0] += n
-            advance(n)
-
-        good, whole = check_local(path, want, counting)
+        good, whole, seen = check_local(path, want, advance)
         if whole:
             if ledger is not None:
                 partial.unlink(missing_ok=True)
                 ledger.done(want.rel, key, path)
             return None
-        advance(-seen[0])
+        advance(-seen)
         local = path
     recorded = set()
-    if local is None and ledger is not None and _sized(partial, want.size):
+    partial_size = partial.stat().st_size if partial.is_file() else -1  # ours: the folder's flock
+    if local is None and ledger is not None and partial_size == want.size:
         recorded = ledger.blocks(want.rel, key)  # empty: the partial of other content
     if recorded:
         good, local = recorded, partial
@@ -339,11 +331,3 @@ def sync(
     if ledger is not None:
         ledger.done(want.rel, key, path)
     return fetched
-
-
-def _sized(path: Path, size: int) -> bool:
-    """True when ``path`` is a file of ``size`` bytes."""
-    try:
-        return path.stat().st_size == size
-    except FileNotFoundError:
-        return False

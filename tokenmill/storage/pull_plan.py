@@ -1,15 +1,13 @@
 """Owns the plan of a pull: which files a blend manifest needs, where they are in the source and
 what each must hash to (``tokenmill pull`` and the loader's S3 reader share it).
 
-The blend manifest lists every file a blend reads (blend arrays, Nanoset index caches with their
-descriptions, each dataset's ``.bin``/``.idx``), each as ``{path relative to the manifest's
-directory, bytes, sha256}``. The datasets' own manifests come too (the sidecar
-``manifests/<name>.manifest.json`` beside each pair): each is checked against the blend's record
-and gives its files' per-block sha256 lists, and a ``.bin`` they record by parts (a merge) is
-verified part by part. Paths are laid out relative to the deepest folder holding all of them (the
-storage root for a pipeline blend). A pointer's version manifest (``versions/<v16>/manifest.json``)
-comes along, so ``open_blend(..., version=...)`` works on the copy too. The source is a store
-(``tokenmill.storage.store``): the file system rooted at ``/``, or an ``s3://`` bucket.
+Every file the blend manifest lists (path relative to its folder, bytes, sha256) comes, and the
+datasets' sidecar manifests (``manifests/<name>.manifest.json``): each is checked against the
+blend's record and gives its files' per-block sha256 lists; a ``.bin`` recorded by parts (a
+merge) is verified part by part. Paths are laid out relative to the deepest folder holding all of
+them (the storage root for a pipeline blend). A pointer's version manifest comes along, so
+``open_blend(..., version=...)`` works on the copy. The source is a store: the file system rooted
+at ``/``, or an ``s3://`` bucket.
 """
 
 from __future__ import annotations
@@ -310,16 +308,12 @@ def plan_blend(
         if _in_versions(folder):
             folder = posixpath.dirname(posixpath.dirname(folder))
         manifest_key = _version_key(folder, version)
-    raw = source.read(manifest_key)
+    raw, where = source.read(manifest_key), source.where(manifest_key)
     if raw is None:
         what = "no blend manifest" if version is None else f"no version {version} of the blend"
-        raise InputError(f"{source.where(manifest_key)}: {what} there")
-    manifest = _parse_manifest(raw, source.where(manifest_key))
-    return (
-        source,
-        raw,
-        _plan(manifest, manifest_key, source, source.where(manifest_key), shards=shards),
-    )
+        raise InputError(f"{where}: {what} there")
+    manifest = _parse_manifest(raw, where)
+    return source, raw, _plan(manifest, manifest_key, source, where, shards=shards)
 
 
 def _parse_manifest(raw: bytes, uri: str) -> dict[str, Any]:

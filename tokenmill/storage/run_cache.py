@@ -1,13 +1,11 @@
 """A run's download cache on this host: steps of one run (in one process or several) that read
 the same S3 object download it once (``tokenmill.storage.staging`` fetches through it).
 
-An entry is named by the object's bucket, key, ETag and size (a changed object is a new entry),
-written read-only with a fixed mtime (a copy changed in place no longer matches and is downloaded
-again), and reaches a step's work directory as a hard link (a copy across file systems). Steps
-replace files by rename, which never touches the entry; the link is read-only, and an entry written
-in place anyway (as root) is detected by its mtime and downloaded again by the next step that wants
-it. What a step uploads is kept too (one HEAD names its ETag), so later steps of the run read it
-without a download.
+An entry is named by the object's bucket, key, ETag and size (a changed object is a new entry)
+and reaches a step's work directory as a hard link (a copy across file systems). Steps replace
+files by rename, never in place; the entry is read-only with a fixed mtime, so one written in
+place anyway (as root) no longer matches and is downloaded again. What a step uploads is kept too
+(one HEAD names its ETag), so later steps of the run read it without a download.
 """
 
 from __future__ import annotations

@@ -62,10 +62,9 @@ class ReadPointer:
 
 def put_pointer(client: Any, path: Path, bucket: str, key: str, read: ReadPointer) -> str | None:
     """Compare-and-swap ``path`` (a pointer file) to ``s3://bucket/key``: one PUT, ``If-Match``
-    the ETag ``read`` names (``If-None-Match: *`` when there was none). Returns the new ETag
-    (None when the object already named this version). ConflictError when the object moved
-    to another version meanwhile; finding this version there (e.g. our own PUT, retried after
-    a lost answer, now answered 412) is success."""
+    the ETag ``read`` names (``If-None-Match: *`` when there was none); the new ETag, or None when
+    the object already named this version (our own PUT, retried after a lost answer, gets 412).
+    ConflictError when the object moved to another version meanwhile."""
     from botocore.exceptions import ClientError
 
     uri = f"s3://{bucket}/{key}"
@@ -115,9 +114,8 @@ def fetch_shard(
 
 
 def _same_content(stored: bytes, ours: bytes) -> bool:
-    """Whether two dataset manifests vouch for the same files (equal ``files`` and
-    ``content_hash``; a setting such as the engine may differ): the data uploaded under the
-    stored one is then byte for byte the data uploaded under ours."""
+    """Whether two dataset manifests vouch for the same bytes (equal ``files`` and
+    ``content_hash``; a setting such as the engine may differ)."""
     try:
         old, new = json.loads(stored), json.loads(ours)
     except ValueError:  # not JSON (UnicodeDecodeError included): not a dataset manifest
@@ -187,10 +185,9 @@ class S3Stage:
         self.pointers[rel] = ReadPointer(etag, pointer_version(self.local / rel))
 
     def mirror(self, wanted: Callable[[str], bool]) -> None:
-        """Stage every object of the root whose relative path ``wanted`` accepts: one LIST and
-        one GET each, no run cache; an object removed since the listing is not part of the root
-        now and is left out. A pointer the root did not hold is then pushed only if it still
-        does not (``If-None-Match: *``)."""
+        """Stage every object of the root whose relative path ``wanted`` accepts (one LIST, one
+        GET each, no run cache; one removed since the listing is left out). A pointer the root
+        did not hold is then pushed only if it still does not (``If-None-Match: *``)."""
         found = self.listing("")
         self.listed = set(found)
         for rel, obj in found.items():
@@ -246,10 +243,9 @@ class S3Stage:
     def stored_entry(
         self, rels: Mapping[str, str], key: dict[str, Any], digest: str
     ) -> dict[str, Any] | None:
-        """The description of a stored index-cache entry (``rels`` as for ``fetch_entry``)
-        when it describes exactly ``key`` and ``digest`` and every array is there at its
-        recorded size; None otherwise. One LIST and one small GET (the description is staged):
-        the arrays are neither downloaded nor, since they are complete, uploaded again."""
+        """The description of a stored index-cache entry (``rels`` as for ``fetch_entry``) that
+        describes exactly ``key`` and ``digest``, every array there at its recorded size; else
+        None. One LIST and one small GET: the arrays are neither downloaded nor uploaded again."""
         found = self.listing(rels["description"].removesuffix("description.json"))
         if rels["description"] not in found:
             return None
@@ -296,10 +292,10 @@ class S3Stage:
 
     def push(self) -> list[str]:
         """Upload new and changed files in commit order (``tokenmill.storage.publish``) and delete
-        fetched files the step removed; the relative paths uploaded, in upload order. A marker
-        the step did not fetch is compared with the stored one (one GET): the same bytes are
-        not uploaded again, and one vouching for the same content is not deleted first, so a
-        second run that wrote the same result (two runs of one shard) never takes it away."""
+        fetched files the step removed; the paths uploaded, in order. A marker the step did not
+        fetch is compared with the stored one (one GET): the same bytes are not uploaded again,
+        and one vouching for the same content is not deleted first, so a second run that wrote
+        the same result (two runs of one shard) never takes it away."""
         written, replaced = [], set()
         for rel in self._written():
             if delete_first(rel) and rel not in self.fetched:

@@ -1,10 +1,8 @@
 """A storage root seen as keys: list, read, write and delete files, locally or under ``s3://``.
 
-The one home of "which files are under this folder of the root", "read these bytes of a key" and
-"remove these keys", used by ``tokenmill gc``, ``tokenmill pull`` (whose source is a store rooted
-at ``/`` or at a bucket) and the pipeline's pruning step alike. Listing reads names and sizes
-only, never a file's content. Keys are posix paths relative to the root
-(``tokenmill.storage.layout``).
+Used by ``tokenmill gc``, ``tokenmill pull`` (whose source is a store rooted at ``/`` or at a
+bucket) and the pipeline's pruning step alike. Listing reads names and sizes only, never content.
+Keys are posix paths relative to the root (``tokenmill.storage.layout``).
 """
 
 from __future__ import annotations

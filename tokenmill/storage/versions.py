@@ -2,17 +2,14 @@
 
 A version's files are written under a folder that names it and never rewritten. The pointer
 (``merged/<ds>/current.json``; for a blend, ``blends/<name>/manifest.json`` itself) is written
-last, atomically (temp → fsync → rename locally; on S3 the object is uploaded after every file
-it names), so a reader sees the old version or the new one, never a mix, and a failed refresh
-leaves the pointer where it was.
+last, atomically, so a reader sees the old version or the new one, and a failed refresh leaves
+the pointer where it was.
 
-Pointers only move forward, with one writer at a time: a write is a compare-and-swap
-(:func:`swap_pointer`). A build reads the pointer *before* its inputs, and at the end writes
-under an exclusive lock on ``<folder>/.tmp/<pointer>.lock`` (``flock``: released by the kernel
-when the holder dies, so a killed build never blocks the next one) only when the pointer still
-names what it read, or already names the build's own version; otherwise ConflictError, and the
-pointer stays at the version a build that read newer inputs wrote. On S3 the same check is a
-conditional PUT (``tokenmill.storage.staging``).
+A write is a compare-and-swap (:func:`swap_pointer`): a build reads the pointer *before* its
+inputs and at the end writes under an exclusive ``flock`` on ``<folder>/.tmp/<pointer>.lock``
+(released by the kernel when the holder dies) only when the pointer still names what it read, or
+already names the build's own version; otherwise ConflictError, and the version of the build that
+read newer inputs stays. On S3 the same check is a conditional PUT (``tokenmill.storage.staging``).
 """
 
 from __future__ import annotations
