@@ -44,13 +44,10 @@ def migrate(
     keys = {f.key for f in store.files("")}
     moves = []
     for key in sorted(keys):
-        if not key.endswith(DATASET_MANIFEST_SUFFIX):
-            continue
-        prefix = key[: -len(DATASET_MANIFEST_SUFFIX)]
-        if not posixpath.basename(prefix) or f"{prefix}.idx" not in keys:
-            continue
-        new = dataset_manifest(prefix)
-        moves.append(Move(key, new, stale=new in keys))
+        prefix = key.removesuffix(DATASET_MANIFEST_SUFFIX)
+        if prefix != key and posixpath.basename(prefix) and f"{prefix}.idx" in keys:
+            new = dataset_manifest(prefix)
+            moves.append(Move(key, new, stale=new in keys))
     if dry_run:
         return moves
     for move in moves:

@@ -79,13 +79,10 @@ def pull(
     progress: bool | None = None,
     version: str | None = None,
 ) -> PullReport:
-    """Copy the blend at ``uri`` (manifest or its folder, local or ``s3://``) into ``dest``.
-
-    Returns what was fetched and skipped and the local manifest path to pass to ``open_blend``.
-    ``version`` (a full version hash or its first 16 hex digits) pulls that version,
-    ``versions/<v16>/manifest.json`` beside the pointer ``uri``, and its files, instead of the
-    current one. ``progress=None`` shows a bar when stderr is a TTY.
-    """
+    """Copy the blend at ``uri`` (manifest or its folder, local or ``s3://``) into ``dest``; what
+    was fetched and skipped, and the local manifest to pass to ``open_blend``. ``version`` (a
+    version hash or its first 16 hex digits) pulls that version (``versions/<v16>/`` beside the
+    pointer ``uri``) instead of the current one. ``progress=None``: a bar when stderr is a TTY."""
     source, raw, plan = plan_blend(
         uri, version=version, endpoint_url=endpoint_url, jobs=jobs, shards=True
     )

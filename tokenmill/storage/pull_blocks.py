@@ -276,13 +276,11 @@ def sync(
     advance: Callable[[int], None],
     ledger: Ledger | None = None,
 ) -> int | None:
-    """Make one destination file complete: None when it already was, else the bytes fetched.
-
-    A file the ledger records as complete (same inode, mtime and size) is trusted as it is. A
-    file of the right size is hashed block by block: whole and verified, it is kept (and
-    recorded); otherwise its good blocks are copied into a new partial and only the others are
-    fetched. Without such a file, a partial the ledger knows continues from its recorded
-    blocks; anything else starts a fresh partial."""
+    """Make one destination file complete: None when it already was, else the bytes fetched. A
+    file the ledger records as complete (same inode, mtime, size) is trusted; one of the right
+    size is hashed block by block and kept when whole, else its good blocks go into a new partial
+    and only the others are fetched. Otherwise a partial the ledger knows resumes from its
+    recorded blocks; anything else starts afresh."""
     path = root / want.rel
     if root not in path.parents:
         raise FormatError(want.key, "path", f"resolves outside {root}; refusing to pull")

@@ -211,10 +211,9 @@ def _attach_parts(files: dict[str, Wanted], folder: str, raw: bytes, uri: str) -
 
 
 def _attach_shards(files: dict[str, Wanted], prefix: str, raw: bytes, uri: str) -> dict[str, str]:
-    """For a virtual merge's manifest: check it against the blend's record (it is written with
-    the small manifests, last) and add every shard pair it names, by the digests it records.
-    Returns ``{shard .bin/.idx key: block_list_sha256}`` of the files whose block list the
-    merge records by reference (a version-2 merge: the shard's dataset manifest holds it)."""
+    """For a virtual merge's manifest: check it against the blend's record and add every shard
+    pair it names, by its digests. Returns ``{shard .bin/.idx key: block_list_sha256}`` of the
+    files whose block list a version-2 merge records by reference (in the shard's manifest)."""
     key = dataset_manifest(prefix)
     if key not in files:
         return {}
@@ -248,10 +247,9 @@ def _attach_shards(files: dict[str, Wanted], prefix: str, raw: bytes, uri: str) 
 def _shard_blocks(
     files: dict[str, Wanted], by_reference: dict[str, str], source: Store
 ) -> dict[str, bytes]:
-    """Give the shard files a version-2 merge records by reference their block lists, read
-    from the shards' dataset manifests (in parallel; each list checked against the merge's
-    digest, FormatError naming the manifest otherwise). Returns those manifests (key: bytes):
-    the pulled copy holds them, so it streams and resumes as the source does."""
+    """Give the shard files a version-2 merge records by reference their block lists, read in
+    parallel from the shards' manifests and checked against the merge's digests. Returns those
+    manifests (key: bytes): the pulled copy holds them, so it streams and resumes alike."""
     from concurrent.futures import ThreadPoolExecutor
 
     keys = sorted({dataset_manifest(k.rsplit(".", 1)[0]) for k in by_reference})
@@ -295,11 +293,9 @@ def plan_blend(
     jobs: int = 1,
     shards: bool = False,
 ) -> tuple[Store, bytes, Plan]:
-    """The source, the blend manifest's bytes and the plan of every file the blend needs
-    (``pull`` and the loader's S3 reader share it: the dataset manifests checked against the
-    blend's records, every file with its size and sha256). ``shards`` (``pull``): also the
-    dataset manifests of virtual merges' shards, whose block lists the merges refer to (the
-    S3 reader fetches those lazily: one GET per shard would slow its open)."""
+    """The source, the blend manifest's bytes and the plan of every file the blend needs.
+    ``shards`` (``pull``): also the manifests of virtual merges' shards, which hold the block
+    lists the merges refer to (the S3 reader reads those lazily: a GET per shard slows an open)."""
     if jobs < 1:
         raise ConfigError(f"jobs must be >= 1, got {jobs}")
     source, manifest_key = open_source(uri, endpoint_url, jobs)

@@ -102,11 +102,9 @@ class RunCache:
         used (e.g. removed meanwhile); an object that changed since it was listed is not kept."""
         entry = self.entry(bucket, obj)
         incoming: Path | None = None
-        downloaded = False
         try:
             if not self.holds(entry, obj.size):
                 entry.parent.mkdir(parents=True, exist_ok=True)
-                downloaded = True
                 incoming = temp_path_for(entry)  # download() creates it (through its own temp)
                 download(client, bucket, obj.key, incoming)
                 if incoming.stat().st_size != obj.size:  # rewritten after the listing
@@ -127,4 +125,4 @@ class RunCache:
                 incoming.unlink(missing_ok=True)
             download(client, bucket, obj.key, path)
             return True
-        return downloaded
+        return incoming is not None

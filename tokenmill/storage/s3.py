@@ -242,32 +242,26 @@ class S3Object:
 def list_objects(client: Any, bucket: str, prefix: str, *, recursive: bool) -> list[S3Object]:
     """Objects under ``prefix`` (a folder when it ends with ``/``), sorted by key, by listing
     names only; with ``recursive=False`` only the folder's direct children."""
-
-    def run() -> list[S3Object]:
-        args = {"Bucket": bucket, "Prefix": prefix, **({} if recursive else {"Delimiter": "/"})}
-        found = []
+    args = {"Bucket": bucket, "Prefix": prefix, **({} if recursive else {"Delimiter": "/"})}
+    found = []
+    with s3_errors(f"listing s3://{bucket}/{prefix}"):
         for page in client.get_paginator("list_objects_v2").paginate(**args):
             for obj in page.get("Contents", []):
                 etag, modified = obj["ETag"].strip('"'), obj["LastModified"].timestamp()
                 found.append(S3Object(obj["Key"], int(obj["Size"]), etag, modified))
-        return sorted(found, key=lambda o: o.key)
-
-    return call(f"listing s3://{bucket}/{prefix}", run)
+    return sorted(found, key=lambda o: o.key)
 
 
 def exists(client: Any, bucket: str, key: str) -> bool:
     """True when ``s3://bucket/key`` is an object now (one HEAD request)."""
-
-    def head() -> bool:
+    with s3_errors(f"looking up s3://{bucket}/{key}"):
         try:
             client.head_object(Bucket=bucket, Key=key)
         except Exception as exc:
             if is_missing(exc):
                 return False
             raise
-        return True
-
-    return call(f"looking up s3://{bucket}/{key}", head)
+    return True
 
 
 def _transfer_config() -> Any:
@@ -280,15 +274,12 @@ def download(client: Any, bucket: str, key: str, path: Path) -> None:
     """``s3://bucket/key`` → ``path`` through a temp (a failed transfer leaves nothing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp, _ = create_temp(path, Path.touch)  # boto3 replaces the reserved name
-
-    def run() -> None:
-        try:
+    try:
+        with s3_errors(f"downloading s3://{bucket}/{key}"):
             client.download_file(bucket, key, str(tmp), Config=_transfer_config())
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-
-    call(f"downloading s3://{bucket}/{key}", run)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     commit(tmp, path)
 
 
@@ -360,10 +351,9 @@ def call(what: str, op: Callable[[], T]) -> T:
 def read_object(
     client: Any, bucket: str, key: str, span: tuple[int, int] | None = None, what: str = ""
 ) -> bytes | None:
-    """The bytes of ``s3://bucket/key`` (``span``: bytes ``[lo, hi)`` of it, by a range GET),
-    None when it does not exist; a body cut mid-read is fetched again (up to
-    ``BODY_ATTEMPTS`` tries), other failures raise InputError naming ``what`` (default: the
-    object). The one body-retry loop of the S3 readers (staging, pull's plan, the loader)."""
+    """The bytes of ``s3://bucket/key`` (``span``: ``[lo, hi)``, by a range GET), None when it
+    does not exist; a body cut mid-read is fetched again (``BODY_ATTEMPTS`` tries in all), other
+    failures raise InputError naming ``what`` (default: the object)."""
     attempt = 1
     extra = {"Range": f"bytes={span[0]}-{span[1] - 1}"} if span else {}
     with s3_errors(what or f"reading s3://{bucket}/{key}"):

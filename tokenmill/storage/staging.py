@@ -36,11 +36,11 @@ from tokenmill.storage.publish import delete_first, is_pointer, publish
 from tokenmill.storage.run_cache import RunCache
 from tokenmill.storage.s3 import (
     S3Object,
-    call,
     delete,
     download,
     list_objects,
     read_object,
+    s3_errors,
     shared_client,
     split_uri,
     upload,
@@ -71,7 +71,7 @@ def put_pointer(client: Any, path: Path, bucket: str, key: str, read: ReadPointe
     data = path.read_bytes()
     condition = {"IfNoneMatch": "*"} if read.etag is None else {"IfMatch": f'"{read.etag}"'}
 
-    def run() -> str | None:
+    with s3_errors(f"uploading pointer {path.name} to {uri}"):
         try:
             response = client.put_object(Bucket=bucket, Key=key, Body=data, **condition)
             return str(response["ETag"]).strip('"')
@@ -80,12 +80,10 @@ def put_pointer(client: Any, path: Path, bucket: str, key: str, read: ReadPointe
                 raise
         version = pointer_version(path)
         found = read_object(client, bucket, key)
-        found_version = None if found is None else version_named(found)
-        if found is not None and found_version == version:
-            return None
-        raise ConflictError(uri, read.version, found_version, str(version))
-
-    return call(f"uploading pointer {path.name} to {uri}", run)
+    found_version = None if found is None else version_named(found)
+    if found is not None and found_version == version:
+        return None
+    raise ConflictError(uri, read.version, found_version, str(version))
 
 
 def local_name(bucket: str, key: str, base: str) -> str:
@@ -275,12 +273,8 @@ class S3Stage:
             manifest = read_dataset_manifest(self.local / rel)
             if is_virtual(manifest):
                 folder = posixpath.dirname(rel)
-                self.fetch(
-                    [
-                        posixpath.normpath(posixpath.join(folder, f"{s['prefix']}.idx"))
-                        for s in manifest["shards"]
-                    ]
-                )
+                idx = [posixpath.join(folder, f"{s['prefix']}.idx") for s in manifest["shards"]]
+                self.fetch([posixpath.normpath(p) for p in idx])
 
     def _written(self) -> Iterator[str]:
         for path in sorted(p for p in self.local.rglob("*") if p.is_file()):

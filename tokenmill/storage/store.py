@@ -24,6 +24,7 @@ from tokenmill.storage.s3 import (
     is_missing,
     list_objects,
     read_object,
+    s3_errors,
     shared_client,
     split_uri,
 )
@@ -185,16 +186,12 @@ class S3Store:
         keys = list(keys)
         for start in range(0, len(keys), 1000):
             batch = [{"Key": self.key(k)} for k in keys[start : start + 1000]]
-
-            def remove(batch: list[dict[str, str]] = batch) -> None:
+            with s3_errors(f"deleting from s3://{self.bucket}"):
                 answer = self.client.delete_objects(
                     Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
                 )
-                if answer.get("Errors"):  # per-key refusals (e.g. AccessDenied): no retry helps
-                    problems = answer["Errors"][:3]
-                    raise InputError(f"s3://{self.bucket}: could not delete {problems}")
-
-            call(f"deleting from s3://{self.bucket}", remove)
+            if answer.get("Errors"):  # per-key refusals (e.g. AccessDenied): no retry helps
+                raise InputError(f"s3://{self.bucket}: could not delete {answer['Errors'][:3]}")
 
 
 Store = LocalStore | S3Store

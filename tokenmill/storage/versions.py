@@ -60,19 +60,10 @@ def version_named(data: bytes) -> str:
     return version if isinstance(version, str) else ""
 
 
-def expected_version(expected: Expected) -> str | None:
-    """The version of what a build read: a pointer record (its ``version``), a version, or
-    None (there was no pointer)."""
-    if expected is None or isinstance(expected, str):
-        return expected
-    return str(expected["version"])
-
-
 @contextmanager
 def pointer_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     """Hold the exclusive lock of the pointer ``path``: ``<folder>/.tmp/<name>.lock`` (in
-    ``.tmp/``, so never uploaded, listed or fetched; unlinked on release, and a file a killed
-    holder left does not block: its ``flock`` died with it)."""
+    ``.tmp/``: never uploaded, listed or fetched; a killed holder's ``flock`` dies with it)."""
     path = Path(path)
     with exclusive_lock(temp_dir(path.parent) / f"{path.name}{LOCK_SUFFIX}"):
         yield
@@ -82,16 +73,16 @@ def swap_pointer(
     path: str | os.PathLike[str], version: str, record: Mapping[str, Any], *, expected: Expected
 ) -> bool:
     """Compare-and-swap: under :func:`pointer_lock`, write ``record`` (sorted JSON, atomic) at
-    ``path`` when the pointer still names ``expected`` (what the build read before its inputs)
-    or already names ``version``. True when written, False when the file already held exactly
-    these bytes. ConflictError naming the pointer and the versions when it moved elsewhere:
-    another build that read it later (so read newer inputs) won, and its version stays."""
+    ``path`` when the pointer still names ``expected`` (a pointer record or version the build
+    read before its inputs; None: there was none) or already names ``version``. False when the
+    file already held these bytes. ConflictError when it moved elsewhere: a build that read it
+    later (so read newer inputs) won, and its version stays."""
     path = Path(path)
     data = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode("utf-8")
     with pointer_lock(path):
         found = pointer_version(path)
         if expected != UNCHECKED:
-            want = expected_version(expected)
+            want = str(expected["version"]) if isinstance(expected, Mapping) else expected
             if found not in (want, version):
                 raise ConflictError(path, want, found, version)
         if read_if_exists(path) == data:
@@ -104,10 +95,8 @@ def write_pointer(
     path: str | os.PathLike[str], version: str, target: str, *, expected: Expected = UNCHECKED
 ) -> dict[str, Any]:
     """Point ``path`` at ``version``, whose files live at ``target`` (relative to the pointer's
-    folder): atomic, and a compare-and-swap against ``expected`` (the pointer record or version
-    read at the start of the build, before its inputs; None: there was none) under the
-    pointer's lock (:func:`swap_pointer`; ConflictError when it moved). Leave ``expected`` out
-    only as the sole writer (``UNCHECKED``). Returns the record written."""
+    folder), by :func:`swap_pointer` against ``expected`` (left out only by the sole writer:
+    ``UNCHECKED``). Returns the record written."""
     version_dir_name(version)  # refuses a malformed version before anything is written
     record = {"format_version": POINTER_FORMAT, "version": version, "target": target}
     swap_pointer(path, version, record, expected=expected)
