@@ -107,9 +107,8 @@ def gc(
     endpoint_url: str | None = None,
     force: bool = False,
 ) -> GcReport:
-    """Remove (or with ``dry_run`` list) what the module docstring says may go. A pin
-    (``keep_versions``) that matches no version is a ConfigError unless ``force``: a typo would
-    otherwise remove the version it meant to keep."""
+    """Remove (or with ``dry_run`` list) what the module docstring says may go. A pin matching no
+    version is a ConfigError unless ``force``: a typo would remove the version it meant to keep."""
     pins = _checked_arguments(keep, older_than_days, keep_versions)
     store = open_store(root, endpoint_url)
     started = time.time()

@@ -40,9 +40,8 @@ NAME_MAX = 255  # bytes in one file name: Linux file systems and most others
 
 
 def check_name(name: str, what: str = "name") -> str:
-    """Return ``name`` if it is one safe artifact name part; ConfigError naming the problem
-    otherwise. ``tokenmill.paths.name_problem``'s rule, plus what artifacts never are: names
-    with ``..``, hidden or temporary (leading ``.``) names, Unicode format characters."""
+    """``name`` if it is one safe artifact name part (``tokenmill.paths.name_problem``'s rule, and
+    no ``..``, leading ``.``, control or format character), else ConfigError naming the problem."""
     if ".." in name:
         problem = "it contains '..'"
     elif (base := name_problem(name)) is not None:

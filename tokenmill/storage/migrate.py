@@ -37,9 +37,8 @@ class Move:
 def migrate(
     root: str | os.PathLike[str], *, dry_run: bool = False, endpoint_url: str | None = None
 ) -> list[Move]:
-    """Move every 0.1.0 dataset manifest under ``root`` into its sidecar folder (``dry_run``:
-    only list the moves). A ``<prefix>.manifest.json`` is a 0.1.0 manifest when ``<prefix>.idx``
-    is listed beside it."""
+    """Move (``dry_run``: list) every 0.1.0 dataset manifest under ``root`` into its sidecar folder:
+    each ``<prefix>.manifest.json`` listed beside a ``<prefix>.idx``."""
     store = open_store(root, endpoint_url)
     keys = {f.key for f in store.files("")}
     moves = []

@@ -32,9 +32,8 @@ MARKERS_OF_MARKERS = ("dataset_info.json",)
 
 
 def commit_rank(rel: str) -> int:
-    """The rank of a path (posix, relative to a storage root or any folder): data, markers,
-    markers over markers (``dataset_info.json``, a blend version's manifest), dataset pointers,
-    blend pointers. Files of a lower rank are transferred first."""
+    """The rank of a posix path (files of a lower rank go first): data, markers, markers over
+    markers (``dataset_info.json``, a blend version's manifest), dataset, then blend pointers."""
     parts = rel.split("/")
     name = parts[-1]
     if name == POINTER_NAME:
@@ -55,11 +54,10 @@ def is_pointer(rel: str) -> bool:
 
 
 def delete_first(rel: str) -> bool:
-    """True when an existing copy of ``rel`` at the destination must be removed before any of
-    this publication's files are written: a marker being replaced, so that while its data is
-    rewritten no marker vouches for the old (or half-new) data. Never a pointer (one atomic
-    write), nor an index description (its key hashes everything its arrays depend on: the same
-    key always describes the same bytes)."""
+    """True when an existing copy of ``rel`` must be removed before this publication writes
+    anything: a marker, so that no marker vouches for half-rewritten data. Never a pointer (one
+    atomic write), nor an index description (its key hashes everything its arrays depend on:
+    the same key always describes the same bytes)."""
     if rel.endswith(INDEX_DESCRIPTION):
         return False
     return MARKER <= commit_rank(rel) < DATASET_POINTER
@@ -72,10 +70,9 @@ def publish_batches(rels: Iterable[str]) -> list[list[str]]:
 
 
 def publish(rels: Iterable[str], transfer: Callable[[str], T], *, jobs: int = 1) -> list[T]:
-    """Call ``transfer(rel)`` for every path, rank by rank: up to ``jobs`` at once within a
-    rank, and a rank only after every transfer of the ranks before it returned. The first
-    error stops everything (transfers of later ranks never start). Returns the results in
-    the order the paths were transferred (:func:`publish_batches` flattened)."""
+    """Call ``transfer(rel)`` for every path, rank by rank (up to ``jobs`` at once within a rank);
+    the first error stops everything, so no later rank starts. The results, in the order of
+    :func:`publish_batches` flattened."""
     batches = publish_batches(rels)
     if jobs <= 1:
         return [transfer(rel) for batch in batches for rel in batch]

@@ -49,27 +49,6 @@ class PullReport:
     bytes_fetched: int = 0  # bytes downloaded (blocks already there are not counted)
 
 
-class _Progress:
-    """A byte counter shown as a tqdm bar on a TTY (tqdm imported only then)."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.lock = threading.Lock()
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="pull", file=sys.stderr)
-
-    def advance(self, n: int) -> None:
-        if self.bar is not None:
-            with self.lock:
-                self.bar.update(n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def pull(
     uri: str,
     dest: str | os.PathLike[str],
@@ -112,23 +91,32 @@ def _pull_into(
         fsync_dir(final_manifest.parent)  # gone on disk before any file it names changes
     report = PullReport(manifest=final_manifest)
     by_rel = {w.rel: w for w in plan.wanted}
-    total = sum(w.size for w in plan.wanted)
-    bar = _Progress(total, sys.stderr.isatty() if progress is None else progress)
+    bar, lock = None, threading.Lock()
+    if sys.stderr.isatty() if progress is None else progress:
+        from tqdm import tqdm  # the pipeline extra: imported only for a bar
+
+        total = sum(w.size for w in plan.wanted)
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc="pull", file=sys.stderr)
+
+    def advance(n: int) -> None:
+        if bar is not None:
+            with lock:
+                bar.update(n)
 
     def transfer(rel: str) -> tuple[Wanted, int | None] | None:
         if rel in by_rel:
-            return by_rel[rel], sync(source, by_rel[rel], root, bar.advance, ledger)
+            return by_rel[rel], sync(source, by_rel[rel], root, advance, ledger)
         path, data = root / rel, plan.dataset_manifests[rel]
         if not (path.is_file() and path.read_bytes() == data):
             write_bytes(path, data)
         return None
 
     try:
-        # Commit order (tokenmill.storage.publish): data, then index descriptions and dataset
-        # manifests, each rank only once the one before is complete; the blend manifest last.
+        # Commit order (tokenmill.storage.publish); the blend manifests go last, below.
         results = publish([*by_rel, *plan.dataset_manifests], transfer, jobs=jobs)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
     ledger.compact(by_rel)  # one record per complete file of this pull
     for result in results:
         if result is not None:

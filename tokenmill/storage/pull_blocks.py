@@ -206,12 +206,11 @@ def _fill(
     ledger: Ledger | None,
     advance: Callable[[int], None],
 ) -> int:
-    """Complete ``partial`` block by block, in order: a block in ``good`` is taken from ``local``
-    (the partial itself, or an older copy of the file) when it still matches its sha256, any
-    other is fetched by range GET (once more if it fails its sha256, then CacheError naming the
-    object and block). New blocks are fsynced, then recorded in the ledger, every ``SYNC_BYTES``
-    (a crash loses at most that much); the whole file is checked at the end. Returns the bytes
-    fetched."""
+    """Complete ``partial`` block by block; the bytes fetched. A block in ``good`` is taken from
+    ``local`` (the partial, or an older copy) while it matches its sha256, any other is fetched
+    (once more if it fails its sha256, then CacheError naming object and block). New blocks are
+    fsynced, then recorded in the ledger, every ``SYNC_BYTES`` (a crash loses at most that
+    much); the whole file is checked at the end."""
     running, fetched = Hasher(want), 0
     blocks = want.blocks()
     pending: list[int] = []  # new blocks written since the last fsync (recorded after it)

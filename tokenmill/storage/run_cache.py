@@ -43,12 +43,9 @@ class RunCache:
         cache.touch()
         cutoff = time.time() - max_age_hours * 3600
         for other in base.glob(f"{RUN_CACHE_PREFIX}*"):
-            try:
-                stale = other != cache.root and other.stat().st_mtime < cutoff
-            except FileNotFoundError:
-                continue
-            if stale:
-                shutil.rmtree(other, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile by another run
+                if other != cache.root and other.stat().st_mtime < cutoff:
+                    shutil.rmtree(other, ignore_errors=True)
         return cache
 
     def touch(self) -> None:
@@ -74,9 +71,8 @@ class RunCache:
         return st.st_size == size and st.st_mtime_ns == CACHE_MTIME_NS
 
     def keep(self, client: Any, bucket: str, key: str, path: Path) -> None:
-        """Take ``path``, just uploaded to ``s3://bucket/key``, into the cache (a later step of
-        the run reads it without a download): one HEAD names the object's ETag. Best effort:
-        a failure here leaves the cache as it was."""
+        """Take ``path``, just uploaded to ``s3://bucket/key``, into the cache (one HEAD names its
+        ETag) for later steps of the run. Best effort: a failure leaves the cache as it was."""
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:

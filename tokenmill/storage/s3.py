@@ -78,9 +78,8 @@ _LOADER_LOCK = threading.Lock()
 
 
 def make_client(endpoint_url: str | None, **config: Any) -> Any:
-    """A boto3 S3 client with the retry policy and the timeouts (credentials and region from
-    the environment); ``config`` adds botocore ``Config`` options such as
-    ``max_pool_connections``. Slow or retried requests say so on stderr (``_Waiting``)."""
+    """A boto3 S3 client with the retry policy and the timeouts (credentials and region from the
+    environment), plus botocore ``config`` options; slow or retried requests say so on stderr."""
     import boto3
     import botocore.session
     from botocore.config import Config
@@ -108,10 +107,9 @@ _CLIENTS_LOCK = threading.Lock()
 
 
 def shared_client(endpoint_url: str | None = None, **config: Any) -> Any:
-    """This process's client for these settings (:func:`make_client`, built on first use: a
-    build costs 0.1-0.5 s of CPU): one per endpoint, ``config``, timeouts and ``AWS_*``
-    environment (keyed by a hash: no credential is kept in the key); a forked process builds
-    its own. boto3 clients are thread-safe."""
+    """This process's (thread-safe) client per endpoint, ``config``, timeouts and ``AWS_*``
+    environment (keyed by a hash: no credential is kept), built on first use: a build costs
+    0.1-0.5 s of CPU. A forked process builds its own."""
     aws = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))
     settings = (os.getpid(), endpoint_url, sorted(config.items()), sorted(timeouts().items()), aws)
     key = hashlib.sha256(repr(settings).encode()).hexdigest()
@@ -311,9 +309,8 @@ def is_missing(exc: BaseException) -> bool:
     """True for S3's "no such object" answer."""
     from botocore.exceptions import ClientError
 
-    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in (
-        MISSING_CODES
-    )
+    code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+    return code in MISSING_CODES
 
 
 def is_cut_body(exc: BaseException) -> bool:

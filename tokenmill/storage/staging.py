@@ -87,9 +87,8 @@ def put_pointer(client: Any, path: Path, bucket: str, key: str, read: ReadPointe
 
 
 def local_name(bucket: str, key: str, base: str) -> str:
-    """The part of a listed ``key`` below ``base``, to be joined under a local folder; InputError
-    naming the object when that could land outside the folder (our own root never holds such a
-    key, so it is corruption or tampering, not data)."""
+    """The part of a listed ``key`` below ``base``, to join under a local folder; InputError when
+    it could land outside the folder (our root never holds such a key: tampering, not data)."""
     name = key[len(base) :]
     problem = relative_path_problem(name)
     if problem:
@@ -223,9 +222,8 @@ class S3Stage:
         return Path(path).resolve().relative_to(self.local.resolve()).as_posix()
 
     def fetch_entry(self, rels: Mapping[str, str]) -> bool:
-        """Bring an index-cache entry's files (``{name: path relative to the root}``, one of
-        them ``description``) when all of them are stored, arrays first, description last,
-        through the run cache; True if it did (one LIST, and a GET per file not yet staged)."""
+        """Stage an index-cache entry's files (``{name: root-relative path}``, one ``description``,
+        fetched last) when all are stored; True if it did (one LIST, a GET per file not staged)."""
         found = self.listing(rels["description"].removesuffix("description.json"))
         if not all(rel in found for rel in rels.values()):
             return False
@@ -285,11 +283,10 @@ class S3Stage:
                 yield rel
 
     def push(self) -> list[str]:
-        """Upload new and changed files in commit order (``tokenmill.storage.publish``) and delete
-        fetched files the step removed; the paths uploaded, in order. A marker the step did not
-        fetch is compared with the stored one (one GET): the same bytes are not uploaded again,
-        and one vouching for the same content is not deleted first, so a second run that wrote
-        the same result (two runs of one shard) never takes it away."""
+        """Upload new and changed files in commit order and delete fetched files the step removed;
+        the paths uploaded, in order. A marker the step did not fetch is compared with the stored
+        one (one GET): the same bytes are not uploaded again, and one vouching for the same
+        content is not deleted first, so a second run of one shard never takes it away."""
         written, replaced = [], set()
         for rel in self._written():
             if delete_first(rel) and rel not in self.fetched:

@@ -120,9 +120,8 @@ class LocalStore:
 
 
 class S3Store:
-    """A storage root under ``s3://bucket/prefix`` (boto3 imported lazily, one retry policy),
-    through the process's client for ``endpoint_url`` and botocore ``config``
-    (``tokenmill.storage.s3.shared_client``)."""
+    """A storage root under ``s3://bucket/prefix``, through the process's client for
+    ``endpoint_url`` and botocore ``config`` (``tokenmill.storage.s3.shared_client``)."""
 
     def __init__(self, uri: str, endpoint_url: str | None, **config: Any) -> None:
         self.bucket, self.prefix = split_uri(uri)
@@ -134,8 +133,7 @@ class S3Store:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def files(self, top: str) -> Iterator[StoredFile]:
-        """Every object under ``top/`` (``""``: the whole root; one paginated listing, nothing is
-        downloaded)."""
+        """Every object under ``top/`` (``""``: the whole root), by one paginated listing."""
         start = self.key(top) + "/" if top else (f"{self.prefix}/" if self.prefix else "")
         cut = len(self.prefix) + 1 if self.prefix else 0
         for obj in list_objects(self.client, self.bucket, start, recursive=True):

@@ -43,9 +43,8 @@ def version_hash(description: Any) -> str:
 
 
 def pointer_version(path: str | os.PathLike[str]) -> str | None:
-    """The version any pointer file names (a merged ``current.json`` or a blend's
-    ``manifest.json``): None when there is no pointer, ``""`` when it is not JSON naming a
-    version (a damaged pointer: a build that read it so may replace it)."""
+    """The version a pointer file names: None when there is none, ``""`` when it is not JSON
+    naming a version (a damaged pointer: a build that read it so may replace it)."""
     data = read_if_exists(path)
     return None if data is None else version_named(data)
 
@@ -72,11 +71,10 @@ def pointer_lock(path: str | os.PathLike[str]) -> Iterator[None]:
 def swap_pointer(
     path: str | os.PathLike[str], version: str, record: Mapping[str, Any], *, expected: Expected
 ) -> bool:
-    """Compare-and-swap: under :func:`pointer_lock`, write ``record`` (sorted JSON, atomic) at
-    ``path`` when the pointer still names ``expected`` (a pointer record or version the build
-    read before its inputs; None: there was none) or already names ``version``. False when the
-    file already held these bytes. ConflictError when it moved elsewhere: a build that read it
-    later (so read newer inputs) won, and its version stays."""
+    """Compare-and-swap under :func:`pointer_lock`: write ``record`` (sorted JSON, atomic) when the
+    pointer still names ``expected`` (the record or version read before the build's inputs;
+    None: none) or already ``version``; False when it held these bytes. ConflictError when it
+    moved elsewhere: a build that read it later (so newer inputs) won, and its version stays."""
     path = Path(path)
     data = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode("utf-8")
     with pointer_lock(path):
