@@ -49,17 +49,13 @@ class Rules:
         """The versions kept (newest first in ``dated``), each with a line saying why."""
         kept, lines = set(), []
         for rank, (version, mtime) in enumerate(dated):
-            why = (
-                "current"
-                if version in current
-                else "--keep-version"
-                if matches(version, self.pins)
-                else f"among the {self.keep} newest"
-                if rank < self.keep
-                else "newer than --older-than"
-                if self.recent(mtime)
-                else None
+            reasons = (
+                (version in current, "current"),
+                (matches(version, self.pins), "--keep-version"),
+                (rank < self.keep, f"among the {self.keep} newest"),
+                (self.recent(mtime), "newer than --older-than"),
             )
+            why = next((reason for holds, reason in reasons if holds), None)
             if why:
                 kept.add(version)
                 lines.append(f"{kind} {name} {version} ({why})")

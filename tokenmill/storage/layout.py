@@ -136,13 +136,10 @@ def shard_name_problem(file_name: str, shard: str, text_key: str) -> str | None:
     """Why a shard's files could not all be written (a derived name, or a temp of one, longer
     than NAME_MAX bytes whatever the host name), or None. Checked when the source is listed, so
     a long name is refused with the other refused names instead of failing every run."""
+    shard_files = (raw_stats, quarantine, dochash, parquet, export_record)
     derived = [
         file_name,  # a downloaded S3 shard keeps its name
-        posixpath.basename(raw_stats("d", shard)),
-        posixpath.basename(quarantine("d", shard)),
-        posixpath.basename(dochash("d", shard)),
-        posixpath.basename(parquet("d", shard)),
-        posixpath.basename(export_record("d", shard)),
+        *(posixpath.basename(path("d", shard)) for path in shard_files),
         posixpath.basename(dataset_manifest(tokens_prefix("d", shard, text_key))),
         document_name(shard, text_key) + ".bin",
     ]

@@ -230,17 +230,17 @@ def _fill(
                 taken = _take(ranged(src, hi - lo), copy, lo, hi, digest, running, partial)
                 advance(hi - lo if taken is not None else 0)
             fresh = taken is None or src is not out
-            for attempt in range(1, BLOCK_ATTEMPTS + 1):
+            for _ in range(BLOCK_ATTEMPTS):
                 if taken is not None:
                     break
                 taken = _fetch_block(source, want, block, out, running, advance)
                 fetched += hi - lo
-                if taken is None and attempt == BLOCK_ATTEMPTS:
-                    raise CacheError(
-                        f"{uri}: sha256 of block {i} (bytes {lo}..{hi}) differs from the "
-                        f"manifest's block list after {BLOCK_ATTEMPTS} fetches; not pulled"
-                    )
-            running = taken  # type: ignore[assignment]
+            if taken is None:
+                raise CacheError(
+                    f"{uri}: sha256 of block {i} (bytes {lo}..{hi}) differs from the "
+                    f"manifest's block list after {BLOCK_ATTEMPTS} fetches; not pulled"
+                )
+            running = taken
             if fresh and ledger is not None and len(blocks) > 1:
                 pending.append(i)
                 pending_bytes += hi - lo

@@ -4,12 +4,9 @@
 after the bytes it vouches for are fsynced, and is fsynced itself, so a crash loses at most the
 line being written (a torn last line is ignored: it vouched for nothing). Records::
 
-    {"start": rel, "key": K}                         a fresh partial download of rel begins
-                                                     (blocks of an earlier partial are void)
-    {"block": rel, "key": K, "i": [i, ...]}          blocks of that partial are written,
-                                                     fsynced and matched their sha256
-    {"done": rel, "key": K, "ino": .., "mtime_ns": .., "size": ..}
-                                                     rel is complete and verified
+    {"start": rel, "key": K}                   a fresh partial of rel (earlier blocks are void)
+    {"block": rel, "key": K, "i": [i, ...]}    blocks of it written, fsynced, sha256 matched
+    {"done": rel, "key": K, "ino": .., "mtime_ns": .., "size": ..}   rel complete and verified
 
 ``K`` names the wanted content (size and sha256, or the hash of its recorded parts). A later pull
 trusts a complete file while its inode, mtime and size are the recorded ones (a rewrite changes

@@ -283,10 +283,8 @@ def download(client: Any, bucket: str, key: str, path: Path) -> None:
 
 def upload(client: Any, path: Path, bucket: str, key: str) -> None:
     """``path`` → ``s3://bucket/key``, multipart above ``MULTIPART_BYTES``."""
-    call(
-        f"uploading {path.name} to s3://{bucket}/{key}",
-        lambda: client.upload_file(str(path), bucket, key, Config=_transfer_config()),
-    )
+    with s3_errors(f"uploading {path.name} to s3://{bucket}/{key}"):
+        client.upload_file(str(path), bucket, key, Config=_transfer_config())
 
 
 def delete(client: Any, bucket: str, key: str) -> None:

@@ -18,7 +18,6 @@ from typing import Any
 from tokenmill.atomic import read_if_exists, remove_empty_dir, write_bytes
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.storage.s3 import (
-    call,
     exists,
     is_cut_body,
     is_missing,
@@ -174,10 +173,8 @@ class S3Store:
 
     def write(self, key: str, data: bytes) -> None:
         """Upload (replace) the object."""
-        call(
-            f"writing {self.where(key)}",
-            lambda: self.client.put_object(Bucket=self.bucket, Key=self.key(key), Body=data),
-        )
+        with s3_errors(f"writing {self.where(key)}"):
+            self.client.put_object(Bucket=self.bucket, Key=self.key(key), Body=data)
 
     def delete(self, keys: Sequence[str]) -> None:
         """Remove the objects, 1,000 per request (absent ones are fine)."""
