@@ -1,23 +1,18 @@
 """Owns ``tokenmill gc``, one function per pass (finish half-removals, plan, re-plan, remove):
-old blend versions, merged versions and unreferenced Nanoset caches under a storage root (a
-folder or ``s3://bucket/prefix``, laid out as ``tokenmill.storage.layout`` says) go. What it
-reads is ``tokenmill.storage.gc_listing``'s, the plan ``tokenmill.storage.gc_plan``'s.
+old blend versions, merged versions and unreferenced Nanoset caches under a storage root go.
+What it reads is ``tokenmill.storage.gc_listing``'s, the plan ``tokenmill.storage.gc_plan``'s.
 
-What stays: every current version; every version ``keep_versions`` names (a full hash or a
-prefix of at least 16 hex digits); per blend and merged dataset the ``keep`` newest (by the
-mtime of the version's manifest) and, with ``older_than_days``, those modified more recently;
-every file a kept blend version references (its merged versions whatever their age, its index
-caches); every Nanoset entry built for the content of a kept merged version or of an unversioned
-pair (its description records the content hash) or, with ``older_than_days``, recent. Anything
-not a complete version (no manifest yet: a build or upload in progress, a temp folder) and files
-outside these layouts are left alone.
+What stays: every current version and every version ``keep_versions`` names; per blend and per
+merged dataset the ``keep`` newest (by their manifest's mtime) and, with ``older_than_days``, the
+recent ones; every file a kept blend version references (its merged versions whatever their age,
+its index caches); every Nanoset entry built for the content of a kept merged version or of an
+unversioned pair, or recent. Incomplete versions (no manifest yet) and other files stay.
 
-Beside a refresh: the pointers are read after the last listing, again before anything is
-removed and once more before each version goes (what they name stays); anything modified after
-gc started stays. A damaged pointer, or a blend pointer missing beside versions, stops gc before
-anything is removed. A removal writes a tombstone (``gc-removing.json``), removes the manifest
-first (a half-removed version never looks complete), then the rest, the tombstone last: the next
-gc finishes, and reports, a removal killed half-way.
+Beside a refresh, the pointers are read after the last listing, before removing and before each
+version goes, and anything modified after gc started stays; a damaged pointer (or a blend pointer
+missing beside versions) stops gc before it removes anything. A removal writes a tombstone
+(``gc-removing.json``), removes the manifest (a half-removed version never looks complete), the
+rest, then the tombstone: the next gc finishes, and reports, one killed half-way.
 """
 
 from __future__ import annotations

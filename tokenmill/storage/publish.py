@@ -1,15 +1,12 @@
 """The commit order of a storage tree: data first, commit markers after, pointers last.
 
-Every artifact has a small marker whose presence says "the files I name are complete" (a
-dataset's ``manifests/<name>.manifest.json``, a shard's ``.stats.json``, a Nanoset cache entry's
-``-description.json``, an HF dataset's ``dataset_info.json``, a blend version's
-``manifest.json``), and pointers name the current version (``current.json``, a blend's
-``blends/<name>/manifest.json``). A copy cut short at any file must never leave a marker without
-the files it names, nor a pointer without its version. So whoever copies a tree (the pipeline
-uploading a step's work directory to S3, ``tokenmill pull``) goes through :func:`publish`, which
-transfers the files rank by rank (:func:`commit_rank`): a rank starts only after every file of
-the ranks before it is done. A pointer is replaced by one write (an S3 PUT or a local rename are
-atomic), so readers see the old target or the new one. Library code: no Dagster, no boto3.
+A marker's presence says "the files I name are complete" (a dataset's manifest, a shard's
+``.stats.json``, a Nanoset entry's ``-description.json``, ``dataset_info.json``, a blend
+version's ``manifest.json``); a pointer names the current version (``current.json``, a blend's
+``blends/<name>/manifest.json``). Whoever copies a tree (a step's S3 upload, ``tokenmill pull``)
+goes through :func:`publish`, rank by rank (:func:`commit_rank`), so a copy cut short never
+leaves a marker without its files nor a pointer without its version. A pointer is replaced by
+one atomic write (an S3 PUT, a local rename). Library code: no Dagster, no boto3.
 """
 
 from __future__ import annotations

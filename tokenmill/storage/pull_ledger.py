@@ -43,11 +43,8 @@ class Ledger:
         self._done: dict[str, tuple[Any, int, int, int]] = {}
         self._partial: dict[str, tuple[Any, set[int]]] = {}
         self._fd: int | None = None
-        self._newline = False  # the file ends in a torn line: start the next on a new one
-        raw = read_if_exists(self.path)
-        if raw is None:
-            return
-        self._newline = bool(raw) and not raw.endswith(b"\n")
+        raw = read_if_exists(self.path) or b""
+        self._newline = bool(raw) and not raw.endswith(b"\n")  # torn: start the next line anew
         for line in raw.splitlines():
             try:
                 record = json.loads(line)

@@ -75,7 +75,7 @@ class RunCache:
         ETag) for later steps of the run. Best effort: a failure leaves the cache as it was."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        try:
+        with contextlib.suppress(OSError, BotoCoreError, ClientError, KeyError, ValueError):
             head = client.head_object(Bucket=bucket, Key=key)
             obj = S3Object(key, int(head["ContentLength"]), str(head["ETag"]).strip('"'))
             entry = self.entry(bucket, obj)
@@ -89,8 +89,6 @@ class RunCache:
             os.chmod(incoming, 0o444)
             os.utime(incoming, ns=(CACHE_MTIME_NS, CACHE_MTIME_NS))
             os.replace(incoming, entry)
-        except (OSError, BotoCoreError, ClientError, KeyError, ValueError):
-            return
 
     def fetch(self, client: Any, bucket: str, obj: S3Object, path: Path) -> bool:
         """``obj`` at ``path``: linked from the cache, downloaded into it first when it does not

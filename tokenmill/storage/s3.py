@@ -1,18 +1,15 @@
 """The one S3 client factory and the helpers every S3 user shares (pipeline staging, ``tokenmill
-pull``, ``gc``, the streaming loader): URI parsing, the retry policy, the timeouts, listing,
-whole-object transfers, and the one wrapper that turns S3 failures into ``InputError`` naming the
-URI. boto3 is imported lazily (pipeline extra).
+pull``, ``gc``, the streaming loader): URI parsing, retries, timeouts, listing, transfers, and the
+one wrapper that turns S3 failures into ``InputError`` naming the URI. boto3 is imported lazily.
 
-Retries happen in one place: botocore's ``standard`` retry mode (``MAX_ATTEMPTS`` retries per
-request, backoff with jitter, a per-client quota); s3transfer adds its own for a download stream
-cut mid-file. The only other retry is for a response body cut while it is read (``read_object``,
-``tokenmill.storage.pull_blocks``): botocore has already handed that response over.
+Retries happen in botocore (``standard`` mode, ``MAX_ATTEMPTS`` per request) and s3transfer (a
+download stream cut mid-file); the only other retry is for a response body cut while it is read
+(``read_object``, ``tokenmill.storage.pull_blocks``), which botocore has already handed over.
 
 Timeouts: ``TOKENMILL_S3_CONNECT_TIMEOUT`` (default 10 s) and ``TOKENMILL_S3_READ_TIMEOUT``
-(default 30 s: botocore's own 60 would leave an endpoint that accepts and never answers silent
-for 9 minutes per request). A request unanswered after ``min(5, read timeout / 2)`` s, or
-retried, prints one "waiting for S3 (<endpoint>)" line on stderr (at most one per 10 s per
-process), from one watchdog thread per process.
+(default 30 s: botocore's 60 would leave an endpoint that never answers silent for 9 minutes per
+request). A request unanswered after ``min(5, read timeout / 2)`` s, or retried, prints one
+"waiting for S3 (<endpoint>)" line on stderr (at most one per 10 s per process).
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """Staging an ``s3://`` storage root: a step's local work directory filled from S3 and uploaded
-back in commit order, through a run's download cache (``tokenmill.storage.run_cache``). The
-pipeline's resources only wire it up; the takedown mirror (``tokenmill.storage.mirror``) is a
-stage of a whole root. The client, its retries and the errors are ``tokenmill.storage.s3``'s.
+back in commit order, through a run's download cache (``tokenmill.storage.run_cache``); the
+takedown mirror (``tokenmill.storage.mirror``) is a stage of a whole root.
 
-:class:`S3Stage` ``fetch``es the inputs a step reads, ``push``es what the step wrote in the commit
-order of :mod:`tokenmill.storage.publish` and deletes the fetched files the step removed, so a
-failed or killed transfer never leaves a marker that describes files which are not there.
-
-A pointer the step fetched is written back by a conditional PUT (compare-and-swap, as
-``tokenmill.storage.versions.swap_pointer`` locally): ``If-Match`` its ETag when fetched, or
-``If-None-Match: *`` when it was not there. When another writer moved it meanwhile, S3 answers
-412 and the push raises ConflictError naming the pointer and the versions (the immutable files
-are uploaded; the pointer stays at the other writer's version). A pointer the step never
-fetched is written unconditionally (the sole writer of a tree), except after
-:meth:`S3Stage.mirror`, which listed the whole root: one it did not find was not there.
+:class:`S3Stage` ``fetch``es the inputs a step reads, ``push``es what it wrote in the commit
+order of :mod:`tokenmill.storage.publish` and deletes the fetched files it removed: a failed or
+killed transfer never leaves a marker describing files that are not there. A pointer the step
+fetched is written back by a conditional PUT (compare-and-swap, as
+``tokenmill.storage.versions.swap_pointer`` locally): ``If-Match`` its fetched ETag, or
+``If-None-Match: *``. When another writer moved it meanwhile, the push raises ConflictError (the
+immutable files are uploaded; the pointer keeps the other version). A pointer never fetched is
+written unconditionally (the sole writer of a tree), except after :meth:`S3Stage.mirror`, which
+listed the whole root: one it did not find was not there.
 """
 
 from __future__ import annotations

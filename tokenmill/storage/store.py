@@ -63,10 +63,7 @@ class LocalStore:
 
     def files(self, top: str) -> Iterator[StoredFile]:
         """Every file under the folder ``top`` (recursively); a missing folder has none."""
-        base = self.root / top
-        if not base.is_dir():
-            return
-        for dirpath, _dirs, names in os.walk(base):
+        for dirpath, _dirs, names in os.walk(self.root / top):  # a missing top: no error, nothing
             for name in names:
                 path = Path(dirpath) / name
                 try:
@@ -154,10 +151,8 @@ class S3Store:
     def chunks(self, key: str, lo: int, hi: int) -> Iterator[Iterator[bytes]]:
         """Bytes ``lo..hi`` of the object, in pieces (one range GET; S3 errors as they come, for
         the caller to tell with :meth:`missing` and :meth:`cut`)."""
-        got = self.client.get_object(
-            Bucket=self.bucket, Key=self.key(key), Range=f"bytes={lo}-{hi - 1}"
-        )
-        body = got["Body"]
+        span = f"bytes={lo}-{hi - 1}"
+        body = self.client.get_object(Bucket=self.bucket, Key=self.key(key), Range=span)["Body"]
         try:
             yield body.iter_chunks(CHUNK)
         finally:
