@@ -156,8 +156,7 @@ def _replan(
     doomed: list[Removal],
     kept: list[str],
 ) -> tuple[list[Removal], list[str]]:
-    """Pass 3: the pointers read again; when a refresh moved one, only what both plans remove
-    goes."""
+    """Pass 3: the pointers read again; if a refresh moved one, only what both plans remove goes."""
     again = read_pointers(store, listing)
     if again.same(pointers):
         return doomed, kept

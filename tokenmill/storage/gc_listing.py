@@ -134,8 +134,7 @@ def blend_version_manifest(folder: str, version: str) -> str:
 def newest(
     versions: dict[str, list[StoredFile]], commits: dict[str, str]
 ) -> list[tuple[str, float]]:
-    """Versions with their modification time (of the commit file ``commits`` names, else the
-    newest file), newest first."""
+    """Versions with their mtime (of their commit file, else their newest file), newest first."""
     dated = []
     for version, files in versions.items():
         mark = next((f for f in files if f.key == commits[version]), None)

@@ -82,14 +82,15 @@ class _Artifact:
     versions: dict[str, list[StoredFile]]
     current: set[str]
     commits: dict[str, str]  # version -> the key of its commit file
+    read_by: str  # why a version the rules let go stays when a kept one reads it
 
 
 def _sweep(
-    artifact: _Artifact, rules: Rules, protected: set[str], lines: list[str], read_by: str
-) -> Iterator[tuple[str, Removal | None]]:
-    """Each version of ``artifact``, newest first, with its removal (None: it stays). A version
+    artifact: _Artifact, rules: Rules, protected: set[str], lines: list[str], doomed: list[Removal]
+) -> Iterator[str]:
+    """The kept versions of ``artifact``, newest first; the others go to ``doomed``. A version
     the rules let go stays when ``protected`` (which the caller grows between versions: a
-    version reads only older ones) holds one of its files; ``read_by`` says who reads it."""
+    version reads only older ones) holds one of its files."""
     kind, name = artifact.kind, artifact.name
     dated = newest(artifact.versions, artifact.commits)
     kept, why = rules.choose(kind, name, dated, artifact.current)
@@ -98,11 +99,11 @@ def _sweep(
         files = artifact.versions[version]
         if version not in kept and protected & {f.key for f in files}:
             kept.add(version)
-            lines.append(f"{kind} {name} {version} ({read_by})")
+            lines.append(f"{kind} {name} {version} ({artifact.read_by})")
         if version in kept:
-            yield version, None
+            yield version
         else:
-            yield version, Removal.of(kind, name, version, files, artifact.commits[version], mtime)
+            doomed.append(Removal.of(kind, name, version, files, artifact.commits[version], mtime))
 
 
 def _plan_blends(
@@ -119,17 +120,11 @@ def _plan_blends(
         pointer = pointers.blends.get(name)
         current = {str(pointer.get("version", ""))[:VERSION_CHARS]} if pointer else set()
         commits = {v: blend_version_manifest(f"blends/{name}", v) for v in versions}
-        blend = _Artifact("blend", name, versions, current, commits)
-        for version, removal in _sweep(
-            blend, rules, protected, lines, "a kept version reads its arrays"
-        ):
-            if removal is None:
-                manifest = commits[version]
-                protected |= referenced(
-                    read_json(store, manifest) or {}, posixpath.dirname(manifest)
-                )
-            else:
-                doomed.append(removal)
+        reads = "a kept version reads its arrays"
+        blend = _Artifact("blend", name, versions, current, commits, reads)
+        for version in _sweep(blend, rules, protected, lines, doomed):
+            manifest = commits[version]
+            protected |= referenced(read_json(store, manifest) or {}, posixpath.dirname(manifest))
     return doomed, protected, lines
 
 
@@ -146,14 +141,10 @@ def _plan_merged(
     for name, versions in sorted(listing.merged.items()):
         current = pointers.merged.get(name, set())
         commits = {v: merged_manifest(files) for v, files in versions.items()}
-        merged = _Artifact("merged", name, versions, current, commits)
-        for version, removal in _sweep(
-            merged, rules, protected, lines, "a kept blend version reads it"
-        ):
-            if removal is None:
-                kept_content |= _content_hash(store, commits[version])
-            else:
-                doomed.append(removal)
+        reads = "a kept blend version reads it"
+        merged = _Artifact("merged", name, versions, current, commits, reads)
+        for version in _sweep(merged, rules, protected, lines, doomed):
+            kept_content |= _content_hash(store, commits[version])
     return doomed, kept_content, lines
 
 

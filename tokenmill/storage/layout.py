@@ -64,8 +64,7 @@ def version_dir_name(version: str) -> str:
 
 
 def document_name(name: str, text_key: str) -> str:
-    """``<name>_<text_key>_document`` (:func:`tokenmill.paths.document_stem`) of a checked
-    artifact name."""
+    """``<name>_<text_key>_document`` of a checked artifact name (``paths.document_stem``)."""
     return document_stem(check_name(name), text_key)
 
 

@@ -45,8 +45,7 @@ def commit_rank(rel: str) -> int:
 
 
 def is_pointer(rel: str) -> bool:
-    """True for a pointer (``current.json``, a blend's ``manifest.json`` outside
-    ``versions/``): replaced by one atomic write, never deleted first."""
+    """True for a pointer: ``current.json``, a blend's ``manifest.json`` outside ``versions/``."""
     return commit_rank(rel) >= DATASET_POINTER
 
 

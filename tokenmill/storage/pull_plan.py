@@ -42,7 +42,7 @@ def open_source(uri: str, endpoint_url: str | None, jobs: int) -> tuple[Store, s
     if uri.startswith("s3://"):
         bucket, key = split_uri(uri)
         if not key.endswith(".json"):
-            key = posixpath.join(key, MANIFEST_NAME) if key else MANIFEST_NAME
+            key = posixpath.join(key, MANIFEST_NAME)  # "": the bucket's top
         return S3Store(f"s3://{bucket}", endpoint_url, max_pool_connections=jobs + 2), key
     if "://" in uri:
         raise ConfigError(f"manifest URI {uri}: only local paths and s3:// URIs are supported")

@@ -235,8 +235,7 @@ class S3Object:
 
 
 def list_objects(client: Any, bucket: str, prefix: str, *, recursive: bool) -> list[S3Object]:
-    """Objects under ``prefix`` (a folder when it ends with ``/``), sorted by key, by listing
-    names only; with ``recursive=False`` only the folder's direct children."""
+    """Objects under ``prefix`` sorted by key (names only); ``recursive=False``: direct children."""
     args = {"Bucket": bucket, "Prefix": prefix, **({} if recursive else {"Delimiter": "/"})}
     found = []
     with s3_errors(f"listing s3://{bucket}/{prefix}"):

@@ -141,8 +141,7 @@ class S3Stage:
     def open(
         cls, root: str, endpoint_url: str | None, local: Path, cache: RunCache | None = None
     ) -> S3Stage:
-        """The stage of the root ``s3://bucket/prefix`` in ``local``, through the process's
-        client for ``endpoint_url`` (``tokenmill.storage.s3.shared_client``)."""
+        """The stage of ``s3://bucket/prefix`` in ``local``, through the shared client."""
         bucket, prefix = split_uri(root)
         return cls(shared_client(endpoint_url), bucket, prefix, local, cache)
 
@@ -173,8 +172,7 @@ class S3Stage:
                 self._read_pointer(rel, listed.get(rel))
 
     def _read_pointer(self, rel: str, listed: S3Object | None) -> None:
-        """Remember a pointer as staged, with the ETag it was listed at (None: not there), for
-        the compare-and-swap of :meth:`push`."""
+        """Remember a staged pointer's listed ETag (None: absent) for :meth:`push`'s CAS."""
         etag = None if listed is None else listed.etag
         self.pointers[rel] = ReadPointer(etag, pointer_version(self.local / rel))
 
@@ -203,8 +201,7 @@ class S3Stage:
         return {o.key[len(base) :]: o for o in found if not is_temp(o.key[len(base) :])}
 
     def get(self, obj: S3Object, rel: str) -> None:
-        """One listed object to ``rel`` in the stage (through the run cache), as fetched, unless
-        it is staged already."""
+        """One listed object to ``rel`` in the stage (through the run cache), unless staged."""
         if rel in self.fetched:
             return
         path = self.local / rel

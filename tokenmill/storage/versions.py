@@ -123,7 +123,6 @@ def parse_pointer(raw: bytes, path: object) -> dict[str, Any]:
 
 
 def pointer_target(path: str | os.PathLike[str]) -> Path | None:
-    """The path a pointer names (its ``target`` under the pointer's folder), or None when there
-    is no pointer yet."""
+    """The path a pointer names (``target`` under its folder), or None when there is none yet."""
     record = read_pointer(path)
     return None if record is None else Path(path).parent / str(record["target"])
