@@ -61,8 +61,7 @@ class Removal:
 def read_json(store: Store, key: str) -> dict[str, Any] | None:
     """A JSON object gc only reads for hints (a cache description, a dataset manifest): None
     when it is missing or damaged (what it would protect is a rebuildable cache)."""
-    raw = store.read(key)
-    if raw is None:
+    if (raw := store.read(key)) is None:
         return None
     try:
         value = load_json(raw, key)
@@ -76,8 +75,7 @@ def blend_pointer(store: Store, name: str, versions: int) -> dict[str, Any] | No
     when there is none and no version either. A damaged or missing pointer beside versions
     stops gc: it names the current version, and guessing would remove it."""
     key = f"blends/{name}/{MANIFEST_NAME}"
-    raw = store.read(key)
-    if raw is None:
+    if (raw := store.read(key)) is None:
         if not versions:
             return None
         raise FormatError(

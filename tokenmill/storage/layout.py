@@ -1,11 +1,9 @@
-"""The storage layout: every artifact's key relative to the storage root, as a pure string.
+"""The storage layout: every artifact's key relative to the storage root (local or ``s3://``), as
+a pure string; every name part that comes from outside (dataset, shard, blend, text key,
+version) is checked first, so no key can climb out of its folder.
 
-The pipeline, the CLI and ``tokenmill gc`` spell every path through these functions, for a local
-root and an ``s3://`` root alike. Every name part that comes from outside (dataset, shard,
-blend, text key, version) is checked first, so no key can climb out of its folder.
-
-Immutable, versioned artifacts (merged datasets and blends) live under a folder that names the
-version; a small pointer names the current version and is the only thing a refresh moves::
+Versioned artifacts (merged datasets and blends) live under a folder naming the version; a small
+pointer names the current one and is the only thing a refresh moves::
 
     merged/<ds>/current.json                                  pointer: {"version", "target"}
     merged/<ds>/<version>/<ds>_<text_key>_document.{bin,idx}
@@ -15,9 +13,8 @@ version; a small pointer names the current version and is the only thing a refre
     nanoset/<hash>-Nanoset-<split>-*                          content-addressed, never rewritten
     takedowns/<id>.json                                       audit records (tokenmill.takedown)
 
-A pair's manifest lives in a ``manifests/`` folder beside the pair, never beside the pair itself:
-Megatron's and nanotron's ``tools/merge_datasets.py`` take every regular file of a folder as half
-of a ``.bin``/``.idx`` pair and skip folders.
+A pair's manifest lives in a ``manifests/`` folder beside the pair: Megatron's and nanotron's
+``tools/merge_datasets.py`` take every file of a folder as half of a ``.bin``/``.idx`` pair.
 """
 
 from __future__ import annotations

@@ -149,6 +149,5 @@ def _commit_manifest(final: Path, raw: bytes) -> None:
 def _check_pulled(manifest: Path, final: Path) -> None:
     """CacheError unless the files ``manifest`` lists (relative to ``final``'s folder) match."""
     read_blend_manifest(manifest)
-    problems = verify_manifest(manifest, at=final)
-    if problems:
+    if problems := verify_manifest(manifest, at=final):
         raise CacheError(f"{final}: pulled files do not match:\n  " + "\n  ".join(problems))

@@ -252,8 +252,7 @@ def _fill(
                 pending, pending_bytes = [], 0
         with name_os_errors(partial):
             os.fsync(out.fileno())
-    problem = running.problem()
-    if problem:
+    if problem := running.problem():
         partial.unlink(missing_ok=True)
         raise CacheError(f"{uri}: {problem}; not pulled")
     return fetched

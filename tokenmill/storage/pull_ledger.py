@@ -8,11 +8,10 @@ line being written (a torn last line is ignored: it vouched for nothing). Record
     {"block": rel, "key": K, "i": [i, ...]}    blocks of it written, fsynced, sha256 matched
     {"done": rel, "key": K, "ino": .., "mtime_ns": .., "size": ..}   rel complete and verified
 
-``K`` names the wanted content (size and sha256, or the hash of its recorded parts). A later pull
-trusts a complete file while its inode, mtime and size are the recorded ones (a rewrite changes
-them; a file changed behind the file system's back is ``tokenmill verify``'s to find), and resumes
-a partial download from its recorded blocks. :meth:`Ledger.compact` rewrites the file with the
-complete files of one pull (temp -> fsync -> rename), so it never grows past one line per file.
+``K`` names the wanted content (size and sha256, or the hash of its parts). A later pull trusts a
+complete file while its inode, mtime and size are the recorded ones (a file changed behind the
+file system's back is ``tokenmill verify``'s to find) and resumes a partial from its recorded
+blocks. :meth:`Ledger.compact` rewrites the file (atomically) with one line per complete file.
 """
 
 from __future__ import annotations

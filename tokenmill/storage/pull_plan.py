@@ -115,8 +115,7 @@ def _plan(
     dataset_manifests = {}
     for prefix in prefixes:
         key = dataset_manifest(prefix)
-        raw = source.read(key)
-        if raw is not None:
+        if (raw := source.read(key)) is not None:
             dataset_manifests[key] = raw
             _attach_parts(files, posixpath.dirname(prefix), raw, source.where(key))
             found = _attach_shards(files, prefix, raw, source.where(key))

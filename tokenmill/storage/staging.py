@@ -87,8 +87,7 @@ def local_name(bucket: str, key: str, base: str) -> str:
     """The part of a listed ``key`` below ``base``, to join under a local folder; InputError when
     it could land outside the folder (our root never holds such a key: tampering, not data)."""
     name = key[len(base) :]
-    problem = relative_path_problem(name)
-    if problem:
+    if problem := relative_path_problem(name):
         uri, root = f"s3://{bucket}/{key}", f"s3://{bucket}/{base}"  # repr: no raw control chars
         raise InputError(f"{uri!r}: its key below {root!r} {problem}; refusing to copy it locally")
     return name

@@ -158,13 +158,8 @@ class S3Store:
         finally:
             body.close()
 
-    def missing(self, exc: BaseException) -> bool:
-        """True for S3's "no such object" answer."""
-        return is_missing(exc)
-
-    def cut(self, exc: BaseException) -> bool:
-        """True when a response body stopped mid-read (another GET may complete it)."""
-        return is_cut_body(exc)
+    missing = staticmethod(is_missing)  # S3's "no such object" answer
+    cut = staticmethod(is_cut_body)  # a body stopped mid-read: another GET may complete it
 
     def write(self, key: str, data: bytes) -> None:
         """Upload (replace) the object."""

@@ -1,15 +1,12 @@
 """Pointers to immutable versions: the one small file a refresh moves.
 
-A version's files are written under a folder that names it and never rewritten. The pointer
-(``merged/<ds>/current.json``; for a blend, ``blends/<name>/manifest.json`` itself) is written
-last, atomically, so a reader sees the old version or the new one, and a failed refresh leaves
-the pointer where it was.
-
-A write is a compare-and-swap (:func:`swap_pointer`): a build reads the pointer *before* its
-inputs and at the end writes under an exclusive ``flock`` on ``<folder>/.tmp/<pointer>.lock``
-(released by the kernel when the holder dies) only when the pointer still names what it read, or
-already names the build's own version; otherwise ConflictError, and the version of the build that
-read newer inputs stays. On S3 the same check is a conditional PUT (``tokenmill.storage.staging``).
+A version's files go under a folder that names it and are never rewritten; the pointer
+(``merged/<ds>/current.json``, or a blend's ``blends/<name>/manifest.json`` itself) is written
+last, atomically, so a reader sees the old version or the new one. A write is a compare-and-swap
+(:func:`swap_pointer`): a build reads the pointer *before* its inputs and at the end writes under
+an exclusive ``flock`` on ``<folder>/.tmp/<pointer>.lock`` (released when the holder dies) only
+when the pointer still names what it read, or its own version; otherwise ConflictError, and the
+version of the build that read newer inputs stays. On S3: a conditional PUT (``staging``).
 """
 
 from __future__ import annotations
