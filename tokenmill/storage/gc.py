@@ -1,5 +1,5 @@
-"""Owns ``tokenmill gc``, one function per pass (finish half-removals, plan, re-plan, remove):
-old blend versions, merged versions and unreferenced Nanoset caches under a storage root go.
+"""Owns ``tokenmill gc``, in passes (finish half-removals, plan, re-plan if a pointer moved,
+remove): old blend versions, merged versions and unreferenced Nanoset caches under a root go.
 What it reads is ``tokenmill.storage.gc_listing``'s, the plan ``tokenmill.storage.gc_plan``'s.
 
 What stays: every current version and every version ``keep_versions`` names; per blend and per
@@ -27,7 +27,6 @@ from tokenmill.paths import is_lower_hex
 from tokenmill.storage.gc_listing import (
     DAY,
     Listing,
-    Pointers,
     Removal,
     blend_pointer,
     list_root,
@@ -115,8 +114,11 @@ def gc(
     report = GcReport(dry_run=dry_run, incomplete=listing.incomplete)
     report.finished = _finish_halves(store, listing, dry_run)
     doomed, report.kept = plan(store, listing, pointers, rules)
-    if not dry_run:
-        doomed, report.kept = _replan(store, listing, pointers, rules, doomed, report.kept)
+    again = pointers if dry_run else read_pointers(store, listing)  # pass 3: read them again
+    if not again.same(pointers):  # a refresh moved one: only what both plans remove goes
+        still, report.kept = plan(store, listing, again, rules)
+        commits = {r.commit for r in still}
+        doomed = [r for r in doomed if r.commit in commits]
     report.removed = _remove_doomed(store, doomed, started, dry_run, report.kept)
     return report
 
@@ -146,23 +148,6 @@ def _finish_halves(store: Store, listing: Listing, dry_run: bool) -> list[Remova
             _remove_rest(store, removal)
         finished.append(removal)
     return finished
-
-
-def _replan(
-    store: Store,
-    listing: Listing,
-    pointers: Pointers,
-    rules: Rules,
-    doomed: list[Removal],
-    kept: list[str],
-) -> tuple[list[Removal], list[str]]:
-    """Pass 3: the pointers read again; if a refresh moved one, only what both plans remove goes."""
-    again = read_pointers(store, listing)
-    if again.same(pointers):
-        return doomed, kept
-    still, kept = plan(store, listing, again, rules)
-    commits = {r.commit for r in still}
-    return [r for r in doomed if r.commit in commits], kept
 
 
 def _remove_doomed(
