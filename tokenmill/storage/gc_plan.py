@@ -173,10 +173,9 @@ def _plan_entries(
             keep_stems.add(stem)
     queue = list(keep_stems)
     while queue:
-        for stem in _segment_stems(descriptions.get(queue.pop()) or {}):
-            if stem not in keep_stems:
-                keep_stems.add(stem)
-                queue.append(stem)
+        new = _segment_stems(descriptions.get(queue.pop()) or {}) - keep_stems
+        keep_stems |= new
+        queue += new
     doomed = []
     for stem, files in entries:
         if stem not in keep_stems:

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import posixpath
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,8 +142,7 @@ def _version_manifest(
     if not isinstance(version, str) or _in_versions(mdir):
         return None
     key = _version_key(mdir, version)
-    raw = source.read(key)
-    if raw is None:
+    if (raw := source.read(key)) is None:
         return None
     if _parse_manifest(raw, source.where(key)).get("version") != version:
         raise FormatError(source.where(key), "version", f"is not version {version}; not pulled")
@@ -249,8 +249,6 @@ def _shard_blocks(
     """Give the shard files a version-2 merge records by reference their block lists, read in
     parallel from the shards' manifests and checked against the merge's digests. Returns those
     manifests (key: bytes): the pulled copy holds them, so it streams and resumes alike."""
-    from concurrent.futures import ThreadPoolExecutor
-
     keys = sorted({dataset_manifest(k.rsplit(".", 1)[0]) for k in by_reference})
     with ThreadPoolExecutor(8, thread_name_prefix="tokenmill-pull-plan") as pool:
         found = dict(zip(keys, pool.map(source.read, keys), strict=True))
