@@ -154,10 +154,8 @@ class _Waiting:
     ) -> None:
         """An attempt ended: disarm the watchdog; report a failure botocore may retry."""
         _watchdog().disarm()
-        status = response[0].status_code if response else None
-        if caught_exception is not None or (
-            status is not None and (status >= 500 or status == 429)
-        ):
+        status = response[0].status_code if response else 0  # 0: no answer
+        if caught_exception is not None or status >= 500 or status == 429:
             why = type(caught_exception).__name__ if caught_exception else f"HTTP {status}"
             then = "; retrying …" if attempts <= MAX_ATTEMPTS else ""
             self.say(f"try {attempts} of {MAX_ATTEMPTS + 1} failed ({why}){then}")
