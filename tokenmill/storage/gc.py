@@ -1,45 +1,18 @@
-"""Owns ``tokenmill gc``, one function per pass (finish half-removals, plan, re-plan, remove):
-old blend versions, merged versions and unreferenced Nanoset caches go. What it reads is
-``tokenmill.storage.gc_listing``'s, the plan ``tokenmill.storage.gc_plan``'s.
+"""Owns ``tokenmill gc``, in passes (finish half-removals, plan, re-plan if a pointer moved,
+remove): old blend versions, merged versions and unreferenced Nanoset caches under a root go.
+What it reads is ``tokenmill.storage.gc_listing``'s, the plan ``tokenmill.storage.gc_plan``'s.
 
-On a storage root (a local folder, or ``s3://bucket/prefix``) laid out as
-``tokenmill.storage.layout``
-describes::
+What stays: every current version and every version ``keep_versions`` names; per blend and per
+merged dataset the ``keep`` newest (by their manifest's mtime) and, with ``older_than_days``, the
+recent ones; every file a kept blend version references (its merged versions whatever their age,
+its index caches); every Nanoset entry built for the content of a kept merged version or of an
+unversioned pair, or recent. Incomplete versions (no manifest yet) and other files stay.
 
-    blends/<name>/manifest.json                   pointer: the current version's manifest
-    blends/<name>/versions/<v16>/...              one blend version (manifest.json + arrays)
-    merged/<ds>/current.json                      pointer: {"version", "target"}
-    merged/<ds>/<v16>/...                         one merged version (pair + manifests/)
-    nanoset/<hash>-Nanoset-<split>-*              index cache entries (description last)
-
-What stays:
-
-- every current version (the pointers' targets) and every version named by ``keep_versions``
-  (a full hash or a prefix of at least 16 hex digits);
-- per blend and per merged dataset, the ``keep`` newest versions (by modification time: local
-  mtime, S3 ``LastModified`` of the version's manifest), and with ``older_than_days`` every
-  version modified more recently than that;
-- every file a kept blend version references (its index caches, its merged datasets: such a
-  merged version is kept whatever its age);
-- every Nanoset cache entry referenced by a kept blend version or built for the content of a
-  kept merged version (its description records the dataset's content hash), or, with
-  ``older_than_days``, modified more recently than that.
-
-Anything that is not a complete version (no manifest yet: a build or an upload in progress, a
-temp folder, a ``.tmp/`` folder) is left alone (a removed version's folder goes, with its empty
-``.tmp/``), and so are files outside these layouts (e.g. an unversioned
-``merged/<ds>_text_document.*`` pair, whose content hash also keeps its Nanoset caches).
-
-Concurrent refreshes: the pointers are read after the last listing (a refresh that moved one
-meanwhile has what it references protected), read again before anything is removed (what the
-new pointers need stays), and once more before each version goes; anything modified after gc
-started stays. A blend pointer that is missing beside versions, or damaged, stops gc before
-anything is removed (it names the version that must stay), as a damaged merged pointer does. A
-version's manifest (an entry's description) is removed first, so a half-removed version never
-looks complete. A tombstone (``gc-removing.json`` in a version's folder,
-``<entry>-gc-removing.json`` beside a cache entry) is written before that and removed last, so
-the next gc finishes, and reports, a removal that was killed half-way. A version folder with
-neither manifest nor tombstone is reported as left alone.
+Beside a refresh, the pointers are read after the last listing, before removing and before each
+version goes, and anything modified after gc started stays; a damaged pointer (or a blend pointer
+missing beside versions) stops gc before it removes anything. A removal writes a tombstone
+(``gc-removing.json``), removes the manifest (a half-removed version never looks complete), the
+rest, then the tombstone: the next gc finishes, and reports, one killed half-way.
 """
 
 from __future__ import annotations
@@ -54,7 +27,6 @@ from tokenmill.paths import is_lower_hex
 from tokenmill.storage.gc_listing import (
     DAY,
     Listing,
-    Pointers,
     Removal,
     blend_pointer,
     list_root,
@@ -129,9 +101,8 @@ def gc(
     endpoint_url: str | None = None,
     force: bool = False,
 ) -> GcReport:
-    """Remove (or with ``dry_run`` list) what the module docstring says may go. A pin
-    (``keep_versions``) that matches no version is a ConfigError unless ``force``: a typo would
-    otherwise remove the version it meant to keep."""
+    """Remove (or with ``dry_run`` list) what the module docstring says may go. A pin matching no
+    version is a ConfigError unless ``force``: a typo would remove the version it meant to keep."""
     pins = _checked_arguments(keep, older_than_days, keep_versions)
     store = open_store(root, endpoint_url)
     started = time.time()
@@ -143,8 +114,11 @@ def gc(
     report = GcReport(dry_run=dry_run, incomplete=listing.incomplete)
     report.finished = _finish_halves(store, listing, dry_run)
     doomed, report.kept = plan(store, listing, pointers, rules)
-    if not dry_run:
-        doomed, report.kept = _replan(store, listing, pointers, rules, doomed, report.kept)
+    again = pointers if dry_run else read_pointers(store, listing)  # pass 3: read them again
+    if not again.same(pointers):  # a refresh moved one: only what both plans remove goes
+        still, report.kept = plan(store, listing, again, rules)
+        commits = {r.commit for r in still}
+        doomed = [r for r in doomed if r.commit in commits]
     report.removed = _remove_doomed(store, doomed, started, dry_run, report.kept)
     return report
 
@@ -174,24 +148,6 @@ def _finish_halves(store: Store, listing: Listing, dry_run: bool) -> list[Remova
             _remove_rest(store, removal)
         finished.append(removal)
     return finished
-
-
-def _replan(
-    store: Store,
-    listing: Listing,
-    pointers: Pointers,
-    rules: Rules,
-    doomed: list[Removal],
-    kept: list[str],
-) -> tuple[list[Removal], list[str]]:
-    """Pass 3: the pointers read again; when a refresh moved one, only what both plans remove
-    goes."""
-    again = read_pointers(store, listing)
-    if again.same(pointers):
-        return doomed, kept
-    still, kept = plan(store, listing, again, rules)
-    commits = {r.commit for r in still}
-    return [r for r in doomed if r.commit in commits], kept
 
 
 def _remove_doomed(

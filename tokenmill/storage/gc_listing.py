@@ -6,7 +6,6 @@ from __future__ import annotations
 import posixpath
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +61,7 @@ class Removal:
 def read_json(store: Store, key: str) -> dict[str, Any] | None:
     """A JSON object gc only reads for hints (a cache description, a dataset manifest): None
     when it is missing or damaged (what it would protect is a rebuildable cache)."""
-    raw = store.read(key)
-    if raw is None:
+    if (raw := store.read(key)) is None:
         return None
     try:
         value = load_json(raw, key)
@@ -77,8 +75,7 @@ def blend_pointer(store: Store, name: str, versions: int) -> dict[str, Any] | No
     when there is none and no version either. A damaged or missing pointer beside versions
     stops gc: it names the current version, and guessing would remove it."""
     key = f"blends/{name}/{MANIFEST_NAME}"
-    raw = store.read(key)
-    if raw is None:
+    if (raw := store.read(key)) is None:
         if not versions:
             return None
         raise FormatError(
@@ -132,20 +129,13 @@ def blend_version_manifest(folder: str, version: str) -> str:
     return f"{folder}/{VERSIONS_DIR}/{version}/{MANIFEST_NAME}"
 
 
-def merged_version_manifest(versions: dict[str, list[StoredFile]], version: str) -> str:
-    """The dataset manifest key of a merged version (its commit file)."""
-    return merged_manifest(versions[version])
-
-
 def newest(
-    versions: dict[str, list[StoredFile]], commit: Callable[[str], str]
+    versions: dict[str, list[StoredFile]], commits: dict[str, str]
 ) -> list[tuple[str, float]]:
-    """Versions with their modification time (of the commit file, else the newest file),
-    newest first."""
+    """Versions with their mtime (of their commit file, else their newest file), newest first."""
     dated = []
     for version, files in versions.items():
-        by_key = {f.key: f for f in files}
-        mark = by_key.get(commit(version))
+        mark = next((f for f in files if f.key == commits[version]), None)
         dated.append((version, mark.mtime if mark else max(f.mtime for f in files)))
     return sorted(dated, key=lambda item: (-item[1], item[0]))
 

@@ -4,9 +4,8 @@ each kept version stays (the rules are in ``tokenmill.storage.gc``'s docstring).
 
 from __future__ import annotations
 
-import functools
 import posixpath
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +17,6 @@ from tokenmill.storage.gc_listing import (
     Removal,
     blend_version_manifest,
     merged_manifest,
-    merged_version_manifest,
     newest,
     read_json,
     referenced,
@@ -51,17 +49,13 @@ class Rules:
         """The versions kept (newest first in ``dated``), each with a line saying why."""
         kept, lines = set(), []
         for rank, (version, mtime) in enumerate(dated):
-            why = (
-                "current"
-                if version in current
-                else "--keep-version"
-                if matches(version, self.pins)
-                else f"among the {self.keep} newest"
-                if rank < self.keep
-                else "newer than --older-than"
-                if self.recent(mtime)
-                else None
+            reasons = (
+                (version in current, "current"),
+                (matches(version, self.pins), "--keep-version"),
+                (rank < self.keep, f"among the {self.keep} newest"),
+                (self.recent(mtime), "newer than --older-than"),
             )
+            why = next((reason for holds, reason in reasons if holds), None)
             if why:
                 kept.add(version)
                 lines.append(f"{kind} {name} {version} ({why})")
@@ -87,28 +81,29 @@ class _Artifact:
     name: str
     versions: dict[str, list[StoredFile]]
     current: set[str]
-    commit: Callable[[str], str]  # version -> the key of its commit file
+    commits: dict[str, str]  # version -> the key of its commit file
+    read_by: str  # why a version the rules let go stays when a kept one reads it
 
 
 def _sweep(
-    artifact: _Artifact, rules: Rules, protected: set[str], lines: list[str], read_by: str
-) -> Iterator[tuple[str, Removal | None]]:
-    """Each version of ``artifact``, newest first, with its removal (None: it stays). A version
+    artifact: _Artifact, rules: Rules, protected: set[str], lines: list[str], doomed: list[Removal]
+) -> Iterator[str]:
+    """The kept versions of ``artifact``, newest first; the others go to ``doomed``. A version
     the rules let go stays when ``protected`` (which the caller grows between versions: a
-    version reads only older ones) holds one of its files; ``read_by`` says who reads it."""
+    version reads only older ones) holds one of its files."""
     kind, name = artifact.kind, artifact.name
-    dated = newest(artifact.versions, artifact.commit)
+    dated = newest(artifact.versions, artifact.commits)
     kept, why = rules.choose(kind, name, dated, artifact.current)
     lines += why
     for version, mtime in dated:
         files = artifact.versions[version]
         if version not in kept and protected & {f.key for f in files}:
             kept.add(version)
-            lines.append(f"{kind} {name} {version} ({read_by})")
+            lines.append(f"{kind} {name} {version} ({artifact.read_by})")
         if version in kept:
-            yield version, None
+            yield version
         else:
-            yield version, Removal.of(kind, name, version, files, artifact.commit(version), mtime)
+            doomed.append(Removal.of(kind, name, version, files, artifact.commits[version], mtime))
 
 
 def _plan_blends(
@@ -124,18 +119,12 @@ def _plan_blends(
     for name, versions in sorted(listing.blends.items()):
         pointer = pointers.blends.get(name)
         current = {str(pointer.get("version", ""))[:VERSION_CHARS]} if pointer else set()
-        commit = functools.partial(blend_version_manifest, f"blends/{name}")
-        blend = _Artifact("blend", name, versions, current, commit)
-        for version, removal in _sweep(
-            blend, rules, protected, lines, "a kept version reads its arrays"
-        ):
-            if removal is None:
-                manifest = commit(version)
-                protected |= referenced(
-                    read_json(store, manifest) or {}, posixpath.dirname(manifest)
-                )
-            else:
-                doomed.append(removal)
+        commits = {v: blend_version_manifest(f"blends/{name}", v) for v in versions}
+        reads = "a kept version reads its arrays"
+        blend = _Artifact("blend", name, versions, current, commits, reads)
+        for version in _sweep(blend, rules, protected, lines, doomed):
+            manifest = commits[version]
+            protected |= referenced(read_json(store, manifest) or {}, posixpath.dirname(manifest))
     return doomed, protected, lines
 
 
@@ -151,15 +140,11 @@ def _plan_merged(
         kept_content |= _content_hash(store, key)
     for name, versions in sorted(listing.merged.items()):
         current = pointers.merged.get(name, set())
-        commit = functools.partial(merged_version_manifest, versions)
-        merged = _Artifact("merged", name, versions, current, commit)
-        for version, removal in _sweep(
-            merged, rules, protected, lines, "a kept blend version reads it"
-        ):
-            if removal is None:
-                kept_content |= _content_hash(store, merged_manifest(versions[version]))
-            else:
-                doomed.append(removal)
+        commits = {v: merged_manifest(files) for v, files in versions.items()}
+        reads = "a kept blend version reads it"
+        merged = _Artifact("merged", name, versions, current, commits, reads)
+        for version in _sweep(merged, rules, protected, lines, doomed):
+            kept_content |= _content_hash(store, commits[version])
     return doomed, kept_content, lines
 
 
@@ -188,10 +173,9 @@ def _plan_entries(
             keep_stems.add(stem)
     queue = list(keep_stems)
     while queue:
-        for stem in _segment_stems(descriptions.get(queue.pop()) or {}):
-            if stem not in keep_stems:
-                keep_stems.add(stem)
-                queue.append(stem)
+        new = _segment_stems(descriptions.get(queue.pop()) or {}) - keep_stems
+        keep_stems |= new
+        queue += new
     doomed = []
     for stem, files in entries:
         if stem not in keep_stems:

@@ -1,15 +1,11 @@
-"""The storage layout: every artifact's key relative to the storage root, as a pure string.
+"""The storage layout: every artifact's key relative to the storage root (local or ``s3://``), as
+a pure string; every name part that comes from outside (dataset, shard, blend, text key,
+version) is checked first, so no key can climb out of its folder.
 
-One home for ``tokens/<ds>/<shard>_<key>_document`` and its siblings: the pipeline, the CLI and
-``tokenmill gc`` all spell paths through these functions, for a local root (join to the root)
-and for an ``s3://`` root (join to the prefix) alike. Every name part that comes from outside
-(dataset, shard, blend, text key, version) is checked first, so no key can climb out of its
-folder.
+Versioned artifacts (merged datasets and blends) live under a folder naming the version; a small
+pointer names the current one and is the only thing a refresh moves::
 
-Immutable, versioned artifacts (merged datasets and blends) live under a folder that names the
-version; a small pointer names the current version and is the only thing a refresh moves::
-
-    merged/<ds>/current.json                                  pointer: {"version", "prefix"}
+    merged/<ds>/current.json                                  pointer: {"version", "target"}
     merged/<ds>/<version>/<ds>_<text_key>_document.{bin,idx}
     merged/<ds>/<version>/manifests/<ds>_<text_key>_document.manifest.json
     blends/<name>/manifest.json                               pointer: the current manifest
@@ -17,10 +13,8 @@ version; a small pointer names the current version and is the only thing a refre
     nanoset/<hash>-Nanoset-<split>-*                          content-addressed, never rewritten
     takedowns/<id>.json                                       audit records (tokenmill.takedown)
 
-A pair's manifest lives in a ``manifests/`` folder beside the pair, never beside the pair itself:
-Megatron's and nanotron's ``tools/merge_datasets.py`` take every regular file of a folder as half
-of a ``.bin``/``.idx`` pair and skip folders (``tokenmill migrate`` moves a manifest found beside
-its pair into it).
+A pair's manifest lives in a ``manifests/`` folder beside the pair: Megatron's and nanotron's
+``tools/merge_datasets.py`` take every file of a folder as half of a ``.bin``/``.idx`` pair.
 """
 
 from __future__ import annotations
@@ -43,9 +37,8 @@ NAME_MAX = 255  # bytes in one file name: Linux file systems and most others
 
 
 def check_name(name: str, what: str = "name") -> str:
-    """Return ``name`` if it is one safe artifact name part; ConfigError naming the problem
-    otherwise. ``tokenmill.paths.name_problem``'s rule, plus what artifacts never are: names
-    with ``..``, hidden or temporary (leading ``.``) names, Unicode format characters."""
+    """``name`` if it is one safe artifact name part (``tokenmill.paths.name_problem``'s rule, and
+    no ``..``, leading ``.``, control or format character), else ConfigError naming the problem."""
     if ".." in name:
         problem = "it contains '..'"
     elif (base := name_problem(name)) is not None:
@@ -68,8 +61,7 @@ def version_dir_name(version: str) -> str:
 
 
 def document_name(name: str, text_key: str) -> str:
-    """``<name>_<text_key>_document`` (:func:`tokenmill.paths.document_stem`) of a checked
-    artifact name."""
+    """``<name>_<text_key>_document`` of a checked artifact name (``paths.document_stem``)."""
     return document_stem(check_name(name), text_key)
 
 
@@ -140,13 +132,10 @@ def shard_name_problem(file_name: str, shard: str, text_key: str) -> str | None:
     """Why a shard's files could not all be written (a derived name, or a temp of one, longer
     than NAME_MAX bytes whatever the host name), or None. Checked when the source is listed, so
     a long name is refused with the other refused names instead of failing every run."""
+    shard_files = (raw_stats, quarantine, dochash, parquet, export_record)
     derived = [
         file_name,  # a downloaded S3 shard keeps its name
-        posixpath.basename(raw_stats("d", shard)),
-        posixpath.basename(quarantine("d", shard)),
-        posixpath.basename(dochash("d", shard)),
-        posixpath.basename(parquet("d", shard)),
-        posixpath.basename(export_record("d", shard)),
+        *(posixpath.basename(path("d", shard)) for path in shard_files),
         posixpath.basename(dataset_manifest(tokens_prefix("d", shard, text_key))),
         document_name(shard, text_key) + ".bin",
     ]

@@ -1,10 +1,9 @@
 """Owns ``tokenmill migrate``: the one-off move of tokenmill 0.1.0 dataset manifests
 (``<prefix>.manifest.json`` beside the pair) into the ``manifests/`` sidecar folder readers use.
 
-Run it once on a storage root (a local folder or ``s3://bucket/prefix``) written by 0.1.0; readers
-look only in the sidecar folder. Each move writes the sidecar copy first and removes the old file
-last, so a run killed half-way leaves both, which the next run finishes. A pair that already has
-a sidecar manifest keeps it (readers preferred it) and its stale 0.1.0 copy is removed.
+Each move writes the sidecar copy first and removes the old file last, so a run killed half-way
+leaves both, which the next run finishes. A pair that already has a sidecar manifest keeps it and
+its stale 0.1.0 copy is removed.
 """
 
 from __future__ import annotations
@@ -38,20 +37,16 @@ class Move:
 def migrate(
     root: str | os.PathLike[str], *, dry_run: bool = False, endpoint_url: str | None = None
 ) -> list[Move]:
-    """Move every 0.1.0 dataset manifest under ``root`` into its sidecar folder (``dry_run``:
-    only list the moves). A ``<prefix>.manifest.json`` is a 0.1.0 manifest when ``<prefix>.idx``
-    is listed beside it."""
+    """Move (``dry_run``: list) every 0.1.0 dataset manifest under ``root`` into its sidecar folder:
+    each ``<prefix>.manifest.json`` listed beside a ``<prefix>.idx``."""
     store = open_store(root, endpoint_url)
     keys = {f.key for f in store.files("")}
     moves = []
     for key in sorted(keys):
-        if not key.endswith(DATASET_MANIFEST_SUFFIX):
-            continue
-        prefix = key[: -len(DATASET_MANIFEST_SUFFIX)]
-        if not posixpath.basename(prefix) or f"{prefix}.idx" not in keys:
-            continue
-        new = dataset_manifest(prefix)
-        moves.append(Move(key, new, stale=new in keys))
+        prefix = key.removesuffix(DATASET_MANIFEST_SUFFIX)
+        if prefix != key and posixpath.basename(prefix) and f"{prefix}.idx" in keys:
+            new = dataset_manifest(prefix)
+            moves.append(Move(key, new, stale=new in keys))
     if dry_run:
         return moves
     for move in moves:

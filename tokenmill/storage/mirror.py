@@ -1,15 +1,11 @@
 """A local mirror of an ``s3://`` storage root's records, for the commands that read a whole root
 (``tokenmill find``, ``tokenmill takedown``) and write versions back to it.
 
-:func:`local_root` yields a local folder with the root's layout: the root itself when it is
-local; for ``s3://`` a temporary folder holding every object of the root except what no record
-reader needs (token ``.bin`` files, the HF export, quarantine files, temps: a blend and an index
-never read a ``.bin``). The mirror is an :class:`~tokenmill.storage.staging.S3Stage` of the whole
-root (:meth:`~tokenmill.storage.staging.S3Stage.mirror`), so the local code runs unchanged on it
-and, with ``write=True``, what it wrote goes back as a pipeline step's work does
-(:meth:`~tokenmill.storage.staging.S3Stage.push`): in the commit order of
-``tokenmill.storage.publish``, each pointer a compare-and-swap against the ETag it was listed at,
-or its absence (ConflictError naming it and the versions when another writer moved or created it
+:func:`local_root` yields the root itself when it is local; for ``s3://`` a temporary folder
+holding every object except what no record reader needs (token ``.bin`` files, the HF export,
+quarantine files, temps). It is an :class:`~tokenmill.storage.staging.S3Stage` of the whole
+root, so local code runs unchanged on it and, with ``write=True``, what it wrote goes back as a
+step's work does (pointers by compare-and-swap: ConflictError when another writer moved one
 meanwhile; the immutable files already uploaded stay for ``tokenmill gc``). The mirror is
 removed at the end, whatever happens.
 """

@@ -1,30 +1,17 @@
 """The commit order of a storage tree: data first, commit markers after, pointers last.
 
-Every artifact has a small file whose presence says "the files I name are complete": a dataset's
-``manifests/<name>.manifest.json``, a shard's ``.stats.json``, a
-Nanoset cache entry's ``-description.json``, an HF dataset's ``dataset_info.json``, a blend
-version's ``manifest.json``; and the pointers that name the current version (``current.json``, a
-blend's ``blends/<name>/manifest.json``). A copy that is cut short at any file must never leave
-a marker without the files it names, nor a pointer without the version it points to. So whoever
-copies a tree (the pipeline uploading a step's work directory to S3, ``tokenmill pull``
-downloading a blend) goes through :func:`publish`, which transfers the files rank by rank
-(:func:`commit_rank`): a rank starts only after every file of the ranks before it is done.
-
-Ranks: 0 data (``.bin``, ``.idx``, ``.npy``, Parquet, quarantine files, …); 1 artifact
-markers (``*.manifest.json``, ``*-description.json``, ``*.stats.json``); 2 markers over
-markers (``dataset_info.json``, a blend version's ``versions/<v>/manifest.json``); 3 dataset
-pointers (``current.json``); 4 blend pointers (any other ``manifest.json``), last of all.
-
-A pointer is replaced by one write (an S3 PUT or a local rename are atomic), so readers see
-the old target or the new one. A marker that is really overwritten (same key, other content)
-must go before its data is replaced: :func:`delete_first` says which ones (never a pointer, and
-never an index-cache description: its key is the hash of everything its arrays depend on, so
-the same key always describes the same bytes and rewriting them changes nothing).
-Library code: no Dagster, no boto3.
+A marker's presence says "the files I name are complete" (a dataset's manifest, a shard's
+``.stats.json``, a Nanoset entry's ``-description.json``, ``dataset_info.json``, a blend
+version's ``manifest.json``); a pointer names the current version (``current.json``, a blend's
+``blends/<name>/manifest.json``). Whoever copies a tree (a step's S3 upload, ``tokenmill pull``)
+goes through :func:`publish`, rank by rank (:func:`commit_rank`), so a copy cut short never
+leaves a marker without its files nor a pointer without its version. A pointer is replaced by
+one atomic write (an S3 PUT, a local rename). Library code: no Dagster, no boto3.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -42,8 +29,8 @@ MARKERS_OF_MARKERS = ("dataset_info.json",)
 
 
 def commit_rank(rel: str) -> int:
-    """The rank of a path (posix, relative to a storage root or any folder): 0 = data … 4 =
-    a blend's pointer manifest. Files of a lower rank are transferred first."""
+    """The rank of a posix path (files of a lower rank go first): data, markers, markers over
+    markers (``dataset_info.json``, a blend version's manifest), dataset, then blend pointers."""
     parts = rel.split("/")
     name = parts[-1]
     if name == POINTER_NAME:
@@ -58,16 +45,15 @@ def commit_rank(rel: str) -> int:
 
 
 def is_pointer(rel: str) -> bool:
-    """True for a pointer (``current.json``, a blend's ``manifest.json`` outside
-    ``versions/``): replaced by one atomic write, never deleted first."""
+    """True for a pointer: ``current.json``, a blend's ``manifest.json`` outside ``versions/``."""
     return commit_rank(rel) >= DATASET_POINTER
 
 
 def delete_first(rel: str) -> bool:
-    """True when an existing copy of ``rel`` at the destination must be removed before any of
-    this publication's files are written: a marker that is being replaced (not a pointer, not
-    a content-addressed index description), so that while its data is rewritten no marker
-    vouches for the old (or half-new) data."""
+    """True when an existing copy of ``rel`` must be removed before this publication writes
+    anything: a marker, so that no marker vouches for half-rewritten data. Never a pointer (one
+    atomic write), nor an index description (its key hashes everything its arrays depend on:
+    the same key always describes the same bytes)."""
     if rel.endswith(INDEX_DESCRIPTION):
         return False
     return MARKER <= commit_rank(rel) < DATASET_POINTER
@@ -75,23 +61,18 @@ def delete_first(rel: str) -> bool:
 
 def publish_batches(rels: Iterable[str]) -> list[list[str]]:
     """``rels`` grouped by rank, lowest first, each group sorted (the order of :func:`publish`)."""
-    groups: dict[int, list[str]] = {}
-    for rel in rels:
-        groups.setdefault(commit_rank(rel), []).append(rel)
-    return [sorted(groups[rank]) for rank in sorted(groups)]
+    ordered = sorted(rels, key=lambda rel: (commit_rank(rel), rel))
+    return [list(batch) for _, batch in itertools.groupby(ordered, key=commit_rank)]
 
 
 def publish(rels: Iterable[str], transfer: Callable[[str], T], *, jobs: int = 1) -> list[T]:
-    """Call ``transfer(rel)`` for every path, rank by rank: up to ``jobs`` at once within a
-    rank, and a rank only after every transfer of the ranks before it returned. The first
-    error stops everything (transfers of later ranks never start). Returns the results in
-    the order the paths were transferred (:func:`publish_batches` flattened)."""
-    results: list[T] = []
+    """Call ``transfer(rel)`` for every path, rank by rank (up to ``jobs`` at once within a rank);
+    the first error stops everything, so no later rank starts. The results, in the order of
+    :func:`publish_batches` flattened."""
     batches = publish_batches(rels)
     if jobs <= 1:
-        for batch in batches:
-            results.extend(transfer(rel) for rel in batch)
-        return results
+        return [transfer(rel) for batch in batches for rel in batch]
+    results: list[T] = []
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         for batch in batches:
             results.extend(pool.map(transfer, batch))

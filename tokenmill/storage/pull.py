@@ -1,15 +1,12 @@
 """``tokenmill pull``: copy exactly the files a blend manifest needs, verified by hash, resumable.
 
-What to copy is :func:`~tokenmill.storage.pull_plan.plan_blend`'s plan; the relative layout is
-kept under the destination, so ``open_blend(<dest>/blends/<name>/manifest.json)`` works, and
-``version=`` pulls a named version instead of the current. Files are fetched in parallel
-threads, block by block, each block and each file checked against its sha256
+What to copy is :func:`~tokenmill.storage.pull_plan.plan_blend`'s plan, laid out relatively under
+the destination, so ``open_blend(<dest>/blends/<name>/manifest.json)`` works. Files are fetched
+in parallel threads, block by block, each checked against its sha256
 (``tokenmill.storage.pull_blocks``); the destination's ledger (``tokenmill.storage.pull_ledger``)
-lets a resumed pull trust complete files and fetch only the blocks that are missing or fail their
-hash. Files arrive in the commit order the pipeline uploads in (``tokenmill.storage.publish``:
-data, then index-cache descriptions and dataset manifests once all data is complete), and the
-blend manifest is written last (a different one already in the destination is removed first),
-so its presence means "complete".
+lets a resumed pull trust complete files and fetch only the missing or bad blocks. Files arrive in
+the pipeline's commit order (``tokenmill.storage.publish``) and the blend manifest last (a
+different one already there is removed first), so its presence means "complete".
 """
 
 from __future__ import annotations
@@ -52,27 +49,6 @@ class PullReport:
     bytes_fetched: int = 0  # bytes downloaded (blocks already there are not counted)
 
 
-class _Progress:
-    """A byte counter shown as a tqdm bar on a TTY (tqdm imported only then)."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.lock = threading.Lock()
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc="pull", file=sys.stderr)
-
-    def advance(self, n: int) -> None:
-        if self.bar is not None:
-            with self.lock:
-                self.bar.update(n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def pull(
     uri: str,
     dest: str | os.PathLike[str],
@@ -82,13 +58,10 @@ def pull(
     progress: bool | None = None,
     version: str | None = None,
 ) -> PullReport:
-    """Copy the blend at ``uri`` (manifest or its folder, local or ``s3://``) into ``dest``.
-
-    Returns what was fetched and skipped and the local manifest path to pass to ``open_blend``.
-    ``version`` (a full version hash or its first 16 hex digits) pulls that version,
-    ``versions/<v16>/manifest.json`` beside the pointer ``uri``, and its files, instead of the
-    current one. ``progress=None`` shows a bar when stderr is a TTY.
-    """
+    """Copy the blend at ``uri`` (manifest or its folder, local or ``s3://``) into ``dest``; what
+    was fetched and skipped, and the local manifest to pass to ``open_blend``. ``version`` (a
+    version hash or its first 16 hex digits) pulls that version (``versions/<v16>/`` beside the
+    pointer ``uri``) instead of the current one. ``progress=None``: a bar when stderr is a TTY."""
     source, raw, plan = plan_blend(
         uri, version=version, endpoint_url=endpoint_url, jobs=jobs, shards=True
     )
@@ -118,23 +91,32 @@ def _pull_into(
         fsync_dir(final_manifest.parent)  # gone on disk before any file it names changes
     report = PullReport(manifest=final_manifest)
     by_rel = {w.rel: w for w in plan.wanted}
-    total = sum(w.size for w in plan.wanted)
-    bar = _Progress(total, sys.stderr.isatty() if progress is None else progress)
+    bar, lock = None, threading.Lock()
+    if sys.stderr.isatty() if progress is None else progress:
+        from tqdm import tqdm  # the pipeline extra: imported only for a bar
+
+        total = sum(w.size for w in plan.wanted)
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc="pull", file=sys.stderr)
+
+    def advance(n: int) -> None:
+        if bar is not None:
+            with lock:
+                bar.update(n)
 
     def transfer(rel: str) -> tuple[Wanted, int | None] | None:
         if rel in by_rel:
-            return by_rel[rel], sync(source, by_rel[rel], root, bar.advance, ledger)
+            return by_rel[rel], sync(source, by_rel[rel], root, advance, ledger)
         path, data = root / rel, plan.dataset_manifests[rel]
         if not (path.is_file() and path.read_bytes() == data):
             write_bytes(path, data)
         return None
 
     try:
-        # Commit order (tokenmill.storage.publish): data, then index descriptions and dataset
-        # manifests, each rank only once the one before is complete; the blend manifest last.
+        # Commit order (tokenmill.storage.publish); the blend manifests go last, below.
         results = publish([*by_rel, *plan.dataset_manifests], transfer, jobs=jobs)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
     ledger.compact(by_rel)  # one record per complete file of this pull
     for result in results:
         if result is not None:
@@ -167,6 +149,5 @@ def _commit_manifest(final: Path, raw: bytes) -> None:
 def _check_pulled(manifest: Path, final: Path) -> None:
     """CacheError unless the files ``manifest`` lists (relative to ``final``'s folder) match."""
     read_blend_manifest(manifest)
-    problems = verify_manifest(manifest, at=final)
-    if problems:
+    if problems := verify_manifest(manifest, at=final):
         raise CacheError(f"{final}: pulled files do not match:\n  " + "\n  ".join(problems))

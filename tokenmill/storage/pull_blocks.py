@@ -2,12 +2,10 @@
 
 A file is a list of blocks, each fetched by one range GET and checked on its own: the per-block
 sha256 list a ``.bin``'s manifest records, else the parts a merge records, else the whole file as
-one block (checked as a whole). Blocks land in a partial file (``<folder>/.tmp/<name>.partial``
-when a ledger records them, a unique temp otherwise), are fsynced and then recorded in the
-destination's ledger (``tokenmill.storage.pull_ledger``); the whole file is checked against its
-sha256 (or parts) before it is renamed into place. The source is a store
-(``tokenmill.storage.store``); ``tokenmill.storage.pull_plan`` plans the files and
-``tokenmill.storage.pull`` runs this for each.
+one block. Blocks land in a partial file (``<folder>/.tmp/<name>.partial`` when a ledger records
+them, a unique temp otherwise), are fsynced, then recorded in the destination's ledger
+(``tokenmill.storage.pull_ledger``); the whole file is checked against its sha256 (or parts)
+before it is renamed into place.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -58,12 +57,8 @@ class Wanted:
             b, size = self.block_bytes, self.size
             return [(i * b, min(size, (i + 1) * b), d) for i, d in enumerate(self.block_sha256)]
         if self.parts:
-            out: list[tuple[int, int, str | None]] = []
-            lo = 0
-            for n, digest in self.parts:
-                out.append((lo, lo + n, digest))
-                lo += n
-            return out
+            ends = itertools.accumulate(n for n, _ in self.parts)
+            return [(end - n, end, d) for end, (n, d) in zip(ends, self.parts, strict=True)]
         return [(0, self.size, None)] if self.size else []
 
 
@@ -117,9 +112,11 @@ class Hasher:
         return None
 
 
-def check_local(path: Path, want: Wanted, advance: Callable[[int], None]) -> tuple[set[int], bool]:
+def check_local(
+    path: Path, want: Wanted, advance: Callable[[int], None]
+) -> tuple[set[int], bool, int]:
     """Hash a destination file of the right size block by block: the blocks that match their
-    sha256, and whether the whole file is complete and verified."""
+    sha256, whether the whole file is complete and verified, and the bytes read."""
     running, good, ok = Hasher(want), set(), True
     with open(path, "rb") as fh:
         for i, (lo, hi, digest) in enumerate(want.blocks()):
@@ -133,7 +130,7 @@ def check_local(path: Path, want: Wanted, advance: Callable[[int], None]) -> tup
                 good.add(i)
             elif digest is not None:
                 ok = False
-    return good, ok and running.problem() is None
+    return good, ok and running.problem() is None, running.size
 
 
 def _take(
@@ -209,12 +206,11 @@ def _fill(
     ledger: Ledger | None,
     advance: Callable[[int], None],
 ) -> int:
-    """Complete ``partial`` block by block, in order: a block in ``good`` is taken from ``local``
-    (the partial itself, or an older copy of the file) when it still matches its sha256, any
-    other is fetched by range GET (once more if it fails its sha256, then CacheError naming the
-    object and block). New blocks are fsynced, then recorded in the ledger, every ``SYNC_BYTES``
-    (a crash loses at most that much); the whole file is checked at the end. Returns the bytes
-    fetched."""
+    """Complete ``partial`` block by block; the bytes fetched. A block in ``good`` is taken from
+    ``local`` (the partial, or an older copy) while it matches its sha256, any other is fetched
+    (once more if it fails its sha256, then CacheError naming object and block). New blocks are
+    fsynced, then recorded in the ledger, every ``SYNC_BYTES`` (a crash loses at most that
+    much); the whole file is checked at the end."""
     running, fetched = Hasher(want), 0
     blocks = want.blocks()
     pending: list[int] = []  # new blocks written since the last fsync (recorded after it)
@@ -234,17 +230,17 @@ def _fill(
                 taken = _take(ranged(src, hi - lo), copy, lo, hi, digest, running, partial)
                 advance(hi - lo if taken is not None else 0)
             fresh = taken is None or src is not out
-            for attempt in range(1, BLOCK_ATTEMPTS + 1):
+            for _ in range(BLOCK_ATTEMPTS):
                 if taken is not None:
                     break
                 taken = _fetch_block(source, want, block, out, running, advance)
                 fetched += hi - lo
-                if taken is None and attempt == BLOCK_ATTEMPTS:
-                    raise CacheError(
-                        f"{uri}: sha256 of block {i} (bytes {lo}..{hi}) differs from the "
-                        f"manifest's block list after {BLOCK_ATTEMPTS} fetches; not pulled"
-                    )
-            running = taken  # type: ignore[assignment]
+            if taken is None:
+                raise CacheError(
+                    f"{uri}: sha256 of block {i} (bytes {lo}..{hi}) differs from the "
+                    f"manifest's block list after {BLOCK_ATTEMPTS} fetches; not pulled"
+                )
+            running = taken
             if fresh and ledger is not None and len(blocks) > 1:
                 pending.append(i)
                 pending_bytes += hi - lo
@@ -256,8 +252,7 @@ def _fill(
                 pending, pending_bytes = [], 0
         with name_os_errors(partial):
             os.fsync(out.fileno())
-    problem = running.problem()
-    if problem:
+    if problem := running.problem():
         partial.unlink(missing_ok=True)
         raise CacheError(f"{uri}: {problem}; not pulled")
     return fetched
@@ -279,13 +274,11 @@ def sync(
     advance: Callable[[int], None],
     ledger: Ledger | None = None,
 ) -> int | None:
-    """Make one destination file complete: None when it already was, else the bytes fetched.
-
-    A file the ledger records as complete (same inode, mtime and size) is trusted as it is. A
-    file of the right size is hashed block by block: whole and verified, it is kept (and
-    recorded); otherwise its good blocks are copied into a new partial and only the others are
-    fetched. Without such a file, a partial the ledger knows continues from its recorded
-    blocks; anything else starts a fresh partial."""
+    """Make one destination file complete: None when it already was, else the bytes fetched. A
+    file the ledger records as complete (same inode, mtime, size) is trusted; one of the right
+    size is hashed block by block and kept when whole, else its good blocks go into a new partial
+    and only the others are fetched. Otherwise a partial the ledger knows resumes from its
+    recorded blocks; anything else starts afresh."""
     path = root / want.rel
     if root not in path.parents:
         raise FormatError(want.key, "path", f"resolves outside {root}; refusing to pull")
@@ -305,22 +298,17 @@ def sync(
     good: set[int] = set()
     local: Path | None = None
     if path.is_file() and path.stat().st_size == want.size:
-        seen = [0]
-
-        def counting(n: int) -> None:
-            seen[0] += n
-            advance(n)
-
-        good, whole = check_local(path, want, counting)
+        good, whole, seen = check_local(path, want, advance)
         if whole:
             if ledger is not None:
                 partial.unlink(missing_ok=True)
                 ledger.done(want.rel, key, path)
             return None
-        advance(-seen[0])
+        advance(-seen)
         local = path
     recorded = set()
-    if local is None and ledger is not None and _sized(partial, want.size):
+    partial_size = partial.stat().st_size if partial.is_file() else -1  # ours: the folder's flock
+    if local is None and ledger is not None and partial_size == want.size:
         recorded = ledger.blocks(want.rel, key)  # empty: the partial of other content
     if recorded:
         good, local = recorded, partial
@@ -339,11 +327,3 @@ def sync(
     if ledger is not None:
         ledger.done(want.rel, key, path)
     return fetched
-
-
-def _sized(path: Path, size: int) -> bool:
-    """True when ``path`` is a file of ``size`` bytes."""
-    try:
-        return path.stat().st_size == size
-    except FileNotFoundError:
-        return False

@@ -4,18 +4,14 @@
 after the bytes it vouches for are fsynced, and is fsynced itself, so a crash loses at most the
 line being written (a torn last line is ignored: it vouched for nothing). Records::
 
-    {"start": rel, "key": K}                         a fresh partial download of rel begins
-                                                     (blocks of an earlier partial are void)
-    {"block": rel, "key": K, "i": [i, ...]}          blocks of that partial are written,
-                                                     fsynced and matched their sha256
-    {"done": rel, "key": K, "ino": .., "mtime_ns": .., "size": ..}
-                                                     rel is complete and verified
+    {"start": rel, "key": K}                   a fresh partial of rel (earlier blocks are void)
+    {"block": rel, "key": K, "i": [i, ...]}    blocks of it written, fsynced, sha256 matched
+    {"done": rel, "key": K, "ino": .., "mtime_ns": .., "size": ..}   rel complete and verified
 
-``K`` names the wanted content (size and sha256, or the hash of its recorded parts). A later pull
-trusts a complete file while its inode, mtime and size are the recorded ones (a rewrite changes
-them; a file changed behind the file system's back is ``tokenmill verify``'s to find), and resumes
-a partial download from its recorded blocks. :meth:`Ledger.compact` rewrites the file with the
-complete files of one pull (temp -> fsync -> rename), so it never grows past one line per file.
+``K`` names the wanted content (size and sha256, or the hash of its parts). A later pull trusts a
+complete file while its inode, mtime and size are the recorded ones (a file changed behind the
+file system's back is ``tokenmill verify``'s to find) and resumes a partial from its recorded
+blocks. :meth:`Ledger.compact` rewrites the file (atomically) with one line per complete file.
 """
 
 from __future__ import annotations
@@ -46,11 +42,8 @@ class Ledger:
         self._done: dict[str, tuple[Any, int, int, int]] = {}
         self._partial: dict[str, tuple[Any, set[int]]] = {}
         self._fd: int | None = None
-        self._newline = False  # the file ends in a torn line: start the next on a new one
-        raw = read_if_exists(self.path)
-        if raw is None:
-            return
-        self._newline = bool(raw) and not raw.endswith(b"\n")
+        raw = read_if_exists(self.path) or b""
+        self._newline = bool(raw) and not raw.endswith(b"\n")  # torn: start the next line anew
         for line in raw.splitlines():
             try:
                 record = json.loads(line)

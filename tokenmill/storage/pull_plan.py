@@ -1,15 +1,13 @@
 """Owns the plan of a pull: which files a blend manifest needs, where they are in the source and
 what each must hash to (``tokenmill pull`` and the loader's S3 reader share it).
 
-The blend manifest lists every file a blend reads (blend arrays, Nanoset index caches with their
-descriptions, each dataset's ``.bin``/``.idx``), each as ``{path relative to the manifest's
-directory, bytes, sha256}``. The datasets' own manifests come too (the sidecar
-``manifests/<name>.manifest.json`` beside each pair): each is checked against the blend's record
-and gives its files' per-block sha256 lists, and a ``.bin`` they record by parts (a merge) is
-verified part by part. Paths are laid out relative to the deepest folder holding all of them (the
-storage root for a pipeline blend). A pointer's version manifest (``versions/<v16>/manifest.json``)
-comes along, so ``open_blend(..., version=...)`` works on the copy too. The source is a store
-(``tokenmill.storage.store``): the file system rooted at ``/``, or an ``s3://`` bucket.
+Every file the blend manifest lists (path relative to its folder, bytes, sha256) comes, and the
+datasets' sidecar manifests (``manifests/<name>.manifest.json``): each is checked against the
+blend's record and gives its files' per-block sha256 lists; a ``.bin`` recorded by parts (a
+merge) is verified part by part. Paths are laid out relative to the deepest folder holding all of
+them (the storage root for a pipeline blend). A pointer's version manifest comes along, so
+``open_blend(..., version=...)`` works on the copy. The source is a store: the file system rooted
+at ``/``, or an ``s3://`` bucket.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import dataclasses
 import hashlib
 import posixpath
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,7 @@ def open_source(uri: str, endpoint_url: str | None, jobs: int) -> tuple[Store, s
     if uri.startswith("s3://"):
         bucket, key = split_uri(uri)
         if not key.endswith(".json"):
-            key = posixpath.join(key, MANIFEST_NAME) if key else MANIFEST_NAME
+            key = posixpath.join(key, MANIFEST_NAME)  # "": the bucket's top
         return S3Store(f"s3://{bucket}", endpoint_url, max_pool_connections=jobs + 2), key
     if "://" in uri:
         raise ConfigError(f"manifest URI {uri}: only local paths and s3:// URIs are supported")
@@ -117,8 +116,7 @@ def _plan(
     dataset_manifests = {}
     for prefix in prefixes:
         key = dataset_manifest(prefix)
-        raw = source.read(key)
-        if raw is not None:
+        if (raw := source.read(key)) is not None:
             dataset_manifests[key] = raw
             _attach_parts(files, posixpath.dirname(prefix), raw, source.where(key))
             found = _attach_shards(files, prefix, raw, source.where(key))
@@ -144,8 +142,7 @@ def _version_manifest(
     if not isinstance(version, str) or _in_versions(mdir):
         return None
     key = _version_key(mdir, version)
-    raw = source.read(key)
-    if raw is None:
+    if (raw := source.read(key)) is None:
         return None
     if _parse_manifest(raw, source.where(key)).get("version") != version:
         raise FormatError(source.where(key), "version", f"is not version {version}; not pulled")
@@ -213,10 +210,9 @@ def _attach_parts(files: dict[str, Wanted], folder: str, raw: bytes, uri: str) -
 
 
 def _attach_shards(files: dict[str, Wanted], prefix: str, raw: bytes, uri: str) -> dict[str, str]:
-    """For a virtual merge's manifest: check it against the blend's record (it is written with
-    the small manifests, last) and add every shard pair it names, by the digests it records.
-    Returns ``{shard .bin/.idx key: block_list_sha256}`` of the files whose block list the
-    merge records by reference (a version-2 merge: the shard's dataset manifest holds it)."""
+    """For a virtual merge's manifest: check it against the blend's record and add every shard
+    pair it names, by its digests. Returns ``{shard .bin/.idx key: block_list_sha256}`` of the
+    files whose block list a version-2 merge records by reference (in the shard's manifest)."""
     key = dataset_manifest(prefix)
     if key not in files:
         return {}
@@ -250,12 +246,9 @@ def _attach_shards(files: dict[str, Wanted], prefix: str, raw: bytes, uri: str) 
 def _shard_blocks(
     files: dict[str, Wanted], by_reference: dict[str, str], source: Store
 ) -> dict[str, bytes]:
-    """Give the shard files a version-2 merge records by reference their block lists, read
-    from the shards' dataset manifests (in parallel; each list checked against the merge's
-    digest, FormatError naming the manifest otherwise). Returns those manifests (key: bytes):
-    the pulled copy holds them, so it streams and resumes as the source does."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    """Give the shard files a version-2 merge records by reference their block lists, read in
+    parallel from the shards' manifests and checked against the merge's digests. Returns those
+    manifests (key: bytes): the pulled copy holds them, so it streams and resumes alike."""
     keys = sorted({dataset_manifest(k.rsplit(".", 1)[0]) for k in by_reference})
     with ThreadPoolExecutor(8, thread_name_prefix="tokenmill-pull-plan") as pool:
         found = dict(zip(keys, pool.map(source.read, keys), strict=True))
@@ -297,11 +290,9 @@ def plan_blend(
     jobs: int = 1,
     shards: bool = False,
 ) -> tuple[Store, bytes, Plan]:
-    """The source, the blend manifest's bytes and the plan of every file the blend needs
-    (``pull`` and the loader's S3 reader share it: the dataset manifests checked against the
-    blend's records, every file with its size and sha256). ``shards`` (``pull``): also the
-    dataset manifests of virtual merges' shards, whose block lists the merges refer to (the
-    S3 reader fetches those lazily: one GET per shard would slow its open)."""
+    """The source, the blend manifest's bytes and the plan of every file the blend needs.
+    ``shards`` (``pull``): also the manifests of virtual merges' shards, which hold the block
+    lists the merges refer to (the S3 reader reads those lazily: a GET per shard slows an open)."""
     if jobs < 1:
         raise ConfigError(f"jobs must be >= 1, got {jobs}")
     source, manifest_key = open_source(uri, endpoint_url, jobs)
@@ -310,16 +301,12 @@ def plan_blend(
         if _in_versions(folder):
             folder = posixpath.dirname(posixpath.dirname(folder))
         manifest_key = _version_key(folder, version)
-    raw = source.read(manifest_key)
+    raw, where = source.read(manifest_key), source.where(manifest_key)
     if raw is None:
         what = "no blend manifest" if version is None else f"no version {version} of the blend"
-        raise InputError(f"{source.where(manifest_key)}: {what} there")
-    manifest = _parse_manifest(raw, source.where(manifest_key))
-    return (
-        source,
-        raw,
-        _plan(manifest, manifest_key, source, source.where(manifest_key), shards=shards),
-    )
+        raise InputError(f"{where}: {what} there")
+    manifest = _parse_manifest(raw, where)
+    return source, raw, _plan(manifest, manifest_key, source, where, shards=shards)
 
 
 def _parse_manifest(raw: bytes, uri: str) -> dict[str, Any]:

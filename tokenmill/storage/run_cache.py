@@ -1,13 +1,11 @@
 """A run's download cache on this host: steps of one run (in one process or several) that read
 the same S3 object download it once (``tokenmill.storage.staging`` fetches through it).
 
-An entry is named by the object's bucket, key, ETag and size (a changed object is a new entry),
-written read-only with a fixed mtime (a copy changed in place no longer matches and is downloaded
-again), and reaches a step's work directory as a hard link (a copy across file systems). Steps
-replace files by rename, which never touches the entry; the link is read-only, and an entry written
-in place anyway (as root) is detected by its mtime and downloaded again by the next step that wants
-it. What a step uploads is kept too (one HEAD names its ETag), so later steps of the run read it
-without a download.
+An entry is named by the object's bucket, key, ETag and size (a changed object is a new entry)
+and reaches a step's work directory as a hard link (a copy across file systems). Steps replace
+files by rename, never in place; the entry is read-only with a fixed mtime, so one written in
+place anyway (as root) no longer matches and is downloaded again. What a step uploads is kept too
+(one HEAD names its ETag), so later steps of the run read it without a download.
 """
 
 from __future__ import annotations
@@ -45,12 +43,9 @@ class RunCache:
         cache.touch()
         cutoff = time.time() - max_age_hours * 3600
         for other in base.glob(f"{RUN_CACHE_PREFIX}*"):
-            try:
-                stale = other != cache.root and other.stat().st_mtime < cutoff
-            except FileNotFoundError:
-                continue
-            if stale:
-                shutil.rmtree(other, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile by another run
+                if other != cache.root and other.stat().st_mtime < cutoff:
+                    shutil.rmtree(other, ignore_errors=True)
         return cache
 
     def touch(self) -> None:
@@ -76,12 +71,11 @@ class RunCache:
         return st.st_size == size and st.st_mtime_ns == CACHE_MTIME_NS
 
     def keep(self, client: Any, bucket: str, key: str, path: Path) -> None:
-        """Take ``path``, just uploaded to ``s3://bucket/key``, into the cache (a later step of
-        the run reads it without a download): one HEAD names the object's ETag. Best effort:
-        a failure here leaves the cache as it was."""
+        """Take ``path``, just uploaded to ``s3://bucket/key``, into the cache (one HEAD names its
+        ETag) for later steps of the run. Best effort: a failure leaves the cache as it was."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        try:
+        with contextlib.suppress(OSError, BotoCoreError, ClientError, KeyError, ValueError):
             head = client.head_object(Bucket=bucket, Key=key)
             obj = S3Object(key, int(head["ContentLength"]), str(head["ETag"]).strip('"'))
             entry = self.entry(bucket, obj)
@@ -95,8 +89,6 @@ class RunCache:
             os.chmod(incoming, 0o444)
             os.utime(incoming, ns=(CACHE_MTIME_NS, CACHE_MTIME_NS))
             os.replace(incoming, entry)
-        except (OSError, BotoCoreError, ClientError, KeyError, ValueError):
-            return
 
     def fetch(self, client: Any, bucket: str, obj: S3Object, path: Path) -> bool:
         """``obj`` at ``path``: linked from the cache, downloaded into it first when it does not
@@ -104,11 +96,9 @@ class RunCache:
         used (e.g. removed meanwhile); an object that changed since it was listed is not kept."""
         entry = self.entry(bucket, obj)
         incoming: Path | None = None
-        downloaded = False
         try:
             if not self.holds(entry, obj.size):
                 entry.parent.mkdir(parents=True, exist_ok=True)
-                downloaded = True
                 incoming = temp_path_for(entry)  # download() creates it (through its own temp)
                 download(client, bucket, obj.key, incoming)
                 if incoming.stat().st_size != obj.size:  # rewritten after the listing
@@ -129,4 +119,4 @@ class RunCache:
                 incoming.unlink(missing_ok=True)
             download(client, bucket, obj.key, path)
             return True
-        return downloaded
+        return incoming is not None

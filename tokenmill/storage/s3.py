@@ -1,25 +1,15 @@
 """The one S3 client factory and the helpers every S3 user shares (pipeline staging, ``tokenmill
-pull``, ``gc``, the streaming loader): URI parsing, the retry policy, the timeouts, listing,
-whole-object transfers, and the one wrapper that turns S3 failures into ``InputError`` naming the
-URI.
+pull``, ``gc``, the streaming loader): URI parsing, retries, timeouts, listing, transfers, and the
+one wrapper that turns S3 failures into ``InputError`` naming the URI. boto3 is imported lazily.
 
-Clients: :func:`make_client` builds one (endpoint from the caller, i.e. the recipe's
-``storage.s3_endpoint_url``, else ``$AWS_ENDPOINT_URL``; credentials and region only from the
-standard AWS environment); :func:`shared_client` keeps one per process and settings, since a
-build costs 0.1-0.5 s of CPU.
+Retries happen in botocore (``standard`` mode, ``MAX_ATTEMPTS`` per request) and s3transfer (a
+download stream cut mid-file); the only other retry is for a response body cut while it is read
+(``read_object``, ``tokenmill.storage.pull_blocks``), which botocore has already handed over.
 
-Retries happen in one place: botocore's ``standard`` retry mode (``MAX_ATTEMPTS`` retries per
-request, exponential backoff with jitter, a per-client retry quota); s3transfer adds its own for a
-download stream cut mid-file. The only other retry is for a response body cut while it is read
-(``read_object``, ``tokenmill.storage.pull_blocks``): botocore has already handed that response
-over and cannot repeat it. boto3 is imported lazily (pipeline extra).
-
-Timeouts: a connection must open within ``TOKENMILL_S3_CONNECT_TIMEOUT`` seconds (default 10) and
-an answer must not stall longer than ``TOKENMILL_S3_READ_TIMEOUT`` (default 30; botocore's own 60
-would make an endpoint that accepts and never answers sit silent for 9 minutes per request). A
-request without an answer after ``min(5, read timeout / 2)`` s, or one being retried, prints one
-"waiting for S3 (<endpoint>)" line on stderr (at most one per 10 s per process), from one
-watchdog thread per process.
+Timeouts: ``TOKENMILL_S3_CONNECT_TIMEOUT`` (default 10 s) and ``TOKENMILL_S3_READ_TIMEOUT``
+(default 30 s: botocore's 60 would leave an endpoint that never answers silent for 9 minutes per
+request). A request unanswered after ``min(5, read timeout / 2)`` s, or retried, prints one
+"waiting for S3 (<endpoint>)" line on stderr (at most one per 10 s per process).
 """
 
 from __future__ import annotations
@@ -61,11 +51,6 @@ def split_uri(uri: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
-def retry_config() -> dict[str, Any]:
-    """botocore's ``retries`` setting every tokenmill S3 client uses."""
-    return {"mode": RETRY_MODE, "max_attempts": MAX_ATTEMPTS}
-
-
 def timeouts() -> dict[str, float]:
     """botocore's ``connect_timeout`` and ``read_timeout`` from the environment (seconds);
     ConfigError naming the variable when one is not a positive number."""
@@ -90,9 +75,8 @@ _LOADER_LOCK = threading.Lock()
 
 
 def make_client(endpoint_url: str | None, **config: Any) -> Any:
-    """A boto3 S3 client with the retry policy and the timeouts (credentials and region from
-    the environment); ``config`` adds botocore ``Config`` options such as
-    ``max_pool_connections``. Slow or retried requests say so on stderr (``_Waiting``)."""
+    """A boto3 S3 client with the retry policy and the timeouts (credentials and region from the
+    environment), plus botocore ``config`` options; slow or retried requests say so on stderr."""
     import boto3
     import botocore.session
     from botocore.config import Config
@@ -107,7 +91,9 @@ def make_client(endpoint_url: str | None, **config: Any) -> Any:
     client = boto3.session.Session(botocore_session=session).client(
         "s3",
         endpoint_url=endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None,
-        config=Config(retries=retry_config(), **{**limits, **config}),
+        config=Config(
+            retries={"mode": RETRY_MODE, "max_attempts": MAX_ATTEMPTS}, **{**limits, **config}
+        ),
     )
     _Waiting(client, limits["read_timeout"]).register()
     return client
@@ -118,9 +104,9 @@ _CLIENTS_LOCK = threading.Lock()
 
 
 def shared_client(endpoint_url: str | None = None, **config: Any) -> Any:
-    """This process's client for these settings (:func:`make_client`, built on first use): one
-    per endpoint, ``config``, timeouts and ``AWS_*`` environment (keyed by a hash: no credential
-    is kept in the key); a forked process builds its own. boto3 clients are thread-safe."""
+    """This process's (thread-safe) client per endpoint, ``config``, timeouts and ``AWS_*``
+    environment (keyed by a hash: no credential is kept), built on first use: a build costs
+    0.1-0.5 s of CPU. A forked process builds its own."""
     aws = sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))
     settings = (os.getpid(), endpoint_url, sorted(config.items()), sorted(timeouts().items()), aws)
     key = hashlib.sha256(repr(settings).encode()).hexdigest()
@@ -168,10 +154,8 @@ class _Waiting:
     ) -> None:
         """An attempt ended: disarm the watchdog; report a failure botocore may retry."""
         _watchdog().disarm()
-        status = response[0].status_code if response else None
-        if caught_exception is not None or (
-            status is not None and (status >= 500 or status == 429)
-        ):
+        status = response[0].status_code if response else 0  # 0: no answer
+        if caught_exception is not None or status >= 500 or status == 429:
             why = type(caught_exception).__name__ if caught_exception else f"HTTP {status}"
             then = "; retrying …" if attempts <= MAX_ATTEMPTS else ""
             self.say(f"try {attempts} of {MAX_ATTEMPTS + 1} failed ({why}){then}")
@@ -249,34 +233,27 @@ class S3Object:
 
 
 def list_objects(client: Any, bucket: str, prefix: str, *, recursive: bool) -> list[S3Object]:
-    """Objects under ``prefix`` (a folder when it ends with ``/``), sorted by key, by listing
-    names only; with ``recursive=False`` only the folder's direct children."""
-
-    def run() -> list[S3Object]:
-        args = {"Bucket": bucket, "Prefix": prefix, **({} if recursive else {"Delimiter": "/"})}
-        found = []
+    """Objects under ``prefix`` sorted by key (names only); ``recursive=False``: direct children."""
+    args = {"Bucket": bucket, "Prefix": prefix, **({} if recursive else {"Delimiter": "/"})}
+    found = []
+    with s3_errors(f"listing s3://{bucket}/{prefix}"):
         for page in client.get_paginator("list_objects_v2").paginate(**args):
             for obj in page.get("Contents", []):
                 etag, modified = obj["ETag"].strip('"'), obj["LastModified"].timestamp()
                 found.append(S3Object(obj["Key"], int(obj["Size"]), etag, modified))
-        return sorted(found, key=lambda o: o.key)
-
-    return call(f"listing s3://{bucket}/{prefix}", run)
+    return sorted(found, key=lambda o: o.key)
 
 
 def exists(client: Any, bucket: str, key: str) -> bool:
     """True when ``s3://bucket/key`` is an object now (one HEAD request)."""
-
-    def head() -> bool:
+    with s3_errors(f"looking up s3://{bucket}/{key}"):
         try:
             client.head_object(Bucket=bucket, Key=key)
         except Exception as exc:
             if is_missing(exc):
                 return False
             raise
-        return True
-
-    return call(f"looking up s3://{bucket}/{key}", head)
+    return True
 
 
 def _transfer_config() -> Any:
@@ -289,24 +266,19 @@ def download(client: Any, bucket: str, key: str, path: Path) -> None:
     """``s3://bucket/key`` → ``path`` through a temp (a failed transfer leaves nothing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp, _ = create_temp(path, Path.touch)  # boto3 replaces the reserved name
-
-    def run() -> None:
-        try:
+    try:
+        with s3_errors(f"downloading s3://{bucket}/{key}"):
             client.download_file(bucket, key, str(tmp), Config=_transfer_config())
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-
-    call(f"downloading s3://{bucket}/{key}", run)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     commit(tmp, path)
 
 
 def upload(client: Any, path: Path, bucket: str, key: str) -> None:
     """``path`` → ``s3://bucket/key``, multipart above ``MULTIPART_BYTES``."""
-    call(
-        f"uploading {path.name} to s3://{bucket}/{key}",
-        lambda: client.upload_file(str(path), bucket, key, Config=_transfer_config()),
-    )
+    with s3_errors(f"uploading {path.name} to s3://{bucket}/{key}"):
+        client.upload_file(str(path), bucket, key, Config=_transfer_config())
 
 
 def delete(client: Any, bucket: str, key: str) -> None:
@@ -329,9 +301,8 @@ def is_missing(exc: BaseException) -> bool:
     """True for S3's "no such object" answer."""
     from botocore.exceptions import ClientError
 
-    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in (
-        MISSING_CODES
-    )
+    code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+    return code in MISSING_CODES
 
 
 def is_cut_body(exc: BaseException) -> bool:
@@ -369,10 +340,9 @@ def call(what: str, op: Callable[[], T]) -> T:
 def read_object(
     client: Any, bucket: str, key: str, span: tuple[int, int] | None = None, what: str = ""
 ) -> bytes | None:
-    """The bytes of ``s3://bucket/key`` (``span``: bytes ``[lo, hi)`` of it, by a range GET),
-    None when it does not exist; a body cut mid-read is fetched again (up to
-    ``BODY_ATTEMPTS`` tries), other failures raise InputError naming ``what`` (default: the
-    object). The one body-retry loop of the S3 readers (staging, pull's plan, the loader)."""
+    """The bytes of ``s3://bucket/key`` (``span``: ``[lo, hi)``, by a range GET), None when it
+    does not exist; a body cut mid-read is fetched again (``BODY_ATTEMPTS`` tries in all), other
+    failures raise InputError naming ``what`` (default: the object)."""
     attempt = 1
     extra = {"Range": f"bytes={span[0]}-{span[1] - 1}"} if span else {}
     with s3_errors(what or f"reading s3://{bucket}/{key}"):

@@ -1,24 +1,16 @@
 """Staging an ``s3://`` storage root: a step's local work directory filled from S3 and uploaded
-back in commit order, through a run's download cache (``tokenmill.storage.run_cache``). The
-pipeline's resources only wire it up; the takedown mirror (``tokenmill.storage.mirror``) is a
-stage of a whole root. The client, its retries and the errors are ``tokenmill.storage.s3``'s.
+back in commit order, through a run's download cache (``tokenmill.storage.run_cache``); the
+takedown mirror (``tokenmill.storage.mirror``) is a stage of a whole root.
 
-:class:`S3Stage` mirrors parts of an S3 root in a local directory: ``fetch`` downloads the inputs a
-step reads, ``push`` uploads what the step wrote in the commit order of
-:mod:`tokenmill.storage.publish` (data first, then dataset manifests, index-cache descriptions and
-stats, then ``current.json`` pointers, a blend's ``manifest.json`` last; a marker that really
-replaces an existing object is deleted before its data is overwritten, one S3 holds byte for byte
-is left alone, one vouching for the same files is overwritten, as a pointer is: a PUT is atomic)
-and deletes the fetched files the step removed, so a failed or killed transfer never leaves a
-marker that describes files which are not there.
-
-A pointer the step fetched is written back by a conditional PUT (compare-and-swap, as
-``tokenmill.storage.versions.swap_pointer`` locally): ``If-Match`` the ETag it had when fetched,
-or ``If-None-Match: *`` when it was not there. When another writer moved it meanwhile, S3
-answers 412 and the push raises ConflictError naming the pointer and the versions (the
-step's immutable files are uploaded; the pointer stays at the other writer's version). A
-pointer the step never fetched is written unconditionally (the sole writer of a tree), except
-after :meth:`S3Stage.mirror`, which listed the whole root: one it did not find was not there.
+:class:`S3Stage` ``fetch``es the inputs a step reads, ``push``es what it wrote in the commit
+order of :mod:`tokenmill.storage.publish` and deletes the fetched files it removed: a failed or
+killed transfer never leaves a marker describing files that are not there. A pointer the step
+fetched is written back by a conditional PUT (compare-and-swap, as
+``tokenmill.storage.versions.swap_pointer`` locally): ``If-Match`` its fetched ETag, or
+``If-None-Match: *``. When another writer moved it meanwhile, the push raises ConflictError (the
+immutable files are uploaded; the pointer keeps the other version). A pointer never fetched is
+written unconditionally (the sole writer of a tree), except after :meth:`S3Stage.mirror`, which
+listed the whole root: one it did not find was not there.
 """
 
 from __future__ import annotations
@@ -41,11 +33,11 @@ from tokenmill.storage.publish import delete_first, is_pointer, publish
 from tokenmill.storage.run_cache import RunCache
 from tokenmill.storage.s3 import (
     S3Object,
-    call,
     delete,
     download,
     list_objects,
     read_object,
+    s3_errors,
     shared_client,
     split_uri,
     upload,
@@ -67,17 +59,16 @@ class ReadPointer:
 
 def put_pointer(client: Any, path: Path, bucket: str, key: str, read: ReadPointer) -> str | None:
     """Compare-and-swap ``path`` (a pointer file) to ``s3://bucket/key``: one PUT, ``If-Match``
-    the ETag ``read`` names (``If-None-Match: *`` when there was none). Returns the new ETag
-    (None when the object already named this version). ConflictError when the object moved
-    to another version meanwhile; finding this version there (e.g. our own PUT, retried after
-    a lost answer, now answered 412) is success."""
+    the ETag ``read`` names (``If-None-Match: *`` when there was none); the new ETag, or None when
+    the object already named this version (our own PUT, retried after a lost answer, gets 412).
+    ConflictError when the object moved to another version meanwhile."""
     from botocore.exceptions import ClientError
 
     uri = f"s3://{bucket}/{key}"
     data = path.read_bytes()
     condition = {"IfNoneMatch": "*"} if read.etag is None else {"IfMatch": f'"{read.etag}"'}
 
-    def run() -> str | None:
+    with s3_errors(f"uploading pointer {path.name} to {uri}"):
         try:
             response = client.put_object(Bucket=bucket, Key=key, Body=data, **condition)
             return str(response["ETag"]).strip('"')
@@ -86,21 +77,17 @@ def put_pointer(client: Any, path: Path, bucket: str, key: str, read: ReadPointe
                 raise
         version = pointer_version(path)
         found = read_object(client, bucket, key)
-        found_version = None if found is None else version_named(found)
-        if found is not None and found_version == version:
-            return None
-        raise ConflictError(uri, read.version, found_version, str(version))
-
-    return call(f"uploading pointer {path.name} to {uri}", run)
+    found_version = None if found is None else version_named(found)
+    if found is not None and found_version == version:
+        return None
+    raise ConflictError(uri, read.version, found_version, str(version))
 
 
 def local_name(bucket: str, key: str, base: str) -> str:
-    """The part of a listed ``key`` below ``base``, to be joined under a local folder; InputError
-    naming the object when that could land outside the folder (our own root never holds such a
-    key, so it is corruption or tampering, not data)."""
+    """The part of a listed ``key`` below ``base``, to join under a local folder; InputError when
+    it could land outside the folder (our root never holds such a key: tampering, not data)."""
     name = key[len(base) :]
-    problem = relative_path_problem(name)
-    if problem:
+    if problem := relative_path_problem(name):
         uri, root = f"s3://{bucket}/{key}", f"s3://{bucket}/{base}"  # repr: no raw control chars
         raise InputError(f"{uri!r}: its key below {root!r} {problem}; refusing to copy it locally")
     return name
@@ -120,9 +107,8 @@ def fetch_shard(
 
 
 def _same_content(stored: bytes, ours: bytes) -> bool:
-    """Whether two dataset manifests vouch for the same files (equal ``files`` and
-    ``content_hash``; a setting such as the engine may differ): the data uploaded under the
-    stored one is then byte for byte the data uploaded under ours."""
+    """Whether two dataset manifests vouch for the same bytes (equal ``files`` and
+    ``content_hash``; a setting such as the engine may differ)."""
     try:
         old, new = json.loads(stored), json.loads(ours)
     except ValueError:  # not JSON (UnicodeDecodeError included): not a dataset manifest
@@ -154,8 +140,7 @@ class S3Stage:
     def open(
         cls, root: str, endpoint_url: str | None, local: Path, cache: RunCache | None = None
     ) -> S3Stage:
-        """The stage of the root ``s3://bucket/prefix`` in ``local``, through the process's
-        client for ``endpoint_url`` (``tokenmill.storage.s3.shared_client``)."""
+        """The stage of ``s3://bucket/prefix`` in ``local``, through the shared client."""
         bucket, prefix = split_uri(root)
         return cls(shared_client(endpoint_url), bucket, prefix, local, cache)
 
@@ -186,16 +171,14 @@ class S3Stage:
                 self._read_pointer(rel, listed.get(rel))
 
     def _read_pointer(self, rel: str, listed: S3Object | None) -> None:
-        """Remember a pointer as staged, with the ETag it was listed at (None: not there), for
-        the compare-and-swap of :meth:`push`."""
+        """Remember a staged pointer's listed ETag (None: absent) for :meth:`push`'s CAS."""
         etag = None if listed is None else listed.etag
         self.pointers[rel] = ReadPointer(etag, pointer_version(self.local / rel))
 
     def mirror(self, wanted: Callable[[str], bool]) -> None:
-        """Stage every object of the root whose relative path ``wanted`` accepts: one LIST and
-        one GET each, no run cache; an object removed since the listing is not part of the root
-        now and is left out. A pointer the root did not hold is then pushed only if it still
-        does not (``If-None-Match: *``)."""
+        """Stage every object of the root whose relative path ``wanted`` accepts (one LIST, one
+        GET each, no run cache; one removed since the listing is left out). A pointer the root
+        did not hold is then pushed only if it still does not (``If-None-Match: *``)."""
         found = self.listing("")
         self.listed = set(found)
         for rel, obj in found.items():
@@ -217,8 +200,7 @@ class S3Stage:
         return {o.key[len(base) :]: o for o in found if not is_temp(o.key[len(base) :])}
 
     def get(self, obj: S3Object, rel: str) -> None:
-        """One listed object to ``rel`` in the stage (through the run cache), as fetched, unless
-        it is staged already."""
+        """One listed object to ``rel`` in the stage (through the run cache), unless staged."""
         if rel in self.fetched:
             return
         path = self.local / rel
@@ -233,9 +215,8 @@ class S3Stage:
         return Path(path).resolve().relative_to(self.local.resolve()).as_posix()
 
     def fetch_entry(self, rels: Mapping[str, str]) -> bool:
-        """Bring an index-cache entry's files (``{name: path relative to the root}``, one of
-        them ``description``) when all of them are stored, arrays first, description last,
-        through the run cache; True if it did (one LIST, and a GET per file not yet staged)."""
+        """Stage an index-cache entry's files (``{name: root-relative path}``, one ``description``,
+        fetched last) when all are stored; True if it did (one LIST, a GET per file not staged)."""
         found = self.listing(rels["description"].removesuffix("description.json"))
         if not all(rel in found for rel in rels.values()):
             return False
@@ -251,10 +232,9 @@ class S3Stage:
     def stored_entry(
         self, rels: Mapping[str, str], key: dict[str, Any], digest: str
     ) -> dict[str, Any] | None:
-        """The description of a stored index-cache entry (``rels`` as for ``fetch_entry``)
-        when it describes exactly ``key`` and ``digest`` and every array is there at its
-        recorded size; None otherwise. One LIST and one small GET (the description is staged):
-        the arrays are neither downloaded nor, since they are complete, uploaded again."""
+        """The description of a stored index-cache entry (``rels`` as for ``fetch_entry``) that
+        describes exactly ``key`` and ``digest``, every array there at its recorded size; else
+        None. One LIST and one small GET: the arrays are neither downloaded nor uploaded again."""
         found = self.listing(rels["description"].removesuffix("description.json"))
         if rels["description"] not in found:
             return None
@@ -284,12 +264,8 @@ class S3Stage:
             manifest = read_dataset_manifest(self.local / rel)
             if is_virtual(manifest):
                 folder = posixpath.dirname(rel)
-                self.fetch(
-                    [
-                        posixpath.normpath(posixpath.join(folder, f"{s['prefix']}.idx"))
-                        for s in manifest["shards"]
-                    ]
-                )
+                idx = [posixpath.join(folder, f"{s['prefix']}.idx") for s in manifest["shards"]]
+                self.fetch([posixpath.normpath(p) for p in idx])
 
     def _written(self) -> Iterator[str]:
         for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
@@ -300,11 +276,10 @@ class S3Stage:
                 yield rel
 
     def push(self) -> list[str]:
-        """Upload new and changed files in commit order (``tokenmill.storage.publish``) and delete
-        fetched files the step removed; the relative paths uploaded, in upload order. A marker
-        the step did not fetch is compared with the stored one (one GET): the same bytes are
-        not uploaded again, and one vouching for the same content is not deleted first, so a
-        second run that wrote the same result (two runs of one shard) never takes it away."""
+        """Upload new and changed files in commit order and delete fetched files the step removed;
+        the paths uploaded, in order. A marker the step did not fetch is compared with the stored
+        one (one GET): the same bytes are not uploaded again, and one vouching for the same
+        content is not deleted first, so a second run of one shard never takes it away."""
         written, replaced = [], set()
         for rel in self._written():
             if delete_first(rel) and rel not in self.fetched:

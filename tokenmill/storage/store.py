@@ -1,10 +1,8 @@
 """A storage root seen as keys: list, read, write and delete files, locally or under ``s3://``.
 
-The one home of "which files are under this folder of the root", "read these bytes of a key" and
-"remove these keys", used by ``tokenmill gc``, ``tokenmill pull`` (whose source is a store rooted
-at ``/`` or at a bucket) and the pipeline's pruning step alike. Listing reads names and sizes
-only, never a file's content. Keys are posix paths relative to the root
-(``tokenmill.storage.layout``).
+Used by ``tokenmill gc``, ``tokenmill pull`` (whose source is a store rooted at ``/`` or at a
+bucket) and the pipeline's pruning step alike. Listing reads names and sizes only, never content.
+Keys are posix paths relative to the root (``tokenmill.storage.layout``).
 """
 
 from __future__ import annotations
@@ -20,12 +18,12 @@ from typing import Any
 from tokenmill.atomic import read_if_exists, remove_empty_dir, write_bytes
 from tokenmill.errors import ConfigError, InputError
 from tokenmill.storage.s3 import (
-    call,
     exists,
     is_cut_body,
     is_missing,
     list_objects,
     read_object,
+    s3_errors,
     shared_client,
     split_uri,
 )
@@ -65,10 +63,7 @@ class LocalStore:
 
     def files(self, top: str) -> Iterator[StoredFile]:
         """Every file under the folder ``top`` (recursively); a missing folder has none."""
-        base = self.root / top
-        if not base.is_dir():
-            return
-        for dirpath, _dirs, names in os.walk(base):
+        for dirpath, _dirs, names in os.walk(self.root / top):  # a missing top: no error, nothing
             for name in names:
                 path = Path(dirpath) / name
                 try:
@@ -121,9 +116,8 @@ class LocalStore:
 
 
 class S3Store:
-    """A storage root under ``s3://bucket/prefix`` (boto3 imported lazily, one retry policy),
-    through the process's client for ``endpoint_url`` and botocore ``config``
-    (``tokenmill.storage.s3.shared_client``)."""
+    """A storage root under ``s3://bucket/prefix``, through the process's client for
+    ``endpoint_url`` and botocore ``config`` (``tokenmill.storage.s3.shared_client``)."""
 
     def __init__(self, uri: str, endpoint_url: str | None, **config: Any) -> None:
         self.bucket, self.prefix = split_uri(uri)
@@ -135,8 +129,7 @@ class S3Store:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def files(self, top: str) -> Iterator[StoredFile]:
-        """Every object under ``top/`` (``""``: the whole root; one paginated listing, nothing is
-        downloaded)."""
+        """Every object under ``top/`` (``""``: the whole root), by one paginated listing."""
         start = self.key(top) + "/" if top else (f"{self.prefix}/" if self.prefix else "")
         cut = len(self.prefix) + 1 if self.prefix else 0
         for obj in list_objects(self.client, self.bucket, start, recursive=True):
@@ -158,45 +151,32 @@ class S3Store:
     def chunks(self, key: str, lo: int, hi: int) -> Iterator[Iterator[bytes]]:
         """Bytes ``lo..hi`` of the object, in pieces (one range GET; S3 errors as they come, for
         the caller to tell with :meth:`missing` and :meth:`cut`)."""
-        got = self.client.get_object(
-            Bucket=self.bucket, Key=self.key(key), Range=f"bytes={lo}-{hi - 1}"
-        )
-        body = got["Body"]
+        span = f"bytes={lo}-{hi - 1}"
+        body = self.client.get_object(Bucket=self.bucket, Key=self.key(key), Range=span)["Body"]
         try:
             yield body.iter_chunks(CHUNK)
         finally:
             body.close()
 
-    def missing(self, exc: BaseException) -> bool:
-        """True for S3's "no such object" answer."""
-        return is_missing(exc)
-
-    def cut(self, exc: BaseException) -> bool:
-        """True when a response body stopped mid-read (another GET may complete it)."""
-        return is_cut_body(exc)
+    missing = staticmethod(is_missing)  # S3's "no such object" answer
+    cut = staticmethod(is_cut_body)  # a body stopped mid-read: another GET may complete it
 
     def write(self, key: str, data: bytes) -> None:
         """Upload (replace) the object."""
-        call(
-            f"writing {self.where(key)}",
-            lambda: self.client.put_object(Bucket=self.bucket, Key=self.key(key), Body=data),
-        )
+        with s3_errors(f"writing {self.where(key)}"):
+            self.client.put_object(Bucket=self.bucket, Key=self.key(key), Body=data)
 
     def delete(self, keys: Sequence[str]) -> None:
         """Remove the objects, 1,000 per request (absent ones are fine)."""
         keys = list(keys)
         for start in range(0, len(keys), 1000):
             batch = [{"Key": self.key(k)} for k in keys[start : start + 1000]]
-
-            def remove(batch: list[dict[str, str]] = batch) -> None:
+            with s3_errors(f"deleting from s3://{self.bucket}"):
                 answer = self.client.delete_objects(
                     Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
                 )
-                if answer.get("Errors"):  # per-key refusals (e.g. AccessDenied): no retry helps
-                    problems = answer["Errors"][:3]
-                    raise InputError(f"s3://{self.bucket}: could not delete {problems}")
-
-            call(f"deleting from s3://{self.bucket}", remove)
+            if answer.get("Errors"):  # per-key refusals (e.g. AccessDenied): no retry helps
+                raise InputError(f"s3://{self.bucket}: could not delete {answer['Errors'][:3]}")
 
 
 Store = LocalStore | S3Store

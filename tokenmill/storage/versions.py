@@ -1,18 +1,12 @@
 """Pointers to immutable versions: the one small file a refresh moves.
 
-A version's files are written under a folder that names it and never rewritten. The pointer
-(``merged/<ds>/current.json``; for a blend, ``blends/<name>/manifest.json`` itself) is written
-last, atomically (temp → fsync → rename locally; on S3 the object is uploaded after every file
-it names), so a reader sees the old version or the new one, never a mix, and a failed refresh
-leaves the pointer where it was.
-
-Pointers only move forward, with one writer at a time: a write is a compare-and-swap
-(:func:`swap_pointer`). A build reads the pointer *before* its inputs, and at the end writes
-under an exclusive lock on ``<folder>/.tmp/<pointer>.lock`` (``flock``: released by the kernel
-when the holder dies, so a killed build never blocks the next one) only when the pointer still
-names what it read, or already names the build's own version; otherwise ConflictError, and the
-pointer stays at the version a build that read newer inputs wrote. On S3 the same check is a
-conditional PUT (``tokenmill.storage.staging``).
+A version's files go under a folder that names it and are never rewritten; the pointer
+(``merged/<ds>/current.json``, or a blend's ``blends/<name>/manifest.json`` itself) is written
+last, atomically, so a reader sees the old version or the new one. A write is a compare-and-swap
+(:func:`swap_pointer`): a build reads the pointer *before* its inputs and at the end writes under
+an exclusive ``flock`` on ``<folder>/.tmp/<pointer>.lock`` (released when the holder dies) only
+when the pointer still names what it read, or its own version; otherwise ConflictError, and the
+version of the build that read newer inputs stays. On S3: a conditional PUT (``staging``).
 """
 
 from __future__ import annotations
@@ -46,9 +40,8 @@ def version_hash(description: Any) -> str:
 
 
 def pointer_version(path: str | os.PathLike[str]) -> str | None:
-    """The version any pointer file names (a merged ``current.json`` or a blend's
-    ``manifest.json``): None when there is no pointer, ``""`` when it is not JSON naming a
-    version (a damaged pointer: a build that read it so may replace it)."""
+    """The version a pointer file names: None when there is none, ``""`` when it is not JSON
+    naming a version (a damaged pointer: a build that read it so may replace it)."""
     data = read_if_exists(path)
     return None if data is None else version_named(data)
 
@@ -63,19 +56,10 @@ def version_named(data: bytes) -> str:
     return version if isinstance(version, str) else ""
 
 
-def expected_version(expected: Expected) -> str | None:
-    """The version of what a build read: a pointer record (its ``version``), a version, or
-    None (there was no pointer)."""
-    if expected is None or isinstance(expected, str):
-        return expected
-    return str(expected["version"])
-
-
 @contextmanager
 def pointer_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     """Hold the exclusive lock of the pointer ``path``: ``<folder>/.tmp/<name>.lock`` (in
-    ``.tmp/``, so never uploaded, listed or fetched; unlinked on release, and a file a killed
-    holder left does not block: its ``flock`` died with it)."""
+    ``.tmp/``: never uploaded, listed or fetched; a killed holder's ``flock`` dies with it)."""
     path = Path(path)
     with exclusive_lock(temp_dir(path.parent) / f"{path.name}{LOCK_SUFFIX}"):
         yield
@@ -84,17 +68,16 @@ def pointer_lock(path: str | os.PathLike[str]) -> Iterator[None]:
 def swap_pointer(
     path: str | os.PathLike[str], version: str, record: Mapping[str, Any], *, expected: Expected
 ) -> bool:
-    """Compare-and-swap: under :func:`pointer_lock`, write ``record`` (sorted JSON, atomic) at
-    ``path`` when the pointer still names ``expected`` (what the build read before its inputs)
-    or already names ``version``. True when written, False when the file already held exactly
-    these bytes. ConflictError naming the pointer and the versions when it moved elsewhere:
-    another build that read it later (so read newer inputs) won, and its version stays."""
+    """Compare-and-swap under :func:`pointer_lock`: write ``record`` (sorted JSON, atomic) when the
+    pointer still names ``expected`` (the record or version read before the build's inputs;
+    None: none) or already ``version``; False when it held these bytes. ConflictError when it
+    moved elsewhere: a build that read it later (so newer inputs) won, and its version stays."""
     path = Path(path)
     data = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode("utf-8")
     with pointer_lock(path):
         found = pointer_version(path)
         if expected != UNCHECKED:
-            want = expected_version(expected)
+            want = str(expected["version"]) if isinstance(expected, Mapping) else expected
             if found not in (want, version):
                 raise ConflictError(path, want, found, version)
         if read_if_exists(path) == data:
@@ -107,10 +90,8 @@ def write_pointer(
     path: str | os.PathLike[str], version: str, target: str, *, expected: Expected = UNCHECKED
 ) -> dict[str, Any]:
     """Point ``path`` at ``version``, whose files live at ``target`` (relative to the pointer's
-    folder): atomic, and a compare-and-swap against ``expected`` (the pointer record or version
-    read at the start of the build, before its inputs; None: there was none) under the
-    pointer's lock (:func:`swap_pointer`; ConflictError when it moved). Leave ``expected`` out
-    only as the sole writer (``UNCHECKED``). Returns the record written."""
+    folder), by :func:`swap_pointer` against ``expected`` (left out only by the sole writer:
+    ``UNCHECKED``). Returns the record written."""
     version_dir_name(version)  # refuses a malformed version before anything is written
     record = {"format_version": POINTER_FORMAT, "version": version, "target": target}
     swap_pointer(path, version, record, expected=expected)
@@ -139,7 +120,6 @@ def parse_pointer(raw: bytes, path: object) -> dict[str, Any]:
 
 
 def pointer_target(path: str | os.PathLike[str]) -> Path | None:
-    """The path a pointer names (its ``target`` under the pointer's folder), or None when there
-    is no pointer yet."""
+    """The path a pointer names (``target`` under its folder), or None when there is none yet."""
     record = read_pointer(path)
     return None if record is None else Path(path).parent / str(record["target"])
