@@ -38,7 +38,7 @@ import orjson
 
 from tokenmill.atomic import write_bytes, write_json
 from tokenmill.errors import ConfigError
-from tokenmill.tokenize.engines import ENCODERS, Encoder, _assemble, hide_torch, load_reference
+from tokenmill.tokenize.engines import ENCODERS, Encoder, flatten, hide_torch, load_reference
 from tokenmill.tokenize.tokenizer import CACHE_VERSION, _library_versions, first_mismatch
 from tokenmill.tokenize.tokenizer_guard import (
     normalization_differences,
@@ -303,7 +303,7 @@ def verify_tokenizer(
         split = bool(getattr(tok, "split_special_tokens", False))
         added = tok.backend_tokenizer.get_added_tokens_decoder()
         probes = probe_texts([added[i].content for i in sorted(added)])
-        expected = _assemble([np.array(x, dtype=np.uint32) for x in tok(probes).input_ids])
+        expected = flatten(tok(probes).input_ids)
         spec, effective = _effective_definition(tok, definition, record_path)
         side = guess = speculation.result()
     finally:
