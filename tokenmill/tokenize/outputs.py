@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tokenmill.atomic import (
     commit,
     create_temp,
@@ -36,7 +38,7 @@ from tokenmill.formats.dataset_manifest import (
     input_sha256,
     read_dataset_manifest,
 )
-from tokenmill.formats.indexed import data_file_path, index_file_path
+from tokenmill.formats.indexed import data_file_path, index_file_path, optimal_dtype
 from tokenmill.formats.nanoset_cache import exclusive_lock
 from tokenmill.tokenize.tokenizer_info import TokenizerInfo
 
@@ -49,13 +51,20 @@ COUNTS = ("documents", "sequences", "tokens", "quarantined", "blank", "lines", "
 def byte_settings(info: TokenizerInfo, text_key: str, append_eod: bool) -> dict[str, Any]:
     """The manifest's config entries the output bytes depend on (the engine does not: every
     engine gives the reference's ids)."""
+    return facts_settings(info.fingerprint, info.vocab_size, info.eod_id, text_key, append_eod)
+
+
+def facts_settings(
+    fingerprint: str, vocab_size: int, eod_id: int | None, text_key: str, append_eod: bool
+) -> dict[str, Any]:
+    """``byte_settings`` from the tokenizer's facts (a manifest's, before any verification)."""
     return {
-        "tokenizer_fingerprint": info.fingerprint,
-        "dtype": info.dtype.name,
+        "tokenizer_fingerprint": fingerprint,
+        "dtype": np.dtype(optimal_dtype(vocab_size)).name,
         "text_key": text_key,
         "append_eod": append_eod,
-        "vocab_size": info.vocab_size,
-        "eod_id": info.eod_id,
+        "vocab_size": vocab_size,
+        "eod_id": eod_id,
     }
 
 

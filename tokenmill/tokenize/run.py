@@ -58,13 +58,13 @@ from tokenmill.formats.dataset_manifest import (
     input_sha256,
     write_dataset_manifest,
 )
-from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, optimal_dtype
+from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path
 from tokenmill.formats.shard_records import IngestStats
 from tokenmill.ingest.records import ON_BAD_RECORD, Quarantine
 from tokenmill.ingest.sources import read_input_batches
 from tokenmill.paths import document_stem
 from tokenmill.tokenize.engines import Encoder, load_encoder
-from tokenmill.tokenize.outputs import COUNTS, Outputs, byte_settings, input_bytes
+from tokenmill.tokenize.outputs import COUNTS, Outputs, byte_settings, facts_settings, input_bytes
 from tokenmill.tokenize.parallel import (
     Job,
     RangeResult,
@@ -311,22 +311,12 @@ def _recorded_settings(
     if config.get("tokenizer_fingerprint") != fingerprint or recorded != _library_versions():
         return None
     vocab, eod = config.get("vocab_size"), config.get("eod_id")
-    if (
-        type(vocab) is not int
-        or vocab < 1
-        or config.get("dtype") != np.dtype(optimal_dtype(vocab)).name
-    ):
+    if type(vocab) is not int or vocab < 1:
         return None
     if not ((type(eod) is int and 0 <= eod < vocab) or (eod is None and not append_eod)):
         return None
-    return {
-        "tokenizer_fingerprint": fingerprint,
-        "dtype": config.get("dtype"),
-        "text_key": text_key,
-        "append_eod": append_eod,
-        "vocab_size": config.get("vocab_size"),
-        "eod_id": config.get("eod_id"),
-    }
+    settings = facts_settings(fingerprint, vocab, eod, text_key, append_eod)
+    return settings if config.get("dtype") == settings["dtype"] else None
 
 
 def _reused(out: Outputs, manifest: dict[str, Any], start: float) -> TokenizeResult:
@@ -364,6 +354,7 @@ class _Run:
         """One attempt with one engine; raises EngineMismatch when the checker objects."""
         encoder.routed.clear()  # this run's documents only (a session reuses the encoder)
         ranges = plan_ranges(self.inputs, self.workers) if self.workers > 1 else []
+        workers = None
         if len(ranges) > 1:
             job = Job(
                 ranges=ranges,
@@ -374,75 +365,21 @@ class _Run:
                 eod=self.eod,
                 dtype=encoder.info.dtype,
             )
-            return self._parallel(encoder, checker, fallbacks, job)
-        dtype = encoder.info.dtype
-        # The inputs' sha256 on a thread started after every fork (the checker's), and ended
-        # before the next: a fork never copies a thread of ours holding a lock.
+            conns = [checker.conn] if checker is not None else []
+            workers = RangeWorkers(job, encoder, min(self.workers, len(ranges)), conns)
+        # The inputs' sha256 on a thread started after every fork (the checker's, the workers'),
+        # and ended before the next: a fork never copies a thread of ours holding a lock.
         hasher = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-input-sha256")
         digests = [hasher.submit(input_sha256, path) for path in self.inputs]
         quarantine = Quarantine(self.qpath) if self.qpath is not None else None
         stats = [IngestStats(path=uri) for uri in self.uris]
-        tokens = 0
-        stages: list[Background[Any]] = []
-        try:
-            with IndexedDatasetWriter(self.prefix, dtype) as writer:
-                stages.append(Background(self._texts(stats, quarantine)))
-                stages.append(Background(self._encoded(encoder, stages[0], checker)))
-                for flat, lengths in stages[1]:
-                    writer.add_documents(flat, lengths)
-                    tokens += flat.size
-                    if checker is not None:
-                        checker.verdict(wait=False)
-                if checker is not None:
-                    checker.verdict(wait=True)
-            if quarantine is not None:
-                quarantine.commit()
-        except BaseException:
-            for stage in reversed(stages):
-                stage.close()
-            if quarantine is not None:
-                quarantine.discard()
-            raise
-        finally:
-            hasher.shutdown(wait=True, cancel_futures=True)
-        hashes = [digest.result() for digest in digests]
-        return self._finish(encoder, fallbacks, stats, hashes, writer, tokens)
-
-    def _parallel(
-        self, encoder: Encoder, checker: Checker | None, fallbacks: list[str], job: Job
-    ) -> TokenizeResult:
-        """One attempt on worker processes: their parts stitched in input order as they come."""
-        conns = [checker.conn] if checker is not None else []
-        workers = RangeWorkers(job, encoder, min(self.workers, len(job.ranges)), conns)
-        hasher = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-input-sha256")
-        digests = [hasher.submit(input_sha256, path) for path in self.inputs]
-        quarantine = Quarantine(self.qpath) if self.qpath is not None else None
-        stats = [IngestStats(path=uri) for uri in self.uris]
-        lines_before = [0] * len(self.inputs)  # lines of each input already stitched
         bar = _progress_bar(self.inputs) if self.progress else None
-        tokens = 0
         try:
-            with IndexedDatasetWriter(self.prefix, job.dtype) as writer:
-                for result in workers.results():
-                    rng, offset = result.range, lines_before[result.range.index]
-                    if result.error is not None or result.part is None:
-                        raise _worker_error(result, offset)
-                    if checker is not None and result.sample is not None:
-                        checker.submit(rng.path, result.sample, encoder)
-                        checker.verdict(wait=False)
-                    try:
-                        writer.add_part(result.part, result.lengths)
-                    finally:
-                        result.part.unlink(missing_ok=True)
-                    tokens += int(result.lengths.sum())
-                    for line, reason, raw in result.bad:
-                        if quarantine is not None:
-                            quarantine.add(os.fspath(rng.path), offset + line, reason, raw)
-                    _add_stats(stats[rng.index], result.stats)
-                    lines_before[rng.index] += int(result.stats["lines"])
-                    encoder.routed.update(result.routed)
-                    if bar is not None:
-                        bar.update(int(result.stats["bytes_read"]))
+            with IndexedDatasetWriter(self.prefix, encoder.info.dtype) as writer:
+                if workers is None:
+                    tokens = self._serial(writer, encoder, checker, stats, quarantine, bar)
+                else:
+                    tokens = self._stitch(writer, encoder, checker, stats, quarantine, bar, workers)
                 if checker is not None:
                     checker.verdict(wait=True)
             if quarantine is not None:
@@ -452,12 +389,72 @@ class _Run:
                 quarantine.discard()
             raise
         finally:
-            workers.close()
+            if workers is not None:
+                workers.close()
             hasher.shutdown(wait=True, cancel_futures=True)
             if bar is not None:
                 bar.close()
         hashes = [digest.result() for digest in digests]
         return self._finish(encoder, fallbacks, stats, hashes, writer, tokens)
+
+    def _serial(
+        self,
+        writer: IndexedDatasetWriter,
+        encoder: Encoder,
+        checker: Checker | None,
+        stats: list[IngestStats],
+        quarantine: Quarantine | None,
+        bar: Any,
+    ) -> int:
+        """Read, encode and write on three threads of this process; the tokens written."""
+        tokens = 0
+        texts = Background(self._texts(stats, quarantine, bar))
+        encoded = Background(self._encoded(encoder, texts, checker))
+        try:
+            for flat, lengths in encoded:
+                writer.add_documents(flat, lengths)
+                tokens += flat.size
+                if checker is not None:
+                    checker.verdict(wait=False)
+        finally:
+            encoded.close()
+            texts.close()
+        return tokens
+
+    def _stitch(
+        self,
+        writer: IndexedDatasetWriter,
+        encoder: Encoder,
+        checker: Checker | None,
+        stats: list[IngestStats],
+        quarantine: Quarantine | None,
+        bar: Any,
+        workers: RangeWorkers,
+    ) -> int:
+        """The worker processes' parts stitched in input order as they come; the tokens written."""
+        lines_before = [0] * len(self.inputs)  # lines of each input already stitched
+        tokens = 0
+        for result in workers.results():
+            rng, offset = result.range, lines_before[result.range.index]
+            if result.error is not None or result.part is None:
+                raise _worker_error(result, offset)
+            if checker is not None and result.sample is not None:
+                checker.submit(rng.path, result.sample, encoder)
+                checker.verdict(wait=False)
+            try:
+                writer.add_part(result.part, result.lengths)
+            finally:
+                result.part.unlink(missing_ok=True)
+            tokens += int(result.lengths.sum())
+            for line, reason, raw in result.bad:
+                if quarantine is not None:
+                    quarantine.add(os.fspath(rng.path), offset + line, reason, raw)
+            _add_stats(stats[rng.index], result.stats)
+            lines_before[rng.index] += int(result.stats["lines"])
+            encoder.routed.update(result.routed)
+            if bar is not None:
+                bar.update(int(result.stats["bytes_read"]))
+        return tokens
 
     def _encoded(
         self, encoder: Encoder, texts: Iterable[Texts], checker: Checker | None
@@ -468,8 +465,10 @@ class _Run:
                 checker.submit(first, batch[:SAMPLE_DOCS], encoder)
             yield encoder.pack(batch, self.eod, encoder.info.dtype)
 
-    def _texts(self, stats: list[IngestStats], quarantine: Quarantine | None) -> Iterator[Texts]:
-        bar = _progress_bar(self.inputs) if self.progress else None
+    def _texts(
+        self, stats: list[IngestStats], quarantine: Quarantine | None, bar: Any
+    ) -> Iterator[Texts]:
+        """The reader thread: each input's batches of texts, its path on its first batch."""
         for path, st in zip(self.inputs, stats, strict=True):
             batches = read_input_batches(
                 path,
@@ -486,8 +485,6 @@ class _Run:
                 yield (path if n == 0 else None), batch.texts
             if bar is not None:
                 bar.update(st.bytes_read - seen)
-        if bar is not None:
-            bar.close()
 
     def _finish(
         self,
