@@ -1,13 +1,10 @@
 """Encoding a batch of texts on the calling thread with an engine's per-text and padded calls.
 
-gigatoken's batch calls (``encode_batch``, even ``encode_batch_padded``) import awkward and
-pyarrow: ~0.5 s of CPU per process, more than encoding 20 MB on one thread. Its per-text
-``encode`` returns a numpy array and imports nothing, so small inputs are encoded text by text.
-A per-text call costs ~2 µs, though, four times the encoding of a 120-character text: once an
-input has shown ``PADDED_AFTER`` short texts (the import then pays for itself) its short texts
-go through padded calls of ``GROUP`` rows, the long ones still one by one. The result is the
-per-text ids concatenated in input order, whichever calls made them. (Per-text calls on several
-Python threads do not scale: measured slower than one thread.)
+gigatoken's batch calls import awkward and pyarrow (~0.5 s of CPU per process), so small inputs
+are encoded text by text (its per-text ``encode`` imports nothing). A per-text call costs ~2 µs,
+four times the encoding of a 120-character text, so once an input has shown ``PADDED_AFTER``
+short texts, they go through padded calls of ``GROUP`` rows and the long ones stay one by one.
+(Per-text calls on several Python threads measured slower than one thread.)
 """
 
 from __future__ import annotations

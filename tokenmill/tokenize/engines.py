@@ -62,14 +62,9 @@ def _defer_model_table() -> None:
 
 
 def hide_torch() -> None:
-    """Make this process look torch-free to transformers (the verification child calls it first).
-
-    transformers (>= 5) imports torch only because ``is_torch_available()`` finds it with
-    ``importlib.util.find_spec``, which returns None for a module whose ``sys.modules`` entry is
-    None. With no ``return_tensors``, ``tokenizer(text).input_ids`` are Python lists from the
-    ``tokenizers`` backend, the same with torch (the tests compare). A process that already
-    imported torch keeps it.
-    """
+    """Make this process look torch-free to transformers (the verification child calls it first):
+    ``find_spec`` answers None for a ``sys.modules`` entry of None, and without ``return_tensors``
+    the ids are the same lists with or without torch (the tests compare)."""
     if "torch" not in sys.modules:
         sys.modules["torch"] = None  # type: ignore[assignment]
 

@@ -1,15 +1,12 @@
 """Where a tokenize run's files go: kept when up to date, else staged and renamed into place.
 
-A run that finds a manifest at its prefix recording its inputs (uri, size, sha256) and every
-setting the bytes depend on, beside files of the recorded sizes and sha256s, ends there: nothing
-is written or touched. Else it writes into a staging folder of its own in ``<dir>/.tmp/`` and
-:meth:`Outputs.commit` renames the finished files over the old ones, data first, manifest last
-(the old manifest goes first only when it vouches for other content), so a reader meets the old
-complete pair or the new one, never a gap. The check and the renames hold an exclusive lock on
-the output (``<dir>/.tmp/<name>.lock``, an ``flock``, released by the kernel when the holder
-dies): two runs of one shard at once (a sensor's and ``tokenmill materialize``'s) never
-interleave their renames, and the later one, finding the very same files in place, touches
-nothing. A killed run leaves only its staging folder, which the next run removes.
+A run whose manifest records its inputs and byte settings, beside files of the recorded sizes
+and sha256s, writes nothing. Else it writes into a staging folder of its own in ``<dir>/.tmp/``
+(a killed run's is removed by the next) and :meth:`Outputs.commit` renames the files over the
+old ones, manifest last: a reader meets the old complete pair or the new one. Check and renames
+hold the output's ``flock`` (``<dir>/.tmp/<name>.lock``, released by the kernel when the holder
+dies): two runs of one shard never interleave, and the later one finding the same files touches
+nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +32,7 @@ from tokenmill.errors import FormatError
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     file_problems,
+    input_files,
     input_sha256,
     read_dataset_manifest,
 )
@@ -68,13 +66,9 @@ def facts_settings(
     }
 
 
-def input_bytes(inputs: list[Path]) -> int:
-    """Bytes of the input files (a dataset folder: its files); compressed files count as stored."""
-    total = 0
-    for path in map(Path, inputs):
-        files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
-        total += sum(p.stat().st_size for p in files if p.exists())
-    return total
+def input_bytes(path: Path) -> int:
+    """Stored bytes of an input file or dataset folder (0 for one that is missing)."""
+    return sum(p.stat().st_size for p in input_files(path) if p.exists())
 
 
 @dataclass(frozen=True)
@@ -124,7 +118,7 @@ class Outputs:
         if any(
             not isinstance(entry, dict)
             or entry.get("uri") != uri
-            or entry.get("bytes") != input_bytes([path])
+            or entry.get("bytes") != input_bytes(path)
             for entry, uri, path in zip(recorded, uris, inputs, strict=True)
         ):
             return None

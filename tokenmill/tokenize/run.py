@@ -4,36 +4,23 @@ parallel paths and its engine fallback share one ``_Run``.
 The bytes equal Megatron-LM ``tools/preprocess_data.py --tokenizer-type HuggingFaceTokenizer``
 (one sequence per document, ``{prefix}_{text_key}_document``): ids are
 ``tokenizer(text).input_ids``; with ``append_eod`` the eos id ends every non-empty document; an
-empty document adds no sequence but repeats its boundary. The engine is the fastest one
-``tokenmill.tokenize.tokenizer`` verified; a forked checker also compares it with the reference on
-the run's first documents, and on a disagreement the run is redone with the next engine.
+empty document adds no sequence but repeats its boundary. The engine is the fastest verified one;
+a forked checker compares it with the reference on the run's first documents, and on a
+disagreement the run is redone with the next engine.
 
-With ``workers`` > 1 the run is process-parallel (``tokenmill.tokenize.parallel``): the inputs
-are cut into byte ranges on line boundaries (many per big ``.jsonl``; a compressed file, a
-Parquet/Arrow file or a dataset folder is one range), forked workers each parse, guard, encode
-and write their ranges to part files in the output folder's ``.tmp/``, and this process stitches
-the parts into the ``.bin`` in input order as they arrive, builds the ``.idx`` from their
-lengths, renumbers quarantined lines to the input's real line numbers and submits each input's
-first documents to the checker. Stitching copies a part with ``copy_file_range`` (in the kernel,
-page cache to page cache) after hashing it through a read-only map (the manifest's whole-file
-sha256; no copy into Python). Per GB of ``.bin`` (measured by ``bench_tokenize.py --scaling``)
-the copy takes 0.3 CPU-s where reading and writing the part from Python takes 0.7–2 CPU-s; the
-sha256 takes 0.55 CPU-s. The sha256s of the ``.bin`` and of each input file are the serial
-steps no split shares out; both run while the workers still encode the later ranges. Writing
-at known offsets instead would need every earlier range's token count before a worker starts.
-Each document is encoded whole by one worker and the parts go back in input order, so the
-bytes are the same for any ``workers``, any split and any engine.
+With ``workers`` > 1, forked workers encode byte ranges of the inputs into part files
+(``tokenmill.tokenize.parallel``) and this process stitches them into the ``.bin`` in input order
+as they arrive, hashing each through a read-only map and copying it with ``copy_file_range``
+(docs/performance.md); each document is encoded whole by one worker, so the bytes are the same
+for any ``workers``, split and engine. With one worker, a reader thread, an encoder thread and
+the writer overlap (at most two batches between stages; gigatoken's per-text ``encode`` holds the
+GIL). The inputs' sha256 is taken on another thread in both modes.
 
-With one worker (or one range) the run stays in process: a reader thread parses, an encoder
-thread encodes and the writer hashes while writing, at most two batches between stages
-(gigatoken's per-text ``encode`` holds the GIL, so the stages overlap only where numpy, hashing
-and I/O release it). The inputs' sha256 for the manifest is taken on another thread in both modes.
-A run whose outputs already record its inputs and settings writes nothing (nor verifies a
-tokenizer not verified in this cache first, where they name its fingerprint and the installed
-library versions and their vocab_size, dtype and eod_id hold together); any other
-run writes into a staging folder of its own and renames the finished files into place under the
-output's lock, manifest last (``tokenmill.tokenize.outputs``): a reader never meets a missing
-pair, and a failed run leaves no pair at the prefix.
+Outputs that already record these inputs and settings are kept, without verifying a tokenizer
+their manifest vouches for; any other run writes into a staging folder of its own and renames
+the finished files into place under the output's lock, manifest last
+(``tokenmill.tokenize.outputs``): a reader never meets a missing pair, and a failed run leaves
+no pair at the prefix.
 """
 
 from __future__ import annotations
@@ -211,12 +198,11 @@ def tokenize_files(
 
 
 class TokenizeSession:
-    """The engine and the reference checker process kept from one ``tokenize_files`` call to
-    the next (``session=``) for one tokenizer: a pipeline step over a range of small shards
-    loads them once, not per shard. Each call still clears the engine's counts, sends its own
-    sample to the checker and waits for its verdict, so its outputs and manifest are those of
-    a lone call. A checker that found a mismatch or saw a failed call is replaced. Use it as a
-    context manager: leaving it stops the checker."""
+    """The engine and the reference checker kept from one ``tokenize_files`` call to the next
+    (``session=``), so a step over many small shards loads them once. Each call still sends its
+    own sample and waits for its verdict: its outputs and manifest are those of a lone call. A
+    checker that found a mismatch or saw a failed call is replaced. Use it as a context manager:
+    leaving it stops the checker."""
 
     def __init__(self) -> None:
         self._encoders: dict[tuple[str, str], Encoder] = {}
@@ -294,12 +280,10 @@ def _attempts(
 def _recorded_settings(
     out: Outputs, tokenizer: str | os.PathLike[str], text_key: str, append_eod: bool
 ) -> dict[str, Any] | None:
-    """``byte_settings`` for a run with ``tokenizer`` not verified in this cache, read from the
-    manifest at ``out`` without verifying it: where the manifest names this tokenizer's
-    fingerprint and the library versions installed now, its vocab_size, eod_id and dtype are
-    what a verification would find (when they hold together: a hand-edited one may not). None
-    when there is no such manifest, or the tokenizer's record is cached (its facts are
-    compared then, as a verified run compares them)."""
+    """``byte_settings`` read, unverified, from the manifest at ``out`` when it names this
+    tokenizer's fingerprint and the installed library versions, and its vocab_size, eod_id and
+    dtype hold together (a hand-edited one may not); None otherwise, or when the tokenizer's
+    record is cached (a verified run compares its facts then)."""
     try:
         config = json.loads(out.manifest_bytes() or b"null")["config"]
         recorded = config["verification"]["libraries"]
@@ -513,7 +497,7 @@ class _Run:
             sampled=encoder.name in CHECKED_ENGINES,
         )
         inputs = [
-            {"uri": uri, "bytes": input_bytes([path]), "sha256": sha256, "stats": st.to_dict()}
+            {"uri": uri, "bytes": input_bytes(path), "sha256": sha256, "stats": st.to_dict()}
             for uri, path, sha256, st in zip(self.uris, self.inputs, hashes, stats, strict=True)
         ]
         manifest = write_dataset_manifest(

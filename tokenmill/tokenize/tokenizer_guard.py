@@ -1,26 +1,21 @@
-"""The per-document guard in front of the fast engines, and the study that sizes it.
+"""The per-document guard of the fast engines, and the study that sizes it.
 
-The fast engines are verified on a probe set and each run compares them with the reference on
-a sample (its inputs' first documents, cut short). The guard covers every other document: one
-pass over each text (C-speed ``re`` searches, skipped for pure ASCII) sends a document to the
-reference engine when it belongs to a class where the fast path is known to be able to differ:
+The fast engines are verified on a probe set and compared with the reference on each run's
+sample; the guard covers every other document. One pass over each text (C-speed ``re`` searches,
+skipped for pure ASCII) sends it to the reference engine when it is in a class where the fast
+path can differ:
 
 - ``special_token``: the text (or its normalized form) contains an added token's string. The
-  reference splits added tokens out of the raw text before normalizing the pieces in between,
-  so normalizing first can create one (``＜|endoftext|＞`` under NFKC) or break one
-  (``<|endoftext|>`` followed by U+0338 composes ``>`` into ``≯`` under NFC); the engines'
-  matching of overlapping or adjacent added tokens is only probed, not proven.
-- ``code_point``: the text holds a code point whose handling depends on a Unicode database:
-  unassigned (``Cn``) or surrogate (``Cs``) in Python's ``unicodedata`` (the Rust engines'
-  regex tables are newer or older: gigatoken and ``tokenizers`` split 13 such code points
-  differently for Tekken), or, for a tokenizer with a Unicode normalizer run in Python, one
-  of the code points where ``unicodedata`` and the ``tokenizers`` normalizer disagree (found by
-  ``normalization_differences`` at verification; 99 for NFC and 171 for NFKC between Python
-  3.11's Unicode 14.0 and ``tokenizers`` 0.23, all characters added after Unicode 9).
+  reference splits added tokens out before normalizing, so normalizing first can create one
+  (``＜|endoftext|＞`` under NFKC) or break one (``<|endoftext|>`` + U+0338 under NFC); the
+  engines' matching of overlapping or adjacent added tokens is only probed, not proven.
+- ``code_point``: the text holds a code point unassigned (``Cn``) or surrogate (``Cs``) in
+  Python's ``unicodedata`` (the Rust engines' regex tables are of other Unicode versions), or,
+  with a Unicode normalizer run in Python, one where ``unicodedata`` and the ``tokenizers``
+  normalizer disagree (``normalization_differences``).
 
-Normalization is idempotent, so normalizing in Python and then encoding with the normalizer
-removed gives the reference ids wherever both Unicode databases agree, which is what the
-``code_point`` class guarantees per document.
+Normalization is idempotent, so normalizing in Python and encoding with the normalizer removed
+gives the reference ids wherever both Unicode databases agree.
 """
 
 from __future__ import annotations

@@ -2,25 +2,13 @@
 lines: the reference side, the speculated engine side and the record they make stay together.
 
 ``python -m tokenmill.tokenize.tokenizer_verify SOURCE DEFINITION FINGERPRINT RECORD`` loads the
-reference (``AutoTokenizer.from_pretrained(SOURCE)``), checks that its class passes text straight to
-its ``tokenizers`` backend, takes the effective backend definition (transformers may rewrite the
-post-processor or add special tokens on load), encodes the probe set with the reference and with
-every engine, and writes the verdicts to RECORD. A tokenizer whose normalizer is one Unicode form
-gets a copy without it (``*.fast.json``) for the fast engines, which are probed as they run: texts
-normalized by Python, behind the guard whose ranges (``unicodedata``'s unassigned code points and
-``tokenmill.tokenize.tokenizer_guard.normalization_differences``) are computed here. A child keeps
-transformers (a second to import, hundreds of MB) and any thread pools out of the tokenizing
-process.
-
-Where first use spends its time, and how each part is kept short (docs/performance.md has the
-numbers): a tokenizing process without threads or engines forks the child (no interpreter start
-or imports: ``tokenmill.tokenize.tokenizer.run_verification``); the child hides torch from
-transformers (``hide_torch``; importing it was most of 19 s on a GPU node) and does not build
-transformers' lazy table of every model (``tokenmill.tokenize.engines.load_reference``). While it
-loads the reference, a forked helper does the engines' part on the definition on disk
-(``Speculation``), parsing it once; the helper's work is kept when the reference's backend
-serializes to that file's exact bytes (no second parse) or parses to the same definition,
-without ``split_special_tokens``.
+reference, checks that its class passes text straight to its ``tokenizers`` backend, takes the
+effective backend definition (transformers may rewrite it on load), runs the probe set through
+the reference and every engine as a run would (a Unicode-form normalizer removed from a copy and
+applied by Python, behind the guard) and writes the verdicts to RECORD. The child keeps
+transformers and thread pools out of the tokenizing process and hides torch (``hide_torch``);
+while it loads the reference, a forked helper does the engines' part on the definition on disk
+(``Speculation``), kept when the reference loads exactly that definition (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -29,7 +17,7 @@ import multiprocessing
 import os
 import sys
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -347,13 +335,7 @@ def verify_tokenizer(
         "hf_definition": side.hf_definition,
         "ranks": None
         if ranks is None
-        else {
-            "ranks": ranks.ranks.name,
-            "ids": ranks.ids.name,
-            "pattern": ranks.pattern,
-            "scheme": ranks.scheme,
-            "specials": list(ranks.specials),
-        },
+        else {**asdict(ranks), "ranks": ranks.ranks.name, "ids": ranks.ids.name},
         "verdicts": verdicts,
         "normalizer": side.form,
         "fast_definition": side.fast,
