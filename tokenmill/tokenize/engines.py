@@ -36,10 +36,9 @@ def load_reference(source: Path) -> Any:
 
 
 def _defer_model_table() -> None:
-    """Import ``transformers.models`` without its ``__init__``, which reads ~1,700 model sources
-    (0.3 s) for a table ``AutoTokenizer`` does not use: it imports the one tokenizer module it
-    needs by path. Asked for an attribute, the package imports that submodule, or runs the real
-    ``__init__`` and answers from it; the tokenizer is the same class either way."""
+    """Import ``transformers.models`` without its ``__init__`` (0.3 s reading ~1,700 model sources
+    for a table ``AutoTokenizer`` does not use); asked for an attribute, the stub imports that
+    submodule, or runs the real ``__init__`` and answers from it."""
     import importlib
     import importlib.util
 
@@ -116,12 +115,9 @@ def pack_flat(
 
 
 class Encoder:
-    """A tokenizer bound to one engine: ``tokenizer(text).input_ids`` for many texts at once.
-
-    A ``guarded`` engine (the fast ones) runs each batch through the tokenizer's ``Guard``:
-    documents of a risky class go to ``reference_encoder`` and are counted in ``routed`` by
-    class (``pack`` only; ``encode``, used for probes and samples, counts nothing).
-    """
+    """A tokenizer bound to one engine: ``tokenizer(text).input_ids`` for many texts at once. A
+    ``guarded`` engine sends documents of a risky class to ``reference_encoder``, counted by class
+    in ``routed`` by ``pack`` (not by ``encode``, used for probes and samples)."""
 
     name = ""
     adds_special_tokens = False  # True when the engine applies the post-processor itself
@@ -145,10 +141,8 @@ class Encoder:
         *,
         threads: bool = False,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Output-ready ids in ``dtype`` with ``eod`` ending each non-empty text, and lengths.
-
-        ``threads`` lets an engine with its own thread pool use it (gigatoken); others ignore it.
-        """
+        """Output-ready ids in ``dtype`` with ``eod`` ending each non-empty text, and lengths;
+        ``threads`` lets an engine with its own thread pool use it (gigatoken)."""
         return self._guarded(texts, eod, dtype, threads, self.routed)
 
     def _guarded(
@@ -197,12 +191,8 @@ class Encoder:
 
 class GigatokenEncoder(Encoder):
     """gigatoken's Rust BPE: text by text on one thread, a whole batch on its pool with ``threads``.
-
-    Loaded from the cached ranks with gigatoken's built-in pre-tokenizer when the regex has one
-    (3x faster to load than tokenizer.json); it then works in rank space, and ``pack`` maps the
-    whole batch back to ids with one gather. Per-text ``encode`` holds the GIL; the batch call
-    on its thread pool releases it.
-    """
+    Loaded from the cached ranks when gigatoken has the regex built in (3x faster to load than
+    tokenizer.json), it then works in rank space, mapped back to ids with one gather."""
 
     name = "gigatoken"
     guarded = True
@@ -232,14 +222,8 @@ class GigatokenEncoder(Encoder):
         self._short_texts = 0  # seen so far; padded calls start at _batching.PADDED_AFTER
 
     def _encode_flat(self, texts: list[str], threads: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Flat ids (ranks mapped back to ids with one gather) and per-text lengths.
-
-        With ``threads`` the batch call spreads texts over gigatoken's pool and returns an
-        awkward array, whose two buffers are read directly; awkward costs ~0.5 s to import, so
-        ``tokenize`` asks for threads only on large inputs. On one thread texts go through
-        ``tokenmill.tokenize._batching`` (one by one; short ones padded together once many were
-        seen).
-        """
+        """Flat ids and per-text lengths: with ``threads`` from the pool's awkward array (~0.5 s to
+        import), else through ``tokenmill.tokenize._batching`` on this thread."""
         if threads and texts:
             out = self._tok.encode_batch(texts, parallel=None)
             offsets = np.asarray(out.layout.offsets.data)

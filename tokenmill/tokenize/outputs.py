@@ -96,11 +96,9 @@ class Outputs:
     def up_to_date(
         self, inputs: list[Path], uris: list[str], settings: dict[str, Any], on_bad_record: str
     ) -> dict[str, Any] | None:
-        """The manifest when it records exactly these inputs (uri, size, sha256), ``settings``
-        and every count as an int (a hand-edited one may not), its pair has the recorded sizes
-        and sha256s and its quarantine file is there when it counts bad lines (and may:
-        ``on_bad_record``); None when the run must write. Files are hashed last, only when
-        everything else matches."""
+        """The manifest when it records exactly these inputs (uri, size, sha256), ``settings`` and
+        int counts, beside a pair of the recorded sizes and sha256s and the quarantine file its
+        bad lines need; None when the run must write. Files are hashed last."""
         if not self.manifest_path.is_file():
             return None
         try:
@@ -145,12 +143,10 @@ class Outputs:
         return Outputs(folder / self.prefix.name, folder / self.qpath.name)
 
     def commit(self, staged: Outputs, manifest: dict[str, Any]) -> bool:
-        """Move the finished ``staged`` files over these, the manifest last; False (nothing
-        touched) when another run already put these very files here (sha256s checked). Each
-        rename replaces a file whole, so a reader of the old manifest finds its pair until
-        the new manifest replaces it; when the old one vouches for other content it goes
-        first, so no manifest ever names bytes it does not describe. Call under
-        :meth:`locked`."""
+        """Rename the finished ``staged`` files over these, the manifest last (an old one that
+        vouches for other content goes first: no manifest names bytes it does not describe);
+        False, touching nothing, when another run already put these very files here. Call
+        under :meth:`locked`."""
         new = staged.manifest_path.read_bytes()
         if (
             self.manifest_bytes() == new
@@ -181,9 +177,8 @@ class Outputs:
             path.unlink(missing_ok=True)
 
     def _drop_manifest(self) -> None:
-        """Remove the manifest and fsync its folder (``manifests/``, not the pair's), so the
-        removal is on disk before any pair file changes: a crash never leaves it describing
-        other bytes."""
+        """Remove the manifest and fsync ``manifests/`` before any pair file changes: a crash
+        never leaves it describing other bytes."""
         try:
             self.manifest_path.unlink()
         except FileNotFoundError:

@@ -152,18 +152,6 @@ def schedule(ranges: list[InputRange]) -> list[int]:
     return [*whole, *(i for i, r in enumerate(ranges) if r.byte_range is not None)]
 
 
-def _batches(job: Job, rng: InputRange, spool: _Spool | None, stats: IngestStats) -> Iterator[Any]:
-    options: dict[str, Any] = {
-        "text_key": job.text_key,
-        "on_bad_record": job.on_bad_record,
-        "quarantine": spool,
-        "stats": stats,
-    }
-    if rng.byte_range is None:
-        return read_input_batches(rng.path, **options)
-    return read_jsonl_batches(rng.path, byte_range=rng.byte_range, **options)
-
-
 def _tokenize_range(
     job: Job, encoder: Encoder, index: int, parent: int
 ) -> tuple[dict[str, Any], np.ndarray]:
@@ -171,13 +159,19 @@ def _tokenize_range(
     rng = job.ranges[index]
     stats = IngestStats(path=str(rng.path))
     spool = _Spool() if job.on_bad_record == "quarantine" else None
+    options: dict[str, Any] = {"quarantine": spool, "stats": stats}
+    options.update(text_key=job.text_key, on_bad_record=job.on_bad_record)
+    if rng.byte_range is None:
+        batches = read_input_batches(rng.path, **options)
+    else:
+        batches = read_jsonl_batches(rng.path, byte_range=rng.byte_range, **options)
     part = job.parts[index]
     fh = open(part, "wb")  # noqa: SIM115 - closed below
     lengths: list[np.ndarray] = []
     sample = None
     try:
         with fh:
-            for n, batch in enumerate(_batches(job, rng, spool, stats)):
+            for n, batch in enumerate(batches):
                 if os.getppid() != parent:
                     os._exit(1)
                 if n == 0 and rng.first:
@@ -226,11 +220,8 @@ def _worker(job: Job, encoder: Encoder, counter: Any, out: Any, parent: int) -> 
 
 
 class RangeWorkers:
-    """Forked workers tokenizing a ``Job``'s ranges; ``results`` hands them back in input order.
-
-    ``close`` stops them (at once unless every range came back) and removes the parts nobody
-    took, including those of a killed worker.
-    """
+    """Forked workers tokenizing a ``Job``'s ranges; ``results`` hands them back in input order,
+    ``close`` stops them and removes the parts nobody took (a killed worker's too)."""
 
     def __init__(self, job: Job, encoder: Encoder, processes: int, open_conns: list[Any]) -> None:
         ctx = multiprocessing.get_context("fork")

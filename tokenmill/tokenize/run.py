@@ -1,26 +1,15 @@
 """Tokenize inputs into one Megatron pair plus manifest; over 400 lines: one run's serial and
 parallel paths and its engine fallback share one ``_Run``.
 
-The bytes equal Megatron-LM ``tools/preprocess_data.py --tokenizer-type HuggingFaceTokenizer``
-(one sequence per document, ``{prefix}_{text_key}_document``): ids are
-``tokenizer(text).input_ids``; with ``append_eod`` the eos id ends every non-empty document; an
-empty document adds no sequence but repeats its boundary. The engine is the fastest verified one;
-a forked checker compares it with the reference on the run's first documents, and on a
-disagreement the run is redone with the next engine.
-
-With ``workers`` > 1, forked workers encode byte ranges of the inputs into part files
-(``tokenmill.tokenize.parallel``) and this process stitches them into the ``.bin`` in input order
-as they arrive, hashing each through a read-only map and copying it with ``copy_file_range``
-(docs/performance.md); each document is encoded whole by one worker, so the bytes are the same
-for any ``workers``, split and engine. With one worker, a reader thread, an encoder thread and
-the writer overlap (at most two batches between stages; gigatoken's per-text ``encode`` holds the
-GIL). The inputs' sha256 is taken on another thread in both modes.
-
-Outputs that already record these inputs and settings are kept, without verifying a tokenizer
-their manifest vouches for; any other run writes into a staging folder of its own and renames
-the finished files into place under the output's lock, manifest last
-(``tokenmill.tokenize.outputs``): a reader never meets a missing pair, and a failed run leaves
-no pair at the prefix.
+The bytes equal Megatron-LM ``tools/preprocess_data.py --tokenizer-type HuggingFaceTokenizer``:
+ids are ``tokenizer(text).input_ids``, with ``append_eod`` the eos id ends every non-empty
+document, and an empty document adds no sequence but repeats its boundary. A forked checker
+compares the engine with the reference on each input's first documents; on a disagreement the
+run is redone with the next engine. With ``workers`` > 1, forked workers encode byte ranges into
+part files (``tokenmill.tokenize.parallel``) that this process hashes and stitches in input order
+as they arrive; with one, reader, encoder and writer threads overlap. Either way each document is
+encoded whole, so the bytes are the same for any workers, split and engine. Up-to-date outputs
+are kept; others are staged and renamed into place, manifest last (``tokenmill.tokenize.outputs``).
 """
 
 from __future__ import annotations
@@ -280,10 +269,9 @@ def _attempts(
 def _recorded_settings(
     out: Outputs, tokenizer: str | os.PathLike[str], text_key: str, append_eod: bool
 ) -> dict[str, Any] | None:
-    """``byte_settings`` read, unverified, from the manifest at ``out`` when it names this
-    tokenizer's fingerprint and the installed library versions, and its vocab_size, eod_id and
-    dtype hold together (a hand-edited one may not); None otherwise, or when the tokenizer's
-    record is cached (a verified run compares its facts then)."""
+    """``byte_settings`` from the manifest at ``out``, unverified, when it names this tokenizer's
+    fingerprint and the installed library versions and its facts hold together; None otherwise,
+    or when the tokenizer's record is cached (a verified run compares its facts then)."""
     try:
         config = json.loads(out.manifest_bytes() or b"null")["config"]
         recorded = config["verification"]["libraries"]

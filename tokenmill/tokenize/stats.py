@@ -51,9 +51,7 @@ def histogram_markdown(
     buckets: list[Bucket], *, unit: str = "tokens", limit: int = MARKDOWN_INLINE_LIMIT
 ) -> str:
     """A markdown table of a histogram with a text bar per bucket, narrowed to stay under ``limit``
-    characters (whenever 1-block bars fit): the Dagster UI draws markdown metadata shorter than
-    1,000 characters inline on the asset page (longer markdown hides behind a "[Show Markdown]"
-    link). The table renders in docs too."""
+    characters when 1-block bars fit: the Dagster UI draws shorter markdown inline on the page."""
     rows = [f"| {unit} from | count | |", "|---:|---:|:---|"]
     peak = max((b.count for b in buckets), default=0)
     for width in (24, 16, 12, 8, 4, 1):

@@ -143,14 +143,16 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
         record = _read_record(record_path, fingerprint)
         if record is None:
             raise TokenmillError(f"tokenizer {source}: verification wrote no record {record_path}")
-    effective = record.get("effective_definition")
-    hf_definition = record.get("hf_definition")
     ranks = record.get("ranks")
-    fast = record.get("fast_definition")
     guard = record.get("guard") or {}
+
+    def beside(key: str) -> Path | None:
+        """The cached file the record names under ``key``, if any."""
+        return record_path.parent / record[key] if record.get(key) else None
+
     return TokenizerInfo(
         source=source,
-        definition=record_path.parent / effective if effective else definition,
+        definition=beside("effective_definition") or definition,
         fingerprint=fingerprint,
         vocab_size=int(record["vocab_size"]),
         max_id=int(record["max_id"]),
@@ -160,7 +162,7 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
         verdicts=dict(record["verdicts"]),
         record_path=record_path,
         split_special_tokens=bool(record["split_special_tokens"]),
-        hf_definition=record_path.parent / hf_definition if hf_definition else None,
+        hf_definition=beside("hf_definition"),
         ranks=None
         if ranks is None
         else RankFiles(
@@ -171,7 +173,7 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
             specials=tuple(ranks["specials"]),
         ),
         normalizer=record.get("normalizer"),
-        fast_definition=record_path.parent / fast if fast else None,
+        fast_definition=beside("fast_definition"),
         specials=tuple(guard.get("specials", ())),
         guard_ranges=tuple((int(a), int(b)) for a, b in guard.get("ranges", ())),
     )

@@ -1,7 +1,6 @@
 """The per-document guard of the fast engines, and the study that sizes it.
 
-The fast engines are verified on a probe set and compared with the reference on each run's
-sample; the guard covers every other document. One pass over each text (C-speed ``re`` searches,
+Beyond the probes and each run's sample, one pass over every document (C-speed ``re`` searches,
 skipped for pure ASCII) sends it to the reference engine when it is in a class where the fast
 path can differ:
 
@@ -77,15 +76,10 @@ def normalization_differences(form: str) -> list[int]:
     """Assigned code points where ``unicodedata.normalize(form)`` and the ``tokenizers``
     normalizer of that form disagree in some context.
 
-    Each assigned code point that takes part in normalization in Python (a decomposition, a
-    non-zero combining class, or a part of another's decomposition) is normalized alone, before a
-    combining mark of class 1 and after one of class 240 (a combining class known to one database
-    only reorders) and between a letter and a class-220 mark; each canonical decomposition is
-    normalized as a sequence too (a composition known to one database only), flagging the
-    composite and its parts. (A code point that takes no part in Python can take none in the other
-    database either: Unicode keeps these properties of an assigned character stable, and code
-    points Python does not know are routed anyway.) All contexts go through each normalizer as
-    one string joined by NUL, which no form touches or reorders across.
+    Each code point that takes part in normalization in Python (Unicode keeps that stable for
+    assigned ones) is normalized alone, next to marks of classes 1, 240 and 220 (a combining class
+    known to one database only reorders), and, decomposed, as a sequence (a composition known to
+    one database only). All contexts go through each normalizer as one NUL-joined string.
     """
     from tokenizers import normalizers
 
@@ -135,12 +129,9 @@ def _any_of(words: Iterable[str]) -> str:
 
 
 class Guard:
-    """Sends documents of a risky class to the reference; normalizes the others when asked.
-
-    Costs per text: a substring search per added token (one regex when there are many), and for
-    a text that is not pure ASCII (an O(1) test) its code points as UTF-32 looked up in a table
-    of all 0x110000 (a lone surrogate cannot be encoded: that is the class too).
-    """
+    """Sends documents of a risky class to the reference; normalizes the others when asked. Per
+    text: a search for the added tokens, and unless it is pure ASCII a table lookup of its code
+    points."""
 
     def __init__(
         self, specials: Iterable[str], ranges: Sequence[Sequence[int]], form: str | None

@@ -19,11 +19,9 @@ ENGINES = ("gigatoken", "tiktoken", "hf", "transformers")
 
 @dataclass(frozen=True)
 class RankFiles:
-    """A byte-level BPE written as tiktoken-style ranks at verification (cached beside it).
-
-    ``ranks`` holds ``base64 rank`` lines with dense ranks ``0..N-1`` in id order; ``ids`` (.npy)
-    maps a rank to its id, specials taking ranks ``N..`` in ``specials`` order.
-    """
+    """A byte-level BPE as tiktoken-style ranks, cached at verification: ``ranks`` holds ``base64
+    rank`` lines (ranks ``0..N-1`` in id order), ``ids`` (.npy) each rank's id, the specials
+    taking ranks ``N..`` in ``specials`` order."""
 
     ranks: Path
     ids: Path

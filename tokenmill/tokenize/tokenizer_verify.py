@@ -1,5 +1,4 @@
-"""First-use verification of a tokenizer against transformers, in a child process; over 400
-lines: the reference side, the speculated engine side and the record they make stay together.
+"""First-use verification of a tokenizer against transformers, in a child process.
 
 ``python -m tokenmill.tokenize.tokenizer_verify SOURCE DEFINITION FINGERPRINT RECORD`` loads the
 reference, checks that its class passes text straight to its ``tokenizers`` backend, takes the
@@ -108,10 +107,8 @@ def _disk_definition(definition: Path) -> dict[str, Any]:
 def _effective_definition(
     tok: Any, definition: Path, record_path: Path
 ) -> tuple[dict[str, Any] | None, str | None]:
-    """``(spec, name)``: the backend as loaded, and its copy's name beside the record when it
-    differs from the file on disk (else None). ``spec`` is None when the backend serializes to
-    the file's exact bytes (a file ``save_pretrained`` wrote): it is that file, parsed by no one
-    here (0.6 s for a 151k vocabulary)."""
+    """``(spec, name)``: the backend as loaded (None when it serializes to the file's exact bytes:
+    not parsed, 0.6 s for a 151k vocabulary), and its copy's name when it differs from the file."""
     text = tok.backend_tokenizer.to_str(pretty=True)
     if text.encode() == definition.read_bytes():
         return None, None
@@ -125,11 +122,8 @@ def _effective_definition(
 
 
 def _hf_definition(spec: dict[str, Any], record_path: Path) -> str | None:
-    """A copy with ``"a b"`` merges, which ``tokenizers`` loads about 2x faster than pairs.
-
-    Written only for BPE whose merge parts contain no space (always true for byte-level BPE),
-    where both spellings mean the same merges; the ``hf`` engine is verified on this copy.
-    """
+    """A copy with ``"a b"`` merges, which ``tokenizers`` loads about 2x faster than pairs; only
+    for BPE whose merge parts hold no space, where both spellings mean the same merges."""
     merges = (spec.get("model") or {}).get("merges") or []
     if not merges or not all(isinstance(m, list) and len(m) == 2 for m in merges):
         return None
@@ -144,10 +138,8 @@ def _hf_definition(spec: dict[str, Any], record_path: Path) -> str | None:
 
 @dataclass
 class EngineSide:
-    """What verification writes and runs for the engines, given the effective definition: the
-    ``hf`` copy, the normalizer-free copy, the tiktoken ranks, the guard, the ids a template
-    post-processor adds, and each engine's ids on the probes (or why it is not used). It needs
-    the reference only for ``split`` and the probes."""
+    """What verification writes and runs for the engines from the effective definition: its
+    copies, ranks and guard, and each engine's ids on the probes (or why it is not used)."""
 
     hf_definition: str | None
     fast: str | None
@@ -247,9 +239,8 @@ def _engine_side_child(args: tuple[Any, ...], conn: Any) -> None:
 
 
 class Speculation:
-    """``engine_side`` for the definition on disk, in a forked process while this one loads the
-    reference: on two cores or more the engines' part costs no wall time. Used only when the
-    reference turns out to load exactly that definition without ``split_special_tokens``."""
+    """``engine_side`` for the definition on disk, forked while this process loads the reference
+    (no wall time on two cores); used when the reference loads exactly that definition."""
 
     def __init__(self, args: tuple[Any, ...]) -> None:
         context = multiprocessing.get_context("fork")
@@ -259,8 +250,7 @@ class Speculation:
         child.close()
 
     def result(self) -> EngineSide | None:
-        """Wait for the helper (it writes the files this process would write): its result, or
-        None if it failed."""
+        """Wait for the helper (it writes the files this process would): its result, or None."""
         try:
             answer = self._conn.recv()
         except EOFError:
@@ -271,9 +261,8 @@ class Speculation:
         return answer if isinstance(answer, EngineSide) else None
 
     def close(self) -> None:
-        """End the helper when its result was not taken (this process failed first): SIGKILL,
-        as it may be blocked sending a result nobody reads, and would hold up this process's
-        exit, which joins its children."""
+        """End an untaken helper with SIGKILL: it may block sending a result nobody reads, and
+        would hold up this process's exit, which joins its children."""
         self._conn.close()
         if self._proc.is_alive():
             self._proc.kill()
@@ -349,9 +338,8 @@ def verify_tokenizer(
 
 
 def _normalization_study(form: str, folder: Path) -> list[int]:
-    """``normalization_differences(form)``, cached beside the records: it depends only on the
-    form and the Unicode versions (Python's and the installed ``tokenizers``'), not on the
-    tokenizer, so a second tokenizer with the same normalizer skips it (0.8 s)."""
+    """``normalization_differences(form)`` (0.8 s), cached beside the records by form and Unicode
+    versions: it does not depend on the tokenizer."""
     key = f"{form}-{unicodedata.unidata_version}-tokenizers-{_library_versions()['tokenizers']}"
     path = folder / f"normalization-{key}.json"
     try:
@@ -365,8 +353,8 @@ def _normalization_study(form: str, folder: Path) -> list[int]:
 def _run_engine(
     name: str, info: TokenizerInfo, probes: list[str], loaded: dict[str, Encoder]
 ) -> tuple[np.ndarray, np.ndarray] | str:
-    """The engine's ids on the probes, run as in a tokenize run (behind its guard, whose routed
-    probes go to the ``hf`` engine run before it, loaded once into ``loaded``), or why not."""
+    """The engine's ids on the probes as in a run (its guard routing to the ``hf`` engine already
+    in ``loaded``), or why not."""
     try:
         encoder = loaded[name] = ENCODERS[name](info)
         if encoder.guarded and "hf" in loaded:
