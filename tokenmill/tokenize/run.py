@@ -48,6 +48,7 @@ from tokenmill.tokenize.parallel import (
     part_paths,
     plan_ranges,
     schedule,
+    splittable,
 )
 from tokenmill.tokenize.procs import (
     SAMPLE_CHARS,
@@ -511,8 +512,7 @@ class _Run:
 def _progress_bar(inputs: list[Path]) -> Any:
     from tqdm import tqdm
 
-    plain = all(p.is_file() and p.name.endswith(".jsonl") for p in inputs)
-    total = sum(p.stat().st_size for p in inputs) if plain else None
+    total = sum(p.stat().st_size for p in inputs) if all(map(splittable, inputs)) else None
     return tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", file=sys.stderr)
 
 
