@@ -1,19 +1,12 @@
 """Crash-safe file writing: temp in the folder's ``.tmp/``, fsync, rename, fsync the folder.
 
-A temp of ``<dir>/<name>`` is ``<dir>/.tmp/<name>.tmp-<host>-<pid>-<rand>``: the same file
-system, so the rename into ``<dir>`` is atomic, and a folder of its own, so finding the temps a
-killed writer left lists only the temps in flight, never the (many) finished files beside them.
-A killed process leaves at worst such a temp, never a final-named file that looks complete. The
-host part makes liveness checkable on a storage root shared by several machines (or containers,
-which have their own pid numbers): only this host's temps are judged.
-
-``.tmp/`` is made by the first temp of a folder and stays (empty between writes): writers never
-remove it, so one writer cannot pull it from under another. Only an owner of the whole folder
-removes it (``remove_temp_dir``: a failed write removing the folders it created, a private
-staging folder, gc removing a version, a generated corpus's source folder); creators retry
-when that happens between naming a temp and creating it (``create_temp``). Temps written
-beside the file by older releases (``<dir>/<name>.tmp-…``) are swept once, by the call that
-creates ``<dir>/.tmp/``.
+A temp of ``<dir>/<name>`` is ``<dir>/.tmp/<name>.tmp-<host>-<pid>-<rand>``: on the same file
+system (an atomic rename) and in a folder of its own, so finding a killed writer's temps lists
+only the temps in flight. A killed process leaves at worst a temp, never a complete-looking file;
+the host part lets each host of a shared root judge only its own temps. Writers never remove
+``.tmp/`` (one would pull it from under another): only an owner of the whole folder does
+(``remove_temp_dir``), and creators retry when that races them (``create_temp``). Temps beside
+the file (``<dir>/<name>.tmp-…``) are swept once, by the call that creates ``<dir>/.tmp/``.
 """
 
 from __future__ import annotations
@@ -28,7 +21,6 @@ import shutil
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, Self, TypeVar
 
 from tokenmill.errors import FormatError
@@ -53,37 +45,25 @@ def host_tag() -> str:
     return name or "_"
 
 
-def temp_suffix() -> str:
-    """``<host>-<pid>-<rand>``: who writes a temp, so only its own host judges it stale."""
-    return f"{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
 def temp_dir(folder: str | os.PathLike[str]) -> Path:
-    """``<folder>/.tmp``, made (with ``folder``) when absent. The call that makes it also
-    removes the dead temps older releases wrote beside the files (one listing of ``folder``,
-    once: later calls find ``.tmp/`` and list nothing)."""
+    """``<folder>/.tmp``, made (with ``folder``) when absent; the call that makes it also
+    removes dead temps beside the files (so ``folder`` is listed once only)."""
     tdir = Path(folder) / TMP_DIR
     try:
-        os.mkdir(tdir)
+        os.makedirs(tdir)
     except FileExistsError:
         return tdir
-    except FileNotFoundError:
-        os.makedirs(folder, exist_ok=True)
-        try:
-            os.mkdir(tdir)
-        except FileExistsError:
-            return tdir
     _remove_dead(Path(folder), [e for e in _entries(Path(folder)) if TMP_MARK in e], strict=True)
     return tdir
 
 
 def temp_path_for(path: str | os.PathLike[str]) -> Path:
-    """A unique temp name for ``path`` in ``<its folder>/.tmp/`` (made if absent; same file
-    system, so renaming the temp to ``path`` is atomic). A temp of a temp stays in its
-    ``.tmp/``. The caller creates it, through ``create_temp`` where ``.tmp/`` may be removed."""
+    """A unique temp name for ``path`` in ``<its folder>/.tmp/`` (made if absent; a temp of a
+    temp stays in its ``.tmp/``); the caller creates it, through ``create_temp`` if racing."""
     p = Path(path)
     folder = p.parent.parent if p.parent.name == TMP_DIR else p.parent
-    return temp_dir(folder) / f"{p.name}{TMP_MARK}{temp_suffix()}"
+    writer = f"{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}"  # only its host judges it
+    return temp_dir(folder) / f"{p.name}{TMP_MARK}{writer}"
 
 
 def is_temp(rel: str) -> bool:
@@ -93,9 +73,8 @@ def is_temp(rel: str) -> bool:
 
 
 def create_temp(path: str | os.PathLike[str], make: Callable[[Path], _T]) -> tuple[Path, _T]:
-    """Name a temp for ``path`` and create it with ``make(temp)`` (open, mkdir, link, ...).
-    When an owner of the folder removed the empty ``.tmp/`` in between (ENOENT), it is made
-    again and the temp renamed, a few times; a folder that is gone for good raises."""
+    """Name a temp for ``path`` and create it with ``make(temp)`` (open, mkdir, link, ...),
+    retrying a few times when an owner removed the empty ``.tmp/`` in between (ENOENT)."""
     attempt = 1
     while True:
         tmp = temp_path_for(path)
@@ -118,15 +97,11 @@ def remove_empty_dir(folder: str | os.PathLike[str]) -> bool:
     """Remove ``folder`` when nothing but an empty ``.tmp/`` is left in it (e.g. a version
     folder whose files were just deleted); True when it is gone."""
     try:
-        names = os.listdir(folder)
-    except OSError:
-        return False
-    if names not in ([], [TMP_DIR]):
-        return False
-    remove_temp_dir(folder)
-    try:
+        if os.listdir(folder) not in ([], [TMP_DIR]):
+            return False
+        remove_temp_dir(folder)
         os.rmdir(folder)
-    except OSError:  # a writer put something there meanwhile
+    except OSError:  # not there, or a writer put something there meanwhile
         return False
     return True
 
@@ -176,10 +151,8 @@ def discard_temp(fh: IO[Any] | None, tmp: str | os.PathLike[str] | None) -> None
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
-    """Open a temp of ``path`` for writing; on clean exit fsync and rename it to ``path``.
-
-    On an exception the temp file is removed and ``path`` is left untouched.
-    """
+    """Open a temp of ``path`` for writing; on clean exit fsync and rename it to ``path``, on
+    an exception remove the temp (``path`` untouched)."""
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp, opened = create_temp(final, lambda t: open(t, mode))  # noqa: SIM115 - closed below
@@ -206,9 +179,8 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
 
 
 def load_json(raw: bytes | str, where: object, field: str = "json") -> Any:
-    """Parse the JSON of a file tokenmill wrote (pointer, manifest, cache description); any
-    damage, including nesting too deep for the parser or an integer too long to convert, is a
-    FormatError naming ``where``, never a bare ValueError or RecursionError."""
+    """Parse the JSON of a file tokenmill wrote; any damage (too deep, an integer too long) is
+    a FormatError naming ``where``, never a bare ValueError or RecursionError."""
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -233,24 +205,14 @@ def read_json(path: str | os.PathLike[str], field: str = "json") -> Any:
 
 
 def writer_alive(suffix: str) -> bool:
-    """Whether the writer named by a temp name's ``<host>-<pid>-<rand>`` suffix may still run:
-    a temp of another host is always taken as live (its pids mean nothing here); on this host
-    the pid must run and not be a zombie. A host-less ``<pid>-<rand>`` (written before temps
-    named their host) is judged by its pid alone."""
+    """Whether the writer of a temp suffix ``<host>-<pid>-<rand>`` may still run: another
+    host's always does; here its pid must run, not a zombie (a host-less ``<pid>-<rand>``: the
+    same)."""
     parts = suffix.rsplit("-", 2)
-    if len(parts) == 3:
-        host, pid_text = parts[0], parts[1]
-        if host != host_tag():
-            return True
-    else:
-        pid_text = suffix.split("-", 1)[0]
-    return _pid_alive(pid_text)
-
-
-def _pid_alive(pid_text: str) -> bool:
-    """True when ``pid_text`` is the pid of a process of this host that runs (not a zombie)."""
+    if len(parts) == 3 and parts[0] != host_tag():
+        return True
     try:
-        pid = int(pid_text)
+        pid = int(parts[1] if len(parts) == 3 else suffix.split("-", 1)[0])
         if pid <= 0:
             return False
         os.kill(pid, 0)
@@ -266,11 +228,8 @@ def _pid_alive(pid_text: str) -> bool:
 
 
 def remove_stale_temps(path: str | os.PathLike[str]) -> None:
-    """Delete the temps killed writers of this host left in ``path``'s folder's ``.tmp/`` (files
-    or staging folders, of any name there: judging them all costs nothing more). Temps of live
-    processes stay (a concurrent writer of the same path, e.g. two runs of one partition), and
-    so do other hosts' temps. Lists ``.tmp/`` only (the temps in flight), never the folder of
-    finished files, and creates nothing."""
+    """Delete the temps (files or folders) dead writers of this host left in ``path``'s
+    folder's ``.tmp/``; live writers' and other hosts' temps stay. Lists ``.tmp/`` only."""
     tdir = Path(path).parent / TMP_DIR
     _remove_dead(tdir, _entries(tdir), strict=False)
 
@@ -284,15 +243,13 @@ def _entries(folder: Path) -> list[str]:
 
 
 def _remove_dead(folder: Path, names: list[str], *, strict: bool) -> None:
-    """Delete each temp among ``names`` (in ``folder``) whose writer is dead (``writer_alive``).
-    ``strict`` (a folder of finished files): only a name that ends like a temp is judged. In
-    ``.tmp/`` (everything there is a temp) another name is judged by what follows its first
-    ``.tmp-``, as ``writer_alive`` reads it (a garbled suffix counts as dead)."""
+    """Delete each temp among ``names`` (in ``folder``) whose writer is dead. ``strict`` (a folder
+    of finished files): only names ending like a temp; else (``.tmp/``) also any name with a
+    ``.tmp-``, judged by what follows it (a garbled suffix counts as dead)."""
     for name in names:
         end = _TEMP_END.search(name)
         if end is not None:
-            host, pid, rand = end.groups()
-            suffix = f"{pid}-{rand}" if host is None else f"{host}-{pid}-{rand}"
+            suffix = "-".join(part for part in end.groups() if part is not None)
         elif strict or TMP_MARK not in name:
             continue
         else:
@@ -308,19 +265,16 @@ def _remove_dead(folder: Path, names: list[str], *, strict: bool) -> None:
 
 
 def file_sha256(path: str | os.PathLike[str], offset: int = 0, length: int | None = None) -> str:
-    """Hex sha256 of a file (or of ``length`` bytes from ``offset``), streamed in 4 MiB blocks."""
-    block = 1 << 22
-    h = hashlib.sha256()
+    """Hex sha256 of a file from ``offset`` (``length`` bytes; None or negative: to the end),
+    streamed in blocks."""
     with open(path, "rb") as fh:
         fh.seek(offset)
-        left = -1 if length is None else length
-        while left:
-            chunk = fh.read(block if left < 0 else min(block, left))
-            if not chunk:
-                break
+        if length is None or length < 0:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+        h = hashlib.sha256()
+        while length > 0 and (chunk := fh.read(min(1 << 22, length))):
             h.update(chunk)
-            if left > 0:
-                left -= len(chunk)
+            length -= len(chunk)
     return h.hexdigest()
 
 
@@ -331,9 +285,8 @@ def json_sha256(obj: Any) -> str:
 
 
 class CommitOnExit:
-    """A writer used as a context manager: a clean exit commits it (``finalize``), an exception
-    discards what it wrote (``abort``), and so does a commit that fails (e.g. a full disk at
-    the fsync), so no temp file stays behind. ``finalize`` does nothing once it has committed."""
+    """A writer as a context manager: a clean exit commits it (``finalize``, a no-op once
+    committed); an exception or a failing commit discards what it wrote (``abort``)."""
 
     def finalize(self) -> None:
         """Commit what was written (a subclass's own protocol: temp, fsync, rename)."""
@@ -346,12 +299,7 @@ class CommitOnExit:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if exc_type is not None:
             self.abort()
             return

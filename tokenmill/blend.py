@@ -1,6 +1,5 @@
-"""DESIGN-contract path kept for external conformance tests: ``tokenmill.blend.build_blend_indices``
-and ``tokenmill.blend.blend_sample_counts``. Thin re-export; the code lives in
-``tokenmill.indices.blend`` (import from there in new code)."""
+"""DESIGN-contract path for external conformance tests: a re-export of ``tokenmill.indices.blend``
+(import from there in new code)."""
 
 from tokenmill.indices.blend import blend_sample_counts, build_blend_indices
 

@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 failure (bad data, failed check, disk error), 2 usage e
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import sys
@@ -15,7 +16,7 @@ from tokenmill import __version__
 from tokenmill.commands import DefaultsHelpFormatter
 from tokenmill.errors import ConfigError, TokenmillError
 
-# Each module exposes ``register(subparsers)`` which adds its parser with ``func=run``.
+# Each module exposes ``register(subparsers)``, which adds its parser, and ``run(args)``.
 COMMANDS = [
     "tokenize",
     "merge",
@@ -40,20 +41,16 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="tokenmill", description="LLM pretraining data preparation."
     )
     parser.add_argument("--version", action="version", version=f"tokenmill {__version__}")
-    sub = parser.add_subparsers(
-        dest="command", required=True, metavar="COMMAND", parser_class=_SubcommandParser
+    # A subcommand's help shows every option's default.
+    subparser = functools.partial(argparse.ArgumentParser, formatter_class=DefaultsHelpFormatter)
+    sub = parser.add_subparsers(  # type: ignore[call-overload]  # a partial, not a class
+        dest="command", required=True, metavar="COMMAND", parser_class=subparser
     )
     for name in COMMANDS if only is None else [only]:
-        importlib.import_module(f"tokenmill.commands.{name}").register(sub)
+        command = importlib.import_module(f"tokenmill.commands.{name}")
+        command.register(sub)
+        sub.choices[name].set_defaults(func=command.run)
     return parser
-
-
-class _SubcommandParser(argparse.ArgumentParser):
-    """A subcommand's parser: its help shows every option's default."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
 
 def run_command(

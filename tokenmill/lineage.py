@@ -1,13 +1,11 @@
 """Lineage of a merged dataset's sequences: the shard each comes from and, through the shard's
 raw stats, its source file, line (or row) and record.
 
-A merge's ``shards`` records (virtual and pipeline-made physical merges both have them) map a
-global sequence to ``(shard key, document ordinal)``. The ordinal becomes a source line through
-the shard's source file named in its raw stats (``raw/<ds>/<shard>.stats.json``, checked against
-the recorded size): the n-th line that ``read_jsonl_batches`` accepts is the n-th document
-(blank and quarantined lines skipped, ``document_lines``), and the document id is that record's
-``id`` field. A Parquet/Arrow source (``format: hf``) names the 1-based row instead (null texts
-skipped, ``document_rows``); an ``s3://`` source is downloaded once, to a temporary copy.
+A merge's ``shards`` records map a global sequence to ``(shard key, document ordinal)``; the
+shard's raw stats (``raw/<ds>/<shard>.stats.json``) name its source file, checked against the
+recorded size, whose n-th accepted line is the n-th document (``document_lines``; Parquet/Arrow:
+the 1-based row, ``document_rows``) and whose ``id`` field is the document id. An ``s3://``
+source is downloaded once, to a temporary copy.
 """
 
 from __future__ import annotations
@@ -87,32 +85,27 @@ class Shard:
         return str((self.stats() or {}).get("config", {}).get("text_key", "text"))
 
     def records(self) -> Iterator[tuple[int, dict[str, Any]]] | None:
-        """``(1-based line, record)`` of each document from the source file, or ``(1-based row,
-        record)`` for a Parquet/Arrow source (None when the source is not a JSONL or table file,
-        local or ``s3://``, or is gone); FormatError when it does not match its stats."""
-        stats = self.stats()
-        if stats is None:
+        """``(1-based line or row, record)`` of each document from the source file (None when it
+        is not a JSONL or table file, or is gone); FormatError when it does not match its stats."""
+        stats, uri = self.stats(), self.source()
+        if stats is None or uri is None:
             return None
-        uri = str(stats["input"]["uri"])
         table = uri.endswith(TABLE_SUFFIXES)
         if not (table or uri.endswith(JSONL_SUFFIXES)):
             return None
         path = self._local_source(uri)
         if path is None or not path.is_file():
             return None
-        if path.stat().st_size != int(stats["input"]["bytes"]):
-            raise FormatError(
-                uri,
-                "bytes",
-                f"{path.stat().st_size}, the raw stats recorded {stats['input']['bytes']}: "
-                f"the source changed after shard {self.key!r} was read",
-            )
+        size, recorded = path.stat().st_size, stats["input"]["bytes"]
+        if size != int(recorded):
+            changed = f"the source changed after shard {self.key!r} was read"
+            raise FormatError(uri, "bytes", f"{size}, the raw stats recorded {recorded}: {changed}")
         read = document_rows if table else document_lines
         return self._checked(path, read(path, self.text_key()))
 
     def _local_source(self, uri: str) -> Path | None:
-        """The source file as a local path: itself, or for an ``s3://`` source a copy in a
-        temporary folder (downloaded once, removed with this object); None when not there."""
+        """The source file as a local path: itself, or an ``s3://`` source's copy in a temporary
+        folder (downloaded once, removed with this object); None when not there."""
         if not uri.startswith("s3://"):
             return Path(uri)
         if self._copy is None:

@@ -1,5 +1,4 @@
-"""DESIGN-contract path kept for external conformance tests: ``tokenmill.nanoset.split_ranges`` and
-``tokenmill.nanoset.build_nanoset_indices``. Thin re-export; the code lives in
+"""DESIGN-contract path for external conformance tests: a re-export of
 ``tokenmill.indices.nanoset`` (import from there in new code)."""
 
 from tokenmill.indices.nanoset import build_nanoset_indices, split_ranges

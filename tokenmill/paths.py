@@ -1,9 +1,6 @@
-"""Path-safety rules for names and relative paths read from recipes, manifests and keys.
-
-One home for the checks every stage applies before joining a name under a folder (a dataset, a
-shard, a manifest entry), so a tampered or mistyped value can never name a file outside it.
-Stdlib only: the loader and the producers both import it.
-"""
+"""Path-safety rules for names and relative paths read from recipes, manifests and keys: every
+stage checks a name here before joining it under a folder, so a tampered or mistyped value can
+never name a file outside it. Stdlib only: the loader and the producers both import it."""
 
 from __future__ import annotations
 
@@ -47,8 +44,7 @@ def name_problem(name: str) -> str | None:
 
 def document_stem(prefix: str, text_key: str) -> str:
     """``<prefix>_<text_key>_document``: Megatron's ``preprocess_data.py`` naming of a pair;
-    ConfigError when ``text_key`` could not be part of one file name (it would place the files
-    elsewhere)."""
+    ConfigError when ``text_key`` is not one file-name part (the files would go elsewhere)."""
     problem = name_problem(text_key)
     if problem:
         raise ConfigError(

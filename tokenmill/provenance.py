@@ -1,17 +1,13 @@
 """Provenance: from a training sample back to its documents and source lines, and back again.
 
-``explain`` is index arithmetic over files that already exist (FORMATS §5.5): blend sample ``i``
-is sample ``k = dataset_sample_index[i]`` of dataset ``dataset_index[i]``; its sample-index rows
-``j = shuffle_index[k]`` and ``j + 1`` name the run of ``document_index`` positions it covers and
-the token offsets in the first and last; each position is a global sequence of the merged
-dataset, which ``tokenmill.lineage`` maps to its shard, source line (or row) and record ``id``.
-A ``line:FILE:N`` query of a Parquet/Arrow source means row N. No new file is written.
-
-``find`` goes the other way: queries (document id, ``file:line``, text substring, or the sha256
-of normalized text) resolve to ``(dataset, shard, ordinal)`` by reading the named source files
-(a ``file:line`` query reads only its file); every blend version still under
-``blends/<name>/versions/`` that names the shard (same content hash) is then searched for that
-global sequence with vectorized scans of its index arrays.
+``explain`` is index arithmetic over existing files (FORMATS §5.5): blend sample ``i`` is sample
+``k = dataset_sample_index[i]`` of dataset ``dataset_index[i]``; sample-index rows
+``j = shuffle_index[k]`` and ``j + 1`` name the ``document_index`` positions it covers and the
+token offsets in the first and last; ``tokenmill.lineage`` maps each position (a global sequence
+of the merged dataset) to its shard, source line (Parquet/Arrow: row) and record ``id``.
+``find`` goes the other way: queries resolve to ``(dataset, shard, ordinal)`` by reading the
+source files, then every blend version under ``blends/<name>/versions/`` naming the shard (same
+content hash) is searched for that sequence with vectorized scans of its index arrays.
 """
 
 from __future__ import annotations
@@ -126,11 +122,9 @@ def explain(
     *,
     version: str | None = None,
 ) -> list[SampleProvenance]:
-    """The documents each blend sample of ``split`` holds, piece by piece in sample order:
-    dataset, shard key, ordinal, source file and 1-based line, the record's ``id``, and the
-    token range of the piece in the sample and in its document (an extra token, when the blend
-    adds one, is counted in the last piece). An ``s3://…/blends/<name>`` blend is opened through
-    the streaming loader and its shards' raw stats are read from its storage root."""
+    """The documents each blend sample of ``split`` holds, piece by piece in sample order (an
+    extra token is counted in the last piece). An ``s3://…/blends/<name>`` blend is opened
+    through the streaming loader, its shards' raw stats read from its storage root."""
     blend = open_blend(blend_manifest_path, split, version=version)
     root_uri = root_of_blend(os.fspath(blend_manifest_path))
     remote = None if root_uri is None else open_store(root_uri)
@@ -196,11 +190,9 @@ def _same_file(uri: str, wanted: str) -> bool:
 
 
 def resolve_queries(root: str | os.PathLike[str], queries: Sequence[str]) -> list[DocumentRef]:
-    """Every shard document a query names. A shard's source is read only when a query may match
-    in it: a ``line`` query reads just its own file; ``sha256`` queries look in the shard's
-    ``.dochash.npy`` first (one vectorized compare) and read the source only on a match; ``id``
-    and ``text`` queries read every source once (for all of them together). An ``s3://`` root
-    is read through a local mirror of its records (``tokenmill.storage.mirror``)."""
+    """Every shard document a query names, reading a source only where a query may match: a
+    ``line`` query its own file, ``sha256`` queries on a ``.dochash.npy`` match, ``id`` and
+    ``text`` queries every source once (together). ``s3://``: through a local mirror."""
     if os.fspath(root).startswith("s3://"):
         with local_root(root) as base:
             return resolve_queries(base, queries)
@@ -272,9 +264,8 @@ def _samples_holding(ds: dict[str, Any], mpath: Path, seqs: np.ndarray, extra: i
     for p, a, b in zip(pos.tolist(), lo.tolist(), hi.tolist(), strict=True):
         for j in range(a, b + 1):
             (sb, _), (eb, eo) = sample[j].tolist(), sample[j + 1].tolist()
-            if not sb <= p <= eb or (p == eb and eo + extra == 0):
-                continue
-            rows.append(j)
+            if sb <= p <= eb and not (p == eb and eo + extra == 0):
+                rows.append(j)
     return np.flatnonzero(np.isin(shuffle, np.unique(np.asarray(rows, dtype=np.int64))))
 
 
@@ -284,11 +275,9 @@ def find(
     *,
     refs: list[DocumentRef] | None = None,
 ) -> list[Hit]:
-    """Every blend version on the storage ``root`` holding a document a query names, with the
-    samples of each split that hold it. Queries: ``id:<id>``, ``line:<file>:<line>``,
-    ``text:<exact substring>``, ``sha256:<text_hash of the text>`` (``refs``: what
-    ``resolve_queries`` already returned for them, so the sources are not read again). An
-    ``s3://`` root is read through a local mirror of its records (``tokenmill.storage.mirror``)."""
+    """Every blend version on ``root`` holding a document a query names, with the samples of
+    each split holding it (``refs``: ``resolve_queries``' answer, so sources are not read
+    again). ``s3://``: through a local mirror."""
     if os.fspath(root).startswith("s3://"):
         with local_root(root) as local:
             return find(local, queries, refs=refs)

@@ -1,14 +1,12 @@
 """Recipes (one module past 400 lines: models, field rules and error lines change together).
 
-A recipe (``recipes/*.yaml``, chosen by ``TOKENMILL_RECIPE``; every field in docs/user-guide.md
-§3) says which datasets and blends exist and how to build them. It is validated into the frozen
-pydantic models below; the Dagster code location turns each dataset and blend into assets,
-partitions, sensors and schedules named after it. Every rule below is read with the one-line
-error that names its field (``_problem``), so they stay in one module. Every bad field
-raises one ``ConfigError`` line naming the file, the field, the value found and what is allowed
-(``file: field: bad value V; expected …``). Relative paths are resolved against ``base_dir``
-(itself relative to the recipe file, default: its folder), so a recipe means the same from any
-cwd. pydantic and PyYAML come with the ``pipeline`` extra; the loader never imports this module.
+A recipe (``recipes/*.yaml``, chosen by ``TOKENMILL_RECIPE``; fields in docs/user-guide.md §3)
+says which datasets and blends exist and how to build them; it is validated into the frozen
+pydantic models below. Every bad field raises one ``ConfigError`` line naming the file, the
+field, the value found and what is allowed (``file: field: bad value V; expected …``, made by
+``_problem``). Relative paths resolve against ``base_dir`` (relative to the recipe file, default
+its folder), so a recipe means the same from any cwd. Needs the ``pipeline`` extra (pydantic,
+PyYAML); the loader never imports this module.
 """
 
 from __future__ import annotations
@@ -243,25 +241,17 @@ class NanosetConfig(_Config):
     era_samples: Annotated[int, _int(1)] = ERA_SAMPLES
 
     @model_validator(mode="after")
-    def _seed_range(self) -> NanosetConfig:
-        """The index builders seed numpy's RandomState, which takes 0 to 2**32 - 1."""
+    def _consistent(self) -> NanosetConfig:
+        """The seed fits numpy's RandomState (the index builders'); a split the ``split`` shares
+        give nothing has no sample count; nanotron always adds the extra token and drops the
+        last partial valid sample, growing semantics drops it too."""
         if self.seed > SEED_MAX:
             raise _expected(f"an integer from 0 to {SEED_MAX}", at=("seed",), value=self.seed)
-        return self
-
-    @model_validator(mode="after")
-    def _samples_need_a_share(self) -> NanosetConfig:
-        """A split the ``split`` shares give nothing cannot be asked for samples."""
-        for name, share in zip(("train", "valid", "test"), _shares(self.split), strict=True):
-            wanted = getattr(self, f"{name}_samples")
-            if share == 0 and wanted is not None and name != "train":  # train: Recipe's rule
+        for name, share in zip(("valid", "test"), _shares(self.split)[1:], strict=True):
+            wanted = getattr(self, f"{name}_samples")  # train: Recipe's rule
+            if share == 0 and wanted is not None:
                 expected = f"null (split {self.split!r} gives the {name} split no share)"
                 raise _expected(expected, at=(f"{name}_samples",), value=wanted)
-        return self
-
-    @model_validator(mode="after")
-    def _nanotron_flags(self) -> NanosetConfig:
-        """nanotron always adds the extra token and drops the last partial valid sample."""
         for flag in ("add_extra_token", "drop_last_partial_validation"):
             if self.semantics == "nanotron" and not getattr(self, flag):
                 wanted = "true with semantics nanotron (nanotron always uses it)"
@@ -443,24 +433,17 @@ class Recipe(_Config):
         return tuple(b.model_copy(update={"datasets": b.datasets or known}) for b in blends)
 
     @model_validator(mode="after")
-    def _train_share(self) -> Recipe:
-        """A blend is built from the train split; ``train_samples`` needs one too."""
-        if _shares(self.nanoset.split)[0] > 0:
-            return self
-        if self.blends:
+    def _train_split(self) -> Recipe:
+        """A blend is built from the train split and needs its size (growing semantics: None =
+        every emitted sample); ``train_samples`` needs a train share too."""
+        split, train = self.nanoset.split, self.nanoset.train_samples
+        if _shares(split)[0] == 0 and self.blends:
             wanted = "a positive train share (a blend needs a train split)"
-            raise _expected(wanted, at=("nanoset", "split"), value=self.nanoset.split)
-        if self.nanoset.train_samples is not None:
-            expected = f"null (split {self.nanoset.split!r} gives the train split no share)"
-            at = ("nanoset", "train_samples")
-            raise _expected(expected, at=at, value=self.nanoset.train_samples)
-        return self
-
-    @model_validator(mode="after")
-    def _train_size(self) -> Recipe:
-        """A blend needs a train size (growing semantics: None = every emitted sample)."""
-        growing = self.nanoset.semantics == "growing"
-        if self.blends and self.nanoset.train_samples is None and not growing:
+            raise _expected(wanted, at=("nanoset", "split"), value=split)
+        if _shares(split)[0] == 0 and train is not None:
+            expected = f"null (split {split!r} gives the train split no share)"
+            raise _expected(expected, at=("nanoset", "train_samples"), value=train)
+        if self.blends and train is None and self.nanoset.semantics != "growing":
             wanted = "an integer >= 1 (a blend needs a train size)"
             raise _expected(wanted, at=("nanoset", "train_samples"), value=None)
         return self
@@ -567,10 +550,8 @@ def load_recipe(path: str | os.PathLike[str]) -> Recipe:
 def recipe_path(
     explicit: str | os.PathLike[str] | None = None, *, root: Path | None = None
 ) -> Path:
-    """The recipe to use: ``explicit``, else ``$TOKENMILL_RECIPE``, else ``recipes/demo.yaml``.
-
-    Relative paths are taken from ``root`` (default: the current directory).
-    """
+    """The recipe to use: ``explicit``, else ``$TOKENMILL_RECIPE``, else ``recipes/demo.yaml``;
+    a relative path is taken from ``root`` (default: the current directory)."""
     chosen = explicit or os.environ.get(RECIPE_ENV) or DEFAULT_RECIPE
     p = Path(chosen).expanduser()
     return p if p.is_absolute() else (root or Path.cwd()) / p

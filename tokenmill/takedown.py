@@ -1,28 +1,19 @@
 """Takedowns: remove documents from every merged dataset and blend by masking, never by copying.
 
-A takedown list is a file of ``tokenmill find`` queries, one a line (``id:``, ``line:FILE:N``,
-``text:``, ``sha256:``). :func:`record_takedown` resolves it on a storage root (an ``s3://``
-one through a local mirror of its records, ``tokenmill.storage.mirror``)
-(``tokenmill.provenance.resolve_queries``) and writes an **audit record**
-(``tokenmill.formats.takedown_records``; JSON, temp -> fsync -> rename) at
-``takedowns/<id>.json``: what is removed (dataset, shard, the shard's content hash,
-ordinal, source file:line, record id), which blend versions held each document then (``find``),
-when, why, and the list's sha256. The audit records of a root are its takedown ledger: every
-merge made afterwards, by the CLI or the pipeline, masks the documents they name (by shard key
-*and* content hash: ``takedown_records.masks_for``), so a refresh never brings one back.
+A takedown list is a file of ``tokenmill find`` queries, one a line. :func:`record_takedown`
+resolves it on a storage root (``tokenmill.provenance.resolve_queries``; ``s3://`` through a
+local mirror) and writes an audit record ``takedowns/<id>.json``
+(``tokenmill.formats.takedown_records``): the documents removed (dataset, shard and its content
+hash, ordinal, source file:line, id), the blend versions holding each then, when, why and the
+list's sha256. These records are the root's ledger: every later merge, CLI or pipeline, masks
+what they name (by shard key *and* content hash), so a refresh never brings a document back.
 
-:func:`apply_takedown` then writes, for each dataset whose current merged version holds a listed
-document, a new virtual merged version (the same shard pairs with ``masked`` ordinals, see
-``tokenmill.formats.virtual_merge``; ``extends: null``; a ``takedown`` record with the lists'
-hashes, the documents masked and the audit records) and moves ``merged/<ds>/current.json``; then
-every blend whose current version reads such a dataset is rebuilt from the settings its manifest
-records over the new merged version (new Nanoset indices without the masked documents, a new
-blend version, the pointer moved). Nothing is re-tokenized or copied; earlier versions stay on the
-root (a job that pinned one keeps reading it) until ``tokenmill gc`` removes them. The audit
-record is rewritten last with the versions made (``status: applied``).
-
-Physical merges (``merge: physical``) are refused: their documents live in one copied ``.bin``,
-which a mask over shard documents cannot describe; set ``merge: virtual`` and refresh first.
+:func:`apply_takedown` then writes, per dataset whose current merged version holds a listed
+document, a new virtual merged version (same shard pairs, ``masked`` ordinals, a ``takedown``
+record) and moves its pointer; every blend reading such a dataset is rebuilt from the settings
+its manifest records. Nothing is re-tokenized or copied; old versions stay (pinned jobs keep
+reading them) until ``tokenmill gc``. The audit record is rewritten last (``status: applied``).
+Physical merges are refused: a mask over shard documents cannot describe one copied ``.bin``.
 """
 
 from __future__ import annotations
@@ -108,12 +99,9 @@ def record_takedown(
     *,
     now: float | None = None,
 ) -> dict[str, Any]:
-    """Resolve a takedown list on a local storage root and write its audit record (module
-    docstring), or return the record already written for the same list resolved to the same
-    documents (a list resolved again after new shards came in may name more: a new record).
-    ConfigError for an empty reason or list, a query of no known form, or a document of a
-    dataset whose current merged version is physical (nothing is written then). An ``s3://``
-    root is read through a local mirror and the record uploaded (:func:`takedown`)."""
+    """Resolve a takedown list on a storage root and write its audit record, or return the one
+    written for the same list and documents. ConfigError (nothing written) for an empty reason
+    or list, a bad query, or a document of a physical merge; ``s3://``: through a mirror."""
     if os.fspath(root).startswith("s3://"):
         with local_root(root, write=True) as local:
             return record_takedown(local, list_path, reason, now=now)
@@ -135,18 +123,17 @@ def record_takedown(
     moment = time.time() if now is None else now
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(moment))
     record_id = f"{stamp}-{digest[:12]}-{hashlib.sha256(repr(identity).encode()).hexdigest()[:8]}"
-    held = []
-    for hit in find(base, queries, refs=refs):
-        held.append(
-            {
-                "blend": hit.blend,
-                "version": hit.version,
-                "dataset": hit.document.dataset,
-                "shard": hit.document.shard,
-                "document": hit.document.document,
-                "samples": {split: len(ids) for split, ids in hit.samples.items()},
-            }
-        )
+    held = [
+        {
+            "blend": hit.blend,
+            "version": hit.version,
+            "dataset": hit.document.dataset,
+            "shard": hit.document.shard,
+            "document": hit.document.document,
+            "samples": {split: len(ids) for split, ids in hit.samples.items()},
+        }
+        for hit in find(base, queries, refs=refs)
+    ]
     matched = {r.query for r in refs}
     record = {
         "format_version": FORMAT_VERSION,
@@ -295,9 +282,8 @@ def _rebuild_blends(root: Path, moved: Mapping[str, Path]) -> dict[str, dict[str
 
 
 def apply_takedown(root: str | os.PathLike[str], record: dict[str, Any]) -> TakedownReport:
-    """New merged versions masking everything the ledger names for each dataset ``record``
-    touches, new versions of the blends reading them, then the record rewritten (``status:
-    applied``, the versions made). Idempotent: a second call makes nothing new."""
+    """New merged versions masking what the ledger names for each dataset ``record`` touches,
+    new versions of the blends reading them, then the record rewritten; idempotent."""
     base = Path(root)
     ledger = read_ledger(base)
     report = TakedownReport(record)
@@ -324,9 +310,8 @@ def takedown(
     *,
     now: float | None = None,
 ) -> TakedownReport:
-    """:func:`record_takedown` then :func:`apply_takedown` (``tokenmill takedown``). An
-    ``s3://`` root is worked on in a local mirror of its records and the audit record, merged
-    and blend versions and moved pointers are uploaded in commit order
-    (``tokenmill.storage.mirror``; a pointer another writer moved meanwhile: ConflictError)."""
+    """:func:`record_takedown` then :func:`apply_takedown` (``tokenmill takedown``); an ``s3://``
+    root is worked on in a local mirror, uploaded in commit order (a moved pointer:
+    ConflictError)."""
     with local_root(root, write=True) as base:
         return apply_takedown(base, record_takedown(base, list_path, reason, now=now))

@@ -32,26 +32,19 @@ from tokenmill.loader import open_blend_split
 
 
 def verify_dataset(prefix: str | os.PathLike[str], *, full: bool = True) -> list[str]:
-    """Every problem found (empty list = consistent).
-
-    Checks the header, counts and file sizes (on open), the pointers against the lengths, and —
-    if a manifest exists — its recorded counts, sizes and (``full``) sha256 of both files.
-    """
+    """Every problem found (empty = consistent): header, counts, sizes and pointers, and a
+    manifest's recorded counts, sizes and (``full``) sha256 of both files."""
     prefix = Path(prefix)
-    problems: list[str] = []
     try:
         with open_dataset(prefix) as ds:
             ds.check_pointers()
             counts = {"documents": ds.num_documents, "sequences": len(ds), "tokens": ds.num_tokens}
-    except FormatError as exc:
-        return [str(exc)]
-    if not dataset_manifest_path(prefix).is_file():
-        return problems
-    try:
+        if not dataset_manifest_path(prefix).is_file():
+            return []
         manifest = read_dataset_manifest(prefix)
     except FormatError as exc:
         return [str(exc)]
-    problems += file_problems(prefix, manifest, full=full)
+    problems = file_problems(prefix, manifest, full=full)
     for key, value in counts.items():
         recorded = manifest["counts"].get(key)
         if recorded is not None and recorded != value:
@@ -106,13 +99,9 @@ def _parquet_rows(path: Path) -> int:
 
 
 def verify_blend(path: str | os.PathLike[str], *, full: bool = False) -> list[str]:
-    """Problems between a blend manifest and its files (empty list = consistent).
-
-    Fast (O(1) in the index sizes): the manifest's schema and own hash, every file's size, the
-    index descriptions' records. ``full``: also the sha256 of every file (``.bin`` by its parts
-    when recorded so) and every index value in bounds (what ``open_blend(verify="full")``
-    checks).
-    """
+    """Problems between a blend manifest and its files (empty = consistent): its schema and own
+    hash, every file's size, the index records (O(1) in the index sizes); ``full``: also every
+    file's sha256 and every index value in bounds (as ``open_blend(verify="full")``)."""
     problems = verify_manifest(path, full=full)
     if full and not problems:  # the files hash right: now every index value and pointer
         mpath = manifest_path(path)

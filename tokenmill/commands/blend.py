@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -70,7 +71,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "sequence; --no-drop-last-partial-validation keeps it padded; train and test always "
         "drop; default: on)",
     )
-    p.set_defaults(func=run)
 
 
 def dataset_prefix(path: str) -> Path:
@@ -107,19 +107,10 @@ def _weights(values: list[str]) -> dict[str, float]:
 
 
 def _settings(args: argparse.Namespace) -> BlendSettings:
-    """The blend's settings as the command line gives them."""
-    nanoset = NanosetSettings(
-        sequence_length=args.sequence_length,
-        split_spec=args.split,
-        seed=args.seed,
-        semantics=args.semantics,
-        add_extra_token=args.add_extra_token,
-        drop_last_partial_validation=args.drop_last_partial_validation,
-        era_samples=args.era_samples,
-        train_samples=args.train_samples,
-        valid_samples=args.valid_samples,
-        test_samples=args.test_samples,
-    )
+    """The blend's settings as the command line gives them (an option per setting, ``--split``
+    for ``split_spec``)."""
+    same = [f.name for f in dataclasses.fields(NanosetSettings) if f.name != "split_spec"]
+    nanoset = NanosetSettings(split_spec=args.split, **{name: getattr(args, name) for name in same})
     weights = _weights(args.weight) if args.weight else None
     return BlendSettings(nanoset, weights=weights, temperature=args.temperature)
 

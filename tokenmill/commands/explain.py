@@ -35,7 +35,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--version", metavar="V", help="a blend version (default: the current one)")
     p.add_argument("--text", action="store_true", help="print a decoded excerpt of each piece")
     p.add_argument("--tokenizer", metavar="DIR_OR_FILE", help="tokenizer for --text")
-    p.set_defaults(func=run)
 
 
 def _line(piece: Piece) -> str:

@@ -32,7 +32,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help=BAD_RECORD_HELP + " (here DIR/<shard>.quarantine.jsonl, written only when a "
         "line was quarantined)",
     )
-    p.set_defaults(func=run)
 
 
 def _shards(inputs: list[str]) -> dict[str, str]:

@@ -28,7 +28,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "query", nargs="*", metavar="QUERY", help="id:..., line:FILE:N, text:..., sha256:..."
     )
     p.add_argument("--queries", metavar="FILE", help="a file of queries, one a line")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

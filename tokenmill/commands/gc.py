@@ -42,7 +42,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="run even when a --keep-version matches no version (refused otherwise: a typo "
         "would remove the version meant to be kept)",
     )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

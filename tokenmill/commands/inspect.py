@@ -4,6 +4,7 @@ for a blend, realized proportions against the weights and decoded samples of a s
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="decode at most the first N tokens of each item, saying when it cut (0: all)",
     )
     p.add_argument("--split", choices=SPLITS, default="train", help="blend split for --decode")
-    p.set_defaults(func=run)
 
 
 def _decoder(path: str) -> Any:
@@ -58,20 +58,21 @@ def _decoder(path: str) -> Any:
     return Tokenizer.from_file(str(resolve_tokenizer_path(path)[1]))
 
 
-def _check_index(k: int, n: int, what: str) -> None:
-    """ConfigError unless ``0 <= k < n``; ``what`` names the ``n`` items (``the dataset has
-    sequences``)."""
-    if not 0 <= k < n:
-        raise ConfigError(f"--decode {k}: {what} " + (f"0..{n - 1}" if n else "none"))
-
-
-def _print_decoded(tok: Any, title: str, ids: list[int], max_tokens: int) -> None:
-    """Print ``title`` and the text of ``ids``, cut to the first ``max_tokens`` (0: all)."""
-    print(f"--- {title} ({len(ids)} tokens) ---")
-    shown = ids[:max_tokens] if max_tokens > 0 else ids
-    print(tok.decode(shown, skip_special_tokens=False))
-    if len(shown) < len(ids):
-        print(f"[... cut at {len(shown)} of {len(ids)} tokens; --max-tokens 0 prints all]")
+def _print_decoded(
+    args: argparse.Namespace, n: int, what: str, name: str, get: Callable[[int], Any]
+) -> None:
+    """Print the text of item ``get(k)`` (titled ``<name> k``) of each ``--decode k``, cut to
+    ``--max-tokens``; ConfigError unless ``0 <= k < n`` (``what`` names the items)."""
+    tok = _decoder(args.tokenizer)
+    for k in args.decode:
+        if not 0 <= k < n:
+            raise ConfigError(f"--decode {k}: {what} " + (f"0..{n - 1}" if n else "none"))
+        ids = get(k).tolist()
+        print(f"--- {name} {k} ({len(ids)} tokens) ---")
+        shown = ids[: args.max_tokens] if args.max_tokens > 0 else ids
+        print(tok.decode(shown, skip_special_tokens=False))
+        if len(shown) < len(ids):
+            print(f"[... cut at {len(shown)} of {len(ids)} tokens; --max-tokens 0 prints all]")
 
 
 def _blend(mpath: Path, args: argparse.Namespace) -> None:
@@ -84,10 +85,8 @@ def _blend(mpath: Path, args: argparse.Namespace) -> None:
     from tokenmill.loader import open_blend
 
     ds = open_blend(mpath, split=args.split)
-    tok = _decoder(args.tokenizer)
-    for k in args.decode:
-        _check_index(k, len(ds), f"the blend's {args.split} split has samples")
-        _print_decoded(tok, f"{args.split} sample {k}", ds[k].tolist(), args.max_tokens)
+    what = f"the blend's {args.split} split has samples"
+    _print_decoded(args, len(ds), what, f"{args.split} sample", ds.__getitem__)
 
 
 def _dataset(prefix: Path, args: argparse.Namespace) -> None:
@@ -105,10 +104,7 @@ def _dataset(prefix: Path, args: argparse.Namespace) -> None:
             "    " + histogram_text(length_histogram(ds.sequence_lengths)).replace("\n", "\n    ")
         )
         if args.decode:
-            tok = _decoder(args.tokenizer)
-            for k in args.decode:
-                _check_index(k, len(ds), "the dataset has sequences")
-                _print_decoded(tok, f"sequence {k}", ds.get(k).tolist(), args.max_tokens)
+            _print_decoded(args, len(ds), "the dataset has sequences", "sequence", ds.get)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,14 +1,11 @@
 """``tokenmill materialize``: run the whole pipeline headlessly through Dagster.
 
-The library never imports Dagster, so this command runs the code location's entry point
-``python -m pipelines.materialize`` in a child process from the code location's directory (the
-repo root: the folder holding ``workspace.yaml`` and ``pipelines/``). That folder is, in order:
-``--code-location``, ``$TOKENMILL_CODE_LOCATION``, the current directory or one of its parents,
-or the checkout this package was installed from (``pip install -e``). ``DAGSTER_HOME`` defaults
-to ``<code location>/.dagster_home`` (Dagster's SQLite storage). The exit code is the child's.
-
-SIGINT, SIGTERM and SIGHUP sent to this command are passed on to the child, which ends its run
-cleanly (the run is marked failed), and this command waits for it: no child outlives it.
+The library never imports Dagster, so this runs ``python -m pipelines.materialize`` in a child
+process in the code location (the folder holding ``workspace.yaml`` and ``pipelines/``):
+``--code-location``, ``$TOKENMILL_CODE_LOCATION``, the current directory or a parent, or the
+checkout this package was installed from. ``DAGSTER_HOME`` defaults to
+``<code location>/.dagster_home``. The exit code is the child's; SIGINT, SIGTERM and SIGHUP are
+passed on to it (it ends its run cleanly) and waited for: no child outlives this command.
 """
 
 from __future__ import annotations
@@ -81,7 +78,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="print Dagster's warnings and full tracebacks (by default each failure is one line "
         "of the summary and the tracebacks go to a log file it names)",
     )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,9 +102,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def wait_forwarding(child: subprocess.Popen[bytes]) -> int:
-    """Wait for ``child``, passing on each SIGINT/SIGTERM/SIGHUP this process gets (a Ctrl-C
-    from the terminal reaches both; the child's runs take a repeated interrupt as one). The
-    child's exit code, 128 + N when signal N ended it."""
+    """Wait for ``child``, passing on each SIGINT/SIGTERM/SIGHUP (the child's runs take a
+    repeated interrupt as one); its exit code, 128 + N when signal N ended it."""
 
     def forward(signum: int, frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):

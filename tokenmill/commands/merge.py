@@ -24,7 +24,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default="given",
         help="given (default), lexicographic (Megatron's sorted()), natural (part_2 < part_10)",
     )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,7 +19,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     add_storage_options(p)
     p.add_argument("--dry-run", action="store_true", help="list the moves, change nothing")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

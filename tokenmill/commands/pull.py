@@ -28,7 +28,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "ds.version): versions/<v16>/manifest.json beside MANIFEST_URI, and its files",
     )
     p.add_argument("--jobs", type=int, default=DEFAULT_JOBS, help="parallel transfers")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

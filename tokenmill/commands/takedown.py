@@ -28,7 +28,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--list", required=True, metavar="FILE", help="the takedown list")
     p.add_argument("--reason", required=True, metavar="TEXT", help="why (kept in the record)")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

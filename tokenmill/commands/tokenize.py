@@ -54,7 +54,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--on-bad-record", choices=["fail", "quarantine"], default="fail", help=BAD_RECORD_HELP
     )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

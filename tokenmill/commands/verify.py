@@ -33,15 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "records, as open_blend's default check); without it every file is hashed and, for a "
         "blend, every index value checked",
     )
-    p.set_defaults(func=run)
-
-
-def _pointed(pointer: Path) -> Path:
-    """The prefix a merged dataset's pointer names; ConfigError when there is none."""
-    prefix = pointer_target(pointer)
-    if prefix is None:
-        raise ConfigError(f"{pointer}: no such pointer (materialize the merged dataset first)")
-    return prefix
 
 
 def classify(target: str) -> tuple[str, Path]:
@@ -54,20 +45,22 @@ def classify(target: str) -> tuple[str, Path]:
             f"`tokenmill pull {target} DIR` first, then give DIR"
         )
     path = Path(target)
-    if path.is_dir():
-        for name, kind in ((BLEND_MANIFEST, "blend"), (DATASET_INFO, "hf")):
-            if (path / name).is_file():
-                return kind, path / name
-        if (path / POINTER_NAME).is_file():
-            return "dataset", _pointed(path / POINTER_NAME)
-        raise ConfigError(
-            f"{target}: a folder without {BLEND_MANIFEST} (a blend), {POINTER_NAME} (a merged "
-            f"dataset) or {DATASET_INFO} (an HF export); for a .bin/.idx pair give its prefix"
-        )
+    if path.is_dir():  # a folder: the first of these files in it
+        names = (BLEND_MANIFEST, DATASET_INFO, POINTER_NAME)
+        inside = next((path / name for name in names if (path / name).is_file()), None)
+        if inside is None:
+            raise ConfigError(
+                f"{target}: a folder without {BLEND_MANIFEST} (a blend), {POINTER_NAME} (a merged "
+                f"dataset) or {DATASET_INFO} (an HF export); for a .bin/.idx pair give its prefix"
+            )
+        path = inside
     if path.name == DATASET_INFO:
         return "hf", path
     if path.name == POINTER_NAME:
-        return "dataset", _pointed(path)
+        prefix = pointer_target(path)
+        if prefix is None:
+            raise ConfigError(f"{path}: no such pointer (materialize the merged dataset first)")
+        return "dataset", prefix
     if path.name.endswith(DATASET_MANIFEST_SUFFIX):
         return "dataset", prefix_of_manifest(path)
     if path.suffix == ".json":
