@@ -2,9 +2,8 @@
 
 Engines, fastest first: ``gigatoken`` (Rust), ``tiktoken`` (ranks built from a byte-level BPE
 ``tokenizer.json``), ``hf`` (the ``tokenizers`` backend transformers itself calls) and
-``transformers`` (the reference, ``load_reference``). Each is built from a ``TokenizerInfo``
-(``tokenmill.tokenize.tokenizer_info``: the cached verification record says which engines
-reproduce the reference); the fast ones run behind the tokenizer's per-document guard.
+``transformers`` (the reference, ``load_reference``), each built from a ``TokenizerInfo``; the
+fast ones run behind the tokenizer's per-document guard.
 """
 
 from __future__ import annotations

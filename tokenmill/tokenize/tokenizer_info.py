@@ -1,8 +1,5 @@
-"""``TokenizerInfo``: what a run knows about a tokenizer, as its cached verification record says.
-
-Read by ``tokenmill.tokenize.tokenizer`` (which writes and reads the records) and by the engines
-(``tokenmill.tokenize.engines``) that are built from it.
-"""
+"""``TokenizerInfo``: what a run knows about a tokenizer, as its cached verification record says
+(``tokenmill.tokenize.tokenizer`` reads it; the engines are built from it)."""
 
 from __future__ import annotations
 
