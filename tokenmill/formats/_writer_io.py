@@ -1,11 +1,6 @@
-"""Writer-side I/O of ``.bin`` files: early disk writeback and in-kernel copies (writers only).
-
-``IndexedDatasetWriter`` imports this module lazily, so a training process that only reads
-pairs (``tokenmill.loader``) never loads ``ctypes``' ``sync_file_range``, a writeback thread, or
-the copy helpers: ``sync_file_range`` starts writeback of written ranges on a side thread (the
-final fsync has little left to do), ``copy_file_range`` and ``sendfile`` copy page cache to page
-cache, with plain writes where the file system refuses them.
-"""
+"""Writer-side I/O of ``.bin`` files: early disk writeback and in-kernel copies, with plain
+writes where the file system refuses them. Imported lazily by ``IndexedDatasetWriter``, so a
+reader (``tokenmill.loader``) never loads ``ctypes`` or a writeback thread."""
 
 from __future__ import annotations
 
@@ -22,23 +17,16 @@ from typing import IO, Any
 COPY_BLOCK = 16 << 20
 
 
-def _load_sync_file_range() -> Any:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (AttributeError, OSError):
-        return None
-
-
-_SYNC_FILE_RANGE = _load_sync_file_range()
+_SYNC_FILE_RANGE: Any = None  # Linux only
+if sys.platform.startswith("linux"):
+    with contextlib.suppress(AttributeError, OSError):
+        _SYNC_FILE_RANGE = ctypes.CDLL(None, use_errno=True).sync_file_range
 _SYNC_FILE_RANGE_WRITE = 2
 
 
 class Writeback:
-    """Starts disk writeback of written ranges on a side thread (Linux ``sync_file_range``),
-    so writing keeps going and the final fsync has little left to do. The thread starts with
-    the first range and ends at ``close``; without ``sync_file_range`` this does nothing."""
+    """Starts disk writeback of written ranges on a side thread (Linux ``sync_file_range``) from
+    the first range to ``close``, so the final fsync has little left; elsewhere a no-op."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
@@ -73,25 +61,19 @@ def append_part(src: IO[bytes], dst: IO[bytes], size: int, hasher: Any) -> None:
         if hasher is not None:
             hasher.update(view)
         dst.flush()
-        _append_range(src, dst, size, view)
-
-
-def _append_range(src: IO[bytes], dst: IO[bytes], size: int, view: mmap.mmap) -> None:
-    """Append ``size`` bytes of ``src`` at the end of ``dst``: ``copy_file_range`` (in the kernel,
-    page cache to page cache), or writes from ``view`` where the file system refuses it."""
-    base = dst.seek(0, os.SEEK_END)
-    off = 0
-    with contextlib.suppress(OSError):  # EXDEV, ENOSYS, EINVAL: the plain write below
-        while off < size:
-            sent = os.copy_file_range(src.fileno(), dst.fileno(), size - off, off, base + off)
-            if sent == 0:
-                break
-            off += sent
-    if off < size:
-        dst.seek(base + off)
-        dst.write(view[off:size])
-        dst.flush()
-    dst.seek(0, os.SEEK_END)
+        base = dst.seek(0, os.SEEK_END)
+        off = 0
+        with contextlib.suppress(OSError):  # EXDEV, ENOSYS, EINVAL: the plain write below
+            while off < size:
+                sent = os.copy_file_range(src.fileno(), dst.fileno(), size - off, off, base + off)
+                if sent == 0:
+                    break
+                off += sent
+        if off < size:
+            dst.seek(base + off)
+            dst.write(view[off:size])
+            dst.flush()
+        dst.seek(0, os.SEEK_END)
 
 
 def copy_file(src: IO[bytes], dst: IO[bytes]) -> None:

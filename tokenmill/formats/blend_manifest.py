@@ -1,9 +1,7 @@
 """Blend manifest layout, reader and verifier; over 400 lines: one format's parts stay together.
 
-Numpy and stdlib only, shared by the writer and the loader.
-
-A blend lives in one directory, ``blends/<name>/``; every build writes an immutable version and
-then moves the pointer::
+Numpy and stdlib only (the loader imports it). A blend lives in ``blends/<name>/``; every build
+writes an immutable version, then moves the pointer::
 
     manifest.json                                   the current version's manifest (the pointer),
                                                     written last (temp -> fsync -> rename)
@@ -11,15 +9,12 @@ then moves the pointer::
     versions/<version16>/<split>-dataset_index.npy            which dataset each sample is from
     versions/<version16>/<split>-dataset_sample_index.npy     which sample of that Nanoset
 
-Every path inside a manifest is relative to that manifest's own folder (the pointer's go through
-``versions/<version16>/...``; a version's own manifest says ``../../../../merged/x_text_document``
-...), so copying the blend, its datasets and its index caches with the same relative layout gives
-a blend that opens elsewhere. Each file entry is ``{"path", "bytes", "sha256"}`` (a merged
-``.bin`` recorded by parts: ``{"path", "bytes", "parts", "sha256_of_parts"}``). Both manifests
-carry ``"version"`` (the content hash of everything the samples depend on) and
-``"manifest_sha256"`` (sha256 of the manifest's canonical JSON without that field), checked on
-every read. The writer is ``tokenmill.indices.blend_build.build_blend``; the schema is documented
-there.
+Every path inside a manifest is relative to its own folder, so a copy with the same relative
+layout opens elsewhere. Each file entry is ``{"path", "bytes", "sha256"}`` (a merged ``.bin`` by
+parts: ``{"path", "bytes", "parts", "sha256_of_parts"}``). Both manifests carry ``"version"`` (the
+content hash of everything the samples depend on) and ``"manifest_sha256"`` (sha256 of the
+canonical JSON without that field), checked on every read. The writer (and schema) is
+``tokenmill.indices.blend_build.build_blend``.
 """
 
 from __future__ import annotations
@@ -80,9 +75,7 @@ def versions_root(mpath: Path) -> Path:
 
 def available_versions(mpath: Path) -> list[str]:
     """The version folders (16 hex digits) with a manifest beside a blend manifest, sorted."""
-    folder = versions_root(mpath) / VERSIONS_DIR
-    if not folder.is_dir():
-        return []
+    folder = versions_root(mpath) / VERSIONS_DIR  # a missing folder globs nothing
     return sorted(p.parent.name for p in folder.glob(f"*/{MANIFEST_NAME}"))
 
 
@@ -111,12 +104,9 @@ def manifest_path(path: str | os.PathLike[str]) -> Path:
 
 
 def resolve(manifest: str | os.PathLike[str], relative: object) -> Path:
-    """A path recorded in the manifest, resolved against the manifest's directory.
-
-    Only what the builder writes (``os.path.relpath``) is accepted: a relative path whose ``..``
-    all lead it, never climbing above ``/``, without control characters; anything else is a
-    FormatError, so a tampered manifest cannot name arbitrary files.
-    """
+    """A path recorded in the manifest, resolved against the manifest's directory. Only what the
+    builder writes is accepted (relative, ``..`` only leading and never above ``/``, no control
+    characters): anything else is a FormatError, so a tampered manifest cannot name any file."""
     mpath = Path(manifest)
     problem = None
     if not isinstance(relative, str) or not relative:
@@ -213,22 +203,19 @@ def load_index_array(path: str | os.PathLike[str], *, ndim: int, what: str) -> n
 
 
 def index_part_paths(ds: dict[str, Any], mpath: Path) -> list[list[Path]]:
-    """The files of a blend dataset entry's three index arrays, each in part order (a growing
-    entry that extends its predecessor records its segments as ``<kind>.<i>``)."""
-    files = ds["index"]["files"]
-    return [
-        [resolve(mpath, files[key]["path"]) for key in segment_keys(files, kind)]
-        for kind in INDEX_ARRAYS
-    ]
+    """The files of a blend dataset entry's three index arrays, each in part order."""
+    return blend_part_paths(ds["index"], mpath, INDEX_ARRAYS)
 
 
-def blend_part_paths(info: dict[str, Any], mpath: Path) -> list[list[Path]]:
-    """The files of a split's two blend arrays, each in part order (a growing version that
-    extends its predecessor records the predecessor's parts as ``<array>.<i>``)."""
+def blend_part_paths(
+    info: dict[str, Any], mpath: Path, arrays: tuple[str, ...] = BLEND_ARRAYS
+) -> list[list[Path]]:
+    """The files of a split's two blend arrays (or of ``arrays``), each in part order: a growing
+    version records its predecessor's parts as ``<array>.<i>`` first."""
     files = info["files"]
     return [
         [resolve(mpath, files[key]["path"]) for key in segment_keys(files, array)]
-        for array in BLEND_ARRAYS
+        for array in arrays
     ]
 
 
@@ -272,8 +259,7 @@ def check_file(path: Path, entry: dict[str, Any], *, hash_it: bool) -> str | Non
 
 def drop_last_partial(manifest: dict[str, Any], split: str) -> bool:
     """The effective drop-last flag of a split: the manifest's ``drop_last_partial_validation``
-    (absent in manifests written before it was recorded: true) for valid; train and test
-    always drop."""
+    (true when absent) for valid; train and test always drop."""
     flag = manifest.get("drop_last_partial_validation", True)
     return split != "valid" or flag
 
@@ -328,9 +314,8 @@ def split_problems(
 def _key_problems(
     manifest: dict[str, Any], mpath: Path, split: str, ds: dict[str, Any]
 ) -> list[str]:
-    """Sample settings of the manifest that its index description contradicts, so an edited
-    manifest cannot make samples padded or cut differently; and array records (size, sha256)
-    that differ from the description's (a cheap check: no array is read)."""
+    """Sample settings and array records (size, sha256) of the manifest that its index
+    description contradicts, so an edited manifest cannot change samples (no array is read)."""
     path = resolve(mpath, ds["index"]["files"]["description"]["path"])
     try:
         description = load_json(path.read_bytes(), path, "description")
@@ -392,9 +377,8 @@ def dataset_problems(
 def _dataset_problems(
     mpath: Path, ds: dict[str, Any], full: bool, merges: dict[str, dict[str, Any]] | None
 ) -> list[str]:
-    """One dataset's mismatches: its ``.bin`` and ``.idx``; or, for a virtual merge, its
-    manifest (a few hundred bytes per shard: always hashed) and, through its records, every
-    shard pair it names (sizes; ``full``: sha256)."""
+    """One dataset's mismatches: its ``.bin`` and ``.idx``; for a virtual merge, its manifest
+    (small: always hashed) and every shard pair it names."""
     prefix = resolve(mpath, ds["prefix"])
     if "manifest" not in ds["files"]:
         found = {kind: _file_problem(mpath, ds, kind, prefix, full) for kind in ("bin", "idx")}
@@ -418,9 +402,8 @@ def _dataset_problems(
 def _file_problem(
     mpath: Path, ds: dict[str, Any], kind: str, prefix: Path, hash_it: bool
 ) -> str | None:
-    """:func:`check_file` of the dataset's recorded ``kind`` file (``bin``, ``idx`` or
-    ``manifest``), which must be that file of the dataset's ``prefix``: a record naming any
-    other file is a FormatError (an edited manifest must not vouch for other data)."""
+    """:func:`check_file` of the dataset's recorded ``kind`` file, which must be that of its
+    ``prefix`` (FormatError otherwise: an edited manifest must not vouch for other data)."""
     entry = ds["files"][kind]
     path = resolve(mpath, entry["path"])
     wanted = dataset_manifest_path(prefix) if kind == "manifest" else Path(f"{prefix}.{kind}")
@@ -443,11 +426,10 @@ def verify_manifest(
 ) -> list[str]:
     """Problems of a blend (empty list = consistent) for ``splits`` (default: all of them).
 
-    Always (O(1) in the size of the indices): the manifest's schema and its own hash, every
-    file's size, the index descriptions' settings and array records. ``full``: also the sha256
-    of every file (blend arrays, Nanoset caches, ``.idx``, ``.bin`` or its parts). ``at``: the
-    manifest path its recorded paths resolve against, when ``path`` is a temp of it elsewhere.
-    ``merges`` receives the virtual merges' manifests as checked (see ``dataset_problems``).
+    Always (O(1) in the indices' size): schema, own hash, every file's size, the index
+    descriptions' settings and records; ``full``: every file's sha256 too. ``at``: the path
+    recorded paths resolve against, when ``path`` is a temp elsewhere. ``merges``: as in
+    ``dataset_problems``.
     """
     manifest = read_blend_manifest(path)
     mpath = manifest_path(path) if at is None else Path(at)

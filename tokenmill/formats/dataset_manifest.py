@@ -1,10 +1,9 @@
 """Per-dataset manifests (``manifests/<name>.manifest.json`` beside the pair ``<name>.{bin,idx}``):
 written last, the only thing that says "done".
 
-A manifest records the format version, the kind of artifact, its inputs (with content hashes),
-the config that produced it, counts, and the sizes and sha256 of its own files. It lives in a
-sidecar folder so that Megatron's and nanotron's folder scans (``tools/merge_datasets.py``) see
-only pairs (``tokenmill migrate`` moves manifests written beside the pair).
+A manifest records the format version, the artifact's kind, its inputs (with content hashes), its
+config, counts, and its files' sizes and sha256. It lives in a sidecar folder so that Megatron's
+and nanotron's folder scans (``tools/merge_datasets.py``) see only pairs.
 """
 
 from __future__ import annotations
@@ -20,14 +19,14 @@ from tokenmill.formats.indexed import IndexedDataset, data_file_path, index_file
 from tokenmill.formats.virtual_merge import (
     VirtualDataset,
     check_manifest,
+    is_count,
+    is_digest,
     is_virtual,
     shard_problems,
 )
 
 FORMAT_VERSION = 1
-DATASET_MANIFESTS = (
-    "manifests"  # the sidecar folder of the pairs' manifests (tokenmill.storage.layout)
-)
+DATASET_MANIFESTS = "manifests"  # the pairs' manifests' sidecar folder (storage.layout)
 DATASET_MANIFEST_SUFFIX = ".manifest.json"
 
 
@@ -40,7 +39,7 @@ def dataset_manifest_path(prefix: str | os.PathLike[str]) -> Path:
 
 def prefix_of_manifest(path: str | os.PathLike[str]) -> Path:
     """The pair prefix a dataset manifest path belongs to; ValueError for a path that is not a
-    ``manifests/*.manifest.json`` (a 0.1.0 manifest beside its pair: run ``tokenmill migrate``)."""
+    ``manifests/*.manifest.json``."""
     path = Path(path)
     if not path.name.endswith(DATASET_MANIFEST_SUFFIX):
         raise ValueError(f"{path}: not a dataset manifest (*{DATASET_MANIFEST_SUFFIX})")
@@ -65,9 +64,8 @@ HASH_THREADS = min(4, os.cpu_count() or 1)
 
 
 def block_sha256(path: str | os.PathLike[str], block_bytes: int = BLOCK_BYTES) -> list[str]:
-    """The sha256 of each ``block_bytes`` block of a file, the last one possibly short: what
-    a streaming reader checks every block against when it enters its cache. One read pass,
-    blocks hashed in parallel threads (hashlib releases the GIL): a post-pass of the writers."""
+    """The sha256 of each ``block_bytes`` block of a file (the last possibly short), what a
+    streaming reader checks blocks against; hashed in threads (hashlib releases the GIL)."""
     from concurrent.futures import ThreadPoolExecutor  # writers only: readers skip the import
 
     count = -(-os.path.getsize(path) // block_bytes)
@@ -108,24 +106,33 @@ def write_dataset_manifest(
 ) -> dict[str, Any]:
     """Hash the pair's files and write the manifest atomically (call after the pair is final).
 
-    ``digests`` (``{"bin": {bytes, sha256}, "idx": {...}}``, e.g. ``IndexedDatasetWriter.
-    file_digests``) are taken instead of re-reading the files, once their sizes are checked.
-    ``bin_parts`` (``[{bytes, sha256}, ...]`` of consecutive byte ranges, e.g. the inputs of a
-    merge) records the ``.bin`` by the hashes of its parts instead of re-reading it, so merging
-    runs at copy speed; a full verify hashes each range. ``extra``: further fields (a merge's
-    ``shards`` and ``extends``).
+    Taken instead of re-reading the files (sizes checked): ``digests`` (e.g.
+    ``IndexedDatasetWriter.file_digests``), or ``bin_parts`` (``[{bytes, sha256}, ...]`` of
+    consecutive ranges of the ``.bin``, e.g. a merge's inputs: merging runs at copy speed).
+    ``extra``: further fields (a merge's ``shards`` and ``extends``).
     """
     prefix = Path(prefix)
+    pair = (data_file_path(prefix), index_file_path(prefix))
     if digests is not None:
-        files = _checked_digests(prefix, digests)
+        files = {}
+        for path, key in zip(pair, ("bin", "idx"), strict=True):
+            size = path.stat().st_size
+            if size != int(digests[key]["bytes"]):
+                raise FormatError(path, "size", f"{size} bytes, the writer recorded {digests[key]}")
+            files[path.name] = {"bytes": size, "sha256": str(digests[key]["sha256"])}
     elif bin_parts is None:
-        files = describe_files(
-            [data_file_path(prefix), index_file_path(prefix)], root=prefix.parent
-        )
+        files = describe_files(list(pair), root=prefix.parent)
     else:
-        files = describe_files([index_file_path(prefix)], root=prefix.parent)
-        files[data_file_path(prefix).name] = _parts_entry(data_file_path(prefix), bin_parts)
-    for path in (data_file_path(prefix), index_file_path(prefix)):
+        files = describe_files([pair[1]], root=prefix.parent)
+        total, size = sum(int(p["bytes"]) for p in bin_parts), pair[0].stat().st_size
+        if total != size:
+            raise FormatError(pair[0], "size", f"{size} bytes, its parts add up to {total}")
+        files[pair[0].name] = {
+            "bytes": size,
+            "parts": bin_parts,
+            "sha256_of_parts": parts_sha256(bin_parts),
+        }
+    for path in pair:
         entry = files[path.name]  # a post-pass: streaming and pull check blocks by these
         entry["block_bytes"] = BLOCK_BYTES
         entry["block_sha256"] = block_sha256(path, BLOCK_BYTES)
@@ -146,33 +153,14 @@ def write_dataset_manifest(
     return manifest
 
 
-def _checked_digests(prefix: Path, digests: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    files = {}
-    for path, key in ((data_file_path(prefix), "bin"), (index_file_path(prefix), "idx")):
-        size = path.stat().st_size
-        if size != int(digests[key]["bytes"]):
-            raise FormatError(path, "size", f"{size} bytes, the writer recorded {digests[key]}")
-        files[path.name] = {"bytes": size, "sha256": str(digests[key]["sha256"])}
-    return files
-
-
-def _parts_entry(path: Path, parts: list[dict[str, Any]]) -> dict[str, Any]:
-    total = sum(int(p["bytes"]) for p in parts)
-    size = path.stat().st_size
-    if total != size:
-        raise FormatError(path, "size", f"{size} bytes, its parts add up to {total}")
-    return {"bytes": size, "parts": parts, "sha256_of_parts": parts_sha256(parts)}
-
-
 def parts_sha256(parts: list[dict[str, Any]]) -> str:
     """``sha256_of_parts`` of a file recorded by parts: sha256 over their sha256s, in order."""
     return hashlib.sha256("".join(str(p["sha256"]) for p in parts).encode()).hexdigest()
 
 
 def digest_problem(path: Path, info: dict[str, Any], source: str = "the manifest") -> str | None:
-    """Rehash a file recorded as ``{sha256}`` (or, without one, each of its recorded
-    ``parts``: the content hash too takes ``sha256`` first): why it differs from ``source``,
-    or None."""
+    """Why a file differs from ``source`` (None if not): its ``sha256``, else each recorded
+    ``parts`` range (``sha256`` first, as the content hash)."""
     if "sha256" in info or "parts" not in info:
         return None if file_sha256(path) == info.get("sha256") else f"sha256 differs from {source}"
     offset = 0
@@ -222,20 +210,27 @@ def open_dataset(
     index_only: bool = False,
     recorded: dict[str, Any] | None = None,
 ) -> IndexedDataset | VirtualDataset:
-    """The dataset at ``prefix``: a ``.bin``/``.idx`` pair, or a virtual merge (a manifest of
-    shard pairs, no pair of its own). Both offer the same reading surface; a pair whose manifest
-    records its token count opens in O(1) (``IndexedDataset(num_tokens=...)``).
+    """The dataset at ``prefix``: a ``.bin``/``.idx`` pair or a virtual merge, with one reading
+    surface; a pair whose manifest records its token count opens in O(1).
 
-    ``recorded``: the pair's ``num_sequences``, ``num_tokens`` and ``dtype`` as a manifest
-    already read and checked records them (a blend's dataset entry): the pair opens from those
-    and its header, without parsing its own manifest (megabytes of per-block hashes for a large
-    ``.bin``); a header that disagrees is a FormatError. For a virtual merge, ``recorded`` may
-    be its manifest, already read and checked (not read again)."""
+    ``recorded``: a checked record of the pair's ``num_sequences``, ``num_tokens`` and ``dtype``
+    (a blend's dataset entry), opened from without parsing its own manifest (megabytes of block
+    hashes) and checked against its header; or a virtual merge's checked manifest."""
     if recorded is not None and is_virtual(recorded) and not index_file_path(prefix).is_file():
         path = dataset_manifest_path(prefix)
         return VirtualDataset(prefix, recorded, path, index_only=index_only)
-    if recorded is not None and _counts_recorded(recorded):
-        return _open_recorded(Path(prefix), recorded, index_only=index_only)
+    counted = ("num_tokens", "num_sequences")
+    if recorded and "dtype" in recorded and all(is_count(recorded.get(k)) for k in counted):
+        data = IndexedDataset(prefix, index_only=index_only, num_tokens=recorded["num_tokens"])
+        if len(data) != recorded["num_sequences"] or data.dtype.name != recorded["dtype"]:
+            raise FormatError(
+                data.idx_path,
+                "header",
+                f"{len(data)} {data.dtype} sequences, the manifest records "
+                f"{recorded['num_sequences']} {recorded.get('dtype')}: the dataset changed after "
+                "the manifest was written",
+            )
+        return data
     path = dataset_manifest_path(prefix)
     if not path.is_file():
         return IndexedDataset(prefix, index_only=index_only)
@@ -243,49 +238,17 @@ def open_dataset(
     if is_virtual(manifest) and not index_file_path(prefix).is_file():
         return VirtualDataset(prefix, manifest, path, index_only=index_only)
     tokens = manifest["counts"].get("tokens")  # recorded: an O(1) open
-    counted = tokens if type(tokens) is int and tokens >= 0 else None
-    return IndexedDataset(prefix, index_only=index_only, num_tokens=counted)
-
-
-def _counts_recorded(recorded: dict[str, Any]) -> bool:
-    """True when ``recorded`` holds a pair's counts (integers >= 0) and dtype."""
-    counts = (recorded.get("num_tokens"), recorded.get("num_sequences"))
-    return all(type(c) is int and c >= 0 for c in counts) and "dtype" in recorded
-
-
-def _open_recorded(prefix: Path, recorded: dict[str, Any], *, index_only: bool) -> IndexedDataset:
-    """``open_dataset`` of a pair from counts recorded elsewhere (header and sizes checked)."""
-    sequences = recorded["num_sequences"]
-    data = IndexedDataset(prefix, index_only=index_only, num_tokens=recorded["num_tokens"])
-    if len(data) != sequences or data.dtype.name != recorded["dtype"]:
-        raise FormatError(
-            data.idx_path,
-            "header",
-            f"{len(data)} {data.dtype} sequences, the manifest records {sequences} "
-            f"{recorded.get('dtype')}: the dataset changed after the manifest was written",
-        )
-    return data
-
-
-def _is_digest(info: object) -> bool:
-    """True for ``{bytes: int >= 0, sha256: str, ...}``."""
-    return (
-        isinstance(info, dict)
-        and type(info.get("bytes")) is int
-        and info["bytes"] >= 0
-        and isinstance(info.get("sha256"), str)
+    return IndexedDataset(
+        prefix, index_only=index_only, num_tokens=tokens if is_count(tokens) else None
     )
 
 
 def _check_schema(path: Path, name: str, manifest: dict[str, Any]) -> None:
     """FormatError for fields of the wrong shape, or ``files`` naming anything but the pair
     beside the manifest (a tampered manifest must not make readers look elsewhere)."""
-    if not isinstance(manifest["counts"], dict):
-        raise FormatError(path, "counts", f"expected a mapping, found {manifest['counts']!r}")
-    if not isinstance(manifest["content_hash"], str):
-        raise FormatError(
-            path, "content_hash", f"expected a string, found {manifest['content_hash']!r}"
-        )
+    for key, kind, expected in (("counts", dict, "a mapping"), ("content_hash", str, "a string")):
+        if not isinstance(manifest[key], kind):
+            raise FormatError(path, key, f"expected {expected}, found {manifest[key]!r}")
     files = manifest["files"]
     pair = sorted(f"{name}{suffix}" for suffix in (".bin", ".idx"))
     if not isinstance(files, dict) or sorted(files) != pair:
@@ -295,11 +258,11 @@ def _check_schema(path: Path, name: str, manifest: dict[str, Any]) -> None:
         parts = info.get("parts") if isinstance(info, dict) else None
         by_parts = (
             isinstance(parts, list)
-            and all(_is_digest(part) for part in parts)
+            and all(is_digest(part) for part in parts)
             and type(info.get("bytes")) is int
             and isinstance(info.get("sha256_of_parts"), str)
         )
-        if not (_is_digest(info) or by_parts):
+        if not (is_digest(info) or by_parts):
             raise FormatError(
                 path, f"files.{file_name}", f"expected {{bytes, sha256}} or parts, found {info!r}"
             )

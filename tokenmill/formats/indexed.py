@@ -14,13 +14,13 @@
     ..  8D    document_indices int64 (starts at 0, ends at N; repeats for empty documents)
 
 ``.bin`` is the bare concatenation of all sequences in the token dtype. Writers go through a
-temporary name, fsync and rename, so an interrupted write never leaves a final-named pair.
-The writer's kernel I/O (early writeback thread, in-kernel copies) is ``_writer_io``, which it
-imports lazily: readers (every training process) never load it.
+temporary name, fsync and rename, so an interrupted write never leaves a final-named pair; their
+kernel I/O (``_writer_io``) is imported lazily, so readers never load it.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import hashlib
 import os
@@ -90,6 +90,14 @@ def optimal_dtype(vocab_size: int) -> type[np.generic]:
     return np.uint16 if vocab_size < UINT16_VOCAB_LIMIT else np.int32
 
 
+def _pointers(lengths: np.ndarray, itemsize: int) -> np.ndarray:
+    """Each sequence's byte offset in ``.bin``: the running sum of the lengths before it."""
+    pointers = np.zeros(len(lengths), dtype="<i8")
+    if len(lengths) > 1:
+        np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
+    return pointers * itemsize
+
+
 def encode_index(
     dtype: npt.DTypeLike,
     sequence_lengths: npt.ArrayLike,
@@ -98,49 +106,20 @@ def encode_index(
     """The exact ``.idx`` bytes for the given lengths and document boundaries."""
     lengths = np.ascontiguousarray(sequence_lengths, dtype="<i4")
     docs = np.ascontiguousarray(document_indices, dtype="<i8")
-    itemsize = np.dtype(dtype).itemsize
-    pointers = np.zeros(len(lengths), dtype="<i8")
-    if len(lengths) > 1:
-        np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
-    pointers *= itemsize
+    pointers = _pointers(lengths, np.dtype(dtype).itemsize)
     header = MAGIC + struct.pack("<Q", VERSION) + struct.pack("<B", dtype_code(dtype))
     header += struct.pack("<QQ", len(lengths), len(docs))
     return header + lengths.tobytes() + pointers.tobytes() + docs.tobytes()
 
 
-class _Growable:
-    """An append-only numpy buffer with amortized doubling (no per-item Python objects)."""
-
-    def __init__(self, dtype: npt.DTypeLike, initial: int = 1024) -> None:
-        self._buf = np.empty(initial, dtype=dtype)
-        self._n = 0
-
-    def extend(self, values: npt.ArrayLike) -> None:
-        arr = np.asarray(values, dtype=self._buf.dtype).ravel()
-        need = self._n + len(arr)
-        if need > len(self._buf):
-            new = np.empty(max(need, 2 * len(self._buf)), dtype=self._buf.dtype)
-            new[: self._n] = self._buf[: self._n]
-            self._buf = new
-        self._buf[self._n : need] = arr
-        self._n = need
-
-    def append(self, value: int) -> None:
-        self.extend(np.array([value]))
-
-    def __len__(self) -> int:
-        return self._n
-
-    def view(self) -> np.ndarray:
-        return self._buf[: self._n]
+def _extend(buf: array.array[int], values: npt.ArrayLike) -> None:
+    """Append ``values`` to ``buf`` cast to its C type, through one bytes copy."""
+    buf.frombytes(np.asarray(values, dtype=buf.typecode).tobytes())
 
 
 class IndexedDatasetWriter(CommitOnExit):
-    """Builder for a ``.bin``/``.idx`` pair (Megatron ``IndexedDatasetBuilder`` semantics).
-
-    Use as a context manager; ``finalize`` (called on clean exit) writes the index last and
-    renames both files into place. On an exception nothing is left at the prefix.
-    """
+    """Builder for a ``.bin``/``.idx`` pair (Megatron ``IndexedDatasetBuilder`` semantics); as a
+    context manager, ``finalize`` on a clean exit, nothing left at the prefix on an exception."""
 
     def __init__(self, prefix: str | os.PathLike[str], dtype: npt.DTypeLike = np.int32) -> None:
         self.prefix = Path(prefix)
@@ -155,16 +134,15 @@ class IndexedDatasetWriter(CommitOnExit):
             lambda t: open(t, "wb"),  # noqa: SIM115
         )
         self._bin: IO[bytes] | None = opened
-        self._lengths = _Growable(np.int32)
-        self._docs = _Growable(np.int64)
-        self._docs.append(0)
+        # Append-only C arrays (amortized growth, no per-item Python objects).
+        self._lengths = array.array("i")
+        self._docs = array.array("q", [0])
         self._done = False
         # sha256 of the bytes as written (None once add_index copied bytes in the kernel).
         self._bin_hash: Any = hashlib.sha256()
         self._bin_size = 0
         self._idx_digest: dict[str, Any] | None = None
-        # Start disk writeback as data accumulates, so finalize's fsync has little left to do
-        # (writer-only I/O lives in _writer_io, imported here so readers never load it).
+        # Early disk writeback, so finalize's fsync has little left (imported here: see module).
         from tokenmill.formats._writer_io import Writeback
 
         self._writeback = Writeback(self._bin.fileno())
@@ -201,14 +179,14 @@ class IndexedDatasetWriter(CommitOnExit):
         document: no sequence, a repeated boundary (FORMATS §1.3)."""
         base = len(self._lengths)
         nonempty = lens > 0
-        self._lengths.extend(lens[nonempty])
-        self._docs.extend(base + np.cumsum(nonempty, dtype=np.int64))
+        _extend(self._lengths, lens[nonempty])
+        _extend(self._docs, base + np.cumsum(nonempty, dtype=np.int64))
 
     def add_item(self, tokens: npt.ArrayLike) -> None:
         """Append one sequence without closing the document."""
         arr = np.asarray(tokens)
         self._write_tokens(arr)
-        self._lengths.append(arr.size)
+        _extend(self._lengths, np.array([arr.size]))
 
     def end_document(self) -> None:
         """Close the current document (appends the sequence count as a boundary)."""
@@ -227,7 +205,7 @@ class IndexedDatasetWriter(CommitOnExit):
             if int(lens.sum()) != arr.size:
                 raise ValueError(f"lengths sum to {int(lens.sum())}, tokens has {arr.size}")
         self._write_tokens(arr)
-        self._lengths.extend(lens)
+        _extend(self._lengths, lens)
         self.end_document()
 
     def add_documents(self, tokens: npt.ArrayLike, doc_lengths: npt.ArrayLike) -> None:
@@ -260,11 +238,8 @@ class IndexedDatasetWriter(CommitOnExit):
         self._write_back(self._bin_size)
 
     def add_index(self, prefix: str | os.PathLike[str]) -> None:
-        """Append a whole existing dataset (Megatron ``add_index``): bytes copied in blocks.
-
-        The source's pointers are checked against its lengths first: the output recomputes
-        them from the lengths, so an inconsistent input must fail here, not be silently mended.
-        """
+        """Append a whole existing dataset (Megatron ``add_index``): bytes copied in blocks. Its
+        pointers are checked first: the output recomputes them, so a bad input fails, not mended."""
         src = IndexedDataset(prefix)
         src.check_pointers()
         if src.dtype != self.dtype:
@@ -276,8 +251,8 @@ class IndexedDatasetWriter(CommitOnExit):
             )
         bin_file = self._open_bin()
         base = len(self._lengths)
-        self._lengths.extend(src.sequence_lengths)
-        self._docs.extend(base + src.document_indices[1:])
+        _extend(self._lengths, src.sequence_lengths)
+        _extend(self._docs, base + src.document_indices[1:])
         self._bin_hash = None
         with name_os_errors(data_file_path(self.prefix), source=data_file_path(prefix)):
             bin_file.flush()
@@ -323,7 +298,11 @@ class IndexedDatasetWriter(CommitOnExit):
         idx_final = index_file_path(self.prefix)
         idx_tmp, opened = create_temp(idx_final, lambda t: open(t, "wb"))  # noqa: SIM115
         try:
-            index = encode_index(self.dtype, self._lengths.view(), self._docs.view())
+            lengths, docs = (
+                np.frombuffer(self._lengths, np.int32),
+                np.frombuffer(self._docs, np.int64),
+            )
+            index = encode_index(self.dtype, lengths, docs)
             self._idx_digest = {"bytes": len(index), "sha256": hashlib.sha256(index).hexdigest()}
             with name_os_errors(idx_final), opened as fh:
                 fh.write(index)
@@ -361,12 +340,9 @@ class IndexedDataset:
         index_only: bool = False,
         num_tokens: int | None = None,
     ) -> None:
-        """``index_only``: read the ``.idx`` alone (lengths, counts; no tokens), so a step that
-        needs sequence lengths never opens or downloads the ``.bin``. ``num_tokens``: the token
-        count a manifest records; given, the open is O(1) in the dataset's size (header, file
-        sizes, the ``.bin`` size against it) and the scans of every length and document
-        boundary wait for :meth:`check_pointers` (``verify="full"``); reads stay in bounds
-        through the loader's per-batch checks."""
+        """``index_only``: read the ``.idx`` alone, never the ``.bin``. ``num_tokens`` (a manifest's
+        count): an O(1) open (header and file sizes); the O(size) scans wait for
+        :meth:`check_pointers`, and the loader's per-batch checks keep reads in bounds."""
         self.prefix = Path(prefix)
         self.idx_path = index_file_path(prefix)
         self.bin_path = data_file_path(prefix)
@@ -456,10 +432,7 @@ class IndexedDataset:
                 "sequence_lengths",
                 f"add up to {total} tokens, the manifest records {self.num_tokens}",
             )
-        expect = np.zeros(len(self), dtype=np.int64)
-        if len(self) > 1:
-            np.cumsum(self.sequence_lengths[:-1], dtype=np.int64, out=expect[1:])
-        expect *= self.dtype.itemsize
+        expect = _pointers(self.sequence_lengths, self.dtype.itemsize)
         bad = np.flatnonzero(expect != self.sequence_pointers)
         if bad.size:
             i = int(bad[0])

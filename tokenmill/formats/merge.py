@@ -141,12 +141,9 @@ def _manifests(prefixes: list[Path]) -> list[tuple[Path, dict[str, Any] | None]]
 def _provenance(
     inputs: list[tuple[Path, dict[str, Any] | None]],
 ) -> tuple[dict[str, Any], int]:
-    """What the inputs' manifests (``_manifests``) say produced them (tokenizer fingerprint,
-    text key, EOD), and the documents they quarantined in all. Inputs made by different
-    tokenizers or settings are refused: their ids would mean different things in one dataset.
-    Inputs without a manifest (hand-made Megatron datasets) add nothing; a setting no manifest
-    states is recorded as null.
-    """
+    """The tokenizer settings (``PROVENANCE``) the inputs' manifests state (null where none
+    does) and the documents they quarantined in all. Inputs made by different tokenizers or
+    settings are refused: their ids would mean different things in one dataset."""
     seen: dict[str, tuple[Any, Path]] = {}
     quarantined = 0
     for q, manifest in inputs:
@@ -167,11 +164,13 @@ def _provenance(
     return {key: seen[key][0] if key in seen else None for key in PROVENANCE}, quarantined
 
 
-def _counts(prefix: Path) -> dict[str, int]:
-    """Documents, sequences and tokens of an input, from its ``.idx`` (what the merge copies),
-    so checks compare the merged pair against its recorded inputs without reading them again."""
-    with IndexedDataset(prefix, index_only=True) as data:
-        return {"documents": data.num_documents, "sequences": len(data), "tokens": data.num_tokens}
+def _counts(data: IndexedDataset | Path) -> dict[str, int]:
+    """Documents, sequences and tokens of a dataset (of an input: from its ``.idx`` alone), so
+    checks compare the merged pair against its recorded inputs without reading them again."""
+    if isinstance(data, Path):
+        with IndexedDataset(data, index_only=True) as opened:
+            return _counts(opened)
+    return {"documents": data.num_documents, "sequences": len(data), "tokens": data.num_tokens}
 
 
 def _shard_records(keys: list[str], prefixes: list[Path], extends: str | None) -> dict[str, Any]:
@@ -196,11 +195,10 @@ def merge_datasets(
 ) -> MergeResult:
     """Concatenate datasets with Megatron ``add_index`` semantics and write a manifest last.
 
-    The output dtype is the first input's; any other dtype is an error naming the file. The
-    manifest names each input prefix by ``input_uri(prefix)`` (default: its absolute path),
-    e.g. its URI when the inputs are local copies of objects. ``keys`` (the inputs' shard keys,
-    in order) records the inputs as ``shards`` and the version it ``extends``, as a virtual
-    merge does, so document identities survive either merge mode.
+    The output dtype is the first input's (another is an error naming the file). The manifest
+    names inputs by ``input_uri(prefix)`` (default: the absolute path). ``keys`` (the inputs'
+    shard keys) records ``shards`` and ``extends`` as a virtual merge does, so document
+    identities survive either merge mode.
     """
     start = time.perf_counter()
     prefixes = resolve_inputs(inputs, order)
@@ -208,9 +206,8 @@ def merge_datasets(
     out = Path(output_prefix)
     if any(out.resolve() == q.resolve() for q in prefixes):
         raise ConfigError(f"--output-prefix {out} is also an input")
-    first = IndexedDataset(prefixes[0])
-    dtype = first.dtype
-    first.close()
+    with IndexedDataset(prefixes[0]) as first:
+        dtype = first.dtype
     provenance, quarantined = _provenance(_manifests(prefixes))
     # The old manifest goes first: it must never vouch for a new pair of the same sizes.
     outputs = (dataset_manifest_path(out), data_file_path(out), index_file_path(out))
@@ -221,15 +218,9 @@ def merge_datasets(
         with IndexedDatasetWriter(out, dtype) as writer:
             for q in prefixes:
                 writer.add_index(q)
-        merged = IndexedDataset(out)
-        counts = {
-            "documents": merged.num_documents,
-            "sequences": len(merged),
-            "tokens": merged.num_tokens,
-            "quarantined": quarantined,
-        }
-        nbytes = merged.bin_path.stat().st_size
-        merged.close()
+        with IndexedDataset(out) as merged:  # a full open: the .bin size checked too
+            counts = {**_counts(merged), "quarantined": quarantined}
+            nbytes = merged.bin_path.stat().st_size
         manifest = write_dataset_manifest(
             out,
             kind="merged",
@@ -257,11 +248,9 @@ def virtual_merge(
     masks: Mapping[str, Sequence[int]] | None = None,
     takedown: dict[str, Any] | None = None,
 ) -> MergeResult:
-    """Merge shard pairs virtually: write only the manifest of ``(key, prefix)`` pairs in the
-    order given (``tokenmill.formats.virtual_merge``), read from their dataset manifests; no
-    token is copied and no ``.bin`` is opened. Every shard needs a tokenmill manifest, and all
-    must share dtype, tokenizer and settings (as for a physical merge). ``extends``: the version
-    this one only appends shards to, recorded for training that follows growth. ``masks``:
+    """Merge shard pairs virtually: write only the manifest of ``(key, prefix)`` pairs in order
+    (``formats.virtual_merge``) from their dataset manifests, which all must share dtype and
+    tokenizer settings. ``extends``: the version this one only appends shards to. ``masks``:
     shard key -> ordinals of documents taken down (``takedown``: the record of what did)."""
     start = time.perf_counter()
     if not shards:

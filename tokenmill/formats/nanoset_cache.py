@@ -2,14 +2,10 @@
 
 An entry is ``<hash>-Nanoset-<split>-{document,sample,shuffle}_index.npy`` plus
 ``<hash>-Nanoset-<split>-description.json`` written last. The description's ``key`` holds every
-input that changes the arrays; its md5 names the files, so a changed setting never finds a stale
-entry; ``files`` records each array's ``{file, dtype, shape, bytes, sha256}``. Arrays are written
-temp → fsync → rename, loaded with ``allow_pickle=False`` and ``mmap_mode="r"``, and checked
-against the sizes, dtypes and shapes the description records (:func:`load_entry_arrays`, used by
-the index builder and by the loader alike). Builders take an exclusive ``fcntl.flock`` on a lock
-file so that N processes starting at once build one entry and the others wait and load it; the lock
-file is removed when released (readers never create one), so none stays in the cache.
-numpy + stdlib only: the loader imports it.
+input that changes the arrays and its md5 names the files, so a changed setting never finds a
+stale entry; ``files`` records each array's ``{file, dtype, shape, bytes, sha256}``, checked on
+every load. Builders hold an exclusive ``flock`` so that N processes build one entry and the
+others wait and load it. numpy + stdlib only: the loader imports it.
 """
 
 from __future__ import annotations
@@ -39,12 +35,8 @@ def key_hash(key: dict[str, Any]) -> str:
 
 @contextlib.contextmanager
 def exclusive_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on the lock file ``path``, removed again on release.
-
-    The holder unlinks the file before unlocking, so a waiter may wake holding a lock on a
-    removed file: it then retries on the file now at ``path`` (the usual lock-and-unlink
-    protocol), and two holders never overlap.
-    """
+    """Hold an exclusive ``flock`` on the lock file ``path``, removed again on release. A waiter
+    that wakes holding a lock on the removed file retries on the one now at ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -87,12 +79,9 @@ def save_array(path: Path, array: np.ndarray) -> dict[str, Any]:
 def load_array(
     path: Path, record: dict[str, Any], *, full: bool = False, what: str = "array"
 ) -> np.ndarray:
-    """Memory-map an array written by :func:`save_array`, refusing any mismatch.
-
-    Always checks the byte size, dtype and shape (cheap); ``full`` also re-hashes the file.
-    Raises CacheError naming the file and the field that differs from the record, FormatError
-    (naming ``what``) when the file is not a plain numeric ``.npy`` (never unpickled).
-    """
+    """Memory-map an array written by :func:`save_array`: CacheError naming the field that
+    differs from ``record`` (size, dtype, shape; ``full``: sha256), FormatError naming ``what``
+    for a file that is not a plain numeric ``.npy`` (never unpickled)."""
     if not path.is_file():
         raise CacheError(f"{path}: missing (the cache entry is incomplete)")
     size = path.stat().st_size
@@ -106,14 +95,11 @@ def load_array(
         ) from exc
     if array.dtype.hasobject:
         raise FormatError(path, what, "unreadable .npy: an object array; rebuild it")
-    if array.dtype.str != record.get("dtype"):
-        raise CacheError(
-            f"{path}: dtype {array.dtype.str}, the description records {record.get('dtype')}"
-        )
-    if list(array.shape) != record.get("shape"):
-        raise CacheError(
-            f"{path}: shape {list(array.shape)}, the description records {record.get('shape')}"
-        )
+    for field, found in (("dtype", array.dtype.str), ("shape", list(array.shape))):
+        if found != record.get(field):
+            raise CacheError(
+                f"{path}: {field} {found}, the description records {record.get(field)}"
+            )
     if full and file_sha256(path) != record.get("sha256"):
         raise CacheError(f"{path}: sha256 differs from the description")
     return array
@@ -200,16 +186,12 @@ def entry_array_paths(paths: dict[str, Path], description: dict[str, Any]) -> di
 def load_entry_arrays(
     paths: dict[str, Path], description: dict[str, Any], *, full: bool = False
 ) -> dict[str, np.ndarray]:
-    """An entry's three arrays, memory-mapped and each checked against its record (file name,
-    size, dtype, shape; ``full``: sha256) and its rank (``sample`` 2-D, the others 1-D,
-    integers). An entry with segments gives a :class:`SegmentedArray` over its parts.
-    CacheError naming the file and what differs; FormatError for a file that is no plain
-    numeric ``.npy``."""
-    files = description.get("files")
-    if not isinstance(files, dict):
-        raise CacheError(f"{paths['description']}: no 'files' record")
+    """An entry's three arrays, each part checked by :func:`load_array` and for its file name and
+    rank (``sample`` 2-D integers, the others 1-D); segments give a :class:`SegmentedArray`."""
+    part_files = entry_array_paths(paths, description)
+    files = description["files"]
     arrays: dict[str, Any] = {}
-    for name, part_paths in entry_array_paths(paths, description).items():
+    for name, part_paths in part_files.items():
         parts = []
         for key, path in zip(segment_keys(files, name), part_paths, strict=True):
             record = files.get(key)
@@ -229,12 +211,9 @@ def load_entry_arrays(
 
 class SegmentedArray:
     """Read-only concatenation along axis 0 of memory-mapped parts (a growing entry's segments,
-    oldest first): indexing reads only the parts it touches, nothing is copied on open.
-
-    Supports what readers of an index do: ``len``, ``dtype``/``ndim``/``shape``/``size``,
-    ``a[i]``, ``a[int array]``, ``a[slice]``, ``a[:, c]``, ``min``/``max``, ``astype``;
-    ``np.asarray(a)`` concatenates (a whole-array pass, e.g. a full check).
-    """
+    oldest first): indexing reads only the parts it touches. Supports what index readers use
+    (``len``, ``shape``, ``a[i]``, ``a[ints]``, ``a[slice]``, ``a[:, c]``, ``min``/``max``,
+    ``astype``); ``np.asarray(a)`` concatenates."""
 
     def __init__(self, parts: list[np.ndarray]) -> None:
         if not parts:

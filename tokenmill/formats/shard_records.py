@@ -12,12 +12,11 @@
     {format_version, shard, file, num_rows, num_bytes, size, sha256, schema (base64 Arrow IPC),
      input, counts: {lines, documents, blank, quarantined}, config}
 
-``raw/<ds>/<shard>.dochash.npy`` (written by ``raw_jsonl`` before the stats): the sha256 of each
-document's normalized text (:func:`text_digest`), uint8 ``[documents, 32]`` in document order:
-what ``tokenmill find sha256:`` looks documents up in without reading their sources.
+``raw/<ds>/<shard>.dochash.npy`` (written by ``raw_jsonl`` before the stats): each document's
+:func:`text_digest`, uint8 ``[documents, 32]`` in document order, for ``tokenmill find sha256:``.
 
-Nothing in any of them depends on when or where a run happened, so the same shard and config give
-the same bytes. Writers are atomic (temp → fsync → rename); readers name the file on damage.
+Nothing in them depends on when or where a run happened (same shard and config, same bytes).
+Writers are atomic (temp → fsync → rename); readers name the file on damage.
 """
 
 from __future__ import annotations
@@ -72,9 +71,8 @@ def raw_stats_record(
     stats: IngestStats,
     quarantine_path: Path | None,
 ) -> dict[str, Any]:
-    """A shard's raw stats: format version, the input (``{uri, bytes, sha256}``), config, the
-    ingest counts and the committed quarantine file's size and sha256 (None in fail mode and when
-    nothing was quarantined: then no file is written)."""
+    """A shard's raw stats (module docstring); ``quarantine`` is None when no file was written
+    (fail mode, or nothing quarantined)."""
     counts = stats.to_dict()
     del counts["path"]  # the input's uri says where it lives
     record: dict[str, Any] = {
@@ -115,8 +113,8 @@ def write_record(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
 
 
 def read_record(path: str | os.PathLike[str], *, shown: str | None = None) -> dict[str, Any]:
-    """Either record as written; FileNotFoundError if absent, FormatError naming the file
-    (``shown``: where it really lives, e.g. its ``s3://`` URI) if it is not a JSON object."""
+    """Either record; FileNotFoundError if absent, FormatError naming ``shown`` (default: the
+    path, e.g. its ``s3://`` URI instead) if it is not a JSON object."""
     return parse_record(Path(path).read_bytes(), shown or str(path))
 
 
@@ -134,10 +132,8 @@ def is_current(record: dict[str, Any], config: dict[str, str]) -> bool:
 
 
 def text_digest(text: str) -> bytes:
-    """sha256 of ``text`` NFC-normalized: a document's identity that survives Unicode form
-    changes. Whitespace is kept as it is: collapsing it cost 5.8 CPU-ms per MB against 1.3 for
-    this (≈ 20 % of tokenize CPU against ≈ 4 %; the goal is ≤ 5 %), so a re-wrapped copy of a
-    document is found by ``text:`` substring queries, not by its hash."""
+    """sha256 of ``text`` NFC-normalized: a document's identity across Unicode forms. Whitespace
+    is kept (collapsing it cost ~20 % of tokenize CPU): ``text:`` queries find re-wrapped copies."""
     if not unicodedata.is_normalized("NFC", text):  # most text is: skip the copy
         text = unicodedata.normalize("NFC", text)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()

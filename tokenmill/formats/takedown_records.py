@@ -2,9 +2,8 @@
 masks by them (``tokenmill.takedown`` makes and applies them; docs/formats.md has the schema).
 
 A record names each removed document by dataset, shard key, the shard's content hash and
-ordinal; the records of a storage root are its takedown ledger, and every merge masks the
-documents they name whose shard still has that content (:func:`masks_for`), so a re-tokenized
-shard is not masked by a stale ordinal. Records are written whole (temp -> fsync -> rename).
+ordinal; a merge masks only documents whose shard still has that content (:func:`masks_for`), so
+a re-tokenized shard is not masked by a stale ordinal. Records are written whole, atomically.
 """
 
 from __future__ import annotations
@@ -113,9 +112,8 @@ def merge_masks(
 
 
 def blend_takedowns(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """What a blend version's datasets mask, from the ``takedown`` records its manifest copied
-    from their merged manifests: ``{"removed": {dataset: count}, "total", "lists", "records"}``
-    (a blend without takedowns: zero and empty lists)."""
+    """What a blend version's datasets mask, from the ``takedown`` records copied into its
+    manifest: ``{"removed": {dataset: count}, "total", "lists", "records"}``."""
     removed, lists, records = {}, set(), []
     for entry in manifest["datasets"]:
         record = entry.get("takedown") or {}

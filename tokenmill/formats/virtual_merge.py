@@ -1,12 +1,9 @@
 """Virtual merges: writer, checks and reader; over 400 lines: one format's parts stay together.
 
-A virtual merge is a manifest of shard pairs read as one dataset; nothing is copied.
-
-A virtual merge of the pairs ``S_0 .. S_{K-1}`` is the dataset a physical merge (Megatron's
-``merge_datasets.py``) of the same pairs in the same order would be: sequence ``i`` of the merge
-is sequence ``i - first_sequence[k]`` of the shard ``k`` holding it, so every index built over
-it, and every sample read through it, equals the physical merge's. Its only file is the
-manifest, at the place of a pair's manifest (``<dir>/manifests/<name>.manifest.json``)::
+A virtual merge of shard pairs is read as the physical merge (Megatron ``merge_datasets.py``) of
+the same pairs in the same order, with nothing copied: sequence ``i`` is sequence
+``i - first_sequence[k]`` of shard ``k``. Its only file is the manifest, where a pair's would be
+(``<dir>/manifests/<name>.manifest.json``; docs/formats.md has the details)::
 
     {"format_version": 2, "kind": "virtual_merge", "prefix": "<name>",
      "dtype": "uint16", "config": {...provenance of the shards...}, "extends": "<v>" | null,
@@ -18,25 +15,11 @@ manifest, at the place of a pair's manifest (``<dir>/manifests/<name>.manifest.j
      "takedown": {"lists", "removed", "records"} (optional),
      "files": {}, "content_hash": sha256 over the shards' content hashes (and masks) in order}
 
-Readers open a shard's pair only when a sample reads it, and check its sizes against the
-manifest then (a shard changed after the merge is a FormatError naming it).
-
-**Block lists by reference** (version 2): a shard's per-block sha256 list stays in the shard's
-own dataset manifest (``<shard dir>/manifests/<name>.manifest.json``); the merge records only
-``block_bytes`` and ``block_list_sha256`` (``block_list_digest``: sha256 of the list), so a
-merge of thousands of shards opens in milliseconds. The streaming reader fetches a shard's
-list the first time it reads a block of it and checks it against that digest. Version 1
-manifests carry the lists inline (``block_sha256``); they still open, and a rewrite (a
-takedown's new version) writes version 2.
-
-**Masks** (takedowns, ``tokenmill.takedown``): a shard's ``masked`` lists the ordinals of its
-documents that are taken down (sorted, unique, below ``documents``; only in a shard of one
-sequence per document). The counts stay the shards' own (sequence ids do not move); every index
-built over the merge leaves the masked sequences out (``tokenmill.indices.nanoset``), and the
-loader refuses to read one. The content hash covers the masks, so a masked merge is another
-dataset to every cache key. ``takedown`` records what masked them: the sha256 of each takedown
-list applied, the number of documents masked in all, and the audit records (keys under the
-storage root).
+Readers open and size-check a shard's pair only when a sample reads it. Version 2 keeps each
+shard's per-block sha256 list in the shard's own manifest and records only its digest
+(``block_list_digest``), so a merge of thousands of shards opens in milliseconds; version 1
+(lists inline) still opens. ``masked`` (takedowns) lists a shard's taken-down document ordinals:
+sequence ids do not move, indices leave them out, and the content hash covers them.
 """
 
 from __future__ import annotations
@@ -123,12 +106,12 @@ def _by_reference(info: dict[str, Any]) -> dict[str, Any]:
     (inline in ``info``, as a dataset manifest or a version-1 merge has it) only the block
     size and the list's digest."""
     out: dict[str, Any] = {"bytes": int(info["bytes"]), "sha256": str(info["sha256"])}
-    if "block_sha256" in info:
+    if "block_sha256" in info or "block_list_sha256" in info:
         out["block_bytes"] = int(info["block_bytes"])
-        out["block_list_sha256"] = block_list_digest([str(h) for h in info["block_sha256"]])
-    elif "block_list_sha256" in info:
-        out["block_bytes"] = int(info["block_bytes"])
-        out["block_list_sha256"] = str(info["block_list_sha256"])
+        inline = [str(h) for h in info.get("block_sha256", ())]
+        out["block_list_sha256"] = (
+            block_list_digest(inline) if "block_sha256" in info else str(info["block_list_sha256"])
+        )
     return out
 
 
@@ -175,8 +158,18 @@ def is_virtual(manifest: dict[str, Any]) -> bool:
     return manifest.get("kind") == KIND
 
 
-def _int(value: object) -> bool:
+def is_count(value: object) -> bool:
+    """True for an integer >= 0 (not a bool)."""
     return type(value) is int and value >= 0
+
+
+def is_digest(info: object) -> bool:
+    """True for ``{bytes: int >= 0, sha256: str, ...}``."""
+    return (
+        isinstance(info, dict)
+        and is_count(info.get("bytes"))
+        and isinstance(info.get("sha256"), str)
+    )
 
 
 def check_manifest(path: Path, manifest: dict[str, Any]) -> None:
@@ -210,15 +203,11 @@ def check_manifest(path: Path, manifest: dict[str, Any]) -> None:
             or leading_parents(prefix) is None
         ):
             raise FormatError(path, f"{where}.prefix", f"{prefix!r} is not a relative pair path")
-        if not all(_int(shard.get(c)) for c in SHARD_COUNTS):
+        if not all(is_count(shard.get(c)) for c in SHARD_COUNTS):
             raise FormatError(path, where, f"counts {SHARD_COUNTS} must be integers >= 0")
-        files = shard.get("files")
-        digests = list(files.values()) if isinstance(files, dict) else []
+        files: Any = shard.get("files")
         ok = isinstance(files, dict) and sorted(files) == ["bin", "idx"]
-        if not ok or not all(
-            isinstance(f, dict) and _int(f.get("bytes")) and isinstance(f.get("sha256"), str)
-            for f in digests
-        ):
+        if not ok or not all(map(is_digest, files.values())):
             raise FormatError(path, f"{where}.files", f"expected bin/idx digests, found {files!r}")
         for kind in ("bin", "idx"):
             _check_blocks(path, f"{where}.files.{kind}", shard["files"][kind], inline=version == 1)
@@ -245,7 +234,7 @@ def _check_blocks(path: Path, where: str, info: dict[str, Any], *, inline: bool)
         raise FormatError(path, where, "a version-2 merge records no block_sha256 list")
     if "block_list_sha256" in info or "block_sha256" in info:
         size = info.get("block_bytes")
-        if not _int(size) or not size:
+        if not is_count(size) or not size:
             raise FormatError(path, f"{where}.block_bytes", f"{size!r} is not a block size")
     digest = info.get("block_list_sha256")
     if digest is not None and not (isinstance(digest, str) and len(digest) == 64):
@@ -258,7 +247,7 @@ def _check_mask(path: Path, where: str, shard: dict[str, Any]) -> None:
     masked = shard.get("masked")
     if masked is None:
         return
-    ok = isinstance(masked, list) and all(_int(o) for o in masked)
+    ok = isinstance(masked, list) and all(is_count(o) for o in masked)
     if not ok or any(b <= a for a, b in itertools.pairwise(masked)):
         raise FormatError(path, f"{where}.masked", "expected ascending unique ordinals")
     if masked and (masked[-1] >= shard["documents"] or shard["sequences"] != shard["documents"]):
@@ -348,7 +337,7 @@ class VirtualDataset:
         np.cumsum([s["sequences"] for s in shards], out=self.first_sequence[1:])
         self._firsts = self.first_sequence.tolist()
         self.num_tokens = int(manifest["counts"]["tokens"])
-        self._num_documents = int(manifest["counts"]["documents"])
+        self.num_documents = int(manifest["counts"]["documents"])
         self._index_only = index_only
         self.masked = masked_sequences(manifest)  # global sequence ids taken down
         self._open: dict[int, IndexedDataset] = {}
@@ -386,10 +375,6 @@ class VirtualDataset:
 
     def __len__(self) -> int:
         return self._firsts[-1]
-
-    @property
-    def num_documents(self) -> int:
-        return self._num_documents
 
     @property
     def sequence_lengths(self) -> np.ndarray:

@@ -39,8 +39,7 @@ def hf_feature(kind: pa.DataType) -> dict[str, Any]:
 
 def parquet_record(path: str | os.PathLike[str], root: str | os.PathLike[str]) -> dict[str, Any]:
     """A Parquet shard as ``dataset_info.json`` lists it (``file`` relative to ``root``, rows,
-    uncompressed and file bytes, sha256) plus its Arrow ``schema`` (base64 IPC), so the
-    dataset's description is assembled from these small records without opening any Parquet."""
+    bytes, sha256) plus its Arrow ``schema`` (base64 IPC): descriptions need no Parquet opened."""
     path = Path(path)
     meta = pq.read_metadata(path)
     schema = meta.schema.to_arrow_schema().remove_metadata()
@@ -71,9 +70,8 @@ def dataset_info_from_records(
     *,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``output_dir/dataset_info.json`` from ``parquet_record``s (in shard order): features
-    (the shards' schemas must unify), ``train`` split sizes, shards; ``extra`` keys at the top
-    level. ``num_bytes`` is the uncompressed size, ``download_size`` the files' size. Keys keep
+    """Write ``output_dir/dataset_info.json`` from ``parquet_record``s in shard order (features:
+    the schemas unified; ``train`` split sizes; shards; ``extra`` at the top level). Keys keep
     their order, so the bytes are deterministic without sorting."""
     out = Path(output_dir)
     if not records:
@@ -140,9 +138,8 @@ def export_input(
 def tokenmill_info(
     inputs: list[dict[str, Any]], *, text_key: str, on_bad_record: str
 ) -> dict[str, Any]:
-    """``{"tokenmill": ...}`` for ``write_dataset_info(extra=...)``: format version, the inputs
-    (``export_input`` records, in shard order), the config and the counts summed over them.
-    One extra top-level key, which ``datasets`` ignores."""
+    """``{"tokenmill": ...}`` for ``write_dataset_info(extra=...)`` (a key ``datasets`` ignores):
+    format version, the ``export_input`` records in shard order, config and summed counts."""
     counts = {key: sum(int(i["counts"][key]) for i in inputs) for key in INFO_COUNTS}
     return {
         "tokenmill": {

@@ -1,14 +1,11 @@
 """HF dataset export: an input shard -> ``<dir>/data/<shard>.parquet`` (``dataset_info`` describes
 the shards in ``<dir>/dataset_info.json``).
 
-The layout loads with ``datasets.load_dataset("parquet", data_files=...)`` and plain pyarrow.
-Every field of the input records is kept. Export streams twice over the input with bounded
-memory: the first pass validates (quarantining bad lines) and infers one schema for the whole
-shard (per-field types unified across batches; a field missing from a record becomes null); the
-second pass writes row groups of exactly ``row_group_rows`` rows. A field whose values cannot
-share one Arrow type (e.g. an int in one record and a string in another, or an empty object)
-is stored as a string column holding each value's JSON text and listed under
-``json_encoded_fields`` in the Parquet key-value metadata. Same input and settings -> same bytes.
+Loads with ``datasets.load_dataset("parquet", ...)`` and plain pyarrow; every input field is kept.
+Two streaming passes: the first validates and infers one schema for the shard (a missing field is
+null), the second writes row groups of ``row_group_rows`` rows. A field whose values share no
+Arrow type (an int and a string, an empty object) is stored as JSON text and listed under
+``json_encoded_fields`` in the Parquet metadata. Same input and settings -> same bytes.
 """
 
 from __future__ import annotations
@@ -68,12 +65,11 @@ class _Plan:
 
     def schema(self) -> pa.Schema:
         names = list(self.order) if self.text_key in self.order else [self.text_key, *self.order]
-        fields = []
-        for name in names:
-            if name == self.text_key or name in self.as_json:
-                fields.append(pa.field(name, pa.string()))
-            else:
-                fields.append(pa.field(name, self.types.get(name, pa.null())))
+        strings = {self.text_key, *self.as_json}
+        fields = [
+            pa.field(n, pa.string() if n in strings else self.types.get(n, pa.null()))
+            for n in names
+        ]
         metadata = {JSON_FIELDS_KEY: json.dumps(sorted(self.as_json)).encode()}
         return pa.schema(fields, metadata=metadata if self.as_json else None)
 
@@ -83,19 +79,15 @@ class _Plan:
 
 
 class _AlreadyQuarantined(Quarantine):
-    """A sink that only counts bad lines: they were quarantined by the first pass, or by the
-    validation step that owns the quarantine file (``write_quarantine=False``)."""
+    """A sink that only counts bad lines: the first pass (or the validation step that owns the
+    quarantine file) quarantined them."""
 
     def add(self, source: str, line: int, reason: str, raw: bytes) -> None:
         self._count += 1
 
 
 class _Unconvertible(Exception):
-    """A value of ``field`` does not fit the type inferred for it (e.g. int -> float loss)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.name = name
+    """A value of the field ``args[0]`` does not fit its inferred type (e.g. int -> float loss)."""
 
 
 def _parquet_ok(kind: pa.DataType) -> bool:
@@ -195,15 +187,11 @@ def export_shard(
     write_quarantine: bool = True,
     source_name: str | None = None,
 ) -> ExportResult:
-    """Write ``output_dir/data/<shard>.parquet`` atomically from one input shard.
-
-    Bad lines raise ``BadRecordError`` (``fail``) or go to ``quarantine_path`` (default
-    ``output_dir/<shard>.quarantine.jsonl``), written only when a line was quarantined.
-    With ``write_quarantine=False`` they are only counted and skipped: a validation step that
-    read the same shard owns its quarantine file. ``source_name`` (default: the input path) is
-    how bad records name their file, e.g. the URI a downloaded shard came from. Nothing is left
-    at the output path when the export fails.
-    """
+    """Write ``output_dir/data/<shard>.parquet`` atomically from one input shard (nothing left
+    there on failure). Bad lines raise ``BadRecordError`` (``fail``) or go to ``quarantine_path``
+    (default ``output_dir/<shard>.quarantine.jsonl``, written only if not empty); with
+    ``write_quarantine=False`` only counted (the validation step owns that file).
+    ``source_name`` (default: the input path): how bad records name their file."""
     if row_group_rows < 1:
         raise ConfigError(f"row_group_rows={row_group_rows}: must be at least 1")
     if quarantine_path is not None and not write_quarantine:
@@ -271,14 +259,13 @@ def _write_with_fallback(read: _Reader, tmp: Path, plan: _Plan, rows: int) -> In
         try:
             return _write(read, tmp, plan, rows)
         except _Unconvertible as exc:
-            plan.to_json(exc.name)
+            plan.to_json(exc.args[0])
 
 
 def _check_same(
     input_path: str | os.PathLike[str], first: IngestStats, second: IngestStats
 ) -> None:
     keys = ("lines", "documents", "blank", "quarantined", "bytes_read")
-    a = {k: getattr(first, k) for k in keys}
-    b = {k: getattr(second, k) for k in keys}
+    a, b = ({k: getattr(stats, k) for k in keys} for stats in (first, second))
     if a != b:
         raise InputError(f"{input_path}: changed while being exported ({a} then {b}); run again")

@@ -16,11 +16,9 @@ from tokenmill.atomic import CommitOnExit, commit, create_temp, discard_temp, na
 class Quarantine(CommitOnExit):
     """Collects bad lines (source path, 1-based line, reason, raw bytes) and writes them atomically.
 
-    Records are spooled to a temporary sibling of ``path`` as they arrive (memory stays bounded);
-    ``commit`` fsyncs and renames it, ``discard`` removes it. Each line of the file is
-    ``{"line": N, "raw_b64": ..., "reason": ..., "source": ...}`` with sorted keys; ``raw_b64`` is
-    the line's bytes without its ``\\n`` (a ``\\r`` and a first-line BOM are kept). As a context
-    manager: committed on a clean exit, discarded on an exception.
+    Spooled to a temporary sibling of ``path`` (bounded memory); each line is ``{"line", "raw_b64",
+    "reason", "source"}`` with sorted keys, ``raw_b64`` the line's bytes without its ``\\n`` (a
+    ``\\r`` and a first-line BOM kept). As a context manager: committed on a clean exit.
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:

@@ -1,12 +1,9 @@
 """The JSONL reader (plain, gzip, zstd shards) and what every input reader shares.
 
-Every reader (this one, ``tables``) yields ``Batch``es of document texts (and, on request, the full
-records) with memory bounded by the batch size. JSONL is read in large decompressed blocks, split
-with bytes methods and parsed with orjson; only lines that fail the fast path are looked at again,
-to classify them precisely (blank, invalid UTF-8, invalid JSON, not an object, missing or non-string
-text, lone surrogates). A bad line either stops the run (``BadRecordError``, ``FILE:LINE: reason``)
-or goes to a ``Quarantine`` with its original bytes, so ``lines == documents + quarantined + blank``
-always holds.
+Readers yield ``Batch``es of texts (and, on request, records) in bounded memory. JSONL is read in
+large blocks and parsed with orjson; only lines the fast path rejects are classified. A bad line
+stops the run (``BadRecordError``, ``FILE:LINE: reason``) or goes to a ``Quarantine`` with its
+bytes, so ``lines == documents + quarantined + blank`` always holds.
 """
 
 from __future__ import annotations
@@ -126,12 +123,9 @@ def _zstd_blocks(fh: IO[bytes], name: str, block: int) -> Iterator[bytes]:
 def _line_chunks(
     blocks: Iterator[bytes], stats: IngestStats, at_start: bool = True
 ) -> Iterator[tuple[int, list[bytes]]]:
-    """``(first line number, lines)`` per block of complete lines (without their ``\\n``).
-
-    The block is split as is (no slicing copies); the piece after its last newline is carried
-    into the next block's first line. A UTF-8 BOM is removed from line 1 and noted in ``stats``
-    when the blocks start the file (``at_start``; lines are numbered from 1 either way).
-    """
+    """``(first line number, lines)`` per block of complete lines (without their ``\\n``); the
+    piece after a block's last newline starts the next. A UTF-8 BOM on line 1 is removed and
+    noted in ``stats`` when the blocks start the file (``at_start``)."""
     carry: list[bytes] = []
     next_line = 1
     for data in blocks:
@@ -183,10 +177,8 @@ def _encodable(value: object) -> bool:
 
 
 def classify_line(line: bytes, text_key: str) -> str | None:
-    """Why ``line`` is not a usable record (``None`` for a blank line, which is skipped).
-
-    Only called for lines the fast path rejected, so it may be slow and thorough.
-    """
+    """Why ``line`` is not a usable record (``None`` for a blank line, which is skipped); only
+    for lines the fast path rejected, so it may be slow and thorough."""
     if not line.strip():
         return None
     try:
@@ -239,16 +231,13 @@ def read_jsonl_batches(
     source_name: str | None = None,
     byte_range: tuple[int, int] | None = None,
 ) -> Iterator[Batch]:
-    """Stream a ``.jsonl``/``.jsonl.gz``/``.jsonl.zst`` file as batches of good records.
+    """Stream a ``.jsonl``/``.jsonl.gz``/``.jsonl.zst`` file as batches of good records, memory
+    bounded by ``batch_bytes`` (plus the longest line).
 
-    Memory is bounded by ``batch_bytes`` (plus the longest line). Bad lines raise
-    ``BadRecordError`` (``on_bad_record="fail"``) or go to ``quarantine``; a corrupt or truncated
-    compressed stream raises ``InputError`` naming the file. ``stats`` is filled as it goes.
-    ``source_name`` (default: ``path``) is how bad lines name their file, in quarantine records
-    and errors: e.g. the ``s3://`` URI of a shard read from a local copy. ``byte_range``
-    (``[start, end)`` of a plain ``.jsonl``, cut on line boundaries) reads that part only; its
-    lines are numbered from 1 (the caller adds the lines before ``start``), and a BOM is a BOM
-    only at ``start == 0``.
+    Bad lines raise ``BadRecordError`` (``fail``) or go to ``quarantine``; a corrupt compressed
+    stream raises ``InputError``. ``source_name`` (default: ``path``): how bad lines name their
+    file, e.g. an ``s3://`` URI. ``byte_range``: ``[start, end)`` of a plain ``.jsonl``, cut on
+    line boundaries, its lines numbered from 1 (a BOM only counts at ``start == 0``).
     """
     check_bad_record_mode(on_bad_record, quarantine)
     name = os.fspath(path)
@@ -260,8 +249,7 @@ def read_jsonl_batches(
     source = name if source_name is None else source_name
 
     def batches() -> Iterator[Batch]:
-        """The fast path: orjson per line, everything else only for lines it rejects; bad lines are
-        reported as lines of ``source``."""
+        """The fast path: orjson per line, everything else only for lines it rejects."""
         loads = orjson.loads
         decode_errors = (orjson.JSONDecodeError, TypeError, KeyError)
         blocks = _blocks(name, max(batch_bytes, 1), byte_range)
@@ -301,9 +289,8 @@ def read_jsonl_batches(
 def document_lines(
     path: str | os.PathLike[str], text_key: str = "text"
 ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(1-based line number, record)`` of every line of a JSONL file that becomes a document,
-    in order: the same test as ``read_jsonl_batches`` (blank and bad lines are skipped), so the
-    n-th item is the shard's n-th document (provenance maps documents back to lines with it)."""
+    """``(1-based line number, record)`` of every line of a JSONL file that becomes a document
+    (the test of ``read_jsonl_batches``): the n-th item is the shard's n-th document."""
     loads = orjson.loads
     decode_errors = (orjson.JSONDecodeError, TypeError, KeyError)
     stats = IngestStats(path=os.fspath(path))

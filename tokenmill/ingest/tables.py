@@ -92,9 +92,8 @@ def read_table_batches(
 
     The text column must be a string column (``FormatError`` otherwise); a null text is a bad
     record named by file and 1-based row (quarantined as the row's JSON). ``Batch.first_line``
-    counts rows across all files of a folder; ``stats.bytes_read`` is the texts' UTF-8 size.
-    ``source_name`` (default: ``path``) is how bad records and errors name the input (a folder's
-    files as ``<source_name>/<file name>``), e.g. the URI of a downloaded shard.
+    counts rows across a folder's files. ``source_name`` (default: ``path``): how bad records
+    name the input (a folder's files as ``<source_name>/<file name>``).
     """
     check_bad_record_mode(on_bad_record, quarantine)
     files = _table_files(os.fspath(path))
@@ -151,10 +150,8 @@ def _bad_row(
 def document_rows(
     path: str | os.PathLike[str], text_key: str = "text", *, batch_rows: int = 8192
 ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(1-based row, record)`` of every row of a Parquet/Arrow input that becomes a document,
-    in order: the rows ``read_table_batches`` keeps (a null text is skipped), counted across a
-    folder's files as its ``Batch.first_line`` counts them; provenance maps documents back to
-    rows with it, as ``document_lines`` does for JSONL."""
+    """``(1-based row, record)`` of every row of a Parquet/Arrow input that becomes a document
+    (those ``read_table_batches`` keeps, rows counted as its ``Batch.first_line``)."""
     row = 0
     for file in _table_files(os.fspath(path)):
         for batch in _file_batches(file, str(file), text_key, None, max(batch_rows, 1)):
