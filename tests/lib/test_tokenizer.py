@@ -18,7 +18,6 @@ from pipeline_project import tokenizer_dir
 
 from tokenmill.errors import ConfigError
 from tokenmill.tokenize import tokenizer, tokenizer_verify
-from tokenmill.tokenize.engines import _assemble
 from tokenmill.tokenize.tokenizer import (
     ENGINES,
     inspect_tokenizer,
@@ -383,7 +382,9 @@ def test_pack_flat_equals_per_text_assembly(
     prefix: tuple[int, ...], suffix: tuple[int, ...], eod: int | None, sizes: list[int]
 ) -> None:
     arrays = [np.arange(i, i + n, dtype=np.uint32) for i, n in enumerate(sizes)]
-    expected = _assemble(arrays, prefix, suffix, eod, np.uint16)
+    docs = [[*prefix, *a.tolist(), *suffix] for a in arrays]
+    docs = [[*d, eod] if d and eod is not None else d for d in docs]
+    expected = np.array([t for d in docs for t in d], np.uint16), np.array([len(d) for d in docs])
     flat = np.concatenate(arrays)
     got = pack_flat(flat, np.array(sizes, dtype=np.int64), prefix, suffix, eod, np.uint16)
     assert got[0].dtype == np.uint16

@@ -1,18 +1,15 @@
 """Encoding a batch of texts on the calling thread with an engine's per-text and padded calls.
 
-gigatoken's batch calls (``encode_batch``, even ``encode_batch_padded``) import awkward and
-pyarrow: ~0.5 s of CPU per process, more than encoding 20 MB on one thread. Its per-text
-``encode`` returns a numpy array and imports nothing, so small inputs are encoded text by text.
-A per-text call costs ~2 µs, though, four times the encoding of a 120-character text: once an
-input has shown ``PADDED_AFTER`` short texts (the import then pays for itself) its short texts
-go through padded calls of ``GROUP`` rows, the long ones still one by one. The result is the
-per-text ids concatenated in input order, whichever calls made them. (Per-text calls on several
-Python threads do not scale: measured slower than one thread.)
+gigatoken's batch calls import awkward and pyarrow (~0.5 s of CPU per process), so small inputs
+are encoded text by text (its per-text ``encode`` imports nothing). A per-text call costs ~2 µs,
+four times the encoding of a 120-character text, so once an input has shown ``PADDED_AFTER``
+short texts, they go through padded calls of ``GROUP`` rows and the long ones stay one by one.
+(Per-text calls on several Python threads measured slower than one thread.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -31,15 +28,15 @@ def count_short(texts: list[str]) -> int:
 
 def _padded(
     texts: list[str], which: list[int], encode_padded: EncodePadded
-) -> tuple[list[np.ndarray], np.ndarray]:
-    """Ids of ``texts[which]`` through padded calls of ``GROUP`` rows: one flat array per call
-    (rows in order, padding dropped) and every row's length."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Ids of ``texts[which]`` through padded calls of ``GROUP`` rows (padding dropped), and
+    every row's length."""
     flats, lengths = [], []
     for at in range(0, len(which), GROUP):
         matrix, rows = encode_padded([texts[i] for i in which[at : at + GROUP]])
         flats.append(matrix[np.arange(matrix.shape[1]) < rows[:, None]])
         lengths.append(rows)
-    return flats, np.concatenate(lengths) if lengths else np.empty(0, np.int64)
+    return np.concatenate(flats), np.concatenate(lengths)
 
 
 def encode_batch(
@@ -48,27 +45,34 @@ def encode_batch(
     """Every text's ids concatenated in order (uint32) and each text's length; without
     ``encode_padded`` every text is encoded on its own."""
     short: list[int] = []
-    flats: list[np.ndarray] = []
-    short_lengths = np.empty(0, np.int64)
+    parts = []
     if encode_padded is not None:
         short = [i for i, text in enumerate(texts) if len(text) <= SHORT_TEXT]
         short = short if len(short) > 1 else []
-        flats, short_lengths = _padded(texts, short, encode_padded)
-    lengths = np.zeros(len(texts), dtype=np.int64)
-    lengths[short] = short_lengths
-    if len(short) == len(texts):
-        return (np.concatenate(flats) if flats else np.empty(0, np.uint32)), lengths
+        if short:
+            parts.append((short, _padded(texts, short, encode_padded)))
     rest = sorted(set(range(len(texts))) - set(short)) if short else list(range(len(texts)))
-    singles = [encode_one(texts[i]) for i in rest]
-    lengths[rest] = [len(ids) for ids in singles]
-    if not short:
-        return np.concatenate(singles), lengths
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    flat = np.empty(int(ends[-1]), dtype=np.uint32)
-    shift = starts[short] - np.cumsum(short_lengths) + short_lengths  # row start: flat → output
-    positions = np.repeat(shift, short_lengths) + np.arange(int(short_lengths.sum()))
-    flat[positions] = np.concatenate(flats)
-    for i, ids in zip(rest, singles, strict=True):
-        flat[starts[i] : ends[i]] = ids
-    return flat, lengths
+    if rest:
+        singles = [encode_one(texts[i]) for i in rest]
+        lengths = np.fromiter(map(len, singles), dtype=np.int64, count=len(singles))
+        parts.append((rest, (np.concatenate(singles), lengths)))
+    return interleave(len(texts), parts, np.uint32)
+
+
+def interleave(
+    count: int,
+    parts: Sequence[tuple[Sequence[int] | np.ndarray, tuple[np.ndarray, np.ndarray]]],
+    dtype: np.dtype | type,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(flat, lengths)`` results of groups of ``count`` texts (each with its text indices,
+    ascending) merged into one result in text order."""
+    if len(parts) == 1:
+        return parts[0][1]
+    lengths = np.zeros(count, dtype=np.int64)
+    for where, (_, n) in parts:
+        lengths[where] = n
+    starts = np.cumsum(lengths) - lengths
+    out = np.empty(int(lengths.sum()), dtype)
+    for where, (flat, n) in parts:
+        out[np.repeat(starts[where] - (np.cumsum(n) - n), n) + np.arange(flat.size)] = flat
+    return out, lengths

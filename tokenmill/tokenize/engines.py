@@ -2,9 +2,8 @@
 
 Engines, fastest first: ``gigatoken`` (Rust), ``tiktoken`` (ranks built from a byte-level BPE
 ``tokenizer.json``), ``hf`` (the ``tokenizers`` backend transformers itself calls) and
-``transformers`` (the reference, ``load_reference``). Each is built from a ``TokenizerInfo``
-(``tokenmill.tokenize.tokenizer_info``: the cached verification record says which engines
-reproduce the reference); the fast ones run behind the tokenizer's per-document guard.
+``transformers`` (the reference, ``load_reference``), each built from a ``TokenizerInfo``; the
+fast ones run behind the tokenizer's per-document guard.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,9 @@ def load_reference(source: Path) -> Any:
 
 
 def _defer_model_table() -> None:
-    """Import ``transformers.models`` without its ``__init__``, which reads ~1,700 model sources
-    (0.3 s) for a table ``AutoTokenizer`` does not use: it imports the one tokenizer module it
-    needs by path. Asked for an attribute, the package imports that submodule, or runs the real
-    ``__init__`` and answers from it; the tokenizer is the same class either way."""
+    """Import ``transformers.models`` without its ``__init__`` (0.3 s reading ~1,700 model sources
+    for a table ``AutoTokenizer`` does not use); asked for an attribute, the stub imports that
+    submodule, or runs the real ``__init__`` and answers from it."""
     import importlib
     import importlib.util
 
@@ -61,43 +60,19 @@ def _defer_model_table() -> None:
 
 
 def hide_torch() -> None:
-    """Make this process look torch-free to transformers (the verification child calls it first).
-
-    transformers (>= 5) imports torch only because ``is_torch_available()`` finds it with
-    ``importlib.util.find_spec``, which returns None for a module whose ``sys.modules`` entry is
-    None. With no ``return_tensors``, ``tokenizer(text).input_ids`` are Python lists from the
-    ``tokenizers`` backend, the same with torch (the tests compare). A process that already
-    imported torch keeps it.
-    """
+    """Make this process look torch-free to transformers (the verification child calls it first):
+    ``find_spec`` answers None for a ``sys.modules`` entry of None, and without ``return_tensors``
+    the ids are the same lists with or without torch (the tests compare)."""
     if "torch" not in sys.modules:
         sys.modules["torch"] = None  # type: ignore[assignment]
 
 
-def _assemble(
-    arrays: list[np.ndarray],
-    prefix: tuple[int, ...] = (),
-    suffix: tuple[int, ...] = (),
-    eod: int | None = None,
-    dtype: np.dtype | type = np.uint32,
-) -> tuple[np.ndarray, np.ndarray]:
-    """One pass from per-text ids to flat ``dtype`` ids + lengths: ``prefix + ids + suffix``,
-    then ``eod`` after every text that has any id (Megatron's ``--append-eod`` rule)."""
-    around = [np.array(prefix, np.uint32)] if prefix else []
-    after = [np.array(suffix, np.uint32)] if suffix else []
-    if eod is not None:
-        after.append(np.array([eod], np.uint32))
-    extra = len(prefix) + len(suffix)
+def flatten(arrays: Sequence[Sequence[int] | np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-text ids as one concatenated uint32 array, and each text's length."""
     lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
-    if around or after:
-        parts = []
-        for a in arrays:
-            if a.size + extra:
-                parts += [*around, a, *after]
-        lengths += np.where(lengths + extra > 0, extra + (eod is not None), 0)
-    else:
-        parts = arrays
-    flat = np.concatenate(parts, dtype=dtype, casting="unsafe") if parts else np.empty(0, dtype)
-    return flat, lengths
+    if not arrays:
+        return np.empty(0, np.uint32), lengths
+    return np.concatenate(arrays, dtype=np.uint32, casting="unsafe"), lengths
 
 
 def pack_flat(
@@ -108,8 +83,9 @@ def pack_flat(
     eod: int | None = None,
     dtype: np.dtype | type = np.uint32,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``_assemble`` for ids already concatenated: one copy into ``dtype`` with the specials
-    placed around each text (by slices when texts are long, by a mask when they are many)."""
+    """Output-ready ids: one copy of the concatenated ``ids`` into ``dtype`` as ``prefix + ids +
+    suffix`` per text, then ``eod`` after every text that has any id (Megatron's
+    ``--append-eod``); by slices when texts are long, by a mask when they are many."""
     tail = (*suffix, *(() if eod is None else (eod,)))
     if not prefix and not tail:
         return ids.astype(dtype, copy=False), lengths
@@ -138,12 +114,9 @@ def pack_flat(
 
 
 class Encoder:
-    """A tokenizer bound to one engine: ``tokenizer(text).input_ids`` for many texts at once.
-
-    A ``guarded`` engine (the fast ones) runs each batch through the tokenizer's ``Guard``:
-    documents of a risky class go to ``reference_encoder`` and are counted in ``routed`` by
-    class (``pack`` only; ``encode``, used for probes and samples, counts nothing).
-    """
+    """A tokenizer bound to one engine: ``tokenizer(text).input_ids`` for many texts at once. A
+    ``guarded`` engine sends documents of a risky class to ``reference_encoder``, counted by class
+    in ``routed`` by ``pack`` (not by ``encode``, used for probes and samples)."""
 
     name = ""
     adds_special_tokens = False  # True when the engine applies the post-processor itself
@@ -167,10 +140,8 @@ class Encoder:
         *,
         threads: bool = False,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Output-ready ids in ``dtype`` with ``eod`` ending each non-empty text, and lengths.
-
-        ``threads`` lets an engine with its own thread pool use it (gigatoken); others ignore it.
-        """
+        """Output-ready ids in ``dtype`` with ``eod`` ending each non-empty text, and lengths;
+        ``threads`` lets an engine with its own thread pool use it (gigatoken)."""
         return self._guarded(texts, eod, dtype, threads, self.routed)
 
     def _guarded(
@@ -190,30 +161,28 @@ class Encoder:
             return self._pack(prepared, eod, dtype, threads)
         if self._reference is None:
             self._reference = reference_encoder(self.info)
-        fast = np.ones(len(texts), dtype=bool)
-        fast[routed] = False
-        mine = np.flatnonzero(fast)
-        parts = [
-            (mine, self._pack([prepared[i] for i in mine], eod, dtype, threads)),
-            (np.array(routed), self._reference.pack([texts[i] for i in routed], eod, dtype)),
-        ]
-        lengths = np.empty(len(texts), dtype=np.int64)
-        for where, (_, n) in parts:
-            lengths[where] = n
-        starts = np.cumsum(lengths) - lengths
-        out = np.empty(int(lengths.sum()), dtype)
-        for where, (flat, n) in parts:
-            out[np.repeat(starts[where] - (np.cumsum(n) - n), n) + np.arange(flat.size)] = flat
-        return out, lengths
+        mine = np.flatnonzero(~np.isin(np.arange(len(texts)), routed))
+        return _batching.interleave(
+            len(texts),
+            [
+                (mine, self._pack([prepared[i] for i in mine], eod, dtype, threads)),
+                (routed, self._reference.pack([texts[i] for i in routed], eod, dtype)),
+            ],
+            dtype,
+        )
 
     def _pack(
         self, texts: list[str], eod: int | None, dtype: np.dtype | type, threads: bool
     ) -> tuple[np.ndarray, np.ndarray]:
         """The engine's own ``pack``, without the guard."""
-        if self.adds_special_tokens:
-            return _assemble(self._encode_each(texts), eod=eod, dtype=dtype)
+        flat, lengths = self._encode_flat(texts, threads)
         info = self.info
-        return _assemble(self._encode_each(texts), info.prefix_ids, info.suffix_ids, eod, dtype)
+        around = ((), ()) if self.adds_special_tokens else (info.prefix_ids, info.suffix_ids)
+        return pack_flat(flat, lengths, *around, eod, dtype)
+
+    def _encode_flat(self, texts: list[str], threads: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Every text's ids concatenated, and each text's length."""
+        return flatten(self._encode_each(texts))
 
     def _encode_each(self, texts: list[str]) -> list[np.ndarray]:
         raise NotImplementedError
@@ -221,12 +190,8 @@ class Encoder:
 
 class GigatokenEncoder(Encoder):
     """gigatoken's Rust BPE: text by text on one thread, a whole batch on its pool with ``threads``.
-
-    Loaded from the cached ranks with gigatoken's built-in pre-tokenizer when the regex has one
-    (3x faster to load than tokenizer.json); it then works in rank space, and ``pack`` maps the
-    whole batch back to ids with one gather. Per-text ``encode`` holds the GIL; the batch call
-    on its thread pool releases it.
-    """
+    Loaded from the cached ranks when gigatoken has the regex built in (3x faster to load than
+    tokenizer.json), it then works in rank space, mapped back to ids with one gather."""
 
     name = "gigatoken"
     guarded = True
@@ -256,14 +221,8 @@ class GigatokenEncoder(Encoder):
         self._short_texts = 0  # seen so far; padded calls start at _batching.PADDED_AFTER
 
     def _encode_flat(self, texts: list[str], threads: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Flat uint32 ranks and per-text lengths.
-
-        With ``threads`` the batch call spreads texts over gigatoken's pool and returns an
-        awkward array, whose two buffers are read directly; awkward costs ~0.5 s to import, so
-        ``tokenize`` asks for threads only on large inputs. On one thread texts go through
-        ``tokenmill.tokenize._batching`` (one by one; short ones padded together once many were
-        seen).
-        """
+        """Flat ids and per-text lengths: with ``threads`` from the pool's awkward array (~0.5 s to
+        import), else through ``tokenmill.tokenize._batching`` on this thread."""
         if threads and texts:
             out = self._tok.encode_batch(texts, parallel=None)
             offsets = np.asarray(out.layout.offsets.data)
@@ -279,22 +238,12 @@ class GigatokenEncoder(Encoder):
                 f"gigatoken: batch result has {lengths.size} lengths summing to "
                 f"{int(lengths.sum())} for {len(texts)} texts and {flat.size} ids"
             )
-        return flat, lengths
+        return (flat if self._table is None else self._table[flat]), lengths
 
     def _encode_padded(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """One padded ``[texts, longest]`` matrix on the calling thread, and the row lengths."""
         matrix, lengths = self._backend.encode_batch_padded(texts, self._padding, parallel=False)
         return np.asarray(matrix), np.asarray(lengths, dtype=np.int64)
-
-    def _pack(
-        self, texts: list[str], eod: int | None, dtype: np.dtype | type, threads: bool
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """As ``Encoder._pack``; ranks become ids with one gather before the specials go in."""
-        flat, lengths = self._encode_flat(texts, threads)
-        if self._table is not None:
-            flat = self._table.astype(dtype, copy=False)[flat]
-        info = self.info
-        return pack_flat(flat, lengths, info.prefix_ids, info.suffix_ids, eod, dtype)
 
 
 class TiktokenEncoder(Encoder):

@@ -1,16 +1,12 @@
 """Merged versions: the version a merge of shards has, whether it extends the previous one, and
 writing it (virtual: a manifest of the shard pairs; physical: Megatron's merged pair).
 
-A version is the hash of what the merge reads (each shard's key and content hash in merge
-order, the text key, the format version and, for a virtual merge, the mode), so a refresh
-whose inputs did not change finds its version complete and writes nothing. Merge order is the
-natural order of the shard keys (``part-2`` before ``part-10``); a version *extends* the previous
-one when the previous one's shards, with the same content, are the first shards of the new
-one: only shards named after every existing one were added, so every old sequence keeps its
-position (what ``nanoset.semantics: growing`` builds on). A takedown masks documents of a
-virtual merge (``masks``: shard key -> ordinals): the masks enter the version, and a version
-extends another only when the old shards carry the same masks (a new removal never extends).
-Pure functions over local paths: the Dagster asset stages the files and moves the pointer.
+A version hashes what the merge reads (each shard's key and content hash in merge order, the
+text key, the format version, a virtual merge's mode and takedown masks), so an unchanged refresh
+finds its version complete. Merge order is the natural order of the shard keys (``part-2`` before
+``part-10``); a version *extends* the previous one when the old shards, with the same content and
+masks, are its first shards: every old sequence keeps its position (``nanoset.semantics:
+growing``). Pure functions over local paths: the Dagster asset stages files and moves the pointer.
 """
 
 from __future__ import annotations
@@ -38,9 +34,9 @@ def merged_version(
     masks: Masks | None = None,
 ) -> str:
     """The merged version of ``(shard, tokens content hash)`` inputs in merge order (a shard
-    not tokenized yet counts as None); also the name of the version's folder. Physical
-    versions hash as they always did, so an upgrade re-merges nothing; ``masks`` (virtual only:
-    shard key -> masked ordinals) enter the hash when any is non-empty."""
+    not tokenized yet counts as None), also its folder's name. Only a virtual version hashes its
+    mode (physical hashes stay as before: an upgrade re-merges nothing) and its ``masks`` (shard
+    key -> masked ordinals) when any is non-empty."""
     if merge not in MERGE_MODES:
         raise ValueError(f"merge must be one of {MERGE_MODES}, got {merge!r}")
     found = {k: sorted(int(o) for o in v) for k, v in (masks or {}).items() if len(v)}

@@ -1,15 +1,12 @@
 """Where a tokenize run's files go: kept when up to date, else staged and renamed into place.
 
-A run that finds a manifest at its prefix recording its inputs (uri, size, sha256) and every
-setting the bytes depend on, beside files of the recorded sizes and sha256s, ends there: nothing
-is written or touched. Else it writes into a staging folder of its own in ``<dir>/.tmp/`` and
-:meth:`Outputs.commit` renames the finished files over the old ones, data first, manifest last
-(the old manifest goes first only when it vouches for other content), so a reader meets the old
-complete pair or the new one, never a gap. The check and the renames hold an exclusive lock on
-the output (``<dir>/.tmp/<name>.lock``, an ``flock``, released by the kernel when the holder
-dies): two runs of one shard at once (a sensor's and ``tokenmill materialize``'s) never
-interleave their renames, and the later one, finding the very same files in place, touches
-nothing. A killed run leaves only its staging folder, which the next run removes.
+A run whose manifest records its inputs and byte settings, beside files of the recorded sizes
+and sha256s, writes nothing. Else it writes into a staging folder of its own in ``<dir>/.tmp/``
+(a killed run's is removed by the next) and :meth:`Outputs.commit` renames the files over the
+old ones, manifest last: a reader meets the old complete pair or the new one. Check and renames
+hold the output's ``flock`` (``<dir>/.tmp/<name>.lock``, released by the kernel when the holder
+dies): two runs of one shard never interleave, and the later one finding the same files touches
+nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tokenmill.atomic import (
     commit,
@@ -33,10 +32,11 @@ from tokenmill.errors import FormatError
 from tokenmill.formats.dataset_manifest import (
     dataset_manifest_path,
     file_problems,
+    input_files,
     input_sha256,
     read_dataset_manifest,
 )
-from tokenmill.formats.indexed import data_file_path, index_file_path
+from tokenmill.formats.indexed import data_file_path, index_file_path, optimal_dtype
 from tokenmill.formats.nanoset_cache import exclusive_lock
 from tokenmill.tokenize.tokenizer_info import TokenizerInfo
 
@@ -49,23 +49,26 @@ COUNTS = ("documents", "sequences", "tokens", "quarantined", "blank", "lines", "
 def byte_settings(info: TokenizerInfo, text_key: str, append_eod: bool) -> dict[str, Any]:
     """The manifest's config entries the output bytes depend on (the engine does not: every
     engine gives the reference's ids)."""
+    return facts_settings(info.fingerprint, info.vocab_size, info.eod_id, text_key, append_eod)
+
+
+def facts_settings(
+    fingerprint: str, vocab_size: int, eod_id: int | None, text_key: str, append_eod: bool
+) -> dict[str, Any]:
+    """``byte_settings`` from the tokenizer's facts (a manifest's, before any verification)."""
     return {
-        "tokenizer_fingerprint": info.fingerprint,
-        "dtype": info.dtype.name,
+        "tokenizer_fingerprint": fingerprint,
+        "dtype": np.dtype(optimal_dtype(vocab_size)).name,
         "text_key": text_key,
         "append_eod": append_eod,
-        "vocab_size": info.vocab_size,
-        "eod_id": info.eod_id,
+        "vocab_size": vocab_size,
+        "eod_id": eod_id,
     }
 
 
-def input_bytes(inputs: list[Path]) -> int:
-    """Bytes of the input files (a dataset folder: its files); compressed files count as stored."""
-    total = 0
-    for path in map(Path, inputs):
-        files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
-        total += sum(p.stat().st_size for p in files if p.exists())
-    return total
+def input_bytes(path: Path) -> int:
+    """Stored bytes of an input file or dataset folder (0 for one that is missing)."""
+    return sum(p.stat().st_size for p in input_files(path) if p.exists())
 
 
 @dataclass(frozen=True)
@@ -93,11 +96,9 @@ class Outputs:
     def up_to_date(
         self, inputs: list[Path], uris: list[str], settings: dict[str, Any], on_bad_record: str
     ) -> dict[str, Any] | None:
-        """The manifest when it records exactly these inputs (uri, size, sha256), ``settings``
-        and every count as an int (a hand-edited one may not), its pair has the recorded sizes
-        and sha256s and its quarantine file is there when it counts bad lines (and may:
-        ``on_bad_record``); None when the run must write. Files are hashed last, only when
-        everything else matches."""
+        """The manifest when it records exactly these inputs (uri, size, sha256), ``settings`` and
+        int counts, beside a pair of the recorded sizes and sha256s and the quarantine file its
+        bad lines need; None when the run must write. Files are hashed last."""
         if not self.manifest_path.is_file():
             return None
         try:
@@ -115,7 +116,7 @@ class Outputs:
         if any(
             not isinstance(entry, dict)
             or entry.get("uri") != uri
-            or entry.get("bytes") != input_bytes([path])
+            or entry.get("bytes") != input_bytes(path)
             for entry, uri, path in zip(recorded, uris, inputs, strict=True)
         ):
             return None
@@ -142,12 +143,10 @@ class Outputs:
         return Outputs(folder / self.prefix.name, folder / self.qpath.name)
 
     def commit(self, staged: Outputs, manifest: dict[str, Any]) -> bool:
-        """Move the finished ``staged`` files over these, the manifest last; False (nothing
-        touched) when another run already put these very files here (sha256s checked). Each
-        rename replaces a file whole, so a reader of the old manifest finds its pair until
-        the new manifest replaces it; when the old one vouches for other content it goes
-        first, so no manifest ever names bytes it does not describe. Call under
-        :meth:`locked`."""
+        """Rename the finished ``staged`` files over these, the manifest last (an old one that
+        vouches for other content goes first: no manifest names bytes it does not describe);
+        False, touching nothing, when another run already put these very files here. Call
+        under :meth:`locked`."""
         new = staged.manifest_path.read_bytes()
         if (
             self.manifest_bytes() == new
@@ -178,9 +177,8 @@ class Outputs:
             path.unlink(missing_ok=True)
 
     def _drop_manifest(self) -> None:
-        """Remove the manifest and fsync its folder (``manifests/``, not the pair's), so the
-        removal is on disk before any pair file changes: a crash never leaves it describing
-        other bytes."""
+        """Remove the manifest and fsync ``manifests/`` before any pair file changes: a crash
+        never leaves it describing other bytes."""
         try:
             self.manifest_path.unlink()
         except FileNotFoundError:

@@ -1,15 +1,10 @@
 """Process-parallel tokenization: inputs cut into byte ranges, one part file per range.
 
-A plain ``.jsonl`` is cut into ranges of about ``range_bytes`` on line boundaries (found by
-reading forward from each cut point; the planner reads a few KB per cut). A compressed file, a
-Parquet/Arrow file and a dataset folder are one range each, read whole by one worker. Workers
-are forked after the encoder is loaded (no reload, no re-verification: they share its pages),
-take ranges in schedule order from a shared counter (whole inputs first, largest first, so one
-long range does not end the run alone; then the split ranges in input order, so the parent can
-stitch while they run), and for each one parse, guard, encode and write the tokens to a temp
-part in the output folder's ``.tmp/``. Its sequence lengths, counts, quarantined lines (with
-range-local line numbers) and the input's sample for the checker come back over a pipe (raw
-bytes and JSON, no pickles); the parent puts ranges back in input order.
+A plain ``.jsonl`` is cut into ranges on line boundaries; a compressed file, a Parquet/Arrow file
+or a dataset folder is one range. Workers are forked after the encoder is loaded (they share its
+pages), take ranges in ``schedule`` order from a shared counter and write each one's tokens to a
+temp part in the output folder's ``.tmp/``; its lengths, counts, quarantined lines (range-local
+numbers) and checker sample come back over a pipe (raw bytes and JSON, no pickles).
 """
 
 from __future__ import annotations
@@ -30,11 +25,11 @@ import numpy as np
 
 from tokenmill.atomic import temp_path_for
 from tokenmill.errors import BadRecordError, TokenmillError
-from tokenmill.formats.dataset_manifest import input_files
 from tokenmill.formats.shard_records import IngestStats
 from tokenmill.ingest.records import Quarantine, read_jsonl_batches
 from tokenmill.ingest.sources import read_input_batches
 from tokenmill.tokenize.engines import Encoder
+from tokenmill.tokenize.outputs import input_bytes
 from tokenmill.tokenize.procs import SAMPLE_CHARS, SAMPLE_DOCS, fork
 
 MIN_RANGE_BYTES = 4 << 20  # smaller ranges cost more in per-range overhead than they balance
@@ -67,25 +62,19 @@ def plan_ranges(inputs: list[Path], workers: int) -> list[InputRange]:
     """The inputs as ranges in input order: about ``RANGES_PER_WORKER`` per worker over the
     plain files' bytes, each between ``MIN_RANGE_BYTES`` and ``MAX_RANGE_BYTES`` (a line longer
     than that makes its range longer)."""
-    min_bytes = MIN_RANGE_BYTES
     total = sum(p.stat().st_size for p in inputs if splittable(p))
     target = math.ceil(total / (workers * RANGES_PER_WORKER)) if total else 1
-    target = max(min_bytes, min(MAX_RANGE_BYTES, target), 1)
+    target = max(MIN_RANGE_BYTES, min(MAX_RANGE_BYTES, target), 1)
     out: list[InputRange] = []
     for index, path in enumerate(inputs):
         if not splittable(path):
-            out.append(InputRange(index, path, None, _size(path)))
+            out.append(InputRange(index, path, None, input_bytes(path)))
             continue
         size = path.stat().st_size
         bounds = [0, *_line_cuts(path, size, target), size]
         for start, end in itertools.pairwise(bounds):
             out.append(InputRange(index, path, (start, end), end - start))
     return out
-
-
-def _size(path: Path) -> int:
-    """Stored bytes of an input file or dataset folder (0 for one that is missing)."""
-    return sum(p.stat().st_size for p in input_files(path) if p.exists())
 
 
 def _line_cuts(path: Path, size: int, target: int) -> list[int]:
@@ -163,18 +152,6 @@ def schedule(ranges: list[InputRange]) -> list[int]:
     return [*whole, *(i for i, r in enumerate(ranges) if r.byte_range is not None)]
 
 
-def _batches(job: Job, rng: InputRange, spool: _Spool | None, stats: IngestStats) -> Iterator[Any]:
-    options: dict[str, Any] = {
-        "text_key": job.text_key,
-        "on_bad_record": job.on_bad_record,
-        "quarantine": spool,
-        "stats": stats,
-    }
-    if rng.byte_range is None:
-        return read_input_batches(rng.path, **options)
-    return read_jsonl_batches(rng.path, byte_range=rng.byte_range, **options)
-
-
 def _tokenize_range(
     job: Job, encoder: Encoder, index: int, parent: int
 ) -> tuple[dict[str, Any], np.ndarray]:
@@ -182,13 +159,19 @@ def _tokenize_range(
     rng = job.ranges[index]
     stats = IngestStats(path=str(rng.path))
     spool = _Spool() if job.on_bad_record == "quarantine" else None
+    options: dict[str, Any] = {"quarantine": spool, "stats": stats}
+    options.update(text_key=job.text_key, on_bad_record=job.on_bad_record)
+    if rng.byte_range is None:
+        batches = read_input_batches(rng.path, **options)
+    else:
+        batches = read_jsonl_batches(rng.path, byte_range=rng.byte_range, **options)
     part = job.parts[index]
     fh = open(part, "wb")  # noqa: SIM115 - closed below
     lengths: list[np.ndarray] = []
     sample = None
     try:
         with fh:
-            for n, batch in enumerate(_batches(job, rng, spool, stats)):
+            for n, batch in enumerate(batches):
                 if os.getppid() != parent:
                     os._exit(1)
                 if n == 0 and rng.first:
@@ -227,22 +210,18 @@ def _worker(job: Job, encoder: Encoder, counter: Any, out: Any, parent: int) -> 
             header, lengths = _tokenize_range(job, encoder, index, parent)
         except BadRecordError as exc:
             error = {"kind": "bad_record", "path": exc.path, "line": exc.line, "reason": exc.reason}
-            out.send_bytes(json.dumps({"range": index, "error": error}).encode())
-            continue
         except Exception as exc:  # reported to the parent, which raises it
             error = {"kind": type(exc).__name__, "message": str(exc)}
-            out.send_bytes(json.dumps({"range": index, "error": error}).encode())
+        else:
+            out.send_bytes(json.dumps({"range": index, **header}).encode())
+            out.send_bytes(lengths.astype(np.int64).tobytes())
             continue
-        out.send_bytes(json.dumps({"range": index, **header}).encode())
-        out.send_bytes(lengths.astype(np.int64).tobytes())
+        out.send_bytes(json.dumps({"range": index, "error": error}).encode())
 
 
 class RangeWorkers:
-    """Forked workers tokenizing a ``Job``'s ranges; ``results`` hands them back in input order.
-
-    ``close`` stops them (at once unless every range came back) and removes the parts nobody
-    took, including those of a killed worker.
-    """
+    """Forked workers tokenizing a ``Job``'s ranges; ``results`` hands them back in input order,
+    ``close`` stops them and removes the parts nobody took (a killed worker's too)."""
 
     def __init__(self, job: Job, encoder: Encoder, processes: int, open_conns: list[Any]) -> None:
         ctx = multiprocessing.get_context("fork")

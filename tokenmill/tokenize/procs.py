@@ -1,10 +1,9 @@
-"""Processes and threads behind ``tokenmill.tokenize.run``: forking children (the range workers of
-``tokenmill.tokenize.parallel``), the reference checker, and ``Background`` stages that overlap
-reading, encoding and writing in one process.
+"""Processes and threads behind ``tokenmill.tokenize.run``: forked children (range workers and
+the reference checker) and ``Background`` stages that overlap reading, encoding and writing.
 
-Children are forked after the tokenizer is loaded (no reload, shared pages), close the parent's
-pipe ends they inherit, and exit by themselves when the parent disappears (polled once a
-second), so a killed run leaves no orphans.
+Children are forked after the tokenizer is loaded (shared pages), close the parent's pipe ends
+they inherit and exit when the parent disappears (polled each second): a killed run leaves no
+orphans.
 """
 
 from __future__ import annotations
@@ -35,11 +34,8 @@ class EngineMismatch(Exception):
 
 
 def fork(target: Any, args: tuple[Any, ...], foreign: list[Any]) -> Any:
-    """Start ``target(*args, parent_pid)`` in a forked child that first closes ``foreign``.
-
-    ``foreign`` are the parent's pipe ends the child inherits; closing them lets the child see
-    EOF/EPIPE when the parent goes away instead of holding its own pipes open.
-    """
+    """Start ``target(*args, parent_pid)`` in a forked child that first closes ``foreign``, the
+    parent's pipe ends it inherits: it then sees EOF/EPIPE when the parent goes away."""
     proc = multiprocessing.get_context("fork").Process(
         target=_child, args=(target, args, foreign, os.getpid()), daemon=True
     )
@@ -89,12 +85,8 @@ def _check_worker(info: TokenizerInfo, conn: Any, parent: int) -> None:
 
 class Checker:
     """The run's sample check against the reference, in a forked process (off the hot path).
-
-    Samples go through a sender thread: the checker reads them only once its reference has
-    loaded, and the reader must not wait for that. A checker that answered ``""`` (no mismatch)
-    serves the next run after :meth:`reuse` (``tokenmill.tokenize.run.TokenizeSession``): its
-    reference stays loaded.
-    """
+    Samples go through a sender thread, as the checker reads them only once its reference has
+    loaded; after a pass it serves a session's next run (:meth:`reuse`)."""
 
     def __init__(self, info: TokenizerInfo) -> None:
         self.conn, child = multiprocessing.get_context("fork").Pipe()
@@ -141,9 +133,8 @@ class Checker:
             raise EngineMismatch(self.answer)
 
     def reuse(self) -> bool:
-        """Ready the checker for another run after this one passed (its sender thread has
-        ended: no thread of ours is alive across the next run's forks); False when it cannot
-        serve again (it found a mismatch, or the run did not finish its check)."""
+        """Ready the checker for another run after this one passed, its sender thread ended (no
+        thread of ours lives across the next run's forks); False when it cannot serve again."""
         if self.answer != "" or not self.proc.is_alive():
             return False
         if self.sender is not None:
@@ -154,8 +145,7 @@ class Checker:
         return True
 
     def close(self) -> None:
-        """Stop the checker: it has answered on success, and idle it ends when its pipe
-        closes; on an error path it is not needed."""
+        """Stop the checker (on an error path at once; idle, it ends when its pipe closes)."""
         if self.answer is None and not self.idle:
             self.proc.terminate()
         if self.sender is not None:
@@ -166,12 +156,9 @@ class Checker:
 
 
 class Background(Generic[T]):
-    """Runs an iterator on a daemon thread, at most ``depth`` items ahead of the consumer.
-
-    Iterating yields its items in order and re-raises its exception; ``close`` (also when the
-    consumer stops early) stops it after the item in progress and joins the thread, closing the
-    iterator on its own thread so a nested ``Background`` stops too.
-    """
+    """Runs an iterator on a daemon thread, at most ``depth`` items ahead of the consumer;
+    iterating yields its items and re-raises its exception. ``close`` stops it after the item in
+    progress, closing the iterator on its own thread so a nested ``Background`` stops too."""
 
     def __init__(self, items: Iterator[T], depth: int = 2) -> None:
         self._items = items

@@ -1,39 +1,15 @@
 """Tokenize inputs into one Megatron pair plus manifest; over 400 lines: one run's serial and
 parallel paths and its engine fallback share one ``_Run``.
 
-The bytes equal Megatron-LM ``tools/preprocess_data.py --tokenizer-type HuggingFaceTokenizer``
-(one sequence per document, ``{prefix}_{text_key}_document``): ids are
-``tokenizer(text).input_ids``; with ``append_eod`` the eos id ends every non-empty document; an
-empty document adds no sequence but repeats its boundary. The engine is the fastest one
-``tokenmill.tokenize.tokenizer`` verified; a forked checker also compares it with the reference on
-the run's first documents, and on a disagreement the run is redone with the next engine.
-
-With ``workers`` > 1 the run is process-parallel (``tokenmill.tokenize.parallel``): the inputs
-are cut into byte ranges on line boundaries (many per big ``.jsonl``; a compressed file, a
-Parquet/Arrow file or a dataset folder is one range), forked workers each parse, guard, encode
-and write their ranges to part files in the output folder's ``.tmp/``, and this process stitches
-the parts into the ``.bin`` in input order as they arrive, builds the ``.idx`` from their
-lengths, renumbers quarantined lines to the input's real line numbers and submits each input's
-first documents to the checker. Stitching copies a part with ``copy_file_range`` (in the kernel,
-page cache to page cache) after hashing it through a read-only map (the manifest's whole-file
-sha256; no copy into Python). Per GB of ``.bin`` (measured by ``bench_tokenize.py --scaling``)
-the copy takes 0.3 CPU-s where reading and writing the part from Python takes 0.7–2 CPU-s; the
-sha256 takes 0.55 CPU-s. The sha256s of the ``.bin`` and of each input file are the serial
-steps no split shares out; both run while the workers still encode the later ranges. Writing
-at known offsets instead would need every earlier range's token count before a worker starts.
-Each document is encoded whole by one worker and the parts go back in input order, so the
-bytes are the same for any ``workers``, any split and any engine.
-
-With one worker (or one range) the run stays in process: a reader thread parses, an encoder
-thread encodes and the writer hashes while writing, at most two batches between stages
-(gigatoken's per-text ``encode`` holds the GIL, so the stages overlap only where numpy, hashing
-and I/O release it). The inputs' sha256 for the manifest is taken on another thread in both modes.
-A run whose outputs already record its inputs and settings writes nothing (nor verifies a
-tokenizer not verified in this cache first, where they name its fingerprint and the installed
-library versions and their vocab_size, dtype and eod_id hold together); any other
-run writes into a staging folder of its own and renames the finished files into place under the
-output's lock, manifest last (``tokenmill.tokenize.outputs``): a reader never meets a missing
-pair, and a failed run leaves no pair at the prefix.
+The bytes equal Megatron-LM ``tools/preprocess_data.py --tokenizer-type HuggingFaceTokenizer``:
+ids are ``tokenizer(text).input_ids``, with ``append_eod`` the eos id ends every non-empty
+document, and an empty document adds no sequence but repeats its boundary. A forked checker
+compares the engine with the reference on each input's first documents; on a disagreement the
+run is redone with the next engine. With ``workers`` > 1, forked workers encode byte ranges into
+part files (``tokenmill.tokenize.parallel``) that this process hashes and stitches in input order
+as they arrive; with one, reader, encoder and writer threads overlap. Either way each document is
+encoded whole, so the bytes are the same for any workers, split and engine. Up-to-date outputs
+are kept; others are staged and renamed into place, manifest last (``tokenmill.tokenize.outputs``).
 """
 
 from __future__ import annotations
@@ -58,13 +34,13 @@ from tokenmill.formats.dataset_manifest import (
     input_sha256,
     write_dataset_manifest,
 )
-from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path, optimal_dtype
+from tokenmill.formats.indexed import IndexedDatasetWriter, data_file_path
 from tokenmill.formats.shard_records import IngestStats
 from tokenmill.ingest.records import ON_BAD_RECORD, Quarantine
 from tokenmill.ingest.sources import read_input_batches
 from tokenmill.paths import document_stem
 from tokenmill.tokenize.engines import Encoder, load_encoder
-from tokenmill.tokenize.outputs import COUNTS, Outputs, byte_settings, input_bytes
+from tokenmill.tokenize.outputs import COUNTS, Outputs, byte_settings, facts_settings, input_bytes
 from tokenmill.tokenize.parallel import (
     Job,
     RangeResult,
@@ -72,6 +48,7 @@ from tokenmill.tokenize.parallel import (
     part_paths,
     plan_ranges,
     schedule,
+    splittable,
 )
 from tokenmill.tokenize.procs import (
     SAMPLE_CHARS,
@@ -211,12 +188,11 @@ def tokenize_files(
 
 
 class TokenizeSession:
-    """The engine and the reference checker process kept from one ``tokenize_files`` call to
-    the next (``session=``) for one tokenizer: a pipeline step over a range of small shards
-    loads them once, not per shard. Each call still clears the engine's counts, sends its own
-    sample to the checker and waits for its verdict, so its outputs and manifest are those of
-    a lone call. A checker that found a mismatch or saw a failed call is replaced. Use it as a
-    context manager: leaving it stops the checker."""
+    """The engine and the reference checker kept from one ``tokenize_files`` call to the next
+    (``session=``), so a step over many small shards loads them once. Each call still sends its
+    own sample and waits for its verdict: its outputs and manifest are those of a lone call. A
+    checker that found a mismatch or saw a failed call is replaced. Use it as a context manager:
+    leaving it stops the checker."""
 
     def __init__(self) -> None:
         self._encoders: dict[tuple[str, str], Encoder] = {}
@@ -294,12 +270,9 @@ def _attempts(
 def _recorded_settings(
     out: Outputs, tokenizer: str | os.PathLike[str], text_key: str, append_eod: bool
 ) -> dict[str, Any] | None:
-    """``byte_settings`` for a run with ``tokenizer`` not verified in this cache, read from the
-    manifest at ``out`` without verifying it: where the manifest names this tokenizer's
-    fingerprint and the library versions installed now, its vocab_size, eod_id and dtype are
-    what a verification would find (when they hold together: a hand-edited one may not). None
-    when there is no such manifest, or the tokenizer's record is cached (its facts are
-    compared then, as a verified run compares them)."""
+    """``byte_settings`` from the manifest at ``out``, unverified, when it names this tokenizer's
+    fingerprint and the installed library versions and its facts hold together; None otherwise,
+    or when the tokenizer's record is cached (a verified run compares its facts then)."""
     try:
         config = json.loads(out.manifest_bytes() or b"null")["config"]
         recorded = config["verification"]["libraries"]
@@ -311,22 +284,12 @@ def _recorded_settings(
     if config.get("tokenizer_fingerprint") != fingerprint or recorded != _library_versions():
         return None
     vocab, eod = config.get("vocab_size"), config.get("eod_id")
-    if (
-        type(vocab) is not int
-        or vocab < 1
-        or config.get("dtype") != np.dtype(optimal_dtype(vocab)).name
-    ):
+    if type(vocab) is not int or vocab < 1:
         return None
     if not ((type(eod) is int and 0 <= eod < vocab) or (eod is None and not append_eod)):
         return None
-    return {
-        "tokenizer_fingerprint": fingerprint,
-        "dtype": config.get("dtype"),
-        "text_key": text_key,
-        "append_eod": append_eod,
-        "vocab_size": config.get("vocab_size"),
-        "eod_id": config.get("eod_id"),
-    }
+    settings = facts_settings(fingerprint, vocab, eod, text_key, append_eod)
+    return settings if config.get("dtype") == settings["dtype"] else None
 
 
 def _reused(out: Outputs, manifest: dict[str, Any], start: float) -> TokenizeResult:
@@ -364,6 +327,7 @@ class _Run:
         """One attempt with one engine; raises EngineMismatch when the checker objects."""
         encoder.routed.clear()  # this run's documents only (a session reuses the encoder)
         ranges = plan_ranges(self.inputs, self.workers) if self.workers > 1 else []
+        workers = None
         if len(ranges) > 1:
             job = Job(
                 ranges=ranges,
@@ -374,75 +338,21 @@ class _Run:
                 eod=self.eod,
                 dtype=encoder.info.dtype,
             )
-            return self._parallel(encoder, checker, fallbacks, job)
-        dtype = encoder.info.dtype
-        # The inputs' sha256 on a thread started after every fork (the checker's), and ended
-        # before the next: a fork never copies a thread of ours holding a lock.
+            conns = [checker.conn] if checker is not None else []
+            workers = RangeWorkers(job, encoder, min(self.workers, len(ranges)), conns)
+        # The inputs' sha256 on a thread started after every fork (the checker's, the workers'),
+        # and ended before the next: a fork never copies a thread of ours holding a lock.
         hasher = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-input-sha256")
         digests = [hasher.submit(input_sha256, path) for path in self.inputs]
         quarantine = Quarantine(self.qpath) if self.qpath is not None else None
         stats = [IngestStats(path=uri) for uri in self.uris]
-        tokens = 0
-        stages: list[Background[Any]] = []
-        try:
-            with IndexedDatasetWriter(self.prefix, dtype) as writer:
-                stages.append(Background(self._texts(stats, quarantine)))
-                stages.append(Background(self._encoded(encoder, stages[0], checker)))
-                for flat, lengths in stages[1]:
-                    writer.add_documents(flat, lengths)
-                    tokens += flat.size
-                    if checker is not None:
-                        checker.verdict(wait=False)
-                if checker is not None:
-                    checker.verdict(wait=True)
-            if quarantine is not None:
-                quarantine.commit()
-        except BaseException:
-            for stage in reversed(stages):
-                stage.close()
-            if quarantine is not None:
-                quarantine.discard()
-            raise
-        finally:
-            hasher.shutdown(wait=True, cancel_futures=True)
-        hashes = [digest.result() for digest in digests]
-        return self._finish(encoder, fallbacks, stats, hashes, writer, tokens)
-
-    def _parallel(
-        self, encoder: Encoder, checker: Checker | None, fallbacks: list[str], job: Job
-    ) -> TokenizeResult:
-        """One attempt on worker processes: their parts stitched in input order as they come."""
-        conns = [checker.conn] if checker is not None else []
-        workers = RangeWorkers(job, encoder, min(self.workers, len(job.ranges)), conns)
-        hasher = ThreadPoolExecutor(1, thread_name_prefix="tokenmill-input-sha256")
-        digests = [hasher.submit(input_sha256, path) for path in self.inputs]
-        quarantine = Quarantine(self.qpath) if self.qpath is not None else None
-        stats = [IngestStats(path=uri) for uri in self.uris]
-        lines_before = [0] * len(self.inputs)  # lines of each input already stitched
         bar = _progress_bar(self.inputs) if self.progress else None
-        tokens = 0
         try:
-            with IndexedDatasetWriter(self.prefix, job.dtype) as writer:
-                for result in workers.results():
-                    rng, offset = result.range, lines_before[result.range.index]
-                    if result.error is not None or result.part is None:
-                        raise _worker_error(result, offset)
-                    if checker is not None and result.sample is not None:
-                        checker.submit(rng.path, result.sample, encoder)
-                        checker.verdict(wait=False)
-                    try:
-                        writer.add_part(result.part, result.lengths)
-                    finally:
-                        result.part.unlink(missing_ok=True)
-                    tokens += int(result.lengths.sum())
-                    for line, reason, raw in result.bad:
-                        if quarantine is not None:
-                            quarantine.add(os.fspath(rng.path), offset + line, reason, raw)
-                    _add_stats(stats[rng.index], result.stats)
-                    lines_before[rng.index] += int(result.stats["lines"])
-                    encoder.routed.update(result.routed)
-                    if bar is not None:
-                        bar.update(int(result.stats["bytes_read"]))
+            with IndexedDatasetWriter(self.prefix, encoder.info.dtype) as writer:
+                if workers is None:
+                    tokens = self._serial(writer, encoder, checker, stats, quarantine, bar)
+                else:
+                    tokens = self._stitch(writer, encoder, checker, stats, quarantine, bar, workers)
                 if checker is not None:
                     checker.verdict(wait=True)
             if quarantine is not None:
@@ -452,12 +362,72 @@ class _Run:
                 quarantine.discard()
             raise
         finally:
-            workers.close()
+            if workers is not None:
+                workers.close()
             hasher.shutdown(wait=True, cancel_futures=True)
             if bar is not None:
                 bar.close()
         hashes = [digest.result() for digest in digests]
         return self._finish(encoder, fallbacks, stats, hashes, writer, tokens)
+
+    def _serial(
+        self,
+        writer: IndexedDatasetWriter,
+        encoder: Encoder,
+        checker: Checker | None,
+        stats: list[IngestStats],
+        quarantine: Quarantine | None,
+        bar: Any,
+    ) -> int:
+        """Read, encode and write on three threads of this process; the tokens written."""
+        tokens = 0
+        texts = Background(self._texts(stats, quarantine, bar))
+        encoded = Background(self._encoded(encoder, texts, checker))
+        try:
+            for flat, lengths in encoded:
+                writer.add_documents(flat, lengths)
+                tokens += flat.size
+                if checker is not None:
+                    checker.verdict(wait=False)
+        finally:
+            encoded.close()
+            texts.close()
+        return tokens
+
+    def _stitch(
+        self,
+        writer: IndexedDatasetWriter,
+        encoder: Encoder,
+        checker: Checker | None,
+        stats: list[IngestStats],
+        quarantine: Quarantine | None,
+        bar: Any,
+        workers: RangeWorkers,
+    ) -> int:
+        """The worker processes' parts stitched in input order as they come; the tokens written."""
+        lines_before = [0] * len(self.inputs)  # lines of each input already stitched
+        tokens = 0
+        for result in workers.results():
+            rng, offset = result.range, lines_before[result.range.index]
+            if result.error is not None or result.part is None:
+                raise _worker_error(result, offset)
+            if checker is not None and result.sample is not None:
+                checker.submit(rng.path, result.sample, encoder)
+                checker.verdict(wait=False)
+            try:
+                writer.add_part(result.part, result.lengths)
+            finally:
+                result.part.unlink(missing_ok=True)
+            tokens += int(result.lengths.sum())
+            for line, reason, raw in result.bad:
+                if quarantine is not None:
+                    quarantine.add(os.fspath(rng.path), offset + line, reason, raw)
+            _add_stats(stats[rng.index], result.stats)
+            lines_before[rng.index] += int(result.stats["lines"])
+            encoder.routed.update(result.routed)
+            if bar is not None:
+                bar.update(int(result.stats["bytes_read"]))
+        return tokens
 
     def _encoded(
         self, encoder: Encoder, texts: Iterable[Texts], checker: Checker | None
@@ -468,8 +438,10 @@ class _Run:
                 checker.submit(first, batch[:SAMPLE_DOCS], encoder)
             yield encoder.pack(batch, self.eod, encoder.info.dtype)
 
-    def _texts(self, stats: list[IngestStats], quarantine: Quarantine | None) -> Iterator[Texts]:
-        bar = _progress_bar(self.inputs) if self.progress else None
+    def _texts(
+        self, stats: list[IngestStats], quarantine: Quarantine | None, bar: Any
+    ) -> Iterator[Texts]:
+        """The reader thread: each input's batches of texts, its path on its first batch."""
         for path, st in zip(self.inputs, stats, strict=True):
             batches = read_input_batches(
                 path,
@@ -486,8 +458,6 @@ class _Run:
                 yield (path if n == 0 else None), batch.texts
             if bar is not None:
                 bar.update(st.bytes_read - seen)
-        if bar is not None:
-            bar.close()
 
     def _finish(
         self,
@@ -516,7 +486,7 @@ class _Run:
             sampled=encoder.name in CHECKED_ENGINES,
         )
         inputs = [
-            {"uri": uri, "bytes": input_bytes([path]), "sha256": sha256, "stats": st.to_dict()}
+            {"uri": uri, "bytes": input_bytes(path), "sha256": sha256, "stats": st.to_dict()}
             for uri, path, sha256, st in zip(self.uris, self.inputs, hashes, stats, strict=True)
         ]
         manifest = write_dataset_manifest(
@@ -542,8 +512,7 @@ class _Run:
 def _progress_bar(inputs: list[Path]) -> Any:
     from tqdm import tqdm
 
-    plain = all(p.is_file() and p.name.endswith(".jsonl") for p in inputs)
-    total = sum(p.stat().st_size for p in inputs) if plain else None
+    total = sum(p.stat().st_size for p in inputs) if all(map(splittable, inputs)) else None
     return tqdm(total=total, unit="B", unit_scale=True, desc="tokenize", file=sys.stderr)
 
 

@@ -51,24 +51,20 @@ def histogram_markdown(
     buckets: list[Bucket], *, unit: str = "tokens", limit: int = MARKDOWN_INLINE_LIMIT
 ) -> str:
     """A markdown table of a histogram with a text bar per bucket, narrowed to stay under ``limit``
-    characters (whenever 1-block bars fit): the Dagster UI draws markdown metadata shorter than
-    1,000 characters inline on the asset page (longer markdown hides behind a "[Show Markdown]"
-    link). The table renders in docs too."""
+    characters when 1-block bars fit: the Dagster UI draws shorter markdown inline on the page."""
     rows = [f"| {unit} from | count | |", "|---:|---:|:---|"]
     peak = max((b.count for b in buckets), default=0)
+    # a lower edge exact below 100,000 (powers of two read best whole), else short
+    labels = [str(b.lo) if b.lo < 100_000 else short_number(b.lo) for b in buckets]
     for width in (24, 16, 12, 8, 4, 1):
         body = [
-            f"| {_label(b.lo)} | {b.count} | {BAR * _bar(b.count, peak, width)} |" for b in buckets
+            f"| {label} | {b.count} | {BAR * _bar(b.count, peak, width)} |"
+            for label, b in zip(labels, buckets, strict=True)
         ]
         text = "\n".join(rows + body)
         if len(text) < limit:
             return text
     return text
-
-
-def _label(value: int) -> str:
-    """A bucket's lower edge: exact below 100,000 (powers of two read best whole), else short."""
-    return str(value) if value < 100_000 else short_number(value)
 
 
 def _bar(count: int, peak: int, width: int) -> int:

@@ -1,27 +1,12 @@
 """Tokenizer records: what a local HF tokenizer is and which engines reproduce its reference ids.
 
-The reference is what Megatron's ``HuggingFaceTokenizer`` path computes:
-``AutoTokenizer.from_pretrained(dir)(text).input_ids`` (transformers). The engines that encode for
-a run (``gigatoken``, ``tiktoken``, ``hf``, ``transformers``) live in
-``tokenmill.tokenize.engines``; their names are importable from here too. This module owns the
-tokenizer's identity (path, fingerprint), its cached verification record (``TokenizerInfo``) and
-the first-use verification that writes it (``tokenmill.tokenize.tokenizer_verify``, a child).
-
-On first use of a tokenizer (per fingerprint and library versions) a child process imports
-transformers, checks that the tokenizer class calls its ``tokenizers`` backend unchanged, reads
-the effective definition and the facts Megatron uses (``len(tokenizer)``, ``eos_token_id``), and
-runs every engine on a fixed probe set (unicode, whitespace, CRLF, emoji, NFKC-sensitive text,
-digits, code, long words, every added token written literally, a sweep of code points). The
-verdicts are cached under ``$TOKENMILL_CACHE_DIR`` (default ``~/.cache/tokenmill``), so later runs
-never import transformers (seconds); runs still compare the engine on their own first documents
-(``tokenmill.tokenize.run``) and record a disagreement here, which demotes the engine for good.
-
-A tokenizer whose only normalizer is a Unicode form (NFC, NFKC, ...) runs on the fast engines
-through a copy without the normalizer, its texts normalized by Python's ``unicodedata`` first.
-The fast engines are guarded (``tokenmill.tokenize.tokenizer_guard``): every document of a class
-where they could differ from the reference (an added token's string in the text, a code point whose
-handling depends on the Unicode version) is encoded by the reference engine instead, counted
-in ``Encoder.routed``.
+The reference is Megatron's ``HuggingFaceTokenizer`` path,
+``AutoTokenizer.from_pretrained(dir)(text).input_ids``. This module owns the tokenizer's identity
+(path, fingerprint) and its verification record (``TokenizerInfo``), written on first use per
+fingerprint and library versions by a child (``tokenmill.tokenize.tokenizer_verify``) and cached
+under ``$TOKENMILL_CACHE_DIR``, so later runs never import transformers. A run's disagreement
+with the reference on its own documents is recorded here and demotes the engine for good. The
+engines (``tokenmill.tokenize.engines``) are importable from here too.
 """
 
 from __future__ import annotations
@@ -116,10 +101,8 @@ def tokenizer_fingerprint(source: Path, definition: Path) -> str:
 
 
 def _library_versions() -> dict[str, str]:
-    """Installed versions of the engines, read from their ``*.dist-info`` folder names.
-
-    (``importlib.metadata`` answers the same but costs a noticeable import on every run.)
-    """
+    """Installed versions of the engines, read from their ``*.dist-info`` folder names
+    (``importlib.metadata`` answers the same but costs a noticeable import on every run)."""
     out = {}
     for dist in ("gigatoken", "tiktoken", "tokenizers", "transformers"):
         spec = importlib.util.find_spec(dist)
@@ -160,14 +143,16 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
         record = _read_record(record_path, fingerprint)
         if record is None:
             raise TokenmillError(f"tokenizer {source}: verification wrote no record {record_path}")
-    effective = record.get("effective_definition")
-    hf_definition = record.get("hf_definition")
     ranks = record.get("ranks")
-    fast = record.get("fast_definition")
     guard = record.get("guard") or {}
+
+    def beside(key: str) -> Path | None:
+        """The cached file the record names under ``key``, if any."""
+        return record_path.parent / record[key] if record.get(key) else None
+
     return TokenizerInfo(
         source=source,
-        definition=record_path.parent / effective if effective else definition,
+        definition=beside("effective_definition") or definition,
         fingerprint=fingerprint,
         vocab_size=int(record["vocab_size"]),
         max_id=int(record["max_id"]),
@@ -177,7 +162,7 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
         verdicts=dict(record["verdicts"]),
         record_path=record_path,
         split_special_tokens=bool(record["split_special_tokens"]),
-        hf_definition=record_path.parent / hf_definition if hf_definition else None,
+        hf_definition=beside("hf_definition"),
         ranks=None
         if ranks is None
         else RankFiles(
@@ -188,7 +173,7 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
             specials=tuple(ranks["specials"]),
         ),
         normalizer=record.get("normalizer"),
-        fast_definition=record_path.parent / fast if fast else None,
+        fast_definition=beside("fast_definition"),
         specials=tuple(guard.get("specials", ())),
         guard_ranges=tuple((int(a), int(b)) for a, b in guard.get("ranges", ())),
     )
@@ -196,12 +181,8 @@ def inspect_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
 
 def run_verification(source: Path, definition: Path, fingerprint: str, record_path: Path) -> None:
     """Verify in a child process and wait; TokenmillError with its output's tail if it fails.
-
-    A process that runs no thread of its own and has loaded no engine or transformers (a CLI run
-    at its start) forks the child: no interpreter start and no second import of numpy and
-    tokenmill (0.15 s of first use). Any other starts a new interpreter, as forking threads or an
-    engine's thread pools is unsafe.
-    """
+    A process with no thread of its own and no engine or transformers loaded forks the child (no
+    interpreter start: 0.15 s); any other starts a new interpreter, as forking threads is unsafe."""
     argv = [str(source), str(definition), fingerprint, str(record_path)]
     with tempfile.TemporaryFile() as output:  # the child's stdout and stderr
         if threading.active_count() == 1 and not any(m in sys.modules for m in FORK_BLOCKERS):

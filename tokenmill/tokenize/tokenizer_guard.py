@@ -1,26 +1,20 @@
-"""The per-document guard in front of the fast engines, and the study that sizes it.
+"""The per-document guard of the fast engines, and the study that sizes it.
 
-The fast engines are verified on a probe set and each run compares them with the reference on
-a sample (its inputs' first documents, cut short). The guard covers every other document: one
-pass over each text (C-speed ``re`` searches, skipped for pure ASCII) sends a document to the
-reference engine when it belongs to a class where the fast path is known to be able to differ:
+Beyond the probes and each run's sample, one pass over every document (C-speed ``re`` searches,
+skipped for pure ASCII) sends it to the reference engine when it is in a class where the fast
+path can differ:
 
 - ``special_token``: the text (or its normalized form) contains an added token's string. The
-  reference splits added tokens out of the raw text before normalizing the pieces in between,
-  so normalizing first can create one (``＜|endoftext|＞`` under NFKC) or break one
-  (``<|endoftext|>`` followed by U+0338 composes ``>`` into ``≯`` under NFC); the engines'
-  matching of overlapping or adjacent added tokens is only probed, not proven.
-- ``code_point``: the text holds a code point whose handling depends on a Unicode database:
-  unassigned (``Cn``) or surrogate (``Cs``) in Python's ``unicodedata`` (the Rust engines'
-  regex tables are newer or older: gigatoken and ``tokenizers`` split 13 such code points
-  differently for Tekken), or, for a tokenizer with a Unicode normalizer run in Python, one
-  of the code points where ``unicodedata`` and the ``tokenizers`` normalizer disagree (found by
-  ``normalization_differences`` at verification; 99 for NFC and 171 for NFKC between Python
-  3.11's Unicode 14.0 and ``tokenizers`` 0.23, all characters added after Unicode 9).
+  reference splits added tokens out before normalizing, so normalizing first can create one
+  (``＜|endoftext|＞`` under NFKC) or break one (``<|endoftext|>`` + U+0338 under NFC); the
+  engines' matching of overlapping or adjacent added tokens is only probed, not proven.
+- ``code_point``: the text holds a code point unassigned (``Cn``) or surrogate (``Cs``) in
+  Python's ``unicodedata`` (the Rust engines' regex tables are of other Unicode versions), or,
+  with a Unicode normalizer run in Python, one where ``unicodedata`` and the ``tokenizers``
+  normalizer disagree (``normalization_differences``).
 
-Normalization is idempotent, so normalizing in Python and then encoding with the normalizer
-removed gives the reference ids wherever both Unicode databases agree, which is what the
-``code_point`` class guarantees per document.
+Normalization is idempotent, so normalizing in Python and encoding with the normalizer removed
+gives the reference ids wherever both Unicode databases agree.
 """
 
 from __future__ import annotations
@@ -82,15 +76,10 @@ def normalization_differences(form: str) -> list[int]:
     """Assigned code points where ``unicodedata.normalize(form)`` and the ``tokenizers``
     normalizer of that form disagree in some context.
 
-    Each assigned code point that takes part in normalization in Python (a decomposition, a
-    non-zero combining class, or a part of another's decomposition) is normalized alone, before a
-    combining mark of class 1 and after one of class 240 (a combining class known to one database
-    only reorders) and between a letter and a class-220 mark; each canonical decomposition is
-    normalized as a sequence too (a composition known to one database only), flagging the
-    composite and its parts. (A code point that takes no part in Python can take none in the other
-    database either: Unicode keeps these properties of an assigned character stable, and code
-    points Python does not know are routed anyway.) All contexts go through each normalizer as
-    one string joined by NUL, which no form touches or reorders across.
+    Each code point that takes part in normalization in Python (Unicode keeps that stable for
+    assigned ones) is normalized alone, next to marks of classes 1, 240 and 220 (a combining class
+    known to one database only reorders), and, decomposed, as a sequence (a composition known to
+    one database only). All contexts go through each normalizer as one NUL-joined string.
     """
     from tokenizers import normalizers
 
@@ -140,12 +129,9 @@ def _any_of(words: Iterable[str]) -> str:
 
 
 class Guard:
-    """Sends documents of a risky class to the reference; normalizes the others when asked.
-
-    Costs per text: a substring search per added token (one regex when there are many), and for
-    a text that is not pure ASCII (an O(1) test) its code points as UTF-32 looked up in a table
-    of all 0x110000 (a lone surrogate cannot be encoded: that is the class too).
-    """
+    """Sends documents of a risky class to the reference; normalizes the others when asked. Per
+    text: a search for the added tokens, and unless it is pure ASCII a table lookup of its code
+    points."""
 
     def __init__(
         self, specials: Iterable[str], ranges: Sequence[Sequence[int]], form: str | None

@@ -1,8 +1,5 @@
-"""``TokenizerInfo``: what a run knows about a tokenizer, as its cached verification record says.
-
-Read by ``tokenmill.tokenize.tokenizer`` (which writes and reads the records) and by the engines
-(``tokenmill.tokenize.engines``) that are built from it.
-"""
+"""``TokenizerInfo``: what a run knows about a tokenizer, as its cached verification record says
+(``tokenmill.tokenize.tokenizer`` reads it; the engines are built from it)."""
 
 from __future__ import annotations
 
@@ -19,11 +16,9 @@ ENGINES = ("gigatoken", "tiktoken", "hf", "transformers")
 
 @dataclass(frozen=True)
 class RankFiles:
-    """A byte-level BPE written as tiktoken-style ranks at verification (cached beside it).
-
-    ``ranks`` holds ``base64 rank`` lines with dense ranks ``0..N-1`` in id order; ``ids`` (.npy)
-    maps a rank to its id, specials taking ranks ``N..`` in ``specials`` order.
-    """
+    """A byte-level BPE as tiktoken-style ranks, cached at verification: ``ranks`` holds ``base64
+    rank`` lines (ranks ``0..N-1`` in id order), ``ids`` (.npy) each rank's id, the specials
+    taking ranks ``N..`` in ``specials`` order."""
 
     ranks: Path
     ids: Path

@@ -1,26 +1,13 @@
-"""First-use verification of a tokenizer against transformers, in a child process; over 400
-lines: the reference side, the speculated engine side and the record they make stay together.
+"""First-use verification of a tokenizer against transformers, in a child process.
 
 ``python -m tokenmill.tokenize.tokenizer_verify SOURCE DEFINITION FINGERPRINT RECORD`` loads the
-reference (``AutoTokenizer.from_pretrained(SOURCE)``), checks that its class passes text straight to
-its ``tokenizers`` backend, takes the effective backend definition (transformers may rewrite the
-post-processor or add special tokens on load), encodes the probe set with the reference and with
-every engine, and writes the verdicts to RECORD. A tokenizer whose normalizer is one Unicode form
-gets a copy without it (``*.fast.json``) for the fast engines, which are probed as they run: texts
-normalized by Python, behind the guard whose ranges (``unicodedata``'s unassigned code points and
-``tokenmill.tokenize.tokenizer_guard.normalization_differences``) are computed here. A child keeps
-transformers (a second to import, hundreds of MB) and any thread pools out of the tokenizing
-process.
-
-Where first use spends its time, and how each part is kept short (docs/performance.md has the
-numbers): a tokenizing process without threads or engines forks the child (no interpreter start
-or imports: ``tokenmill.tokenize.tokenizer.run_verification``); the child hides torch from
-transformers (``hide_torch``; importing it was most of 19 s on a GPU node) and does not build
-transformers' lazy table of every model (``tokenmill.tokenize.engines.load_reference``). While it
-loads the reference, a forked helper does the engines' part on the definition on disk
-(``Speculation``), parsing it once; the helper's work is kept when the reference's backend
-serializes to that file's exact bytes (no second parse) or parses to the same definition,
-without ``split_special_tokens``.
+reference, checks that its class passes text straight to its ``tokenizers`` backend, takes the
+effective backend definition (transformers may rewrite it on load), runs the probe set through
+the reference and every engine as a run would (a Unicode-form normalizer removed from a copy and
+applied by Python, behind the guard) and writes the verdicts to RECORD. The child keeps
+transformers and thread pools out of the tokenizing process and hides torch (``hide_torch``);
+while it loads the reference, a forked helper does the engines' part on the definition on disk
+(``Speculation``), kept when the reference loads exactly that definition (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -29,7 +16,7 @@ import multiprocessing
 import os
 import sys
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +25,7 @@ import orjson
 
 from tokenmill.atomic import write_bytes, write_json
 from tokenmill.errors import ConfigError
-from tokenmill.tokenize.engines import ENCODERS, Encoder, _assemble, hide_torch, load_reference
+from tokenmill.tokenize.engines import ENCODERS, Encoder, flatten, hide_torch, load_reference
 from tokenmill.tokenize.tokenizer import CACHE_VERSION, _library_versions, first_mismatch
 from tokenmill.tokenize.tokenizer_guard import (
     normalization_differences,
@@ -120,10 +107,8 @@ def _disk_definition(definition: Path) -> dict[str, Any]:
 def _effective_definition(
     tok: Any, definition: Path, record_path: Path
 ) -> tuple[dict[str, Any] | None, str | None]:
-    """``(spec, name)``: the backend as loaded, and its copy's name beside the record when it
-    differs from the file on disk (else None). ``spec`` is None when the backend serializes to
-    the file's exact bytes (a file ``save_pretrained`` wrote): it is that file, parsed by no one
-    here (0.6 s for a 151k vocabulary)."""
+    """``(spec, name)``: the backend as loaded (None when it serializes to the file's exact bytes:
+    not parsed, 0.6 s for a 151k vocabulary), and its copy's name when it differs from the file."""
     text = tok.backend_tokenizer.to_str(pretty=True)
     if text.encode() == definition.read_bytes():
         return None, None
@@ -137,11 +122,8 @@ def _effective_definition(
 
 
 def _hf_definition(spec: dict[str, Any], record_path: Path) -> str | None:
-    """A copy with ``"a b"`` merges, which ``tokenizers`` loads about 2x faster than pairs.
-
-    Written only for BPE whose merge parts contain no space (always true for byte-level BPE),
-    where both spellings mean the same merges; the ``hf`` engine is verified on this copy.
-    """
+    """A copy with ``"a b"`` merges, which ``tokenizers`` loads about 2x faster than pairs; only
+    for BPE whose merge parts hold no space, where both spellings mean the same merges."""
     merges = (spec.get("model") or {}).get("merges") or []
     if not merges or not all(isinstance(m, list) and len(m) == 2 for m in merges):
         return None
@@ -156,10 +138,8 @@ def _hf_definition(spec: dict[str, Any], record_path: Path) -> str | None:
 
 @dataclass
 class EngineSide:
-    """What verification writes and runs for the engines, given the effective definition: the
-    ``hf`` copy, the normalizer-free copy, the tiktoken ranks, the guard, the ids a template
-    post-processor adds, and each engine's ids on the probes (or why it is not used). It needs
-    the reference only for ``split`` and the probes."""
+    """What verification writes and runs for the engines from the effective definition: its
+    copies, ranks and guard, and each engine's ids on the probes (or why it is not used)."""
 
     hf_definition: str | None
     fast: str | None
@@ -259,9 +239,8 @@ def _engine_side_child(args: tuple[Any, ...], conn: Any) -> None:
 
 
 class Speculation:
-    """``engine_side`` for the definition on disk, in a forked process while this one loads the
-    reference: on two cores or more the engines' part costs no wall time. Used only when the
-    reference turns out to load exactly that definition without ``split_special_tokens``."""
+    """``engine_side`` for the definition on disk, forked while this process loads the reference
+    (no wall time on two cores); used when the reference loads exactly that definition."""
 
     def __init__(self, args: tuple[Any, ...]) -> None:
         context = multiprocessing.get_context("fork")
@@ -271,8 +250,7 @@ class Speculation:
         child.close()
 
     def result(self) -> EngineSide | None:
-        """Wait for the helper (it writes the files this process would write): its result, or
-        None if it failed."""
+        """Wait for the helper (it writes the files this process would): its result, or None."""
         try:
             answer = self._conn.recv()
         except EOFError:
@@ -283,9 +261,8 @@ class Speculation:
         return answer if isinstance(answer, EngineSide) else None
 
     def close(self) -> None:
-        """End the helper when its result was not taken (this process failed first): SIGKILL,
-        as it may be blocked sending a result nobody reads, and would hold up this process's
-        exit, which joins its children."""
+        """End an untaken helper with SIGKILL: it may block sending a result nobody reads, and
+        would hold up this process's exit, which joins its children."""
         self._conn.close()
         if self._proc.is_alive():
             self._proc.kill()
@@ -303,7 +280,7 @@ def verify_tokenizer(
         split = bool(getattr(tok, "split_special_tokens", False))
         added = tok.backend_tokenizer.get_added_tokens_decoder()
         probes = probe_texts([added[i].content for i in sorted(added)])
-        expected = _assemble([np.array(x, dtype=np.uint32) for x in tok(probes).input_ids])
+        expected = flatten(tok(probes).input_ids)
         spec, effective = _effective_definition(tok, definition, record_path)
         side = guess = speculation.result()
     finally:
@@ -347,13 +324,7 @@ def verify_tokenizer(
         "hf_definition": side.hf_definition,
         "ranks": None
         if ranks is None
-        else {
-            "ranks": ranks.ranks.name,
-            "ids": ranks.ids.name,
-            "pattern": ranks.pattern,
-            "scheme": ranks.scheme,
-            "specials": list(ranks.specials),
-        },
+        else {**asdict(ranks), "ranks": ranks.ranks.name, "ids": ranks.ids.name},
         "verdicts": verdicts,
         "normalizer": side.form,
         "fast_definition": side.fast,
@@ -367,9 +338,8 @@ def verify_tokenizer(
 
 
 def _normalization_study(form: str, folder: Path) -> list[int]:
-    """``normalization_differences(form)``, cached beside the records: it depends only on the
-    form and the Unicode versions (Python's and the installed ``tokenizers``'), not on the
-    tokenizer, so a second tokenizer with the same normalizer skips it (0.8 s)."""
+    """``normalization_differences(form)`` (0.8 s), cached beside the records by form and Unicode
+    versions: it does not depend on the tokenizer."""
     key = f"{form}-{unicodedata.unidata_version}-tokenizers-{_library_versions()['tokenizers']}"
     path = folder / f"normalization-{key}.json"
     try:
@@ -383,8 +353,8 @@ def _normalization_study(form: str, folder: Path) -> list[int]:
 def _run_engine(
     name: str, info: TokenizerInfo, probes: list[str], loaded: dict[str, Encoder]
 ) -> tuple[np.ndarray, np.ndarray] | str:
-    """The engine's ids on the probes, run as in a tokenize run (behind its guard, whose routed
-    probes go to the ``hf`` engine run before it, loaded once into ``loaded``), or why not."""
+    """The engine's ids on the probes as in a run (its guard routing to the ``hf`` engine already
+    in ``loaded``), or why not."""
     try:
         encoder = loaded[name] = ENCODERS[name](info)
         if encoder.guarded and "hf" in loaded:
