@@ -22,7 +22,7 @@ from typing import Any
 from _helpers import process_group
 from pipeline_project import make_project, write_shard
 
-from tokenmill.storage.versions import pointer_target, read_pointer
+from tokenmill.storage.versions import read_pointer
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -56,9 +56,9 @@ class Watcher(threading.Thread):
     def sample(self) -> None:
         seen: dict[str, tuple[str, int]] = {}
         for ds, path in self.merged.items():
-            pointer = read_pointer(path)
+            pointer = read_pointer(path)  # read once: a second read may see the next move
             if pointer is not None:
-                target = pointer_target(path)
+                target = path.parent / str(pointer["target"])
                 manifest = target.parent / "manifests" / f"{target.name}.manifest.json"
                 counts = json.loads(manifest.read_text())["counts"]
                 seen[f"merged/{ds}"] = (str(pointer["version"]), int(counts["sequences"]))
