@@ -28,7 +28,6 @@ Ctrl-C.
 """
 
 import argparse
-import functools
 import os
 import signal
 import sys
@@ -71,7 +70,7 @@ from tokenmill.cli import run_command
 from tokenmill.formats.merge import natural_key
 from tokenmill.recipe import DatasetConfig, Recipe, load_recipe, recipe_path
 from tokenmill.storage import layout
-from tokenmill.storage.s3 import call, shared_client, split_uri
+from tokenmill.storage.s3 import s3_errors, shared_client, split_uri
 
 # Shards per in-process run: a run costs ≈ 1.3 CPU-s however many shards it holds (the run's
 # records, resources, one step per stage and check; bench/bench_orchestration.py), so 64 cut
@@ -244,10 +243,8 @@ def preflight(recipe: Recipe) -> None:
         return
     client = shared_client(recipe.storage.s3_endpoint_url)
     for bucket in buckets:
-        call(
-            f"s3://{bucket} (storage or a source of the recipe)",
-            functools.partial(client.head_bucket, Bucket=bucket),
-        )
+        with s3_errors(f"s3://{bucket} (storage or a source of the recipe)"):
+            client.head_bucket(Bucket=bucket)
 
 
 def run_downstream(

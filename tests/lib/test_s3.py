@@ -82,11 +82,8 @@ def test_a_dead_endpoint_is_tried_by_botocore_only(monkeypatch: pytest.MonkeyPat
         client = s3.make_client(f"http://127.0.0.1:{port}")  # bound, never listening
         sends: list[str] = []
         client.meta.events.register("before-send.s3.GetObject", lambda **kw: sends.append("x"))
-        with pytest.raises(InputError) as info:
-            s3.call(
-                f"reading s3://{BUCKET}/a.json",
-                lambda: client.get_object(Bucket=BUCKET, Key="a.json"),
-            )
+        with pytest.raises(InputError) as info, s3.s3_errors(f"reading s3://{BUCKET}/a.json"):
+            client.get_object(Bucket=BUCKET, Key="a.json")
     assert str(info.value).startswith(
         f"reading s3://{BUCKET}/a.json: EndpointConnectionError: Could not connect"
     )
@@ -97,8 +94,8 @@ def test_s3_answers_become_input_errors_naming_the_uri() -> None:
     client = _client()
     with Stubber(client) as stub:
         stub.add_client_error("list_objects_v2", "AccessDenied", "Access Denied", 403)
-        with pytest.raises(InputError) as info:
-            s3.call(f"listing s3://{BUCKET}/p", lambda: client.list_objects_v2(Bucket=BUCKET))
+        with pytest.raises(InputError) as info, s3.s3_errors(f"listing s3://{BUCKET}/p"):
+            client.list_objects_v2(Bucket=BUCKET)
     assert str(info.value) == (
         f"listing s3://{BUCKET}/p: AccessDenied: An error occurred (AccessDenied) when calling "
         "the ListObjectsV2 operation: Access Denied"
@@ -114,8 +111,8 @@ def test_programming_errors_are_not_input_errors(error: Exception) -> None:
         calls.append(1)
         raise error
 
-    with pytest.raises(type(error)) as info:
-        s3.call(f"listing s3://{BUCKET}/p", broken)
+    with pytest.raises(type(error)) as info, s3.s3_errors(f"listing s3://{BUCKET}/p"):
+        broken()
     assert info.value is error and calls == [1]
 
 

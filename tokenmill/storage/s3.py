@@ -20,15 +20,14 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from tokenmill.atomic import commit, create_temp
 from tokenmill.errors import ConfigError, InputError
 
-T = TypeVar("T")
 RETRY_MODE = "standard"
 MAX_ATTEMPTS = 8  # botocore retries per request, after the first try: 9 tries in all
 BODY_ATTEMPTS = 3  # tries to read a response body that a dropped connection cut short
@@ -283,7 +282,8 @@ def upload(client: Any, path: Path, bucket: str, key: str) -> None:
 
 def delete(client: Any, bucket: str, key: str) -> None:
     """Remove ``s3://bucket/key`` (absent is fine)."""
-    call(f"deleting s3://{bucket}/{key}", lambda: client.delete_object(Bucket=bucket, Key=key))
+    with s3_errors(f"deleting s3://{bucket}/{key}"):
+        client.delete_object(Bucket=bucket, Key=key)
 
 
 def is_s3_error(exc: BaseException) -> bool:
@@ -329,12 +329,6 @@ def s3_errors(what: str) -> Iterator[None]:
         if not is_s3_error(exc):
             raise
         raise InputError(f"{what}: {type(exc).__name__}: {exc}") from exc
-
-
-def call(what: str, op: Callable[[], T]) -> T:
-    """``op()`` with S3 failures raised as InputError naming ``what`` (botocore has retried)."""
-    with s3_errors(what):
-        return op()
 
 
 def read_object(
