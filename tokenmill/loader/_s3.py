@@ -34,6 +34,7 @@ from tokenmill.formats.virtual_merge import block_list_digest
 OPEN_BLOCKS = 64  # cached blocks a process keeps memory-mapped (address space, not RSS)
 FETCH_THREADS = 8  # parallel range GETs for one batch or one prefetch
 GET_ATTEMPTS = 2  # a block that fails its check is fetched once more, then refused
+STORE_THREADS = 4  # blocks a batch was served from memory, written at once (others wait on them)
 RUN_BLOCKS = 8  # consecutive missing blocks of one object fetched by one range GET
 
 
@@ -537,7 +538,8 @@ class BlockCache:
                         del self._maps[str(path)]
 
         self._submit(
-            self._own("writer", lambda: ThreadPoolExecutor(1, "tokenmill-s3-store")), store
+            self._own("writer", lambda: ThreadPoolExecutor(STORE_THREADS, "tokenmill-s3-store")),
+            store,
         )
         return str(path), view
 
