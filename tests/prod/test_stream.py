@@ -606,3 +606,34 @@ def test_a_first_batch_over_50_shards_gets_each_file_once_token_blocks_with_the_
     )
     kinds = [key.rsplit(".", 1)[1] for key, _ in sent]
     assert kinds.index("bin") < len(kinds) - 1 - kinds[::-1].index("idx")
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_a_one_block_idx_is_indexed_in_place_once_cached(
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shards: int
+) -> None:
+    """Once a part's one-block ``.idx`` is a file in the cache, later batches index its mapped
+    block as a memmap would (no byte ranges gathered): the same samples as the local read, for
+    a pair and a virtual merge, while the ``.bin`` files still span blocks."""
+    monkeypatch.setattr(dataset_manifest, "BLOCK_BYTES", 1 << 16)
+    src = tmp_path / "src"
+    prefixes = [src / "tokens" / f"s{k}_text_document" for k in range(shards)]
+    if shards == 1:
+        prefixes = [src / "tokens" / "one_text_document"]
+    local_manifest = one_dataset_blend(src, prefixes, docs=300, lengths=(5, 600))
+    assert all(p.with_suffix(".bin").stat().st_size > 2 << 16 for p in prefixes)
+    assert all(p.with_suffix(".idx").stat().st_size < 1 << 16 for p in prefixes)
+    s3.upload_tree(src, "v1")
+    cache = tmp_path / "cache"
+    remote = open_blend(f"s3://{s3.bucket}/v1/blends/one/manifest.json", "train", cache_dir=cache)
+    local = open_blend(local_manifest, "train")
+    (data,) = [ds.data for ds in remote.datasets.values()]  # type: ignore[attr-defined]
+    sampler = BatchSampler(len(local), global_batch_size=8)
+    for _ in range(2):
+        for step in range(len(local) // 8):
+            batch = sampler.indices(step)
+            np.testing.assert_array_equal(remote.get_batch(batch), local.get_batch(batch))
+            _s3.cache_for(cache, None).drain()  # the blocks served from memory are stored
+        for k in (0, len(local) - 1):
+            np.testing.assert_array_equal(remote[k], local[k])
+    assert sorted(data._tables) == list(range(shards))  # every part read in place

@@ -492,7 +492,7 @@ class BlockCache:
         contiguous blocks of one object by one range GET; CacheError when they cannot all be
         held at once (one batch larger than ``cache_bytes``)."""
         self.stored_failure()
-        need = sum(f.span(i)[1] - f.span(i)[0] for f, i in wanted)
+        need = 0 if self.capacity is None else sum(f.span(i)[1] - f.span(i)[0] for f, i in wanted)
         if self.capacity is not None and need > self.capacity:
             raise CacheError(
                 f"one batch needs {len(wanted)} blocks ({need} bytes), more than "

@@ -8,6 +8,7 @@ S3 key is the one its mirrored path ``<cache>/files/<bucket>/<key>`` names.
 
 from __future__ import annotations
 
+import mmap
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -156,6 +157,8 @@ class RemoteData:
         self._bins = RemoteFiles(self.files, cache)
         self._idxs = RemoteFiles([p.idx for p in pairs], cache)
         self._headers: set[int] = set()  # parts whose .idx header was checked
+        # parts whose .idx is one block: lengths and pointers viewed on its mapped file
+        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._last: tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         for p in pairs:
             pointers = p.idx.size - HEADER_SIZE - 12 * p.sequences  # document index bytes
@@ -190,6 +193,11 @@ class RemoteData:
         else:
             part = np.searchsorted(self.first_sequence, seq, side="right") - 1
             local = seq - self.first_sequence[part]
+        tables = self._mapped_index(part, local)
+        if tables is not None:
+            found = (part, *tables)
+            self._last = (seq.copy(), found)
+            return found
         new = np.array(
             [p for p in np.unique(part).tolist() if p not in self._headers], dtype=np.int64
         )
@@ -211,6 +219,38 @@ class RemoteData:
         found = (part, lengths, pointers.astype(np.int64))
         self._last = (seq.copy(), found)
         return found
+
+    def _mapped_index(
+        self, part: np.ndarray, local: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """(length, pointer) of sequences ``local`` of parts ``part`` indexed straight from
+        the mapped block of each part's one-block ``.idx``, as from a local memmap (no byte
+        ranges gathered); None while a part's header is unchecked, its ``.idx`` spans blocks
+        or its block is not yet a file in the cache."""
+        parts = np.unique(part).tolist()
+        tables = []
+        for p in parts:
+            table = self._tables.get(p)
+            if table is None:
+                pair = self.pairs[p]
+                if p not in self._headers or pair.idx.blocks != 1:
+                    return None
+                (view,) = self.cache.views([(pair.idx, 0)])
+                if not isinstance(view.obj, mmap.mmap):  # served from memory while stored
+                    return None
+                n = pair.sequences
+                table = self._tables[p] = (
+                    np.frombuffer(view, dtype="<i4", count=n, offset=HEADER_SIZE),
+                    np.frombuffer(view, dtype="<i8", count=n, offset=HEADER_SIZE + 4 * n),
+                )
+            tables.append(table)
+        if len(tables) == 1:
+            return tables[0][0][local].astype(np.int64), tables[0][1][local].astype(np.int64)
+        lengths, pointers = np.empty(len(local), np.int64), np.empty(len(local), np.int64)
+        for p, (part_lengths, part_pointers) in zip(parts, tables, strict=True):
+            mine = part == p
+            lengths[mine], pointers[mine] = part_lengths[local[mine]], part_pointers[local[mine]]
+        return lengths, pointers
 
     def _check_header(self, part: int, head: bytes) -> None:
         """FormatError naming the ``.idx`` when its header disagrees with the records."""
