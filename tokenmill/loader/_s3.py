@@ -517,7 +517,7 @@ class BlockCache:
     def _keep(
         self, f: RemoteFile, i: int, path: Path, data: bytes, lock: contextlib.ExitStack
     ) -> Fresh:
-        """Serve this fetched, checked block from memory, and store it on the writer thread,
+        """Serve this fetched, checked block from memory, and store it on a writer thread,
         off the batch's path: its ``lock`` is released once it is stored (until then other
         processes wait for the file and this one reads the bytes); a failure (the cache
         directory full) is raised by the next read (``stored_failure``)."""
