@@ -23,12 +23,15 @@ uploaded beside it (not timed). Measured:
   bytes in the cache dir after the cold job against the tokens' bytes, peak RSS (ranks and
   their largest worker, summed over ranks), and a digest of every batch (all tools agree);
 * ``tokenmill pull`` (wall time), then the same job over the local copy;
+* ``--jobs N``: N rounds of those jobs, the tools and the local read in turn, starting one
+  later each round (a job of a few hundred batches lasts under a second, so one stall decides
+  it); each cell then gives the range and the median;
 * moto alone: range GETs of every block of every token file, 8 at once, nothing stored or
   hashed: the server's own bound.
 
     python bench/bench_stream.py [--tokens 40000000] [--shards 4] [--steps 40] [--batch 64]
         [--ranks 2] [--workers 2] [--block-mib 8] [--tools tokenmill,mosaic,litdata]
-        [--repeats 3] [--first-only] [--against OTHER_CHECKOUT]
+        [--repeats 3] [--jobs 1] [--first-only] [--against OTHER_CHECKOUT]
 """
 
 from __future__ import annotations
@@ -278,6 +281,9 @@ def main() -> None:
     parser.add_argument("--block-mib", type=float, default=8.0, help="per-block hash size")
     parser.add_argument("--tools", default="tokenmill,mosaic,litdata")
     parser.add_argument("--repeats", type=int, default=3, help="cold/warm first batches")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="job rounds (tools in turn): ranges and medians"
+    )
     parser.add_argument("--first-only", action="store_true", help="only the first batches")
     parser.add_argument("--against", help="another checkout: its first batches too, alternating")
     args = parser.parse_args()
@@ -323,15 +329,21 @@ def main() -> None:
                 "mosaic": "s3://bench/mds",
                 "litdata": "s3://bench/litdata",
             }
-            for tool in tools:
-                cache = work / f"cache-{tool}"
-                cold = job(tool, sources[tool], cache, args, env)
-                warm = job(tool, sources[tool], cache, args, env)
-                results[tool] = {"cold": cold, "warm": warm}
             start = time.perf_counter()
             pulled = pull(uri, work / "pulled", progress=False)
             results["pull_s"] = time.perf_counter() - start
-            results["local"] = job("local", str(pulled.manifest), work / "cache-local", args, env)
+            sources["local"] = str(pulled.manifest)
+            for tool in [*tools, "local"]:
+                results[tool] = {"cold": [], "warm": []} if tool != "local" else []
+            for r in range(args.jobs):  # rounds: the tools in turn, starting one later each round
+                k = r % (len(tools) + 1)
+                for tool in [*tools, "local"][k:] + [*tools, "local"][:k]:
+                    cache = work / f"cache-{tool}-{r}"  # empty: this round's cold job
+                    if tool == "local":
+                        results["local"].append(job(tool, sources[tool], cache, args, env))
+                        continue
+                    results[tool]["cold"].append(job(tool, sources[tool], cache, args, env))
+                    results[tool]["warm"].append(job(tool, sources[tool], cache, args, env))
             results["moto_alone_mb_per_s"] = moto_alone(
                 client, "bench", dataset_manifest.BLOCK_BYTES
             )
@@ -365,36 +377,50 @@ def report_first(found: dict[str, Any]) -> None:
     print(f"load average {found['load'][0]:.1f} before, {found['load'][-1]:.1f} after")
 
 
+def spread(runs: list[dict[str, Any]], key: str, fmt: str) -> str:
+    """One job's value, or ``min-max (median)`` over the rounds."""
+    values = sorted(run[key] for run in runs)
+    if len(values) == 1:
+        return format(values[0], fmt)
+    median = float(np.median(values))
+    return f"{values[0]:{fmt}}-{values[-1]:{fmt}} ({median:{fmt}})"
+
+
 def report(results: dict[str, Any], args: argparse.Namespace, tools: list[str]) -> None:
-    """Print the table and write the JSON."""
+    """Print the table (each cell: one job, or the range and median over ``--jobs`` rounds)
+    and write the JSON (every job)."""
     used = args.steps * args.batch * (SEQ + 1) * 2
-    digests = {json.dumps(results[t]["cold"]["digest"]) for t in tools}
-    digests |= {json.dumps(results[t]["warm"]["digest"]) for t in tools}
-    digests.add(json.dumps(results["local"]["digest"]))
+    runs = [run for t in tools for kind in ("cold", "warm") for run in results[t][kind]]
+    digests = {json.dumps(run["digest"]) for run in runs + results["local"]}
     rows = [["reading", "start-up s", "tokens/s", "cache bytes / used", "peak RSS MiB"]]
     for tool in tools:
         for kind in ("cold", "warm"):
             got = results[tool][kind]
+            ratio = [{"r": run["cache_bytes"] / used} for run in got]
             rows.append(
                 [
                     f"{tool}, {kind}",
-                    f"{got['startup_s']:.2f}",
-                    f"{got['tokens_per_s']:,.0f}",
-                    f"{got['cache_bytes'] / used:.1f}x" if kind == "cold" else "",
-                    f"{got['peak_rss_mib']:.0f}",
+                    spread(got, "startup_s", ".2f"),
+                    spread(got, "tokens_per_s", ",.0f"),
+                    spread(ratio, "r", ".1f") + "x" if kind == "cold" else "",
+                    spread(got, "peak_rss_mib", ".0f"),
                 ]
             )
     local = results["local"]
     rows.append(
         [
             f"local after pull ({results['pull_s']:.2f} s)",
-            f"{local['startup_s']:.2f}",
-            f"{local['tokens_per_s']:,.0f}",
+            spread(local, "startup_s", ".2f"),
+            spread(local, "tokens_per_s", ",.0f"),
             "",
-            f"{local['peak_rss_mib']:.0f}",
+            spread(local, "peak_rss_mib", ".0f"),
         ]
     )
     print(table(rows))
+    if "tokenmill" in tools:
+        warm = [run["tokens_per_s"] for run in results["tokenmill"]["warm"]]
+        ratios = [w / run["tokens_per_s"] for w, run in zip(warm, local, strict=True)]
+        print("tokenmill warm / local, per round: " + ", ".join(f"{r:.2f}" for r in ratios))
     report_first(results["first_batch"])
     print(
         f"moto alone {results['moto_alone_mb_per_s']:.0f} "
