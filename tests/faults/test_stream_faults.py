@@ -4,6 +4,8 @@ the object; never a wrong sample."""
 
 from __future__ import annotations
 
+import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -59,5 +61,37 @@ def test_persistent_5xx_names_the_object_and_the_job_carries_on_once_it_ends(
     with pytest.raises(InputError, match=r"reading block \d+ .* of s3://.*\.bin"):
         remote.get_batch(np.arange(len(remote)))
     proxy.clear()  # back to normal: the same job reads on, every sample exact
+    for indices in batches:
+        np.testing.assert_array_equal(remote.get_batch(indices), local.get_batch(indices))
+
+
+def test_a_server_restart_mid_epoch_stops_the_read_naming_the_object_then_reads_on(
+    train: tuple[BlendedDataset, BlendedDataset], proxy: FaultProxy
+) -> None:
+    """The S3 server dies while a block's body is being read (open connections reset, the
+    port refusing): that read fails naming the object, never with a wrong sample; once the
+    server is back on its port the same job reads every sample exactly."""
+    local, remote = train
+    batches = list(BatchSampler(len(local), global_batch_size=16))
+    np.testing.assert_array_equal(remote.get_batch(batches[0]), local.get_batch(batches[0]))
+    stall = proxy.add("GET", CODE_BIN, "stall", keep=100)
+    failed: list[BaseException] = []
+
+    def read_everything() -> None:
+        try:
+            remote.get_batch(np.arange(len(remote)))
+        except BaseException as exc:  # handed to the test thread
+            failed.append(exc)
+
+    reader = threading.Thread(target=read_everything)
+    reader.start()
+    assert stall.hit.wait(60)  # a block's body half sent
+    proxy.kill()
+    reader.join(120)
+    assert not reader.is_alive()
+    assert len(failed) == 1 and isinstance(failed[0], InputError), failed
+    assert re.search(r"of s3://\S+/v1/merged/code\.bin", str(failed[0])), failed[0]
+    proxy.clear()
+    proxy.start()
     for indices in batches:
         np.testing.assert_array_equal(remote.get_batch(indices), local.get_batch(indices))
