@@ -333,11 +333,12 @@ def main() -> None:
             pulled = pull(uri, work / "pulled", progress=False)
             results["pull_s"] = time.perf_counter() - start
             sources["local"] = str(pulled.manifest)
-            for tool in [*tools, "local"]:
+            order = [*tools, "local"]
+            for tool in order:
                 results[tool] = {"cold": [], "warm": []} if tool != "local" else []
             for r in range(args.jobs):  # rounds: the tools in turn, starting one later each round
-                k = r % (len(tools) + 1)
-                for tool in [*tools, "local"][k:] + [*tools, "local"][:k]:
+                k = r % len(order)
+                for tool in order[k:] + order[:k]:
                     cache = work / f"cache-{tool}-{r}"  # empty: this round's cold job
                     if tool == "local":
                         results["local"].append(job(tool, sources[tool], cache, args, env))

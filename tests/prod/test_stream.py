@@ -32,7 +32,7 @@ from tokenmill.errors import CacheError, FormatError
 from tokenmill.formats.merge import virtual_merge
 from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
-from tokenmill.loader import BatchSampler, _s3, open_blend
+from tokenmill.loader import BatchSampler, _s3, _s3_data, open_blend
 
 BLOCK = 512  # tiny blocks, so that samples straddle them
 ROOT = Path(__file__).resolve().parents[2]
@@ -608,14 +608,16 @@ def test_a_first_batch_over_50_shards_gets_each_file_once_token_blocks_with_the_
     assert kinds.index("bin") < len(kinds) - 1 - kinds[::-1].index("idx")
 
 
-@pytest.mark.parametrize("shards", [1, 3])
+@pytest.mark.parametrize(("shards", "held"), [(1, 1), (3, 3), (3, 2)])
 def test_a_one_block_idx_is_indexed_in_place_once_cached(
-    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shards: int
+    s3: S3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shards: int, held: int
 ) -> None:
     """Once a part's one-block ``.idx`` is a file in the cache, later batches index its mapped
     block as a memmap would (no byte ranges gathered): the same samples as the local read, for
-    a pair and a virtual merge, while the ``.bin`` files still span blocks."""
+    a pair and a virtual merge, while the ``.bin`` files still span blocks; at most ``held``
+    (OPEN_BLOCKS) parts keep their block mapped."""
     monkeypatch.setattr(dataset_manifest, "BLOCK_BYTES", 1 << 16)
+    monkeypatch.setattr(_s3_data, "OPEN_BLOCKS", held)
     src = tmp_path / "src"
     prefixes = [src / "tokens" / f"s{k}_text_document" for k in range(shards)]
     if shards == 1:
@@ -636,4 +638,5 @@ def test_a_one_block_idx_is_indexed_in_place_once_cached(
             _s3.cache_for(cache, None).drain()  # the blocks served from memory are stored
         for k in (0, len(local) - 1):
             np.testing.assert_array_equal(remote[k], local[k])
-    assert sorted(data._tables) == list(range(shards))  # every part read in place
+    assert len(data._tables) == held  # parts read in place, the last ones used kept
+    assert set(data._tables) <= set(range(shards))

@@ -492,12 +492,13 @@ class BlockCache:
         contiguous blocks of one object by one range GET; CacheError when they cannot all be
         held at once (one batch larger than ``cache_bytes``)."""
         self.stored_failure()
-        need = 0 if self.capacity is None else sum(f.span(i)[1] - f.span(i)[0] for f, i in wanted)
-        if self.capacity is not None and need > self.capacity:
-            raise CacheError(
-                f"one batch needs {len(wanted)} blocks ({need} bytes), more than "
-                f"cache_bytes={self.capacity} at {self.root}: raise cache_bytes"
-            )
+        if self.capacity is not None:
+            need = sum(f.span(i)[1] - f.span(i)[0] for f, i in wanted)
+            if need > self.capacity:
+                raise CacheError(
+                    f"one batch needs {len(wanted)} blocks ({need} bytes), more than "
+                    f"cache_bytes={self.capacity} at {self.root}: raise cache_bytes"
+                )
         found = [self._maps.get(self._name(f, i)) for f, i in wanted]
         todo = [k for k, v in enumerate(found) if v is None]
         if not todo:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from tokenmill.formats.dataset_manifest import (
 )
 from tokenmill.formats.indexed import HEADER_SIZE, data_file_path, index_file_path, parse_header
 from tokenmill.formats.virtual_merge import is_virtual, masked_sequences
-from tokenmill.loader._s3 import BlockCache, RemoteFile, cache_for
+from tokenmill.loader._s3 import OPEN_BLOCKS, BlockCache, RemoteFile, cache_for
 
 COUNTS = ("num_sequences", "num_tokens")  # what a blend's entry of a pair records
 
@@ -157,8 +158,9 @@ class RemoteData:
         self._bins = RemoteFiles(self.files, cache)
         self._idxs = RemoteFiles([p.idx for p in pairs], cache)
         self._headers: set[int] = set()  # parts whose .idx header was checked
-        # parts whose .idx is one block: lengths and pointers viewed on its mapped file
-        self._tables: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # parts whose .idx is one block: lengths and pointers viewed on its mapped file, the
+        # OPEN_BLOCKS last used (a held mapping keeps an evicted block's disk space in use)
+        self._tables: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._last: tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
         for p in pairs:
             pointers = p.idx.size - HEADER_SIZE - 12 * p.sequences  # document index bytes
@@ -243,6 +245,10 @@ class RemoteData:
                     np.frombuffer(view, dtype="<i4", count=n, offset=HEADER_SIZE),
                     np.frombuffer(view, dtype="<i8", count=n, offset=HEADER_SIZE + 4 * n),
                 )
+                while len(self._tables) > OPEN_BLOCKS:
+                    self._tables.popitem(last=False)
+            else:
+                self._tables.move_to_end(p)
             tables.append(table)
         if len(tables) == 1:
             return tables[0][0][local].astype(np.int64), tables[0][1][local].astype(np.int64)
