@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _util import remove_outputs
+
 RunStats = dict[str, float]
 # The verification child as ``tokenizer.run_verification`` starts it, reporting its own CPU and
 # its helper's (a joined child) from getrusage.
@@ -63,13 +65,13 @@ def first_use_runs(
         rows: dict[str, list[Any]] = {"fresh": [], "cached": [], "load": []}
         with tempfile.TemporaryDirectory() as keep:
             cached_env = {**env, "TOKENMILL_CACHE_DIR": keep}
-            _remove_outputs(work, f"{name}-warmup")  # kept outputs would skip verifying
+            remove_outputs(work, f"{name}-warmup")  # kept outputs would skip verifying
             run_cli(corpus, tok_dir, work / f"{name}-warmup", cached_env)  # fills the cache
             for rep in range(repeat):
                 rows["load"].append(round(os.getloadavg()[0], 2))
                 order = ("fresh", "cached") if rep % 2 == 0 else ("cached", "fresh")
                 for kind in order:
-                    _remove_outputs(work, f"{name}-{kind}")  # else the run finds them up to date
+                    remove_outputs(work, f"{name}-{kind}")  # else the run finds them up to date
                     with tempfile.TemporaryDirectory() as fresh:
                         run_env = cached_env if kind == "cached" else {
                             **env, "TOKENMILL_CACHE_DIR": fresh}  # fmt: skip
@@ -81,14 +83,6 @@ def first_use_runs(
                     raise RuntimeError(f"{name}: the fresh and the cached run wrote different .bin")
         out[name] = rows
     return out
-
-
-def _remove_outputs(work: Path, prefix: str) -> None:
-    """Delete what a run at ``work/prefix`` wrote, so the next run there tokenizes: a run whose
-    outputs already record its inputs and settings writes nothing."""
-    for path in [*work.glob(f"{prefix}[_.]*"), *work.glob(f"manifests/{prefix}_*")]:
-        if path.is_file():
-            path.unlink()
 
 
 def child_split(tok_dir: Path, env: dict[str, str], repeat: int) -> dict[str, Any]:

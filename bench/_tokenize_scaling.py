@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _util import remove_outputs, table
+
 RunStats = dict[str, float]
 HEADER = ("workers", "ours wall s", "ours CPU-s", "ours MB/s", "indep. wall s", "indep. CPU-s",
           "indep. MB/s", "efficiency", "ours/indep. per rep", "load")  # fmt: skip
@@ -137,6 +139,7 @@ def scaling_runs(
     size = corpus.stat().st_size
     mb = size / 1e6
     # A first run verifies the tokenizer (cached after) and warms the page cache.
+    remove_outputs(work, "warm")
     warm = _cmd(corpus, tok_dir, work / "warm", 1)
     subprocess.run(warm, check=True, env=env, stdout=subprocess.DEVNULL)
     expected = bin_digest([work / "warm_text_document.bin"])
@@ -147,8 +150,10 @@ def scaling_runs(
         row: dict[str, Any] = {"ours": [], "independent": [], "load": []}
         for _ in range(repeat):
             row["load"].append([round(x, 2) for x in os.getloadavg()])
-            row["ours"].append(run_together([_cmd(corpus, tok_dir, work / "ours", n)], env))
             outs = [work / f"ind-{k:02d}" for k in range(n)]
+            for prefix in ["ours", *(o.name for o in outs)]:
+                remove_outputs(work, prefix)  # else a run finds its outputs up to date
+            row["ours"].append(run_together([_cmd(corpus, tok_dir, work / "ours", n)], env))
             cmds = [_cmd(p, tok_dir, o, 1) for p, o in zip(parts, outs, strict=True)]
             row["independent"].append(run_together(cmds, env))
             ours_bin = bin_digest([work / "ours_text_document.bin"])
@@ -186,8 +191,6 @@ def scaling_runs(
 
 def report_scaling(data: dict[str, Any]) -> None:
     """Print one table per tokenizer."""
-    from _util import table
-
     for name, res in data["results"].items():
         rows = [list(HEADER)]
         for n, row in res["rows"].items():

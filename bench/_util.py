@@ -27,6 +27,14 @@ def run_timed(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, fl
     return {"wall": wall, "cpu": cpu}
 
 
+def remove_outputs(work: Path, prefix: str) -> None:
+    """Delete what a ``tokenmill tokenize`` run at ``work/prefix`` wrote, so the next run there
+    tokenizes: a run whose outputs already record its inputs and settings writes nothing."""
+    for path in [*work.glob(f"{prefix}[_.]*"), *work.glob(f"manifests/{prefix}_*")]:
+        if path.is_file():
+            path.unlink()
+
+
 def machine() -> dict[str, Any]:
     """A short description of the machine the numbers were taken on."""
     return {
