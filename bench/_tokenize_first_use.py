@@ -13,7 +13,12 @@ up to date writes nothing and verifies nothing.
 On a loaded machine the wall difference says little, so the verification child is also run
 alone (``child_split``): the CPU seconds of its own process (the reference's side) and of its
 forked helper (the engines' side), which run at once. On idle cores the child's wall is about
-the larger of the two (two cores or more), which is the "idle-core estimate" reported.
+the larger of the two (two cores or more), which is the "idle-core estimate" reported. Beside
+it, ``reference_load`` times what any exact check must do, loading the reference as Megatron
+does (a fresh interpreter, torch hidden as in the child, ``AutoTokenizer.from_pretrained``): on
+idle cores a first use cannot cost less than that minus the interpreter's start. ``profile``
+writes a cProfile of the child's reference side (``--profile``), for machines lent too briefly
+to explore.
 """
 
 from __future__ import annotations
@@ -41,8 +46,37 @@ source, definition = tokenizer.resolve_tokenizer_path(sys.argv[1])
 fingerprint = tokenizer.tokenizer_fingerprint(source, definition)
 tokenizer_verify.main([str(source), str(definition), fingerprint, sys.argv[2]])
 me, helper = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+with open("/proc/self/status") as fh:  # native threads too: CPU-s above wall means threads ran
+    threads = next(int(line.split()[1]) for line in fh if line.startswith("Threads:"))
 print(json.dumps({"reference": me.ru_utime + me.ru_stime,
-                  "helper": helper.ru_utime + helper.ru_stime}))
+                  "helper": helper.ru_utime + helper.ru_stime, "threads": threads}))
+"""
+# The reference alone, loaded as Megatron's HuggingFaceTokenizer does, torch hidden as in CHILD.
+REFERENCE_LOAD = """
+import json, resource, sys, time
+sys.modules["torch"] = None
+start = time.perf_counter()
+from transformers import AutoTokenizer
+imported = time.perf_counter()
+AutoTokenizer.from_pretrained(sys.argv[1], local_files_only=True)
+me = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"import": imported - start, "load": time.perf_counter() - imported,
+                  "cpu": me.ru_utime + me.ru_stime}))
+"""
+# CHILD's verification under cProfile: the reference side's functions by cumulative and own time.
+PROFILE = """
+import cProfile, io, pstats, sys
+from tokenmill.tokenize import tokenizer, tokenizer_verify
+source, definition = tokenizer.resolve_tokenizer_path(sys.argv[1])
+fingerprint = tokenizer.tokenizer_fingerprint(source, definition)
+prof = cProfile.Profile()
+prof.runcall(tokenizer_verify.main, [str(source), str(definition), fingerprint, sys.argv[2]])
+text = io.StringIO()
+stats = pstats.Stats(prof, stream=text)
+stats.sort_stats("cumulative").print_stats(50)
+stats.sort_stats("tottime").print_stats(30)
+with open(sys.argv[3], "w") as fh:
+    fh.write(text.getvalue())
 """
 HEADER = ("tokenizer", "fresh wall s", "fresh CPU-s", "cached wall s", "cached CPU-s",
           "first use +wall s", "first use +CPU-s", "per rep +wall", "load")  # fmt: skip
@@ -98,17 +132,49 @@ def child_split(tok_dir: Path, env: dict[str, str], repeat: int) -> dict[str, An
     return {"runs": runs, "load": round(os.getloadavg()[0], 2)}
 
 
+def reference_load(tok_dir: Path, env: dict[str, str], repeat: int) -> dict[str, Any]:
+    """``REFERENCE_LOAD`` in a fresh interpreter, ``repeat`` times, and as many bare interpreter
+    starts: wall, import and load seconds, CPU-s."""
+    runs, starts = [], []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+        starts.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        cmd = [sys.executable, "-c", REFERENCE_LOAD, str(tok_dir)]
+        proc = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+        runs.append({"wall": time.perf_counter() - start, **json.loads(proc.stdout)})
+    return {"runs": runs, "interpreter_start": starts}
+
+
+def profile(tok_dir: Path, env: dict[str, str], out: Path) -> Path:
+    """A cProfile of the verification child in a fresh cache, as text at ``out``."""
+    with tempfile.TemporaryDirectory() as cache:
+        cmd = [sys.executable, "-c", PROFILE, str(tok_dir), str(Path(cache) / "record.json")]
+        subprocess.run([*cmd, str(out)], env=env, check=True)
+    return out
+
+
 def report_child_split(data: dict[str, Any]) -> list[list[str]]:
     """Table rows: per tokenizer, the least CPU-s of each side over the runs (the least
     disturbed by other load), their max (the idle-core estimate) and the child's wall."""
     rows = [["tokenizer", "reference side CPU-s", "helper CPU-s", "idle-core estimate s",
-             "child wall s (median)", "load"]]  # fmt: skip
+             "child wall s (median)", "threads", "reference load wall s (import + load)",
+             "its CPU-s", "interpreter start s", "load"]]  # fmt: skip
     for name, split in data["child_split"].items():
         ref = min(r["reference"] for r in split["runs"])
         helper = min(r["helper"] for r in split["runs"])
         wall = statistics.median(r["wall"] for r in split["runs"])
+        threads = max(r.get("threads", 0) for r in split["runs"])
+        bare = data.get("reference_load", {}).get(name)
+        if bare:
+            med = {k: statistics.median(r[k] for r in bare["runs"]) for k in bare["runs"][0]}
+            load = f"{med['wall']:.2f} ({med['import']:.2f} + {med['load']:.2f})"
+            extra = [load, f"{med['cpu']:.2f}", f"{min(bare['interpreter_start']):.2f}"]
+        else:
+            extra = ["", "", ""]
         rows.append([name, f"{ref:.2f}", f"{helper:.2f}", f"{max(ref, helper):.2f}",
-                     f"{wall:.2f}", str(split["load"])])  # fmt: skip
+                     f"{wall:.2f}", str(threads), *extra, str(split["load"])])  # fmt: skip
     return rows
 
 

@@ -38,7 +38,7 @@ included).
     python bench/bench_tokenize.py --mb 200 --floors gigatoken --name tokenize-200mb
     python bench/bench_tokenize.py --normalizers [--mb 20] [--repeat 3] [--workers 1,2]
     python bench/bench_tokenize.py --scaling [--mb 200] [--repeat 3] [--max-workers N]
-    python bench/bench_tokenize.py --first-use [--mb 20] [--repeat 3]
+    python bench/bench_tokenize.py --first-use [--mb 20] [--repeat 3] [--profile]
 
 ``--scaling`` compares one run at ``--workers`` 1, 2, 4 ... up to the cores present with as many
 independent single-worker runs over equal parts of the corpus (see ``bench/_tokenize_scaling.py``).
@@ -74,6 +74,8 @@ sys.path.insert(0, str(BENCH))
 from _tokenize_first_use import (  # noqa: E402
     child_split,
     first_use_runs,
+    profile,
+    reference_load,
     report_child_split,
     report_first_use,
 )
@@ -704,8 +706,12 @@ def first_use_bench(args: argparse.Namespace) -> dict[str, Any]:
 
     runs = first_use_runs(dirs, corpus, work, args.repeat, ENV, run_cli)
     split = {name: child_split(tok_dir, ENV, args.repeat) for name, tok_dir in dirs.items()}
+    bare = {name: reference_load(tok_dir, ENV, args.repeat) for name, tok_dir in dirs.items()}
+    if args.profile:
+        for name, tok_dir in dirs.items():
+            print(f"wrote {profile(tok_dir, ENV, OUT_DIR / f'{args.name}-profile-{name}.txt')}")
     return {"corpus": str(corpus), "bytes": corpus.stat().st_size, "workers": args.workers[-1],
-            "runs": runs, "child_split": split}  # fmt: skip
+            "runs": runs, "child_split": split, "reference_load": bare}  # fmt: skip
 
 
 def scaling(args: argparse.Namespace) -> dict[str, Any]:
@@ -781,6 +787,11 @@ def main() -> None:
         "--first-use",
         action="store_true",
         help="a CLI run with a fresh tokenizer cache vs the same run cached, alternating",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="--first-use: also a cProfile of each verification child (bench/out/NAME-profile-*)",
     )
     args = parser.parse_args()
     args.first_use_tokenizers = args.tokenizers  # --first-use: a subset of its four, if given

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 22's many-core checks on a machine without network. First use: `bench_tokenize.py
 # --first-use` over 20 MB with Qwen2-style NFC and GPT-2 at the default --workers (every core):
-# a fresh tokenizer cache vs a cached run, alternating (first-use.txt, tokenize-first-use.json).
+# a fresh tokenizer cache vs a cached run, alternating, the reference's own load beside it and
+# a cProfile of each verification child (first-use.txt, tokenize-first-use.json,
+# device-profile-*.txt).
 # Scaling: ~320 MB of stdlib sources as JSONL, then `bench_tokenize.py --scaling` (one run at
 # --workers 1, 2, 4 ... up to the usable cores vs as many independent --workers 1 runs over equal
 # parts; tokenize-scaling-device.json, saved after each worker count, and scaling.txt). Writes
@@ -12,7 +14,8 @@
 #
 # Needs the repo's .venv (PYTHON overrides: numpy, orjson, zstandard, psutil, gigatoken and
 # transformers) and .tokenizers/gpt2 and qwen2 (built from the test extras' wheels when absent).
-# FIRST_USE_REPEAT=0 skips the first-use step. Bounded by 150 s + 330 s of timeouts.
+# FIRST_USE_REPEAT=0 skips the first-use step. Bounded by 150 s + 330 s of timeouts;
+# seven files come back.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-bench/out/device}"
@@ -37,8 +40,9 @@ start=$(date +%s)
 "$PYTHON" -m compileall -q tokenmill bench > /dev/null || true
 if [ "$FIRST_USE_REPEAT" -gt 0 ]; then
     timeout 150 "$PYTHON" bench/bench_tokenize.py --first-use --tokenizers qwen2-nfc,gpt2 \
-        --repeat "$FIRST_USE_REPEAT" --name device 2>&1 | tee "$OUT/first-use.txt"
+        --repeat "$FIRST_USE_REPEAT" --name device --profile 2>&1 | tee "$OUT/first-use.txt"
     cp bench/out/device-first-use.json "$OUT/tokenize-first-use.json"
+    cp bench/out/device-profile-qwen2-nfc.txt bench/out/device-profile-gpt2.txt "$OUT/"
 fi
 "$PYTHON" bench/corpus.py "bench/out/corpus-${MB}mb.jsonl" --mb "$MB" 2>&1 | tee "$OUT/scaling.txt"
 timeout 330 "$PYTHON" bench/bench_tokenize.py --scaling --mb "$MB" --repeat "$REPEAT" \
