@@ -14,9 +14,10 @@ On a loaded machine the wall difference says little, so the verification child i
 alone (``child_split``): the CPU seconds of its own process (the reference's side) and of its
 forked helper (the engines' side), which run at once. On idle cores the child's wall is about
 the larger of the two (two cores or more), which is the "idle-core estimate" reported. Beside
-it, ``reference_load`` times what any exact check must do, loading the reference as Megatron
-does (a fresh interpreter, torch hidden as in the child, ``AutoTokenizer.from_pretrained``): on
-idle cores a first use cannot cost less than that minus the interpreter's start. ``profile``
+it, ``reference_load`` times what Megatron itself pays to load the reference (a fresh
+interpreter, torch hidden as in the child, ``AutoTokenizer.from_pretrained``): transformers' own
+part of a first use, which an exact check keeps (the child defers transformers' table of model
+sources, so it can come in under it). ``profile``
 writes a cProfile of the child's reference side (``--profile``), for machines lent too briefly
 to explore.
 """
