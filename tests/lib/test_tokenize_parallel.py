@@ -217,6 +217,25 @@ def test_engine_mismatch_in_a_worker_falls_back(
     assert read_docs(res.prefix) == expected_pair(gpt2_dir, texts, eod=False)[0]
 
 
+def test_the_checked_sample_spans_a_first_range_s_read_batches(
+    gpt2_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker reads its range in small batches; the input's checked sample is still its first
+    SAMPLE_DOCS documents, so a mismatch on document 41 (a later batch) is caught."""
+    corrupt_gigatoken(monkeypatch, tmp_path / "cache")
+    monkeypatch.setattr(parallel, "BATCH_BYTES", 1500)
+    for bound in ("MIN_RANGE_BYTES", "MAX_RANGE_BYTES"):
+        monkeypatch.setattr(parallel, bound, 8000)  # two ranges, document 41 in the first
+    texts = [t[:150] for t in real_texts(60)]
+    texts[40] = "a MAGIC word"
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"".join(_line(t, n) for n, t in enumerate(texts)))
+    assert len(src.read_bytes()[:8000].splitlines()) > 41 and src.stat().st_size > 8000
+    res = tokenize_files([src], tmp_path / "o", gpt2_dir, workers=2)
+    assert res.engine == "tiktoken" and res.fallbacks[0].startswith(f"gigatoken: {src} document 41")
+    assert read_docs(res.prefix) == expected_pair(gpt2_dir, texts, eod=False)[0]
+
+
 def test_killed_worker_fails_the_run_and_leaves_nothing(gpt2_dir: Path, tmp_path: Path) -> None:
     src = tmp_path / "in.jsonl"
     text = b"".join(_line(t, n) for n, t in enumerate(real_texts(400)))
