@@ -41,14 +41,18 @@ RunStats = dict[str, float]
 # The verification child as ``tokenizer.run_verification`` starts it, reporting its own CPU and
 # its helper's (a joined child) from getrusage.
 CHILD = """
-import json, resource, sys
+import json, os, resource, sys
 from tokenmill.tokenize import tokenizer, tokenizer_verify
 source, definition = tokenizer.resolve_tokenizer_path(sys.argv[1])
 fingerprint = tokenizer.tokenizer_fingerprint(source, definition)
 tokenizer_verify.main([str(source), str(definition), fingerprint, sys.argv[2]])
 me, helper = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-with open("/proc/self/status") as fh:  # native threads too: CPU-s above wall means threads ran
-    threads = next(int(line.split()[1]) for line in fh if line.startswith("Threads:"))
+threads = []  # each native thread's name and CPU-s: CPU-s above wall means threads ran
+for task in sorted(os.listdir("/proc/self/task")):
+    with open(f"/proc/self/task/{task}/stat") as fh:
+        name, rest = fh.read().rsplit(")", 1)
+    ticks = sum(int(x) for x in rest.split()[11:13])
+    threads.append([name.split("(", 1)[1], ticks / os.sysconf("SC_CLK_TCK")])
 print(json.dumps({"reference": me.ru_utime + me.ru_stime,
                   "helper": helper.ru_utime + helper.ru_stime, "threads": threads}))
 """
@@ -166,7 +170,8 @@ def report_child_split(data: dict[str, Any]) -> list[list[str]]:
         ref = min(r["reference"] for r in split["runs"])
         helper = min(r["helper"] for r in split["runs"])
         wall = statistics.median(r["wall"] for r in split["runs"])
-        threads = max(r.get("threads", 0) for r in split["runs"])
+        others = [cpu for r in split["runs"] for _, cpu in r["threads"][1:]]
+        threads = f"{len(split['runs'][0]['threads'])}, others {max(others, default=0):.2f} CPU-s"
         bare = data.get("reference_load", {}).get(name)
         if bare:
             med = {k: statistics.median(r[k] for r in bare["runs"]) for k in bare["runs"][0]}
