@@ -6,8 +6,10 @@ concurrent CLI runs with ``--workers 1``, each over one of N equal parts of the 
 on line boundaries): the embarrassingly parallel reference. Both report wall and CPU seconds of
 their process trees and MB/s of the corpus; the efficiency is the reference's wall time over
 ours (1.0: one run scales as well as separate processes), and the issue's 2-core check is our
-wall over the reference's (goal <= 1.15 at N = 2). Every run's ``.bin`` must equal the parts'
-``.bin`` concatenated. The machine's load average is recorded before each pair.
+wall over the reference's (goal <= 1.15 at N = 2). A third run, ``--workers N`` over the N parts
+as N input files, times what a dataset of many shards costs (each input hashed and sampled).
+Every run's ``.bin`` must equal the parts' ``.bin`` concatenated. The machine's load average is
+recorded before each repetition.
 
 It also measures the parent's serial work per MB of corpus on the output: the sha256 of the
 ``.bin`` and its copy with ``copy_file_range`` (what stitching does), and the same copy done
@@ -33,7 +35,8 @@ from _util import remove_outputs, table
 
 RunStats = dict[str, float]
 HEADER = ("workers", "ours wall s", "ours CPU-s", "ours MB/s", "indep. wall s", "indep. CPU-s",
-          "indep. MB/s", "efficiency", "ours/indep. per rep", "load")  # fmt: skip
+          "indep. MB/s", "efficiency", "ours/indep. per rep", "ours, N inputs: wall s (CPU-s)",
+          "load")  # fmt: skip
 
 
 def worker_counts(cores: int) -> list[int]:
@@ -62,9 +65,10 @@ def split_lines(corpus: Path, parts: int, folder: Path) -> list[Path]:
     return paths
 
 
-def _cmd(corpus: Path, tok_dir: Path, prefix: Path, workers: int) -> list[str]:
+def _cmd(corpus: Path | list[Path], tok_dir: Path, prefix: Path, workers: int) -> list[str]:
+    inputs = [str(p) for p in corpus] if isinstance(corpus, list) else [str(corpus)]
     return [
-        sys.executable, "-m", "tokenmill.cli", "tokenize", "--input", str(corpus),
+        sys.executable, "-m", "tokenmill.cli", "tokenize", "--input", *inputs,
         "--output-prefix", str(prefix), "--tokenizer", str(tok_dir), "--append-eod",
         "--workers", str(workers),
     ]  # fmt: skip
@@ -147,20 +151,25 @@ def scaling_runs(
     rows: dict[int, dict[str, Any]] = {}
     for n in counts:
         parts = split_lines(corpus, n, work / f"parts-{n}")
-        row: dict[str, Any] = {"ours": [], "independent": [], "load": []}
+        row: dict[str, Any] = {"ours": [], "independent": [], "ours_inputs": [], "load": []}
         for _ in range(repeat):
             row["load"].append([round(x, 2) for x in os.getloadavg()])
             outs = [work / f"ind-{k:02d}" for k in range(n)]
-            for prefix in ["ours", *(o.name for o in outs)]:
+            for prefix in ["ours", "inputs", *(o.name for o in outs)]:
                 remove_outputs(work, prefix)  # else a run finds its outputs up to date
             row["ours"].append(run_together([_cmd(corpus, tok_dir, work / "ours", n)], env))
             cmds = [_cmd(p, tok_dir, o, 1) for p, o in zip(parts, outs, strict=True)]
             row["independent"].append(run_together(cmds, env))
-            ours_bin = bin_digest([work / "ours_text_document.bin"])
-            ref_bin = bin_digest([Path(f"{o}_text_document.bin") for o in outs])
-            if not ours_bin == ref_bin == expected:
+            # The same bytes as N input files in one run (what a dataset of shards looks like).
+            row["ours_inputs"].append(run_together([_cmd(parts, tok_dir, work / "inputs", n)], env))
+            digests = {
+                bin_digest([work / "ours_text_document.bin"]),
+                bin_digest([Path(f"{o}_text_document.bin") for o in outs]),
+                bin_digest([work / "inputs_text_document.bin"]),
+            }
+            if digests != {expected}:
                 raise RuntimeError(f"workers={n}: .bin differs from the parts' concatenation")
-        for what in ("ours", "independent"):
+        for what in ("ours", "independent", "ours_inputs"):
             wall = statistics.median(r["wall"] for r in row[what])
             cpu = statistics.median(r["cpu"] for r in row[what])
             row[f"{what}_median"] = {"wall": wall, "cpu": cpu, "mb_s": mb / wall}
@@ -200,6 +209,7 @@ def report_scaling(data: dict[str, Any]) -> None:
                 f"{ind['wall']:.2f}", f"{ind['cpu']:.1f}", f"{ind['mb_s']:.0f}",
                 f"{row['efficiency']:.2f}",
                 " ".join(f"{x:.2f}" for x in row["ours_over_independent"]),
+                f"{row['ours_inputs_median']['wall']:.2f} ({row['ours_inputs_median']['cpu']:.1f})",
                 " ".join(f"{x[0]:.1f}" for x in row["load"]),
             ])  # fmt: skip
         print(f"\n{name}: {res['bytes'] / 1e6:.0f} MB, medians of {len(row['ours'])} runs")
