@@ -33,11 +33,9 @@ from assets.support.complete import complete_shards, report_left_out
 from assets.support.partitions import shard_keys
 from assets.support.pointers import MERGED_POOL, PRUNED_POOL, rerun_superseded
 from assets.support.resources import StorageResource, display_path
-from assets.support.staleness import merged_data_version
 from assets.support.takedowns import TAKEDOWNS, read_storage_ledger
 from tokenmill.formats.dataset_manifest import (
     DATASET_MANIFEST_SUFFIX,
-    check_dataset_files,
     dataset_manifest_path,
     prefix_of_manifest,
     read_dataset_manifest,
@@ -47,8 +45,8 @@ from tokenmill.formats.takedown_records import merge_masks
 from tokenmill.formats.virtual_merge import is_virtual
 from tokenmill.recipe import DatasetConfig
 from tokenmill.storage import layout
-from tokenmill.storage.versions import read_pointer, write_pointer
-from tokenmill.tokenize.merged_versions import extends, previous_manifest, write_merged
+from tokenmill.storage.versions import read_pointer
+from tokenmill.tokenize.merged_versions import merge_version, previous_manifest
 from tokenmill.tokenize.merged_versions import shard_identities as recorded_shards
 
 
@@ -120,39 +118,23 @@ def build_merged(
             # the takedown ledger: documents every merge masks (ConfigError for a physical one)
             ledger = read_storage_ledger(storage)
             masks, taken = merge_masks(ledger, ds.name, identities, merge)
-            version = merged_data_version(ds, identities, merge, masks)
-            out_key = layout.merged_prefix(ds.name, ds.text_key, version)
-            ws.fetch([layout.dataset_manifest(out_key)])
-            out = ws.storage.path(out_key)
-            reused = dataset_manifest_path(out).is_file()
-            if reused and merge == "physical":
-                ws.fetch([f"{out_key}.idx"])
-            if reused and ws.stage is None:
-                reused = not check_dataset_files(out)
-            seconds, base = None, None
-            if not reused:
-                base = extends(
-                    str(previous["version"]) if previous else None,
-                    old,
-                    [(k, str(h)) for k, h in identities],
-                    masks,
-                )
-                if merge == "physical":
-                    ws.fetch([f"{t}.bin" for t in tokens] + [f"{t}.idx" for t in tokens])
-                shards = list(zip(keys, prefixes, strict=True))
-                result = write_merged(
-                    shards,
-                    out,
-                    merge=merge,
-                    extends=base,
-                    input_uri=display_path,
-                    masks=masks,
-                    takedown=taken,
-                )
-                seconds = result.seconds
-            target = out_key.removeprefix(layout.merged_dir(ds.name) + "/")
-            ws.fetch_index(out_key)  # the shard .idx files a virtual merge's histogram reads
-            write_pointer(ws.storage.path(pointer_key), version, target, expected=previous)
+            made = merge_version(
+                ws.storage.path(layout.merged_dir(ds.name)),
+                ds.name,
+                ds.text_key,
+                list(zip(keys, prefixes, strict=True)),
+                merge=merge,
+                identities=identities,
+                previous=previous,
+                masks=masks,
+                takedown=taken,
+                input_uri=display_path,
+                fetch=None if ws.stage is None else ws.fetch_paths,
+            )
+            version, out, reused = made.version, made.prefix, made.reused
+            seconds, base = made.seconds, made.extends
+            # the shard .idx files a virtual merge's histogram reads (uploads follow the step)
+            ws.fetch_index(layout.merged_prefix(ds.name, ds.text_key, version))
             metadata: dict[str, Any] = token_dataset_metadata(out)
             manifest = read_dataset_manifest(out)
             before = previous["version"] if previous else None

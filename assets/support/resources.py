@@ -109,6 +109,11 @@ class Workspace:
         if self.stage is not None:
             self.stage.fetch(list(inputs))
 
+    def fetch_paths(self, paths: Sequence[Path]) -> None:
+        """:meth:`fetch` by local paths in the stage (the library's ``fetch`` hooks)."""
+        if self.stage is not None:
+            self.stage.fetch([self.stage.rel(p) for p in paths])
+
     def fetch_index(self, rel: str) -> None:
         """Stage what reading a dataset's sequence lengths needs (``S3Stage.fetch_index``);
         nothing to do for a local root."""

@@ -24,6 +24,8 @@ from tokenmill.indices.blend_build import build_blend
 from tokenmill.indices.nanoset import build_or_load
 from tokenmill.indices.settings import BlendSettings, NanosetSettings
 from tokenmill.loader import open_blend, open_nanoset
+from tokenmill.storage.versions import read_pointer
+from tokenmill.tokenize.merged_versions import merged_version
 from tokenmill.verify import verify_blend, verify_dataset
 
 FLAGS = (
@@ -376,3 +378,56 @@ def test_gc_removes_an_old_virtual_version_and_keeps_the_current_readable(
     assert not made[0][1].parent.exists() and made[1][1].parent.is_dir()
     assert all(Path(f"{p}.bin").is_file() for p in shards)  # shards are read in place
     assert len(open_blend(out, "train", verify="full")) == 12
+
+
+def test_tokenmill_merge_versions_makes_reuses_and_extends_versions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tokenmill merge --versions DIR`` lays versions out as the pipeline's ``merged/<ds>/``:
+    the version is the library's hash of the shards (the asset's), unchanged shards keep it and
+    write nothing, appended shards extend it, reordered ones do not."""
+    shards = _shards(tmp_path / "tokens" / "docs", [5, 8, 3, 6], seed=2)
+    folder = tmp_path / "merged" / "docs"
+
+    def merge(*inputs: Path, mode: str = "virtual") -> dict:
+        args = ["merge", "--input", *map(str, inputs), "--versions", str(folder), "--merge", mode]
+        assert main(args) == 0
+        record = read_pointer(folder / "current.json")
+        assert record is not None
+        return record
+
+    first = merge(*shards[:2])
+    keys = [(p.name.removesuffix("_text_document"), p) for p in shards]
+    identities = [(k, str(read_dataset_manifest(p)["content_hash"])) for k, p in keys[:2]]
+    assert first["version"] == merged_version("text", identities, "virtual")
+    out = folder / str(first["target"])
+    assert out == folder / first["version"][:16] / "docs_text_document"
+    physical = merge_datasets(shards[:2], tmp_path / "physical" / "docs_text_document").prefix
+    with open_dataset(physical) as p, open_dataset(out) as v:
+        assert [v[i].tolist() for i in range(len(v))] == [p[i].tolist() for i in range(len(p))]
+    written = dataset_manifest_path(out).stat().st_mtime_ns
+    assert merge(*shards[:2]) == first and "reused" in capsys.readouterr().out
+    assert dataset_manifest_path(out).stat().st_mtime_ns == written
+
+    grown = merge(*shards)
+    assert grown["version"] != first["version"]
+    assert read_dataset_manifest(folder / str(grown["target"]))["extends"] == first["version"]
+    assert verify_dataset(out) == []  # the old version stays as it was
+    reordered = merge(shards[1], shards[0], *shards[2:])
+    assert read_dataset_manifest(folder / str(reordered["target"]))["extends"] is None
+
+    copied = merge(*shards[:2], mode="physical")
+    target = folder / str(copied["target"])
+    for suffix in (".bin", ".idx"):
+        assert Path(f"{target}{suffix}").read_bytes() == Path(f"{physical}{suffix}").read_bytes()
+
+
+@pytest.mark.parametrize("flag", [["--name", "x"], ["--text-key", "t"], ["--merge", "physical"]])
+def test_merge_options_of_versions_are_refused_without_it(
+    tmp_path: Path, flag: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    shards = _shards(tmp_path / "tokens" / "docs", [3, 2], seed=4)
+    args = ["merge", "--input", *map(str, shards), "--output-prefix", str(tmp_path / "o"), *flag]
+    assert main(args) == 2
+    assert f"{flag[0]} applies to --versions only" in capsys.readouterr().err
+    assert not (tmp_path / "o.bin").exists()

@@ -6,22 +6,35 @@ text key, the format version, a virtual merge's mode and takedown masks), so an 
 finds its version complete. Merge order is the natural order of the shard keys (``part-2`` before
 ``part-10``); a version *extends* the previous one when the old shards, with the same content and
 masks, are its first shards: every old sequence keeps its position (``nanoset.semantics:
-growing``). Pure functions over local paths: the Dagster asset stages files and moves the pointer.
+growing``). :func:`merge_version` makes one under a folder laid out as ``merged/<ds>/`` (the
+``<ds>/merged`` asset and ``tokenmill merge --versions`` both call it); over local paths, with a
+``fetch`` hook that stages from S3 what it is about to read.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tokenmill.formats.dataset_manifest import (
     FORMAT_VERSION,
+    check_dataset_files,
     dataset_manifest_path,
     read_dataset_manifest,
 )
+from tokenmill.formats.indexed import data_file_path, index_file_path
 from tokenmill.formats.merge import MergeResult, merge_datasets, virtual_merge
-from tokenmill.storage.versions import version_hash
+from tokenmill.storage.layout import POINTER_NAME, document_name, version_dir_name
+from tokenmill.storage.versions import (
+    READ_AT_START,
+    Expected,
+    read_pointer,
+    version_hash,
+    write_pointer,
+)
 
 MERGE_MODES = ("virtual", "physical")
 Masks = Mapping[str, Sequence[int]]
@@ -121,3 +134,79 @@ def previous_manifest(prefix: Path | None) -> dict[str, Any] | None:
     if prefix is None or not dataset_manifest_path(prefix).is_file():
         return None
     return read_dataset_manifest(prefix)
+
+
+Fetch = Callable[[list[Path]], None]  # stage these local paths (an S3 root's) before reading them
+
+
+@dataclass(frozen=True)
+class MergedVersion:
+    """What :func:`merge_version` made or found: the version, its pair prefix, whether an
+    existing complete version was kept (nothing written), the version it extends, and the
+    write's seconds (None when kept)."""
+
+    version: str
+    prefix: Path
+    reused: bool
+    extends: str | None
+    seconds: float | None
+
+
+def merge_version(
+    folder: str | os.PathLike[str],
+    name: str,
+    text_key: str,
+    shards: Sequence[tuple[str, Path]],
+    *,
+    merge: str = "virtual",
+    identities: Sequence[tuple[str, str | None]] | None = None,
+    previous: Expected = READ_AT_START,
+    masks: Masks | None = None,
+    takedown: dict[str, Any] | None = None,
+    input_uri: Callable[[Path], str] | None = None,
+    fetch: Fetch | None = None,
+) -> MergedVersion:
+    """Merge ``(shard key, token pair prefix)`` shards, in merge order, as a version under
+    ``folder``: ``<folder>/<version>/<name>_<text_key>_document``, then ``<folder>/current.json``
+    moved to it, compare-and-swap against ``previous`` (the pointer record as read before the
+    shards were, None for none; ``READ_AT_START``: read here, first). An existing version whose
+    files check out is kept; a version whose shards only append to the pointer's version
+    ``extends`` it. ``identities``: the shards' ``(key, content hash)`` when the caller has read
+    them (else from their manifests)."""
+    folder = Path(folder)
+    stage = fetch or (lambda paths: None)
+    pointer = folder / POINTER_NAME
+    if previous == READ_AT_START:
+        stage([pointer])
+        previous = read_pointer(pointer)
+    if identities is None:
+        identities = [(k, str(read_dataset_manifest(p)["content_hash"])) for k, p in shards]
+    version = merged_version(text_key, identities, merge, masks)
+    target = f"{version_dir_name(version)}/{document_name(name, text_key)}"
+    out = folder / target
+    stage([dataset_manifest_path(out)])
+    reused = dataset_manifest_path(out).is_file()
+    if reused and merge == "physical":
+        stage([index_file_path(out)])
+    if reused and fetch is None:  # a staged copy was checked when it was stored
+        reused = not check_dataset_files(out)
+    made = MergedVersion(version, out, True, None, None)
+    if not reused:
+        old = previous if isinstance(previous, Mapping) else None
+        old_manifest = None
+        if old is not None:
+            old_prefix = folder / str(old["target"])
+            if not dataset_manifest_path(old_prefix).is_file():  # a caller may have staged it
+                stage([dataset_manifest_path(old_prefix)])
+            old_manifest = previous_manifest(old_prefix)
+        held = [(k, str(h)) for k, h in identities]
+        base = extends(str(old["version"]) if old else None, old_manifest, held, masks)
+        if merge == "physical":
+            stage([f(p) for _, p in shards for f in (data_file_path, index_file_path)])
+        result = write_merged(
+            list(shards), out, merge=merge, extends=base, input_uri=input_uri, masks=masks,
+            takedown=takedown,
+        )  # fmt: skip
+        made = MergedVersion(version, out, False, base, result.seconds)
+    write_pointer(pointer, version, target, expected=previous)
+    return made
