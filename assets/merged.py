@@ -126,6 +126,7 @@ def build_merged(
                 merge=merge,
                 identities=identities,
                 previous=previous,
+                old_manifest=old,
                 masks=masks,
                 takedown=taken,
                 input_uri=display_path,

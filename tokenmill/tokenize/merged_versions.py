@@ -161,6 +161,7 @@ def merge_version(
     merge: str = "virtual",
     identities: Sequence[tuple[str, str | None]] | None = None,
     previous: Expected = READ_AT_START,
+    old_manifest: dict[str, Any] | str | None = READ_AT_START,
     masks: Masks | None = None,
     takedown: dict[str, Any] | None = None,
     input_uri: Callable[[Path], str] | None = None,
@@ -171,8 +172,8 @@ def merge_version(
     moved to it, compare-and-swap against ``previous`` (the pointer record as read before the
     shards were, None for none; ``READ_AT_START``: read here, first). An existing version whose
     files check out is kept; a version whose shards only append to the pointer's version
-    ``extends`` it. ``identities``: the shards' ``(key, content hash)`` when the caller has read
-    them (else from their manifests)."""
+    ``extends`` it. ``identities`` and ``old_manifest`` (the manifest of the version ``previous``
+    names): when the caller has read them already (else read here, as needed)."""
     folder = Path(folder)
     stage = fetch or (lambda paths: None)
     pointer = folder / POINTER_NAME
@@ -193,14 +194,15 @@ def merge_version(
     made = MergedVersion(version, out, True, None, None)
     if not reused:
         old = previous if isinstance(previous, Mapping) else None
-        old_manifest = None
-        if old is not None:
+        if old is None:
+            old_manifest = None
+        elif old_manifest == READ_AT_START:
             old_prefix = folder / str(old["target"])
-            if not dataset_manifest_path(old_prefix).is_file():  # a caller may have staged it
-                stage([dataset_manifest_path(old_prefix)])
+            stage([dataset_manifest_path(old_prefix)])
             old_manifest = previous_manifest(old_prefix)
         held = [(k, str(h)) for k, h in identities]
-        base = extends(str(old["version"]) if old else None, old_manifest, held, masks)
+        manifest = old_manifest if isinstance(old_manifest, dict) else None
+        base = extends(str(old["version"]) if old else None, manifest, held, masks)
         if merge == "physical":
             stage([f(p) for _, p in shards for f in (data_file_path, index_file_path)])
         result = write_merged(
